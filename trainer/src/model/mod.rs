@@ -1,0 +1,1 @@
+//! DLRM dense model (being written).
