@@ -1,0 +1,321 @@
+//! [`PsClient`]: a trainer's QUIC connections to every parameter server.
+//!
+//! One connection per server; every request opens its own bidirectional stream, so any number of requests can
+//! be in flight on one connection without head-of-line blocking between them. A request that fails with a
+//! transient error (connection lost, server restarting) is retried after reconnecting, with exponential backoff,
+//! until `retry_for` has passed. Retried pushes are at-least-once: a push whose acknowledgement was lost may be
+//! applied twice.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+
+use crate::codec::Encoding;
+use crate::error::ProtocolError;
+use crate::message::{check_len, PayloadLayout, Request, Response, TableCount, TableSpec};
+use crate::routing::ShardMap;
+use crate::{stream, tls, PROTOCOL_VERSION};
+
+/// How to reach the cluster.
+#[derive(Debug, Clone)]
+pub struct PsClientConfig {
+    /// Server addresses; position `i` must be the server with shard index `i`.
+    pub servers: Vec<SocketAddr>,
+    /// TLS directory with `ca.pem`, `client.pem` and `client.key`.
+    pub tls_dir: PathBuf,
+    /// Name the servers' certificates must carry.
+    pub server_name: String,
+    /// Cap on a response frame, bytes.
+    pub max_frame: u64,
+    /// Time allowed for one request, after which it fails with [`ProtocolError::Timeout`].
+    pub request_timeout: Duration,
+    /// How long transient failures are retried (reconnecting) before the error is returned.
+    pub retry_for: Duration,
+}
+
+impl PsClientConfig {
+    /// Defaults for `servers` and `tls_dir`.
+    pub fn new(servers: Vec<SocketAddr>, tls_dir: PathBuf) -> PsClientConfig {
+        PsClientConfig {
+            servers,
+            tls_dir,
+            server_name: tls::DEFAULT_SERVER_NAME.into(),
+            max_frame: crate::frame::DEFAULT_MAX_FRAME,
+            request_timeout: Duration::from_secs(30),
+            retry_for: Duration::from_secs(20),
+        }
+    }
+}
+
+struct ServerConn {
+    addr: SocketAddr,
+    endpoint: quinn::Endpoint,
+    conn: Mutex<Option<quinn::Connection>>,
+}
+
+impl ServerConn {
+    async fn connection(&self, server_name: &str) -> Result<quinn::Connection, ProtocolError> {
+        if let Some(c) = self.conn.lock().expect("not poisoned").as_ref() {
+            if c.close_reason().is_none() {
+                return Ok(c.clone());
+            }
+        }
+        let connecting = self
+            .endpoint
+            .connect(self.addr, server_name)
+            .map_err(|e| ProtocolError::Connect {
+                server: self.addr.to_string(),
+                message: e.to_string(),
+            })?;
+        let conn = connecting.await.map_err(|source| ProtocolError::Connection {
+            server: self.addr.to_string(),
+            source,
+        })?;
+        *self.conn.lock().expect("not poisoned") = Some(conn.clone());
+        Ok(conn)
+    }
+
+    fn forget(&self) {
+        *self.conn.lock().expect("not poisoned") = None;
+    }
+}
+
+/// Connections to every parameter server of a cluster.
+pub struct PsClient {
+    cfg: PsClientConfig,
+    servers: Vec<ServerConn>,
+    shard_map: ShardMap,
+    tables: Vec<TableSpec>,
+}
+
+impl PsClient {
+    /// Connects to every server, checks that server `i` serves shard `i` of `servers.len()` and that all agree
+    /// on the epoch.
+    pub async fn connect(cfg: PsClientConfig) -> Result<PsClient, ProtocolError> {
+        if cfg.servers.is_empty() {
+            return Err(ProtocolError::Connect {
+                server: "-".into(),
+                message: "no parameter server addresses given".into(),
+            });
+        }
+        let client_config = tls::client_config(&cfg.tls_dir)?;
+        let mut servers = Vec::with_capacity(cfg.servers.len());
+        for &addr in &cfg.servers {
+            servers.push(ServerConn {
+                addr,
+                endpoint: crate::endpoint::client(addr, client_config.clone())?,
+                conn: Mutex::new(None),
+            });
+        }
+        let mut client = PsClient {
+            shard_map: ShardMap::new(cfg.servers.len() as u32),
+            cfg,
+            servers,
+            tables: Vec::new(),
+        };
+        let mut epoch = None;
+        for i in 0..client.servers.len() {
+            let (resp, _) = client
+                .call(i, &Request::Hello { version: PROTOCOL_VERSION }, Bytes::new())
+                .await?;
+            let Response::Hello { shard_index, num_shards, epoch: e, tables } = resp else {
+                return Err(client.unexpected(i, &resp, "Hello"));
+            };
+            let addr = client.servers[i].addr;
+            if shard_index as usize != i || num_shards as usize != client.servers.len() {
+                return Err(ProtocolError::Connect {
+                    server: addr.to_string(),
+                    message: format!(
+                        "server is shard {shard_index} of {num_shards}, but it is listed at position {i} of {}",
+                        client.servers.len()
+                    ),
+                });
+            }
+            if *epoch.get_or_insert(e) != e {
+                return Err(ProtocolError::Connect {
+                    server: addr.to_string(),
+                    message: format!("server has shard-map epoch {e}, others have {}", epoch.unwrap_or(0)),
+                });
+            }
+            if i == 0 {
+                client.tables = tables;
+            }
+        }
+        client.shard_map.epoch = epoch.unwrap_or(1);
+        Ok(client)
+    }
+
+    /// The cluster's shard map.
+    pub fn shard_map(&self) -> ShardMap {
+        self.shard_map
+    }
+
+    /// Number of servers.
+    pub fn num_servers(&self) -> usize {
+        self.servers.len()
+    }
+
+    /// Address of server `i`.
+    pub fn addr(&self, i: usize) -> SocketAddr {
+        self.servers[i].addr
+    }
+
+    /// Tables server 0 knew at connect time.
+    pub fn known_tables(&self) -> &[TableSpec] {
+        &self.tables
+    }
+
+    fn unexpected(&self, server: usize, got: &Response, expected: &'static str) -> ProtocolError {
+        if let Response::Error { code, message } = got {
+            return ProtocolError::Remote {
+                server: self.servers[server].addr.to_string(),
+                code: *code,
+                message: message.clone(),
+            };
+        }
+        ProtocolError::UnexpectedResponse {
+            server: self.servers[server].addr.to_string(),
+            got: got.kind().into(),
+            expected,
+        }
+    }
+
+    async fn call_once(
+        &self,
+        server: usize,
+        req: &Request,
+        payload: &[u8],
+    ) -> Result<(Response, Bytes), ProtocolError> {
+        let s = &self.servers[server];
+        let conn = s.connection(&self.cfg.server_name).await?;
+        let result = async {
+            let (mut send, mut recv) = conn.open_bi().await.map_err(|source| ProtocolError::Connection {
+                server: s.addr.to_string(),
+                source,
+            })?;
+            stream::write_frame(&mut send, req, payload).await?;
+            stream::read_frame::<Response>(&mut recv, self.cfg.max_frame).await
+        };
+        match tokio::time::timeout(self.cfg.request_timeout, result).await {
+            Ok(Ok(reply)) => Ok(reply),
+            Ok(Err(e)) => {
+                if e.is_transient() {
+                    s.forget();
+                }
+                Err(e)
+            }
+            Err(_) => {
+                s.forget();
+                Err(ProtocolError::Timeout {
+                    server: s.addr.to_string(),
+                    secs: self.cfg.request_timeout.as_secs_f64(),
+                })
+            }
+        }
+    }
+
+    /// Sends one request to server `server` and returns its response, retrying transient failures.
+    /// A [`Response::Error`] with a transient code is retried too; other error responses are returned as
+    /// responses for the caller to interpret.
+    pub async fn call(
+        &self,
+        server: usize,
+        req: &Request,
+        payload: Bytes,
+    ) -> Result<(Response, Bytes), ProtocolError> {
+        let start = Instant::now();
+        let mut backoff = Duration::from_millis(20);
+        loop {
+            let result = self.call_once(server, req, &payload).await;
+            let retry = match &result {
+                Err(e) => e.is_transient(),
+                Ok((Response::Error { code, .. }, _)) => code.is_transient(),
+                Ok(_) => false,
+            };
+            if !retry || start.elapsed() + backoff > self.cfg.retry_for {
+                return result;
+            }
+            tracing::debug!(server = %self.servers[server].addr, ?backoff, "retrying request after a transient failure");
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_secs(1));
+        }
+    }
+
+    /// Registers tables on every server.
+    pub async fn register_tables(&self, tables: &[TableSpec]) -> Result<(), ProtocolError> {
+        for i in 0..self.servers.len() {
+            let req = Request::RegisterTables { tables: tables.to_vec() };
+            let (resp, _) = self.call(i, &req, Bytes::new()).await?;
+            if !matches!(resp, Response::Registered { .. }) {
+                return Err(self.unexpected(i, &resp, "Registered"));
+            }
+        }
+        Ok(())
+    }
+
+    /// Pulls rows from server `server`: `ids` holds the ids of every table of `tables` in order (u64 LE, see
+    /// [`crate::message::put_ids`]). Returns the encoded rows, checked for length.
+    pub async fn pull(
+        &self,
+        server: usize,
+        encoding: Encoding,
+        tables: Vec<TableCount>,
+        ids: Bytes,
+    ) -> Result<Bytes, ProtocolError> {
+        let layout = PayloadLayout::of(&tables)?;
+        let req = Request::Pull { epoch: self.shard_map.epoch, encoding, tables };
+        let (resp, rows) = self.call(server, &req, ids).await?;
+        match resp {
+            Response::Pulled { encoding: e, .. } if e == encoding => {
+                check_len("pull response", rows.len(), layout.pull_response_bytes(encoding))?;
+                Ok(rows)
+            }
+            other => Err(self.unexpected(server, &other, "Pulled")),
+        }
+    }
+
+    /// Pushes gradients to server `server`: `payload` is the ids of every table then the encoded gradient rows
+    /// of every table. Returns (rows applied, rows rejected as non-finite).
+    pub async fn push(
+        &self,
+        server: usize,
+        encoding: Encoding,
+        tables: Vec<TableCount>,
+        payload: Bytes,
+    ) -> Result<(u64, u64), ProtocolError> {
+        let req = Request::Push { epoch: self.shard_map.epoch, encoding, tables };
+        let (resp, _) = self.call(server, &req, payload).await?;
+        match resp {
+            Response::Pushed { rows, rejected_nonfinite } => Ok((rows, rejected_nonfinite)),
+            other => Err(self.unexpected(server, &other, "Pushed")),
+        }
+    }
+
+    /// Asks every server to write its dirty rows to storage; returns the rows written.
+    pub async fn flush(&self) -> Result<u64, ProtocolError> {
+        let mut total = 0;
+        for i in 0..self.servers.len() {
+            let (resp, _) = self.call(i, &Request::Flush, Bytes::new()).await?;
+            match resp {
+                Response::Flushed { rows } => total += rows,
+                other => return Err(self.unexpected(i, &other, "Flushed")),
+            }
+        }
+        Ok(total)
+    }
+
+    /// Closes every connection gracefully.
+    pub async fn close(&self) {
+        for s in &self.servers {
+            if let Some(c) = s.conn.lock().expect("not poisoned").take() {
+                c.close(0u32.into(), b"bye");
+            }
+        }
+        for s in &self.servers {
+            s.endpoint.wait_idle().await;
+        }
+    }
+}

@@ -1,0 +1,287 @@
+//! Request and response headers, and the layout of their payloads.
+//!
+//! Every request travels on its own bidirectional QUIC stream: the client writes one frame ([`crate::frame`]) and
+//! finishes its side; the server answers with one frame. Headers carry kinds and counts; payloads carry ids
+//! (u64 little-endian) and rows (in the request's [`Encoding`]) for each table in header order.
+//!
+//! | request | payload | response | payload |
+//! | --- | --- | --- | --- |
+//! | [`Request::Hello`] | none | [`Response::Hello`] | none |
+//! | [`Request::RegisterTables`] | none | [`Response::Registered`] | none |
+//! | [`Request::Pull`] | ids of table 0, ids of table 1, ... | [`Response::Pulled`] | rows of table 0, ... |
+//! | [`Request::Push`] | ids of every table, then gradient rows of every table | [`Response::Pushed`] | none |
+//! | [`Request::Flush`] | none | [`Response::Flushed`] | none |
+//!
+//! Any request may be answered by [`Response::Error`].
+
+use serde::{Deserialize, Serialize};
+
+use crate::codec::Encoding;
+use crate::error::{ErrorCode, ProtocolError};
+
+/// A table's share of a pull or push: its id, how many ids, and the row dimension.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TableCount {
+    /// Table id.
+    pub table: u32,
+    /// Number of ids (and rows) of this table in the payload.
+    pub count: u32,
+    /// Row dimension the sender assumes; the server checks it against the table.
+    pub dim: u32,
+}
+
+/// The server-side optimizer of a table.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub enum OptimizerSpec {
+    /// `w -= lr * g`.
+    Sgd {
+        /// Learning rate.
+        lr: f32,
+    },
+    /// Row-wise Adagrad: one accumulator per row, `acc += mean(g^2)`, `w -= lr * g / (sqrt(acc) + eps)`.
+    RowAdagrad {
+        /// Learning rate.
+        lr: f32,
+        /// Added to the root of the accumulator.
+        eps: f32,
+        /// Accumulator of a new row.
+        initial_accumulator: f32,
+    },
+}
+
+/// How a new row is initialized (deterministically from the table seed and the id).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub enum InitSpec {
+    /// Uniform in `[-scale, scale]`.
+    Uniform {
+        /// Half-width.
+        scale: f32,
+    },
+    /// Normal with mean 0.
+    Normal {
+        /// Standard deviation.
+        std: f32,
+    },
+}
+
+/// Everything a server needs to create a table.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TableSpec {
+    /// Table id (the trainer uses the categorical feature index).
+    pub id: u32,
+    /// Human-readable name, e.g. `C5`.
+    pub name: String,
+    /// Row dimension.
+    pub dim: u32,
+    /// Server-side optimizer.
+    pub optimizer: OptimizerSpec,
+    /// Row initializer.
+    pub init: InitSpec,
+    /// Initializer seed.
+    pub seed: u64,
+}
+
+/// A request header.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Request {
+    /// Handshake: which shard is this, which epoch, which tables.
+    Hello {
+        /// The client's [`crate::PROTOCOL_VERSION`].
+        version: u32,
+    },
+    /// Create tables (idempotent for identical specs).
+    RegisterTables {
+        /// The tables.
+        tables: Vec<TableSpec>,
+    },
+    /// Read rows; unknown ids read as their initializer.
+    Pull {
+        /// The client's shard-map epoch.
+        epoch: u64,
+        /// Encoding of the rows in the response.
+        encoding: Encoding,
+        /// Per-table counts, in payload order.
+        tables: Vec<TableCount>,
+    },
+    /// Apply gradients with each table's optimizer.
+    Push {
+        /// The client's shard-map epoch.
+        epoch: u64,
+        /// Encoding of the gradient rows in the payload.
+        encoding: Encoding,
+        /// Per-table counts, in payload order.
+        tables: Vec<TableCount>,
+    },
+    /// Write every dirty row to storage now.
+    Flush,
+}
+
+/// A response header.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Response {
+    /// Answer to [`Request::Hello`].
+    Hello {
+        /// This server's shard index.
+        shard_index: u32,
+        /// Number of servers in the shard map.
+        num_shards: u32,
+        /// Shard-map epoch.
+        epoch: u64,
+        /// Tables known to this server.
+        tables: Vec<TableSpec>,
+    },
+    /// Answer to [`Request::RegisterTables`].
+    Registered {
+        /// Number of tables now registered on the server.
+        tables: u32,
+    },
+    /// Answer to [`Request::Pull`]; rows follow in the payload.
+    Pulled {
+        /// Encoding of the rows.
+        encoding: Encoding,
+        /// Per-table counts, in payload order.
+        tables: Vec<TableCount>,
+    },
+    /// Answer to [`Request::Push`].
+    Pushed {
+        /// Rows updated.
+        rows: u64,
+        /// Rows refused because their gradient was not finite.
+        rejected_nonfinite: u64,
+    },
+    /// Answer to [`Request::Flush`].
+    Flushed {
+        /// Rows written.
+        rows: u64,
+    },
+    /// A typed error.
+    Error {
+        /// The code.
+        code: ErrorCode,
+        /// A message naming the offending value.
+        message: String,
+    },
+}
+
+impl Response {
+    /// The variant's name, for error messages.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Response::Hello { .. } => "Hello",
+            Response::Registered { .. } => "Registered",
+            Response::Pulled { .. } => "Pulled",
+            Response::Pushed { .. } => "Pushed",
+            Response::Flushed { .. } => "Flushed",
+            Response::Error { .. } => "Error",
+        }
+    }
+}
+
+/// Appends ids as little-endian u64.
+pub fn put_ids(ids: &[u64], out: &mut Vec<u8>) {
+    out.reserve(ids.len() * 8);
+    for id in ids {
+        out.extend_from_slice(&id.to_le_bytes());
+    }
+}
+
+/// Reads `out.len()` little-endian u64 ids from `bytes` (which must hold exactly that many).
+pub fn get_ids(bytes: &[u8], out: &mut Vec<u64>) -> Result<(), ProtocolError> {
+    if bytes.len() % 8 != 0 {
+        return Err(ProtocolError::BadPayload(format!(
+            "id section of {} bytes is not a multiple of 8",
+            bytes.len()
+        )));
+    }
+    out.clear();
+    out.extend(
+        bytes
+            .chunks_exact(8)
+            .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes"))),
+    );
+    Ok(())
+}
+
+/// Sizes of a pull or push payload laid out as the module docs say.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PayloadLayout {
+    /// Total ids over all tables.
+    pub ids: usize,
+    /// Total row elements over all tables (sum of count x dim).
+    pub elements: usize,
+}
+
+impl PayloadLayout {
+    /// Computes the layout, refusing counts that overflow.
+    pub fn of(tables: &[TableCount]) -> Result<PayloadLayout, ProtocolError> {
+        let mut ids = 0usize;
+        let mut elements = 0usize;
+        for t in tables {
+            ids = ids.checked_add(t.count as usize).ok_or_else(overflow)?;
+            let e = (t.count as usize)
+                .checked_mul(t.dim as usize)
+                .ok_or_else(overflow)?;
+            elements = elements.checked_add(e).ok_or_else(overflow)?;
+        }
+        Ok(PayloadLayout { ids, elements })
+    }
+
+    /// Expected bytes of a pull request payload.
+    pub fn pull_request_bytes(&self) -> usize {
+        self.ids * 8
+    }
+
+    /// Expected bytes of a push request payload.
+    pub fn push_request_bytes(&self, encoding: Encoding) -> usize {
+        self.ids * 8 + self.elements * encoding.bytes_per_element()
+    }
+
+    /// Expected bytes of a pull response payload.
+    pub fn pull_response_bytes(&self, encoding: Encoding) -> usize {
+        self.elements * encoding.bytes_per_element()
+    }
+}
+
+fn overflow() -> ProtocolError {
+    ProtocolError::BadPayload("table counts overflow".into())
+}
+
+/// Checks that a payload has the length its header announces.
+pub fn check_len(what: &str, got: usize, expected: usize) -> Result<(), ProtocolError> {
+    if got != expected {
+        return Err(ProtocolError::BadPayload(format!(
+            "{what} payload of {got} bytes, expected {expected}"
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_round_trip() {
+        let ids = [0u64, 1, u64::MAX, 0x0123_4567_89ab_cdef];
+        let mut bytes = Vec::new();
+        put_ids(&ids, &mut bytes);
+        let mut back = Vec::new();
+        get_ids(&bytes, &mut back).unwrap();
+        assert_eq!(back, ids);
+        assert!(get_ids(&bytes[..7], &mut back).is_err());
+    }
+
+    #[test]
+    fn layout_sizes() {
+        let t = [
+            TableCount { table: 0, count: 3, dim: 16 },
+            TableCount { table: 1, count: 2, dim: 8 },
+        ];
+        let l = PayloadLayout::of(&t).unwrap();
+        assert_eq!(l, PayloadLayout { ids: 5, elements: 64 });
+        assert_eq!(l.push_request_bytes(Encoding::F16), 40 + 128);
+        assert_eq!(l.pull_response_bytes(Encoding::F32), 256);
+        let huge = [TableCount { table: 0, count: u32::MAX, dim: u32::MAX }; 3];
+        assert!(PayloadLayout::of(&huge).is_err());
+    }
+}

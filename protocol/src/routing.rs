@@ -1,0 +1,151 @@
+//! Shard routing: id -> virtual shard -> server.
+//!
+//! Ids map to one of `num_virtual` virtual shards by jump consistent hash (Lamping and Veach, 2014) of a mixed id,
+//! and virtual shards map to servers round-robin (`vshard % num_servers`). The virtual layer keeps the id -> vshard
+//! map fixed forever, so a snapshot taken on N servers can be re-routed onto M servers vshard by vshard. The
+//! map's `epoch` travels with every request; a server with another epoch refuses it (DESIGN.md, "Sharding").
+
+use serde::{Deserialize, Serialize};
+
+/// Default number of virtual shards.
+pub const DEFAULT_VIRTUAL_SHARDS: u32 = 4096;
+
+/// The cluster's shard map.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShardMap {
+    /// Number of server processes.
+    pub num_servers: u32,
+    /// Number of virtual shards (fixed for the life of a cluster's data).
+    pub num_virtual: u32,
+    /// Version of this map; bumped on every change.
+    pub epoch: u64,
+}
+
+impl ShardMap {
+    /// A map over `num_servers` servers with the default virtual shard count and epoch 1.
+    pub fn new(num_servers: u32) -> ShardMap {
+        ShardMap {
+            num_servers: num_servers.max(1),
+            num_virtual: DEFAULT_VIRTUAL_SHARDS,
+            epoch: 1,
+        }
+    }
+
+    /// The virtual shard of an id.
+    #[inline]
+    pub fn vshard_of(&self, id: u64) -> u32 {
+        jump_hash(mix64(id ^ ROUTING_SALT), self.num_virtual)
+    }
+
+    /// The server of an id.
+    #[inline]
+    pub fn server_of(&self, id: u64) -> u32 {
+        self.vshard_of(id) % self.num_servers
+    }
+
+    /// Groups positions of `ids` by server: `out[s]` receives the indices `i` with `server_of(ids[i]) == s`,
+    /// in increasing order. `out` is resized to `num_servers` and its vectors reused.
+    pub fn group(&self, ids: &[u64], out: &mut Vec<Vec<u32>>) {
+        out.resize_with(self.num_servers as usize, Vec::new);
+        for v in out.iter_mut() {
+            v.clear();
+        }
+        for (i, &id) in ids.iter().enumerate() {
+            out[self.server_of(id) as usize].push(i as u32);
+        }
+    }
+}
+
+/// Salt so that routing is independent of any other use of `mix64` on the same ids (e.g. lock striping).
+const ROUTING_SALT: u64 = 0x9e37_79b9_7f4a_7c15;
+
+/// The splitmix64 finalizer: a bijection on u64 with good avalanche.
+#[inline]
+pub fn mix64(mut x: u64) -> u64 {
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
+}
+
+/// Jump consistent hash of `key` into `buckets` buckets (`buckets >= 1`).
+#[inline]
+pub fn jump_hash(mut key: u64, buckets: u32) -> u32 {
+    let buckets = buckets.max(1) as i64;
+    let mut b: i64 = -1;
+    let mut j: i64 = 0;
+    while j < buckets {
+        b = j;
+        key = key.wrapping_mul(2_862_933_555_777_941_757).wrapping_add(1);
+        j = ((b + 1) as f64 * ((1u64 << 31) as f64 / ((key >> 33) + 1) as f64)) as i64;
+    }
+    b as u32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn pinned_values() {
+        // Routing must never change silently: data on disk is placed by it.
+        assert_eq!(jump_hash(0, 1), 0);
+        assert_eq!(mix64(0), 0);
+        assert_eq!(mix64(1), 0x5692_161d_100b_05e5);
+        let m = ShardMap::new(2);
+        let ids: Vec<u32> = (0..8u64).map(|i| m.vshard_of(i)).collect();
+        assert_eq!(ids, PINNED_VSHARDS);
+    }
+    const PINNED_VSHARDS: [u32; 8] = [3653, 2095, 19, 2389, 147, 940, 758, 1832];
+
+    #[test]
+    fn balanced_over_servers() {
+        let m = ShardMap::new(3);
+        let mut counts = [0u32; 3];
+        for id in 0..30_000u64 {
+            counts[m.server_of(id) as usize] += 1;
+        }
+        for c in counts {
+            assert!((9_000..11_000).contains(&c), "{counts:?}");
+        }
+    }
+
+    #[test]
+    fn group_partitions_positions() {
+        let m = ShardMap::new(4);
+        let ids: Vec<u64> = (0..1000).map(|i| i * 7919).collect();
+        let mut out = Vec::new();
+        m.group(&ids, &mut out);
+        assert_eq!(out.len(), 4);
+        let mut all: Vec<u32> = out.iter().flatten().copied().collect();
+        all.sort();
+        assert_eq!(all, (0..1000).collect::<Vec<u32>>());
+        for (s, positions) in out.iter().enumerate() {
+            assert!(positions.windows(2).all(|w| w[0] < w[1]));
+            assert!(positions.iter().all(|&p| m.server_of(ids[p as usize]) == s as u32));
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn jump_in_range_and_stable(key in any::<u64>(), buckets in 1u32..100_000) {
+            let b = jump_hash(key, buckets);
+            prop_assert!(b < buckets);
+            prop_assert_eq!(b, jump_hash(key, buckets));
+        }
+
+        #[test]
+        fn jump_moves_only_to_new_bucket(key in any::<u64>(), buckets in 1u32..10_000) {
+            // Consistency: growing by one bucket moves a key only into the new bucket.
+            let a = jump_hash(key, buckets);
+            let b = jump_hash(key, buckets + 1);
+            prop_assert!(a == b || b == buckets);
+        }
+
+        #[test]
+        fn mix_is_injective_on_samples(a in any::<u64>(), b in any::<u64>()) {
+            prop_assume!(a != b);
+            prop_assert_ne!(mix64(a), mix64(b));
+        }
+    }
+}
