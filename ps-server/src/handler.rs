@@ -1,0 +1,291 @@
+//! Request handling without sockets: a decoded request and its payload in, a response and its payload out.
+//!
+//! The QUIC loop ([`crate::server`]) only reads a frame, calls [`Shard::handle`] and writes the reply, so every
+//! rule here (epoch, shard ownership, table and dimension checks, payload lengths) is tested without a network.
+//! A push is validated whole before any row is applied: a bad table or dimension anywhere in it leaves every
+//! table untouched.
+
+use embedding::{Engine, EmbeddingError, InitConfig, InitKind, OptimizerConfig, TableConfig};
+use protocol::codec;
+use protocol::message::{get_ids, PayloadLayout};
+use protocol::{
+    Encoding, ErrorCode, InitSpec, OptimizerSpec, Request, Response, ShardMap, TableCount, TableSpec,
+    PROTOCOL_VERSION,
+};
+
+use crate::metrics as m;
+
+/// One server's shard: its storage engine and its place in the shard map.
+pub struct Shard {
+    /// The tables.
+    pub engine: Engine,
+    /// The cluster's shard map.
+    pub shard_map: ShardMap,
+    /// This server's index in the map.
+    pub shard_index: u32,
+}
+
+/// A response header with its payload.
+#[derive(Debug)]
+pub struct Reply {
+    /// The header.
+    pub header: Response,
+    /// Raw bytes after the header.
+    pub payload: Vec<u8>,
+}
+
+struct Refusal {
+    code: ErrorCode,
+    message: String,
+}
+
+fn refuse(code: ErrorCode, message: impl Into<String>) -> Refusal {
+    Refusal {
+        code,
+        message: message.into(),
+    }
+}
+
+impl From<EmbeddingError> for Refusal {
+    fn from(e: EmbeddingError) -> Refusal {
+        let code = match &e {
+            EmbeddingError::UnknownTable(_) => ErrorCode::UnknownTable,
+            EmbeddingError::TableConflict { .. } => ErrorCode::TableConflict,
+            EmbeddingError::InvalidConfig { .. }
+            | EmbeddingError::WrongLength { .. }
+            | EmbeddingError::RowLength { .. } => ErrorCode::WrongDimension,
+            EmbeddingError::Store(_) => ErrorCode::Storage,
+            _ => ErrorCode::Internal,
+        };
+        refuse(code, e.to_string())
+    }
+}
+
+impl From<protocol::ProtocolError> for Refusal {
+    fn from(e: protocol::ProtocolError) -> Refusal {
+        refuse(ErrorCode::BadRequest, e.to_string())
+    }
+}
+
+/// Converts a wire table spec into the storage engine's config.
+pub fn table_config(spec: &TableSpec) -> TableConfig {
+    TableConfig {
+        id: spec.id,
+        name: spec.name.clone(),
+        dim: spec.dim as usize,
+        optimizer: match spec.optimizer {
+            OptimizerSpec::Sgd { lr } => OptimizerConfig::Sgd { lr },
+            OptimizerSpec::RowAdagrad { lr, eps, initial_accumulator } => OptimizerConfig::RowAdagrad {
+                lr,
+                eps,
+                initial_accumulator,
+            },
+        },
+        init: match spec.init {
+            InitSpec::Uniform { scale } => InitConfig::uniform(scale),
+            InitSpec::Normal { std } => InitConfig::normal(std),
+        },
+        seed: spec.seed,
+    }
+}
+
+/// Converts the engine's config back into a wire spec (`None` for optimizers the wire does not name).
+pub fn table_spec(cfg: &TableConfig) -> Option<TableSpec> {
+    Some(TableSpec {
+        id: cfg.id,
+        name: cfg.name.clone(),
+        dim: cfg.dim as u32,
+        optimizer: match cfg.optimizer {
+            OptimizerConfig::Sgd { lr } => OptimizerSpec::Sgd { lr },
+            OptimizerConfig::RowAdagrad { lr, eps, initial_accumulator } => OptimizerSpec::RowAdagrad {
+                lr,
+                eps,
+                initial_accumulator,
+            },
+            OptimizerConfig::Adagrad { .. } => return None,
+        },
+        init: match cfg.init.kind {
+            InitKind::Uniform { scale } => InitSpec::Uniform { scale },
+            InitKind::Normal { std } => InitSpec::Normal { std },
+        },
+        seed: cfg.seed,
+    })
+}
+
+impl Shard {
+    /// Handles one request. Never panics on peer input: every problem becomes a [`Response::Error`].
+    pub fn handle(&self, req: Request, payload: &[u8]) -> Reply {
+        let result = match req {
+            Request::Hello { version } => self.hello(version),
+            Request::RegisterTables { tables } => self.register(&tables),
+            Request::Pull { epoch, encoding, tables } => self.pull(epoch, encoding, &tables, payload),
+            Request::Push { epoch, encoding, tables } => self.push(epoch, encoding, &tables, payload),
+            Request::Flush => self.flush(),
+        };
+        result.unwrap_or_else(|r| {
+            metrics::counter!(m::REQUEST_ERRORS_TOTAL, "code" => format!("{:?}", r.code)).increment(1);
+            tracing::debug!(code = ?r.code, message = %r.message, "refused request");
+            Reply {
+                header: Response::Error {
+                    code: r.code,
+                    message: r.message,
+                },
+                payload: Vec::new(),
+            }
+        })
+    }
+
+    fn hello(&self, version: u32) -> Result<Reply, Refusal> {
+        if version != PROTOCOL_VERSION {
+            return Err(refuse(
+                ErrorCode::UnsupportedVersion,
+                format!("protocol version {version}, this server speaks {PROTOCOL_VERSION}"),
+            ));
+        }
+        Ok(Reply {
+            header: Response::Hello {
+                shard_index: self.shard_index,
+                num_shards: self.shard_map.num_servers,
+                epoch: self.shard_map.epoch,
+                tables: self.engine.tables().iter().filter_map(table_spec).collect(),
+            },
+            payload: Vec::new(),
+        })
+    }
+
+    fn register(&self, tables: &[TableSpec]) -> Result<Reply, Refusal> {
+        for spec in tables {
+            self.engine.register_table(table_config(spec))?;
+        }
+        Ok(Reply {
+            header: Response::Registered {
+                tables: self.engine.tables().len() as u32,
+            },
+            payload: Vec::new(),
+        })
+    }
+
+    fn check_epoch(&self, epoch: u64) -> Result<(), Refusal> {
+        if epoch != self.shard_map.epoch {
+            return Err(refuse(
+                ErrorCode::WrongEpoch,
+                format!(
+                    "request epoch {epoch}, server shard-map epoch {}: refresh the shard map",
+                    self.shard_map.epoch
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Checks tables and dimensions of every entry before anything is read or written.
+    fn check_tables(&self, tables: &[TableCount]) -> Result<(), Refusal> {
+        for t in tables {
+            let table = self.engine.table(t.table)?;
+            if table.dim() != t.dim as usize {
+                return Err(refuse(
+                    ErrorCode::WrongDimension,
+                    format!("table {}: request dim {}, table dim {}", t.table, t.dim, table.dim()),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn check_ownership(&self, table: u32, ids: &[u64]) -> Result<(), Refusal> {
+        if self.shard_map.num_servers == 1 {
+            return Ok(());
+        }
+        if let Some(&id) = ids.iter().find(|&&id| self.shard_map.server_of(id) != self.shard_index) {
+            return Err(refuse(
+                ErrorCode::WrongShard,
+                format!(
+                    "table {table}: id {id} belongs to shard {}, this is shard {}",
+                    self.shard_map.server_of(id),
+                    self.shard_index
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    fn pull(&self, epoch: u64, encoding: Encoding, tables: &[TableCount], payload: &[u8]) -> Result<Reply, Refusal> {
+        self.check_epoch(epoch)?;
+        self.check_tables(tables)?;
+        let layout = PayloadLayout::of(tables)?;
+        protocol::message::check_len("pull", payload.len(), layout.pull_request_bytes())?;
+        let mut out = Vec::with_capacity(layout.pull_response_bytes(encoding));
+        let mut ids = Vec::new();
+        let mut rows = Vec::new();
+        let mut offset = 0;
+        for t in tables {
+            let n = t.count as usize;
+            get_ids(&payload[offset..offset + n * 8], &mut ids)?;
+            offset += n * 8;
+            self.check_ownership(t.table, &ids)?;
+            rows.clear();
+            rows.resize(n * t.dim as usize, 0.0);
+            self.engine.gather(t.table, &ids, &mut rows)?;
+            codec::encode(&rows, encoding, &mut out);
+        }
+        metrics::counter!(m::ROWS_PULLED_TOTAL).increment(layout.ids as u64);
+        Ok(Reply {
+            header: Response::Pulled {
+                encoding,
+                tables: tables.to_vec(),
+            },
+            payload: out,
+        })
+    }
+
+    fn push(&self, epoch: u64, encoding: Encoding, tables: &[TableCount], payload: &[u8]) -> Result<Reply, Refusal> {
+        self.check_epoch(epoch)?;
+        self.check_tables(tables)?;
+        let layout = PayloadLayout::of(tables)?;
+        protocol::message::check_len("push", payload.len(), layout.push_request_bytes(encoding))?;
+        let (id_bytes, grad_bytes) = payload.split_at(layout.ids * 8);
+        // Ownership of every id is checked before any row changes.
+        let mut all_ids = Vec::new();
+        get_ids(id_bytes, &mut all_ids)?;
+        let mut start = 0;
+        for t in tables {
+            self.check_ownership(t.table, &all_ids[start..start + t.count as usize])?;
+            start += t.count as usize;
+        }
+        let width = encoding.bytes_per_element();
+        let (mut id_at, mut grad_at) = (0usize, 0usize);
+        let mut grads = Vec::new();
+        let (mut applied, mut rejected) = (0u64, 0u64);
+        for t in tables {
+            let n = t.count as usize;
+            let elements = n * t.dim as usize;
+            grads.clear();
+            grads.resize(elements, 0.0);
+            codec::decode(&grad_bytes[grad_at..grad_at + elements * width], encoding, &mut grads)?;
+            let stats = self.engine.apply(t.table, &all_ids[id_at..id_at + n], &grads)?;
+            applied += stats.applied as u64;
+            rejected += stats.rejected_nonfinite as u64;
+            id_at += n;
+            grad_at += elements * width;
+        }
+        metrics::counter!(m::ROWS_PUSHED_TOTAL).increment(applied);
+        if rejected > 0 {
+            metrics::counter!(m::ROWS_REJECTED_NONFINITE_TOTAL).increment(rejected);
+        }
+        Ok(Reply {
+            header: Response::Pushed {
+                rows: applied,
+                rejected_nonfinite: rejected,
+            },
+            payload: Vec::new(),
+        })
+    }
+
+    fn flush(&self) -> Result<Reply, Refusal> {
+        let stats = crate::writeback::flush(&self.engine)?;
+        Ok(Reply {
+            header: Response::Flushed { rows: stats.rows as u64 },
+            payload: Vec::new(),
+        })
+    }
+}

@@ -1,0 +1,130 @@
+//! The operations endpoint: `/metrics` (Prometheus text format), `/healthz` and `/readyz` over HTTP/1.1.
+//!
+//! Shared by every binary of the project: each installs the Prometheus recorder once ([`install_recorder`])
+//! and serves it on its own TCP port, apart from the data port.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use http_body_util::Full;
+use hyper::body::Bytes;
+use hyper::{Request, Response, StatusCode};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use tokio::net::TcpListener;
+
+/// Liveness and readiness as the HTTP endpoint reports them.
+#[derive(Debug, Default)]
+pub struct Health {
+    ready: AtomicBool,
+}
+
+impl Health {
+    /// Marks the process ready (or not) to serve requests: `/readyz` answers 200 or 503.
+    pub fn set_ready(&self, ready: bool) {
+        self.ready.store(ready, Ordering::SeqCst);
+    }
+
+    /// Whether the process is ready.
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::SeqCst)
+    }
+}
+
+static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+
+/// Installs the process-wide Prometheus recorder (once; later calls return the same handle) with explicit
+/// histogram buckets for every `_seconds` metric, so histograms are rendered rather than summaries.
+pub fn install_recorder(buckets: &[f64]) -> PrometheusHandle {
+    HANDLE
+        .get_or_init(|| {
+            let recorder = PrometheusBuilder::new()
+                .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), buckets)
+                .expect("non-empty bucket list")
+                .build_recorder();
+            let handle = recorder.handle();
+            if metrics::set_global_recorder(recorder).is_err() {
+                tracing::warn!("a metrics recorder was already installed; /metrics may be empty");
+            }
+            let upkeep = handle.clone();
+            std::thread::Builder::new()
+                .name("metrics-upkeep".into())
+                .spawn(move || loop {
+                    std::thread::sleep(Duration::from_secs(5));
+                    upkeep.run_upkeep();
+                })
+                .expect("spawn metrics upkeep thread");
+            handle
+        })
+        .clone()
+}
+
+fn reply(status: StatusCode, content_type: &str, body: String) -> Response<Full<Bytes>> {
+    Response::builder()
+        .status(status)
+        .header("content-type", content_type)
+        .body(Full::new(Bytes::from(body)))
+        .expect("valid response")
+}
+
+fn route(path: &str, handle: &PrometheusHandle, health: &Health) -> Response<Full<Bytes>> {
+    match path {
+        "/metrics" => reply(
+            StatusCode::OK,
+            "text/plain; version=0.0.4",
+            handle.render(),
+        ),
+        "/healthz" => reply(StatusCode::OK, "text/plain", "ok\n".into()),
+        "/readyz" if health.is_ready() => reply(StatusCode::OK, "text/plain", "ready\n".into()),
+        "/readyz" => reply(StatusCode::SERVICE_UNAVAILABLE, "text/plain", "not ready\n".into()),
+        other => reply(StatusCode::NOT_FOUND, "text/plain", format!("no such path {other}\n")),
+    }
+}
+
+/// Binds the HTTP listener (port 0 picks a free port) and returns it with its address.
+pub async fn bind(addr: SocketAddr) -> std::io::Result<(TcpListener, SocketAddr)> {
+    let listener = TcpListener::bind(addr).await?;
+    let local = listener.local_addr()?;
+    Ok((listener, local))
+}
+
+/// Serves `/metrics`, `/healthz` and `/readyz` on `listener` until `shutdown` resolves.
+pub async fn serve(
+    listener: TcpListener,
+    handle: PrometheusHandle,
+    health: Arc<Health>,
+    shutdown: impl Future<Output = ()>,
+) {
+    tokio::pin!(shutdown);
+    loop {
+        let (stream, _) = tokio::select! {
+            _ = &mut shutdown => return,
+            accepted = listener.accept() => match accepted {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::warn!(error = %e, "metrics listener accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let handle = handle.clone();
+        let health = health.clone();
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
+                let resp = route(req.uri().path(), &handle, &health);
+                async move { Ok::<_, Infallible>(resp) }
+            });
+            let io = hyper_util::rt::TokioIo::new(stream);
+            if let Err(e) = hyper::server::conn::http1::Builder::new()
+                .serve_connection(io, service)
+                .await
+            {
+                tracing::debug!(error = %e, "metrics connection ended with an error");
+            }
+        });
+    }
+}

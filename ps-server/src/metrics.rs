@@ -1,0 +1,68 @@
+//! Every metric the server exports: names in one place, described once.
+//!
+//! Latency histograms use buckets from 50 µs to 10 s ([`LATENCY_BUCKETS`]), which covers a small pull on
+//! loopback up to a RocksDB write-back of a large table.
+
+use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
+
+/// Requests served, labelled `kind` (pull, push, hello, register, flush).
+pub const REQUESTS_TOTAL: &str = "ps_requests_total";
+/// Error responses, labelled `code`.
+pub const REQUEST_ERRORS_TOTAL: &str = "ps_request_errors_total";
+/// Request handling latency, labelled `kind`.
+pub const REQUEST_SECONDS: &str = "ps_request_duration_seconds";
+/// Rows returned by pulls.
+pub const ROWS_PULLED_TOTAL: &str = "ps_rows_pulled_total";
+/// Gradient rows applied by pushes.
+pub const ROWS_PUSHED_TOTAL: &str = "ps_rows_pushed_total";
+/// Gradient rows rejected because they held NaN or infinity.
+pub const ROWS_REJECTED_NONFINITE_TOTAL: &str = "ps_rows_rejected_nonfinite_total";
+/// Request bytes received (frames).
+pub const BYTES_RECEIVED_TOTAL: &str = "ps_bytes_received_total";
+/// Response bytes sent (frames).
+pub const BYTES_SENT_TOTAL: &str = "ps_bytes_sent_total";
+/// Rows held in memory, labelled `table`.
+pub const ROWS_IN_MEMORY: &str = "ps_rows_in_memory";
+/// Bytes of row arenas and indexes.
+pub const MEMORY_BYTES: &str = "ps_memory_bytes";
+/// Rows written back to RocksDB.
+pub const WRITEBACK_ROWS_TOTAL: &str = "ps_writeback_rows_total";
+/// Write batches written to RocksDB.
+pub const WRITEBACK_BATCHES_TOTAL: &str = "ps_writeback_batches_total";
+/// Duration of one write-back of all dirty rows.
+pub const WRITEBACK_SECONDS: &str = "ps_writeback_duration_seconds";
+/// Failed write-backs.
+pub const WRITEBACK_ERRORS_TOTAL: &str = "ps_writeback_errors_total";
+/// Open QUIC connections.
+pub const CONNECTIONS: &str = "ps_connections";
+/// Rows recovered from RocksDB at start.
+pub const ROWS_RECOVERED_TOTAL: &str = "ps_rows_recovered_total";
+
+/// Histogram buckets for every `_seconds` metric: 50 µs .. 10 s.
+pub const LATENCY_BUCKETS: &[f64] = &[
+    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+    2.5, 5.0, 10.0,
+];
+
+/// Registers HELP text and units for every metric.
+pub fn describe() {
+    describe_counter!(REQUESTS_TOTAL, "Requests served, by kind.");
+    describe_counter!(REQUEST_ERRORS_TOTAL, "Error responses, by code.");
+    describe_histogram!(REQUEST_SECONDS, Unit::Seconds, "Request handling latency, by kind.");
+    describe_counter!(ROWS_PULLED_TOTAL, "Rows returned by pulls.");
+    describe_counter!(ROWS_PUSHED_TOTAL, "Gradient rows applied by pushes.");
+    describe_counter!(
+        ROWS_REJECTED_NONFINITE_TOTAL,
+        "Gradient rows rejected because they held NaN or infinity."
+    );
+    describe_counter!(BYTES_RECEIVED_TOTAL, Unit::Bytes, "Request frame bytes received.");
+    describe_counter!(BYTES_SENT_TOTAL, Unit::Bytes, "Response frame bytes sent.");
+    describe_gauge!(ROWS_IN_MEMORY, "Rows held in memory, by table.");
+    describe_gauge!(MEMORY_BYTES, Unit::Bytes, "Bytes of row arenas and id indexes.");
+    describe_counter!(WRITEBACK_ROWS_TOTAL, "Dirty rows written back to RocksDB.");
+    describe_counter!(WRITEBACK_BATCHES_TOTAL, "RocksDB write batches of dirty rows.");
+    describe_histogram!(WRITEBACK_SECONDS, Unit::Seconds, "Duration of one write-back of all dirty rows.");
+    describe_counter!(WRITEBACK_ERRORS_TOTAL, "Write-backs that failed.");
+    describe_gauge!(CONNECTIONS, "Open QUIC connections.");
+    describe_counter!(ROWS_RECOVERED_TOTAL, "Rows recovered from RocksDB at start.");
+}
