@@ -196,8 +196,13 @@ impl PsClient {
                 server: s.addr.to_string(),
                 source,
             })?;
-            stream::write_frame(&mut send, req, payload).await?;
-            stream::read_frame::<Response>(&mut recv, self.cfg.max_frame).await
+            let written = stream::write_frame(&mut send, req, payload).await;
+            // A server that refuses a request early (e.g. an oversized frame) answers and stops reading, so a
+            // failed write may still have a response waiting.
+            match stream::read_frame::<Response>(&mut recv, self.cfg.max_frame).await {
+                Ok(reply) => Ok(reply),
+                Err(read_err) => Err(written.err().unwrap_or(read_err)),
+            }
         };
         match tokio::time::timeout(self.cfg.request_timeout, result).await {
             Ok(Ok(reply)) => Ok(reply),
