@@ -283,15 +283,17 @@ impl PsClient {
     }
 
     /// Pushes gradients to server `server`: `payload` is the ids of every table then the encoded gradient rows
-    /// of every table. Returns (rows applied, rows rejected as non-finite).
+    /// of every table, each multiplied by `grad_scale` (the server divides it out). Returns (rows applied, rows
+    /// rejected as non-finite).
     pub async fn push(
         &self,
         server: usize,
         encoding: Encoding,
+        grad_scale: f32,
         tables: Vec<TableCount>,
         payload: Bytes,
     ) -> Result<(u64, u64), ProtocolError> {
-        let req = Request::Push { epoch: self.shard_map.epoch, encoding, tables };
+        let req = Request::Push { epoch: self.shard_map.epoch, encoding, grad_scale, tables };
         let (resp, _) = self.call(server, &req, payload).await?;
         match resp {
             Response::Pushed { rows, rejected_nonfinite } => Ok((rows, rejected_nonfinite)),

@@ -109,6 +109,9 @@ pub enum Request {
         epoch: u64,
         /// Encoding of the gradient rows in the payload.
         encoding: Encoding,
+        /// The sender multiplied every gradient by this before encoding (loss scaling, so that small gradients
+        /// survive f16); the server divides by it. Finite and > 0.
+        grad_scale: f32,
         /// Per-table counts, in payload order.
         tables: Vec<TableCount>,
     },

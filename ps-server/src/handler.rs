@@ -119,7 +119,9 @@ impl Shard {
             Request::Hello { version } => self.hello(version),
             Request::RegisterTables { tables } => self.register(&tables),
             Request::Pull { epoch, encoding, tables } => self.pull(epoch, encoding, &tables, payload),
-            Request::Push { epoch, encoding, tables } => self.push(epoch, encoding, &tables, payload),
+            Request::Push { epoch, encoding, grad_scale, tables } => {
+                self.push(epoch, encoding, grad_scale, &tables, payload)
+            }
             Request::Flush => self.flush(),
         };
         result.unwrap_or_else(|r| {
@@ -238,8 +240,21 @@ impl Shard {
         })
     }
 
-    fn push(&self, epoch: u64, encoding: Encoding, tables: &[TableCount], payload: &[u8]) -> Result<Reply, Refusal> {
+    fn push(
+        &self,
+        epoch: u64,
+        encoding: Encoding,
+        grad_scale: f32,
+        tables: &[TableCount],
+        payload: &[u8],
+    ) -> Result<Reply, Refusal> {
         self.check_epoch(epoch)?;
+        if !(grad_scale.is_finite() && grad_scale > 0.0) {
+            return Err(refuse(
+                ErrorCode::BadRequest,
+                format!("grad_scale = {grad_scale}, expected a finite number > 0"),
+            ));
+        }
         self.check_tables(tables)?;
         let layout = PayloadLayout::of(tables)?;
         protocol::message::check_len("push", payload.len(), layout.push_request_bytes(encoding))?;
@@ -262,6 +277,10 @@ impl Shard {
             grads.clear();
             grads.resize(elements, 0.0);
             codec::decode(&grad_bytes[grad_at..grad_at + elements * width], encoding, &mut grads)?;
+            if grad_scale != 1.0 {
+                let inv = 1.0 / grad_scale;
+                grads.iter_mut().for_each(|g| *g *= inv);
+            }
             let stats = self.engine.apply(t.table, &all_ids[id_at..id_at + n], &grads)?;
             applied += stats.applied as u64;
             rejected += stats.rejected_nonfinite as u64;
@@ -345,7 +364,7 @@ mod tests {
             .iter()
             .map(|(t, d, ids, _)| TableCount { table: *t, count: ids.len() as u32, dim: *d })
             .collect();
-        s.handle(Request::Push { epoch: 1, encoding: Encoding::F32, tables: counts }, &payload)
+        s.handle(Request::Push { epoch: 1, encoding: Encoding::F32, grad_scale: 1.0, tables: counts }, &payload)
     }
 
     fn rows(r: Reply, n: usize) -> Vec<f32> {

@@ -95,7 +95,7 @@ async fn rows_survive_sigterm_and_restart_bit_for_bit() {
     let grads: Vec<f32> = (0..ids.len() * 8).map(|i| ((i % 17) as f32 - 8.0) * 0.37).collect();
     codec::encode(&grads, Encoding::F32, &mut payload);
     let t = vec![TableCount { table: 3, count: ids.len() as u32, dim: 8 }];
-    let (applied, rejected) = c.push(0, Encoding::F32, t, payload.into()).await.unwrap();
+    let (applied, rejected) = c.push(0, Encoding::F32, 1.0, t, payload.into()).await.unwrap();
     assert_eq!((applied, rejected), (500, 0));
     let before = pull(&c, &ids).await.unwrap();
 
