@@ -1,1 +1,41 @@
-//! Criteo input (being written).
+//! The Criteo input pipeline: click logs in, columnar [`Batch`]es of labels, dense features and feature ids
+//! out (DESIGN.md, "Read").
+//!
+//! Input is the Criteo TSV format (Kaggle `train.txt`, Terabyte `day_N`): no header, 40 tab-separated
+//! fields `label, I1..I13, C1..C26`, plain or gzip (detected by content). This module does not shuffle,
+//! dedup ids, or talk to parameter servers: planning a batch is the training loop's job.
+//!
+//! # Layout
+//! - [`parse`]: the sans-IO line parser ([`parse_line`] into a reusable [`Row`]), tolerant of what real logs
+//!   hold (empty fields, negative integers, stripped trailing fields, CRLF) and precise about what it refuses
+//!   ([`ParseError`] names the column and the text).
+//! - [`ids`]: [`feature_id`], the bijective (feature, token) -> `u64` mix the embedding tables are keyed by.
+//! - [`batch`]: [`Batch`], columnar: labels `[B]`, dense `[B x 13]`, ids `[26][B]`.
+//! - `source` (private): directory expansion, gzip detection, line splitting without copies.
+//! - [`reader`]: [`BatchReader`], parsing ahead on its own thread over a bounded channel, with the rank split
+//!   and the error budget; [`read_all`] for small evaluation sets.
+//!
+//! # Example
+//! ```no_run
+//! use trainer::criteo::{BatchReader, ReaderConfig};
+//! let cfg = ReaderConfig { rank: 0, world: 2, ..ReaderConfig::new(["data/day_0.gz"], 4096) };
+//! let mut reader = BatchReader::spawn(cfg)?;
+//! for batch in &mut reader {
+//!     let batch = batch?;
+//!     assert_eq!(batch.sparse.len(), trainer::criteo::NUM_SPARSE);
+//! }
+//! println!("{:?}", reader.stats());
+//! # Ok::<(), trainer::criteo::ReadError>(())
+//! ```
+
+pub mod batch;
+pub mod ids;
+pub mod parse;
+pub mod reader;
+mod source;
+
+pub use batch::Batch;
+pub use ids::{decode_feature_id, feature_id};
+pub use parse::{parse_line, LineKind, ParseError, Row, NUM_DENSE, NUM_FIELDS, NUM_SPARSE};
+pub use reader::{read_all, BatchReader, ReadError, ReadStats, ReaderConfig};
+pub use source::input_files;

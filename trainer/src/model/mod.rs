@@ -1,1 +1,92 @@
-//! DLRM dense model (being written).
+//! The DLRM dense model on CPU: bottom MLP, pairwise dot interaction, top MLP, sigmoid + binary
+//! cross-entropy, and the dense optimizers — forward and exact backward.
+//!
+//! What it is not: it does not own embedding tables. The caller gathers the rows a batch needs into
+//! `[batch x num_sparse x emb_dim]`, and gets back `d loss / d rows` in the same layout to sum per
+//! unique id and push to the parameter servers (DESIGN.md, "One training step", step 4).
+//!
+//! # Layout
+//! - [`config`]: [`DlrmConfig`], the sizes, and its validation and FLOP count.
+//! - [`dlrm`]: [`Dlrm`], the whole model: `predict` and `train_step`.
+//! - [`mlp`]: [`Mlp`], a stack of [`Linear`] layers with their activation buffers.
+//! - [`linear`]: [`Linear`], one fully connected layer with fused bias + ReLU.
+//! - [`interaction`]: [`Interaction`], DLRM's pairwise dot interaction.
+//! - [`loss`]: numerically stable sigmoid + binary cross-entropy on logits.
+//! - [`optim`]: [`DenseOptimizer`] (SGD, Adagrad, Adam) and its state.
+//!
+//! # Design decisions
+//! - Every matrix product goes through the `gemm` crate (runtime AVX-512 dispatch), row-major, via one
+//!   wrapper (`matmul`). Large products are split over the *current* rayon pool, as are the interaction and the
+//!   optimizer loops: run `train_step` inside `ThreadPool::install` to bound the threads.
+//! - No allocation per step: activation and gradient buffers live in the structs and only grow when a
+//!   bigger batch arrives.
+//! - Weights are stored like PyTorch's `nn.Linear`: `[out x in]` row-major, then the bias `[out]`.
+
+pub mod config;
+pub mod dlrm;
+pub mod interaction;
+pub mod linear;
+pub mod loss;
+mod matmul;
+pub mod mlp;
+pub mod optim;
+mod rng;
+mod simd;
+
+pub use config::DlrmConfig;
+pub use dlrm::Dlrm;
+pub use interaction::Interaction;
+pub use linear::Linear;
+pub use mlp::Mlp;
+pub use optim::{DenseOptimizer, OptimizerState};
+
+/// Errors of the dense model: bad arguments and bad configurations. Numbers never make it fail.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ModelError {
+    /// A slice argument has the wrong length for the batch size and configuration.
+    #[error("{arg}: length {len}, expected {expected}")]
+    Length {
+        /// The argument's name, e.g. `"dense"`.
+        arg: &'static str,
+        /// Its length.
+        len: usize,
+        /// The length the batch size and configuration require.
+        expected: usize,
+    },
+    /// A configuration field is out of range.
+    #[error("invalid config: {field}: {reason}")]
+    Config {
+        /// The field's name, e.g. `"bottom"`.
+        field: &'static str,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// `train_step` was called with zero samples; the mean loss is undefined.
+    #[error("empty batch: train_step needs at least one sample")]
+    EmptyBatch,
+}
+
+/// Returns [`ModelError::Length`] unless `len == expected`.
+pub(crate) fn check_len(arg: &'static str, len: usize, expected: usize) -> Result<(), ModelError> {
+    if len == expected {
+        Ok(())
+    } else {
+        Err(ModelError::Length { arg, len, expected })
+    }
+}
+
+/// Grows `buf` to at least `len` elements (never shrinks, so steady-state steps do not allocate).
+pub(crate) fn ensure_len(buf: &mut Vec<f32>, len: usize) {
+    if buf.len() < len {
+        buf.resize(len, 0.0);
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod testutil;
+
+#[cfg(test)]
+mod tests;
+
+#[cfg(test)]
+mod perf;

@@ -1,0 +1,141 @@
+//! Command line of the `trainer` binary.
+
+use std::ffi::OsString;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+
+use crate::config::{ClusterArgs, ModelArgs};
+use crate::demo::{run_demo, DemoArgs};
+use crate::run::{self, Inputs};
+
+/// Trains DLRM on Criteo-format click logs against parameter servers.
+#[derive(Debug, Parser)]
+#[command(name = "trainer", version)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Generate data, start local parameter servers, train, evaluate, stop; no arguments needed.
+    Demo(Box<DemoArgs>),
+    /// Train against running parameter servers.
+    Train(Box<TrainArgs>),
+    /// Run a parameter server in this process (used when the ps-server binary is not installed alongside).
+    #[command(hide = true, disable_help_flag = true)]
+    PsServer {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<OsString>,
+    },
+}
+
+#[derive(Debug, clap::Args)]
+struct TrainArgs {
+    #[command(flatten)]
+    cluster: ClusterArgs,
+    /// Training files or directories (plain or gzip Criteo TSV).
+    #[arg(long, num_args = 1.., required = true)]
+    train: Vec<PathBuf>,
+    /// Test files or directories for evaluation after training.
+    #[arg(long, num_args = 1..)]
+    test: Vec<PathBuf>,
+    /// This trainer's rank (reads lines with index % world == rank).
+    #[arg(long, default_value_t = 0, env = "TRAINER_RANK")]
+    rank: usize,
+    /// Number of trainers.
+    #[arg(long, default_value_t = 1, env = "TRAINER_WORLD")]
+    world: usize,
+    /// Model and optimizer settings as a TOML file (kebab-case keys, e.g. `batch-size = 4096`); replaces the
+    /// model flags.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// HTTP address of /metrics, /healthz, /readyz.
+    #[arg(long, default_value = "127.0.0.1:0", env = "TRAINER_METRICS_LISTEN")]
+    metrics_listen: SocketAddr,
+    /// Write the summary as JSON here.
+    #[arg(long)]
+    summary_json: Option<PathBuf>,
+    #[command(flatten)]
+    model: ModelArgs,
+}
+
+/// The tokio runtime the trainer runs on.
+pub fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("trainer-io")
+        .build()
+        .context("start tokio runtime")
+}
+
+/// Installs the metrics recorder and serves /metrics on `addr`; returns the bound address.
+pub async fn serve_metrics(addr: SocketAddr) -> anyhow::Result<SocketAddr> {
+    crate::metrics::describe();
+    let handle = ps_server::http::install_recorder(crate::metrics::LATENCY_BUCKETS);
+    let (listener, bound) = ps_server::http::bind(addr)
+        .await
+        .with_context(|| format!("bind trainer metrics listener {addr}"))?;
+    let health = std::sync::Arc::new(ps_server::http::Health::default());
+    health.set_ready(true);
+    tokio::spawn(ps_server::http::serve(listener, handle, health, std::future::pending()));
+    Ok(bound)
+}
+
+fn run_cli(cli: Cli) -> anyhow::Result<i32> {
+    match cli.command {
+        Command::PsServer { args } => {
+            let mut full = vec![OsString::from("ps-server")];
+            full.extend(args);
+            Ok(ps_server::cli::main(full))
+        }
+        Command::Demo(args) => {
+            let json = args.summary_json.clone();
+            let summary = run_demo(*args)?;
+            print!("{}", summary.render());
+            if let Some(path) = json {
+                summary.write_json(&path)?;
+            }
+            Ok(0)
+        }
+        Command::Train(args) => {
+            let model = match &args.config {
+                Some(path) => run::load_model(path)?,
+                None => args.model.clone(),
+            };
+            let inputs = Inputs { train: args.train.clone(), test: args.test.clone(), rank: args.rank, world: args.world };
+            let summary = runtime()?.block_on(async {
+                let addr = serve_metrics(args.metrics_listen).await?;
+                eprintln!("trainer metrics: http://{addr}/metrics");
+                run::train_and_evaluate(&args.cluster, &model, &inputs).await
+            })?;
+            print!("{}", summary.render());
+            if let Some(path) = &args.summary_json {
+                summary.write_json(path)?;
+            }
+            Ok(0)
+        }
+    }
+}
+
+/// Entry point of the binary: parses `args`, runs, and returns the exit code.
+pub fn main(args: impl IntoIterator<Item = OsString>) -> i32 {
+    ps_server::cli::init_logging();
+    let cli = match Cli::try_parse_from(args) {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            return if e.use_stderr() { 2 } else { 0 };
+        }
+    };
+    match run_cli(cli) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("trainer: error: {e:#}");
+            1
+        }
+    }
+}

@@ -1,0 +1,205 @@
+//! The trainer's typed config: flags (and environment), optionally a TOML file with the same fields.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use clap::{Args, ValueEnum};
+use serde::Deserialize;
+
+use crate::model::{DenseOptimizer, DlrmConfig};
+use protocol::{Encoding, InitSpec, OptimizerSpec, TableSpec};
+
+/// Optimizer family, applied to the dense parameters on the trainer and to embedding rows on the servers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OptimizerKind {
+    /// Plain SGD everywhere.
+    Sgd,
+    /// Adagrad on dense parameters, row-wise Adagrad on embedding rows.
+    Adagrad,
+}
+
+/// Model and optimizer flags, shared by `train` and `demo`.
+#[derive(Debug, Clone, Args, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case", default)]
+pub struct ModelArgs {
+    /// Samples per training batch.
+    #[arg(long, default_value_t = 2048)]
+    pub batch_size: usize,
+    /// Embedding dimension (must equal the bottom MLP's last size).
+    #[arg(long, default_value_t = 16)]
+    pub emb_dim: usize,
+    /// Bottom MLP layer sizes after the 13 dense inputs, comma separated.
+    #[arg(long, default_value = "512,256,64,16", value_delimiter = ',')]
+    pub bottom_mlp: Vec<usize>,
+    /// Top MLP layer sizes after the interaction, comma separated (last must be 1).
+    #[arg(long, default_value = "512,256,1", value_delimiter = ',')]
+    pub top_mlp: Vec<usize>,
+    /// Optimizer (dense on the trainer, embeddings on the servers).
+    #[arg(long, value_enum, default_value_t = OptimizerKind::Adagrad)]
+    pub optimizer: OptimizerKind,
+    /// Learning rate of the dense parameters and (unless --emb-lr) of the embedding rows.
+    #[arg(long, default_value_t = 0.01)]
+    pub lr: f32,
+    /// Learning rate of the embedding rows [default: --lr].
+    #[arg(long)]
+    pub emb_lr: Option<f32>,
+    /// Half-width of the uniform initializer of embedding rows.
+    #[arg(long, default_value_t = 0.05)]
+    pub emb_init_scale: f32,
+    /// Encoding of pulled rows and pushed gradients on the wire: f32, f16 or bf16.
+    #[arg(long, default_value = "f16")]
+    pub encoding: Encoding,
+    /// Staleness bound: pushes in flight without acknowledgement (0 = synchronous: every push is acknowledged
+    /// before the next pull).
+    #[arg(long, default_value_t = 2)]
+    pub max_in_flight: usize,
+    /// Seed of the dense parameters and of the embedding initializers.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Malformed input lines skipped before the run fails.
+    #[arg(long, default_value_t = 1000)]
+    pub max_bad_lines: u64,
+    /// Seconds between progress lines.
+    #[arg(long, default_value_t = 2.0)]
+    pub progress_secs: f64,
+    /// Samples per evaluation batch.
+    #[arg(long, default_value_t = 8192)]
+    pub eval_batch_size: usize,
+}
+
+impl Default for ModelArgs {
+    fn default() -> Self {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Wrapper {
+            #[command(flatten)]
+            m: ModelArgs,
+        }
+        Wrapper::parse_from(["x"]).m
+    }
+}
+
+impl ModelArgs {
+    /// Checks the values that clap cannot.
+    pub fn validate(&self) -> Result<(), String> {
+        let positive = |name: &str, v: f32| {
+            if v.is_finite() && v > 0.0 {
+                Ok(())
+            } else {
+                Err(format!("{name} = {v}, expected a finite number > 0"))
+            }
+        };
+        positive("lr", self.lr)?;
+        if let Some(lr) = self.emb_lr {
+            positive("emb-lr", lr)?;
+        }
+        if !(self.emb_init_scale.is_finite() && self.emb_init_scale >= 0.0) {
+            return Err(format!("emb-init-scale = {}, expected a finite number >= 0", self.emb_init_scale));
+        }
+        if self.batch_size == 0 || self.eval_batch_size == 0 {
+            return Err("batch-size and eval-batch-size must be at least 1".into());
+        }
+        if !(self.progress_secs.is_finite() && self.progress_secs > 0.0) {
+            return Err(format!("progress-secs = {}, expected > 0", self.progress_secs));
+        }
+        self.dlrm().validate().map_err(|e| e.to_string())
+    }
+
+    /// The dense model's sizes.
+    pub fn dlrm(&self) -> DlrmConfig {
+        DlrmConfig {
+            emb_dim: self.emb_dim,
+            bottom: self.bottom_mlp.clone(),
+            top: self.top_mlp.clone(),
+            ..DlrmConfig::default()
+        }
+    }
+
+    /// The dense optimizer.
+    pub fn dense_optimizer(&self) -> DenseOptimizer {
+        match self.optimizer {
+            OptimizerKind::Sgd => DenseOptimizer::Sgd { lr: self.lr },
+            OptimizerKind::Adagrad => DenseOptimizer::Adagrad {
+                lr: self.lr,
+                eps: 1e-8,
+                initial_accumulator: 0.0,
+            },
+        }
+    }
+
+    /// The embedding table specs: one table per categorical feature, ids salted by feature.
+    pub fn table_specs(&self, num_sparse: usize) -> Vec<TableSpec> {
+        let lr = self.emb_lr.unwrap_or(self.lr);
+        let optimizer = match self.optimizer {
+            OptimizerKind::Sgd => OptimizerSpec::Sgd { lr },
+            OptimizerKind::Adagrad => OptimizerSpec::RowAdagrad {
+                lr,
+                eps: 1e-8,
+                initial_accumulator: 0.0,
+            },
+        };
+        (0..num_sparse)
+            .map(|t| TableSpec {
+                id: t as u32,
+                name: format!("C{}", t + 1),
+                dim: self.emb_dim as u32,
+                optimizer,
+                init: InitSpec::Uniform { scale: self.emb_init_scale },
+                seed: self.seed.wrapping_mul(1000).wrapping_add(t as u64),
+            })
+            .collect()
+    }
+
+    /// The progress interval.
+    pub fn progress_interval(&self) -> Duration {
+        Duration::from_secs_f64(self.progress_secs)
+    }
+}
+
+/// Connection flags: which servers, which TLS material.
+#[derive(Debug, Clone, Args)]
+pub struct ClusterArgs {
+    /// Parameter server addresses, comma separated, in shard order.
+    #[arg(long, value_delimiter = ',', required = true, env = "TRAINER_PS")]
+    pub ps: Vec<SocketAddr>,
+    /// TLS directory with ca.pem, client.pem and client.key.
+    #[arg(long, env = "TRAINER_TLS_DIR")]
+    pub tls_dir: PathBuf,
+    /// Name the servers' certificates carry.
+    #[arg(long, default_value = protocol::tls::DEFAULT_SERVER_NAME)]
+    pub server_name: String,
+}
+
+/// Reads a TOML file of [`ModelArgs`] fields (kebab-case), for `--config`.
+pub fn load_model_file(path: &Path) -> Result<ModelArgs, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("read config {}: {e}", path.display()))?;
+    toml::from_str(&text).map_err(|e| format!("parse config {}: {e}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid_and_match_the_issue() {
+        let m = ModelArgs::default();
+        m.validate().unwrap();
+        assert_eq!(m.dlrm().interaction_dim(), 367);
+        assert_eq!(m.table_specs(26).len(), 26);
+        assert_eq!(m.batch_size, 2048);
+    }
+
+    #[test]
+    fn bad_values_named() {
+        let m = ModelArgs { lr: f32::NAN, ..ModelArgs::default() };
+        assert!(m.validate().unwrap_err().contains("lr = NaN"));
+        let m = ModelArgs { bottom_mlp: vec![512, 8], ..ModelArgs::default() };
+        assert!(m.validate().is_err());
+        let err = toml::from_str::<ModelArgs>("batch-sise = 3").unwrap_err().to_string();
+        assert!(err.contains("batch-sise"), "{err}");
+        let m: ModelArgs = toml::from_str("batch-size = 3\noptimizer = \"sgd\"").unwrap();
+        assert_eq!((m.batch_size, m.optimizer), (3, OptimizerKind::Sgd));
+    }
+}

@@ -1,0 +1,371 @@
+//! Batched reading: files in order, lines split among trainer ranks, parsed into [`Batch`]es on a thread of
+//! their own (DESIGN.md, "Read": parsing runs ahead of training), with an error budget for bad lines.
+//!
+//! Call order: [`BatchReader::spawn`], iterate to the end (or drop early: the thread notices the closed
+//! channel or the stop flag within a line and exits), then [`BatchReader::stats`].
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::{fmt, io};
+
+use crossbeam_channel::{Receiver, RecvError};
+
+use super::batch::Batch;
+use super::parse::{parse_line, LineKind, Row};
+use super::source::{input_files, open, MAX_LINE};
+
+/// How many bad-line messages [`ReadStats::first_errors`] keeps.
+pub const MAX_FIRST_ERRORS: usize = 10;
+
+/// What to read and how.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReaderConfig {
+    /// Files or directories (a directory is its files sorted by name), read in this order.
+    pub paths: Vec<PathBuf>,
+    /// Rows per batch; the last batch may be shorter. Must be at least 1.
+    pub batch_size: usize,
+    /// The error budget: how many bad lines are skipped before reading fails. Default 1000.
+    pub max_bad_lines: u64,
+    /// This trainer's rank: it takes the lines whose index (counted over all files, from 0) is
+    /// `rank` modulo `world`. Default 0.
+    pub rank: usize,
+    /// The number of trainers splitting the input. Default 1.
+    pub world: usize,
+    /// How many parsed batches may wait for the consumer. Default 4.
+    pub queue_depth: usize,
+}
+
+impl ReaderConfig {
+    /// Reads `paths` in batches of `batch_size` with the default budget, rank 0 of 1, and queue depth.
+    pub fn new(paths: impl IntoIterator<Item = impl Into<PathBuf>>, batch_size: usize) -> Self {
+        ReaderConfig {
+            paths: paths.into_iter().map(Into::into).collect(),
+            batch_size,
+            ..Default::default()
+        }
+    }
+
+    fn validate(&self) -> Result<(), ReadError> {
+        let invalid = |reason: String| Err(ReadError::InvalidConfig(reason));
+        if self.paths.is_empty() {
+            return invalid("no input paths".into());
+        }
+        if self.batch_size == 0 {
+            return invalid("batch size 0".into());
+        }
+        if self.rank >= self.world {
+            return invalid(format!(
+                "rank {} not below world size {}",
+                self.rank, self.world
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl Default for ReaderConfig {
+    fn default() -> Self {
+        ReaderConfig {
+            paths: Vec::new(),
+            batch_size: 4096,
+            max_bad_lines: 1000,
+            rank: 0,
+            world: 1,
+            queue_depth: 4,
+        }
+    }
+}
+
+/// Counts of what was read. Only this rank's lines are counted: `lines == rows + bad_lines + empty_lines`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReadStats {
+    /// Lines assigned to this rank.
+    pub lines: u64,
+    /// Rows produced (complete and padded lines).
+    pub rows: u64,
+    /// Lines skipped because they did not parse.
+    pub bad_lines: u64,
+    /// Lines with fewer than 40 fields, padded with empty ones (also counted in `rows`).
+    pub padded_lines: u64,
+    /// Empty lines, skipped.
+    pub empty_lines: u64,
+    /// The first bad lines, as `path:line: message` (line numbers 1-based within the file).
+    pub first_errors: Vec<String>,
+}
+
+/// Why reading failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    /// The configuration cannot work.
+    #[error("invalid reader config: {0}")]
+    InvalidConfig(String),
+    /// An input path is missing or unreadable.
+    #[error("cannot open {}: {source}", path.display())]
+    Open {
+        /// The path.
+        path: PathBuf,
+        /// The cause.
+        source: io::Error,
+    },
+    /// An input directory holds no files.
+    #[error("input directory {} holds no files", path.display())]
+    EmptyDirectory {
+        /// The directory.
+        path: PathBuf,
+    },
+    /// A file is in a format this build cannot read.
+    #[error("{}: {format} input is not supported", path.display())]
+    Unsupported {
+        /// The file.
+        path: PathBuf,
+        /// The detected format.
+        format: &'static str,
+    },
+    /// Reading (or decompressing) a file failed, e.g. a truncated `.gz`.
+    #[error("{}: read error after line {line}: {source}", path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The last line read whole.
+        line: u64,
+        /// The cause.
+        source: io::Error,
+    },
+    /// More lines were bad than the budget allows.
+    #[error(
+        "{bad} bad lines exceed the error budget of {budget}; the first: {}",
+        FirstError(first_errors)
+    )]
+    ErrorBudgetExceeded {
+        /// Bad lines seen (budget + 1).
+        bad: u64,
+        /// The budget, [`ReaderConfig::max_bad_lines`].
+        budget: u64,
+        /// The first bad lines, as in [`ReadStats::first_errors`].
+        first_errors: Vec<String>,
+    },
+    /// The reader thread could not be started.
+    #[error("cannot start the reader thread: {0}")]
+    Spawn(io::Error),
+    /// The reader thread panicked (a bug).
+    #[error("the reader thread panicked: {0}")]
+    Panicked(String),
+}
+
+/// Formats the first of a list of errors.
+struct FirstError<'a>(&'a [String]);
+
+impl fmt::Display for FirstError<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.0.first().map_or("(none recorded)", String::as_str))
+    }
+}
+
+/// Parses batches on a thread of its own; iterate over it to get them.
+///
+/// The iterator yields `Ok` batches, then ends, or yields one `Err` and ends. Dropping it stops the thread
+/// and waits for it (at most the time to parse one line and finish a read).
+pub struct BatchReader {
+    rx: Option<Receiver<Result<Batch, ReadError>>>,
+    stop: Arc<AtomicBool>,
+    stats: Arc<Mutex<ReadStats>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl BatchReader {
+    /// Checks the config and the paths (errors name a missing path), then starts the reader thread.
+    pub fn spawn(cfg: ReaderConfig) -> Result<BatchReader, ReadError> {
+        cfg.validate()?;
+        let files = input_files(&cfg.paths)?;
+        let (tx, rx) = crossbeam_channel::bounded(cfg.queue_depth);
+        let stop = Arc::new(AtomicBool::new(false));
+        let stats = Arc::new(Mutex::new(ReadStats::default()));
+        let (thread_stop, thread_stats) = (Arc::clone(&stop), Arc::clone(&stats));
+        let thread = std::thread::Builder::new()
+            .name(format!("criteo-reader-{}", cfg.rank))
+            .spawn(move || {
+                let mut pipeline = Pipeline::new(&cfg, &thread_stop);
+                let result = pipeline.run(&files, |batch, stats| {
+                    *thread_stats.lock().unwrap_or_else(|e| e.into_inner()) = stats.clone();
+                    tx.send(Ok(batch)).is_ok()
+                });
+                *thread_stats.lock().unwrap_or_else(|e| e.into_inner()) = pipeline.stats;
+                if let Err(e) = result {
+                    let _ = tx.send(Err(e));
+                }
+            })
+            .map_err(ReadError::Spawn)?;
+        Ok(BatchReader {
+            rx: Some(rx),
+            stop,
+            stats,
+            thread: Some(thread),
+        })
+    }
+
+    /// The counts so far; final once the iterator has ended.
+    pub fn stats(&self) -> ReadStats {
+        self.stats.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Joins the thread, turning a panic into an error.
+    fn join(&mut self) -> Option<ReadError> {
+        let panic = self.thread.take()?.join().err()?;
+        let message = panic
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_default();
+        Some(ReadError::Panicked(message))
+    }
+}
+
+impl Iterator for BatchReader {
+    type Item = Result<Batch, ReadError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let item = match self.rx.as_ref()?.recv() {
+            Ok(item) => item,
+            Err(RecvError) => {
+                self.rx = None;
+                return self.join().map(Err);
+            }
+        };
+        if item.is_err() {
+            self.rx = None;
+            self.join();
+        }
+        Some(item)
+    }
+}
+
+impl Drop for BatchReader {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        self.rx = None; // wakes a thread blocked on a full channel
+        self.join();
+    }
+}
+
+/// Reads everything on the calling thread: for evaluation sets, small enough to hold in memory.
+///
+/// `queue_depth` is ignored.
+pub fn read_all(cfg: &ReaderConfig) -> Result<(Vec<Batch>, ReadStats), ReadError> {
+    cfg.validate()?;
+    let files = input_files(&cfg.paths)?;
+    let stop = AtomicBool::new(false);
+    let mut pipeline = Pipeline::new(cfg, &stop);
+    let mut batches = Vec::new();
+    pipeline.run(&files, |batch, _| {
+        batches.push(batch);
+        true
+    })?;
+    Ok((batches, pipeline.stats))
+}
+
+/// The reading loop, independent of where the batches go.
+struct Pipeline<'a> {
+    cfg: &'a ReaderConfig,
+    stop: &'a AtomicBool,
+    stats: ReadStats,
+    /// Index of the next line over all files, for the rank split.
+    index: u64,
+}
+
+impl<'a> Pipeline<'a> {
+    fn new(cfg: &'a ReaderConfig, stop: &'a AtomicBool) -> Self {
+        Pipeline {
+            cfg,
+            stop,
+            stats: ReadStats::default(),
+            index: 0,
+        }
+    }
+
+    /// Reads `files` in order, handing each full batch, then the last short one, to `emit`, which returns
+    /// `false` to stop. Returns early (and `Ok`) when stopped.
+    fn run(
+        &mut self,
+        files: &[PathBuf],
+        mut emit: impl FnMut(Batch, &ReadStats) -> bool,
+    ) -> Result<(), ReadError> {
+        let (world, rank) = (self.cfg.world as u64, self.cfg.rank as u64);
+        let batch_size = self.cfg.batch_size;
+        let mut batch = Batch::with_capacity(batch_size);
+        let mut row = Row::default();
+        for path in files {
+            let mut lines = open(path)?;
+            let mut line_no = 0u64;
+            loop {
+                let read = lines.next_line();
+                let (line, cut) = match read {
+                    Ok(Some(line)) => line,
+                    Ok(None) => break,
+                    Err(source) => {
+                        return Err(ReadError::Read {
+                            path: path.clone(),
+                            line: line_no,
+                            source,
+                        })
+                    }
+                };
+                line_no += 1;
+                let index = self.index;
+                self.index += 1;
+                if index % world != rank {
+                    continue;
+                }
+                if self.stop.load(Ordering::Relaxed) {
+                    return Ok(());
+                }
+                self.stats.lines += 1;
+                let parsed = if cut {
+                    Err(format!("line longer than {MAX_LINE} bytes"))
+                } else {
+                    parse_line(line, &mut row).map_err(|e| e.to_string())
+                };
+                match parsed {
+                    Ok(LineKind::Empty) => self.stats.empty_lines += 1,
+                    Ok(kind) => {
+                        self.stats.padded_lines += u64::from(kind != LineKind::Full);
+                        self.stats.rows += 1;
+                        batch.push_row(&row);
+                        if batch.len == batch_size {
+                            let full =
+                                std::mem::replace(&mut batch, Batch::with_capacity(batch_size));
+                            if !emit(full, &self.stats) {
+                                return Ok(());
+                            }
+                        }
+                    }
+                    Err(message) => {
+                        self.bad_line(format!("{}:{line_no}: {message}", path.display()))?
+                    }
+                }
+            }
+        }
+        if !batch.is_empty() {
+            emit(batch, &self.stats);
+        }
+        Ok(())
+    }
+
+    /// Counts a bad line; fails once the count exceeds the budget.
+    fn bad_line(&mut self, message: String) -> Result<(), ReadError> {
+        self.stats.bad_lines += 1;
+        if self.stats.first_errors.len() < MAX_FIRST_ERRORS {
+            tracing::warn!(%message, "skipping a bad line");
+            self.stats.first_errors.push(message);
+        }
+        if self.stats.bad_lines > self.cfg.max_bad_lines {
+            return Err(ReadError::ErrorBudgetExceeded {
+                bad: self.stats.bad_lines,
+                budget: self.cfg.max_bad_lines,
+                first_errors: self.stats.first_errors.clone(),
+            });
+        }
+        Ok(())
+    }
+}

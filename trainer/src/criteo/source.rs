@@ -1,0 +1,178 @@
+//! Input files: expanding directories, opening plain or gzip files, and splitting them into lines.
+//!
+//! The format is detected by content, not by name: gzip by its magic bytes `1f 8b` (decoded with
+//! `MultiGzDecoder`, since `pigz` and concatenated `day_N.gz` parts hold several members), zstd by
+//! `28 b5 2f fd` (refused for now: zstd is not a dependency of the trainer), anything else is plain text.
+
+use std::fs::{self, File};
+use std::io::{self, BufRead, BufReader, Read, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+
+use flate2::bufread::MultiGzDecoder;
+use memchr::memchr;
+
+use super::reader::ReadError;
+
+/// Read buffer size, both for the file and for decompressed text.
+const BUF_SIZE: usize = 1 << 20;
+
+/// Lines longer than this are returned cut, and flagged (a real line is under 1 KiB; a longer one is a
+/// corrupt file, and buffering it whole could exhaust memory).
+pub(crate) const MAX_LINE: usize = 64 << 10;
+
+/// Expands `paths` into the files to read, in order: a file is itself, a directory is its files (not
+/// subdirectories, not names starting with `.`) sorted by name.
+///
+/// Errors name the path that is missing or unreadable, or the directory that holds no files.
+pub fn input_files(paths: &[PathBuf]) -> Result<Vec<PathBuf>, ReadError> {
+    let mut files = Vec::new();
+    for path in paths {
+        let open_err = |source| ReadError::Open {
+            path: path.clone(),
+            source,
+        };
+        if !fs::metadata(path).map_err(open_err)?.is_dir() {
+            files.push(path.clone());
+            continue;
+        }
+        let mut dir_files = Vec::new();
+        for entry in fs::read_dir(path).map_err(open_err)? {
+            let entry = entry.map_err(open_err)?;
+            let hidden = entry.file_name().to_string_lossy().starts_with('.');
+            if !hidden && fs::metadata(entry.path()).map_err(open_err)?.is_file() {
+                dir_files.push(entry.path());
+            }
+        }
+        if dir_files.is_empty() {
+            return Err(ReadError::EmptyDirectory { path: path.clone() });
+        }
+        dir_files.sort();
+        files.extend(dir_files);
+    }
+    Ok(files)
+}
+
+/// Opens `path`, detecting gzip (and refusing zstd) by its first bytes.
+pub(crate) fn open(path: &Path) -> Result<LineReader, ReadError> {
+    let open_err = |source| ReadError::Open {
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut file = File::open(path).map_err(open_err)?;
+    let mut head = Vec::with_capacity(4);
+    (&mut file)
+        .take(4)
+        .read_to_end(&mut head)
+        .map_err(open_err)?;
+    file.seek(SeekFrom::Start(0)).map_err(open_err)?;
+    let inner: Box<dyn Read + Send> = if head.starts_with(&[0x1f, 0x8b]) {
+        Box::new(MultiGzDecoder::new(BufReader::with_capacity(
+            BUF_SIZE, file,
+        )))
+    } else if head.starts_with(&[0x28, 0xb5, 0x2f, 0xfd]) {
+        return Err(ReadError::Unsupported {
+            path: path.to_path_buf(),
+            format: "zstd",
+        });
+    } else {
+        Box::new(file)
+    };
+    Ok(LineReader::new(inner))
+}
+
+/// Splits a byte stream into lines without copying those that lie within one buffer fill.
+pub(crate) struct LineReader {
+    inner: BufReader<Box<dyn Read + Send>>,
+    /// Bytes of the last returned line (and its `\n`) still to consume from `inner`.
+    pending: usize,
+    /// The line being assembled when it spans buffer fills.
+    spill: Vec<u8>,
+}
+
+impl LineReader {
+    /// Reads lines from `inner`.
+    pub(crate) fn new(inner: Box<dyn Read + Send>) -> Self {
+        LineReader {
+            inner: BufReader::with_capacity(BUF_SIZE, inner),
+            pending: 0,
+            spill: Vec::new(),
+        }
+    }
+
+    /// The next line without its `\n`, and whether it was cut at [`MAX_LINE`] bytes; `None` at the end.
+    /// A last line without a `\n` is still a line.
+    pub(crate) fn next_line(&mut self) -> io::Result<Option<(&[u8], bool)>> {
+        self.inner.consume(std::mem::take(&mut self.pending));
+        self.spill.clear();
+        let mut cut = false;
+        loop {
+            let avail = self.inner.fill_buf()?;
+            if avail.is_empty() {
+                return Ok((!self.spill.is_empty() || cut).then_some((&self.spill[..], cut)));
+            }
+            let (end, found) = match memchr(b'\n', avail) {
+                Some(i) => (i, true),
+                None => (avail.len(), false),
+            };
+            if found && self.spill.is_empty() && !cut {
+                // The common case: the whole line is in the buffer; consume it on the next call.
+                self.pending = end + 1;
+                return Ok(Some((&self.inner.buffer()[..end], false)));
+            }
+            let room = MAX_LINE.saturating_sub(self.spill.len());
+            cut |= end > room;
+            self.spill.extend_from_slice(&avail[..end.min(room)]);
+            self.inner.consume(end + usize::from(found));
+            if found {
+                return Ok(Some((&self.spill[..], cut)));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lines(data: &[u8], buf: usize) -> Vec<(Vec<u8>, bool)> {
+        let inner: Box<dyn Read + Send> = Box::new(io::Cursor::new(data.to_vec()));
+        let mut reader = LineReader {
+            inner: BufReader::with_capacity(buf, inner),
+            pending: 0,
+            spill: Vec::new(),
+        };
+        let mut out = Vec::new();
+        while let Some((line, cut)) = reader.next_line().unwrap() {
+            out.push((line.to_vec(), cut));
+        }
+        out
+    }
+
+    #[test]
+    fn splits_lines_across_buffer_fills() {
+        let data = b"abc\n\nde\r\nfghijklmnop\nlast";
+        let want: Vec<(Vec<u8>, bool)> = ["abc", "", "de\r", "fghijklmnop", "last"]
+            .iter()
+            .map(|s| (s.as_bytes().to_vec(), false))
+            .collect();
+        for buf in [1, 2, 3, 4, 7, 64] {
+            assert_eq!(lines(data, buf), want, "buffer {buf}");
+        }
+        assert_eq!(lines(b"", 4), []);
+        assert_eq!(lines(b"\n", 4), [(vec![], false)]);
+    }
+
+    #[test]
+    fn cuts_overlong_lines() {
+        let mut data = vec![b'x'; MAX_LINE + 10];
+        data.extend_from_slice(b"\nok\n");
+        data.extend(vec![b'y'; MAX_LINE + 1]);
+        let got = lines(&data, 4096);
+        assert_eq!(got.len(), 3);
+        assert_eq!((got[0].0.len(), got[0].1), (MAX_LINE, true));
+        assert_eq!(got[1], (b"ok".to_vec(), false));
+        assert_eq!((got[2].0.len(), got[2].1), (MAX_LINE, true));
+        let exact = vec![b'z'; MAX_LINE];
+        assert_eq!(lines(&exact, 4096), [(exact.clone(), false)]);
+    }
+}

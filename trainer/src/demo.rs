@@ -1,0 +1,160 @@
+//! `trainer demo`: generate Criteo-format data (or use given files), start local parameter servers, train,
+//! evaluate, shut the servers down cleanly, and print a summary.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use clap::Args;
+
+use crate::cluster::LocalCluster;
+use crate::config::{ClusterArgs, ModelArgs};
+use crate::run::{self, Inputs, Summary};
+
+/// Flags of `trainer demo`.
+#[derive(Debug, Clone, Args)]
+pub struct DemoArgs {
+    /// Training rows to generate.
+    #[arg(long, default_value_t = 1_000_000)]
+    pub rows: u64,
+    /// Test rows to generate.
+    #[arg(long, default_value_t = 100_000)]
+    pub test_rows: u64,
+    /// Parameter-server processes to start.
+    #[arg(long, default_value_t = 2)]
+    pub servers: usize,
+    /// Directory for generated data (reused when present) and the run's servers, certificates and logs.
+    #[arg(long, default_value = "data/demo")]
+    pub data_dir: PathBuf,
+    /// Train on this Criteo-format file instead of generated data (with --test).
+    #[arg(long, requires = "test")]
+    pub train: Option<PathBuf>,
+    /// Evaluate on this Criteo-format file instead of generated data (with --train).
+    #[arg(long, requires = "train")]
+    pub test: Option<PathBuf>,
+    /// Seed of the generated rows (the test set uses seed + 1).
+    #[arg(long, default_value_t = 1)]
+    pub data_seed: u64,
+    /// Seed of the generator's planted click model.
+    #[arg(long, default_value_t = 7)]
+    pub teacher_seed: u64,
+    /// Write the summary as JSON here.
+    #[arg(long)]
+    pub summary_json: Option<PathBuf>,
+    /// HTTP address of the trainer's /metrics.
+    #[arg(long, default_value = "127.0.0.1:0")]
+    pub metrics_listen: SocketAddr,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub model: ModelArgs,
+}
+
+/// Locates `gen-criteo` next to this binary, building it with cargo when run under cargo and it is missing.
+fn gen_criteo() -> anyhow::Result<PathBuf> {
+    let exe = std::env::current_exe().context("locate the running binary")?;
+    let path = exe.with_file_name("gen-criteo");
+    if path.is_file() {
+        return Ok(path);
+    }
+    let Some(cargo) = std::env::var_os("CARGO") else {
+        bail!(
+            "{} not found: build it with `cargo build --release -p bench` (or `make demo`)",
+            path.display()
+        );
+    };
+    let release = exe.parent().and_then(Path::file_name).is_some_and(|d| d == "release");
+    eprintln!("building gen-criteo ...");
+    let mut cmd = Command::new(cargo);
+    cmd.args(["build", "-p", "bench", "--bin", "gen-criteo"]);
+    if release {
+        cmd.arg("--release");
+    }
+    let status = cmd.status().context("run cargo build")?;
+    if !status.success() || !path.is_file() {
+        bail!("building gen-criteo failed ({status})");
+    }
+    Ok(path)
+}
+
+/// Generates `rows` rows into `out` (and the oracle probabilities into `oracle`) unless both exist already.
+fn generate(rows: u64, seed: u64, teacher_seed: u64, out: &Path, oracle: &Path) -> anyhow::Result<()> {
+    if out.is_file() && oracle.is_file() {
+        eprintln!("reusing {}", out.display());
+        return Ok(());
+    }
+    let tmp = out.with_extension("tmp");
+    let tmp_oracle = oracle.with_extension("tmp-oracle");
+    eprintln!("generating {rows} rows into {}", out.display());
+    let status = Command::new(gen_criteo()?)
+        .args(["--rows", &rows.to_string(), "--seed", &seed.to_string()])
+        .args(["--teacher-seed", &teacher_seed.to_string()])
+        .arg("--out")
+        .arg(&tmp)
+        .arg("--oracle")
+        .arg(&tmp_oracle)
+        .status()
+        .context("run gen-criteo")?;
+    if !status.success() {
+        bail!("gen-criteo failed ({status})");
+    }
+    // Renamed only when complete, so an interrupted run is never reused.
+    std::fs::rename(&tmp_oracle, oracle).with_context(|| format!("rename to {}", oracle.display()))?;
+    std::fs::rename(&tmp, out).with_context(|| format!("rename to {}", out.display()))?;
+    Ok(())
+}
+
+/// Runs the demo; returns the summary (already printed).
+pub fn run_demo(args: DemoArgs) -> anyhow::Result<Summary> {
+    args.model.validate().map_err(anyhow::Error::msg).context("invalid model flags")?;
+    if args.servers == 0 {
+        bail!("--servers 0: at least one parameter server is needed");
+    }
+    std::fs::create_dir_all(&args.data_dir).with_context(|| format!("create {}", args.data_dir.display()))?;
+    let (train, test, oracle) = match (&args.train, &args.test) {
+        (Some(train), Some(test)) => (train.clone(), test.clone(), None),
+        _ => {
+            let d = &args.data_dir;
+            let name = |kind: &str, rows: u64, seed: u64, ext: &str| {
+                d.join(format!("{kind}-{rows}-s{seed}-t{}.{ext}", args.teacher_seed))
+            };
+            let train = name("train", args.rows, args.data_seed, "tsv");
+            let train_oracle = name("train", args.rows, args.data_seed, "oracle");
+            let test_seed = args.data_seed + 1;
+            let test = name("test", args.test_rows, test_seed, "tsv");
+            let test_oracle = name("test", args.test_rows, test_seed, "oracle");
+            generate(args.rows, args.data_seed, args.teacher_seed, &train, &train_oracle)?;
+            generate(args.test_rows, test_seed, args.teacher_seed, &test, &test_oracle)?;
+            (train, test, Some(test_oracle))
+        }
+    };
+
+    let run_dir = args.data_dir.join("run");
+    if run_dir.exists() {
+        std::fs::remove_dir_all(&run_dir).with_context(|| format!("clear {}", run_dir.display()))?;
+    }
+    eprintln!("starting {} parameter servers (logs in {})", args.servers, run_dir.display());
+    let cluster = LocalCluster::start(args.servers, &run_dir, &[])?;
+    for (i, (q, m)) in cluster.quic.iter().zip(&cluster.metrics).enumerate() {
+        eprintln!("  ps-server {i}: quic {q}, metrics http://{m}/metrics");
+    }
+    let cluster_args = ClusterArgs {
+        ps: cluster.quic.clone(),
+        tls_dir: cluster.tls_dir.clone(),
+        server_name: protocol::tls::DEFAULT_SERVER_NAME.into(),
+    };
+    let inputs = Inputs { train: vec![train], test: vec![test.clone()], rank: 0, world: 1 };
+    let runtime = crate::cli::runtime()?;
+    let mut summary = runtime.block_on(async {
+        let addr = crate::cli::serve_metrics(args.metrics_listen).await?;
+        eprintln!("  trainer: metrics http://{addr}/metrics");
+        run::train_and_evaluate(&cluster_args, &args.model, &inputs).await
+    })?;
+    eprintln!("stopping parameter servers");
+    cluster.shutdown(Duration::from_secs(60))?;
+    if let Some(oracle) = oracle {
+        summary.oracle_auc = run::oracle_auc(&test, &oracle)?;
+    }
+    Ok(summary)
+}

@@ -1,0 +1,75 @@
+//! Every metric the trainer exports: names in one place, described once.
+//!
+//! Latency histograms use [`LATENCY_BUCKETS`] (50 µs .. 10 s): a loopback pull of one batch up to a pull retried
+//! across a server restart.
+
+use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
+
+/// Training samples processed.
+pub const SAMPLES_TOTAL: &str = "trainer_samples_total";
+/// Training batches processed.
+pub const BATCHES_TOTAL: &str = "trainer_batches_total";
+/// Training throughput over the last progress interval.
+pub const SAMPLES_PER_SECOND: &str = "trainer_samples_per_second";
+/// Mean training loss over the last progress interval.
+pub const LOSS: &str = "trainer_loss";
+/// Latency of one batch's pull (all servers in parallel).
+pub const PULL_SECONDS: &str = "trainer_pull_duration_seconds";
+/// Latency of one batch's push, from send to acknowledgement by every server.
+pub const PUSH_SECONDS: &str = "trainer_push_duration_seconds";
+/// Dense compute (forward + backward + dense optimizer) of one batch.
+pub const COMPUTE_SECONDS: &str = "trainer_compute_duration_seconds";
+/// Pushes sent and not yet acknowledged.
+pub const PUSHES_IN_FLIGHT: &str = "trainer_pushes_in_flight";
+/// Embedding rows pulled (unique per batch).
+pub const ROWS_PULLED_TOTAL: &str = "trainer_rows_pulled_total";
+/// Embedding gradient rows pushed (unique per batch).
+pub const ROWS_PUSHED_TOTAL: &str = "trainer_rows_pushed_total";
+/// Payload bytes sent, after compression (encoding).
+pub const WIRE_BYTES_SENT_TOTAL: &str = "trainer_wire_bytes_sent_total";
+/// Payload bytes received, after compression (encoding).
+pub const WIRE_BYTES_RECEIVED_TOTAL: &str = "trainer_wire_bytes_received_total";
+/// Row bytes the same payloads would take as f32 (before compression), sent.
+pub const RAW_BYTES_SENT_TOTAL: &str = "trainer_raw_bytes_sent_total";
+/// Row bytes the same payloads would take as f32 (before compression), received.
+pub const RAW_BYTES_RECEIVED_TOTAL: &str = "trainer_raw_bytes_received_total";
+/// Malformed input lines skipped.
+pub const BAD_LINES_TOTAL: &str = "trainer_bad_lines_total";
+/// Test AUC of the last evaluation.
+pub const EVAL_AUC: &str = "trainer_eval_auc";
+/// Test logloss of the last evaluation.
+pub const EVAL_LOGLOSS: &str = "trainer_eval_logloss";
+/// Mean prediction over positive rate on the last evaluation (1 = calibrated).
+pub const EVAL_CALIBRATION: &str = "trainer_eval_calibration";
+
+/// Histogram buckets for every `_seconds` metric.
+pub const LATENCY_BUCKETS: &[f64] = &[
+    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+    2.5, 5.0, 10.0,
+];
+
+/// Registers HELP text and units for every metric.
+pub fn describe() {
+    describe_counter!(SAMPLES_TOTAL, "Training samples processed.");
+    describe_counter!(BATCHES_TOTAL, "Training batches processed.");
+    describe_gauge!(SAMPLES_PER_SECOND, "Training samples per second over the last progress interval.");
+    describe_gauge!(LOSS, "Mean training loss over the last progress interval.");
+    describe_histogram!(PULL_SECONDS, Unit::Seconds, "Latency of one batch's pull from all servers.");
+    describe_histogram!(PUSH_SECONDS, Unit::Seconds, "Latency of one batch's push until acknowledged.");
+    describe_histogram!(COMPUTE_SECONDS, Unit::Seconds, "Dense compute time of one batch.");
+    describe_gauge!(PUSHES_IN_FLIGHT, "Pushes sent and not yet acknowledged (staleness).");
+    describe_counter!(ROWS_PULLED_TOTAL, "Embedding rows pulled (unique per batch).");
+    describe_counter!(ROWS_PUSHED_TOTAL, "Embedding gradient rows pushed (unique per batch).");
+    describe_counter!(WIRE_BYTES_SENT_TOTAL, Unit::Bytes, "Payload bytes sent after compression.");
+    describe_counter!(WIRE_BYTES_RECEIVED_TOTAL, Unit::Bytes, "Payload bytes received after compression.");
+    describe_counter!(RAW_BYTES_SENT_TOTAL, Unit::Bytes, "Payload bytes sent, counted as uncompressed f32.");
+    describe_counter!(
+        RAW_BYTES_RECEIVED_TOTAL,
+        Unit::Bytes,
+        "Payload bytes received, counted as uncompressed f32."
+    );
+    describe_counter!(BAD_LINES_TOTAL, "Malformed input lines skipped.");
+    describe_gauge!(EVAL_AUC, "Test AUC of the last evaluation.");
+    describe_gauge!(EVAL_LOGLOSS, "Test logloss of the last evaluation.");
+    describe_gauge!(EVAL_CALIBRATION, "Mean prediction over positive rate on the last evaluation.");
+}

@@ -1,0 +1,166 @@
+//! [`Dlrm`]: the whole dense model — bottom MLP, dot interaction, top MLP, sigmoid + BCE — and its optimizer.
+
+use super::config::DlrmConfig;
+use super::interaction::Interaction;
+use super::loss::{bce_forward_backward, sigmoid};
+use super::mlp::Mlp;
+use super::optim::{DenseOptimizer, OptimizerState};
+use super::rng::Rng;
+use super::{check_len, ensure_len, ModelError};
+
+/// The DLRM dense model with its optimizer state and all step buffers.
+///
+/// Inputs per batch: `dense` `[batch x num_dense]` (already `ln(1 + x)`), `emb` `[batch x num_sparse x
+/// emb_dim]` (the gathered embedding rows), and for training `labels` `[batch]` in `[0, 1]`. Every buffer
+/// grows to the largest batch seen and is reused, so steady-state steps do not allocate. The work is split
+/// over the current rayon pool (see the [module docs](super)).
+#[derive(Debug, Clone)]
+pub struct Dlrm {
+    cfg: DlrmConfig,
+    bottom: Mlp,
+    top: Mlp,
+    interaction: Interaction,
+    opt: OptimizerState,
+    /// Interaction output, the top MLP's input: `[batch x interaction_dim]`.
+    inter_out: Vec<f32>,
+    /// `d loss / d inter_out`.
+    inter_grad: Vec<f32>,
+    /// `σ(logit)`: `[batch]`.
+    probs: Vec<f32>,
+}
+
+impl Dlrm {
+    /// A model with deterministic initial weights drawn from `seed` (see [`Linear`](super::Linear)): bottom
+    /// layers first, then top layers, weight before bias.
+    pub fn new(cfg: DlrmConfig, opt: DenseOptimizer, seed: u64) -> Result<Self, ModelError> {
+        cfg.validate()?;
+        opt.validate()?;
+        let mut rng = Rng::new(seed);
+        let bottom = Mlp::init(cfg.num_dense, &cfg.bottom, true, &mut rng);
+        let top = Mlp::init(cfg.interaction_dim(), &cfg.top, false, &mut rng);
+        let sizes: Vec<usize> = bottom
+            .layers()
+            .iter()
+            .chain(top.layers())
+            .flat_map(|l| [l.weight().len(), l.bias().len()])
+            .collect();
+        Ok(Self {
+            interaction: Interaction::new(cfg.num_sparse, cfg.emb_dim),
+            opt: OptimizerState::new(opt, &sizes),
+            cfg,
+            bottom,
+            top,
+            inter_out: Vec::new(),
+            inter_grad: Vec::new(),
+            probs: Vec::new(),
+        })
+    }
+
+    /// The sizes.
+    pub fn config(&self) -> &DlrmConfig {
+        &self.cfg
+    }
+
+    /// The bottom MLP (its layers expose weights and the last step's gradients).
+    pub fn bottom(&self) -> &Mlp {
+        &self.bottom
+    }
+
+    /// The top MLP.
+    pub fn top(&self) -> &Mlp {
+        &self.top
+    }
+
+    /// Optimizer steps taken.
+    pub fn steps(&self) -> u64 {
+        self.opt.step()
+    }
+
+    /// Number of dense parameters.
+    pub fn num_params(&self) -> usize {
+        self.bottom.num_params() + self.top.num_params()
+    }
+
+    /// Every parameter tensor: per layer, bottom then top, the weight (`[out x in]`) then the bias.
+    pub fn params(&self) -> Vec<&[f32]> {
+        self.bottom.layers().iter().chain(self.top.layers()).flat_map(|l| [l.weight(), l.bias()]).collect()
+    }
+
+    /// Replaces every parameter tensor, in the order of [`params`](Self::params) (restoring a checkpoint).
+    /// The optimizer state is kept as is.
+    pub fn set_params(&mut self, params: &[&[f32]]) -> Result<(), ModelError> {
+        check_len("params", params.len(), self.params().len())?;
+        for (src, have) in params.iter().zip(self.params()) {
+            check_len("params[i]", src.len(), have.len())?;
+        }
+        let layers = self.bottom.layers_mut().iter_mut().chain(self.top.layers_mut().iter_mut());
+        let dsts = layers.flat_map(|l| l.params_and_grads().map(|(p, _)| p));
+        for (dst, src) in dsts.zip(params) {
+            dst.copy_from_slice(src);
+        }
+        Ok(())
+    }
+
+    /// Forward pass only; returns the click probabilities `[batch]`.
+    pub fn predict(&mut self, batch: usize, dense: &[f32], emb: &[f32]) -> Result<&[f32], ModelError> {
+        self.check_inputs(batch, dense, emb)?;
+        self.forward(batch, dense, emb);
+        let logits = self.top.output(batch);
+        ensure_len(&mut self.probs, batch);
+        for (p, &x) in self.probs.iter_mut().zip(logits) {
+            *p = sigmoid(x);
+        }
+        Ok(&self.probs[..batch])
+    }
+
+    /// Forward, backward and one optimizer step on the dense parameters. Writes `d (mean BCE) / d emb` into
+    /// `emb_grad` (`[batch x num_sparse x emb_dim]`, overwritten) and returns the mean loss before the step.
+    pub fn train_step(
+        &mut self,
+        batch: usize,
+        dense: &[f32],
+        emb: &[f32],
+        labels: &[f32],
+        emb_grad: &mut [f32],
+    ) -> Result<f32, ModelError> {
+        self.check_inputs(batch, dense, emb)?;
+        check_len("labels", labels.len(), batch)?;
+        check_len("emb_grad", emb_grad.len(), emb.len())?;
+        if batch == 0 {
+            return Err(ModelError::EmptyBatch);
+        }
+        let width = self.cfg.interaction_dim();
+        self.forward(batch, dense, emb);
+        ensure_len(&mut self.probs, batch);
+        let (logits, dlogits) = self.top.output_and_grad_mut(batch);
+        let loss = bce_forward_backward(logits, labels, &mut self.probs[..batch], dlogits);
+
+        ensure_len(&mut self.inter_grad, batch * width);
+        let inter_grad = &mut self.inter_grad[..batch * width];
+        self.top.backward(batch, &self.inter_out[..batch * width], Some(&mut *inter_grad));
+        let (z, dz) = self.bottom.output_and_grad_mut(batch);
+        self.interaction.backward(batch, z, emb, inter_grad, dz, emb_grad);
+        self.bottom.backward(batch, dense, None);
+
+        self.opt.begin_step();
+        let layers = self.bottom.layers_mut().iter_mut().chain(self.top.layers_mut().iter_mut());
+        for (slot, (param, grad)) in layers.flat_map(|l| l.params_and_grads()).enumerate() {
+            self.opt.update(slot, param, grad);
+        }
+        Ok(loss)
+    }
+
+    fn check_inputs(&self, batch: usize, dense: &[f32], emb: &[f32]) -> Result<(), ModelError> {
+        check_len("dense", dense.len(), batch * self.cfg.num_dense)?;
+        check_len("emb", emb.len(), batch * self.cfg.num_sparse * self.cfg.emb_dim)
+    }
+
+    /// Bottom MLP, interaction and top MLP; leaves the logits in the top MLP's output.
+    fn forward(&mut self, batch: usize, dense: &[f32], emb: &[f32]) {
+        let width = self.cfg.interaction_dim();
+        let z = self.bottom.forward(batch, dense);
+        ensure_len(&mut self.inter_out, batch * width);
+        self.interaction.forward(batch, z, emb, &mut self.inter_out[..batch * width]);
+        self.top.forward(batch, &self.inter_out[..batch * width]);
+    }
+}

@@ -1,0 +1,287 @@
+//! [`Linear`]: one fully connected layer, `y = act(x Wᵀ + b)`, forward and backward via `gemm`.
+
+use rayon::prelude::*;
+
+use super::matmul::{matmul, Op};
+use super::rng::Rng;
+use super::simd::multiversion;
+
+/// Element-wise passes over fewer elements than this run on the calling thread.
+const PARALLEL_MIN_ELEMS: usize = 1 << 16;
+
+/// A fully connected layer `y = x Wᵀ + b`, optionally followed by a ReLU.
+///
+/// The weight is `[out x in]` row-major (PyTorch's `nn.Linear` layout). The layer owns its parameters and
+/// their gradients; activations live with the caller ([`Mlp`](super::Mlp)). Call order: [`forward`](Self::forward),
+/// then [`backward`](Self::backward) with the same `x` and the `y` forward wrote; backward overwrites the
+/// gradients (it does not accumulate).
+#[derive(Debug, Clone)]
+pub struct Linear {
+    in_dim: usize,
+    out_dim: usize,
+    relu: bool,
+    weight: Vec<f32>,
+    bias: Vec<f32>,
+    weight_grad: Vec<f32>,
+    bias_grad: Vec<f32>,
+    /// Per-chunk partial bias sums of the parallel backward pass, `[chunks x out]`.
+    partial: Vec<f32>,
+}
+
+impl Linear {
+    /// A layer initialized like the DLRM reference: weights from normal(0, sqrt(2 / (in + out))), biases from
+    /// normal(0, sqrt(1 / out)).
+    pub(crate) fn init(in_dim: usize, out_dim: usize, relu: bool, rng: &mut Rng) -> Self {
+        let mut weight = vec![0.0; out_dim * in_dim];
+        let mut bias = vec![0.0; out_dim];
+        rng.fill_normal(&mut weight, (2.0 / (in_dim + out_dim) as f64).sqrt());
+        rng.fill_normal(&mut bias, (1.0 / out_dim as f64).sqrt());
+        Self::with_params(in_dim, out_dim, relu, weight, bias)
+    }
+
+    /// A layer with the given weight `[out x in]` and bias `[out]`.
+    ///
+    /// # Panics
+    /// If the lengths do not match the sizes.
+    pub fn with_params(in_dim: usize, out_dim: usize, relu: bool, weight: Vec<f32>, bias: Vec<f32>) -> Self {
+        assert_eq!(weight.len(), in_dim * out_dim, "weight length");
+        assert_eq!(bias.len(), out_dim, "bias length");
+        Self {
+            in_dim,
+            out_dim,
+            relu,
+            weight_grad: vec![0.0; weight.len()],
+            bias_grad: vec![0.0; out_dim],
+            weight,
+            bias,
+            partial: Vec::new(),
+        }
+    }
+
+    /// Input width.
+    pub fn in_dim(&self) -> usize {
+        self.in_dim
+    }
+
+    /// Output width.
+    pub fn out_dim(&self) -> usize {
+        self.out_dim
+    }
+
+    /// Whether a ReLU follows the affine map.
+    pub fn relu(&self) -> bool {
+        self.relu
+    }
+
+    /// The weight, `[out x in]` row-major.
+    pub fn weight(&self) -> &[f32] {
+        &self.weight
+    }
+
+    /// The bias, `[out]`.
+    pub fn bias(&self) -> &[f32] {
+        &self.bias
+    }
+
+    /// Gradient of the weight from the last [`backward`](Self::backward).
+    pub fn weight_grad(&self) -> &[f32] {
+        &self.weight_grad
+    }
+
+    /// Gradient of the bias from the last [`backward`](Self::backward).
+    pub fn bias_grad(&self) -> &[f32] {
+        &self.bias_grad
+    }
+
+    /// Parameters with their gradients, weight first: what an optimizer updates.
+    pub(crate) fn params_and_grads(&mut self) -> [(&mut [f32], &[f32]); 2] {
+        [(&mut self.weight, &self.weight_grad), (&mut self.bias, &self.bias_grad)]
+    }
+
+    /// `y[batch x out] = act(x[batch x in] Wᵀ + b)`.
+    ///
+    /// # Panics
+    /// If a slice length does not match `batch` and the layer sizes.
+    pub fn forward(&self, batch: usize, x: &[f32], y: &mut [f32]) {
+        let (n_in, n_out) = (self.in_dim, self.out_dim);
+        matmul(batch, n_out, n_in, y, false, x, Op::N, &self.weight, Op::T);
+        // One fused pass for bias and activation, rows split across threads.
+        let (bias, relu) = (&self.bias[..], self.relu);
+        if y.len() >= PARALLEL_MIN_ELEMS {
+            y.par_chunks_mut(rows_per_task(batch) * n_out).for_each(|y| bias_act_rows(y, bias, relu));
+        } else {
+            bias_act_rows(y, bias, relu);
+        }
+    }
+
+    /// Backward pass. `x` and `y` are the forward input and output; `dy` is `d loss / d y` and is
+    /// overwritten with the gradient before the activation. Sets the weight and bias gradients, and writes
+    /// `d loss / d x` into `dx` when given.
+    ///
+    /// # Panics
+    /// If a slice length does not match `batch` and the layer sizes.
+    pub fn backward(&mut self, batch: usize, x: &[f32], y: &[f32], dy: &mut [f32], dx: Option<&mut [f32]>) {
+        let (n_in, n_out) = (self.in_dim, self.out_dim);
+        assert_eq!(y.len(), batch * n_out, "linear backward: y");
+        assert_eq!(dy.len(), batch * n_out, "linear backward: dy");
+        self.mask_and_bias_grad(batch, y, dy);
+        matmul(n_out, n_in, batch, &mut self.weight_grad, false, dy, Op::T, x, Op::N);
+        if let Some(dx) = dx {
+            matmul(batch, n_in, n_out, dx, false, dy, Op::N, &self.weight, Op::N);
+        }
+    }
+
+    /// Zeroes `dy` where the ReLU was inactive (`y <= 0`) and sums `dy` over the batch into the bias
+    /// gradient, in one pass.
+    fn mask_and_bias_grad(&mut self, batch: usize, y: &[f32], dy: &mut [f32]) {
+        let (n_out, relu) = (self.out_dim, self.relu);
+        if dy.len() < PARALLEL_MIN_ELEMS {
+            mask_sum_rows(y, dy, &mut self.bias_grad, relu);
+            return;
+        }
+        let chunk_rows = rows_per_task(batch);
+        let chunks = batch.div_ceil(chunk_rows);
+        super::ensure_len(&mut self.partial, chunks * n_out);
+        let partial = &mut self.partial[..chunks * n_out];
+        y.par_chunks(chunk_rows * n_out)
+            .zip(dy.par_chunks_mut(chunk_rows * n_out))
+            .zip(partial.par_chunks_mut(n_out))
+            .for_each(|((y, dy), sum)| mask_sum_rows(y, dy, sum, relu));
+        self.bias_grad.fill(0.0);
+        for sum in partial.chunks_exact(n_out) {
+            for (g, &s) in self.bias_grad.iter_mut().zip(sum) {
+                *g += s;
+            }
+        }
+    }
+}
+
+multiversion! {
+    /// `y = act(y + bias)` for every row of `y` (rows of `bias.len()`).
+    fn bias_act_rows(y: &mut [f32], bias: &[f32], relu: bool) {
+        for row in y.chunks_exact_mut(bias.len()) {
+            if relu {
+                for (v, &b) in row.iter_mut().zip(bias) {
+                    *v = (*v + b).max(0.0);
+                }
+            } else {
+                for (v, &b) in row.iter_mut().zip(bias) {
+                    *v += b;
+                }
+            }
+        }
+    }
+}
+
+multiversion! {
+    /// With `relu`, zeroes `dy` where `y <= 0`; then `sum = Σ_rows dy` (rows of `sum.len()`).
+    fn mask_sum_rows(y: &[f32], dy: &mut [f32], sum: &mut [f32], relu: bool) {
+        let n = sum.len();
+        sum.fill(0.0);
+        for (yr, dr) in y.chunks_exact(n).zip(dy.chunks_exact_mut(n)) {
+            if relu {
+                for ((d, &v), s) in dr.iter_mut().zip(yr).zip(sum.iter_mut()) {
+                    *d = if v > 0.0 { *d } else { 0.0 };
+                    *s += *d;
+                }
+            } else {
+                for (&d, s) in dr.iter().zip(sum.iter_mut()) {
+                    *s += d;
+                }
+            }
+        }
+    }
+}
+
+/// Rows per parallel task: about four tasks per thread, so an uneven split costs little.
+pub(crate) fn rows_per_task(batch: usize) -> usize {
+    batch.div_ceil(4 * rayon::current_num_threads()).max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testutil::{check_grad, dot64, rand_vec};
+    use super::*;
+
+    fn layer_loss(layer: &Linear, batch: usize, x: &[f32], r: &[f32]) -> f64 {
+        let mut y = vec![0.0; batch * layer.out_dim()];
+        layer.forward(batch, x, &mut y);
+        dot64(&y, r)
+    }
+
+    fn grad_check(relu: bool, batch: usize, n_in: usize, n_out: usize) {
+        let mut rng = Rng::new(42 + relu as u64 + batch as u64);
+        let mut layer = Linear::init(n_in, n_out, relu, &mut rng);
+        let mut x = rand_vec(&mut rng, batch * n_in, 1.0);
+        let r = rand_vec(&mut rng, batch * n_out, 1.0);
+        let mut y = vec![0.0; batch * n_out];
+        layer.forward(batch, &x, &mut y);
+        let mut dy = r.clone();
+        let mut dx = vec![0.0; batch * n_in];
+        layer.backward(batch, &x, &y, &mut dy, Some(&mut dx));
+
+        let eps = 1e-3;
+        let (rel, abs) = (1e-2, 1e-3);
+        let (gw, gb) = (layer.weight_grad.clone(), layer.bias_grad.clone());
+        check_grad("weight", &gw, eps, rel, abs, |i, d| {
+            layer.weight[i] += d;
+            let l = layer_loss(&layer, batch, &x, &r);
+            layer.weight[i] -= d;
+            l
+        });
+        check_grad("bias", &gb, eps, rel, abs, |i, d| {
+            layer.bias[i] += d;
+            let l = layer_loss(&layer, batch, &x, &r);
+            layer.bias[i] -= d;
+            l
+        });
+        check_grad("x", &dx, eps, rel, abs, |i, d| {
+            x[i] += d;
+            let l = layer_loss(&layer, batch, &x, &r);
+            x[i] -= d;
+            l
+        });
+    }
+
+    #[test]
+    fn gradients_without_relu() {
+        grad_check(false, 5, 7, 3);
+    }
+
+    #[test]
+    fn gradients_with_relu() {
+        grad_check(true, 6, 4, 9);
+    }
+
+    #[test]
+    fn forward_hand_computed() {
+        // W = [[1, 2], [-3, 0.5]], b = [0.5, -1], x = [1, -1].
+        let layer = Linear::with_params(2, 2, true, vec![1.0, 2.0, -3.0, 0.5], vec![0.5, -1.0]);
+        let mut y = vec![0.0; 2];
+        layer.forward(1, &[1.0, -1.0], &mut y);
+        // pre-activation: [1 - 2 + 0.5, -3 - 0.5 - 1] = [-0.5, -4.5] -> ReLU -> [0, 0]
+        assert_eq!(y, [0.0, 0.0]);
+        let affine = Linear::with_params(2, 2, false, vec![1.0, 2.0, -3.0, 0.5], vec![0.5, -1.0]);
+        affine.forward(1, &[1.0, -1.0], &mut y);
+        assert_eq!(y, [-0.5, -4.5]);
+    }
+
+    #[test]
+    fn parallel_backward_matches_serial_bias_sum() {
+        // Big enough to take the parallel path; compare the bias gradient with a plain f64 column sum.
+        let (batch, n_in, n_out) = (1000, 8, 100);
+        let mut rng = Rng::new(3);
+        let mut layer = Linear::init(n_in, n_out, true, &mut rng);
+        let x = rand_vec(&mut rng, batch * n_in, 1.0);
+        let mut y = vec![0.0; batch * n_out];
+        layer.forward(batch, &x, &mut y);
+        let mut dy = rand_vec(&mut rng, batch * n_out, 1.0);
+        let masked: Vec<f32> = dy.iter().zip(&y).map(|(&d, &v)| if v > 0.0 { d } else { 0.0 }).collect();
+        layer.backward(batch, &x, &y, &mut dy, None);
+        assert_eq!(dy, masked);
+        for j in 0..n_out {
+            let want: f64 = (0..batch).map(|b| masked[b * n_out + j] as f64).sum();
+            assert!((layer.bias_grad[j] as f64 - want).abs() < 1e-4, "bias_grad[{j}]");
+        }
+    }
+}

@@ -1,0 +1,329 @@
+//! Dense optimizers: [`DenseOptimizer`] (the choice and its hyper-parameters) and [`OptimizerState`]
+//! (per-tensor state and the step counter).
+//!
+//! The update rules are PyTorch's (`torch.optim.SGD`, `Adagrad`, `Adam`, no weight decay), so that a
+//! model trained here and one trained by the DLRM reference follow the same trajectory.
+
+use rayon::prelude::*;
+use serde::{Deserialize, Serialize};
+
+use super::simd::multiversion;
+use super::ModelError;
+
+/// Tensors with fewer elements than this are updated on the calling thread.
+const PARALLEL_MIN_ELEMS: usize = 1 << 16;
+
+/// Elements per parallel task.
+const CHUNK: usize = 1 << 14;
+
+/// Which dense optimizer to use, with its hyper-parameters.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum DenseOptimizer {
+    /// `p -= lr g`.
+    Sgd {
+        /// Learning rate.
+        lr: f32,
+    },
+    /// `s += g²; p -= lr g / (√s + eps)`, with `s` starting at `initial_accumulator`.
+    Adagrad {
+        /// Learning rate.
+        lr: f32,
+        /// Added to the denominator (PyTorch's default is 1e-10).
+        eps: f32,
+        /// Initial value of the squared-gradient sum (PyTorch's default is 0).
+        initial_accumulator: f32,
+    },
+    /// Adam with bias correction: `m = β1 m + (1-β1) g; v = β2 v + (1-β2) g²;
+    /// p -= lr m̂ / (√v̂ + eps)` with `m̂ = m / (1-β1ᵗ)`, `v̂ = v / (1-β2ᵗ)`.
+    Adam {
+        /// Learning rate.
+        lr: f32,
+        /// Decay of the first moment (typically 0.9).
+        beta1: f32,
+        /// Decay of the second moment (typically 0.999).
+        beta2: f32,
+        /// Added to the denominator (typically 1e-8).
+        eps: f32,
+    },
+}
+
+impl DenseOptimizer {
+    /// Checks the hyper-parameters: finite, non-negative learning rate, betas in `[0, 1)`, positive `eps`
+    /// for Adam, and for Adagrad a positive `eps` or `initial_accumulator` (so the denominator is never 0).
+    pub fn validate(&self) -> Result<(), ModelError> {
+        let bad = |field, reason: String| Err(ModelError::Config { field, reason });
+        let lr = match *self {
+            Self::Sgd { lr } => lr,
+            Self::Adagrad { lr, eps, initial_accumulator } => {
+                if !(eps >= 0.0 && eps.is_finite()) {
+                    return bad("eps", format!("{eps} must be finite and >= 0"));
+                }
+                if !(initial_accumulator >= 0.0 && initial_accumulator.is_finite()) {
+                    return bad("initial_accumulator", format!("{initial_accumulator} must be finite and >= 0"));
+                }
+                if eps == 0.0 && initial_accumulator == 0.0 {
+                    // A zero gradient would then divide 0 by 0.
+                    return bad("eps", "must be > 0 when initial_accumulator is 0".into());
+                }
+                lr
+            }
+            Self::Adam { lr, beta1, beta2, eps } => {
+                for (field, beta) in [("beta1", beta1), ("beta2", beta2)] {
+                    if !(0.0..1.0).contains(&beta) {
+                        return bad(field, format!("{beta} must be in [0, 1)"));
+                    }
+                }
+                if !(eps > 0.0 && eps.is_finite()) {
+                    return bad("eps", format!("{eps} must be finite and > 0"));
+                }
+                lr
+            }
+        };
+        if !(lr >= 0.0 && lr.is_finite()) {
+            return bad("lr", format!("{lr} must be finite and >= 0"));
+        }
+        Ok(())
+    }
+
+    /// Number of state values the optimizer keeps per parameter.
+    pub fn state_per_param(&self) -> usize {
+        match self {
+            Self::Sgd { .. } => 0,
+            Self::Adagrad { .. } => 1,
+            Self::Adam { .. } => 2,
+        }
+    }
+}
+
+/// Optimizer state for a fixed list of tensors ("slots"): per slot, the accumulators the rule needs.
+///
+/// Call order per step: [`begin_step`](Self::begin_step) once, then [`update`](Self::update) for every slot.
+#[derive(Debug, Clone)]
+pub struct OptimizerState {
+    kind: DenseOptimizer,
+    step: u64,
+    /// Per slot: Adagrad's sum, or Adam's first moment; empty for SGD.
+    first: Vec<Vec<f32>>,
+    /// Per slot: Adam's second moment; empty otherwise.
+    second: Vec<Vec<f32>>,
+}
+
+impl OptimizerState {
+    /// Fresh state for tensors of the given sizes.
+    pub fn new(kind: DenseOptimizer, sizes: &[usize]) -> Self {
+        let (first, second) = match kind {
+            DenseOptimizer::Sgd { .. } => (vec![], vec![]),
+            DenseOptimizer::Adagrad { initial_accumulator, .. } => {
+                (sizes.iter().map(|&n| vec![initial_accumulator; n]).collect(), vec![])
+            }
+            DenseOptimizer::Adam { .. } => (
+                sizes.iter().map(|&n| vec![0.0; n]).collect(),
+                sizes.iter().map(|&n| vec![0.0; n]).collect(),
+            ),
+        };
+        Self { kind, step: 0, first, second }
+    }
+
+    /// The optimizer and its hyper-parameters.
+    pub fn kind(&self) -> DenseOptimizer {
+        self.kind
+    }
+
+    /// Steps begun so far.
+    pub fn step(&self) -> u64 {
+        self.step
+    }
+
+    /// Starts a step (advances Adam's bias-correction counter).
+    pub fn begin_step(&mut self) {
+        self.step += 1;
+    }
+
+    /// Applies the update to slot `slot`: `param` moves against `grad`.
+    ///
+    /// # Panics
+    /// If `slot` is out of range or the lengths differ from the slot's size.
+    pub fn update(&mut self, slot: usize, param: &mut [f32], grad: &[f32]) {
+        assert_eq!(param.len(), grad.len(), "optimizer: grad length");
+        match self.kind {
+            DenseOptimizer::Sgd { lr } => {
+                if param.len() < PARALLEL_MIN_ELEMS {
+                    sgd(param, grad, lr);
+                } else {
+                    param.par_chunks_mut(CHUNK).zip(grad.par_chunks(CHUNK)).for_each(|(p, g)| sgd(p, g, lr));
+                }
+            }
+            DenseOptimizer::Adagrad { lr, eps, .. } => {
+                let sum = &mut self.first[slot][..];
+                assert_eq!(sum.len(), param.len(), "optimizer: slot size");
+                if param.len() < PARALLEL_MIN_ELEMS {
+                    adagrad(param, grad, sum, lr, eps);
+                } else {
+                    param
+                        .par_chunks_mut(CHUNK)
+                        .zip(grad.par_chunks(CHUNK))
+                        .zip(sum.par_chunks_mut(CHUNK))
+                        .for_each(|((p, g), s)| adagrad(p, g, s, lr, eps));
+                }
+            }
+            DenseOptimizer::Adam { lr, beta1, beta2, eps } => {
+                let t = self.step.max(1) as i32;
+                let bc1 = 1.0 - (beta1 as f64).powi(t);
+                let bc2 = 1.0 - (beta2 as f64).powi(t);
+                // PyTorch: p -= (lr / bc1) m / (√v / √bc2 + eps).
+                let k = AdamStep {
+                    beta1,
+                    beta2,
+                    eps,
+                    step_size: (lr as f64 / bc1) as f32,
+                    inv_sqrt_bc2: (1.0 / bc2.sqrt()) as f32,
+                };
+                let (m, v) = (&mut self.first[slot][..], &mut self.second[slot][..]);
+                assert_eq!(m.len(), param.len(), "optimizer: slot size");
+                if param.len() < PARALLEL_MIN_ELEMS {
+                    adam(param, grad, m, v, &k);
+                } else {
+                    param
+                        .par_chunks_mut(CHUNK)
+                        .zip(grad.par_chunks(CHUNK))
+                        .zip(m.par_chunks_mut(CHUNK))
+                        .zip(v.par_chunks_mut(CHUNK))
+                        .for_each(|(((p, g), m), v)| adam(p, g, m, v, &k));
+                }
+            }
+        }
+    }
+}
+
+/// Adam's constants for one step.
+struct AdamStep {
+    beta1: f32,
+    beta2: f32,
+    eps: f32,
+    /// `lr / (1 - β1ᵗ)`.
+    step_size: f32,
+    /// `1 / √(1 - β2ᵗ)`.
+    inv_sqrt_bc2: f32,
+}
+
+multiversion! {
+    fn sgd(param: &mut [f32], grad: &[f32], lr: f32) {
+        for (p, &g) in param.iter_mut().zip(grad) {
+            *p -= lr * g;
+        }
+    }
+}
+
+multiversion! {
+    fn adagrad(param: &mut [f32], grad: &[f32], sum: &mut [f32], lr: f32, eps: f32) {
+        for ((p, &g), s) in param.iter_mut().zip(grad).zip(sum.iter_mut()) {
+            *s += g * g;
+            *p -= lr * g / (s.sqrt() + eps);
+        }
+    }
+}
+
+multiversion! {
+    fn adam(param: &mut [f32], grad: &[f32], m: &mut [f32], v: &mut [f32], k: &AdamStep) {
+        for (((p, &g), m), v) in param.iter_mut().zip(grad).zip(m.iter_mut()).zip(v.iter_mut()) {
+            *m = k.beta1 * *m + (1.0 - k.beta1) * g;
+            *v = k.beta2 * *v + (1.0 - k.beta2) * g * g;
+            *p -= k.step_size * *m / (v.sqrt() * k.inv_sqrt_bc2 + k.eps);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn close(a: &[f32], b: &[f64]) {
+        for (i, (&a, &b)) in a.iter().zip(b).enumerate() {
+            assert!((a as f64 - b).abs() < 1e-6 * (1.0 + b.abs()), "[{i}] {a} vs {b}");
+        }
+    }
+
+    #[test]
+    fn sgd_reference() {
+        let mut st = OptimizerState::new(DenseOptimizer::Sgd { lr: 0.1 }, &[2]);
+        let mut p = [1.0, -2.0];
+        st.begin_step();
+        st.update(0, &mut p, &[0.5, -1.0]);
+        close(&p, &[0.95, -1.9]);
+    }
+
+    #[test]
+    fn adagrad_reference() {
+        let kind = DenseOptimizer::Adagrad { lr: 0.1, eps: 1e-10, initial_accumulator: 0.1 };
+        let mut st = OptimizerState::new(kind, &[1]);
+        let mut p = [1.0];
+        // step 1: s = 0.1 + 0.25 = 0.35; p = 1 - 0.1 * 0.5 / √0.35 = 0.915484...
+        st.begin_step();
+        st.update(0, &mut p, &[0.5]);
+        close(&p, &[1.0 - 0.05 / 0.35f64.sqrt()]);
+        // step 2: g = -1: s = 1.35; p += 0.1 / √1.35
+        st.begin_step();
+        st.update(0, &mut p, &[-1.0]);
+        close(&p, &[1.0 - 0.05 / 0.35f64.sqrt() + 0.1 / 1.35f64.sqrt()]);
+    }
+
+    #[test]
+    fn adam_reference() {
+        let kind = DenseOptimizer::Adam { lr: 0.01, beta1: 0.9, beta2: 0.999, eps: 1e-8 };
+        let mut st = OptimizerState::new(kind, &[2]);
+        let mut p = [1.0, 0.0];
+        // Step 1: m̂ = g, v̂ = g², so each parameter moves by lr · sign(g) (up to eps).
+        st.begin_step();
+        st.update(0, &mut p, &[0.5, -2.0]);
+        close(&p, &[0.99, 0.01]);
+        // Step 2 by hand for the first parameter, g = 0.1:
+        // m = 0.9·0.05 + 0.1·0.1 = 0.055; v = 0.999·0.00025 + 0.001·0.01 = 0.00025975
+        // m̂ = 0.055 / 0.19 = 0.289473...; v̂ = 0.00025975 / 0.001999 = 0.129939...
+        st.begin_step();
+        st.update(0, &mut p, &[0.1, 0.0]);
+        let m_hat = 0.055 / 0.19;
+        let v_hat: f64 = 0.00025975 / (1.0 - 0.999f64 * 0.999);
+        close(&p[..1], &[0.99 - 0.01 * m_hat / (v_hat.sqrt() + 1e-8)]);
+    }
+
+    #[test]
+    fn parallel_update_matches_serial() {
+        let n = PARALLEL_MIN_ELEMS * 3 + 17;
+        let grad: Vec<f32> = (0..n).map(|i| ((i % 97) as f32 - 48.0) / 10.0).collect();
+        for kind in [
+            DenseOptimizer::Sgd { lr: 0.1 },
+            DenseOptimizer::Adagrad { lr: 0.1, eps: 1e-10, initial_accumulator: 0.0 },
+            DenseOptimizer::Adam { lr: 0.01, beta1: 0.9, beta2: 0.999, eps: 1e-8 },
+        ] {
+            let mut big = OptimizerState::new(kind, &[n]);
+            let mut p = vec![1.0; n];
+            big.begin_step();
+            big.update(0, &mut p, &grad);
+            for i in [0, 1, 96, n / 2, n - 1] {
+                let mut small = OptimizerState::new(kind, &[1]);
+                let mut q = [1.0];
+                small.begin_step();
+                small.update(0, &mut q, &grad[i..i + 1]);
+                assert_eq!(p[i], q[0], "{kind:?} [{i}]");
+            }
+        }
+    }
+
+    #[test]
+    fn validate_rejects_bad_hyper_parameters() {
+        let field = |o: DenseOptimizer| match o.validate() {
+            Err(ModelError::Config { field, .. }) => field,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(field(DenseOptimizer::Sgd { lr: f32::NAN }), "lr");
+        assert_eq!(field(DenseOptimizer::Adam { lr: 0.1, beta1: 1.0, beta2: 0.9, eps: 1e-8 }), "beta1");
+        assert_eq!(field(DenseOptimizer::Adam { lr: 0.1, beta1: 0.9, beta2: 0.9, eps: 0.0 }), "eps");
+        assert_eq!(
+            field(DenseOptimizer::Adagrad { lr: 0.1, eps: 0.0, initial_accumulator: -1.0 }),
+            "initial_accumulator"
+        );
+        assert_eq!(field(DenseOptimizer::Adagrad { lr: 0.1, eps: 0.0, initial_accumulator: 0.0 }), "eps");
+        DenseOptimizer::Adagrad { lr: 0.1, eps: 0.0, initial_accumulator: 0.1 }.validate().unwrap();
+    }
+}

@@ -1,0 +1,99 @@
+//! Run-time instruction-set dispatch for the model's own loops (the `gemm` crate dispatches its kernels
+//! itself).
+//!
+//! The workspace compiles for baseline x86-64 (SSE2) so the binary runs anywhere; the element-wise
+//! passes and the interaction kernels are written as plain loops over fixed 16-lane blocks, and
+//! [`multiversion!`] compiles each once more with AVX-512 and once with AVX2 enabled, picking one per call
+//! from a cached CPU check. The versions compute the same operations in the same order (no fused
+//! multiply-add contraction: Rust does not contract `a * b + c`), so results are bit-identical across
+//! machines.
+
+use std::sync::OnceLock;
+
+/// The best instruction set the CPU supports, among those the kernels are compiled for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Isa {
+    /// AVX-512 F + VL.
+    Avx512,
+    /// AVX2.
+    Avx2,
+    /// What the binary was compiled for.
+    Baseline,
+}
+
+/// The detected instruction set (checked once).
+pub(crate) fn isa() -> Isa {
+    static ISA: OnceLock<Isa> = OnceLock::new();
+    *ISA.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512vl") {
+                return Isa::Avx512;
+            }
+            if is_x86_feature_detected!("avx2") {
+                return Isa::Avx2;
+            }
+        }
+        Isa::Baseline
+    })
+}
+
+/// Defines `fn name(args) body` compiled three times (AVX-512, AVX2, baseline) and dispatched on
+/// [`isa`]. Arguments must be plain values or references (no `impl Trait`).
+macro_rules! multiversion {
+    ($(#[$meta:meta])* $vis:vis fn $name:ident($($arg:ident : $ty:ty),* $(,)?) $body:block) => {
+        $(#[$meta])*
+        $vis fn $name($($arg: $ty),*) {
+            #[inline(always)]
+            fn generic($($arg: $ty),*) $body
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx512f,avx512vl,avx2")]
+                fn avx512($($arg: $ty),*) {
+                    generic($($arg),*)
+                }
+                #[target_feature(enable = "avx2")]
+                fn avx2($($arg: $ty),*) {
+                    generic($($arg),*)
+                }
+                match $crate::model::simd::isa() {
+                    // SAFETY: `isa()` reported that this CPU supports the enabled features.
+                    $crate::model::simd::Isa::Avx512 => return unsafe { avx512($($arg),*) },
+                    // SAFETY: as above.
+                    $crate::model::simd::Isa::Avx2 => return unsafe { avx2($($arg),*) },
+                    $crate::model::simd::Isa::Baseline => {}
+                }
+            }
+            generic($($arg),*)
+        }
+    };
+}
+pub(crate) use multiversion;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    multiversion! {
+        /// Sum of squares in 16 lanes.
+        fn sum_squares(x: &[f32], out: &mut f32) {
+            let mut acc = [0.0f32; 16];
+            for c in x.chunks_exact(16) {
+                for (a, &v) in acc.iter_mut().zip(c) {
+                    *a += v * v;
+                }
+            }
+            *out = acc.iter().sum();
+        }
+    }
+
+    #[test]
+    fn dispatch_runs_and_matches() {
+        let x: Vec<f32> = (0..64).map(|i| i as f32).collect();
+        let mut got = 0.0;
+        sum_squares(&x, &mut got);
+        let want: f32 = (0..64).map(|i| (i * i) as f32).sum();
+        assert_eq!(got, want);
+        println!("isa {:?}", isa());
+    }
+}

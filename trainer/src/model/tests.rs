@@ -1,0 +1,161 @@
+//! Whole-model tests of [`Dlrm`]: exact gradients, learning, argument errors.
+
+use super::rng::Rng;
+use super::testutil::{check_grad, rand_vec};
+use super::*;
+
+fn small_cfg() -> DlrmConfig {
+    DlrmConfig { num_dense: 3, num_sparse: 4, emb_dim: 4, bottom: vec![6, 4], top: vec![7, 5, 1] }
+}
+
+struct Batch {
+    n: usize,
+    dense: Vec<f32>,
+    emb: Vec<f32>,
+    labels: Vec<f32>,
+}
+
+fn random_batch(cfg: &DlrmConfig, n: usize, rng: &mut Rng) -> Batch {
+    Batch {
+        n,
+        dense: rand_vec(rng, n * cfg.num_dense, 1.0),
+        emb: rand_vec(rng, n * cfg.num_sparse * cfg.emb_dim, 0.5),
+        labels: (0..n).map(|_| (rng.next_u64() & 1) as f32).collect(),
+    }
+}
+
+/// Mean loss without changing the model: a train step with learning rate 0.
+fn loss_of(model: &mut Dlrm, b: &Batch) -> f64 {
+    let mut g = vec![0.0; b.emb.len()];
+    model.train_step(b.n, &b.dense, &b.emb, &b.labels, &mut g).unwrap() as f64
+}
+
+#[test]
+fn gradients_match_finite_differences() {
+    let cfg = small_cfg();
+    let mut model = Dlrm::new(cfg.clone(), DenseOptimizer::Sgd { lr: 0.0 }, 3).unwrap();
+    let mut rng = Rng::new(4);
+    let mut b = random_batch(&cfg, 5, &mut rng);
+    let mut emb_grad = vec![0.0; b.emb.len()];
+    model.train_step(b.n, &b.dense, &b.emb, &b.labels, &mut emb_grad).unwrap();
+    let (eps, rel, abs) = (1e-2, 1e-2, 1e-4);
+
+    check_grad("emb", &emb_grad, eps, rel, abs, |i, d| {
+        b.emb[i] += d;
+        let l = loss_of(&mut model, &b);
+        b.emb[i] -= d;
+        l
+    });
+
+    // Every parameter tensor of every layer, weights and biases.
+    let grads: Vec<Vec<f32>> = model
+        .bottom()
+        .layers()
+        .iter()
+        .chain(model.top().layers())
+        .flat_map(|l| [l.weight_grad().to_vec(), l.bias_grad().to_vec()])
+        .collect();
+    for (t, grad) in grads.iter().enumerate() {
+        check_grad(&format!("param tensor {t}"), grad, eps, rel, abs, |i, d| {
+            let mut params: Vec<Vec<f32>> = model.params().iter().map(|p| p.to_vec()).collect();
+            params[t][i] += d;
+            let refs: Vec<&[f32]> = params.iter().map(Vec::as_slice).collect();
+            model.set_params(&refs).unwrap();
+            let l = loss_of(&mut model, &b);
+            params[t][i] -= d;
+            let refs: Vec<&[f32]> = params.iter().map(Vec::as_slice).collect();
+            model.set_params(&refs).unwrap();
+            l
+        });
+    }
+}
+
+#[test]
+fn training_reduces_loss_on_a_learnable_problem() {
+    // The label is 1 when dense[0] + <e_1, e_2> > 0: learning it needs the bottom MLP and the interaction.
+    let cfg = small_cfg();
+    let opt = DenseOptimizer::Adam { lr: 0.01, beta1: 0.9, beta2: 0.999, eps: 1e-8 };
+    let mut model = Dlrm::new(cfg.clone(), opt, 1).unwrap();
+    let mut rng = Rng::new(2);
+    let make = |rng: &mut Rng| {
+        let mut b = random_batch(&cfg, 256, rng);
+        let (d, w) = (cfg.emb_dim, cfg.num_sparse * cfg.emb_dim);
+        for s in 0..b.n {
+            let e = &b.emb[s * w..];
+            let dot: f32 = (0..d).map(|k| e[k] * e[d + k]).sum();
+            b.labels[s] = (b.dense[s * cfg.num_dense] + 4.0 * dot > 0.0) as u8 as f32;
+        }
+        b
+    };
+    let held_out = make(&mut rng);
+    let before = loss_of(&mut model, &held_out);
+    let mut grad = vec![0.0; held_out.emb.len()];
+    for _ in 0..300 {
+        let b = make(&mut rng);
+        model.train_step(b.n, &b.dense, &b.emb, &b.labels, &mut grad).unwrap();
+    }
+    let after = loss_of(&mut model, &held_out);
+    assert!(after < 0.5 * before, "loss {before} -> {after}");
+    let probs = model.predict(held_out.n, &held_out.dense, &held_out.emb).unwrap().to_vec();
+    let auc = crate::eval::auc(&probs, &held_out.labels).unwrap();
+    assert!(auc > 0.9, "auc {auc}");
+}
+
+#[test]
+fn wrong_lengths_are_errors() {
+    let cfg = small_cfg();
+    let mut model = Dlrm::new(cfg.clone(), DenseOptimizer::Sgd { lr: 0.1 }, 0).unwrap();
+    let mut rng = Rng::new(0);
+    let b = random_batch(&cfg, 2, &mut rng);
+    let mut g = vec![0.0; b.emb.len()];
+    let err = model.predict(3, &b.dense, &b.emb).unwrap_err();
+    assert_eq!(err, ModelError::Length { arg: "dense", len: 6, expected: 9 });
+    assert_eq!(err.to_string(), "dense: length 6, expected 9");
+    let err = model.predict(2, &b.dense, &b.emb[1..]).unwrap_err();
+    assert_eq!(err, ModelError::Length { arg: "emb", len: 31, expected: 32 });
+    let err = model.train_step(2, &b.dense, &b.emb, &b.labels[..1], &mut g).unwrap_err();
+    assert_eq!(err, ModelError::Length { arg: "labels", len: 1, expected: 2 });
+    let err = model.train_step(2, &b.dense, &b.emb, &b.labels, &mut g[..3]).unwrap_err();
+    assert_eq!(err, ModelError::Length { arg: "emb_grad", len: 3, expected: 32 });
+    assert_eq!(model.train_step(0, &[], &[], &[], &mut []).unwrap_err(), ModelError::EmptyBatch);
+    assert_eq!(model.predict(0, &[], &[]).unwrap(), &[] as &[f32]);
+    assert_eq!(model.steps(), 0);
+    let bad = DlrmConfig { bottom: vec![6, 5], ..cfg };
+    assert!(matches!(Dlrm::new(bad, DenseOptimizer::Sgd { lr: 0.1 }, 0), Err(ModelError::Config { field: "bottom", .. })));
+}
+
+#[test]
+fn deterministic_and_batch_size_independent() {
+    let cfg = small_cfg();
+    let opt = DenseOptimizer::Adagrad { lr: 0.05, eps: 1e-10, initial_accumulator: 0.0 };
+    let mut a = Dlrm::new(cfg.clone(), opt, 9).unwrap();
+    let mut b = Dlrm::new(cfg.clone(), opt, 9).unwrap();
+    assert_eq!(a.params(), b.params());
+    assert_ne!(Dlrm::new(cfg.clone(), opt, 10).unwrap().params(), a.params());
+    let mut rng = Rng::new(1);
+    // Batches that grow and shrink: buffers are reused, results do not depend on past batch sizes.
+    for n in [3, 100, 1, 70] {
+        let batch = random_batch(&cfg, n, &mut rng);
+        let (mut ga, mut gb) = (vec![0.0; batch.emb.len()], vec![0.0; batch.emb.len()]);
+        let la = a.train_step(n, &batch.dense, &batch.emb, &batch.labels, &mut ga).unwrap();
+        let lb = b.train_step(n, &batch.dense, &batch.emb, &batch.labels, &mut gb).unwrap();
+        assert_eq!((la, &ga), (lb, &gb));
+    }
+    assert_eq!(a.params(), b.params());
+    // A prediction on one sample equals the same sample's prediction inside a batch.
+    let batch = random_batch(&cfg, 4, &mut rng);
+    let all = a.predict(4, &batch.dense, &batch.emb).unwrap().to_vec();
+    let w = cfg.num_sparse * cfg.emb_dim;
+    let one = a.predict(1, &batch.dense[3..6], &batch.emb[w..2 * w]).unwrap()[0];
+    assert!((one - all[1]).abs() < 1e-6);
+}
+
+#[test]
+fn default_model_size() {
+    let model = Dlrm::new(DlrmConfig::default(), DenseOptimizer::Sgd { lr: 0.1 }, 0).unwrap();
+    let bottom = 13 * 512 + 512 + 512 * 256 + 256 + 256 * 64 + 64 + 64 * 16 + 16;
+    let top = 367 * 512 + 512 + 512 * 256 + 256 + 256 + 1;
+    assert_eq!(model.num_params(), bottom + top);
+    assert_eq!(model.params().len(), 14);
+    assert_eq!(model.params().iter().map(|p| p.len()).sum::<usize>(), model.num_params());
+}
