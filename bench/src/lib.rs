@@ -1,1 +1,18 @@
-//! bench
+//! Benchmarks and synthetic data for the parameter-server training system. Nothing here is needed at run
+//! time (DESIGN.md).
+//!
+//! # Layout
+//!
+//! - [`gen`]: the synthetic Criteo-format generator behind `gen-criteo`: [`gen::Generator`] writes rows
+//!   labelled by a planted [`gen::Teacher`], through [`gen::Sink`]s (plain or parallel gzip).
+//!   - [`gen::schema`]: columns, vocabulary sizes, integer shapes and missingness; [`gen::Row`].
+//!   - [`gen::teacher`]: the planted click model and its bias calibration.
+//!   - [`gen::zipf`]: O(1) rejection-inversion Zipf sampler.
+//!   - [`gen::format`]: hand-written line and probability formatting.
+//!   - [`gen::sink`]: plain and single-member parallel gzip output.
+//!   - [`gen::rng`]: hashes and the seeded generator.
+//! - [`auc`]: exact ROC AUC for checking the teacher.
+#![warn(missing_docs)]
+
+pub mod auc;
+pub mod gen;

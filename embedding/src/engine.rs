@@ -1,0 +1,249 @@
+//! [`Engine`]: the tables of one server over one [`Store`]: registration, recovery and dirty write-back.
+//!
+//! # Call order
+//! 1. [`Engine::open`] on a store: every table whose config is in the store's metadata (`table/<id>`, JSON) is
+//!    rebuilt and its rows are loaded (clean, not dirty).
+//! 2. [`Engine::register_table`] for the tables the server should have (idempotent for an identical config).
+//! 3. [`Engine::gather`] / [`Engine::apply`] from any number of threads; hot paths may keep the `Arc<Table>`
+//!    from [`Engine::table`] to skip the table-map lookup.
+//! 4. [`Engine::flush_dirty`] on a timer and at shutdown (DESIGN.md: "dirty rows are written back in batches on
+//!    a timer"). Rows updated after the last flush are lost if the process dies: that is the durability
+//!    contract of asynchronous training.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use parking_lot::{Mutex, RwLock};
+
+use crate::batch::{self, DirtyBatch};
+use crate::config::TableConfig;
+use crate::error::{EmbeddingError, StoreError};
+use crate::store::Store;
+use crate::table::{ApplyStats, Table};
+
+/// Rows per store write batch in [`Engine::flush_dirty`] (4096 rows of dim 16 with row-wise Adagrad are
+/// 272 KiB: large enough to amortize a RocksDB write, small enough to bound the time any stripe waits).
+pub const FLUSH_BATCH_ROWS: usize = 4096;
+
+/// Metadata key prefix of table configs: `table/<id>`.
+pub const TABLE_META_PREFIX: &str = "table/";
+
+fn meta_key(table: u32) -> String {
+    format!("{TABLE_META_PREFIX}{table}")
+}
+
+/// What [`Engine::flush_dirty`] wrote.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct FlushStats {
+    /// Rows written.
+    pub rows: usize,
+    /// Store write batches.
+    pub batches: usize,
+    /// Row bytes written (keys not counted).
+    pub bytes: usize,
+}
+
+/// The embedding tables of one server, backed by a [`Store`].
+pub struct Engine {
+    tables: RwLock<BTreeMap<u32, Arc<Table>>>,
+    store: Arc<dyn Store>,
+    /// Serializes flushes (so an older copy of a row is never written after a newer one) and holds the
+    /// reusable batch buffer.
+    flush: Mutex<DirtyBatch>,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("tables", &self.tables.read().keys().collect::<Vec<_>>())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Engine {
+    /// Opens the engine on `store`, recovering every table whose config is in the store's metadata, with its
+    /// rows. A stored row of the wrong length is a [`StoreError::CorruptValue`] naming table, id and lengths.
+    pub fn open(store: Arc<dyn Store>) -> Result<Engine, EmbeddingError> {
+        let mut tables = BTreeMap::new();
+        for (key, value) in store.list_meta(TABLE_META_PREFIX)? {
+            let cfg = parse_config(&key, &value)?;
+            let id = cfg.id;
+            store.ensure_table(id)?;
+            let table = Table::new(cfg)?;
+            load_rows(&*store, &table)?;
+            tracing::info!(table = id, name = %table.config().name, rows = table.len(), "recovered table");
+            tables.insert(id, Arc::new(table));
+        }
+        Ok(Engine {
+            tables: RwLock::new(tables),
+            store,
+            flush: Mutex::new(DirtyBatch::new()),
+        })
+    }
+
+    /// The store behind the engine.
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    /// Adds a table and persists its config. Registering an identical config again is a no-op; a different
+    /// config for a registered id is a [`EmbeddingError::TableConflict`] listing the differing fields.
+    pub fn register_table(&self, cfg: TableConfig) -> Result<(), EmbeddingError> {
+        cfg.validate()?;
+        let mut tables = self.tables.write();
+        if let Some(existing) = tables.get(&cfg.id) {
+            let existing = existing.config();
+            if *existing == cfg {
+                return Ok(());
+            }
+            return Err(EmbeddingError::TableConflict {
+                table: cfg.id,
+                differences: existing.differences(&cfg),
+            });
+        }
+        let table = Table::new(cfg)?;
+        let cfg = table.config();
+        // A validated config holds only finite floats, which serde_json always encodes.
+        let json = serde_json::to_vec(cfg).expect("a validated TableConfig serializes");
+        self.store.ensure_table(cfg.id)?;
+        self.store.put_meta(&meta_key(cfg.id), &json)?;
+        tracing::info!(table = cfg.id, name = %cfg.name, dim = cfg.dim, optimizer = ?cfg.optimizer, "registered table");
+        tables.insert(cfg.id, Arc::new(table));
+        Ok(())
+    }
+
+    /// The table with this id.
+    pub fn table(&self, id: u32) -> Result<Arc<Table>, EmbeddingError> {
+        self.tables
+            .read()
+            .get(&id)
+            .cloned()
+            .ok_or(EmbeddingError::UnknownTable(id))
+    }
+
+    /// [`Table::gather`] on table `table`.
+    pub fn gather(&self, table: u32, ids: &[u64], out: &mut [f32]) -> Result<(), EmbeddingError> {
+        self.table(table)?.gather(ids, out)
+    }
+
+    /// [`Table::apply`] on table `table`.
+    pub fn apply(
+        &self,
+        table: u32,
+        ids: &[u64],
+        grads: &[f32],
+    ) -> Result<ApplyStats, EmbeddingError> {
+        self.table(table)?.apply(ids, grads)
+    }
+
+    /// Configs of all tables, by id.
+    pub fn tables(&self) -> Vec<TableConfig> {
+        self.tables
+            .read()
+            .values()
+            .map(|t| t.config().clone())
+            .collect()
+    }
+
+    /// Rows in memory over all tables.
+    pub fn rows_total(&self) -> usize {
+        self.tables.read().values().map(|t| t.len()).sum()
+    }
+
+    /// Estimated heap bytes of all tables ([`Table::memory_bytes`]).
+    pub fn memory_bytes(&self) -> usize {
+        self.tables.read().values().map(|t| t.memory_bytes()).sum()
+    }
+
+    /// Writes the rows that are dirty when the call starts, table by table, in store batches of
+    /// [`FLUSH_BATCH_ROWS`] rows (not synced), then calls [`Store::flush`]. Rows dirtied during the flush may
+    /// or may not be included; they stay dirty for the next flush otherwise. If a write fails, its rows are
+    /// marked dirty again and the error is returned. Concurrent calls run one after another.
+    pub fn flush_dirty(&self) -> Result<FlushStats, EmbeddingError> {
+        let mut batch = self.flush.lock();
+        let tables: Vec<Arc<Table>> = self.tables.read().values().cloned().collect();
+        let mut stats = FlushStats::default();
+        for table in tables {
+            // Bounded by the dirty count at the start, so steady updates cannot keep the flush going forever.
+            let mut budget = table.dirty_len();
+            while budget > 0 {
+                let n = table.take_dirty(FLUSH_BATCH_ROWS.min(budget), &mut batch);
+                if n == 0 {
+                    break;
+                }
+                budget = budget.saturating_sub(n);
+                if let Err(e) = self.store.write_rows(table.id(), &batch, false) {
+                    table.mark_dirty(batch.ids());
+                    tracing::warn!(table = table.id(), rows = n, error = %e, "write-back failed; rows stay dirty");
+                    return Err(e.into());
+                }
+                stats.rows += n;
+                stats.batches += 1;
+                stats.bytes += batch.byte_len();
+            }
+        }
+        self.store.flush()?;
+        tracing::debug!(
+            rows = stats.rows,
+            batches = stats.batches,
+            bytes = stats.bytes,
+            "flushed dirty rows"
+        );
+        Ok(stats)
+    }
+}
+
+/// Parses a `table/<id>` metadata entry; the id in the key must match the config's.
+fn parse_config(key: &str, value: &[u8]) -> Result<TableConfig, EmbeddingError> {
+    let corrupt = |detail: String| {
+        EmbeddingError::Store(StoreError::CorruptMeta {
+            key: key.to_owned(),
+            detail,
+        })
+    };
+    let key_id: u32 = key[TABLE_META_PREFIX.len()..]
+        .parse()
+        .map_err(|e| corrupt(format!("key does not end in a table id: {e}")))?;
+    let cfg: TableConfig =
+        serde_json::from_slice(value).map_err(|e| corrupt(format!("invalid table config: {e}")))?;
+    if cfg.id != key_id {
+        return Err(corrupt(format!("config has id {}", cfg.id)));
+    }
+    Ok(cfg)
+}
+
+/// Loads every stored row of `table` from `store`, checking value lengths.
+fn load_rows(store: &dyn Store, table: &Table) -> Result<(), EmbeddingError> {
+    let id = table.id();
+    let row_len = table.row_len();
+    let mut row = vec![0f32; row_len];
+    let mut failure = None;
+    let scanned = store.scan_rows(id, &mut |row_id, bytes| {
+        if bytes.len() != row_len * 4 {
+            return Err(StoreError::CorruptValue {
+                table: id,
+                id: row_id,
+                len: bytes.len(),
+                expected: row_len * 4,
+            });
+        }
+        batch::decode_row(bytes, &mut row);
+        table.load_row(row_id, &row).map_err(|e| {
+            let detail = e.to_string();
+            failure = Some(e);
+            StoreError::Backend {
+                op: format!("load table {id}"),
+                detail,
+            }
+        })
+    });
+    match (scanned, failure) {
+        (_, Some(e)) => Err(e),
+        (Err(e), None) => Err(e.into()),
+        (Ok(()), None) => Ok(()),
+    }
+}
+
+#[cfg(test)]
+#[path = "engine_tests.rs"]
+mod tests;

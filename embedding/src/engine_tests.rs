@@ -1,0 +1,226 @@
+//! Unit tests of [`Engine`]: registration, recovery, write-back, corruption.
+
+use super::*;
+use crate::config::{InitConfig, OptimizerConfig};
+use crate::mem_store::MemStore;
+use crate::rocks_store::RocksStore;
+
+fn cfg(id: u32, dim: usize) -> TableConfig {
+    let mut c = TableConfig::new(id, format!("C{id}"), dim);
+    c.seed = 99;
+    c
+}
+
+fn mem_engine() -> (Arc<MemStore>, Engine) {
+    let store = Arc::new(MemStore::new());
+    let engine = Engine::open(store.clone()).unwrap();
+    (store, engine)
+}
+
+#[test]
+fn register_is_idempotent_and_conflicts_name_the_fields() {
+    let (store, e) = mem_engine();
+    e.register_table(cfg(3, 16)).unwrap();
+    e.register_table(cfg(3, 16)).unwrap();
+    let mut other = cfg(3, 32);
+    other.init = InitConfig::for_dim(16);
+    let err = e.register_table(other).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "table 3: already registered with a different config (dim: registered 16, requested 32)"
+    );
+    assert!(matches!(
+        err,
+        EmbeddingError::TableConflict { table: 3, .. }
+    ));
+    assert_eq!(e.tables(), vec![cfg(3, 16)]);
+    assert!(store.get_meta("table/3").unwrap().is_some());
+    // The conflict also holds after a restart.
+    drop(e);
+    let e = Engine::open(store).unwrap();
+    e.register_table(cfg(3, 16)).unwrap();
+    assert!(e.register_table(cfg(3, 8)).is_err());
+}
+
+#[test]
+fn invalid_config_is_not_registered() {
+    let (store, e) = mem_engine();
+    let mut c = cfg(1, 4);
+    c.optimizer = OptimizerConfig::Sgd { lr: -1.0 };
+    assert!(matches!(
+        e.register_table(c),
+        Err(EmbeddingError::InvalidConfig {
+            field: "optimizer.lr",
+            ..
+        })
+    ));
+    assert!(e.tables().is_empty());
+    assert_eq!(store.list_meta("").unwrap(), vec![]);
+}
+
+#[test]
+fn unknown_table() {
+    let (_, e) = mem_engine();
+    assert_eq!(e.table(42).unwrap_err().to_string(), "unknown table 42");
+    assert!(matches!(
+        e.apply(42, &[1], &[0.0]),
+        Err(EmbeddingError::UnknownTable(42))
+    ));
+    assert!(e.gather(42, &[], &mut []).is_err());
+}
+
+#[test]
+fn flush_writes_dirty_rows_in_batches() {
+    let (store, e) = mem_engine();
+    e.register_table(cfg(1, 4)).unwrap();
+    e.register_table(cfg(2, 2)).unwrap();
+    let ids: Vec<u64> = (0..10_000).collect();
+    e.apply(1, &ids, &vec![0.5; 40_000]).unwrap();
+    e.apply(2, &[7], &[1.0, 1.0]).unwrap();
+    let stats = e.flush_dirty().unwrap();
+    assert_eq!(stats.rows, 10_001);
+    assert_eq!(stats.batches, 3 + 1);
+    assert_eq!(stats.bytes, 10_000 * 5 * 4 + 3 * 4);
+    assert_eq!(store.row_count(1), 10_000);
+    assert_eq!(e.flush_dirty().unwrap(), FlushStats::default());
+    assert_eq!(e.rows_total(), 10_001);
+    assert!(e.memory_bytes() > 10_000 * 20);
+}
+
+#[test]
+fn failed_write_keeps_rows_dirty() {
+    let (store, e) = mem_engine();
+    e.register_table(cfg(1, 4)).unwrap();
+    e.apply(1, &[1, 2, 3], &[1.0; 12]).unwrap();
+    store.set_fail_writes(true);
+    let err = e.flush_dirty().unwrap_err();
+    assert!(err.to_string().contains("injected failure"), "{err}");
+    assert_eq!(e.table(1).unwrap().dirty_len(), 3);
+    store.set_fail_writes(false);
+    assert_eq!(e.flush_dirty().unwrap().rows, 3);
+    assert_eq!(store.row_count(1), 3);
+}
+
+#[test]
+fn restart_recovery_through_rocksdb_is_bit_identical() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut ada = cfg(5, 8);
+    ada.optimizer = OptimizerConfig::Adagrad {
+        lr: 0.05,
+        eps: 1e-8,
+        initial_accumulator: 0.1,
+    };
+    let mut sgd = cfg(6, 3);
+    sgd.optimizer = OptimizerConfig::Sgd { lr: 0.3 };
+    let configs = vec![cfg(4, 16), ada, sgd];
+    let ids: Vec<u64> = (0..500u64)
+        .map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15))
+        .collect();
+    let mut before = Vec::new();
+    {
+        let e = Engine::open(Arc::new(RocksStore::open(dir.path()).unwrap())).unwrap();
+        for c in &configs {
+            e.register_table(c.clone()).unwrap();
+            let grads: Vec<f32> = (0..ids.len() * c.dim)
+                .map(|i| (i % 7) as f32 * 0.25 - 0.7)
+                .collect();
+            e.apply(c.id, &ids, &grads).unwrap();
+            e.apply(c.id, &ids[..100], &grads[..100 * c.dim]).unwrap();
+        }
+        e.flush_dirty().unwrap();
+        for c in &configs {
+            let t = e.table(c.id).unwrap();
+            before.push(ids.iter().map(|&id| t.row(id).unwrap()).collect::<Vec<_>>());
+        }
+    }
+    let e = Engine::open(Arc::new(RocksStore::open(dir.path()).unwrap())).unwrap();
+    assert_eq!(e.tables(), configs);
+    assert_eq!(e.rows_total(), 3 * ids.len());
+    for (c, rows) in configs.iter().zip(&before) {
+        let t = e.table(c.id).unwrap();
+        assert_eq!(t.dirty_len(), 0);
+        for (&id, want) in ids.iter().zip(rows) {
+            let got = t.row(id).unwrap();
+            assert_eq!(got.len(), c.row_len());
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&got), bits(want), "table {} id {id}", c.id);
+        }
+    }
+    // Registering the recovered configs again is a no-op.
+    for c in configs {
+        e.register_table(c).unwrap();
+    }
+}
+
+fn write_raw(store: &dyn Store, table: u32, id: u64, bytes: &[u8]) {
+    let mut b = DirtyBatch::new();
+    b.reset(bytes.len());
+    b.push_bytes(id, bytes);
+    store.write_rows(table, &b, true).unwrap();
+}
+
+#[test]
+fn corrupt_row_values_are_errors_not_panics() {
+    for bad_len in [10usize, 8, 72] {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let e = Engine::open(Arc::new(RocksStore::open(dir.path()).unwrap())).unwrap();
+            e.register_table(cfg(3, 16)).unwrap();
+            write_raw(&**e.store(), 3, 77, &vec![0u8; bad_len]);
+        }
+        let err = Engine::open(Arc::new(RocksStore::open(dir.path()).unwrap())).unwrap_err();
+        assert_eq!(
+            err,
+            EmbeddingError::Store(StoreError::CorruptValue {
+                table: 3,
+                id: 77,
+                len: bad_len,
+                expected: 68
+            })
+        );
+        assert_eq!(
+            err.to_string(),
+            format!("table 3 id 77: corrupt row value of {bad_len} bytes, expected 68")
+        );
+    }
+}
+
+#[test]
+fn corrupt_meta_is_an_error() {
+    let store = Arc::new(MemStore::new());
+    store.put_meta("table/1", b"{not json").unwrap();
+    let err = Engine::open(store.clone()).unwrap_err();
+    assert!(
+        err.to_string()
+            .starts_with("meta table/1: invalid table config"),
+        "{err}"
+    );
+    store
+        .put_meta("table/1", &serde_json::to_vec(&cfg(2, 4)).unwrap())
+        .unwrap();
+    let err = Engine::open(store.clone()).unwrap_err();
+    assert_eq!(err.to_string(), "meta table/1: config has id 2");
+    store.put_meta("table/1", b"").unwrap();
+    store.put_meta("table/x", b"").unwrap();
+    assert!(Engine::open(store).is_err());
+}
+
+#[test]
+fn pull_of_new_id_needs_no_write() {
+    let (store, e) = mem_engine();
+    e.register_table(cfg(1, 4)).unwrap();
+    let mut out = [0.0; 8];
+    e.gather(1, &[10, 11], &mut out).unwrap();
+    assert_eq!(e.rows_total(), 0);
+    assert_eq!(e.flush_dirty().unwrap().rows, 0);
+    assert_eq!(store.row_count(1), 0);
+}
+
+#[test]
+fn engine_and_table_are_shared_across_threads() {
+    fn send_sync<T: Send + Sync>() {}
+    send_sync::<Engine>();
+    send_sync::<Table>();
+    send_sync::<RocksStore>();
+    send_sync::<MemStore>();
+}

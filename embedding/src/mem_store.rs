@@ -1,0 +1,164 @@
+//! [`MemStore`]: an in-memory [`Store`] on `BTreeMap`s, for tests and for servers that need no durability.
+//!
+//! "Reopening" a `MemStore` means building a new [`crate::Engine`] on the same `Arc<MemStore>`: its contents
+//! outlive the engine, as a RocksDB directory would.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use parking_lot::RwLock;
+
+use crate::batch::DirtyBatch;
+use crate::error::StoreError;
+use crate::store::{GetFn, ScanFn, Store};
+
+#[derive(Debug, Default)]
+struct Inner {
+    tables: BTreeMap<u32, BTreeMap<u64, Vec<u8>>>,
+    meta: BTreeMap<String, Vec<u8>>,
+}
+
+/// An in-memory [`Store`].
+#[derive(Debug, Default)]
+pub struct MemStore {
+    inner: RwLock<Inner>,
+    fail_writes: AtomicBool,
+}
+
+impl MemStore {
+    /// An empty store.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Fault injection for tests: while set, [`Store::write_rows`] fails with [`StoreError::Backend`] and
+    /// writes nothing.
+    pub fn set_fail_writes(&self, fail: bool) {
+        self.fail_writes.store(fail, Ordering::Relaxed);
+    }
+
+    /// Rows stored for `table` (0 if the table does not exist).
+    pub fn row_count(&self, table: u32) -> usize {
+        self.inner
+            .read()
+            .tables
+            .get(&table)
+            .map_or(0, BTreeMap::len)
+    }
+}
+
+impl Store for MemStore {
+    fn ensure_table(&self, table: u32) -> Result<(), StoreError> {
+        self.inner.write().tables.entry(table).or_default();
+        Ok(())
+    }
+
+    fn write_rows(&self, table: u32, rows: &DirtyBatch, _sync: bool) -> Result<(), StoreError> {
+        if self.fail_writes.load(Ordering::Relaxed) {
+            return Err(StoreError::Backend {
+                op: format!("write_rows table {table}"),
+                detail: "injected failure".into(),
+            });
+        }
+        let mut inner = self.inner.write();
+        let t = inner
+            .tables
+            .get_mut(&table)
+            .ok_or(StoreError::UnknownTable(table))?;
+        for (id, bytes) in rows.iter() {
+            t.insert(id, bytes.to_vec());
+        }
+        Ok(())
+    }
+
+    fn scan_rows(&self, table: u32, f: &mut ScanFn<'_>) -> Result<(), StoreError> {
+        let inner = self.inner.read();
+        let t = inner
+            .tables
+            .get(&table)
+            .ok_or(StoreError::UnknownTable(table))?;
+        for (&id, value) in t {
+            f(id, value)?;
+        }
+        Ok(())
+    }
+
+    fn get_rows(&self, table: u32, ids: &[u64], f: &mut GetFn<'_>) -> Result<(), StoreError> {
+        let inner = self.inner.read();
+        let t = inner
+            .tables
+            .get(&table)
+            .ok_or(StoreError::UnknownTable(table))?;
+        for (i, id) in ids.iter().enumerate() {
+            f(i, t.get(id).map(Vec::as_slice))?;
+        }
+        Ok(())
+    }
+
+    fn put_meta(&self, key: &str, value: &[u8]) -> Result<(), StoreError> {
+        self.inner
+            .write()
+            .meta
+            .insert(key.to_owned(), value.to_vec());
+        Ok(())
+    }
+
+    fn get_meta(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        Ok(self.inner.read().meta.get(key).cloned())
+    }
+
+    fn list_meta(&self, prefix: &str) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
+        let inner = self.inner.read();
+        Ok(inner
+            .meta
+            .range(prefix.to_owned()..)
+            .take_while(|(k, _)| k.starts_with(prefix))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect())
+    }
+
+    fn flush(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::store_conformance::Harness;
+
+    /// Reopening returns the same store: its contents persist like a directory's.
+    struct MemHarness(Arc<MemStore>);
+
+    impl Harness for MemHarness {
+        fn open(&mut self) -> Arc<dyn Store> {
+            self.0.clone()
+        }
+    }
+
+    fn harness() -> MemHarness {
+        MemHarness(Arc::new(MemStore::new()))
+    }
+
+    crate::store_conformance::store_conformance_tests!(harness());
+
+    #[test]
+    fn injected_write_failure() {
+        let s = MemStore::new();
+        s.ensure_table(1).unwrap();
+        s.set_fail_writes(true);
+        let mut b = DirtyBatch::new();
+        b.reset(4);
+        b.push_row(1, &[1.0]);
+        assert!(matches!(
+            s.write_rows(1, &b, false),
+            Err(StoreError::Backend { .. })
+        ));
+        assert_eq!(s.row_count(1), 0);
+        s.set_fail_writes(false);
+        s.write_rows(1, &b, false).unwrap();
+        assert_eq!(s.row_count(1), 1);
+    }
+}

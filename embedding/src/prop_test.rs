@@ -1,0 +1,229 @@
+//! Property test: random gather / apply / flush / reopen / crash sequences on the engine (arenas + store) and
+//! on a plain `HashMap<u64, Vec<f32>>` model, compared bit for bit after every step (STYLE.md, "Tests"; after
+//! tikv's `in_memory_engine/src/prop_test.rs`). Runs once over [`MemStore`] and once over [`RocksStore`].
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use proptest::prelude::*;
+
+use crate::config::{InitConfig, OptimizerConfig, TableConfig};
+use crate::engine::Engine;
+use crate::mem_store::MemStore;
+use crate::rocks_store::RocksStore;
+use crate::store::Store;
+use crate::{init, optimizer};
+
+const MAX_DIM: usize = 3;
+
+fn configs() -> Vec<TableConfig> {
+    let mut a = TableConfig::new(1, "row_adagrad", 3);
+    a.seed = 7;
+    let mut b = TableConfig::new(2, "sgd", 2);
+    b.optimizer = OptimizerConfig::Sgd { lr: 0.5 };
+    b.init = InitConfig::normal(0.1);
+    let mut c = TableConfig::new(3, "adagrad", 1);
+    c.optimizer = OptimizerConfig::Adagrad {
+        lr: 0.2,
+        eps: 1e-6,
+        initial_accumulator: 0.1,
+    };
+    vec![a, b, c]
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Gather {
+        table: usize,
+        ids: Vec<u64>,
+    },
+    Apply {
+        table: usize,
+        ids: Vec<u64>,
+        grads: Vec<f32>,
+    },
+    Flush,
+    /// Flush, drop the engine and the store, reopen.
+    Reopen,
+    /// Drop without flushing and reopen: rows since the last flush are lost.
+    Crash,
+}
+
+fn id() -> impl Strategy<Value = u64> {
+    // Mostly a few ids, so rows are updated repeatedly and calls hold duplicates.
+    prop_oneof![8 => 0u64..12, 1 => any::<u64>()]
+}
+
+fn grad() -> impl Strategy<Value = f32> {
+    prop_oneof![20 => -2.0f32..2.0, 1 => Just(f32::NAN), 1 => Just(f32::NEG_INFINITY)]
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (0..3usize, prop::collection::vec(id(), 0..10)).prop_map(|(table, ids)| Op::Gather { table, ids }),
+        8 => (0..3usize, prop::collection::vec((id(), prop::collection::vec(grad(), MAX_DIM)), 0..10))
+            .prop_map(|(table, rows)| {
+                let (ids, grads) = rows.into_iter().unzip::<_, _, Vec<u64>, Vec<Vec<f32>>>();
+                Op::Apply { table, ids, grads: grads.concat() }
+            }),
+        2 => Just(Op::Flush),
+        1 => Just(Op::Reopen),
+        1 => Just(Op::Crash),
+    ]
+}
+
+/// Where the store lives: reopening yields a store with the same contents.
+enum Backend {
+    Mem(Arc<MemStore>),
+    Rocks(tempfile::TempDir),
+}
+
+impl Backend {
+    fn open(&self) -> Arc<dyn Store> {
+        match self {
+            Backend::Mem(s) => s.clone(),
+            Backend::Rocks(dir) => Arc::new(RocksStore::open(dir.path()).unwrap()),
+        }
+    }
+}
+
+type Rows = HashMap<u64, Vec<f32>>;
+
+/// The reference: rows per table, live and as of the last flush.
+struct Model {
+    configs: Vec<TableConfig>,
+    live: Vec<Rows>,
+    durable: Vec<Rows>,
+}
+
+impl Model {
+    fn gather(&self, t: usize, ids: &[u64]) -> Vec<f32> {
+        let cfg = &self.configs[t];
+        let mut out = vec![0.0; ids.len() * cfg.dim];
+        for (i, id) in ids.iter().enumerate() {
+            let dst = &mut out[i * cfg.dim..(i + 1) * cfg.dim];
+            match self.live[t].get(id) {
+                Some(row) => dst.copy_from_slice(&row[..cfg.dim]),
+                None => init::fill_weights(cfg, *id, dst),
+            }
+        }
+        out
+    }
+
+    fn apply(&mut self, t: usize, ids: &[u64], grads: &[f32]) {
+        let cfg = &self.configs[t];
+        for (i, id) in ids.iter().enumerate() {
+            let g = &grads[i * cfg.dim..(i + 1) * cfg.dim];
+            if g.iter().any(|x| !x.is_finite()) {
+                continue;
+            }
+            let row = self.live[t].entry(*id).or_insert_with(|| {
+                let mut row = vec![0.0; cfg.row_len()];
+                init::fill_row(cfg, *id, &mut row);
+                row
+            });
+            let (w, s) = row.split_at_mut(cfg.dim);
+            optimizer::apply(&cfg.optimizer, w, s, g);
+        }
+    }
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+fn open_engine(backend: &Backend, configs: &[TableConfig]) -> Engine {
+    let engine = Engine::open(backend.open()).unwrap();
+    for c in configs {
+        engine.register_table(c.clone()).unwrap();
+    }
+    engine
+}
+
+fn check_rows(engine: &Engine, model: &Model) -> Result<(), TestCaseError> {
+    for (t, cfg) in model.configs.iter().enumerate() {
+        let table = engine.table(cfg.id).unwrap();
+        prop_assert_eq!(table.len(), model.live[t].len(), "rows of table {}", cfg.id);
+        for (id, want) in &model.live[t] {
+            let got = table.row(*id);
+            prop_assert!(got.is_some(), "table {} lost id {}", cfg.id, id);
+            prop_assert_eq!(
+                bits(&got.unwrap()),
+                bits(want),
+                "table {} id {}",
+                cfg.id,
+                id
+            );
+        }
+    }
+    Ok(())
+}
+
+fn run(backend: Backend, ops: Vec<Op>) -> Result<(), TestCaseError> {
+    let configs = configs();
+    let mut model = Model {
+        live: vec![Rows::new(); configs.len()],
+        durable: vec![Rows::new(); configs.len()],
+        configs: configs.clone(),
+    };
+    let mut engine = Some(open_engine(&backend, &configs));
+    for op in ops {
+        let e = engine.as_ref().unwrap();
+        match op {
+            Op::Gather { table, ids } => {
+                let mut out = vec![0.0; ids.len() * configs[table].dim];
+                e.gather(configs[table].id, &ids, &mut out).unwrap();
+                prop_assert_eq!(bits(&out), bits(&model.gather(table, &ids)));
+            }
+            Op::Apply {
+                table,
+                ids,
+                mut grads,
+            } => {
+                let dim = configs[table].dim;
+                // Keep the first `dim` values of each MAX_DIM-long gradient row.
+                grads = grads
+                    .chunks(MAX_DIM)
+                    .flat_map(|g| g[..dim].to_vec())
+                    .collect();
+                e.apply(configs[table].id, &ids, &grads).unwrap();
+                model.apply(table, &ids, &grads);
+            }
+            Op::Flush => {
+                e.flush_dirty().unwrap();
+                model.durable = model.live.clone();
+            }
+            Op::Reopen => {
+                e.flush_dirty().unwrap();
+                model.durable = model.live.clone();
+                drop(engine.take());
+                engine = Some(open_engine(&backend, &configs));
+            }
+            Op::Crash => {
+                drop(engine.take());
+                model.live = model.durable.clone();
+                engine = Some(open_engine(&backend, &configs));
+            }
+        }
+        check_rows(engine.as_ref().unwrap(), &model)?;
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(128))]
+
+    #[test]
+    fn engine_matches_model_on_mem_store(ops in prop::collection::vec(op(), 1..40)) {
+        run(Backend::Mem(Arc::new(MemStore::new())), ops)?;
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(24))]
+
+    #[test]
+    fn engine_matches_model_on_rocks_store(ops in prop::collection::vec(op(), 1..40)) {
+        run(Backend::Rocks(tempfile::tempdir().unwrap()), ops)?;
+    }
+}

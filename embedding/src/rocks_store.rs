@@ -1,0 +1,276 @@
+//! [`RocksStore`]: the [`Store`] on RocksDB.
+//!
+//! DESIGN.md: "one database per PS process, a column family per table, key = id (big-endian), value = row
+//! bytes". Column families are named `t<id>`; metadata lives in the `meta` column family. Big-endian keys make
+//! RocksDB's bytewise order the numeric id order, so scans come back sorted by id.
+//!
+//! On open, the column families already in the directory are listed (`DB::list_cf`) and opened, so a reopened
+//! database knows its tables before any [`Store::ensure_table`]. Row values are random floats, so compression
+//! is off.
+
+use std::path::{Path, PathBuf};
+
+use parking_lot::Mutex;
+use rocksdb::{
+    ColumnFamilyDescriptor, DBCompressionType, DBWithThreadMode, MultiThreaded, Options,
+    WriteBatch, WriteOptions,
+};
+
+use crate::batch::DirtyBatch;
+use crate::error::StoreError;
+use crate::store::{GetFn, ScanFn, Store};
+
+/// Column family holding metadata.
+const META_CF: &str = "meta";
+
+type Db = DBWithThreadMode<MultiThreaded>;
+
+/// A [`Store`] backed by one RocksDB database.
+pub struct RocksStore {
+    db: Db,
+    path: PathBuf,
+    /// Serializes column family creation (two `ensure_table` racing would both try to create it).
+    create: Mutex<()>,
+}
+
+impl std::fmt::Debug for RocksStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RocksStore")
+            .field("path", &self.path)
+            .finish()
+    }
+}
+
+fn cf_name(table: u32) -> String {
+    format!("t{table}")
+}
+
+fn cf_options() -> Options {
+    let mut o = Options::default();
+    o.set_compression_type(DBCompressionType::None);
+    o
+}
+
+fn backend(op: impl Into<String>) -> impl FnOnce(rocksdb::Error) -> StoreError {
+    let op = op.into();
+    move |e| StoreError::Backend {
+        op,
+        detail: e.into_string(),
+    }
+}
+
+fn decode_key(table: u32, key: &[u8]) -> Result<u64, StoreError> {
+    let bytes: [u8; 8] = key.try_into().map_err(|_| StoreError::CorruptKey {
+        table,
+        len: key.len(),
+    })?;
+    Ok(u64::from_be_bytes(bytes))
+}
+
+impl RocksStore {
+    /// Opens (creating if missing) the database at `path` with every column family it already has, plus
+    /// `meta`.
+    pub fn open(path: impl AsRef<Path>) -> Result<RocksStore, StoreError> {
+        let path = path.as_ref().to_path_buf();
+        let mut opts = Options::default();
+        opts.create_if_missing(true);
+        opts.create_missing_column_families(true);
+        let mut names = if path.join("CURRENT").exists() {
+            Db::list_cf(&opts, &path).map_err(backend(format!("list_cf {}", path.display())))?
+        } else {
+            Vec::new()
+        };
+        for required in ["default", META_CF] {
+            if !names.iter().any(|n| n == required) {
+                names.push(required.to_owned());
+            }
+        }
+        let descriptors = names
+            .iter()
+            .map(|n| ColumnFamilyDescriptor::new(n, cf_options()));
+        let db = Db::open_cf_descriptors(&opts, &path, descriptors)
+            .map_err(backend(format!("open {}", path.display())))?;
+        tracing::info!(path = %path.display(), column_families = names.len(), "opened rocksdb");
+        Ok(RocksStore {
+            db,
+            path,
+            create: Mutex::new(()),
+        })
+    }
+
+    /// The database directory.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn table_cf(
+        &self,
+        table: u32,
+    ) -> Result<std::sync::Arc<rocksdb::BoundColumnFamily<'_>>, StoreError> {
+        self.db
+            .cf_handle(&cf_name(table))
+            .ok_or(StoreError::UnknownTable(table))
+    }
+
+    fn meta_cf(&self) -> Result<std::sync::Arc<rocksdb::BoundColumnFamily<'_>>, StoreError> {
+        self.db
+            .cf_handle(META_CF)
+            .ok_or_else(|| StoreError::Backend {
+                op: "meta".into(),
+                detail: "meta column family missing".into(),
+            })
+    }
+}
+
+impl Store for RocksStore {
+    fn ensure_table(&self, table: u32) -> Result<(), StoreError> {
+        let name = cf_name(table);
+        if self.db.cf_handle(&name).is_some() {
+            return Ok(());
+        }
+        let _guard = self.create.lock();
+        if self.db.cf_handle(&name).is_none() {
+            self.db
+                .create_cf(&name, &cf_options())
+                .map_err(backend(format!("create column family {name}")))?;
+            tracing::info!(table, "created column family");
+        }
+        Ok(())
+    }
+
+    fn write_rows(&self, table: u32, rows: &DirtyBatch, sync: bool) -> Result<(), StoreError> {
+        let cf = self.table_cf(table)?;
+        let mut batch = WriteBatch::default();
+        for (id, bytes) in rows.iter() {
+            batch.put_cf(&cf, id.to_be_bytes(), bytes);
+        }
+        let mut wo = WriteOptions::default();
+        wo.set_sync(sync);
+        self.db
+            .write_opt(batch, &wo)
+            .map_err(backend(format!("write_rows table {table}")))
+    }
+
+    fn scan_rows(&self, table: u32, f: &mut ScanFn<'_>) -> Result<(), StoreError> {
+        let cf = self.table_cf(table)?;
+        let mut it = self.db.raw_iterator_cf(&cf);
+        it.seek_to_first();
+        while let (Some(key), Some(value)) = (it.key(), it.value()) {
+            f(decode_key(table, key)?, value)?;
+            it.next();
+        }
+        it.status()
+            .map_err(backend(format!("scan_rows table {table}")))
+    }
+
+    fn get_rows(&self, table: u32, ids: &[u64], f: &mut GetFn<'_>) -> Result<(), StoreError> {
+        let cf = self.table_cf(table)?;
+        let keys: Vec<[u8; 8]> = ids.iter().map(|id| id.to_be_bytes()).collect();
+        let values = self.db.batched_multi_get_cf(&cf, &keys, false);
+        for (i, value) in values.into_iter().enumerate() {
+            let value = value.map_err(backend(format!("get_rows table {table}")))?;
+            f(i, value.as_deref())?;
+        }
+        Ok(())
+    }
+
+    fn put_meta(&self, key: &str, value: &[u8]) -> Result<(), StoreError> {
+        let cf = self.meta_cf()?;
+        let mut wo = WriteOptions::default();
+        // Metadata (table configs) is rare and must not be lost: write it synchronously.
+        wo.set_sync(true);
+        self.db
+            .put_cf_opt(&cf, key, value, &wo)
+            .map_err(backend(format!("put_meta {key}")))
+    }
+
+    fn get_meta(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        let cf = self.meta_cf()?;
+        self.db
+            .get_cf(&cf, key)
+            .map_err(backend(format!("get_meta {key}")))
+    }
+
+    fn list_meta(&self, prefix: &str) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
+        let cf = self.meta_cf()?;
+        let mut it = self.db.raw_iterator_cf(&cf);
+        it.seek(prefix);
+        let mut out = Vec::new();
+        while let (Some(key), Some(value)) = (it.key(), it.value()) {
+            if !key.starts_with(prefix.as_bytes()) {
+                break;
+            }
+            let key = std::str::from_utf8(key).map_err(|e| StoreError::CorruptMeta {
+                key: String::from_utf8_lossy(key).into_owned(),
+                detail: format!("key is not utf-8: {e}"),
+            })?;
+            out.push((key.to_owned(), value.to_vec()));
+            it.next();
+        }
+        it.status()
+            .map_err(backend(format!("list_meta {prefix}")))?;
+        Ok(out)
+    }
+
+    fn flush(&self) -> Result<(), StoreError> {
+        // Rows are written with the WAL on; syncing the WAL makes every earlier write durable without forcing
+        // a memtable flush.
+        self.db.flush_wal(true).map_err(backend("flush"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::store_conformance::Harness;
+
+    struct RocksHarness(tempfile::TempDir);
+
+    impl Harness for RocksHarness {
+        fn open(&mut self) -> Arc<dyn Store> {
+            Arc::new(RocksStore::open(self.0.path()).unwrap())
+        }
+    }
+
+    fn harness() -> RocksHarness {
+        RocksHarness(tempfile::tempdir().unwrap())
+    }
+
+    crate::store_conformance::store_conformance_tests!(harness());
+
+    #[test]
+    fn corrupt_key_is_an_error_not_a_panic() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = RocksStore::open(dir.path()).unwrap();
+        s.ensure_table(2).unwrap();
+        let cf = s.table_cf(2).unwrap();
+        s.db.put_cf(&cf, [1u8, 2, 3], [0u8; 4]).unwrap();
+        drop(cf);
+        let e = s.scan_rows(2, &mut |_, _| Ok(())).unwrap_err();
+        assert_eq!(e, StoreError::CorruptKey { table: 2, len: 3 });
+        assert_eq!(e.to_string(), "table 2: corrupt key of 3 bytes, expected 8");
+    }
+
+    #[test]
+    fn lists_existing_column_families_on_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = RocksStore::open(dir.path()).unwrap();
+        s.ensure_table(7).unwrap();
+        drop(s);
+        let names = Db::list_cf(&Options::default(), dir.path()).unwrap();
+        assert!(names.contains(&"t7".to_owned()), "{names:?}");
+        assert!(names.contains(&"meta".to_owned()), "{names:?}");
+        let s = RocksStore::open(dir.path()).unwrap();
+        assert!(s.table_cf(7).is_ok());
+    }
+
+    #[test]
+    fn second_open_of_a_locked_db_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let _s = RocksStore::open(dir.path()).unwrap();
+        let e = RocksStore::open(dir.path()).unwrap_err();
+        assert!(e.to_string().starts_with("store open "), "{e}");
+    }
+}

@@ -1,0 +1,53 @@
+//! [`Store`]: the narrow interface between tables and their durable tier.
+//!
+//! This file never imports rocksdb (STYLE.md, "Crates and seams"): [`crate::RocksStore`] implements the trait
+//! on RocksDB, [`crate::MemStore`] on `BTreeMap`s, and one conformance suite (`store_conformance.rs`) runs
+//! against both.
+//!
+//! # Model
+//! - Rows live per table; a key is a `u64` id, a value is the row's bytes (little-endian f32s). The store does
+//!   not know row lengths: the engine checks them when it reads rows back and reports a wrong length as
+//!   [`StoreError::CorruptValue`].
+//! - Metadata is a flat map from string keys to bytes (table configs live under `table/<id>`).
+//! - `write_rows` is atomic per call (one write batch). Writes with `sync = false` are durable after the next
+//!   [`Store::flush`].
+//! - Callbacks passed to `scan_rows` and `get_rows` must not call back into the store.
+
+use crate::batch::DirtyBatch;
+use crate::error::StoreError;
+
+/// Callback of [`Store::scan_rows`]: called with each stored (id, value).
+pub type ScanFn<'a> = dyn FnMut(u64, &[u8]) -> Result<(), StoreError> + 'a;
+
+/// Callback of [`Store::get_rows`]: called with each requested index and its value, if stored.
+pub type GetFn<'a> = dyn FnMut(usize, Option<&[u8]>) -> Result<(), StoreError> + 'a;
+
+/// Durable storage of table rows and metadata. Implementations are shared across threads (`Arc<dyn Store>`).
+pub trait Store: Send + Sync {
+    /// Creates the storage of `table` if it does not exist yet (idempotent).
+    fn ensure_table(&self, table: u32) -> Result<(), StoreError>;
+
+    /// Writes every row of `rows` to `table` atomically, overwriting existing ids; `sync` makes the write
+    /// durable before returning. Fails with [`StoreError::UnknownTable`] if `table` was never ensured.
+    fn write_rows(&self, table: u32, rows: &DirtyBatch, sync: bool) -> Result<(), StoreError>;
+
+    /// Calls `f(id, value)` for every row of `table`, in increasing id order. The first error (from `f` or the
+    /// store) stops the scan and is returned.
+    fn scan_rows(&self, table: u32, f: &mut ScanFn<'_>) -> Result<(), StoreError>;
+
+    /// Reads the rows of `ids` in one batch: calls `f(i, value)` for each `ids[i]`, in order, with `None` for
+    /// ids that have no stored row.
+    fn get_rows(&self, table: u32, ids: &[u64], f: &mut GetFn<'_>) -> Result<(), StoreError>;
+
+    /// Sets a metadata entry.
+    fn put_meta(&self, key: &str, value: &[u8]) -> Result<(), StoreError>;
+
+    /// Reads a metadata entry.
+    fn get_meta(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError>;
+
+    /// All metadata entries whose key starts with `prefix`, sorted by key.
+    fn list_meta(&self, prefix: &str) -> Result<Vec<(String, Vec<u8>)>, StoreError>;
+
+    /// Makes every earlier write durable.
+    fn flush(&self) -> Result<(), StoreError>;
+}

@@ -1,0 +1,204 @@
+//! Conformance suite for [`Store`] implementations: one generic function per behaviour, instantiated for each
+//! store by [`store_conformance_tests!`] (as tikv's `engine_traits_tests` does for its engines).
+
+use std::sync::Arc;
+
+use crate::batch::DirtyBatch;
+use crate::error::StoreError;
+use crate::store::Store;
+
+/// Opens (or reopens) the store under test. A reopen happens after every earlier handle was dropped and must
+/// see everything flushed before.
+pub(crate) trait Harness {
+    fn open(&mut self) -> Arc<dyn Store>;
+}
+
+fn batch(rows: &[(u64, [f32; 2])]) -> DirtyBatch {
+    let mut b = DirtyBatch::new();
+    b.reset(8);
+    for (id, row) in rows {
+        b.push_row(*id, row);
+    }
+    b
+}
+
+fn scan(s: &dyn Store, table: u32) -> Vec<(u64, Vec<u8>)> {
+    let mut out = Vec::new();
+    s.scan_rows(table, &mut |id, v| {
+        out.push((id, v.to_vec()));
+        Ok(())
+    })
+    .unwrap();
+    out
+}
+
+fn le(row: [f32; 2]) -> Vec<u8> {
+    row.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+pub(crate) fn rows_round_trip_in_id_order(h: &mut dyn Harness) {
+    let s = h.open();
+    s.ensure_table(3).unwrap();
+    s.ensure_table(3).unwrap();
+    assert!(scan(&*s, 3).is_empty());
+    // Big-endian keys: u64::MAX after 256, 256 after 1 (little-endian keys would misorder these).
+    s.write_rows(
+        3,
+        &batch(&[(u64::MAX, [1.0, 2.0]), (256, [3.0, 4.0]), (1, [5.0, 6.0])]),
+        false,
+    )
+    .unwrap();
+    s.write_rows(3, &batch(&[(256, [7.0, 8.0])]), true).unwrap();
+    s.write_rows(3, &DirtyBatch::new(), false).unwrap();
+    assert_eq!(
+        scan(&*s, 3),
+        vec![
+            (1, le([5.0, 6.0])),
+            (256, le([7.0, 8.0])),
+            (u64::MAX, le([1.0, 2.0]))
+        ]
+    );
+}
+
+pub(crate) fn tables_are_isolated(h: &mut dyn Harness) {
+    let s = h.open();
+    s.ensure_table(1).unwrap();
+    s.ensure_table(2).unwrap();
+    s.write_rows(1, &batch(&[(5, [1.0, 1.0])]), false).unwrap();
+    s.write_rows(2, &batch(&[(5, [2.0, 2.0])]), false).unwrap();
+    assert_eq!(scan(&*s, 1), vec![(5, le([1.0, 1.0]))]);
+    assert_eq!(scan(&*s, 2), vec![(5, le([2.0, 2.0]))]);
+}
+
+pub(crate) fn unknown_table_is_an_error(h: &mut dyn Harness) {
+    let s = h.open();
+    let e = s
+        .write_rows(9, &batch(&[(1, [0.0; 2])]), false)
+        .unwrap_err();
+    assert_eq!(e, StoreError::UnknownTable(9));
+    let e = s.scan_rows(9, &mut |_, _| Ok(())).unwrap_err();
+    assert_eq!(e, StoreError::UnknownTable(9));
+    let e = s.get_rows(9, &[1], &mut |_, _| Ok(())).unwrap_err();
+    assert_eq!(e, StoreError::UnknownTable(9));
+}
+
+pub(crate) fn get_rows_in_request_order(h: &mut dyn Harness) {
+    let s = h.open();
+    s.ensure_table(1).unwrap();
+    s.write_rows(1, &batch(&[(10, [1.0, 0.0]), (20, [2.0, 0.0])]), false)
+        .unwrap();
+    let mut got = Vec::new();
+    s.get_rows(1, &[20, 15, 10, 20], &mut |i, v| {
+        got.push((i, v.map(<[u8]>::to_vec)));
+        Ok(())
+    })
+    .unwrap();
+    assert_eq!(
+        got,
+        vec![
+            (0, Some(le([2.0, 0.0]))),
+            (1, None),
+            (2, Some(le([1.0, 0.0]))),
+            (3, Some(le([2.0, 0.0])))
+        ]
+    );
+}
+
+pub(crate) fn scan_stops_at_callback_error(h: &mut dyn Harness) {
+    let s = h.open();
+    s.ensure_table(1).unwrap();
+    s.write_rows(
+        1,
+        &batch(&[(1, [0.0; 2]), (2, [0.0; 2]), (3, [0.0; 2])]),
+        false,
+    )
+    .unwrap();
+    let mut seen = 0;
+    let stop = StoreError::CorruptKey { table: 1, len: 0 };
+    let e = s
+        .scan_rows(1, &mut |id, _| {
+            seen += 1;
+            if id == 2 {
+                Err(stop.clone())
+            } else {
+                Ok(())
+            }
+        })
+        .unwrap_err();
+    assert_eq!(e, stop);
+    assert_eq!(seen, 2);
+}
+
+pub(crate) fn values_are_stored_verbatim(h: &mut dyn Harness) {
+    // The store does not know row lengths; a 3-byte value comes back as 3 bytes (the engine rejects it).
+    let s = h.open();
+    s.ensure_table(1).unwrap();
+    let mut b = DirtyBatch::new();
+    b.reset(3);
+    b.push_bytes(7, &[1, 2, 3]);
+    s.write_rows(1, &b, false).unwrap();
+    assert_eq!(scan(&*s, 1), vec![(7, vec![1, 2, 3])]);
+}
+
+pub(crate) fn meta_put_get_list(h: &mut dyn Harness) {
+    let s = h.open();
+    assert_eq!(s.get_meta("table/1").unwrap(), None);
+    s.put_meta("table/2", b"two").unwrap();
+    s.put_meta("table/1", b"one").unwrap();
+    s.put_meta("tablex", b"x").unwrap();
+    s.put_meta("other", b"o").unwrap();
+    s.put_meta("table/1", b"uno").unwrap();
+    assert_eq!(s.get_meta("table/1").unwrap(), Some(b"uno".to_vec()));
+    assert_eq!(
+        s.list_meta("table/").unwrap(),
+        vec![
+            ("table/1".to_owned(), b"uno".to_vec()),
+            ("table/2".to_owned(), b"two".to_vec())
+        ]
+    );
+    assert_eq!(s.list_meta("zzz").unwrap(), vec![]);
+    assert_eq!(s.list_meta("").unwrap().len(), 4);
+}
+
+pub(crate) fn survives_reopen(h: &mut dyn Harness) {
+    let s = h.open();
+    s.ensure_table(4).unwrap();
+    s.ensure_table(5).unwrap();
+    s.write_rows(4, &batch(&[(1, [1.0, 2.0])]), false).unwrap();
+    s.put_meta("table/4", b"cfg").unwrap();
+    s.flush().unwrap();
+    drop(s);
+    let s = h.open();
+    // Tables exist after reopen without ensure_table.
+    assert_eq!(scan(&*s, 4), vec![(1, le([1.0, 2.0]))]);
+    assert!(scan(&*s, 5).is_empty());
+    assert_eq!(s.get_meta("table/4").unwrap(), Some(b"cfg".to_vec()));
+    s.write_rows(5, &batch(&[(2, [0.0; 2])]), false).unwrap();
+}
+
+/// Instantiates every conformance test for the harness built by `$make`.
+macro_rules! store_conformance_tests {
+    ($make:expr) => {
+        $crate::store_conformance::store_conformance_tests!(@each $make;
+            rows_round_trip_in_id_order,
+            tables_are_isolated,
+            unknown_table_is_an_error,
+            get_rows_in_request_order,
+            scan_stops_at_callback_error,
+            values_are_stored_verbatim,
+            meta_put_get_list,
+            survives_reopen,
+        );
+    };
+    (@each $make:expr; $($name:ident),* $(,)?) => {
+        $(
+            #[test]
+            fn $name() {
+                let mut h = $make;
+                $crate::store_conformance::$name(&mut h);
+            }
+        )*
+    };
+}
+
+pub(crate) use store_conformance_tests;

@@ -1,0 +1,438 @@
+//! [`Table`]: the in-memory rows of one embedding table, lock-striped, with dirty tracking for write-back.
+//!
+//! # Layout
+//! Ids are hashed once (splitmix64, since ids from the trainer are hashes already but a malicious or unlucky id
+//! set must not degrade the index) and the hash picks one of [`STRIPES`] stripes. Each stripe is a
+//! `parking_lot::Mutex` around:
+//! - an [`Arena`] of rows (`dim` weights then optimizer state, `row_len` f32s, no per-row allocation) and the id
+//!   of each slot;
+//! - an index: a `hashbrown::HashTable<u32>` of slot numbers, keyed through the arena's ids. It costs 5 bytes
+//!   per bucket where a `HashMap<u64, u32>` costs 17, which is what keeps memory near DESIGN.md's "under 1.25x
+//!   of payload";
+//! - a dirty bitset (1 bit per slot) and its population count.
+//!
+//! # Locking
+//! A call groups its ids by stripe (a stable counting sort), then takes each stripe lock once, so a batch of
+//! `n` ids costs at most [`STRIPES`] lock acquisitions, and duplicate ids (same stripe) keep their call order.
+//! Stripes found busy are visited again after the others.
+//! Initializer values for unseen ids in [`Table::gather`] are computed after the locks are released.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use hashbrown::HashTable;
+use parking_lot::Mutex;
+
+use crate::arena::Arena;
+use crate::batch::DirtyBatch;
+use crate::config::TableConfig;
+use crate::error::EmbeddingError;
+use crate::init::{self, splitmix64};
+use crate::optimizer;
+
+/// Number of lock stripes per table (a power of two, at most 64: a `u64` holds a set of stripes).
+pub const STRIPES: usize = 64;
+const _: () = assert!(STRIPES.is_power_of_two() && STRIPES <= 64);
+
+/// What [`Table::apply`] did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct ApplyStats {
+    /// Gradient rows applied (duplicates count once each).
+    pub applied: usize,
+    /// Rows created from the initializer before their first update.
+    pub created: usize,
+    /// Gradient rows skipped because they held NaN or infinity; their rows were not touched or created.
+    pub rejected_nonfinite: usize,
+}
+
+impl std::ops::AddAssign for ApplyStats {
+    fn add_assign(&mut self, o: ApplyStats) {
+        self.applied += o.applied;
+        self.created += o.created;
+        self.rejected_nonfinite += o.rejected_nonfinite;
+    }
+}
+
+/// One stripe's rows, index and dirty set.
+#[derive(Debug)]
+struct Stripe {
+    index: HashTable<u32>,
+    arena: Arena,
+    dirty: Vec<u64>,
+    dirty_count: usize,
+}
+
+/// A stripe on its own cache line(s), so neighbouring locks do not false-share.
+#[derive(Debug)]
+#[repr(align(64))]
+struct Padded(Mutex<Stripe>);
+
+#[inline]
+fn hash(id: u64) -> u64 {
+    splitmix64(id)
+}
+
+/// The stripe of a hash: bits 32.. are used, away from the low bits (bucket) and top 7 bits (tag) hashbrown
+/// takes, so ids sharing a stripe still spread over the stripe's index.
+#[inline]
+fn stripe_of(h: u64) -> usize {
+    (h >> 32) as usize & (STRIPES - 1)
+}
+
+impl Stripe {
+    fn new(row_len: usize) -> Self {
+        Stripe {
+            index: HashTable::new(),
+            arena: Arena::new(row_len),
+            dirty: Vec::new(),
+            dirty_count: 0,
+        }
+    }
+
+    #[inline]
+    fn find(&self, id: u64, h: u64) -> Option<usize> {
+        let arena = &self.arena;
+        self.index
+            .find(h, |&slot| arena.id(slot as usize) == id)
+            .map(|&slot| slot as usize)
+    }
+
+    /// Adds a row for `id` (absent), filled by `fill`, and returns its slot.
+    fn insert(&mut self, id: u64, h: u64, fill: impl FnOnce(&mut [f32])) -> Result<usize, usize> {
+        let slot = self.arena.len();
+        if slot >= u32::MAX as usize {
+            return Err(slot);
+        }
+        let (slot, row) = self.arena.push(id);
+        fill(row);
+        if slot % 64 == 0 {
+            self.dirty.push(0);
+        }
+        let arena = &self.arena;
+        self.index
+            .insert_unique(h, slot as u32, |&s| hash(arena.id(s as usize)));
+        Ok(slot)
+    }
+
+    #[inline]
+    fn mark_dirty(&mut self, slot: usize) {
+        let (word, bit) = (slot / 64, 1u64 << (slot % 64));
+        if self.dirty[word] & bit == 0 {
+            self.dirty[word] |= bit;
+            self.dirty_count += 1;
+        }
+    }
+
+    /// Moves up to `max` dirty rows into `out`, clearing their bits.
+    fn drain_dirty(&mut self, max: usize, out: &mut DirtyBatch) {
+        let mut taken = 0;
+        for w in 0..self.dirty.len() {
+            if taken == max {
+                break;
+            }
+            let mut word = self.dirty[w];
+            while word != 0 && taken < max {
+                let slot = w * 64 + word.trailing_zeros() as usize;
+                out.push_row(self.arena.id(slot), self.arena.row(slot));
+                word &= word - 1;
+                taken += 1;
+            }
+            self.dirty[w] = word;
+        }
+        self.dirty_count -= taken;
+    }
+
+    fn allocated_bytes(&self) -> usize {
+        self.index.allocation_size() + self.arena.allocated_bytes() + self.dirty.capacity() * 8
+    }
+}
+
+/// The rows of one embedding table. Thread-safe: share it as `Arc<Table>`.
+#[derive(Debug)]
+pub struct Table {
+    cfg: TableConfig,
+    row_len: usize,
+    stripes: Box<[Padded]>,
+    rows: AtomicUsize,
+    /// Stripe where the next [`Table::take_dirty`] starts, so a bounded take does not favour stripe 0.
+    dirty_cursor: AtomicUsize,
+}
+
+impl Table {
+    /// An empty table; fails if the config does not [`validate`](TableConfig::validate).
+    pub fn new(cfg: TableConfig) -> Result<Table, EmbeddingError> {
+        cfg.validate()?;
+        let row_len = cfg.row_len();
+        Ok(Table {
+            stripes: (0..STRIPES)
+                .map(|_| Padded(Mutex::new(Stripe::new(row_len))))
+                .collect(),
+            cfg,
+            row_len,
+            rows: AtomicUsize::new(0),
+            dirty_cursor: AtomicUsize::new(0),
+        })
+    }
+
+    /// The table's config.
+    pub fn config(&self) -> &TableConfig {
+        &self.cfg
+    }
+
+    /// The table id.
+    pub fn id(&self) -> u32 {
+        self.cfg.id
+    }
+
+    /// Weights per row.
+    pub fn dim(&self) -> usize {
+        self.cfg.dim
+    }
+
+    /// f32s per stored row (weights + optimizer state).
+    pub fn row_len(&self) -> usize {
+        self.row_len
+    }
+
+    /// Rows held in memory.
+    pub fn len(&self) -> usize {
+        self.rows.load(Ordering::Relaxed)
+    }
+
+    /// True if no row was created or loaded yet.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn check_len(&self, what: &'static str, ids: usize, len: usize) -> Result<(), EmbeddingError> {
+        let dim = self.cfg.dim;
+        let expected = ids.saturating_mul(dim);
+        if len == expected {
+            Ok(())
+        } else {
+            Err(EmbeddingError::WrongLength {
+                table: self.cfg.id,
+                what,
+                len,
+                expected,
+                ids,
+                dim,
+            })
+        }
+    }
+
+    /// Copies the weights of `ids` into `out` (`ids.len() x dim`, row `i` at `out[i * dim..]`). Ids without a
+    /// row get their initializer values; no row is created (a pull of a new id needs no write).
+    pub fn gather(&self, ids: &[u64], out: &mut [f32]) -> Result<(), EmbeddingError> {
+        self.check_len("output", ids.len(), out.len())?;
+        let dim = self.cfg.dim;
+        let (order, bounds) = group_by_stripe(ids);
+        let mut misses = Vec::new();
+        self.for_each_group(&order, &bounds, |_, stripe, group| {
+            for &i in group {
+                let id = ids[i];
+                match stripe.find(id, hash(id)) {
+                    Some(slot) => {
+                        out[i * dim..(i + 1) * dim].copy_from_slice(&stripe.arena.row(slot)[..dim])
+                    }
+                    None => misses.push(i),
+                }
+            }
+            Ok(())
+        })?;
+        for i in misses {
+            init::fill_weights(&self.cfg, ids[i], &mut out[i * dim..(i + 1) * dim]);
+        }
+        Ok(())
+    }
+
+    /// Applies the optimizer to the rows of `ids` with `grads` (`ids.len() x dim`), creating missing rows from
+    /// the initializer first and marking updated rows dirty. A gradient row with NaN or infinity is skipped and
+    /// counted in [`ApplyStats::rejected_nonfinite`]. Duplicate ids are applied one after another, in call order.
+    ///
+    /// Updates are per row, not per call: a concurrent gather may see some rows of this call updated and
+    /// others not (asynchronous training, DESIGN.md).
+    pub fn apply(&self, ids: &[u64], grads: &[f32]) -> Result<ApplyStats, EmbeddingError> {
+        self.check_len("gradient", ids.len(), grads.len())?;
+        let dim = self.cfg.dim;
+        let (order, bounds) = group_by_stripe(ids);
+        let mut stats = ApplyStats::default();
+        self.for_each_group(&order, &bounds, |s, stripe, group| {
+            for &i in group {
+                let grad = &grads[i * dim..(i + 1) * dim];
+                if !grad.iter().all(|g| g.is_finite()) {
+                    stats.rejected_nonfinite += 1;
+                    continue;
+                }
+                let id = ids[i];
+                let h = hash(id);
+                let slot = match stripe.find(id, h) {
+                    Some(slot) => slot,
+                    None => {
+                        let slot = stripe
+                            .insert(id, h, |row| init::fill_row(&self.cfg, id, row))
+                            .map_err(|rows| self.full(s, rows))?;
+                        self.rows.fetch_add(1, Ordering::Relaxed);
+                        stats.created += 1;
+                        slot
+                    }
+                };
+                let (weights, state) = stripe.arena.row_mut(slot).split_at_mut(dim);
+                optimizer::apply(&self.cfg.optimizer, weights, state, grad);
+                stripe.mark_dirty(slot);
+                stats.applied += 1;
+            }
+            Ok(())
+        })?;
+        Ok(stats)
+    }
+
+    /// Calls `f(stripe index, stripe, group)` for each non-empty group of `order`, taking each stripe lock
+    /// once. Busy stripes are skipped in a first pass (`try_lock`) and locked in a second, so calls that walk
+    /// the stripes in the same order do not queue behind each other stripe after stripe.
+    fn for_each_group(
+        &self,
+        order: &[usize],
+        bounds: &[usize; STRIPES + 1],
+        mut f: impl FnMut(usize, &mut Stripe, &[usize]) -> Result<(), EmbeddingError>,
+    ) -> Result<(), EmbeddingError> {
+        let mut deferred = 0u64;
+        for (s, padded) in self.stripes.iter().enumerate() {
+            let group = &order[bounds[s]..bounds[s + 1]];
+            if group.is_empty() {
+                continue;
+            }
+            match padded.0.try_lock() {
+                Some(mut stripe) => f(s, &mut stripe, group)?,
+                None => deferred |= 1 << s,
+            }
+        }
+        while deferred != 0 {
+            let s = deferred.trailing_zeros() as usize;
+            deferred &= deferred - 1;
+            let mut stripe = self.stripes[s].0.lock();
+            f(s, &mut stripe, &order[bounds[s]..bounds[s + 1]])?;
+        }
+        Ok(())
+    }
+
+    fn full(&self, stripe: usize, rows: usize) -> EmbeddingError {
+        EmbeddingError::TableFull {
+            table: self.cfg.id,
+            stripe,
+            rows,
+        }
+    }
+
+    /// The stored row of `id` (weights then optimizer state), or `None` if it has none. For tests and tools.
+    pub fn row(&self, id: u64) -> Option<Vec<f32>> {
+        let h = hash(id);
+        let stripe = self.stripes[stripe_of(h)].0.lock();
+        stripe
+            .find(id, h)
+            .map(|slot| stripe.arena.row(slot).to_vec())
+    }
+
+    /// Inserts or overwrites the full row of `id` (`row_len` f32s) without marking it dirty: for recovery from
+    /// the store.
+    pub fn load_row(&self, id: u64, row: &[f32]) -> Result<(), EmbeddingError> {
+        if row.len() != self.row_len {
+            return Err(EmbeddingError::RowLength {
+                table: self.cfg.id,
+                id,
+                len: row.len(),
+                expected: self.row_len,
+                dim: self.cfg.dim,
+            });
+        }
+        let h = hash(id);
+        let s = stripe_of(h);
+        let mut stripe = self.stripes[s].0.lock();
+        match stripe.find(id, h) {
+            Some(slot) => stripe.arena.row_mut(slot).copy_from_slice(row),
+            None => {
+                stripe
+                    .insert(id, h, |dst| dst.copy_from_slice(row))
+                    .map_err(|rows| self.full(s, rows))?;
+                self.rows.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        Ok(())
+    }
+
+    /// Rows updated since they were last taken by [`Table::take_dirty`].
+    pub fn dirty_len(&self) -> usize {
+        self.stripes.iter().map(|p| p.0.lock().dirty_count).sum()
+    }
+
+    /// Moves up to `max_rows` dirty rows (id + full row as little-endian bytes) into `out`, which is emptied
+    /// first, and clears their dirty flags. Each stripe lock is held only while its rows are copied. Returns the
+    /// number of rows taken; 0 means nothing is dirty.
+    ///
+    /// Call order: take, write to the store, and on a failed write give the rows back with
+    /// [`Table::mark_dirty`]. Takes for one table must not run concurrently with each other if their writes
+    /// can reorder (the engine serializes flushes), or an older copy could overwrite a newer one in the store.
+    pub fn take_dirty(&self, max_rows: usize, out: &mut DirtyBatch) -> usize {
+        out.reset(self.row_len * 4);
+        let start = self.dirty_cursor.load(Ordering::Relaxed);
+        let mut last = start;
+        for k in 0..STRIPES {
+            if out.len() >= max_rows {
+                break;
+            }
+            let s = (start + k) % STRIPES;
+            last = s;
+            let mut stripe = self.stripes[s].0.lock();
+            if stripe.dirty_count > 0 {
+                stripe.drain_dirty(max_rows - out.len(), out);
+            }
+        }
+        self.dirty_cursor.store(last, Ordering::Relaxed);
+        out.len()
+    }
+
+    /// Marks the rows of `ids` dirty again (those that exist), e.g. after a failed store write.
+    pub fn mark_dirty(&self, ids: &[u64]) {
+        for &id in ids {
+            let h = hash(id);
+            let mut stripe = self.stripes[stripe_of(h)].0.lock();
+            if let Some(slot) = stripe.find(id, h) {
+                stripe.mark_dirty(slot);
+            }
+        }
+    }
+
+    /// Estimated heap bytes: arena chunks (capacity), ids, index buckets, dirty bits and stripe headers.
+    pub fn memory_bytes(&self) -> usize {
+        std::mem::size_of::<Table>()
+            + self.stripes.len() * std::mem::size_of::<Padded>()
+            + self
+                .stripes
+                .iter()
+                .map(|p| p.0.lock().allocated_bytes())
+                .sum::<usize>()
+    }
+}
+
+/// Indices of `ids` ordered by stripe (stable), and the start of each stripe's group: stripe `s` owns
+/// `order[bounds[s]..bounds[s + 1]]`.
+fn group_by_stripe(ids: &[u64]) -> (Vec<usize>, [usize; STRIPES + 1]) {
+    let mut bounds = [0usize; STRIPES + 1];
+    let stripes: Vec<u8> = ids.iter().map(|&id| stripe_of(hash(id)) as u8).collect();
+    for &s in &stripes {
+        bounds[s as usize + 1] += 1;
+    }
+    for s in 0..STRIPES {
+        bounds[s + 1] += bounds[s];
+    }
+    let mut next = bounds;
+    let mut order = vec![0usize; ids.len()];
+    for (i, &s) in stripes.iter().enumerate() {
+        order[next[s as usize]] = i;
+        next[s as usize] += 1;
+    }
+    (order, bounds)
+}
+
+#[cfg(test)]
+#[path = "table_tests.rs"]
+mod tests;
