@@ -40,6 +40,17 @@ impl LocalCluster {
     /// Starts `n` servers under `run_dir` (created; TLS material generated into `run_dir/tls`), with `extra`
     /// flags for every server, and waits until each reports ready.
     pub fn start(n: usize, run_dir: &Path, extra: &[String]) -> anyhow::Result<LocalCluster> {
+        Self::start_with(&ps_server_command, n, run_dir, extra)
+    }
+
+    /// As [`LocalCluster::start`], with `command` building the command that runs one server (flags are
+    /// appended to it).
+    pub fn start_with(
+        command: &dyn Fn() -> anyhow::Result<Command>,
+        n: usize,
+        run_dir: &Path,
+        extra: &[String],
+    ) -> anyhow::Result<LocalCluster> {
         std::fs::create_dir_all(run_dir).with_context(|| format!("create run dir {}", run_dir.display()))?;
         let tls_dir = run_dir.join("tls");
         protocol::tls::init_dev_certs(&tls_dir, &[]).context("create dev certificates")?;
@@ -52,7 +63,7 @@ impl LocalCluster {
         for i in 0..n {
             let log_path = run_dir.join(format!("ps-{i}.log"));
             let log = std::fs::File::create(&log_path).with_context(|| format!("create {}", log_path.display()))?;
-            let mut cmd = ps_server_command()?;
+            let mut cmd = command()?;
             cmd.args(["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"])
                 .arg("--data-dir")
                 .arg(run_dir.join(format!("ps-{i}")))

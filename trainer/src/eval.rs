@@ -17,8 +17,16 @@ pub const LOGLOSS_EPS: f64 = 1e-7;
 /// # Panics
 /// If `scores` and `labels` differ in length.
 pub fn auc(scores: &[f32], labels: &[f32]) -> Option<f64> {
-    assert_eq!(scores.len(), labels.len(), "auc: scores and labels differ in length");
-    let mut pairs: Vec<(f32, bool)> = scores.iter().zip(labels).map(|(&s, &l)| (s, l >= 0.5)).collect();
+    assert_eq!(
+        scores.len(),
+        labels.len(),
+        "auc: scores and labels differ in length"
+    );
+    let mut pairs: Vec<(f32, bool)> = scores
+        .iter()
+        .zip(labels)
+        .map(|(&s, &l)| (s, l >= 0.5))
+        .collect();
     auc_in_place(&mut pairs)
 }
 
@@ -35,7 +43,11 @@ fn auc_in_place(pairs: &mut [(f32, bool)]) -> Option<f64> {
     let mut start = 0;
     while start < pairs.len() {
         let score = pairs[start].0;
-        let end = start + pairs[start..].iter().take_while(|p| p.0.total_cmp(&score).is_eq()).count();
+        let end = start
+            + pairs[start..]
+                .iter()
+                .take_while(|p| p.0.total_cmp(&score).is_eq())
+                .count();
         let tied_pos = pairs[start..end].iter().filter(|p| p.1).count();
         // Ranks start+1 ..= end, average (start + 1 + end) / 2.
         rank_sum += tied_pos as f64 * (start + 1 + end) as f64 / 2.0;
@@ -51,7 +63,11 @@ fn auc_in_place(pairs: &mut [(f32, bool)]) -> Option<f64> {
 /// # Panics
 /// If `probs` and `labels` differ in length.
 pub fn logloss(probs: &[f32], labels: &[f32]) -> f64 {
-    assert_eq!(probs.len(), labels.len(), "logloss: probs and labels differ in length");
+    assert_eq!(
+        probs.len(),
+        labels.len(),
+        "logloss: probs and labels differ in length"
+    );
     sum_logloss(probs, labels) / probs.len() as f64
 }
 
@@ -106,11 +122,16 @@ impl Evaluator {
     /// # Panics
     /// If `probs` and `labels` differ in length.
     pub fn push(&mut self, probs: &[f32], labels: &[f32]) {
-        assert_eq!(probs.len(), labels.len(), "evaluator: probs and labels differ in length");
+        assert_eq!(
+            probs.len(),
+            labels.len(),
+            "evaluator: probs and labels differ in length"
+        );
         self.logloss_sum += sum_logloss(probs, labels);
         self.prob_sum += probs.iter().map(|&p| p as f64).sum::<f64>();
         self.label_sum += labels.iter().map(|&y| y as f64).sum::<f64>();
-        self.pairs.extend(probs.iter().zip(labels).map(|(&p, &y)| (p, y >= 0.5)));
+        self.pairs
+            .extend(probs.iter().zip(labels).map(|(&p, &y)| (p, y >= 0.5)));
     }
 
     /// Adds everything another evaluator gathered (e.g. from another evaluation thread).
@@ -166,11 +187,17 @@ mod tests {
         assert_eq!(auc(&[0.1, 0.2, 0.8, 0.9], &[0.0, 0.0, 1.0, 1.0]), Some(1.0));
         assert_eq!(auc(&[0.9, 0.8, 0.2, 0.1], &[0.0, 0.0, 1.0, 1.0]), Some(0.0));
         // sklearn's example: roc_auc_score([0, 0, 1, 1], [0.1, 0.4, 0.35, 0.8]) == 0.75.
-        close(auc(&[0.1, 0.4, 0.35, 0.8], &[0.0, 0.0, 1.0, 1.0]).unwrap(), 0.75);
+        close(
+            auc(&[0.1, 0.4, 0.35, 0.8], &[0.0, 0.0, 1.0, 1.0]).unwrap(),
+            0.75,
+        );
         // Ties: positives {0.5, 0.7}, negatives {0.5, 0.1, 0.7}. Positive-vs-negative pairs:
         // (0.5 vs 0.5) 0.5, (0.5 vs 0.1) 1, (0.5 vs 0.7) 0, (0.7 vs 0.5) 1, (0.7 vs 0.1) 1,
         // (0.7 vs 0.7) 0.5 -> 4 of 6.
-        close(auc(&[0.5, 0.7, 0.5, 0.1, 0.7], &[1.0, 1.0, 0.0, 0.0, 0.0]).unwrap(), 4.0 / 6.0);
+        close(
+            auc(&[0.5, 0.7, 0.5, 0.1, 0.7], &[1.0, 1.0, 0.0, 0.0, 0.0]).unwrap(),
+            4.0 / 6.0,
+        );
     }
 
     #[test]
@@ -190,7 +217,9 @@ mod tests {
         // Brute force over all positive/negative pairs, many ties (scores on a coarse grid).
         let mut state = 12345u64;
         let mut next = || {
-            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             (state >> 33) as u32
         };
         let scores: Vec<f32> = (0..300).map(|_| (next() % 20) as f32 / 20.0).collect();
@@ -200,7 +229,13 @@ mod tests {
             for (j, &sj) in scores.iter().enumerate() {
                 if labels[i] == 1.0 && labels[j] == 0.0 {
                     total += 1.0;
-                    won += if si > sj { 1.0 } else if si == sj { 0.5 } else { 0.0 };
+                    won += if si > sj {
+                        1.0
+                    } else if si == sj {
+                        0.5
+                    } else {
+                        0.0
+                    };
                 }
             }
         }
@@ -230,7 +265,10 @@ mod tests {
         let r = ev.report();
         assert_eq!(r.count, 4);
         close(r.auc.unwrap(), 0.75);
-        close(r.logloss, logloss(&[0.1, 0.4, 0.35, 0.8], &[0.0, 0.0, 1.0, 1.0]));
+        close(
+            r.logloss,
+            logloss(&[0.1, 0.4, 0.35, 0.8], &[0.0, 0.0, 1.0, 1.0]),
+        );
         assert!((r.mean_prediction - 0.4125).abs() < 1e-7);
         close(r.positive_rate, 0.5);
         ev.clear();

@@ -283,6 +283,8 @@ impl Teacher {
 /// [`head_amplitude`] of a value, with a missing value treated as a head value.
 #[inline]
 fn amplitude(value: Option<u64>) -> f64 {
+    let cut: u64 = std::env::var("CUT").ok().and_then(|v| v.parse().ok()).unwrap_or(u64::MAX);
+    if value.is_some_and(|r| r > cut) { return 0.0; }
     value.map_or(1.0, head_amplitude)
 }
 

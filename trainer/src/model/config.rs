@@ -54,7 +54,11 @@ impl DlrmConfig {
         if self.bottom.last() != Some(&self.emb_dim) {
             return bad(
                 "bottom",
-                format!("last layer size {} must equal emb_dim {}", self.bottom[self.bottom.len() - 1], self.emb_dim),
+                format!(
+                    "last layer size {} must equal emb_dim {}",
+                    self.bottom[self.bottom.len() - 1],
+                    self.emb_dim
+                ),
             );
         }
         if self.top.is_empty() {
@@ -64,7 +68,10 @@ impl DlrmConfig {
             return bad("top", format!("layer sizes {:?} include 0", self.top));
         }
         if self.top.last() != Some(&1) {
-            return bad("top", format!("last layer size {} must be 1", self.top[self.top.len() - 1]));
+            return bad(
+                "top",
+                format!("last layer size {} must be 1", self.top[self.top.len() - 1]),
+            );
         }
         Ok(())
     }
@@ -135,7 +142,10 @@ mod tests {
         assert_eq!(cfg.num_pairs(), 351);
         assert_eq!(cfg.interaction_dim(), 367);
         assert_eq!(cfg.top_layers(), vec![(367, 512), (512, 256), (256, 1)]);
-        assert_eq!(cfg.bottom_layers(), vec![(13, 512), (512, 256), (256, 64), (64, 16)]);
+        assert_eq!(
+            cfg.bottom_layers(),
+            vec![(13, 512), (512, 256), (256, 64), (64, 16)]
+        );
         let macs_bottom = 13 * 512 + 512 * 256 + 256 * 64 + 64 * 16;
         let macs_top = 367 * 512 + 512 * 256 + 256;
         let want = 6 * (macs_bottom + macs_top) - 2 * 13 * 512 + 6 * 351 * 16;
@@ -149,20 +159,62 @@ mod tests {
             other => panic!("{other:?}"),
         };
         let d = DlrmConfig::default;
-        assert_eq!(field(DlrmConfig { num_dense: 0, ..d() }), "num_dense");
+        assert_eq!(
+            field(DlrmConfig {
+                num_dense: 0,
+                ..d()
+            }),
+            "num_dense"
+        );
         assert_eq!(field(DlrmConfig { emb_dim: 0, ..d() }), "emb_dim");
-        assert_eq!(field(DlrmConfig { bottom: vec![512, 8], ..d() }), "bottom");
-        assert_eq!(field(DlrmConfig { bottom: vec![], ..d() }), "bottom");
-        assert_eq!(field(DlrmConfig { bottom: vec![0, 16], ..d() }), "bottom");
-        assert_eq!(field(DlrmConfig { top: vec![512, 2], ..d() }), "top");
+        assert_eq!(
+            field(DlrmConfig {
+                bottom: vec![512, 8],
+                ..d()
+            }),
+            "bottom"
+        );
+        assert_eq!(
+            field(DlrmConfig {
+                bottom: vec![],
+                ..d()
+            }),
+            "bottom"
+        );
+        assert_eq!(
+            field(DlrmConfig {
+                bottom: vec![0, 16],
+                ..d()
+            }),
+            "bottom"
+        );
+        assert_eq!(
+            field(DlrmConfig {
+                top: vec![512, 2],
+                ..d()
+            }),
+            "top"
+        );
         assert_eq!(field(DlrmConfig { top: vec![], ..d() }), "top");
-        let msg = DlrmConfig { bottom: vec![512, 8], ..d() }.validate().unwrap_err().to_string();
-        assert_eq!(msg, "invalid config: bottom: last layer size 8 must equal emb_dim 16");
+        let msg = DlrmConfig {
+            bottom: vec![512, 8],
+            ..d()
+        }
+        .validate()
+        .unwrap_err()
+        .to_string();
+        assert_eq!(
+            msg,
+            "invalid config: bottom: last layer size 8 must equal emb_dim 16"
+        );
     }
 
     #[test]
     fn no_sparse_features_is_valid() {
-        let cfg = DlrmConfig { num_sparse: 0, ..DlrmConfig::default() };
+        let cfg = DlrmConfig {
+            num_sparse: 0,
+            ..DlrmConfig::default()
+        };
         cfg.validate().unwrap();
         assert_eq!(cfg.interaction_dim(), 16);
     }

@@ -83,7 +83,12 @@ impl Dlrm {
 
     /// Every parameter tensor: per layer, bottom then top, the weight (`[out x in]`) then the bias.
     pub fn params(&self) -> Vec<&[f32]> {
-        self.bottom.layers().iter().chain(self.top.layers()).flat_map(|l| [l.weight(), l.bias()]).collect()
+        self.bottom
+            .layers()
+            .iter()
+            .chain(self.top.layers())
+            .flat_map(|l| [l.weight(), l.bias()])
+            .collect()
     }
 
     /// Replaces every parameter tensor, in the order of [`params`](Self::params) (restoring a checkpoint).
@@ -93,7 +98,11 @@ impl Dlrm {
         for (src, have) in params.iter().zip(self.params()) {
             check_len("params[i]", src.len(), have.len())?;
         }
-        let layers = self.bottom.layers_mut().iter_mut().chain(self.top.layers_mut().iter_mut());
+        let layers = self
+            .bottom
+            .layers_mut()
+            .iter_mut()
+            .chain(self.top.layers_mut().iter_mut());
         let dsts = layers.flat_map(|l| l.params_and_grads().map(|(p, _)| p));
         for (dst, src) in dsts.zip(params) {
             dst.copy_from_slice(src);
@@ -102,7 +111,12 @@ impl Dlrm {
     }
 
     /// Forward pass only; returns the click probabilities `[batch]`.
-    pub fn predict(&mut self, batch: usize, dense: &[f32], emb: &[f32]) -> Result<&[f32], ModelError> {
+    pub fn predict(
+        &mut self,
+        batch: usize,
+        dense: &[f32],
+        emb: &[f32],
+    ) -> Result<&[f32], ModelError> {
         self.check_inputs(batch, dense, emb)?;
         self.forward(batch, dense, emb);
         let logits = self.top.output(batch);
@@ -137,13 +151,22 @@ impl Dlrm {
 
         ensure_len(&mut self.inter_grad, batch * width);
         let inter_grad = &mut self.inter_grad[..batch * width];
-        self.top.backward(batch, &self.inter_out[..batch * width], Some(&mut *inter_grad));
+        self.top.backward(
+            batch,
+            &self.inter_out[..batch * width],
+            Some(&mut *inter_grad),
+        );
         let (z, dz) = self.bottom.output_and_grad_mut(batch);
-        self.interaction.backward(batch, z, emb, inter_grad, dz, emb_grad);
+        self.interaction
+            .backward(batch, z, emb, inter_grad, dz, emb_grad);
         self.bottom.backward(batch, dense, None);
 
         self.opt.begin_step();
-        let layers = self.bottom.layers_mut().iter_mut().chain(self.top.layers_mut().iter_mut());
+        let layers = self
+            .bottom
+            .layers_mut()
+            .iter_mut()
+            .chain(self.top.layers_mut().iter_mut());
         for (slot, (param, grad)) in layers.flat_map(|l| l.params_and_grads()).enumerate() {
             self.opt.update(slot, param, grad);
         }
@@ -152,7 +175,11 @@ impl Dlrm {
 
     fn check_inputs(&self, batch: usize, dense: &[f32], emb: &[f32]) -> Result<(), ModelError> {
         check_len("dense", dense.len(), batch * self.cfg.num_dense)?;
-        check_len("emb", emb.len(), batch * self.cfg.num_sparse * self.cfg.emb_dim)
+        check_len(
+            "emb",
+            emb.len(),
+            batch * self.cfg.num_sparse * self.cfg.emb_dim,
+        )
     }
 
     /// Bottom MLP, interaction and top MLP; leaves the logits in the top MLP's output.
@@ -160,7 +187,8 @@ impl Dlrm {
         let width = self.cfg.interaction_dim();
         let z = self.bottom.forward(batch, dense);
         ensure_len(&mut self.inter_out, batch * width);
-        self.interaction.forward(batch, z, emb, &mut self.inter_out[..batch * width]);
+        self.interaction
+            .forward(batch, z, emb, &mut self.inter_out[..batch * width]);
         self.top.forward(batch, &self.inter_out[..batch * width]);
     }
 }

@@ -79,7 +79,15 @@ impl Interaction {
     ///
     /// # Panics
     /// If a slice length does not match `batch` and the sizes.
-    pub fn backward(&self, batch: usize, z: &[f32], emb: &[f32], dout: &[f32], dz: &mut [f32], demb: &mut [f32]) {
+    pub fn backward(
+        &self,
+        batch: usize,
+        z: &[f32],
+        emb: &[f32],
+        dout: &[f32],
+        dz: &mut [f32],
+        demb: &mut [f32],
+    ) {
         let (d, s, w) = (self.dim, self.num_sparse, self.out_dim());
         assert_eq!(z.len(), batch * d, "interaction backward: z");
         assert_eq!(emb.len(), batch * s * d, "interaction backward: emb");
@@ -95,7 +103,10 @@ impl Interaction {
             z.par_chunks(rows * d)
                 .zip(emb.par_chunks(rows * s * d))
                 .zip(dout.par_chunks(rows * w))
-                .zip(dz.par_chunks_mut(rows * d).zip(demb.par_chunks_mut(rows * s * d)))
+                .zip(
+                    dz.par_chunks_mut(rows * d)
+                        .zip(demb.par_chunks_mut(rows * s * d)),
+                )
                 .for_each(|(((z, e), g), (dz, de))| backward_rows(d, s, z, e, g, dz, de));
         }
     }
@@ -152,7 +163,11 @@ fn forward_run(d: usize, s: usize, z: &[f32], emb: &[f32], out: &mut [f32]) {
     let n = s + 1;
     let (nb, w) = (n.div_ceil(LANES), d + n * s / 2);
     if 2 * nb * d > SCRATCH_BLOCKS {
-        for ((z, e), o) in z.chunks_exact(d).zip(emb.chunks_exact(s * d)).zip(out.chunks_exact_mut(w)) {
+        for ((z, e), o) in z
+            .chunks_exact(d)
+            .zip(emb.chunks_exact(s * d))
+            .zip(out.chunks_exact_mut(w))
+        {
             o[..d].copy_from_slice(z);
             let mut p = d;
             for i in 1..n {
@@ -173,9 +188,19 @@ fn forward_run(d: usize, s: usize, z: &[f32], emb: &[f32], out: &mut [f32]) {
         transpose(d, n, &z[..d], &emb[..s * d], even);
     }
     for (k, o) in out.chunks_exact_mut(w).enumerate() {
-        let (cur, next) = if k % 2 == 0 { (&*even, &mut *odd) } else { (&*odd, &mut *even) };
+        let (cur, next) = if k % 2 == 0 {
+            (&*even, &mut *odd)
+        } else {
+            (&*odd, &mut *even)
+        };
         if k + 1 < count {
-            transpose(d, n, &z[(k + 1) * d..][..d], &emb[(k + 1) * s * d..][..s * d], next);
+            transpose(
+                d,
+                n,
+                &z[(k + 1) * d..][..d],
+                &emb[(k + 1) * s * d..][..s * d],
+                next,
+            );
         }
         gram_rows(d, n, &z[k * d..][..d], &emb[k * s * d..][..s * d], cur, o);
     }
@@ -209,13 +234,13 @@ fn gram_rows(d: usize, n: usize, z: &[f32], e: &[f32], tt: &[[f32; LANES]], out:
             let (mut a, mut b) = ([0.0f32; LANES], [0.0f32; LANES]);
             for ((col, &x), &y) in cols.iter().zip(ti).zip(tn) {
                 for l in 0..LANES {
-                    a[l] += x * col[l];
-                    b[l] += y * col[l];
+                    a[l] = x.mul_add(col[l], a[l]);
+                    b[l] = y.mul_add(col[l], b[l]);
                 }
             }
-            store_block(out, d + i * (i - 1) / 2, i, block, &a);
+            store_block(out, d + i * (i - 1) / 2, i, block, a);
             if pair {
-                store_block(out, d + (i + 1) * i / 2, i + 1, block, &b);
+                store_block(out, d + (i + 1) * i / 2, i + 1, block, b);
             }
         }
         i += 2;
@@ -226,7 +251,7 @@ fn gram_rows(d: usize, n: usize, z: &[f32], e: &[f32], tt: &[[f32; LANES]], out:
 /// full-width store when it fits in `out`. Lanes past the row's end then land in the first block of the
 /// next row, which is always written later: blocks go last to first, and row `i` before row `i + 1`.
 #[inline(always)]
-fn store_block(out: &mut [f32], row_start: usize, i: usize, block: usize, acc: &[f32; LANES]) {
+fn store_block(out: &mut [f32], row_start: usize, i: usize, block: usize, acc: [f32; LANES]) {
     let p = row_start + block * LANES;
     let take = (i - block * LANES).min(LANES);
     if take == 0 {
@@ -234,7 +259,7 @@ fn store_block(out: &mut [f32], row_start: usize, i: usize, block: usize, acc: &
         return;
     }
     if p + LANES <= out.len() {
-        out[p..p + LANES].copy_from_slice(acc);
+        out[p..p + LANES].copy_from_slice(&acc);
     } else {
         out[p..p + take].copy_from_slice(&acc[..take]);
     }
@@ -243,7 +268,15 @@ fn store_block(out: &mut [f32], row_start: usize, i: usize, block: usize, acc: &
 /// Rows `i` and `i + 1` together (two independent sums sharing the loads of `T_j`), [`LANES`] coordinates
 /// at a time.
 #[inline(always)]
-fn backward_sample(d: usize, s: usize, z: &[f32], e: &[f32], g: &[f32], dz: &mut [f32], de: &mut [f32]) {
+fn backward_sample(
+    d: usize,
+    s: usize,
+    z: &[f32],
+    e: &[f32],
+    g: &[f32],
+    dz: &mut [f32],
+    de: &mut [f32],
+) {
     let n = s + 1;
     // Pair (i, j < i) sits at i (i - 1) / 2 + j.
     let pairs = &g[d..];
@@ -277,7 +310,13 @@ fn backward_sample(d: usize, s: usize, z: &[f32], e: &[f32], g: &[f32], dz: &mut
                     axpy(&mut a, pairs[j * (j - 1) / 2 + i], t(j));
                 }
             }
-            let row = |k: usize| if k == 0 { 0..0 } else { (k - 1) * d + lo..(k - 1) * d + lo + width };
+            let row = |k: usize| {
+                if k == 0 {
+                    0..0
+                } else {
+                    (k - 1) * d + lo..(k - 1) * d + lo + width
+                }
+            };
             if i == 0 {
                 dz[lo..lo + width].copy_from_slice(&a[..width]);
             } else {
@@ -295,7 +334,7 @@ fn backward_sample(d: usize, s: usize, z: &[f32], e: &[f32], g: &[f32], dz: &mut
 #[inline(always)]
 fn axpy(acc: &mut [f32; LANES], g: f32, t: &[f32]) {
     for (a, &t) in acc.iter_mut().zip(t) {
-        *a += g * t;
+        *a = g.mul_add(t, *a);
     }
 }
 
@@ -303,8 +342,8 @@ fn axpy(acc: &mut [f32; LANES], g: f32, t: &[f32]) {
 #[inline(always)]
 fn axpy2(a: &mut [f32; LANES], ga: f32, b: &mut [f32; LANES], gb: f32, t: &[f32]) {
     for ((a, b), &t) in a.iter_mut().zip(b.iter_mut()).zip(t) {
-        *a += ga * t;
-        *b += gb * t;
+        *a = ga.mul_add(t, *a);
+        *b = gb.mul_add(t, *b);
     }
 }
 
@@ -350,7 +389,14 @@ mod tests {
         let mut rng = Rng::new(5);
         // Covers the specialized d, a generic d, n across lane blocks, the large-d fallback, and the
         // parallel path (batch >= 64).
-        for &(batch, s, d) in &[(3, 26, 16), (2, 40, 8), (4, 5, 3), (2, 3, 300), (70, 26, 16), (1, 1, 1)] {
+        for &(batch, s, d) in &[
+            (3, 26, 16),
+            (2, 40, 8),
+            (4, 5, 3),
+            (2, 3, 300),
+            (70, 26, 16),
+            (1, 1, 1),
+        ] {
             let z = rand_vec(&mut rng, batch * d, 1.0);
             let emb = rand_vec(&mut rng, batch * s * d, 1.0);
             let it = Interaction::new(s, d);
@@ -358,7 +404,10 @@ mod tests {
             it.forward(batch, &z, &emb, &mut out);
             let want = naive(batch, s, d, &z, &emb);
             for (k, (a, b)) in out.iter().zip(&want).enumerate() {
-                assert!((a - b).abs() < 1e-4 * (1.0 + b.abs()), "({batch},{s},{d}) out[{k}] {a} vs {b}");
+                assert!(
+                    (a - b).abs() < 1e-4 * (1.0 + b.abs()),
+                    "({batch},{s},{d}) out[{k}] {a} vs {b}"
+                );
             }
         }
     }

@@ -43,7 +43,13 @@ impl Linear {
     ///
     /// # Panics
     /// If the lengths do not match the sizes.
-    pub fn with_params(in_dim: usize, out_dim: usize, relu: bool, weight: Vec<f32>, bias: Vec<f32>) -> Self {
+    pub fn with_params(
+        in_dim: usize,
+        out_dim: usize,
+        relu: bool,
+        weight: Vec<f32>,
+        bias: Vec<f32>,
+    ) -> Self {
         assert_eq!(weight.len(), in_dim * out_dim, "weight length");
         assert_eq!(bias.len(), out_dim, "bias length");
         Self {
@@ -95,7 +101,10 @@ impl Linear {
 
     /// Parameters with their gradients, weight first: what an optimizer updates.
     pub(crate) fn params_and_grads(&mut self) -> [(&mut [f32], &[f32]); 2] {
-        [(&mut self.weight, &self.weight_grad), (&mut self.bias, &self.bias_grad)]
+        [
+            (&mut self.weight, &self.weight_grad),
+            (&mut self.bias, &self.bias_grad),
+        ]
     }
 
     /// `y[batch x out] = act(x[batch x in] Wᵀ + b)`.
@@ -108,7 +117,8 @@ impl Linear {
         // One fused pass for bias and activation, rows split across threads.
         let (bias, relu) = (&self.bias[..], self.relu);
         if y.len() >= PARALLEL_MIN_ELEMS {
-            y.par_chunks_mut(rows_per_task(batch) * n_out).for_each(|y| bias_act_rows(y, bias, relu));
+            y.par_chunks_mut(rows_per_task(batch) * n_out)
+                .for_each(|y| bias_act_rows(y, bias, relu));
         } else {
             bias_act_rows(y, bias, relu);
         }
@@ -120,14 +130,41 @@ impl Linear {
     ///
     /// # Panics
     /// If a slice length does not match `batch` and the layer sizes.
-    pub fn backward(&mut self, batch: usize, x: &[f32], y: &[f32], dy: &mut [f32], dx: Option<&mut [f32]>) {
+    pub fn backward(
+        &mut self,
+        batch: usize,
+        x: &[f32],
+        y: &[f32],
+        dy: &mut [f32],
+        dx: Option<&mut [f32]>,
+    ) {
         let (n_in, n_out) = (self.in_dim, self.out_dim);
         assert_eq!(y.len(), batch * n_out, "linear backward: y");
         assert_eq!(dy.len(), batch * n_out, "linear backward: dy");
         self.mask_and_bias_grad(batch, y, dy);
-        matmul(n_out, n_in, batch, &mut self.weight_grad, false, dy, Op::T, x, Op::N);
+        matmul(
+            n_out,
+            n_in,
+            batch,
+            &mut self.weight_grad,
+            false,
+            dy,
+            Op::T,
+            x,
+            Op::N,
+        );
         if let Some(dx) = dx {
-            matmul(batch, n_in, n_out, dx, false, dy, Op::N, &self.weight, Op::N);
+            matmul(
+                batch,
+                n_in,
+                n_out,
+                dx,
+                false,
+                dy,
+                Op::N,
+                &self.weight,
+                Op::N,
+            );
         }
     }
 
@@ -276,12 +313,19 @@ mod tests {
         let mut y = vec![0.0; batch * n_out];
         layer.forward(batch, &x, &mut y);
         let mut dy = rand_vec(&mut rng, batch * n_out, 1.0);
-        let masked: Vec<f32> = dy.iter().zip(&y).map(|(&d, &v)| if v > 0.0 { d } else { 0.0 }).collect();
+        let masked: Vec<f32> = dy
+            .iter()
+            .zip(&y)
+            .map(|(&d, &v)| if v > 0.0 { d } else { 0.0 })
+            .collect();
         layer.backward(batch, &x, &y, &mut dy, None);
         assert_eq!(dy, masked);
         for j in 0..n_out {
             let want: f64 = (0..batch).map(|b| masked[b * n_out + j] as f64).sum();
-            assert!((layer.bias_grad[j] as f64 - want).abs() < 1e-4, "bias_grad[{j}]");
+            assert!(
+                (layer.bias_grad[j] as f64 - want).abs() < 1e-4,
+                "bias_grad[{j}]"
+            );
         }
     }
 }

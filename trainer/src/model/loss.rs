@@ -27,13 +27,23 @@ pub fn bce_with_logit(x: f32, y: f32) -> f64 {
 ///
 /// # Panics
 /// If the slices differ in length.
-pub fn bce_forward_backward(logits: &[f32], labels: &[f32], probs: &mut [f32], grad: &mut [f32]) -> f32 {
+pub fn bce_forward_backward(
+    logits: &[f32],
+    labels: &[f32],
+    probs: &mut [f32],
+    grad: &mut [f32],
+) -> f32 {
     assert_eq!(logits.len(), labels.len(), "bce: labels");
     assert_eq!(logits.len(), probs.len(), "bce: probs");
     assert_eq!(logits.len(), grad.len(), "bce: grad");
     let scale = 1.0 / logits.len().max(1) as f32;
     let mut total = 0.0f64;
-    for (((&x, &y), p), g) in logits.iter().zip(labels).zip(probs.iter_mut()).zip(grad.iter_mut()) {
+    for (((&x, &y), p), g) in logits
+        .iter()
+        .zip(labels)
+        .zip(probs.iter_mut())
+        .zip(grad.iter_mut())
+    {
         *p = sigmoid(x);
         *g = (*p - y) * scale;
         total += bce_with_logit(x, y);
@@ -74,7 +84,12 @@ mod tests {
         let mut probs = [0.0; 4];
         let mut grad = [0.0; 4];
         let loss = bce_forward_backward(&logits, &labels, &mut probs, &mut grad);
-        let want: f64 = logits.iter().zip(&labels).map(|(&x, &y)| bce_with_logit(x, y)).sum::<f64>() / 4.0;
+        let want: f64 = logits
+            .iter()
+            .zip(&labels)
+            .map(|(&x, &y)| bce_with_logit(x, y))
+            .sum::<f64>()
+            / 4.0;
         assert!((loss as f64 - want).abs() < 1e-6);
         // Finite differences of the mean loss.
         for i in 0..4 {
@@ -85,7 +100,11 @@ mod tests {
                 (x.max(0.0) - x * y + (-x.abs()).exp().ln_1p()) / 4.0
             };
             let fd = (f(eps) - f(-eps)) / (2.0 * eps);
-            assert!((grad[i] as f64 - fd).abs() < 1e-5, "grad[{i}] {} vs {fd}", grad[i]);
+            assert!(
+                (grad[i] as f64 - fd).abs() < 1e-5,
+                "grad[{i}] {} vs {fd}",
+                grad[i]
+            );
             assert!((probs[i] - sigmoid(logits[i])).abs() == 0.0);
         }
     }

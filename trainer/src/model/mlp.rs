@@ -1,8 +1,8 @@
 //! [`Mlp`]: a stack of [`Linear`] layers with their activation and gradient buffers.
 
+use super::ensure_len;
 use super::linear::Linear;
 use super::rng::Rng;
-use super::ensure_len;
 
 /// A multi-layer perceptron: every layer has a ReLU except possibly the last.
 ///
@@ -43,10 +43,18 @@ impl Mlp {
     pub fn from_layers(layers: Vec<Linear>) -> Self {
         assert!(!layers.is_empty(), "mlp needs a layer");
         for pair in layers.windows(2) {
-            assert_eq!(pair[0].out_dim(), pair[1].in_dim(), "mlp layer sizes must chain");
+            assert_eq!(
+                pair[0].out_dim(),
+                pair[1].in_dim(),
+                "mlp layer sizes must chain"
+            );
         }
         let n = layers.len();
-        Self { layers, out: vec![Vec::new(); n], dout: vec![Vec::new(); n] }
+        Self {
+            layers,
+            out: vec![Vec::new(); n],
+            dout: vec![Vec::new(); n],
+        }
     }
 
     /// The layers, input side first.
@@ -71,7 +79,10 @@ impl Mlp {
 
     /// Number of parameters (weights and biases).
     pub fn num_params(&self) -> usize {
-        self.layers.iter().map(|l| l.weight().len() + l.bias().len()).sum()
+        self.layers
+            .iter()
+            .map(|l| l.weight().len() + l.bias().len())
+            .sum()
     }
 
     /// Forward pass over `x[batch x in]`; returns the output `[batch x out]`.
@@ -84,7 +95,11 @@ impl Mlp {
             let (before, rest) = self.out.split_at_mut(i);
             let y = &mut rest[0];
             ensure_len(y, batch * layer.out_dim());
-            let input = if i == 0 { x } else { &before[i - 1][..batch * layer.in_dim()] };
+            let input = if i == 0 {
+                x
+            } else {
+                &before[i - 1][..batch * layer.in_dim()]
+            };
             layer.forward(batch, input, &mut y[..batch * layer.out_dim()]);
         }
         self.output(batch)
@@ -106,7 +121,10 @@ impl Mlp {
         let n = self.out_dim();
         let last = self.dout.last_mut().expect("mlp has a layer");
         ensure_len(last, batch * n);
-        (&self.out[self.out.len() - 1][..batch * n], &mut last[..batch * n])
+        (
+            &self.out[self.out.len() - 1][..batch * n],
+            &mut last[..batch * n],
+        )
     }
 
     /// Backward pass: sets every layer's parameter gradients and, when `dx` is given, writes
@@ -180,7 +198,10 @@ mod tests {
     fn relu_placement() {
         let mut rng = Rng::new(1);
         let top = Mlp::init(4, &[3, 2, 1], false, &mut rng);
-        assert_eq!(top.layers().iter().map(Linear::relu).collect::<Vec<_>>(), [true, true, false]);
+        assert_eq!(
+            top.layers().iter().map(Linear::relu).collect::<Vec<_>>(),
+            [true, true, false]
+        );
         let bottom = Mlp::init(4, &[3, 2], true, &mut rng);
         assert!(bottom.layers().iter().all(Linear::relu));
         assert_eq!(top.num_params(), 4 * 3 + 3 + 3 * 2 + 2 + 2 + 1);

@@ -55,12 +55,19 @@ impl DenseOptimizer {
         let bad = |field, reason: String| Err(ModelError::Config { field, reason });
         let lr = match *self {
             Self::Sgd { lr } => lr,
-            Self::Adagrad { lr, eps, initial_accumulator } => {
+            Self::Adagrad {
+                lr,
+                eps,
+                initial_accumulator,
+            } => {
                 if !(eps >= 0.0 && eps.is_finite()) {
                     return bad("eps", format!("{eps} must be finite and >= 0"));
                 }
                 if !(initial_accumulator >= 0.0 && initial_accumulator.is_finite()) {
-                    return bad("initial_accumulator", format!("{initial_accumulator} must be finite and >= 0"));
+                    return bad(
+                        "initial_accumulator",
+                        format!("{initial_accumulator} must be finite and >= 0"),
+                    );
                 }
                 if eps == 0.0 && initial_accumulator == 0.0 {
                     // A zero gradient would then divide 0 by 0.
@@ -68,7 +75,12 @@ impl DenseOptimizer {
                 }
                 lr
             }
-            Self::Adam { lr, beta1, beta2, eps } => {
+            Self::Adam {
+                lr,
+                beta1,
+                beta2,
+                eps,
+            } => {
                 for (field, beta) in [("beta1", beta1), ("beta2", beta2)] {
                     if !(0.0..1.0).contains(&beta) {
                         return bad(field, format!("{beta} must be in [0, 1)"));
@@ -114,15 +126,27 @@ impl OptimizerState {
     pub fn new(kind: DenseOptimizer, sizes: &[usize]) -> Self {
         let (first, second) = match kind {
             DenseOptimizer::Sgd { .. } => (vec![], vec![]),
-            DenseOptimizer::Adagrad { initial_accumulator, .. } => {
-                (sizes.iter().map(|&n| vec![initial_accumulator; n]).collect(), vec![])
-            }
+            DenseOptimizer::Adagrad {
+                initial_accumulator,
+                ..
+            } => (
+                sizes
+                    .iter()
+                    .map(|&n| vec![initial_accumulator; n])
+                    .collect(),
+                vec![],
+            ),
             DenseOptimizer::Adam { .. } => (
                 sizes.iter().map(|&n| vec![0.0; n]).collect(),
                 sizes.iter().map(|&n| vec![0.0; n]).collect(),
             ),
         };
-        Self { kind, step: 0, first, second }
+        Self {
+            kind,
+            step: 0,
+            first,
+            second,
+        }
     }
 
     /// The optimizer and its hyper-parameters.
@@ -151,7 +175,10 @@ impl OptimizerState {
                 if param.len() < PARALLEL_MIN_ELEMS {
                     sgd(param, grad, lr);
                 } else {
-                    param.par_chunks_mut(CHUNK).zip(grad.par_chunks(CHUNK)).for_each(|(p, g)| sgd(p, g, lr));
+                    param
+                        .par_chunks_mut(CHUNK)
+                        .zip(grad.par_chunks(CHUNK))
+                        .for_each(|(p, g)| sgd(p, g, lr));
                 }
             }
             DenseOptimizer::Adagrad { lr, eps, .. } => {
@@ -167,7 +194,12 @@ impl OptimizerState {
                         .for_each(|((p, g), s)| adagrad(p, g, s, lr, eps));
                 }
             }
-            DenseOptimizer::Adam { lr, beta1, beta2, eps } => {
+            DenseOptimizer::Adam {
+                lr,
+                beta1,
+                beta2,
+                eps,
+            } => {
                 let t = self.step.max(1) as i32;
                 let bc1 = 1.0 - (beta1 as f64).powi(t);
                 let bc2 = 1.0 - (beta2 as f64).powi(t);
@@ -240,7 +272,10 @@ mod tests {
 
     fn close(a: &[f32], b: &[f64]) {
         for (i, (&a, &b)) in a.iter().zip(b).enumerate() {
-            assert!((a as f64 - b).abs() < 1e-6 * (1.0 + b.abs()), "[{i}] {a} vs {b}");
+            assert!(
+                (a as f64 - b).abs() < 1e-6 * (1.0 + b.abs()),
+                "[{i}] {a} vs {b}"
+            );
         }
     }
 
@@ -255,7 +290,11 @@ mod tests {
 
     #[test]
     fn adagrad_reference() {
-        let kind = DenseOptimizer::Adagrad { lr: 0.1, eps: 1e-10, initial_accumulator: 0.1 };
+        let kind = DenseOptimizer::Adagrad {
+            lr: 0.1,
+            eps: 1e-10,
+            initial_accumulator: 0.1,
+        };
         let mut st = OptimizerState::new(kind, &[1]);
         let mut p = [1.0];
         // step 1: s = 0.1 + 0.25 = 0.35; p = 1 - 0.1 * 0.5 / √0.35 = 0.915484...
@@ -270,7 +309,12 @@ mod tests {
 
     #[test]
     fn adam_reference() {
-        let kind = DenseOptimizer::Adam { lr: 0.01, beta1: 0.9, beta2: 0.999, eps: 1e-8 };
+        let kind = DenseOptimizer::Adam {
+            lr: 0.01,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+        };
         let mut st = OptimizerState::new(kind, &[2]);
         let mut p = [1.0, 0.0];
         // Step 1: m̂ = g, v̂ = g², so each parameter moves by lr · sign(g) (up to eps).
@@ -293,8 +337,17 @@ mod tests {
         let grad: Vec<f32> = (0..n).map(|i| ((i % 97) as f32 - 48.0) / 10.0).collect();
         for kind in [
             DenseOptimizer::Sgd { lr: 0.1 },
-            DenseOptimizer::Adagrad { lr: 0.1, eps: 1e-10, initial_accumulator: 0.0 },
-            DenseOptimizer::Adam { lr: 0.01, beta1: 0.9, beta2: 0.999, eps: 1e-8 },
+            DenseOptimizer::Adagrad {
+                lr: 0.1,
+                eps: 1e-10,
+                initial_accumulator: 0.0,
+            },
+            DenseOptimizer::Adam {
+                lr: 0.01,
+                beta1: 0.9,
+                beta2: 0.999,
+                eps: 1e-8,
+            },
         ] {
             let mut big = OptimizerState::new(kind, &[n]);
             let mut p = vec![1.0; n];
@@ -317,13 +370,46 @@ mod tests {
             other => panic!("{other:?}"),
         };
         assert_eq!(field(DenseOptimizer::Sgd { lr: f32::NAN }), "lr");
-        assert_eq!(field(DenseOptimizer::Adam { lr: 0.1, beta1: 1.0, beta2: 0.9, eps: 1e-8 }), "beta1");
-        assert_eq!(field(DenseOptimizer::Adam { lr: 0.1, beta1: 0.9, beta2: 0.9, eps: 0.0 }), "eps");
         assert_eq!(
-            field(DenseOptimizer::Adagrad { lr: 0.1, eps: 0.0, initial_accumulator: -1.0 }),
+            field(DenseOptimizer::Adam {
+                lr: 0.1,
+                beta1: 1.0,
+                beta2: 0.9,
+                eps: 1e-8
+            }),
+            "beta1"
+        );
+        assert_eq!(
+            field(DenseOptimizer::Adam {
+                lr: 0.1,
+                beta1: 0.9,
+                beta2: 0.9,
+                eps: 0.0
+            }),
+            "eps"
+        );
+        assert_eq!(
+            field(DenseOptimizer::Adagrad {
+                lr: 0.1,
+                eps: 0.0,
+                initial_accumulator: -1.0
+            }),
             "initial_accumulator"
         );
-        assert_eq!(field(DenseOptimizer::Adagrad { lr: 0.1, eps: 0.0, initial_accumulator: 0.0 }), "eps");
-        DenseOptimizer::Adagrad { lr: 0.1, eps: 0.0, initial_accumulator: 0.1 }.validate().unwrap();
+        assert_eq!(
+            field(DenseOptimizer::Adagrad {
+                lr: 0.1,
+                eps: 0.0,
+                initial_accumulator: 0.0
+            }),
+            "eps"
+        );
+        DenseOptimizer::Adagrad {
+            lr: 0.1,
+            eps: 0.0,
+            initial_accumulator: 0.1,
+        }
+        .validate()
+        .unwrap();
     }
 }

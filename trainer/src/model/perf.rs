@@ -16,7 +16,10 @@ const BATCH: usize = 2048;
 
 /// CPU time of the calling thread, in seconds.
 fn thread_cpu_seconds() -> f64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
     // SAFETY: `ts` is a valid, writable timespec; the clock id is a constant the kernel knows.
     unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
     ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
@@ -40,7 +43,11 @@ fn best_time(reps: usize, iters: usize, mut f: impl FnMut()) -> (f64, f64) {
 }
 
 fn on_threads(threads: usize, f: impl FnOnce() + Send) {
-    rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap().install(f);
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .unwrap()
+        .install(f);
 }
 
 #[test]
@@ -50,15 +57,23 @@ fn train_step_throughput() {
     let mut rng = Rng::new(1);
     let dense = rand_vec(&mut rng, BATCH * cfg.num_dense, 1.0);
     let emb = rand_vec(&mut rng, BATCH * cfg.num_sparse * cfg.emb_dim, 0.1);
-    let labels: Vec<f32> = (0..BATCH).map(|_| (rng.next_u64() % 4 == 0) as u8 as f32).collect();
+    let labels: Vec<f32> = (0..BATCH)
+        .map(|_| (rng.next_u64() & 3 == 0) as u8 as f32)
+        .collect();
     let mut emb_grad = vec![0.0; emb.len()];
     let flops = cfg.flops_per_sample() * BATCH as f64;
     for threads in [1, 2] {
         on_threads(threads, || {
-            let opt = DenseOptimizer::Adagrad { lr: 0.01, eps: 1e-8, initial_accumulator: 0.0 };
+            let opt = DenseOptimizer::Adagrad {
+                lr: 0.01,
+                eps: 1e-8,
+                initial_accumulator: 0.0,
+            };
             let mut model = Dlrm::new(cfg.clone(), opt, 0).unwrap();
             let t = best_time(5, 10, || {
-                model.train_step(BATCH, &dense, &emb, &labels, &mut emb_grad).unwrap();
+                model
+                    .train_step(BATCH, &dense, &emb, &labels, &mut emb_grad)
+                    .unwrap();
             });
             let tp = best_time(5, 10, || {
                 model.predict(BATCH, &dense, &emb).unwrap();
@@ -92,10 +107,14 @@ fn kernel_throughput() {
     let (mut dz, mut demb) = (vec![0.0; z.len()], vec![0.0; emb.len()]);
     for threads in [1, 2] {
         on_threads(threads, || {
-            let t = best_time(5, 20, || matmul(m, n, k, &mut c, false, &a, Op::N, &b, Op::N));
+            let t = best_time(5, 20, || {
+                matmul(m, n, k, &mut c, false, &a, Op::N, &b, Op::N)
+            });
             let gflops = 2.0 * (m * n * k) as f64 / t.0 / 1e9;
             let tf = best_time(5, 20, || it.forward(BATCH, &z, &emb, &mut out));
-            let tb = best_time(5, 20, || it.backward(BATCH, &z, &emb, &out, &mut dz, &mut demb));
+            let tb = best_time(5, 20, || {
+                it.backward(BATCH, &z, &emb, &out, &mut dz, &mut demb)
+            });
             println!(
                 "threads {threads}: gemm {m}x{k}x{n} {gflops:.0} GFLOP/s (cpu {:.0}); interaction forward {:.3} ms \
                  (cpu {:.3}), backward {:.3} ms (cpu {:.3})",

@@ -14,7 +14,10 @@ pub(crate) struct Rng {
 impl Rng {
     /// A generator whose whole output is determined by `seed`.
     pub(crate) fn new(seed: u64) -> Self {
-        Self { state: seed, spare: None }
+        Self {
+            state: seed,
+            spare: None,
+        }
     }
 
     /// The next 64 random bits.
@@ -56,10 +59,12 @@ mod tests {
 
     #[test]
     fn deterministic_per_seed() {
-        let a: Vec<u64> = (0..4).map({
-            let mut r = Rng::new(7);
-            move |_| r.next_u64()
-        }).collect();
+        let a: Vec<u64> = (0..4)
+            .map({
+                let mut r = Rng::new(7);
+                move |_| r.next_u64()
+            })
+            .collect();
         let mut r = Rng::new(7);
         let b: Vec<u64> = (0..4).map(|_| r.next_u64()).collect();
         assert_eq!(a, b);

@@ -3,19 +3,20 @@
 //!
 //! The workspace compiles for baseline x86-64 (SSE2) so the binary runs anywhere; the element-wise
 //! passes and the interaction kernels are written as plain loops over fixed 16-lane blocks, and
-//! [`multiversion!`] compiles each once more with AVX-512 and once with AVX2 enabled, picking one per call
-//! from a cached CPU check. The versions compute the same operations in the same order (no fused
-//! multiply-add contraction: Rust does not contract `a * b + c`), so results are bit-identical across
-//! machines.
+//! [`multiversion!`] compiles each once more with AVX-512 and once with AVX2 (both with FMA) enabled,
+//! picking one per call from a cached CPU check. The versions compute the same operations in the same
+//! order, so results are bit-identical across machines: Rust never contracts `a * b + c` into a fused
+//! multiply-add, and where a kernel asks for one (`f32::mul_add`) the baseline build gets the correctly
+//! rounded software `fmaf`, slower but equal.
 
 use std::sync::OnceLock;
 
 /// The best instruction set the CPU supports, among those the kernels are compiled for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Isa {
-    /// AVX-512 F + VL.
+    /// AVX-512 F + VL, and FMA.
     Avx512,
-    /// AVX2.
+    /// AVX2 and FMA.
     Avx2,
     /// What the binary was compiled for.
     Baseline,
@@ -27,6 +28,9 @@ pub(crate) fn isa() -> Isa {
     *ISA.get_or_init(|| {
         #[cfg(target_arch = "x86_64")]
         {
+            if !is_x86_feature_detected!("fma") {
+                return Isa::Baseline;
+            }
             if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512vl") {
                 return Isa::Avx512;
             }
@@ -48,11 +52,11 @@ macro_rules! multiversion {
             fn generic($($arg: $ty),*) $body
             #[cfg(target_arch = "x86_64")]
             {
-                #[target_feature(enable = "avx512f,avx512vl,avx2")]
+                #[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
                 fn avx512($($arg: $ty),*) {
                     generic($($arg),*)
                 }
-                #[target_feature(enable = "avx2")]
+                #[target_feature(enable = "avx2,fma")]
                 fn avx2($($arg: $ty),*) {
                     generic($($arg),*)
                 }

@@ -5,7 +5,13 @@ use super::testutil::{check_grad, rand_vec};
 use super::*;
 
 fn small_cfg() -> DlrmConfig {
-    DlrmConfig { num_dense: 3, num_sparse: 4, emb_dim: 4, bottom: vec![6, 4], top: vec![7, 5, 1] }
+    DlrmConfig {
+        num_dense: 3,
+        num_sparse: 4,
+        emb_dim: 4,
+        bottom: vec![6, 4],
+        top: vec![7, 5, 1],
+    }
 }
 
 struct Batch {
@@ -27,7 +33,9 @@ fn random_batch(cfg: &DlrmConfig, n: usize, rng: &mut Rng) -> Batch {
 /// Mean loss without changing the model: a train step with learning rate 0.
 fn loss_of(model: &mut Dlrm, b: &Batch) -> f64 {
     let mut g = vec![0.0; b.emb.len()];
-    model.train_step(b.n, &b.dense, &b.emb, &b.labels, &mut g).unwrap() as f64
+    model
+        .train_step(b.n, &b.dense, &b.emb, &b.labels, &mut g)
+        .unwrap() as f64
 }
 
 #[test]
@@ -37,7 +45,9 @@ fn gradients_match_finite_differences() {
     let mut rng = Rng::new(4);
     let mut b = random_batch(&cfg, 5, &mut rng);
     let mut emb_grad = vec![0.0; b.emb.len()];
-    model.train_step(b.n, &b.dense, &b.emb, &b.labels, &mut emb_grad).unwrap();
+    model
+        .train_step(b.n, &b.dense, &b.emb, &b.labels, &mut emb_grad)
+        .unwrap();
     let (eps, rel, abs) = (1e-2, 1e-2, 1e-4);
 
     check_grad("emb", &emb_grad, eps, rel, abs, |i, d| {
@@ -74,7 +84,12 @@ fn gradients_match_finite_differences() {
 fn training_reduces_loss_on_a_learnable_problem() {
     // The label is 1 when dense[0] + <e_1, e_2> > 0: learning it needs the bottom MLP and the interaction.
     let cfg = small_cfg();
-    let opt = DenseOptimizer::Adam { lr: 0.01, beta1: 0.9, beta2: 0.999, eps: 1e-8 };
+    let opt = DenseOptimizer::Adam {
+        lr: 0.01,
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 1e-8,
+    };
     let mut model = Dlrm::new(cfg.clone(), opt, 1).unwrap();
     let mut rng = Rng::new(2);
     let make = |rng: &mut Rng| {
@@ -92,11 +107,16 @@ fn training_reduces_loss_on_a_learnable_problem() {
     let mut grad = vec![0.0; held_out.emb.len()];
     for _ in 0..300 {
         let b = make(&mut rng);
-        model.train_step(b.n, &b.dense, &b.emb, &b.labels, &mut grad).unwrap();
+        model
+            .train_step(b.n, &b.dense, &b.emb, &b.labels, &mut grad)
+            .unwrap();
     }
     let after = loss_of(&mut model, &held_out);
     assert!(after < 0.5 * before, "loss {before} -> {after}");
-    let probs = model.predict(held_out.n, &held_out.dense, &held_out.emb).unwrap().to_vec();
+    let probs = model
+        .predict(held_out.n, &held_out.dense, &held_out.emb)
+        .unwrap()
+        .to_vec();
     let auc = crate::eval::auc(&probs, &held_out.labels).unwrap();
     assert!(auc > 0.9, "auc {auc}");
 }
@@ -109,36 +129,91 @@ fn wrong_lengths_are_errors() {
     let b = random_batch(&cfg, 2, &mut rng);
     let mut g = vec![0.0; b.emb.len()];
     let err = model.predict(3, &b.dense, &b.emb).unwrap_err();
-    assert_eq!(err, ModelError::Length { arg: "dense", len: 6, expected: 9 });
+    assert_eq!(
+        err,
+        ModelError::Length {
+            arg: "dense",
+            len: 6,
+            expected: 9
+        }
+    );
     assert_eq!(err.to_string(), "dense: length 6, expected 9");
     let err = model.predict(2, &b.dense, &b.emb[1..]).unwrap_err();
-    assert_eq!(err, ModelError::Length { arg: "emb", len: 31, expected: 32 });
-    let err = model.train_step(2, &b.dense, &b.emb, &b.labels[..1], &mut g).unwrap_err();
-    assert_eq!(err, ModelError::Length { arg: "labels", len: 1, expected: 2 });
-    let err = model.train_step(2, &b.dense, &b.emb, &b.labels, &mut g[..3]).unwrap_err();
-    assert_eq!(err, ModelError::Length { arg: "emb_grad", len: 3, expected: 32 });
-    assert_eq!(model.train_step(0, &[], &[], &[], &mut []).unwrap_err(), ModelError::EmptyBatch);
+    assert_eq!(
+        err,
+        ModelError::Length {
+            arg: "emb",
+            len: 31,
+            expected: 32
+        }
+    );
+    let err = model
+        .train_step(2, &b.dense, &b.emb, &b.labels[..1], &mut g)
+        .unwrap_err();
+    assert_eq!(
+        err,
+        ModelError::Length {
+            arg: "labels",
+            len: 1,
+            expected: 2
+        }
+    );
+    let err = model
+        .train_step(2, &b.dense, &b.emb, &b.labels, &mut g[..3])
+        .unwrap_err();
+    assert_eq!(
+        err,
+        ModelError::Length {
+            arg: "emb_grad",
+            len: 3,
+            expected: 32
+        }
+    );
+    assert_eq!(
+        model.train_step(0, &[], &[], &[], &mut []).unwrap_err(),
+        ModelError::EmptyBatch
+    );
     assert_eq!(model.predict(0, &[], &[]).unwrap(), &[] as &[f32]);
     assert_eq!(model.steps(), 0);
-    let bad = DlrmConfig { bottom: vec![6, 5], ..cfg };
-    assert!(matches!(Dlrm::new(bad, DenseOptimizer::Sgd { lr: 0.1 }, 0), Err(ModelError::Config { field: "bottom", .. })));
+    let bad = DlrmConfig {
+        bottom: vec![6, 5],
+        ..cfg
+    };
+    assert!(matches!(
+        Dlrm::new(bad, DenseOptimizer::Sgd { lr: 0.1 }, 0),
+        Err(ModelError::Config {
+            field: "bottom",
+            ..
+        })
+    ));
 }
 
 #[test]
 fn deterministic_and_batch_size_independent() {
     let cfg = small_cfg();
-    let opt = DenseOptimizer::Adagrad { lr: 0.05, eps: 1e-10, initial_accumulator: 0.0 };
+    let opt = DenseOptimizer::Adagrad {
+        lr: 0.05,
+        eps: 1e-10,
+        initial_accumulator: 0.0,
+    };
     let mut a = Dlrm::new(cfg.clone(), opt, 9).unwrap();
     let mut b = Dlrm::new(cfg.clone(), opt, 9).unwrap();
     assert_eq!(a.params(), b.params());
-    assert_ne!(Dlrm::new(cfg.clone(), opt, 10).unwrap().params(), a.params());
+    assert_ne!(
+        Dlrm::new(cfg.clone(), opt, 10).unwrap().params(),
+        a.params()
+    );
     let mut rng = Rng::new(1);
     // Batches that grow and shrink: buffers are reused, results do not depend on past batch sizes.
     for n in [3, 100, 1, 70] {
         let batch = random_batch(&cfg, n, &mut rng);
         let (mut ga, mut gb) = (vec![0.0; batch.emb.len()], vec![0.0; batch.emb.len()]);
-        let la = a.train_step(n, &batch.dense, &batch.emb, &batch.labels, &mut ga).unwrap();
-        let lb = b.train_step(n, &batch.dense, &batch.emb, &batch.labels, &mut gb).unwrap();
+        let la = a
+            .train_step(n, &batch.dense, &batch.emb, &batch.labels, &mut ga)
+            .unwrap();
+        let lb = b
+            .train_step(n, &batch.dense, &batch.emb, &batch.labels, &mut gb)
+            .unwrap();
         assert_eq!((la, &ga), (lb, &gb));
     }
     assert_eq!(a.params(), b.params());
@@ -146,7 +221,9 @@ fn deterministic_and_batch_size_independent() {
     let batch = random_batch(&cfg, 4, &mut rng);
     let all = a.predict(4, &batch.dense, &batch.emb).unwrap().to_vec();
     let w = cfg.num_sparse * cfg.emb_dim;
-    let one = a.predict(1, &batch.dense[3..6], &batch.emb[w..2 * w]).unwrap()[0];
+    let one = a
+        .predict(1, &batch.dense[3..6], &batch.emb[w..2 * w])
+        .unwrap()[0];
     assert!((one - all[1]).abs() < 1e-6);
 }
 
@@ -157,5 +234,8 @@ fn default_model_size() {
     let top = 367 * 512 + 512 + 512 * 256 + 256 + 256 + 1;
     assert_eq!(model.num_params(), bottom + top);
     assert_eq!(model.params().len(), 14);
-    assert_eq!(model.params().iter().map(|p| p.len()).sum::<usize>(), model.num_params());
+    assert_eq!(
+        model.params().iter().map(|p| p.len()).sum::<usize>(),
+        model.num_params()
+    );
 }

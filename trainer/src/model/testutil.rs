@@ -4,7 +4,9 @@ use super::rng::Rng;
 
 /// `n` uniform values in `[-scale, scale)`.
 pub(crate) fn rand_vec(rng: &mut Rng, n: usize, scale: f32) -> Vec<f32> {
-    (0..n).map(|_| ((rng.uniform() * 2.0 - 1.0) as f32) * scale).collect()
+    (0..n)
+        .map(|_| ((rng.uniform() * 2.0 - 1.0) as f32) * scale)
+        .collect()
 }
 
 /// Checks `analytic[i]` against the central difference `(f(i, +eps) - f(i, -eps)) / 2 eps` for every `i`,
@@ -34,7 +36,10 @@ pub(crate) fn check_grad(
         } else {
             (a - fd).abs() <= tol
         };
-        assert!(ok, "{name}[{i}]: analytic {a}, finite difference {fd} (right {right}, left {left})");
+        assert!(
+            ok,
+            "{name}[{i}]: analytic {a}, finite difference {fd} (right {right}, left {left})"
+        );
     }
 }
 
