@@ -35,11 +35,20 @@ mod tests {
 
     #[test]
     fn reference_values() {
-        assert_eq!(auc(&[0.1, 0.2, 0.3, 0.4], &[false, false, true, true]), Some(1.0));
-        assert_eq!(auc(&[0.4, 0.3, 0.2, 0.1], &[false, false, true, true]), Some(0.0));
+        assert_eq!(
+            auc(&[0.1, 0.2, 0.3, 0.4], &[false, false, true, true]),
+            Some(1.0)
+        );
+        assert_eq!(
+            auc(&[0.4, 0.3, 0.2, 0.1], &[false, false, true, true]),
+            Some(0.0)
+        );
         assert_eq!(auc(&[0.5, 0.5, 0.5], &[true, false, false]), Some(0.5));
         // Pairs (pos, neg): (0.35 > 0.1), (0.35 < 0.4), (0.8 > 0.1), (0.8 > 0.4): 3 of 4.
-        assert_eq!(auc(&[0.1, 0.4, 0.35, 0.8], &[false, false, true, true]), Some(0.75));
+        assert_eq!(
+            auc(&[0.1, 0.4, 0.35, 0.8], &[false, false, true, true]),
+            Some(0.75)
+        );
         assert_eq!(auc(&[0.1], &[true]), None);
         assert_eq!(auc(&[0.1, 0.2], &[true]), None);
     }

@@ -6,8 +6,8 @@
 //! - [`gen`]: the synthetic Criteo-format generator behind `gen-criteo`: [`gen::Generator`] writes rows
 //!   labelled by a planted [`gen::Teacher`], through [`gen::Sink`]s (plain or parallel gzip).
 //!   - [`gen::schema`]: columns, vocabulary sizes, integer shapes and missingness; [`gen::Row`].
-//!   - [`gen::teacher`]: the planted click model and its bias calibration.
-//!   - [`gen::zipf`]: O(1) rejection-inversion Zipf sampler.
+//!   - [`gen::teacher`]: the planted click model and its calibration (term scales, bias).
+//!   - [`gen::zipf`]: O(1) Zipf sampling (alias table for small vocabularies, rejection-inversion above).
 //!   - [`gen::format`]: hand-written line and probability formatting.
 //!   - [`gen::sink`]: plain and single-member parallel gzip output.
 //!   - [`gen::rng`]: hashes and the seeded generator.

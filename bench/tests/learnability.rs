@@ -74,8 +74,12 @@ impl FwFm {
         if slot == next {
             self.params.push(0.0);
             for _ in 0..self.dim {
-                self.rng = self.rng.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-                self.params.push(((self.rng >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 2.0 * INIT);
+                self.rng = self
+                    .rng
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                self.params
+                    .push(((self.rng >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 2.0 * INIT);
             }
             self.accum.extend(std::iter::repeat_n(1e-6f32, stride));
         }
@@ -122,7 +126,9 @@ impl FwFm {
                 }
                 let (lo, hi) = (j.min(k), j.max(k));
                 let r = self.pair[lo * FIELDS + hi].0;
-                grad.iter_mut().zip(&embs[k]).for_each(|(gr, e)| *gr += g * r * e);
+                grad.iter_mut()
+                    .zip(&embs[k])
+                    .for_each(|(gr, e)| *gr += g * r * e);
                 if j < k {
                     let dot: f32 = embs[j].iter().zip(&embs[k]).map(|(a, b)| a * b).sum();
                     let (w, acc) = &mut self.pair[lo * FIELDS + hi];
@@ -130,7 +136,11 @@ impl FwFm {
                 }
             }
             for (f, gr) in grad.into_iter().enumerate() {
-                step(&mut self.params[base + 1 + f], &mut self.accum[base + 1 + f], gr);
+                step(
+                    &mut self.params[base + 1 + f],
+                    &mut self.accum[base + 1 + f],
+                    gr,
+                );
             }
         }
     }
@@ -154,7 +164,9 @@ fn embeddings_recover_much_of_the_oracle_auc() {
     let train = Generator::new(1, teacher_seed);
     let test = Generator::new(2, teacher_seed);
     let mut models = [FwFm::new(0), FwFm::new(DIM)];
-    rows(&train, 1_000_000, |row, _, label| models.iter_mut().for_each(|m| m.train(row, label)));
+    rows(&train, 1_000_000, |row, _, label| {
+        models.iter_mut().for_each(|m| m.train(row, label))
+    });
 
     let (mut labels, mut oracle, mut lr, mut fm) = (vec![], vec![], vec![], vec![]);
     let mut sums = [(0.0f64, 0.0f64); 3];
@@ -164,7 +176,10 @@ fn embeddings_recover_much_of_the_oracle_auc() {
         lr.push(f64::from(models[0].score(row)));
         fm.push(f64::from(models[1].score(row)));
         let parts = test.teacher().parts(row);
-        for (s, x) in sums.iter_mut().zip([parts.categorical, parts.pairwise, parts.integer]) {
+        for (s, x) in sums
+            .iter_mut()
+            .zip([parts.categorical, parts.pairwise, parts.integer])
+        {
             *s = (s.0 + x, s.1 + x * x);
         }
     });
@@ -180,8 +195,14 @@ fn embeddings_recover_much_of_the_oracle_auc() {
     );
     eprintln!("test auc: oracle {oracle_auc:.4}, logistic regression {lr_auc:.4}, fwfm dim {DIM} {fm_auc:.4}");
     let recovered = (fm_auc - 0.5) / (oracle_auc - 0.5);
-    eprintln!("fwfm recovers {:.0}% of the oracle's lift over chance", 100.0 * recovered);
+    eprintln!(
+        "fwfm recovers {:.0}% of the oracle's lift over chance",
+        100.0 * recovered
+    );
     assert!((0.78..0.86).contains(&oracle_auc));
     assert!(recovered > 0.6, "fwfm recovers {recovered}");
-    assert!(fm_auc > lr_auc + 0.01, "embeddings add little: fwfm {fm_auc}, lr {lr_auc}");
+    assert!(
+        fm_auc > lr_auc + 0.01,
+        "embeddings add little: fwfm {fm_auc}, lr {lr_auc}"
+    );
 }

@@ -63,17 +63,19 @@ impl ServerConn {
                 return Ok(c.clone());
             }
         }
-        let connecting = self
-            .endpoint
-            .connect(self.addr, server_name)
-            .map_err(|e| ProtocolError::Connect {
+        let connecting =
+            self.endpoint
+                .connect(self.addr, server_name)
+                .map_err(|e| ProtocolError::Connect {
+                    server: self.addr.to_string(),
+                    message: e.to_string(),
+                })?;
+        let conn = connecting
+            .await
+            .map_err(|source| ProtocolError::Connection {
                 server: self.addr.to_string(),
-                message: e.to_string(),
+                source,
             })?;
-        let conn = connecting.await.map_err(|source| ProtocolError::Connection {
-            server: self.addr.to_string(),
-            source,
-        })?;
         *self.conn.lock().expect("not poisoned") = Some(conn.clone());
         Ok(conn)
     }
@@ -119,9 +121,21 @@ impl PsClient {
         let mut epoch = None;
         for i in 0..client.servers.len() {
             let (resp, _) = client
-                .call(i, &Request::Hello { version: PROTOCOL_VERSION }, Bytes::new())
+                .call(
+                    i,
+                    &Request::Hello {
+                        version: PROTOCOL_VERSION,
+                    },
+                    Bytes::new(),
+                )
                 .await?;
-            let Response::Hello { shard_index, num_shards, epoch: e, tables } = resp else {
+            let Response::Hello {
+                shard_index,
+                num_shards,
+                epoch: e,
+                tables,
+            } = resp
+            else {
                 return Err(client.unexpected(i, &resp, "Hello"));
             };
             let addr = client.servers[i].addr;
@@ -137,7 +151,10 @@ impl PsClient {
             if *epoch.get_or_insert(e) != e {
                 return Err(ProtocolError::Connect {
                     server: addr.to_string(),
-                    message: format!("server has shard-map epoch {e}, others have {}", epoch.unwrap_or(0)),
+                    message: format!(
+                        "server has shard-map epoch {e}, others have {}",
+                        epoch.unwrap_or(0)
+                    ),
                 });
             }
             if i == 0 {
@@ -192,10 +209,13 @@ impl PsClient {
         let s = &self.servers[server];
         let conn = s.connection(&self.cfg.server_name).await?;
         let result = async {
-            let (mut send, mut recv) = conn.open_bi().await.map_err(|source| ProtocolError::Connection {
-                server: s.addr.to_string(),
-                source,
-            })?;
+            let (mut send, mut recv) =
+                conn.open_bi()
+                    .await
+                    .map_err(|source| ProtocolError::Connection {
+                        server: s.addr.to_string(),
+                        source,
+                    })?;
             let written = stream::write_frame(&mut send, req, payload).await;
             // A server that refuses a request early (e.g. an oversized frame) answers and stops reading, so a
             // failed write may still have a response waiting.
@@ -252,7 +272,9 @@ impl PsClient {
     /// Registers tables on every server.
     pub async fn register_tables(&self, tables: &[TableSpec]) -> Result<(), ProtocolError> {
         for i in 0..self.servers.len() {
-            let req = Request::RegisterTables { tables: tables.to_vec() };
+            let req = Request::RegisterTables {
+                tables: tables.to_vec(),
+            };
             let (resp, _) = self.call(i, &req, Bytes::new()).await?;
             if !matches!(resp, Response::Registered { .. }) {
                 return Err(self.unexpected(i, &resp, "Registered"));
@@ -271,11 +293,19 @@ impl PsClient {
         ids: Bytes,
     ) -> Result<Bytes, ProtocolError> {
         let layout = PayloadLayout::of(&tables)?;
-        let req = Request::Pull { epoch: self.shard_map.epoch, encoding, tables };
+        let req = Request::Pull {
+            epoch: self.shard_map.epoch,
+            encoding,
+            tables,
+        };
         let (resp, rows) = self.call(server, &req, ids).await?;
         match resp {
             Response::Pulled { encoding: e, .. } if e == encoding => {
-                check_len("pull response", rows.len(), layout.pull_response_bytes(encoding))?;
+                check_len(
+                    "pull response",
+                    rows.len(),
+                    layout.pull_response_bytes(encoding),
+                )?;
                 Ok(rows)
             }
             other => Err(self.unexpected(server, &other, "Pulled")),
@@ -293,10 +323,18 @@ impl PsClient {
         tables: Vec<TableCount>,
         payload: Bytes,
     ) -> Result<(u64, u64), ProtocolError> {
-        let req = Request::Push { epoch: self.shard_map.epoch, encoding, grad_scale, tables };
+        let req = Request::Push {
+            epoch: self.shard_map.epoch,
+            encoding,
+            grad_scale,
+            tables,
+        };
         let (resp, _) = self.call(server, &req, payload).await?;
         match resp {
-            Response::Pushed { rows, rejected_nonfinite } => Ok((rows, rejected_nonfinite)),
+            Response::Pushed {
+                rows,
+                rejected_nonfinite,
+            } => Ok((rows, rejected_nonfinite)),
             other => Err(self.unexpected(server, &other, "Pushed")),
         }
     }

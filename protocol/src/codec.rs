@@ -38,7 +38,9 @@ impl std::str::FromStr for Encoding {
             "f32" => Ok(Encoding::F32),
             "f16" => Ok(Encoding::F16),
             "bf16" => Ok(Encoding::Bf16),
-            other => Err(format!("unknown encoding {other:?}, expected f32, f16 or bf16")),
+            other => Err(format!(
+                "unknown encoding {other:?}, expected f32, f16 or bf16"
+            )),
         }
     }
 }

@@ -48,7 +48,10 @@ fn udp_socket(addr: SocketAddr) -> Result<std::net::UdpSocket, ProtocolError> {
 }
 
 /// A server endpoint bound to `addr` (port 0 picks a free port).
-pub fn server(addr: SocketAddr, mut config: quinn::ServerConfig) -> Result<quinn::Endpoint, ProtocolError> {
+pub fn server(
+    addr: SocketAddr,
+    mut config: quinn::ServerConfig,
+) -> Result<quinn::Endpoint, ProtocolError> {
     config.transport_config(Arc::new(transport_config()));
     let socket = udp_socket(addr)?;
     quinn::Endpoint::new(
@@ -64,7 +67,10 @@ pub fn server(addr: SocketAddr, mut config: quinn::ServerConfig) -> Result<quinn
 }
 
 /// A client endpoint on an ephemeral port of the family of `peer`.
-pub fn client(peer: SocketAddr, mut config: quinn::ClientConfig) -> Result<quinn::Endpoint, ProtocolError> {
+pub fn client(
+    peer: SocketAddr,
+    mut config: quinn::ClientConfig,
+) -> Result<quinn::Endpoint, ProtocolError> {
     config.transport_config(Arc::new(transport_config()));
     let bind: SocketAddr = if peer.is_ipv6() {
         "[::]:0".parse().expect("valid")

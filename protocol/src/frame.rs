@@ -155,7 +155,11 @@ mod tests {
         Request::Pull {
             epoch: 7,
             encoding: Encoding::F16,
-            tables: vec![TableCount { table: 3, count: 2, dim: 4 }],
+            tables: vec![TableCount {
+                table: 3,
+                count: 2,
+                dim: 4,
+            }],
         }
     }
 
@@ -163,7 +167,9 @@ mod tests {
     fn round_trip() {
         let payload = [1u8, 2, 3, 4, 5];
         let frame = encode_frame(&sample(), &payload).unwrap();
-        let (h, range, used) = decode_frame::<Request>(&frame, DEFAULT_MAX_FRAME).unwrap().unwrap();
+        let (h, range, used) = decode_frame::<Request>(&frame, DEFAULT_MAX_FRAME)
+            .unwrap()
+            .unwrap();
         assert_eq!(h, sample());
         assert_eq!(&frame[range], &payload);
         assert_eq!(used, frame.len());
@@ -184,7 +190,10 @@ mod tests {
         let frame = encode_frame(&sample(), &[0; 2000]).unwrap();
         let err = decode_frame::<Request>(&frame[..PREFIX_LEN], 1024).unwrap_err();
         assert!(matches!(err, ProtocolError::FrameTooLarge { .. }), "{err}");
-        assert!(err.to_string().contains("exceeds the cap of 1024 bytes"), "{err}");
+        assert!(
+            err.to_string().contains("exceeds the cap of 1024 bytes"),
+            "{err}"
+        );
     }
 
     #[test]

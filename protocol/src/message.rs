@@ -190,7 +190,7 @@ pub fn put_ids(ids: &[u64], out: &mut Vec<u8>) {
 
 /// Reads `out.len()` little-endian u64 ids from `bytes` (which must hold exactly that many).
 pub fn get_ids(bytes: &[u8], out: &mut Vec<u64>) -> Result<(), ProtocolError> {
-    if bytes.len() % 8 != 0 {
+    if !bytes.len().is_multiple_of(8) {
         return Err(ProtocolError::BadPayload(format!(
             "id section of {} bytes is not a multiple of 8",
             bytes.len()
@@ -277,14 +277,32 @@ mod tests {
     #[test]
     fn layout_sizes() {
         let t = [
-            TableCount { table: 0, count: 3, dim: 16 },
-            TableCount { table: 1, count: 2, dim: 8 },
+            TableCount {
+                table: 0,
+                count: 3,
+                dim: 16,
+            },
+            TableCount {
+                table: 1,
+                count: 2,
+                dim: 8,
+            },
         ];
         let l = PayloadLayout::of(&t).unwrap();
-        assert_eq!(l, PayloadLayout { ids: 5, elements: 64 });
+        assert_eq!(
+            l,
+            PayloadLayout {
+                ids: 5,
+                elements: 64
+            }
+        );
         assert_eq!(l.push_request_bytes(Encoding::F16), 40 + 128);
         assert_eq!(l.pull_response_bytes(Encoding::F32), 256);
-        let huge = [TableCount { table: 0, count: u32::MAX, dim: u32::MAX }; 3];
+        let huge = [TableCount {
+            table: 0,
+            count: u32::MAX,
+            dim: u32::MAX,
+        }; 3];
         assert!(PayloadLayout::of(&huge).is_err());
     }
 }

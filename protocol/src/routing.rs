@@ -122,7 +122,9 @@ mod tests {
         assert_eq!(all, (0..1000).collect::<Vec<u32>>());
         for (s, positions) in out.iter().enumerate() {
             assert!(positions.windows(2).all(|w| w[0] < w[1]));
-            assert!(positions.iter().all(|&p| m.server_of(ids[p as usize]) == s as u32));
+            assert!(positions
+                .iter()
+                .all(|&p| m.server_of(ids[p as usize]) == s as u32));
         }
     }
 

@@ -177,10 +177,12 @@ fn provider() -> Arc<rustls::crypto::CryptoProvider> {
 
 /// Server-side QUIC crypto config from a TLS directory: requires client certificates signed by the CA.
 pub fn server_config(dir: &Path) -> Result<quinn::ServerConfig, ProtocolError> {
-    let verifier =
-        rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots(dir)?), provider())
-            .build()
-            .map_err(|e| tls_err(format!("client verifier: {e}")))?;
+    let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+        Arc::new(roots(dir)?),
+        provider(),
+    )
+    .build()
+    .map_err(|e| tls_err(format!("client verifier: {e}")))?;
     let mut tls = rustls::ServerConfig::builder_with_provider(provider())
         .with_protocol_versions(&[&rustls::version::TLS13])
         .map_err(tls_err)?

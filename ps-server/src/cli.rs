@@ -148,14 +148,21 @@ fn run_cli(cli: Cli) -> anyhow::Result<()> {
                 println!("certificates in {}", tls_dir.display());
                 Ok(())
             }
-            CertsAction::Issue { tls_dir, role, names } => {
+            CertsAction::Issue {
+                tls_dir,
+                role,
+                names,
+            } => {
                 let role = match role {
                     RoleArg::Server => protocol::tls::Role::Server,
                     RoleArg::Client => protocol::tls::Role::Client,
                 };
                 protocol::tls::issue(&tls_dir, role, &names)
                     .with_context(|| format!("issue certificate in {}", tls_dir.display()))?;
-                println!("issued {role:?} certificate for {names:?} in {}", tls_dir.display());
+                println!(
+                    "issued {role:?} certificate for {names:?} in {}",
+                    tls_dir.display()
+                );
                 Ok(())
             }
         };
@@ -177,7 +184,10 @@ fn run_cli(cli: Cli) -> anyhow::Result<()> {
         .context("start tokio runtime")?;
     runtime.block_on(crate::server::run(cfg, termination_signal(), |bound| {
         // One machine-readable line on stdout, so launchers using port 0 learn the ports.
-        println!("ps-server ready quic={} metrics={}", bound.quic, bound.metrics);
+        println!(
+            "ps-server ready quic={} metrics={}",
+            bound.quic, bound.metrics
+        );
     }))
 }
 

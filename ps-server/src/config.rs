@@ -73,7 +73,9 @@ impl FileConfig {
         let num_shards = self.num_shards.unwrap_or(1);
         let shard_index = self.shard_index.unwrap_or(0);
         if num_shards == 0 {
-            return Err(ConfigError::Invalid("num-shards = 0, expected at least 1".into()));
+            return Err(ConfigError::Invalid(
+                "num-shards = 0, expected at least 1".into(),
+            ));
         }
         if shard_index >= num_shards {
             return Err(ConfigError::Invalid(format!(
@@ -83,16 +85,24 @@ impl FileConfig {
         let secs = |name: &str, v: Option<f64>, default: f64| -> Result<Duration, ConfigError> {
             let v = v.unwrap_or(default);
             if !v.is_finite() || v < 0.0 {
-                return Err(ConfigError::Invalid(format!("{name} = {v}, expected a number of seconds >= 0")));
+                return Err(ConfigError::Invalid(format!(
+                    "{name} = {v}, expected a number of seconds >= 0"
+                )));
             }
             Ok(Duration::from_secs_f64(v))
         };
-        let max_frame = self.max_frame_bytes.unwrap_or(protocol::frame::DEFAULT_MAX_FRAME);
+        let max_frame = self
+            .max_frame_bytes
+            .unwrap_or(protocol::frame::DEFAULT_MAX_FRAME);
         if max_frame < 1024 {
-            return Err(ConfigError::Invalid(format!("max-frame-bytes = {max_frame}, expected at least 1024")));
+            return Err(ConfigError::Invalid(format!(
+                "max-frame-bytes = {max_frame}, expected at least 1024"
+            )));
         }
         Ok(ServerConfig {
-            listen: self.listen.unwrap_or_else(|| "127.0.0.1:7000".parse().expect("valid")),
+            listen: self
+                .listen
+                .unwrap_or_else(|| "127.0.0.1:7000".parse().expect("valid")),
             metrics_listen: self
                 .metrics_listen
                 .unwrap_or_else(|| "127.0.0.1:9100".parse().expect("valid")),
@@ -182,24 +192,39 @@ mod tests {
 
     #[test]
     fn bad_configs_name_the_field() {
-        let err = toml::from_str::<FileConfig>("lisen = \"x\"").unwrap_err().to_string();
+        let err = toml::from_str::<FileConfig>("lisen = \"x\"")
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("lisen"), "{err}");
         let base = || FileConfig {
             data_dir: Some("/d".into()),
             tls_dir: Some("/t".into()),
             ..Default::default()
         };
-        let err = FileConfig { shard_index: Some(2), num_shards: Some(2), ..base() }
-            .validate()
-            .unwrap_err()
-            .to_string();
+        let err = FileConfig {
+            shard_index: Some(2),
+            num_shards: Some(2),
+            ..base()
+        }
+        .validate()
+        .unwrap_err()
+        .to_string();
         assert!(err.contains("shard-index = 2"), "{err}");
-        let err = FileConfig { flush_interval_secs: Some(f64::NAN), ..base() }
-            .validate()
-            .unwrap_err()
-            .to_string();
+        let err = FileConfig {
+            flush_interval_secs: Some(f64::NAN),
+            ..base()
+        }
+        .validate()
+        .unwrap_err()
+        .to_string();
         assert!(err.contains("flush-interval-secs"), "{err}");
-        let err = FileConfig { tls_dir: None, ..base() }.validate().unwrap_err().to_string();
+        let err = FileConfig {
+            tls_dir: None,
+            ..base()
+        }
+        .validate()
+        .unwrap_err()
+        .to_string();
         assert!(err.contains("tls-dir"), "{err}");
     }
 }

@@ -5,12 +5,12 @@
 //! A push is validated whole before any row is applied: a bad table or dimension anywhere in it leaves every
 //! table untouched.
 
-use embedding::{Engine, EmbeddingError, InitConfig, InitKind, OptimizerConfig, TableConfig};
+use embedding::{EmbeddingError, Engine, InitConfig, InitKind, OptimizerConfig, TableConfig};
 use protocol::codec;
 use protocol::message::{get_ids, PayloadLayout};
 use protocol::{
-    Encoding, ErrorCode, InitSpec, OptimizerSpec, Request, Response, ShardMap, TableCount, TableSpec,
-    PROTOCOL_VERSION,
+    Encoding, ErrorCode, InitSpec, OptimizerSpec, Request, Response, ShardMap, TableCount,
+    TableSpec, PROTOCOL_VERSION,
 };
 
 use crate::metrics as m;
@@ -75,7 +75,11 @@ pub fn table_config(spec: &TableSpec) -> TableConfig {
         dim: spec.dim as usize,
         optimizer: match spec.optimizer {
             OptimizerSpec::Sgd { lr } => OptimizerConfig::Sgd { lr },
-            OptimizerSpec::RowAdagrad { lr, eps, initial_accumulator } => OptimizerConfig::RowAdagrad {
+            OptimizerSpec::RowAdagrad {
+                lr,
+                eps,
+                initial_accumulator,
+            } => OptimizerConfig::RowAdagrad {
                 lr,
                 eps,
                 initial_accumulator,
@@ -97,7 +101,11 @@ pub fn table_spec(cfg: &TableConfig) -> Option<TableSpec> {
         dim: cfg.dim as u32,
         optimizer: match cfg.optimizer {
             OptimizerConfig::Sgd { lr } => OptimizerSpec::Sgd { lr },
-            OptimizerConfig::RowAdagrad { lr, eps, initial_accumulator } => OptimizerSpec::RowAdagrad {
+            OptimizerConfig::RowAdagrad {
+                lr,
+                eps,
+                initial_accumulator,
+            } => OptimizerSpec::RowAdagrad {
                 lr,
                 eps,
                 initial_accumulator,
@@ -118,14 +126,22 @@ impl Shard {
         let result = match req {
             Request::Hello { version } => self.hello(version),
             Request::RegisterTables { tables } => self.register(&tables),
-            Request::Pull { epoch, encoding, tables } => self.pull(epoch, encoding, &tables, payload),
-            Request::Push { epoch, encoding, grad_scale, tables } => {
-                self.push(epoch, encoding, grad_scale, &tables, payload)
-            }
+            Request::Pull {
+                epoch,
+                encoding,
+                tables,
+            } => self.pull(epoch, encoding, &tables, payload),
+            Request::Push {
+                epoch,
+                encoding,
+                grad_scale,
+                tables,
+            } => self.push(epoch, encoding, grad_scale, &tables, payload),
             Request::Flush => self.flush(),
         };
         result.unwrap_or_else(|r| {
-            metrics::counter!(m::REQUEST_ERRORS_TOTAL, "code" => format!("{:?}", r.code)).increment(1);
+            metrics::counter!(m::REQUEST_ERRORS_TOTAL, "code" => format!("{:?}", r.code))
+                .increment(1);
             tracing::debug!(code = ?r.code, message = %r.message, "refused request");
             Reply {
                 header: Response::Error {
@@ -187,7 +203,12 @@ impl Shard {
             if table.dim() != t.dim as usize {
                 return Err(refuse(
                     ErrorCode::WrongDimension,
-                    format!("table {}: request dim {}, table dim {}", t.table, t.dim, table.dim()),
+                    format!(
+                        "table {}: request dim {}, table dim {}",
+                        t.table,
+                        t.dim,
+                        table.dim()
+                    ),
                 ));
             }
         }
@@ -198,7 +219,10 @@ impl Shard {
         if self.shard_map.num_servers == 1 {
             return Ok(());
         }
-        if let Some(&id) = ids.iter().find(|&&id| self.shard_map.server_of(id) != self.shard_index) {
+        if let Some(&id) = ids
+            .iter()
+            .find(|&&id| self.shard_map.server_of(id) != self.shard_index)
+        {
             return Err(refuse(
                 ErrorCode::WrongShard,
                 format!(
@@ -211,7 +235,13 @@ impl Shard {
         Ok(())
     }
 
-    fn pull(&self, epoch: u64, encoding: Encoding, tables: &[TableCount], payload: &[u8]) -> Result<Reply, Refusal> {
+    fn pull(
+        &self,
+        epoch: u64,
+        encoding: Encoding,
+        tables: &[TableCount],
+        payload: &[u8],
+    ) -> Result<Reply, Refusal> {
         self.check_epoch(epoch)?;
         self.check_tables(tables)?;
         let layout = PayloadLayout::of(tables)?;
@@ -276,12 +306,18 @@ impl Shard {
             let elements = n * t.dim as usize;
             grads.clear();
             grads.resize(elements, 0.0);
-            codec::decode(&grad_bytes[grad_at..grad_at + elements * width], encoding, &mut grads)?;
+            codec::decode(
+                &grad_bytes[grad_at..grad_at + elements * width],
+                encoding,
+                &mut grads,
+            )?;
             if grad_scale != 1.0 {
                 let inv = 1.0 / grad_scale;
                 grads.iter_mut().for_each(|g| *g *= inv);
             }
-            let stats = self.engine.apply(t.table, &all_ids[id_at..id_at + n], &grads)?;
+            let stats = self
+                .engine
+                .apply(t.table, &all_ids[id_at..id_at + n], &grads)?;
             applied += stats.applied as u64;
             rejected += stats.rejected_nonfinite as u64;
             id_at += n;
@@ -303,7 +339,9 @@ impl Shard {
     fn flush(&self) -> Result<Reply, Refusal> {
         let stats = crate::writeback::flush(&self.engine)?;
         Ok(Reply {
-            header: Response::Flushed { rows: stats.rows as u64 },
+            header: Response::Flushed {
+                rows: stats.rows as u64,
+            },
             payload: Vec::new(),
         })
     }
@@ -333,8 +371,17 @@ mod tests {
             shard_map: ShardMap::new(num_servers),
             shard_index: index,
         };
-        let r = s.handle(Request::RegisterTables { tables: vec![spec(1, 4), spec(2, 2)] }, &[]);
-        assert!(matches!(r.header, Response::Registered { tables: 2 }), "{:?}", r.header);
+        let r = s.handle(
+            Request::RegisterTables {
+                tables: vec![spec(1, 4), spec(2, 2)],
+            },
+            &[],
+        );
+        assert!(
+            matches!(r.header, Response::Registered { tables: 2 }),
+            "{:?}",
+            r.header
+        );
         s
     }
 
@@ -348,8 +395,19 @@ mod tests {
     fn pull(s: &Shard, table: u32, dim: u32, ids: &[u64]) -> Reply {
         let mut payload = Vec::new();
         put_ids(ids, &mut payload);
-        let tables = vec![TableCount { table, count: ids.len() as u32, dim }];
-        s.handle(Request::Pull { epoch: 1, encoding: Encoding::F32, tables }, &payload)
+        let tables = vec![TableCount {
+            table,
+            count: ids.len() as u32,
+            dim,
+        }];
+        s.handle(
+            Request::Pull {
+                epoch: 1,
+                encoding: Encoding::F32,
+                tables,
+            },
+            &payload,
+        )
     }
 
     fn push(s: &Shard, tables: &[(u32, u32, &[u64], &[f32])]) -> Reply {
@@ -362,13 +420,29 @@ mod tests {
         }
         let counts = tables
             .iter()
-            .map(|(t, d, ids, _)| TableCount { table: *t, count: ids.len() as u32, dim: *d })
+            .map(|(t, d, ids, _)| TableCount {
+                table: *t,
+                count: ids.len() as u32,
+                dim: *d,
+            })
             .collect();
-        s.handle(Request::Push { epoch: 1, encoding: Encoding::F32, grad_scale: 1.0, tables: counts }, &payload)
+        s.handle(
+            Request::Push {
+                epoch: 1,
+                encoding: Encoding::F32,
+                grad_scale: 1.0,
+                tables: counts,
+            },
+            &payload,
+        )
     }
 
     fn rows(r: Reply, n: usize) -> Vec<f32> {
-        assert!(matches!(r.header, Response::Pulled { .. }), "{:?}", r.header);
+        assert!(
+            matches!(r.header, Response::Pulled { .. }),
+            "{:?}",
+            r.header
+        );
         let mut out = vec![0.0; n];
         codec::decode(&r.payload, Encoding::F32, &mut out).unwrap();
         out
@@ -377,9 +451,25 @@ mod tests {
     #[test]
     fn push_then_pull_applies_sgd() {
         let s = shard(1, 0);
-        let r = push(&s, &[(1, 4, &[7, 7], &[1.0, 2.0, 3.0, 4.0, 1.0, 1.0, 1.0, 1.0])]);
-        assert!(matches!(r.header, Response::Pushed { rows: 2, rejected_nonfinite: 0 }), "{:?}", r.header);
-        assert_eq!(rows(pull(&s, 1, 4, &[7, 8]), 8), [-2.0, -3.0, -4.0, -5.0, 0.0, 0.0, 0.0, 0.0]);
+        let r = push(
+            &s,
+            &[(1, 4, &[7, 7], &[1.0, 2.0, 3.0, 4.0, 1.0, 1.0, 1.0, 1.0])],
+        );
+        assert!(
+            matches!(
+                r.header,
+                Response::Pushed {
+                    rows: 2,
+                    rejected_nonfinite: 0
+                }
+            ),
+            "{:?}",
+            r.header
+        );
+        assert_eq!(
+            rows(pull(&s, 1, 4, &[7, 8]), 8),
+            [-2.0, -3.0, -4.0, -5.0, 0.0, 0.0, 0.0, 0.0]
+        );
     }
 
     #[test]
@@ -391,11 +481,29 @@ mod tests {
         let (code, msg) = error_of(pull(&s, 1, 8, &[1]));
         assert_eq!(code, ErrorCode::WrongDimension);
         assert!(msg.contains("request dim 8, table dim 4"), "{msg}");
-        let tables = vec![TableCount { table: 1, count: 1, dim: 4 }];
-        let (code, msg) = error_of(s.handle(Request::Pull { epoch: 9, encoding: Encoding::F16, tables: tables.clone() }, &[0; 8]));
+        let tables = vec![TableCount {
+            table: 1,
+            count: 1,
+            dim: 4,
+        }];
+        let (code, msg) = error_of(s.handle(
+            Request::Pull {
+                epoch: 9,
+                encoding: Encoding::F16,
+                tables: tables.clone(),
+            },
+            &[0; 8],
+        ));
         assert_eq!(code, ErrorCode::WrongEpoch);
         assert!(msg.contains("request epoch 9"), "{msg}");
-        let (code, msg) = error_of(s.handle(Request::Pull { epoch: 1, encoding: Encoding::F16, tables }, &[0; 5]));
+        let (code, msg) = error_of(s.handle(
+            Request::Pull {
+                epoch: 1,
+                encoding: Encoding::F16,
+                tables,
+            },
+            &[0; 5],
+        ));
         assert_eq!(code, ErrorCode::BadRequest);
         assert!(msg.contains("5 bytes, expected 8"), "{msg}");
         let (code, _) = error_of(s.handle(Request::Hello { version: 99 }, &[]));
@@ -416,23 +524,43 @@ mod tests {
     fn nonfinite_gradients_rejected() {
         let s = shard(1, 0);
         let r = push(&s, &[(2, 2, &[1, 2], &[f32::NAN, 0.0, 1.0, 1.0])]);
-        assert!(matches!(r.header, Response::Pushed { rows: 1, rejected_nonfinite: 1 }), "{:?}", r.header);
+        assert!(
+            matches!(
+                r.header,
+                Response::Pushed {
+                    rows: 1,
+                    rejected_nonfinite: 1
+                }
+            ),
+            "{:?}",
+            r.header
+        );
         assert_eq!(rows(pull(&s, 2, 2, &[1, 2]), 4), [0.0, 0.0, -1.0, -1.0]);
     }
 
     #[test]
     fn ids_of_other_shards_refused() {
         let s = shard(2, 0);
-        let foreign = (0..100u64).find(|&id| s.shard_map.server_of(id) == 1).unwrap();
+        let foreign = (0..100u64)
+            .find(|&id| s.shard_map.server_of(id) == 1)
+            .unwrap();
         let (code, msg) = error_of(pull(&s, 1, 4, &[foreign]));
         assert_eq!(code, ErrorCode::WrongShard);
-        assert!(msg.contains(&format!("id {foreign} belongs to shard 1")), "{msg}");
+        assert!(
+            msg.contains(&format!("id {foreign} belongs to shard 1")),
+            "{msg}"
+        );
     }
 
     #[test]
     fn conflicting_registration_refused() {
         let s = shard(1, 0);
-        let (code, msg) = error_of(s.handle(Request::RegisterTables { tables: vec![spec(1, 8)] }, &[]));
+        let (code, msg) = error_of(s.handle(
+            Request::RegisterTables {
+                tables: vec![spec(1, 8)],
+            },
+            &[],
+        ));
         assert_eq!(code, ErrorCode::TableConflict);
         assert!(msg.contains("table 1"), "{msg}");
     }
@@ -440,7 +568,11 @@ mod tests {
     #[test]
     fn spec_config_round_trip() {
         let s = TableSpec {
-            optimizer: OptimizerSpec::RowAdagrad { lr: 0.1, eps: 1e-8, initial_accumulator: 0.0 },
+            optimizer: OptimizerSpec::RowAdagrad {
+                lr: 0.1,
+                eps: 1e-8,
+                initial_accumulator: 0.0,
+            },
             init: InitSpec::Normal { std: 0.5 },
             ..spec(3, 16)
         };

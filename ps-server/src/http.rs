@@ -72,15 +72,19 @@ fn reply(status: StatusCode, content_type: &str, body: String) -> Response<Full<
 
 fn route(path: &str, handle: &PrometheusHandle, health: &Health) -> Response<Full<Bytes>> {
     match path {
-        "/metrics" => reply(
-            StatusCode::OK,
-            "text/plain; version=0.0.4",
-            handle.render(),
-        ),
+        "/metrics" => reply(StatusCode::OK, "text/plain; version=0.0.4", handle.render()),
         "/healthz" => reply(StatusCode::OK, "text/plain", "ok\n".into()),
         "/readyz" if health.is_ready() => reply(StatusCode::OK, "text/plain", "ready\n".into()),
-        "/readyz" => reply(StatusCode::SERVICE_UNAVAILABLE, "text/plain", "not ready\n".into()),
-        other => reply(StatusCode::NOT_FOUND, "text/plain", format!("no such path {other}\n")),
+        "/readyz" => reply(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "text/plain",
+            "not ready\n".into(),
+        ),
+        other => reply(
+            StatusCode::NOT_FOUND,
+            "text/plain",
+            format!("no such path {other}\n"),
+        ),
     }
 }
 

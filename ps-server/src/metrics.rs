@@ -48,21 +48,43 @@ pub const LATENCY_BUCKETS: &[f64] = &[
 pub fn describe() {
     describe_counter!(REQUESTS_TOTAL, "Requests served, by kind.");
     describe_counter!(REQUEST_ERRORS_TOTAL, "Error responses, by code.");
-    describe_histogram!(REQUEST_SECONDS, Unit::Seconds, "Request handling latency, by kind.");
+    describe_histogram!(
+        REQUEST_SECONDS,
+        Unit::Seconds,
+        "Request handling latency, by kind."
+    );
     describe_counter!(ROWS_PULLED_TOTAL, "Rows returned by pulls.");
     describe_counter!(ROWS_PUSHED_TOTAL, "Gradient rows applied by pushes.");
     describe_counter!(
         ROWS_REJECTED_NONFINITE_TOTAL,
         "Gradient rows rejected because they held NaN or infinity."
     );
-    describe_counter!(BYTES_RECEIVED_TOTAL, Unit::Bytes, "Request frame bytes received.");
+    describe_counter!(
+        BYTES_RECEIVED_TOTAL,
+        Unit::Bytes,
+        "Request frame bytes received."
+    );
     describe_counter!(BYTES_SENT_TOTAL, Unit::Bytes, "Response frame bytes sent.");
     describe_gauge!(ROWS_IN_MEMORY, "Rows held in memory, by table.");
-    describe_gauge!(MEMORY_BYTES, Unit::Bytes, "Bytes of row arenas and id indexes.");
+    describe_gauge!(
+        MEMORY_BYTES,
+        Unit::Bytes,
+        "Bytes of row arenas and id indexes."
+    );
     describe_counter!(WRITEBACK_ROWS_TOTAL, "Dirty rows written back to RocksDB.");
-    describe_counter!(WRITEBACK_BATCHES_TOTAL, "RocksDB write batches of dirty rows.");
-    describe_histogram!(WRITEBACK_SECONDS, Unit::Seconds, "Duration of one write-back of all dirty rows.");
+    describe_counter!(
+        WRITEBACK_BATCHES_TOTAL,
+        "RocksDB write batches of dirty rows."
+    );
+    describe_histogram!(
+        WRITEBACK_SECONDS,
+        Unit::Seconds,
+        "Duration of one write-back of all dirty rows."
+    );
     describe_counter!(WRITEBACK_ERRORS_TOTAL, "Write-backs that failed.");
     describe_gauge!(CONNECTIONS, "Open QUIC connections.");
-    describe_counter!(ROWS_RECOVERED_TOTAL, "Rows recovered from RocksDB at start.");
+    describe_counter!(
+        ROWS_RECOVERED_TOTAL,
+        "Rows recovered from RocksDB at start."
+    );
 }

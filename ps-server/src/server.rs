@@ -44,13 +44,19 @@ pub async fn run(
     let db_path = cfg.data_dir.join("rocksdb");
     let opened = Instant::now();
     let engine = tokio::task::spawn_blocking(move || -> anyhow::Result<Engine> {
-        let store = RocksStore::open(&db_path).with_context(|| format!("open RocksDB at {}", db_path.display()))?;
+        let store = RocksStore::open(&db_path)
+            .with_context(|| format!("open RocksDB at {}", db_path.display()))?;
         Engine::open(Arc::new(store)).context("recover tables from RocksDB")
     })
     .await??;
     let recovered = engine.rows_total();
     metrics::counter!(m::ROWS_RECOVERED_TOTAL).increment(recovered as u64);
-    tracing::info!(rows = recovered, tables = engine.tables().len(), secs = opened.elapsed().as_secs_f64(), "recovered from RocksDB");
+    tracing::info!(
+        rows = recovered,
+        tables = engine.tables().len(),
+        secs = opened.elapsed().as_secs_f64(),
+        "recovered from RocksDB"
+    );
     writeback::update_gauges(&engine);
     let shard = Arc::new(Shard {
         engine,
@@ -70,10 +76,22 @@ pub async fn run(
 
     let stop = CancellationToken::new();
     let background = TaskTracker::new();
-    background.spawn(http::serve(listener, handle, health.clone(), stop.clone().cancelled_owned()));
-    background.spawn(writeback::run_timer(shard.clone(), cfg.flush_interval, stop.clone()));
+    background.spawn(http::serve(
+        listener,
+        handle,
+        health.clone(),
+        stop.clone().cancelled_owned(),
+    ));
+    background.spawn(writeback::run_timer(
+        shard.clone(),
+        cfg.flush_interval,
+        stop.clone(),
+    ));
 
-    on_bound(Bound { quic: quic_addr, metrics: metrics_addr });
+    on_bound(Bound {
+        quic: quic_addr,
+        metrics: metrics_addr,
+    });
     tracing::info!(%quic_addr, %metrics_addr, shard = cfg.shard_index, of = cfg.num_shards, "serving");
     health.set_ready(true);
 
@@ -104,12 +122,16 @@ pub async fn run(
     endpoint.set_server_config(None);
     draining.cancel();
     requests.close();
-    if tokio::time::timeout(cfg.drain_timeout, requests.wait()).await.is_err() {
+    if tokio::time::timeout(cfg.drain_timeout, requests.wait())
+        .await
+        .is_err()
+    {
         tracing::warn!(timeout = ?cfg.drain_timeout, "requests still in flight after the drain timeout");
     }
     endpoint.close(0u32.into(), b"server shutting down");
     let shard_for_flush = shard.clone();
-    let flushed = tokio::task::spawn_blocking(move || writeback::flush(&shard_for_flush.engine)).await?;
+    let flushed =
+        tokio::task::spawn_blocking(move || writeback::flush(&shard_for_flush.engine)).await?;
     let flushed = flushed.context("final write-back of dirty rows")?;
     tracing::info!(rows = flushed.rows, "final write-back done");
     stop.cancel();
@@ -183,27 +205,32 @@ async fn serve_request(
         Err(e) => {
             let code = match &e {
                 ProtocolError::FrameTooLarge { .. } => ErrorCode::FrameTooLarge,
-                ProtocolError::BadMagic { .. } | ProtocolError::BadHeader(_) | ProtocolError::Truncated { .. } => {
-                    ErrorCode::BadRequest
-                }
+                ProtocolError::BadMagic { .. }
+                | ProtocolError::BadHeader(_)
+                | ProtocolError::Truncated { .. } => ErrorCode::BadRequest,
                 _ => return Err(e),
             };
             metrics::counter!(m::REQUEST_ERRORS_TOTAL, "code" => format!("{code:?}")).increment(1);
             let _ = recv.stop(0u32.into());
-            let reply = Response::Error { code, message: e.to_string() };
+            let reply = Response::Error {
+                code,
+                message: e.to_string(),
+            };
             stream::write_frame(&mut send, &reply, &[]).await?;
             return Ok(());
         }
     };
     let kind = kind(&req);
-    metrics::counter!(m::BYTES_RECEIVED_TOTAL).increment((protocol::frame::PREFIX_LEN + payload.len()) as u64);
+    metrics::counter!(m::BYTES_RECEIVED_TOTAL)
+        .increment((protocol::frame::PREFIX_LEN + payload.len()) as u64);
     let reply = match req {
         // Flushes touch the disk: keep them off the async workers.
         Request::Flush => tokio::task::block_in_place(|| shard.handle(Request::Flush, &[])),
         req => shard.handle(req, &payload),
     };
     stream::write_frame(&mut send, &reply.header, &reply.payload).await?;
-    metrics::counter!(m::BYTES_SENT_TOTAL).increment((protocol::frame::PREFIX_LEN + reply.payload.len()) as u64);
+    metrics::counter!(m::BYTES_SENT_TOTAL)
+        .increment((protocol::frame::PREFIX_LEN + reply.payload.len()) as u64);
     metrics::counter!(m::REQUESTS_TOTAL, "kind" => kind).increment(1);
     metrics::histogram!(m::REQUEST_SECONDS, "kind" => kind).record(start.elapsed().as_secs_f64());
     Ok(())

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use embedding::{Engine, EmbeddingError, FlushStats};
+use embedding::{EmbeddingError, Engine, FlushStats};
 use tokio_util::sync::CancellationToken;
 
 use crate::handler::Shard;
@@ -22,7 +22,12 @@ pub fn flush(engine: &Engine) -> Result<FlushStats, EmbeddingError> {
             metrics::counter!(m::WRITEBACK_ROWS_TOTAL).increment(stats.rows as u64);
             metrics::counter!(m::WRITEBACK_BATCHES_TOTAL).increment(stats.batches as u64);
             if stats.rows > 0 {
-                tracing::debug!(rows = stats.rows, batches = stats.batches, bytes = stats.bytes, "wrote back dirty rows");
+                tracing::debug!(
+                    rows = stats.rows,
+                    batches = stats.batches,
+                    bytes = stats.bytes,
+                    "wrote back dirty rows"
+                );
             }
         }
         Err(e) => {
@@ -46,7 +51,11 @@ pub fn update_gauges(engine: &Engine) {
 
 /// Flushes every `interval` until `stop` is cancelled. A zero interval only refreshes gauges.
 pub async fn run_timer(shard: Arc<Shard>, interval: Duration, stop: CancellationToken) {
-    let period = if interval.is_zero() { Duration::from_secs(5) } else { interval };
+    let period = if interval.is_zero() {
+        Duration::from_secs(5)
+    } else {
+        interval
+    };
     let mut tick = tokio::time::interval(period);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tick.tick().await;

@@ -9,7 +9,10 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use protocol::message::put_ids;
-use protocol::{codec, Encoding, ErrorCode, InitSpec, OptimizerSpec, ProtocolError, PsClient, PsClientConfig, TableCount, TableSpec};
+use protocol::{
+    codec, Encoding, ErrorCode, InitSpec, OptimizerSpec, ProtocolError, PsClient, PsClientConfig,
+    TableCount, TableSpec,
+};
 
 struct Server {
     child: Child,
@@ -19,7 +22,13 @@ struct Server {
 
 fn start(data: &Path, tls: &Path, extra: &[&str]) -> Server {
     let mut child = Command::new(env!("CARGO_BIN_EXE_ps-server"))
-        .args(["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--data-dir"])
+        .args([
+            "--listen",
+            "127.0.0.1:0",
+            "--metrics-listen",
+            "127.0.0.1:0",
+            "--data-dir",
+        ])
         .arg(data)
         .arg("--tls-dir")
         .arg(tls)
@@ -29,12 +38,21 @@ fn start(data: &Path, tls: &Path, extra: &[&str]) -> Server {
         .spawn()
         .expect("spawn ps-server");
     let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
     let field = |k: &str| -> SocketAddr {
-        let v = line.split_whitespace().find_map(|w| w.strip_prefix(k)).unwrap_or_else(|| panic!("no {k} in {line:?}"));
+        let v = line
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix(k))
+            .unwrap_or_else(|| panic!("no {k} in {line:?}"));
         v.parse().unwrap()
     };
-    Server { quic: field("quic="), metrics: field("metrics="), child }
+    Server {
+        quic: field("quic="),
+        metrics: field("metrics="),
+        child,
+    }
 }
 
 fn sigterm_and_wait(mut s: Server) {
@@ -45,7 +63,10 @@ fn sigterm_and_wait(mut s: Server) {
             assert!(status.success(), "ps-server exited with {status}");
             return;
         }
-        assert!(Instant::now() < deadline, "ps-server did not exit after SIGTERM");
+        assert!(
+            Instant::now() < deadline,
+            "ps-server did not exit after SIGTERM"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
 }
@@ -63,20 +84,30 @@ fn table() -> TableSpec {
         id: 3,
         name: "C3".into(),
         dim: 8,
-        optimizer: OptimizerSpec::RowAdagrad { lr: 0.05, eps: 1e-8, initial_accumulator: 0.0 },
+        optimizer: OptimizerSpec::RowAdagrad {
+            lr: 0.05,
+            eps: 1e-8,
+            initial_accumulator: 0.0,
+        },
         init: InitSpec::Uniform { scale: 0.1 },
         seed: 42,
     }
 }
 
 async fn client(s: &Server, tls: &Path) -> PsClient {
-    PsClient::connect(PsClientConfig::new(vec![s.quic], tls.to_owned())).await.unwrap()
+    PsClient::connect(PsClientConfig::new(vec![s.quic], tls.to_owned()))
+        .await
+        .unwrap()
 }
 
 async fn pull(c: &PsClient, ids: &[u64]) -> Result<Bytes, ProtocolError> {
     let mut payload = Vec::new();
     put_ids(ids, &mut payload);
-    let t = vec![TableCount { table: 3, count: ids.len() as u32, dim: 8 }];
+    let t = vec![TableCount {
+        table: 3,
+        count: ids.len() as u32,
+        dim: 8,
+    }];
     c.pull(0, Encoding::F32, t, payload.into()).await
 }
 
@@ -92,10 +123,19 @@ async fn rows_survive_sigterm_and_restart_bit_for_bit() {
     let ids: Vec<u64> = (0..500).map(|i| i * 1_000_003).collect();
     let mut payload = Vec::new();
     put_ids(&ids, &mut payload);
-    let grads: Vec<f32> = (0..ids.len() * 8).map(|i| ((i % 17) as f32 - 8.0) * 0.37).collect();
+    let grads: Vec<f32> = (0..ids.len() * 8)
+        .map(|i| ((i % 17) as f32 - 8.0) * 0.37)
+        .collect();
     codec::encode(&grads, Encoding::F32, &mut payload);
-    let t = vec![TableCount { table: 3, count: ids.len() as u32, dim: 8 }];
-    let (applied, rejected) = c.push(0, Encoding::F32, 1.0, t, payload.into()).await.unwrap();
+    let t = vec![TableCount {
+        table: 3,
+        count: ids.len() as u32,
+        dim: 8,
+    }];
+    let (applied, rejected) = c
+        .push(0, Encoding::F32, 1.0, t, payload.into())
+        .await
+        .unwrap();
     assert_eq!((applied, rejected), (500, 0));
     let before = pull(&c, &ids).await.unwrap();
 
@@ -103,7 +143,10 @@ async fn rows_survive_sigterm_and_restart_bit_for_bit() {
     assert!(http_get(s.metrics, "/readyz").starts_with("HTTP/1.0 200"));
     let metrics = http_get(s.metrics, "/metrics");
     assert!(metrics.contains("ps_rows_pushed_total 500"), "{metrics}");
-    assert!(metrics.contains("ps_request_duration_seconds_bucket"), "{metrics}");
+    assert!(
+        metrics.contains("ps_request_duration_seconds_bucket"),
+        "{metrics}"
+    );
 
     c.close().await;
     sigterm_and_wait(s);
@@ -130,8 +173,15 @@ async fn oversized_frame_and_unknown_table_get_typed_errors() {
     c.register_tables(&[table()]).await.unwrap();
     let ids: Vec<u64> = (0..1000).collect();
     match pull(&c, &ids).await {
-        Err(ProtocolError::Remote { code: ErrorCode::FrameTooLarge, message, .. }) => {
-            assert!(message.contains("exceeds the cap of 4096 bytes"), "{message}")
+        Err(ProtocolError::Remote {
+            code: ErrorCode::FrameTooLarge,
+            message,
+            ..
+        }) => {
+            assert!(
+                message.contains("exceeds the cap of 4096 bytes"),
+                "{message}"
+            )
         }
         other => panic!("expected FrameTooLarge, got {other:?}"),
     }
@@ -139,9 +189,17 @@ async fn oversized_frame_and_unknown_table_get_typed_errors() {
     assert_eq!(pull(&c, &[1, 2]).await.unwrap().len(), 2 * 8 * 4);
     let mut payload = Vec::new();
     put_ids(&[1], &mut payload);
-    let t = vec![TableCount { table: 77, count: 1, dim: 8 }];
+    let t = vec![TableCount {
+        table: 77,
+        count: 1,
+        dim: 8,
+    }];
     match c.pull(0, Encoding::F16, t, payload.into()).await {
-        Err(ProtocolError::Remote { code: ErrorCode::UnknownTable, message, .. }) => {
+        Err(ProtocolError::Remote {
+            code: ErrorCode::UnknownTable,
+            message,
+            ..
+        }) => {
             assert!(message.contains("unknown table 77"), "{message}")
         }
         other => panic!("expected UnknownTable, got {other:?}"),

@@ -81,7 +81,12 @@ pub async fn serve_metrics(addr: SocketAddr) -> anyhow::Result<SocketAddr> {
         .with_context(|| format!("bind trainer metrics listener {addr}"))?;
     let health = std::sync::Arc::new(ps_server::http::Health::default());
     health.set_ready(true);
-    tokio::spawn(ps_server::http::serve(listener, handle, health, std::future::pending()));
+    tokio::spawn(ps_server::http::serve(
+        listener,
+        handle,
+        health,
+        std::future::pending(),
+    ));
     Ok(bound)
 }
 
@@ -106,7 +111,12 @@ fn run_cli(cli: Cli) -> anyhow::Result<i32> {
                 Some(path) => run::load_model(path)?,
                 None => args.model.clone(),
             };
-            let inputs = Inputs { train: args.train.clone(), test: args.test.clone(), rank: args.rank, world: args.world };
+            let inputs = Inputs {
+                train: args.train.clone(),
+                test: args.test.clone(),
+                rank: args.rank,
+                world: args.world,
+            };
             let summary = runtime()?.block_on(async {
                 let addr = serve_metrics(args.metrics_listen).await?;
                 eprintln!("trainer metrics: http://{addr}/metrics");

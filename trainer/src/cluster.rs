@@ -51,7 +51,8 @@ impl LocalCluster {
         run_dir: &Path,
         extra: &[String],
     ) -> anyhow::Result<LocalCluster> {
-        std::fs::create_dir_all(run_dir).with_context(|| format!("create run dir {}", run_dir.display()))?;
+        std::fs::create_dir_all(run_dir)
+            .with_context(|| format!("create run dir {}", run_dir.display()))?;
         let tls_dir = run_dir.join("tls");
         protocol::tls::init_dev_certs(&tls_dir, &[]).context("create dev certificates")?;
         let mut cluster = LocalCluster {
@@ -62,14 +63,20 @@ impl LocalCluster {
         };
         for i in 0..n {
             let log_path = run_dir.join(format!("ps-{i}.log"));
-            let log = std::fs::File::create(&log_path).with_context(|| format!("create {}", log_path.display()))?;
+            let log = std::fs::File::create(&log_path)
+                .with_context(|| format!("create {}", log_path.display()))?;
             let mut cmd = command()?;
             cmd.args(["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"])
                 .arg("--data-dir")
                 .arg(run_dir.join(format!("ps-{i}")))
                 .arg("--tls-dir")
                 .arg(&tls_dir)
-                .args(["--shard-index", &i.to_string(), "--num-shards", &n.to_string()])
+                .args([
+                    "--shard-index",
+                    &i.to_string(),
+                    "--num-shards",
+                    &n.to_string(),
+                ])
                 .args(extra)
                 .stdout(Stdio::piped())
                 .stderr(log);
@@ -82,14 +89,20 @@ impl LocalCluster {
                 let _ = BufReader::new(stdout).read_line(&mut line);
                 let _ = tx.send(line);
             });
-            let line = rx
-                .recv_timeout(Duration::from_secs(120))
-                .map_err(|_| anyhow::anyhow!("ps-server {i} did not report ready within 120 s; see {}", log_path.display()))?;
+            let line = rx.recv_timeout(Duration::from_secs(120)).map_err(|_| {
+                anyhow::anyhow!(
+                    "ps-server {i} did not report ready within 120 s; see {}",
+                    log_path.display()
+                )
+            })?;
             let field = |key: &str| -> anyhow::Result<SocketAddr> {
                 line.split_whitespace()
                     .find_map(|w| w.strip_prefix(key))
                     .with_context(|| {
-                        format!("ps-server {i} printed {line:?} instead of its ready line; see {}", log_path.display())
+                        format!(
+                            "ps-server {i} printed {line:?} instead of its ready line; see {}",
+                            log_path.display()
+                        )
                     })?
                     .parse()
                     .with_context(|| format!("address in {line:?}"))
@@ -123,7 +136,9 @@ impl LocalCluster {
                     }
                     None if Instant::now() > deadline => {
                         let _ = c.kill();
-                        failures.push(format!("ps-server {i} still running {timeout:?} after SIGTERM; killed"));
+                        failures.push(format!(
+                            "ps-server {i} still running {timeout:?} after SIGTERM; killed"
+                        ));
                         break;
                     }
                     None => std::thread::sleep(Duration::from_millis(20)),

@@ -96,13 +96,19 @@ impl ModelArgs {
             positive("emb-lr", lr)?;
         }
         if !(self.emb_init_scale.is_finite() && self.emb_init_scale >= 0.0) {
-            return Err(format!("emb-init-scale = {}, expected a finite number >= 0", self.emb_init_scale));
+            return Err(format!(
+                "emb-init-scale = {}, expected a finite number >= 0",
+                self.emb_init_scale
+            ));
         }
         if self.batch_size == 0 || self.eval_batch_size == 0 {
             return Err("batch-size and eval-batch-size must be at least 1".into());
         }
         if !(self.progress_secs.is_finite() && self.progress_secs > 0.0) {
-            return Err(format!("progress-secs = {}, expected > 0", self.progress_secs));
+            return Err(format!(
+                "progress-secs = {}, expected > 0",
+                self.progress_secs
+            ));
         }
         self.dlrm().validate().map_err(|e| e.to_string())
     }
@@ -146,7 +152,9 @@ impl ModelArgs {
                 name: format!("C{}", t + 1),
                 dim: self.emb_dim as u32,
                 optimizer,
-                init: InitSpec::Uniform { scale: self.emb_init_scale },
+                init: InitSpec::Uniform {
+                    scale: self.emb_init_scale,
+                },
                 seed: self.seed.wrapping_mul(1000).wrapping_add(t as u64),
             })
             .collect()
@@ -174,7 +182,8 @@ pub struct ClusterArgs {
 
 /// Reads a TOML file of [`ModelArgs`] fields (kebab-case), for `--config`.
 pub fn load_model_file(path: &Path) -> Result<ModelArgs, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("read config {}: {e}", path.display()))?;
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("read config {}: {e}", path.display()))?;
     toml::from_str(&text).map_err(|e| format!("parse config {}: {e}", path.display()))
 }
 
@@ -193,11 +202,19 @@ mod tests {
 
     #[test]
     fn bad_values_named() {
-        let m = ModelArgs { lr: f32::NAN, ..ModelArgs::default() };
+        let m = ModelArgs {
+            lr: f32::NAN,
+            ..ModelArgs::default()
+        };
         assert!(m.validate().unwrap_err().contains("lr = NaN"));
-        let m = ModelArgs { bottom_mlp: vec![512, 8], ..ModelArgs::default() };
+        let m = ModelArgs {
+            bottom_mlp: vec![512, 8],
+            ..ModelArgs::default()
+        };
         assert!(m.validate().is_err());
-        let err = toml::from_str::<ModelArgs>("batch-sise = 3").unwrap_err().to_string();
+        let err = toml::from_str::<ModelArgs>("batch-sise = 3")
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("batch-sise"), "{err}");
         let m: ModelArgs = toml::from_str("batch-size = 3\noptimizer = \"sgd\"").unwrap();
         assert_eq!((m.batch_size, m.optimizer), (3, OptimizerKind::Sgd));

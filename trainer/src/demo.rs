@@ -64,7 +64,10 @@ fn gen_criteo() -> anyhow::Result<PathBuf> {
             path.display()
         );
     };
-    let release = exe.parent().and_then(Path::file_name).is_some_and(|d| d == "release");
+    let release = exe
+        .parent()
+        .and_then(Path::file_name)
+        .is_some_and(|d| d == "release");
     eprintln!("building gen-criteo ...");
     let mut cmd = Command::new(cargo);
     cmd.args(["build", "-p", "bench", "--bin", "gen-criteo"]);
@@ -79,7 +82,13 @@ fn gen_criteo() -> anyhow::Result<PathBuf> {
 }
 
 /// Generates `rows` rows into `out` (and the oracle probabilities into `oracle`) unless both exist already.
-fn generate(rows: u64, seed: u64, teacher_seed: u64, out: &Path, oracle: &Path) -> anyhow::Result<()> {
+fn generate(
+    rows: u64,
+    seed: u64,
+    teacher_seed: u64,
+    out: &Path,
+    oracle: &Path,
+) -> anyhow::Result<()> {
     if out.is_file() && oracle.is_file() {
         eprintln!("reusing {}", out.display());
         return Ok(());
@@ -100,41 +109,66 @@ fn generate(rows: u64, seed: u64, teacher_seed: u64, out: &Path, oracle: &Path) 
         bail!("gen-criteo failed ({status})");
     }
     // Renamed only when complete, so an interrupted run is never reused.
-    std::fs::rename(&tmp_oracle, oracle).with_context(|| format!("rename to {}", oracle.display()))?;
+    std::fs::rename(&tmp_oracle, oracle)
+        .with_context(|| format!("rename to {}", oracle.display()))?;
     std::fs::rename(&tmp, out).with_context(|| format!("rename to {}", out.display()))?;
     Ok(())
 }
 
 /// Runs the demo; returns the summary (already printed).
 pub fn run_demo(args: DemoArgs) -> anyhow::Result<Summary> {
-    args.model.validate().map_err(anyhow::Error::msg).context("invalid model flags")?;
+    args.model
+        .validate()
+        .map_err(anyhow::Error::msg)
+        .context("invalid model flags")?;
     if args.servers == 0 {
         bail!("--servers 0: at least one parameter server is needed");
     }
-    std::fs::create_dir_all(&args.data_dir).with_context(|| format!("create {}", args.data_dir.display()))?;
+    std::fs::create_dir_all(&args.data_dir)
+        .with_context(|| format!("create {}", args.data_dir.display()))?;
     let (train, test, oracle) = match (&args.train, &args.test) {
         (Some(train), Some(test)) => (train.clone(), test.clone(), None),
         _ => {
             let d = &args.data_dir;
             let name = |kind: &str, rows: u64, seed: u64, ext: &str| {
-                d.join(format!("{kind}-{rows}-s{seed}-t{}.{ext}", args.teacher_seed))
+                d.join(format!(
+                    "{kind}-{rows}-s{seed}-t{}.{ext}",
+                    args.teacher_seed
+                ))
             };
             let train = name("train", args.rows, args.data_seed, "tsv");
             let train_oracle = name("train", args.rows, args.data_seed, "oracle");
             let test_seed = args.data_seed + 1;
             let test = name("test", args.test_rows, test_seed, "tsv");
             let test_oracle = name("test", args.test_rows, test_seed, "oracle");
-            generate(args.rows, args.data_seed, args.teacher_seed, &train, &train_oracle)?;
-            generate(args.test_rows, test_seed, args.teacher_seed, &test, &test_oracle)?;
+            generate(
+                args.rows,
+                args.data_seed,
+                args.teacher_seed,
+                &train,
+                &train_oracle,
+            )?;
+            generate(
+                args.test_rows,
+                test_seed,
+                args.teacher_seed,
+                &test,
+                &test_oracle,
+            )?;
             (train, test, Some(test_oracle))
         }
     };
 
     let run_dir = args.data_dir.join("run");
     if run_dir.exists() {
-        std::fs::remove_dir_all(&run_dir).with_context(|| format!("clear {}", run_dir.display()))?;
+        std::fs::remove_dir_all(&run_dir)
+            .with_context(|| format!("clear {}", run_dir.display()))?;
     }
-    eprintln!("starting {} parameter servers (logs in {})", args.servers, run_dir.display());
+    eprintln!(
+        "starting {} parameter servers (logs in {})",
+        args.servers,
+        run_dir.display()
+    );
     let cluster = LocalCluster::start(args.servers, &run_dir, &[])?;
     for (i, (q, m)) in cluster.quic.iter().zip(&cluster.metrics).enumerate() {
         eprintln!("  ps-server {i}: quic {q}, metrics http://{m}/metrics");
@@ -144,7 +178,12 @@ pub fn run_demo(args: DemoArgs) -> anyhow::Result<Summary> {
         tls_dir: cluster.tls_dir.clone(),
         server_name: protocol::tls::DEFAULT_SERVER_NAME.into(),
     };
-    let inputs = Inputs { train: vec![train], test: vec![test.clone()], rank: 0, world: 1 };
+    let inputs = Inputs {
+        train: vec![train],
+        test: vec![test.clone()],
+        rank: 0,
+        world: 1,
+    };
     let runtime = crate::cli::runtime()?;
     let mut summary = runtime.block_on(async {
         let addr = crate::cli::serve_metrics(args.metrics_listen).await?;

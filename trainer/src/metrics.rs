@@ -52,17 +52,53 @@ pub const LATENCY_BUCKETS: &[f64] = &[
 pub fn describe() {
     describe_counter!(SAMPLES_TOTAL, "Training samples processed.");
     describe_counter!(BATCHES_TOTAL, "Training batches processed.");
-    describe_gauge!(SAMPLES_PER_SECOND, "Training samples per second over the last progress interval.");
+    describe_gauge!(
+        SAMPLES_PER_SECOND,
+        "Training samples per second over the last progress interval."
+    );
     describe_gauge!(LOSS, "Mean training loss over the last progress interval.");
-    describe_histogram!(PULL_SECONDS, Unit::Seconds, "Latency of one batch's pull from all servers.");
-    describe_histogram!(PUSH_SECONDS, Unit::Seconds, "Latency of one batch's push until acknowledged.");
-    describe_histogram!(COMPUTE_SECONDS, Unit::Seconds, "Dense compute time of one batch.");
-    describe_gauge!(PUSHES_IN_FLIGHT, "Pushes sent and not yet acknowledged (staleness).");
-    describe_counter!(ROWS_PULLED_TOTAL, "Embedding rows pulled (unique per batch).");
-    describe_counter!(ROWS_PUSHED_TOTAL, "Embedding gradient rows pushed (unique per batch).");
-    describe_counter!(WIRE_BYTES_SENT_TOTAL, Unit::Bytes, "Payload bytes sent after compression.");
-    describe_counter!(WIRE_BYTES_RECEIVED_TOTAL, Unit::Bytes, "Payload bytes received after compression.");
-    describe_counter!(RAW_BYTES_SENT_TOTAL, Unit::Bytes, "Payload bytes sent, counted as uncompressed f32.");
+    describe_histogram!(
+        PULL_SECONDS,
+        Unit::Seconds,
+        "Latency of one batch's pull from all servers."
+    );
+    describe_histogram!(
+        PUSH_SECONDS,
+        Unit::Seconds,
+        "Latency of one batch's push until acknowledged."
+    );
+    describe_histogram!(
+        COMPUTE_SECONDS,
+        Unit::Seconds,
+        "Dense compute time of one batch."
+    );
+    describe_gauge!(
+        PUSHES_IN_FLIGHT,
+        "Pushes sent and not yet acknowledged (staleness)."
+    );
+    describe_counter!(
+        ROWS_PULLED_TOTAL,
+        "Embedding rows pulled (unique per batch)."
+    );
+    describe_counter!(
+        ROWS_PUSHED_TOTAL,
+        "Embedding gradient rows pushed (unique per batch)."
+    );
+    describe_counter!(
+        WIRE_BYTES_SENT_TOTAL,
+        Unit::Bytes,
+        "Payload bytes sent after compression."
+    );
+    describe_counter!(
+        WIRE_BYTES_RECEIVED_TOTAL,
+        Unit::Bytes,
+        "Payload bytes received after compression."
+    );
+    describe_counter!(
+        RAW_BYTES_SENT_TOTAL,
+        Unit::Bytes,
+        "Payload bytes sent, counted as uncompressed f32."
+    );
     describe_counter!(
         RAW_BYTES_RECEIVED_TOTAL,
         Unit::Bytes,
@@ -71,5 +107,8 @@ pub fn describe() {
     describe_counter!(BAD_LINES_TOTAL, "Malformed input lines skipped.");
     describe_gauge!(EVAL_AUC, "Test AUC of the last evaluation.");
     describe_gauge!(EVAL_LOGLOSS, "Test logloss of the last evaluation.");
-    describe_gauge!(EVAL_CALIBRATION, "Mean prediction over positive rate on the last evaluation.");
+    describe_gauge!(
+        EVAL_CALIBRATION,
+        "Mean prediction over positive rate on the last evaluation."
+    );
 }

@@ -115,7 +115,11 @@ impl Plan {
             if positions.is_empty() {
                 continue;
             }
-            counts.push(TableCount { table: t as u32, count: positions.len() as u32, dim: self.dim as u32 });
+            counts.push(TableCount {
+                table: t as u32,
+                count: positions.len() as u32,
+                dim: self.dim as u32,
+            });
             payload.reserve(positions.len() * 8);
             for &p in positions {
                 payload.extend_from_slice(&self.unique[t][p as usize].to_le_bytes());
@@ -135,7 +139,10 @@ impl Plan {
         let dim = self.dim;
         unique_rows.resize_with(self.unique.len(), Vec::new);
         let width = encoding.bytes_per_element();
-        let expected: usize = self.by_server[server].iter().map(|p| p.len() * dim * width).sum();
+        let expected: usize = self.by_server[server]
+            .iter()
+            .map(|p| p.len() * dim * width)
+            .sum();
         protocol::message::check_len("pulled rows", rows.len(), expected)?;
         let mut at = 0;
         for (t, positions) in self.by_server[server].iter().enumerate() {
@@ -150,7 +157,8 @@ impl Plan {
             at += n * width;
             for (k, &p) in positions.iter().enumerate() {
                 let p = p as usize;
-                dst[p * dim..(p + 1) * dim].copy_from_slice(&self.rows_scratch[k * dim..(k + 1) * dim]);
+                dst[p * dim..(p + 1) * dim]
+                    .copy_from_slice(&self.rows_scratch[k * dim..(k + 1) * dim]);
             }
         }
         Ok(())
@@ -204,8 +212,13 @@ impl Plan {
             if positions.is_empty() {
                 continue;
             }
-            counts.push(TableCount { table: t as u32, count: positions.len() as u32, dim: dim as u32 });
-            self.ids_scratch.extend(positions.iter().map(|&p| self.unique[t][p as usize]));
+            counts.push(TableCount {
+                table: t as u32,
+                count: positions.len() as u32,
+                dim: dim as u32,
+            });
+            self.ids_scratch
+                .extend(positions.iter().map(|&p| self.unique[t][p as usize]));
         }
         put_ids(&self.ids_scratch, &mut payload);
         for (t, positions) in self.by_server[server].iter().enumerate() {
@@ -215,7 +228,8 @@ impl Plan {
             self.rows_scratch.clear();
             for &p in positions {
                 let p = p as usize;
-                self.rows_scratch.extend_from_slice(&grads[t][p * dim..(p + 1) * dim]);
+                self.rows_scratch
+                    .extend_from_slice(&grads[t][p * dim..(p + 1) * dim]);
             }
             codec::encode(&self.rows_scratch, encoding, &mut payload);
         }
@@ -245,8 +259,12 @@ mod tests {
                 let id = u64::from_le_bytes(chunk.try_into().unwrap()) as f32;
                 codec::encode(&[id, -id], Encoding::F32, &mut rows);
             }
-            assert_eq!(counts.iter().map(|c| c.count as usize).sum::<usize>() * 8, ids.len());
-            plan.scatter_pulled(s, &rows, Encoding::F32, &mut unique_rows).unwrap();
+            assert_eq!(
+                counts.iter().map(|c| c.count as usize).sum::<usize>() * 8,
+                ids.len()
+            );
+            plan.scatter_pulled(s, &rows, Encoding::F32, &mut unique_rows)
+                .unwrap();
         }
         let mut emb = Vec::new();
         plan.gather_embeddings(&unique_rows, &mut emb);
@@ -256,11 +274,16 @@ mod tests {
         );
         // Gradients: sample i, table t, element e = i + 10t + 100e.
         let grad: Vec<f32> = (0..4)
-            .flat_map(|i| (0..2).flat_map(move |t| (0..2).map(move |e| (i + 10 * t + 100 * e) as f32)))
+            .flat_map(|i| {
+                (0..2).flat_map(move |t| (0..2).map(move |e| (i + 10 * t + 100 * e) as f32))
+            })
             .collect();
         let mut sums = Vec::new();
         plan.reduce_gradients(&grad, 2.0, &mut sums);
-        assert_eq!(sums[0], [2.0 * 2., 2.0 * 202., 2.0, 2.0 * 101., 6.0, 2.0 * 103.]);
+        assert_eq!(
+            sums[0],
+            [2.0 * 2., 2.0 * 202., 2.0, 2.0 * 101., 6.0, 2.0 * 103.]
+        );
         assert_eq!(sums[1], [2.0 * 46., 2.0 * 446.]);
         let mut pushed = 0;
         for s in 0..2 {
@@ -278,7 +301,9 @@ mod tests {
         let mut plan = Plan::default();
         plan.build(&[vec![1, 2]], 4, &map);
         let mut rows = Vec::new();
-        let err = plan.scatter_pulled(0, &[0u8; 12], Encoding::F16, &mut rows).unwrap_err();
+        let err = plan
+            .scatter_pulled(0, &[0u8; 12], Encoding::F16, &mut rows)
+            .unwrap_err();
         assert!(err.to_string().contains("12 bytes, expected 16"), "{err}");
     }
 }

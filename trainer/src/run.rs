@@ -61,7 +61,8 @@ impl Summary {
     /// Writes the summary as JSON.
     pub fn write_json(&self, path: &Path) -> anyhow::Result<()> {
         let text = serde_json::to_string_pretty(self)?;
-        std::fs::write(path, text + "\n").with_context(|| format!("write summary {}", path.display()))
+        std::fs::write(path, text + "\n")
+            .with_context(|| format!("write summary {}", path.display()))
     }
 }
 
@@ -79,10 +80,18 @@ pub struct Inputs {
 }
 
 /// Connects to the cluster, trains one pass and evaluates.
-pub async fn train_and_evaluate(cluster: &ClusterArgs, model: &ModelArgs, inputs: &Inputs) -> anyhow::Result<Summary> {
+pub async fn train_and_evaluate(
+    cluster: &ClusterArgs,
+    model: &ModelArgs,
+    inputs: &Inputs,
+) -> anyhow::Result<Summary> {
     let mut cfg = PsClientConfig::new(cluster.ps.clone(), cluster.tls_dir.clone());
     cfg.server_name = cluster.server_name.clone();
-    let client = Arc::new(PsClient::connect(cfg).await.context("connect to the parameter servers")?);
+    let client = Arc::new(
+        PsClient::connect(cfg)
+            .await
+            .context("connect to the parameter servers")?,
+    );
     let mut trainer = Trainer::new(client.clone(), model.clone()).await?;
     let reader = ReaderConfig {
         max_bad_lines: model.max_bad_lines,
@@ -108,7 +117,10 @@ pub async fn train_and_evaluate(cluster: &ClusterArgs, model: &ModelArgs, inputs
         })
         .await?;
     if report.read.bad_lines > 0 {
-        eprintln!("skipped {} malformed lines; first: {:?}", report.read.bad_lines, report.read.first_errors);
+        eprintln!(
+            "skipped {} malformed lines; first: {:?}",
+            report.read.bad_lines, report.read.first_errors
+        );
     }
     let mut summary = Summary {
         samples: report.samples,
@@ -144,15 +156,21 @@ pub async fn train_and_evaluate(cluster: &ClusterArgs, model: &ModelArgs, inputs
 /// AUC of the probabilities in `oracle` (one per line) against the labels of the Criteo file `data`.
 pub fn oracle_auc(data: &Path, oracle: &Path) -> anyhow::Result<Option<f64>> {
     use std::io::BufRead;
-    let labels: Vec<f32> = std::io::BufReader::new(std::fs::File::open(data).with_context(|| format!("open {}", data.display()))?)
-        .split(b'\n')
-        .map(|line| line.map(|l| if l.first() == Some(&b'1') { 1.0 } else { 0.0 }))
-        .collect::<Result<_, _>>()
-        .with_context(|| format!("read {}", data.display()))?;
+    let labels: Vec<f32> = std::io::BufReader::new(
+        std::fs::File::open(data).with_context(|| format!("open {}", data.display()))?,
+    )
+    .split(b'\n')
+    .map(|line| line.map(|l| if l.first() == Some(&b'1') { 1.0 } else { 0.0 }))
+    .collect::<Result<_, _>>()
+    .with_context(|| format!("read {}", data.display()))?;
     let probs: Vec<f32> = std::fs::read_to_string(oracle)
         .with_context(|| format!("read {}", oracle.display()))?
         .lines()
-        .map(|l| l.trim().parse::<f32>().with_context(|| format!("{}: bad probability {l:?}", oracle.display())))
+        .map(|l| {
+            l.trim()
+                .parse::<f32>()
+                .with_context(|| format!("{}: bad probability {l:?}", oracle.display()))
+        })
         .collect::<Result<_, _>>()?;
     anyhow::ensure!(
         labels.len() == probs.len(),

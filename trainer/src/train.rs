@@ -83,7 +83,9 @@ pub struct Trainer {
 impl Trainer {
     /// Registers the embedding tables on every server and builds the dense model.
     pub async fn new(client: Arc<PsClient>, args: ModelArgs) -> anyhow::Result<Trainer> {
-        args.validate().map_err(anyhow::Error::msg).context("invalid model config")?;
+        args.validate()
+            .map_err(anyhow::Error::msg)
+            .context("invalid model config")?;
         let dlrm = args.dlrm();
         let num_sparse = dlrm.num_sparse;
         client
@@ -127,7 +129,12 @@ impl Trainer {
             let mut set = JoinSet::new();
             for (s, counts, ids) in requests {
                 let client = client.clone();
-                set.spawn(async move { client.pull(s, encoding, counts, Bytes::from(ids)).await.map(|b| (s, b)) });
+                set.spawn(async move {
+                    client
+                        .pull(s, encoding, counts, Bytes::from(ids))
+                        .await
+                        .map(|b| (s, b))
+                });
             }
             let mut out = Vec::with_capacity(set.len());
             while let Some(joined) = set.join_next().await {
@@ -146,14 +153,19 @@ impl Trainer {
 
     /// Waits for a stage's rows and lays them out as the model's input in `self.emb`.
     async fn receive(&mut self, stage: &mut Stage) -> anyhow::Result<()> {
-        let replies = (&mut stage.pull).await.context("pull task")?.context("pull embedding rows")?;
+        let replies = (&mut stage.pull)
+            .await
+            .context("pull task")?
+            .context("pull embedding rows")?;
         for (s, bytes) in replies {
             stage
                 .plan
                 .scatter_pulled(s, &bytes, self.args.encoding, &mut self.unique_rows)
                 .with_context(|| format!("rows from server {}", self.client.addr(s)))?;
         }
-        stage.plan.gather_embeddings(&self.unique_rows, &mut self.emb);
+        stage
+            .plan
+            .gather_embeddings(&self.unique_rows, &mut self.emb);
         Ok(())
     }
 
@@ -182,10 +194,7 @@ impl Trainer {
         let mut last_report = Instant::now();
         let mut losses: Vec<(u64, f32)> = Vec::new();
 
-        let mut next = match Self::next_batch(&mut reader)? {
-            Some(b) => Some(self.start(b)),
-            None => None,
-        };
+        let mut next = Self::next_batch(&mut reader)?.map(|b| self.start(b));
         while let Some(mut stage) = next.take() {
             if k > 0 {
                 // Prefetch: the pull of batch t+1 overlaps the compute of batch t.
@@ -195,21 +204,30 @@ impl Trainer {
             let b = stage.batch.len;
             self.emb_grad.resize(self.emb.len(), 0.0);
             let compute_start = Instant::now();
-            let (model, emb, emb_grad, batch) = (&mut self.model, &self.emb, &mut self.emb_grad, &stage.batch);
-            let loss = tokio::task::block_in_place(|| model.train_step(b, &batch.dense, emb, &batch.labels, emb_grad))
-                .context("train step")?;
+            let (model, emb, emb_grad, batch) =
+                (&mut self.model, &self.emb, &mut self.emb_grad, &stage.batch);
+            let loss = tokio::task::block_in_place(|| {
+                model.train_step(b, &batch.dense, emb, &batch.labels, emb_grad)
+            })
+            .context("train step")?;
             metrics::histogram!(m::COMPUTE_SECONDS).record(compute_start.elapsed().as_secs_f64());
             if !loss.is_finite() {
                 bail!("training loss became {loss} at batch {batches}: lower --lr");
             }
             let scale = b as f32;
-            stage.plan.reduce_gradients(&self.emb_grad, 1.0, &mut self.grads);
+            stage
+                .plan
+                .reduce_gradients(&self.emb_grad, 1.0, &mut self.grads);
             for g in &mut self.grads {
                 g.iter_mut().for_each(|x| *x *= scale);
             }
             let push = self.send_push(&mut stage.plan, scale);
             self.free_plans.push(stage.plan);
-            let permit = in_flight.clone().acquire_owned().await.expect("semaphore open");
+            let permit = in_flight
+                .clone()
+                .acquire_owned()
+                .await
+                .expect("semaphore open");
             metrics::gauge!(m::PUSHES_IN_FLIGHT).increment(1.0);
             pushes.spawn(async move {
                 let r = push.await;
@@ -266,7 +284,11 @@ impl Trainer {
         })
     }
 
-    fn send_push(&mut self, plan: &mut Plan, scale: f32) -> impl std::future::Future<Output = Result<(u64, u64), ProtocolError>> {
+    fn send_push(
+        &mut self,
+        plan: &mut Plan,
+        scale: f32,
+    ) -> impl std::future::Future<Output = Result<(u64, u64), ProtocolError>> {
         let encoding = self.args.encoding;
         let mut requests = Vec::new();
         let mut rows = 0u64;
@@ -313,7 +335,8 @@ impl Trainer {
             self.receive(&mut stage).await?;
             let b = stage.batch.len;
             let (model, emb, batch) = (&mut self.model, &self.emb, &stage.batch);
-            let probs = tokio::task::block_in_place(|| model.predict(b, &batch.dense, emb)).context("predict")?;
+            let probs = tokio::task::block_in_place(|| model.predict(b, &batch.dense, emb))
+                .context("predict")?;
             evaluator.push(probs, &batch.labels);
             self.free_plans.push(stage.plan);
         }

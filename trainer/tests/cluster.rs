@@ -15,7 +15,9 @@ fn generate(rows: u64, seed: u64, path: &Path) -> PathBuf {
     let oracle = path.with_extension("oracle");
     let mut data = Sink::new(File::create(path).unwrap(), Encoding::for_path(path)).unwrap();
     let mut probs = Sink::new(File::create(&oracle).unwrap(), Encoding::for_path(&oracle)).unwrap();
-    Generator::new(seed, TEACHER_SEED).write(rows, &mut data, Some(&mut probs)).unwrap();
+    Generator::new(seed, TEACHER_SEED)
+        .write(rows, &mut data, Some(&mut probs))
+        .unwrap();
     data.finish().unwrap();
     probs.finish().unwrap();
     oracle
@@ -44,7 +46,17 @@ fn demo_with_given_files_trains_through_two_servers() {
     let oracle = generate(10_000, 2, &test);
     let json = dir.path().join("summary.json");
     let out = trainer()
-        .args(["demo", "--servers", "2", "--batch-size", "512", "--lr", "0.02", "--progress-secs", "1"])
+        .args([
+            "demo",
+            "--servers",
+            "2",
+            "--batch-size",
+            "512",
+            "--lr",
+            "0.02",
+            "--progress-secs",
+            "1",
+        ])
         .arg("--train")
         .arg(&train)
         .arg("--test")
@@ -63,8 +75,14 @@ fn demo_with_given_files_trains_through_two_servers() {
     let auc = s["auc"].as_f64().unwrap();
     let oracle_auc = trainer::run::oracle_auc(&test, &oracle).unwrap().unwrap();
     eprintln!("test AUC {auc}, oracle AUC {oracle_auc}");
-    assert!(auc > AUC_BOUND, "test AUC {auc} (oracle {oracle_auc}); output:\n{stderr}");
-    assert!(auc < oracle_auc + 0.01, "test AUC {auc} above the oracle's {oracle_auc}");
+    assert!(
+        auc > AUC_BOUND,
+        "test AUC {auc} (oracle {oracle_auc}); output:\n{stderr}"
+    );
+    assert!(
+        auc < oracle_auc + 0.01,
+        "test AUC {auc} above the oracle's {oracle_auc}"
+    );
     assert!(s["logloss"].as_f64().unwrap() < 0.60, "{s}");
     assert!(s["train_loss"].as_f64().unwrap().is_finite());
     assert!(stderr.contains("samples/s"), "no progress lines: {stderr}");
@@ -98,7 +116,15 @@ fn train_by_hand_against_running_servers() {
     let ps: Vec<String> = cluster.quic.iter().map(|a| a.to_string()).collect();
     let json = dir.path().join("summary.json");
     let out = trainer()
-        .args(["train", "--ps", &ps.join(","), "--batch-size", "1024", "--max-in-flight", "0"])
+        .args([
+            "train",
+            "--ps",
+            &ps.join(","),
+            "--batch-size",
+            "1024",
+            "--max-in-flight",
+            "0",
+        ])
         .arg("--tls-dir")
         .arg(&cluster.tls_dir)
         .arg("--train")
@@ -115,7 +141,10 @@ fn train_by_hand_against_running_servers() {
     let s = summary(&json);
     assert_eq!(s["samples"], 20_002);
     assert_eq!(s["bad_lines"], 1);
-    assert!(stderr.contains("extra.tsv:2:"), "bad line not reported with its line number: {stderr}");
+    assert!(
+        stderr.contains("extra.tsv:2:"),
+        "bad line not reported with its line number: {stderr}"
+    );
     assert!(s["auc"].as_f64().unwrap() > 0.55, "{s}");
     // Both servers hold rows and report them on /metrics.
     for m in &cluster.metrics {
@@ -152,7 +181,10 @@ fn wrong_server_order_is_refused_with_a_clear_error() {
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
-    assert!(stderr.contains("server is shard 1 of 2, but it is listed at position 0"), "{stderr}");
+    assert!(
+        stderr.contains("server is shard 1 of 2, but it is listed at position 0"),
+        "{stderr}"
+    );
     cluster.shutdown(Duration::from_secs(30)).unwrap();
 }
 

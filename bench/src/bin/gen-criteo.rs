@@ -57,9 +57,8 @@ fn run(args: &Args) -> anyhow::Result<()> {
         .install(|| generator.write(args.rows, &mut data, oracle.as_mut()))
         .map_err(|e| match e {
             WriteError::Data(e) => anyhow::Error::new(e).context(writing(&args.out)),
-            WriteError::Oracle(e) => {
-                anyhow::Error::new(e).context(writing(args.oracle.as_deref().unwrap_or(Path::new(""))))
-            }
+            WriteError::Oracle(e) => anyhow::Error::new(e)
+                .context(writing(args.oracle.as_deref().unwrap_or(Path::new("")))),
         })?;
     data.finish().with_context(|| writing(&args.out))?;
     if let (Some(sink), Some(path)) = (oracle, &args.oracle) {

@@ -1,6 +1,6 @@
 //! Synthetic Criteo-format data with a planted teacher (the `gen-criteo` binary).
 //!
-//! Rows follow the Criteo Kaggle `train.txt` layout (see [`format`]): Zipf-distributed categoricals over
+//! Rows follow the Criteo Kaggle `train.txt` layout (see [`mod@format`]): Zipf-distributed categoricals over
 //! Criteo-sized vocabularies, heavy-tailed integer counts and correlated missing fields ([`schema`]). Each
 //! label is drawn from the click probability of a [`Teacher`], which is also written to an optional oracle
 //! file so the best achievable AUC is known.
@@ -38,7 +38,7 @@ use rng::{hash3, Rng};
 pub const CHUNK_ROWS: u64 = 4096;
 
 /// Salt of the chunk seeds.
-const SALT_CHUNK: u64 = 0x6368_756e_6b;
+const SALT_CHUNK: u64 = 0x0063_6875_6e6b;
 
 /// Which output failed.
 #[derive(Debug, thiserror::Error)]
@@ -132,9 +132,13 @@ impl Generator {
     /// Chunk `index` of a file of `total_rows` rows as text; the oracle text only if `with_oracle`.
     pub fn chunk(&self, index: u64, total_rows: u64, with_oracle: bool) -> Chunk {
         let mut chunk = Chunk {
-            // About 190 bytes per line at Criteo's missing rates.
-            data: Vec::with_capacity(CHUNK_ROWS as usize * 224),
-            oracle: Vec::with_capacity(if with_oracle { CHUNK_ROWS as usize * 9 } else { 0 }),
+            // Lines average about 245 bytes.
+            data: Vec::with_capacity(CHUNK_ROWS as usize * 256),
+            oracle: Vec::with_capacity(if with_oracle {
+                CHUNK_ROWS as usize * 9
+            } else {
+                0
+            }),
             ..Chunk::default()
         };
         self.for_each_row(index, total_rows, |row, p, label| {

@@ -17,8 +17,8 @@ pub const NUM_FIELDS: usize = 1 + NUM_INT + NUM_CAT;
 
 /// Vocabulary size of each categorical column (Criteo Kaggle distinct counts: from 3 values to 10 million).
 pub const CAT_VOCAB: [u64; NUM_CAT] = [
-    1_460, 583, 10_131_227, 2_202_608, 305, 24, 12_517, 633, 3, 93_145, 5_683, 8_351_593, 3_194, 27,
-    14_992, 5_461_306, 10, 5_652, 2_173, 4, 7_046_547, 18, 15, 286_181, 105, 142_572,
+    1_460, 583, 10_131_227, 2_202_608, 305, 24, 12_517, 633, 3, 93_145, 5_683, 8_351_593, 3_194,
+    27, 14_992, 5_461_306, 10, 5_652, 2_173, 4, 7_046_547, 18, 15, 286_181, 105, 142_572,
 ];
 
 /// Zipf exponent of each categorical column, within 1.05..=1.2.
@@ -27,7 +27,7 @@ pub const CAT_ZIPF_EXPONENT: [f64; NUM_CAT] = [
     1.20, 1.12, 1.15, 1.20, 1.06, 1.18, 1.18, 1.08, 1.15, 1.10,
 ];
 
-/// Integer column shape: `x = round(exp(mu + sigma * z)) - 1` with `z` standard normal and partly shared
+/// Integer column shape: `x = max(0, round(exp(mu + sigma * z)) - 1)` with `z` standard normal and partly shared
 /// across the row (see [`ROW_FACTOR_WEIGHT`]), which gives heavy-tailed counts with many zeros.
 #[derive(Debug, Clone, Copy)]
 pub struct IntShape {
@@ -112,8 +112,8 @@ pub const INT_MISSING: [f64; NUM_INT] = [
 
 /// Independent per-column missing probability of the categorical columns, on top of the groups.
 pub const CAT_MISSING: [f64; NUM_CAT] = [
-    0.0, 0.0, 0.001, 0.001, 0.0, 0.12, 0.0, 0.0, 0.0, 0.0, 0.0, 0.001, 0.0, 0.0, 0.0, 0.001, 0.0, 0.0, 0.0,
-    0.0, 0.0, 0.57, 0.0, 0.0, 0.0, 0.0,
+    0.0, 0.0, 0.001, 0.001, 0.0, 0.12, 0.0, 0.0, 0.0, 0.0, 0.0, 0.001, 0.0, 0.0, 0.0, 0.001, 0.0,
+    0.0, 0.0, 0.0, 0.0, 0.57, 0.0, 0.0, 0.0, 0.0,
 ];
 
 /// One row before labelling. Categorical values are Zipf ranks (1 is the most frequent value); `None` is an
@@ -179,7 +179,7 @@ impl RowSampler {
             } else if u < shape.negative {
                 Some(-1 - (u / shape.negative * 3.0) as i64 % 3)
             } else {
-                Some((shape.mu + shape.sigma * z).exp().round() as i64 - 1)
+                Some(((shape.mu + shape.sigma * z).exp().round() as i64 - 1).max(0))
             };
         }
         for (j, zipf) in self.zipf.iter().enumerate() {
@@ -214,7 +214,8 @@ mod tests {
             sampler.sample(&mut rng, &mut row);
             for (j, x) in row.ints.iter().enumerate() {
                 if let Some(x) = *x {
-                    assert!(x >= -3, "I{} = {x}", j + 1);
+                    let lowest = if INT_SHAPE[j].negative > 0.0 { -3 } else { 0 };
+                    assert!(x >= lowest, "I{} = {x}", j + 1);
                     negatives += usize::from(x < 0);
                 }
             }

@@ -144,20 +144,25 @@ mod tests {
     fn encode_all(chunks: &[&[u8]], encoding: Encoding) -> Vec<u8> {
         let mut sink = Sink::new(Vec::new(), encoding).unwrap();
         for c in chunks {
-            sink.write_piece(&encoding.encode(c.to_vec()).unwrap()).unwrap();
+            sink.write_piece(&encoding.encode(c.to_vec()).unwrap())
+                .unwrap();
         }
         sink.finish().unwrap()
     }
 
     #[test]
     fn gzip_pieces_form_one_member() {
-        let big: Vec<u8> = (0..300_000u32).flat_map(|i| (i % 251).to_le_bytes()).collect();
+        let big: Vec<u8> = (0..300_000u32)
+            .flat_map(|i| (i % 251).to_le_bytes())
+            .collect();
         let chunks: [&[u8]; 4] = [b"hello\t", b"", &big, b"world\n"];
         for level in [0, 1, 6, 9] {
             let gz = encode_all(&chunks, Encoding::Gzip { level });
             // GzDecoder reads only the first member, so this checks there is exactly one.
             let mut text = Vec::new();
-            flate2::read::GzDecoder::new(&gz[..]).read_to_end(&mut text).unwrap();
+            flate2::read::GzDecoder::new(&gz[..])
+                .read_to_end(&mut text)
+                .unwrap();
             assert_eq!(text, chunks.concat());
         }
     }
@@ -166,14 +171,22 @@ mod tests {
     fn empty_gzip_is_valid() {
         let gz = encode_all(&[], Encoding::Gzip { level: 1 });
         let mut text = Vec::new();
-        flate2::read::GzDecoder::new(&gz[..]).read_to_end(&mut text).unwrap();
+        flate2::read::GzDecoder::new(&gz[..])
+            .read_to_end(&mut text)
+            .unwrap();
         assert!(text.is_empty());
     }
 
     #[test]
     fn plain_is_identity_and_path_picks_encoding() {
         assert_eq!(encode_all(&[b"ab", b"c"], Encoding::Plain), b"abc");
-        assert_eq!(Encoding::for_path(Path::new("x/train.txt")), Encoding::Plain);
-        assert!(matches!(Encoding::for_path(Path::new("train.txt.gz")), Encoding::Gzip { .. }));
+        assert_eq!(
+            Encoding::for_path(Path::new("x/train.txt")),
+            Encoding::Plain
+        );
+        assert!(matches!(
+            Encoding::for_path(Path::new("train.txt.gz")),
+            Encoding::Gzip { .. }
+        ));
     }
 }

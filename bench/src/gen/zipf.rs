@@ -78,7 +78,8 @@ impl AliasTable {
         let total: f64 = weights.iter().sum();
         let mut scaled: Vec<f64> = weights.iter().map(|w| w * n as f64 / total).collect();
         let mut slots: Vec<(u32, u32)> = (0..n as u32).map(|i| (u32::MAX, i)).collect();
-        let (mut small, mut large): (Vec<usize>, Vec<usize>) = (0..n).partition(|&i| scaled[i] < 1.0);
+        let (mut small, mut large): (Vec<usize>, Vec<usize>) =
+            (0..n).partition(|&i| scaled[i] < 1.0);
         while let (Some(s), Some(&l)) = (small.pop(), large.last()) {
             slots[s] = ((scaled[s] * 4_294_967_296.0) as u32, l as u32);
             scaled[l] -= 1.0 - scaled[s];
@@ -219,7 +220,10 @@ mod tests {
     fn rejects_bad_parameters() {
         assert_eq!(Zipf::new(0, 1.1).unwrap_err(), ZipfError::EmptyVocabulary);
         assert!(matches!(Zipf::new(5, 0.0), Err(ZipfError::BadExponent(_))));
-        assert!(matches!(Zipf::new(5, f64::NAN), Err(ZipfError::BadExponent(_))));
+        assert!(matches!(
+            Zipf::new(5, f64::NAN),
+            Err(ZipfError::BadExponent(_))
+        ));
     }
 
     /// Checks `draws` samples in `1..=weights.len()` against the normalized weights, 5 sigma per value.
@@ -235,13 +239,25 @@ mod tests {
             let p = w / total;
             let sd = (draws as f64 * p * (1.0 - p)).sqrt();
             let diff = (c as f64 - draws as f64 * p).abs();
-            assert!(diff <= 5.0 * sd + 1.0, "value {}: {c} vs {}", i + 1, draws as f64 * p);
+            assert!(
+                diff <= 5.0 * sd + 1.0,
+                "value {}: {c} vs {}",
+                i + 1,
+                draws as f64 * p
+            );
         }
     }
 
     #[test]
     fn matches_exact_pmf_on_small_vocabulary() {
-        for &(n, s) in &[(1u64, 1.1), (3, 1.05), (10, 1.2), (50, 1.0), (7, 2.0), (1000, 1.1)] {
+        for &(n, s) in &[
+            (1u64, 1.1),
+            (3, 1.05),
+            (10, 1.2),
+            (50, 1.0),
+            (7, 2.0),
+            (1000, 1.1),
+        ] {
             let weights: Vec<f64> = (1..=n).map(|k| (k as f64).powf(-s)).collect();
             let table = Zipf::new(n, s).unwrap();
             assert!(matches!(table, Zipf::Table(_)));

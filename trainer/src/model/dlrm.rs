@@ -95,8 +95,15 @@ impl Dlrm {
     /// The optimizer state is kept as is.
     pub fn set_params(&mut self, params: &[&[f32]]) -> Result<(), ModelError> {
         check_len("params", params.len(), self.params().len())?;
-        for (src, have) in params.iter().zip(self.params()) {
-            check_len("params[i]", src.len(), have.len())?;
+        for (tensor, (src, have)) in params.iter().zip(self.params()).enumerate() {
+            if src.len() != have.len() {
+                let (len, expected) = (src.len(), have.len());
+                return Err(ModelError::ParamLength {
+                    tensor,
+                    len,
+                    expected,
+                });
+            }
         }
         let layers = self
             .bottom

@@ -9,6 +9,9 @@ use super::simd::multiversion;
 /// Element-wise passes over fewer elements than this run on the calling thread.
 const PARALLEL_MIN_ELEMS: usize = 1 << 16;
 
+/// Rows per partial sum of the parallel bias-gradient reduction.
+const REDUCE_ROWS: usize = 128;
+
 /// A fully connected layer `y = x Wᵀ + b`, optionally followed by a ReLU.
 ///
 /// The weight is `[out x in]` row-major (PyTorch's `nn.Linear` layout). The layer owns its parameters and
@@ -176,7 +179,9 @@ impl Linear {
             mask_sum_rows(y, dy, &mut self.bias_grad, relu);
             return;
         }
-        let chunk_rows = rows_per_task(batch);
+        // A fixed split, not one per thread: the summation order, hence the result, does not depend on
+        // the pool size.
+        let chunk_rows = REDUCE_ROWS;
         let chunks = batch.div_ceil(chunk_rows);
         super::ensure_len(&mut self.partial, chunks * n_out);
         let partial = &mut self.partial[..chunks * n_out];

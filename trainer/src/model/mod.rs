@@ -53,6 +53,16 @@ pub enum ModelError {
         /// The length the batch size and configuration require.
         expected: usize,
     },
+    /// A parameter tensor handed to [`Dlrm::set_params`] has the wrong length.
+    #[error("params[{tensor}]: length {len}, expected {expected}")]
+    ParamLength {
+        /// Index of the tensor in [`Dlrm::params`] order.
+        tensor: usize,
+        /// Its length.
+        len: usize,
+        /// The model's tensor length.
+        expected: usize,
+    },
     /// A configuration field is out of range.
     #[error("invalid config: {field}: {reason}")]
     Config {

@@ -175,6 +175,21 @@ fn wrong_lengths_are_errors() {
     );
     assert_eq!(model.predict(0, &[], &[]).unwrap(), &[] as &[f32]);
     assert_eq!(model.steps(), 0);
+    let mut params: Vec<Vec<f32>> = model.params().iter().map(|p| p.to_vec()).collect();
+    let refs: Vec<&[f32]> = params.iter().map(Vec::as_slice).collect();
+    let err = model.set_params(&refs[..3]).unwrap_err();
+    assert_eq!(
+        err,
+        ModelError::Length {
+            arg: "params",
+            len: 3,
+            expected: 10
+        }
+    );
+    params[2].pop();
+    let refs: Vec<&[f32]> = params.iter().map(Vec::as_slice).collect();
+    let err = model.set_params(&refs).unwrap_err();
+    assert_eq!(err.to_string(), "params[2]: length 23, expected 24");
     let bad = DlrmConfig {
         bottom: vec![6, 5],
         ..cfg
@@ -225,6 +240,44 @@ fn deterministic_and_batch_size_independent() {
         .predict(1, &batch.dense[3..6], &batch.emb[w..2 * w])
         .unwrap()[0];
     assert!((one - all[1]).abs() < 1e-6);
+}
+
+#[test]
+fn results_do_not_depend_on_the_thread_count() {
+    // Big enough for every parallel path (gemm threading, row splits, the bias reduction).
+    let cfg = DlrmConfig {
+        bottom: vec![64, 16],
+        top: vec![128, 1],
+        ..DlrmConfig::default()
+    };
+    let mut rng = Rng::new(5);
+    let b = random_batch(&cfg, 600, &mut rng);
+    let run = |threads: usize| {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap();
+        pool.install(|| {
+            let opt = DenseOptimizer::Adam {
+                lr: 0.01,
+                beta1: 0.9,
+                beta2: 0.999,
+                eps: 1e-8,
+            };
+            let mut model = Dlrm::new(cfg.clone(), opt, 3).unwrap();
+            let mut grad = vec![0.0; b.emb.len()];
+            let losses: Vec<f32> = (0..3)
+                .map(|_| {
+                    model
+                        .train_step(b.n, &b.dense, &b.emb, &b.labels, &mut grad)
+                        .unwrap()
+                })
+                .collect();
+            let params: Vec<Vec<f32>> = model.params().iter().map(|p| p.to_vec()).collect();
+            (losses, grad, params)
+        })
+    };
+    assert!(run(1) == run(3), "1 and 3 threads differ");
 }
 
 #[test]
