@@ -39,12 +39,14 @@ pub struct ModelArgs {
     /// Optimizer (dense on the trainer, embeddings on the servers).
     #[arg(long, value_enum, default_value_t = OptimizerKind::Adagrad)]
     pub optimizer: OptimizerKind,
-    /// Learning rate of the dense parameters and (unless --emb-lr) of the embedding rows.
-    #[arg(long, default_value_t = 0.01)]
+    /// Learning rate of the dense parameters (on the trainer).
+    #[arg(long, default_value_t = 0.005)]
     pub lr: f32,
-    /// Learning rate of the embedding rows [default: --lr].
-    #[arg(long)]
-    pub emb_lr: Option<f32>,
+    /// Learning rate of the embedding rows (on the servers). Row-wise Adagrad normalizes each row's step, so
+    /// it tolerates a higher rate than the dense layers; the defaults were picked on the demo data
+    /// (BENCHMARKS.md).
+    #[arg(long, default_value_t = 0.05)]
+    pub emb_lr: f32,
     /// Half-width of the uniform initializer of embedding rows.
     #[arg(long, default_value_t = 0.05)]
     pub emb_init_scale: f32,
@@ -92,9 +94,7 @@ impl ModelArgs {
             }
         };
         positive("lr", self.lr)?;
-        if let Some(lr) = self.emb_lr {
-            positive("emb-lr", lr)?;
-        }
+        positive("emb-lr", self.emb_lr)?;
         if !(self.emb_init_scale.is_finite() && self.emb_init_scale >= 0.0) {
             return Err(format!(
                 "emb-init-scale = {}, expected a finite number >= 0",
@@ -137,7 +137,7 @@ impl ModelArgs {
 
     /// The embedding table specs: one table per categorical feature, ids salted by feature.
     pub fn table_specs(&self, num_sparse: usize) -> Vec<TableSpec> {
-        let lr = self.emb_lr.unwrap_or(self.lr);
+        let lr = self.emb_lr;
         let optimizer = match self.optimizer {
             OptimizerKind::Sgd => OptimizerSpec::Sgd { lr },
             OptimizerKind::Adagrad => OptimizerSpec::RowAdagrad {

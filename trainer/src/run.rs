@@ -100,11 +100,12 @@ pub async fn train_and_evaluate(
         ..ReaderConfig::new(inputs.train.iter().cloned(), model.batch_size)
     };
     eprintln!(
-        "training: {} servers, batch {}, {:?} lr {}, {} on the wire, staleness bound {}",
+        "training: {} servers, batch {}, {:?} lr {} (embeddings {}), {} on the wire, staleness bound {}",
         client.num_servers(),
         model.batch_size,
         model.optimizer,
         model.lr,
+        model.emb_lr,
         model.encoding,
         model.max_in_flight
     );
