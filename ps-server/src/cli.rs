@@ -90,7 +90,7 @@ struct ServeArgs {
     /// Cap on a request frame in bytes [default: 67108864].
     #[arg(long, env = "PS_MAX_FRAME_BYTES")]
     max_frame_bytes: Option<u64>,
-    /// Seconds between write-backs of dirty rows [default: 5; 0 = only at shutdown and on request].
+    /// Seconds between write-backs of dirty rows [default: 30; 0 = only at shutdown and on request].
     #[arg(long, env = "PS_FLUSH_INTERVAL_SECS")]
     flush_interval_secs: Option<f64>,
     /// Seconds allowed to drain in-flight requests at shutdown [default: 20].

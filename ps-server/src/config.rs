@@ -28,8 +28,9 @@ pub struct FileConfig {
     pub tls_dir: Option<PathBuf>,
     /// Cap on a request frame, bytes. Default 64 MiB.
     pub max_frame_bytes: Option<u64>,
-    /// Seconds between write-backs of dirty rows to RocksDB. Default 5; 0 disables the timer (rows are still
-    /// written at shutdown and on a flush request).
+    /// Seconds between write-backs of dirty rows to RocksDB (the bound on updates lost in a crash).
+    /// Default 30: each write-back costs a RocksDB memtable insert per row dirtied since the last one
+    /// (BENCHMARKS.md). 0 disables the timer (rows are still written at shutdown and on a flush request).
     pub flush_interval_secs: Option<f64>,
     /// Seconds allowed for in-flight requests to finish after SIGTERM. Default 20.
     pub drain_timeout_secs: Option<f64>,
@@ -112,7 +113,7 @@ impl FileConfig {
             epoch: self.epoch.unwrap_or(1),
             tls_dir: self.tls_dir.ok_or(ConfigError::Missing("tls-dir"))?,
             max_frame,
-            flush_interval: secs("flush-interval-secs", self.flush_interval_secs, 5.0)?,
+            flush_interval: secs("flush-interval-secs", self.flush_interval_secs, 30.0)?,
             drain_timeout: secs("drain-timeout-secs", self.drain_timeout_secs, 20.0)?,
         })
     }
@@ -187,7 +188,7 @@ mod tests {
         let cfg = file.overlay(flags).validate().unwrap();
         assert_eq!(cfg.listen.port(), 7200);
         assert_eq!((cfg.shard_index, cfg.num_shards), (1, 2));
-        assert_eq!(cfg.flush_interval, Duration::from_secs(5));
+        assert_eq!(cfg.flush_interval, Duration::from_secs(30));
     }
 
     #[test]

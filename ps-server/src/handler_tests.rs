@@ -1,0 +1,231 @@
+//! Tests of [`super::Shard::handle`]: every refusal and the push/pull arithmetic, without sockets.
+
+use super::*;
+use embedding::MemStore;
+use protocol::message::put_ids;
+use std::sync::Arc;
+
+fn spec(id: u32, dim: u32) -> TableSpec {
+    TableSpec {
+        id,
+        name: format!("C{id}"),
+        dim,
+        optimizer: OptimizerSpec::Sgd { lr: 1.0 },
+        init: InitSpec::Uniform { scale: 0.0 },
+        seed: 1,
+    }
+}
+
+fn shard(num_servers: u32, index: u32) -> Shard {
+    let s = Shard {
+        engine: Engine::open(Arc::new(MemStore::new())).unwrap(),
+        shard_map: ShardMap::new(num_servers),
+        shard_index: index,
+    };
+    let r = s.handle(
+        Request::RegisterTables {
+            tables: vec![spec(1, 4), spec(2, 2)],
+        },
+        &[],
+    );
+    assert!(
+        matches!(r.header, Response::Registered { tables: 2 }),
+        "{:?}",
+        r.header
+    );
+    s
+}
+
+fn error_of(r: Reply) -> (ErrorCode, String) {
+    match r.header {
+        Response::Error { code, message } => (code, message),
+        other => panic!("expected an error, got {other:?}"),
+    }
+}
+
+fn pull(s: &Shard, table: u32, dim: u32, ids: &[u64]) -> Reply {
+    let mut payload = Vec::new();
+    put_ids(ids, &mut payload);
+    let tables = vec![TableCount {
+        table,
+        count: ids.len() as u32,
+        dim,
+    }];
+    s.handle(
+        Request::Pull {
+            epoch: 1,
+            encoding: Encoding::F32,
+            tables,
+        },
+        &payload,
+    )
+}
+
+fn push(s: &Shard, tables: &[(u32, u32, &[u64], &[f32])]) -> Reply {
+    let mut payload = Vec::new();
+    for (_, _, ids, _) in tables {
+        put_ids(ids, &mut payload);
+    }
+    for (_, _, _, g) in tables {
+        codec::encode(g, Encoding::F32, &mut payload);
+    }
+    let counts = tables
+        .iter()
+        .map(|(t, d, ids, _)| TableCount {
+            table: *t,
+            count: ids.len() as u32,
+            dim: *d,
+        })
+        .collect();
+    s.handle(
+        Request::Push {
+            epoch: 1,
+            encoding: Encoding::F32,
+            grad_scale: 1.0,
+            tables: counts,
+        },
+        &payload,
+    )
+}
+
+fn rows(r: Reply, n: usize) -> Vec<f32> {
+    assert!(
+        matches!(r.header, Response::Pulled { .. }),
+        "{:?}",
+        r.header
+    );
+    let mut out = vec![0.0; n];
+    codec::decode(&r.payload, Encoding::F32, &mut out).unwrap();
+    out
+}
+
+#[test]
+fn push_then_pull_applies_sgd() {
+    let s = shard(1, 0);
+    let r = push(
+        &s,
+        &[(1, 4, &[7, 7], &[1.0, 2.0, 3.0, 4.0, 1.0, 1.0, 1.0, 1.0])],
+    );
+    assert!(
+        matches!(
+            r.header,
+            Response::Pushed {
+                rows: 2,
+                rejected_nonfinite: 0
+            }
+        ),
+        "{:?}",
+        r.header
+    );
+    assert_eq!(
+        rows(pull(&s, 1, 4, &[7, 8]), 8),
+        [-2.0, -3.0, -4.0, -5.0, 0.0, 0.0, 0.0, 0.0]
+    );
+}
+
+#[test]
+fn unknown_table_wrong_dim_wrong_epoch_bad_length() {
+    let s = shard(1, 0);
+    let (code, msg) = error_of(pull(&s, 42, 4, &[1]));
+    assert_eq!(code, ErrorCode::UnknownTable);
+    assert!(msg.contains("unknown table 42"), "{msg}");
+    let (code, msg) = error_of(pull(&s, 1, 8, &[1]));
+    assert_eq!(code, ErrorCode::WrongDimension);
+    assert!(msg.contains("request dim 8, table dim 4"), "{msg}");
+    let tables = vec![TableCount {
+        table: 1,
+        count: 1,
+        dim: 4,
+    }];
+    let (code, msg) = error_of(s.handle(
+        Request::Pull {
+            epoch: 9,
+            encoding: Encoding::F16,
+            tables: tables.clone(),
+        },
+        &[0; 8],
+    ));
+    assert_eq!(code, ErrorCode::WrongEpoch);
+    assert!(msg.contains("request epoch 9"), "{msg}");
+    let (code, msg) = error_of(s.handle(
+        Request::Pull {
+            epoch: 1,
+            encoding: Encoding::F16,
+            tables,
+        },
+        &[0; 5],
+    ));
+    assert_eq!(code, ErrorCode::BadRequest);
+    assert!(msg.contains("5 bytes, expected 8"), "{msg}");
+    let (code, _) = error_of(s.handle(Request::Hello { version: 99 }, &[]));
+    assert_eq!(code, ErrorCode::UnsupportedVersion);
+}
+
+#[test]
+fn bad_push_changes_nothing() {
+    let s = shard(1, 0);
+    // Table 2 has dim 2; claiming 4 refuses the whole push, including table 1's part.
+    let r = push(&s, &[(1, 4, &[5], &[1.0; 4]), (2, 4, &[5], &[1.0; 4])]);
+    assert_eq!(error_of(r).0, ErrorCode::WrongDimension);
+    assert_eq!(rows(pull(&s, 1, 4, &[5]), 4), [0.0; 4]);
+    assert_eq!(s.engine.rows_total(), 0);
+}
+
+#[test]
+fn nonfinite_gradients_rejected() {
+    let s = shard(1, 0);
+    let r = push(&s, &[(2, 2, &[1, 2], &[f32::NAN, 0.0, 1.0, 1.0])]);
+    assert!(
+        matches!(
+            r.header,
+            Response::Pushed {
+                rows: 1,
+                rejected_nonfinite: 1
+            }
+        ),
+        "{:?}",
+        r.header
+    );
+    assert_eq!(rows(pull(&s, 2, 2, &[1, 2]), 4), [0.0, 0.0, -1.0, -1.0]);
+}
+
+#[test]
+fn ids_of_other_shards_refused() {
+    let s = shard(2, 0);
+    let foreign = (0..100u64)
+        .find(|&id| s.shard_map.server_of(id) == 1)
+        .unwrap();
+    let (code, msg) = error_of(pull(&s, 1, 4, &[foreign]));
+    assert_eq!(code, ErrorCode::WrongShard);
+    assert!(
+        msg.contains(&format!("id {foreign} belongs to shard 1")),
+        "{msg}"
+    );
+}
+
+#[test]
+fn conflicting_registration_refused() {
+    let s = shard(1, 0);
+    let (code, msg) = error_of(s.handle(
+        Request::RegisterTables {
+            tables: vec![spec(1, 8)],
+        },
+        &[],
+    ));
+    assert_eq!(code, ErrorCode::TableConflict);
+    assert!(msg.contains("table 1"), "{msg}");
+}
+
+#[test]
+fn spec_config_round_trip() {
+    let s = TableSpec {
+        optimizer: OptimizerSpec::RowAdagrad {
+            lr: 0.1,
+            eps: 1e-8,
+            initial_accumulator: 0.0,
+        },
+        init: InitSpec::Normal { std: 0.5 },
+        ..spec(3, 16)
+    };
+    assert_eq!(table_spec(&table_config(&s)), Some(s));
+}
