@@ -133,6 +133,7 @@ impl PsClient {
                 shard_index,
                 num_shards,
                 epoch: e,
+                routing,
                 tables,
             } = resp
             else {
@@ -145,6 +146,16 @@ impl PsClient {
                     message: format!(
                         "server is shard {shard_index} of {num_shards}, but it is listed at position {i} of {}",
                         client.servers.len()
+                    ),
+                });
+            }
+            if routing != client.shard_map.routing_fingerprint() {
+                return Err(ProtocolError::Connect {
+                    server: addr.to_string(),
+                    message: format!(
+                        "server routes ids to shards differently (fingerprint {routing:#x}, this client {:#x}): \
+                         client and server are different versions",
+                        client.shard_map.routing_fingerprint()
                     ),
                 });
             }

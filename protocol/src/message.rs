@@ -130,6 +130,8 @@ pub enum Response {
         num_shards: u32,
         /// Shard-map epoch.
         epoch: u64,
+        /// The server's [`crate::ShardMap::routing_fingerprint`].
+        routing: u64,
         /// Tables known to this server.
         tables: Vec<TableSpec>,
     },

@@ -46,6 +46,15 @@ impl ShardMap {
         self.vshard_of(id) % self.num_servers
     }
 
+    /// A fingerprint of the id -> virtual shard function and the virtual shard count. Servers report it in
+    /// their handshake, so a client built with another routing function (version skew) is refused at connect
+    /// time instead of being told `WrongShard` on its first pull.
+    pub fn routing_fingerprint(&self) -> u64 {
+        (0..64u64).fold(mix64(self.num_virtual as u64), |acc, i| {
+            mix64(acc ^ self.vshard_of(mix64(i)) as u64)
+        })
+    }
+
     /// Groups positions of `ids` by server: `out[s]` receives the indices `i` with `server_of(ids[i]) == s`,
     /// in increasing order. `out` is resized to `num_servers` and its vectors reused.
     pub fn group(&self, ids: &[u64], out: &mut Vec<Vec<u32>>) {
@@ -85,6 +94,14 @@ mod tests {
         assert_eq!(ids, PINNED_VSHARDS);
     }
     const PINNED_VSHARDS: [u32; 8] = [3618, 3661, 2421, 2320, 3094, 363, 3890, 3957];
+
+    #[test]
+    fn fingerprint_tracks_the_vshard_function() {
+        let a = ShardMap::new(2);
+        assert_eq!(a.routing_fingerprint(), ShardMap::new(5).routing_fingerprint());
+        let b = ShardMap { num_virtual: 1024, ..a };
+        assert_ne!(a.routing_fingerprint(), b.routing_fingerprint());
+    }
 
     #[test]
     fn balanced_over_servers() {

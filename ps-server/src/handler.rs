@@ -165,6 +165,7 @@ impl Shard {
                 shard_index: self.shard_index,
                 num_shards: self.shard_map.num_servers,
                 epoch: self.shard_map.epoch,
+                routing: self.shard_map.routing_fingerprint(),
                 tables: self.engine.tables().iter().filter_map(table_spec).collect(),
             },
             payload: Vec::new(),

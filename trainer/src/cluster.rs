@@ -24,12 +24,22 @@ pub struct LocalCluster {
     pub tls_dir: PathBuf,
 }
 
-/// The command that starts a ps-server: the sibling binary if present, else `<this binary> ps-server`.
+/// Environment variable naming the ps-server binary to start, or `self` for this binary's `ps-server`
+/// subcommand. Unset: the `ps-server` next to this binary if present, else `self`.
+pub const PS_SERVER_ENV: &str = "TRAINER_PS_SERVER";
+
+/// The command that starts a ps-server (see [`PS_SERVER_ENV`]).
 pub fn ps_server_command() -> anyhow::Result<Command> {
     let exe = std::env::current_exe().context("locate the running binary")?;
-    let sibling = exe.with_file_name("ps-server");
-    if sibling.is_file() {
-        return Ok(Command::new(sibling));
+    match std::env::var_os(PS_SERVER_ENV) {
+        Some(v) if v == "self" => {}
+        Some(path) => return Ok(Command::new(path)),
+        None => {
+            let sibling = exe.with_file_name("ps-server");
+            if sibling.is_file() {
+                return Ok(Command::new(sibling));
+            }
+        }
     }
     let mut cmd = Command::new(exe);
     cmd.arg("ps-server");

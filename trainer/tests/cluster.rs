@@ -31,6 +31,17 @@ fn trainer() -> Command {
     Command::new(env!("CARGO_BIN_EXE_trainer"))
 }
 
+/// Two servers, each a `trainer ps-server` process (the same server code as the `ps-server` binary, which
+/// this package's tests cannot name).
+fn start_servers(run_dir: &Path, extra: &[String]) -> LocalCluster {
+    let command = || {
+        let mut c = trainer();
+        c.arg("ps-server");
+        Ok(c)
+    };
+    LocalCluster::start_with(&command, 2, run_dir, extra).unwrap()
+}
+
 // The AUC bound: measured runs of this configuration (60k training rows, batch 512, default optimizer:
 // Adagrad, dense lr 0.005, embedding lr 0.05, two servers) reached a test AUC of 0.669 with an oracle AUC of
 // 0.824 (0.673 with lr 0.02 earlier);
@@ -47,6 +58,8 @@ fn demo_with_given_files_trains_through_two_servers() {
     let oracle = generate(10_000, 2, &test);
     let json = dir.path().join("summary.json");
     let out = trainer()
+        // The ps-server binary beside the trainer may be stale when only this package was rebuilt.
+        .env(trainer::cluster::PS_SERVER_ENV, "self")
         .args([
             "demo",
             "--servers",
@@ -103,17 +116,10 @@ fn train_by_hand_against_running_servers() {
     let mut lines: Vec<&str> = good.lines().take(2).collect();
     lines.insert(1, "1\t12\tnot-a-number");
     std::fs::write(&extra, lines.join("\n") + "\n").unwrap();
-    let cluster = LocalCluster::start_with(
-        &|| {
-            let mut c = trainer();
-            c.arg("ps-server");
-            Ok(c)
-        },
-        2,
+    let cluster = start_servers(
         &dir.path().join("run"),
         &["--flush-interval-secs".into(), "1".into()],
-    )
-    .unwrap();
+    );
     let ps: Vec<String> = cluster.quic.iter().map(|a| a.to_string()).collect();
     let json = dir.path().join("summary.json");
     let out = trainer()
@@ -160,17 +166,7 @@ fn wrong_server_order_is_refused_with_a_clear_error() {
     let dir = tempfile::tempdir().unwrap();
     let train = dir.path().join("train.tsv");
     generate(100, 5, &train);
-    let cluster = LocalCluster::start_with(
-        &|| {
-            let mut c = trainer();
-            c.arg("ps-server");
-            Ok(c)
-        },
-        2,
-        &dir.path().join("run"),
-        &[],
-    )
-    .unwrap();
+    let cluster = start_servers(&dir.path().join("run"), &[]);
     let ps = format!("{},{}", cluster.quic[1], cluster.quic[0]);
     let out = trainer()
         .args(["train", "--ps", &ps])
