@@ -1,7 +1,7 @@
 # Two entry points that work on a fresh Debian 12 machine with the Rust toolchain:
 #   make demo   installs what is missing, builds, and runs a local cluster training DLRM on generated data
 #   make test   installs what is missing and runs the whole test suite
-.PHONY: deps build demo test lint bench
+.PHONY: deps build demo test k8s-check lint
 
 deps:
 	./scripts/install-deps.sh
@@ -14,6 +14,12 @@ demo: build
 
 test: deps
 	cargo test --workspace --no-fail-fast
+	$(MAKE) k8s-check
+
+# Offline validation of every Kubernetes object, and a real Prometheus scraping a ps-server and a trainer.
+k8s-check: deps
+	./k8s/validate.sh
+	./k8s/prometheus-check.sh
 
 lint: deps
 	cargo fmt --all -- --check

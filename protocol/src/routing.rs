@@ -98,8 +98,14 @@ mod tests {
     #[test]
     fn fingerprint_tracks_the_vshard_function() {
         let a = ShardMap::new(2);
-        assert_eq!(a.routing_fingerprint(), ShardMap::new(5).routing_fingerprint());
-        let b = ShardMap { num_virtual: 1024, ..a };
+        assert_eq!(
+            a.routing_fingerprint(),
+            ShardMap::new(5).routing_fingerprint()
+        );
+        let b = ShardMap {
+            num_virtual: 1024,
+            ..a
+        };
         assert_ne!(a.routing_fingerprint(), b.routing_fingerprint());
     }
 

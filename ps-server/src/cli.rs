@@ -78,6 +78,14 @@ struct ServeArgs {
     /// This server's shard index [default: 0].
     #[arg(long, env = "PS_SHARD_INDEX")]
     shard_index: Option<u32>,
+    /// Take the shard index from the trailing `-<ordinal>` of the hostname ($HOSTNAME, the pod name in a
+    /// StatefulSet: ps-2 serves shard 2); wins over the config file's shard-index.
+    #[arg(
+        long,
+        env = "PS_SHARD_INDEX_FROM_HOSTNAME",
+        conflicts_with = "shard_index"
+    )]
+    shard_index_from_hostname: bool,
     /// Number of servers [default: 1].
     #[arg(long, env = "PS_NUM_SHARDS")]
     num_shards: Option<u32>,
@@ -172,7 +180,13 @@ fn run_cli(cli: Cli) -> anyhow::Result<()> {
         Some(path) => FileConfig::load(path)?,
         None => FileConfig::default(),
     };
-    let cfg = file.overlay(args.to_file_config()).validate()?;
+    let mut flags = args.to_file_config();
+    if args.shard_index_from_hostname {
+        let host = crate::config::hostname()?;
+        flags.shard_index = Some(crate::config::shard_index_from_hostname(&host)?);
+        tracing::info!(hostname = %host, shard_index = flags.shard_index, "shard index from hostname");
+    }
+    let cfg = file.overlay(flags).validate()?;
     if args.dev_certs {
         protocol::tls::init_dev_certs(&cfg.tls_dir, &[])
             .with_context(|| format!("create dev certificates in {}", cfg.tls_dir.display()))?;

@@ -119,6 +119,43 @@ impl FileConfig {
     }
 }
 
+/// The shard index a StatefulSet pod carries in its name: the trailing `-<ordinal>` of `hostname`
+/// (`ps-2` -> 2, `ps-2.ps.ns.svc` -> 2, the first label counts).
+pub fn shard_index_from_hostname(hostname: &str) -> Result<u32, ConfigError> {
+    let label = hostname.trim().split('.').next().unwrap_or("");
+    label
+        .rsplit_once('-')
+        .and_then(|(_, ordinal)| {
+            if ordinal.is_empty() || !ordinal.bytes().all(|b| b.is_ascii_digit()) {
+                None
+            } else {
+                ordinal.parse::<u32>().ok()
+            }
+        })
+        .ok_or_else(|| {
+            ConfigError::Invalid(format!(
+                "hostname {hostname:?} does not end in -<ordinal>, so it gives no shard index \
+                 (expected a StatefulSet pod name such as ps-0)"
+            ))
+        })
+}
+
+/// This machine's hostname: `$HOSTNAME` (Kubernetes sets it to the pod name), else the kernel's.
+pub fn hostname() -> Result<String, ConfigError> {
+    if let Ok(h) = std::env::var("HOSTNAME") {
+        if !h.trim().is_empty() {
+            return Ok(h.trim().to_owned());
+        }
+    }
+    let path = Path::new("/proc/sys/kernel/hostname");
+    std::fs::read_to_string(path)
+        .map(|h| h.trim().to_owned())
+        .map_err(|e| ConfigError::Read {
+            path: path.to_owned(),
+            message: e.to_string(),
+        })
+}
+
 /// Validated runtime settings.
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
@@ -227,5 +264,16 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(err.contains("tls-dir"), "{err}");
+    }
+
+    #[test]
+    fn shard_index_from_pod_names() {
+        assert_eq!(shard_index_from_hostname("ps-0").unwrap(), 0);
+        assert_eq!(shard_index_from_hostname("pstrain-ps-12").unwrap(), 12);
+        assert_eq!(shard_index_from_hostname("ps-3.ps.ml.svc").unwrap(), 3);
+        for bad in ["ps", "ps-", "ps-x1", "ps-1a", "", "ps-99999999999"] {
+            let err = shard_index_from_hostname(bad).unwrap_err().to_string();
+            assert!(err.contains(&format!("{bad:?}")), "{err}");
+        }
     }
 }

@@ -44,7 +44,8 @@ pub const LATENCY_BUCKETS: &[f64] = &[
     2.5, 5.0, 10.0,
 ];
 
-/// Registers HELP text and units for every metric.
+/// Registers HELP text and units for every metric. Call after the recorder is installed: a `describe_*` call
+/// made before goes to the no-op recorder and is lost (no `# HELP` lines; `promtool check metrics` refuses).
 pub fn describe() {
     describe_counter!(REQUESTS_TOTAL, "Requests served, by kind.");
     describe_counter!(REQUEST_ERRORS_TOTAL, "Error responses, by code.");

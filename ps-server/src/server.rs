@@ -37,8 +37,8 @@ pub async fn run(
     shutdown: impl Future<Output = ()>,
     on_bound: impl FnOnce(Bound),
 ) -> anyhow::Result<()> {
-    m::describe();
     let handle = http::install_recorder(m::LATENCY_BUCKETS);
+    m::describe();
     let health = Arc::new(Health::default());
 
     let db_path = cfg.data_dir.join("rocksdb");

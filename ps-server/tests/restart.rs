@@ -144,6 +144,10 @@ async fn rows_survive_sigterm_and_restart_bit_for_bit() {
     let metrics = http_get(s.metrics, "/metrics");
     assert!(metrics.contains("ps_rows_pushed_total 500"), "{metrics}");
     assert!(
+        metrics.contains("# HELP ps_rows_pushed_total"),
+        "no HELP text: {metrics}"
+    );
+    assert!(
         metrics.contains("ps_request_duration_seconds_bucket"),
         "{metrics}"
     );

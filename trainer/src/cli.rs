@@ -74,8 +74,8 @@ pub fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 
 /// Installs the metrics recorder and serves /metrics on `addr`; returns the bound address.
 pub async fn serve_metrics(addr: SocketAddr) -> anyhow::Result<SocketAddr> {
-    crate::metrics::describe();
     let handle = ps_server::http::install_recorder(crate::metrics::LATENCY_BUCKETS);
+    crate::metrics::describe();
     let (listener, bound) = ps_server::http::bind(addr)
         .await
         .with_context(|| format!("bind trainer metrics listener {addr}"))?;

@@ -169,15 +169,61 @@ impl ModelArgs {
 /// Connection flags: which servers, which TLS material.
 #[derive(Debug, Clone, Args)]
 pub struct ClusterArgs {
-    /// Parameter server addresses, comma separated, in shard order.
+    /// Parameter servers as `host:port` (IP or DNS name, e.g. the pods of a headless Service), comma separated,
+    /// in shard order; names are resolved when connecting.
     #[arg(long, value_delimiter = ',', required = true, env = "TRAINER_PS")]
-    pub ps: Vec<SocketAddr>,
+    pub ps: Vec<String>,
     /// TLS directory with ca.pem, client.pem and client.key.
     #[arg(long, env = "TRAINER_TLS_DIR")]
     pub tls_dir: PathBuf,
-    /// Name the servers' certificates carry.
-    #[arg(long, default_value = protocol::tls::DEFAULT_SERVER_NAME)]
+    /// Name the servers' certificates carry (the TLS server name sent to every server).
+    #[arg(long, default_value = protocol::tls::DEFAULT_SERVER_NAME, env = "TRAINER_SERVER_NAME")]
     pub server_name: String,
+    /// Seconds to keep retrying `--ps` names that do not resolve yet (DNS records of pods appear as they
+    /// start) [default: 0 = one attempt].
+    #[arg(long, default_value_t = 0.0, env = "TRAINER_RESOLVE_TIMEOUT_SECS")]
+    pub resolve_timeout_secs: f64,
+}
+
+/// Resolves each `host:port` entry of `--ps` to its first address, in order. Retries names that do not resolve
+/// for up to `timeout` (1 s apart); the error names the entry that failed.
+pub async fn resolve_servers(
+    entries: &[String],
+    timeout: Duration,
+) -> Result<Vec<SocketAddr>, String> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut out = Vec::with_capacity(entries.len());
+    for entry in entries {
+        let entry = entry.trim();
+        if let Ok(addr) = entry.parse::<SocketAddr>() {
+            out.push(addr);
+            continue;
+        }
+        loop {
+            let why = match tokio::net::lookup_host(entry).await {
+                Ok(mut addrs) => match addrs.next() {
+                    Some(addr) => {
+                        out.push(addr);
+                        break;
+                    }
+                    None => "no addresses".to_string(),
+                },
+                Err(e) => e.to_string(),
+            };
+            if tokio::time::Instant::now() >= deadline {
+                return Err(format!(
+                    "parameter server {entry:?} does not resolve (expected host:port): {why}"
+                ));
+            }
+            tracing::info!(
+                entry,
+                why,
+                "parameter server name does not resolve yet, retrying"
+            );
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    }
+    Ok(out)
 }
 
 /// Reads a TOML file of [`ModelArgs`] fields (kebab-case), for `--config`.
@@ -218,5 +264,20 @@ mod tests {
         assert!(err.contains("batch-sise"), "{err}");
         let m: ModelArgs = toml::from_str("batch-size = 3\noptimizer = \"sgd\"").unwrap();
         assert_eq!((m.batch_size, m.optimizer), (3, OptimizerKind::Sgd));
+    }
+
+    #[tokio::test]
+    async fn ps_entries_resolve_or_name_the_entry() {
+        let entries = vec!["127.0.0.1:7000".to_string(), "localhost:7001".to_string()];
+        let addrs = resolve_servers(&entries, Duration::ZERO).await.unwrap();
+        assert_eq!(addrs[0], "127.0.0.1:7000".parse().unwrap());
+        assert_eq!(addrs[1].port(), 7001);
+        assert!(addrs[1].ip().is_loopback());
+        for bad in ["no-such-host.invalid:7000", "localhost"] {
+            let err = resolve_servers(&[bad.to_string()], Duration::ZERO)
+                .await
+                .unwrap_err();
+            assert!(err.contains(bad), "{err}");
+        }
     }
 }

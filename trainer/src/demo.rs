@@ -174,9 +174,10 @@ pub fn run_demo(args: DemoArgs) -> anyhow::Result<Summary> {
         eprintln!("  ps-server {i}: quic {q}, metrics http://{m}/metrics");
     }
     let cluster_args = ClusterArgs {
-        ps: cluster.quic.clone(),
+        ps: cluster.quic.iter().map(|a| a.to_string()).collect(),
         tls_dir: cluster.tls_dir.clone(),
         server_name: protocol::tls::DEFAULT_SERVER_NAME.into(),
+        resolve_timeout_secs: 0.0,
     };
     let inputs = Inputs {
         train: vec![train],

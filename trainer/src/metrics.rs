@@ -48,7 +48,8 @@ pub const LATENCY_BUCKETS: &[f64] = &[
     2.5, 5.0, 10.0,
 ];
 
-/// Registers HELP text and units for every metric.
+/// Registers HELP text and units for every metric. Call after the recorder is installed: a `describe_*` call
+/// made before goes to the no-op recorder and is lost (no `# HELP` lines; `promtool check metrics` refuses).
 pub fn describe() {
     describe_counter!(SAMPLES_TOTAL, "Training samples processed.");
     describe_counter!(BATCHES_TOTAL, "Training batches processed.");

@@ -85,7 +85,18 @@ pub async fn train_and_evaluate(
     model: &ModelArgs,
     inputs: &Inputs,
 ) -> anyhow::Result<Summary> {
-    let mut cfg = PsClientConfig::new(cluster.ps.clone(), cluster.tls_dir.clone());
+    anyhow::ensure!(
+        cluster.resolve_timeout_secs.is_finite() && cluster.resolve_timeout_secs >= 0.0,
+        "resolve-timeout-secs = {}, expected a number of seconds >= 0",
+        cluster.resolve_timeout_secs
+    );
+    let servers = crate::config::resolve_servers(
+        &cluster.ps,
+        std::time::Duration::from_secs_f64(cluster.resolve_timeout_secs),
+    )
+    .await
+    .map_err(anyhow::Error::msg)?;
+    let mut cfg = PsClientConfig::new(servers, cluster.tls_dir.clone());
     cfg.server_name = cluster.server_name.clone();
     let client = Arc::new(
         PsClient::connect(cfg)

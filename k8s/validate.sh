@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# Renders every kustomize overlay (base, dev, prod) and validates every object offline:
+# core objects against the Kubernetes JSON schemas shipped by the PyPI package kubernetes-validate (--strict),
+# custom resources against k8s/schemas/*.json. Then checks that deliberately broken manifests are refused.
+# Exits non-zero on any invalid object. Needs python3 and either `kubectl` (built-in kustomize) or `kustomize`.
+#
+# Env: K8S_VERSION (default 1.29.0), PSTRAIN_K8S_VENV (virtualenv for kubernetes-validate,
+#      default ${XDG_CACHE_HOME:-$HOME/.cache}/pstrain-k8s-venv).
+set -euo pipefail
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+K8S_VERSION="${K8S_VERSION:-1.29.0}"
+KV_VERSION="1.37.0"
+VENV="${PSTRAIN_K8S_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/pstrain-k8s-venv}"
+start=$(date +%s)
+log() { echo "validate: $*" >&2; }
+
+# --- tools -------------------------------------------------------------------------------------------------
+if command -v kubectl >/dev/null 2>&1; then
+    render() { kubectl kustomize "$1"; }
+    log "rendering with $(kubectl version --client 2>/dev/null | grep -i kustomize || echo 'kubectl kustomize')"
+elif command -v kustomize >/dev/null 2>&1; then
+    render() { kustomize build "$1"; }
+    log "rendering with kustomize $(kustomize version 2>/dev/null || true)"
+else
+    log "neither kubectl nor kustomize is installed; kustomize is not packaged in Debian 12 or on PyPI:"
+    log "install kubectl (https://kubernetes.io/docs/tasks/tools/) or kustomize, then rerun"
+    exit 2
+fi
+if [ ! -x "$VENV/bin/kubernetes-validate" ] \
+    || ! "$VENV/bin/pip" show kubernetes-validate 2>/dev/null | grep "^Version: $KV_VERSION$" >/dev/null; then
+    log "installing kubernetes-validate==$KV_VERSION into $VENV"
+    python3 -m venv "$VENV"
+    "$VENV/bin/pip" install --quiet --disable-pip-version-check "kubernetes-validate==$KV_VERSION"
+fi
+PY="$VENV/bin/python"
+KV="$VENV/bin/kubernetes-validate"
+
+WORK="$(mktemp -d)"
+trap 'rm -rf "$WORK"' EXIT
+
+# --- render ------------------------------------------------------------------------------------------------
+# Render from a copy so the dev overlay's TLS files (git-ignored, made by `ps-server certs init`) can be
+# stood in for by placeholders when absent: the Secret objects are still rendered and validated.
+cp -r "$HERE/base" "$HERE/overlays" "$WORK/"
+mkdir -p "$WORK/overlays/dev/tls"
+for f in ca.pem server.pem server.key client.pem client.key; do
+    if [ ! -e "$WORK/overlays/dev/tls/$f" ]; then
+        echo "placeholder for $f" > "$WORK/overlays/dev/tls/$f"
+        placeholders=1
+    fi
+done
+[ -n "${placeholders:-}" ] && log "dev TLS files absent in k8s/overlays/dev/tls: rendering with placeholder contents"
+
+rendered=()
+for target in base overlays/dev overlays/prod; do
+    out="$WORK/rendered-${target//\//-}.yaml"
+    render "$WORK/$target" > "$out"
+    log "rendered $target: $(grep -c '^kind:' "$out") objects"
+    rendered+=("$out")
+done
+
+# --- validate ----------------------------------------------------------------------------------------------
+"$PY" "$HERE/validate.py" "$K8S_VERSION" "$KV" "$HERE/schemas" "${rendered[@]}"
+
+# --- self-test: broken manifests must be refused ------------------------------------------------------------
+dev="$WORK/rendered-overlays-dev.yaml"
+selftest() { # name, python expression transforming the list `docs`
+    local name="$1" expr="$2" broken="$WORK/broken-$1.yaml"
+    "$PY" - "$dev" "$broken" "$expr" <<'PYEOF'
+import sys, yaml
+docs = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d]
+by = {(d["kind"], d["metadata"]["name"]): d for d in docs}
+exec(sys.argv[3])
+yaml.safe_dump_all(docs, open(sys.argv[2], "w"))
+PYEOF
+    if "$PY" "$HERE/validate.py" "$K8S_VERSION" "$KV" "$HERE/schemas" "$broken" > "$WORK/selftest.log" 2>&1; then
+        cat "$WORK/selftest.log" >&2
+        log "SELF-TEST FAILED: broken manifest '$name' was accepted"
+        exit 1
+    fi
+    log "self-test '$name' refused as expected: $(grep -m1 INVALID "$WORK/selftest.log" | cut -c1-160)"
+}
+selftest port-type 'by[("Service","ps")]["spec"]["ports"][0]["port"] = "seven-thousand"'
+selftest unknown-field 'by[("StatefulSet","ps")]["spec"]["template"]["spec"]["containers"][0]["livenessprobe"] = {}'
+selftest missing-required 'del by[("Job","trainer")]["spec"]["template"]["spec"]["containers"][0]["name"]'
+selftest crd-unknown-field 'by[("PodMonitor","pstrain")]["spec"]["podMetricEndpoints"] = []'
+selftest unknown-crd 'docs.append({"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "w"}, "spec": {}})'
+selftest shard-mismatch 'by[("StatefulSet","ps")]["spec"]["replicas"] = 3'
+
+log "all overlays valid; self-tests passed ($(( $(date +%s) - start ))s)"
