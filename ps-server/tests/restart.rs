@@ -211,3 +211,32 @@ async fn oversized_frame_and_unknown_table_get_typed_errors() {
     c.close().await;
     sigterm_and_wait(s);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_with_a_certificate_from_another_ca_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (data, tls, foreign) = (
+        dir.path().join("data"),
+        dir.path().join("tls"),
+        dir.path().join("foreign"),
+    );
+    protocol::tls::init_dev_certs(&tls, &[]).unwrap();
+    protocol::tls::init_dev_certs(&foreign, &[]).unwrap();
+    // The foreign client trusts the cluster CA (so it accepts the server) but presents a certificate signed by
+    // its own CA, which the server must refuse.
+    std::fs::copy(tls.join("ca.pem"), foreign.join("ca.pem")).unwrap();
+    let s = start(&data, &tls, &[]);
+    let mut cfg = PsClientConfig::new(vec![s.quic], foreign);
+    cfg.retry_for = Duration::from_millis(500);
+    cfg.request_timeout = Duration::from_secs(5);
+    let err = PsClient::connect(cfg)
+        .await
+        .err()
+        .expect("a client with a foreign certificate was served");
+    let msg = err.to_string();
+    assert!(msg.contains("invalid peer certificate"), "{msg}");
+    // The legitimate client is still served.
+    let c = client(&s, &tls).await;
+    c.close().await;
+    sigterm_and_wait(s);
+}
