@@ -241,7 +241,17 @@ impl PsClient {
                 if e.is_transient() {
                     s.forget();
                 }
-                Err(e)
+                // A stream that failed because its connection closed: report why the connection closed (e.g. the
+                // server refused our certificate), not just "connection lost".
+                match conn.close_reason() {
+                    Some(source) if !matches!(e, ProtocolError::Connection { .. }) => {
+                        Err(ProtocolError::Connection {
+                            server: s.addr.to_string(),
+                            source,
+                        })
+                    }
+                    _ => Err(e),
+                }
             }
             Err(_) => {
                 s.forget();

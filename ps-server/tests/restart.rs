@@ -55,6 +55,16 @@ fn start(data: &Path, tls: &Path, extra: &[&str]) -> Server {
     }
 }
 
+impl Drop for Server {
+    // A failing test must not leave its server running (it would hold the test's output pipe open).
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
 fn sigterm_and_wait(mut s: Server) {
     unsafe { libc::kill(s.child.id() as i32, libc::SIGTERM) };
     let deadline = Instant::now() + Duration::from_secs(30);
