@@ -12,7 +12,10 @@
 //!   - [`gen::sink`]: plain and single-member parallel gzip output.
 //!   - [`gen::rng`]: hashes and the seeded generator.
 //! - [`auc`]: exact ROC AUC for checking the teacher.
+//! - [`load`]: `ps-bench`, the parameter-server load generator (QUIC against a cluster, or an in-process
+//!   engine), with its workload, latency percentiles and report.
 #![warn(missing_docs)]
 
 pub mod auc;
 pub mod gen;
+pub mod load;

@@ -1,0 +1,257 @@
+//! `ps-bench` flags ([`LoadArgs`]) and their validation into a [`LoadConfig`].
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use anyhow::{bail, Context};
+use protocol::Encoding;
+use serde::Serialize;
+
+/// How ids are drawn within a table's vocabulary.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum Distribution {
+    /// Zipf over ranks `1..=vocab` with exponent `--zipf-s` (rank 1 most frequent).
+    Zipf,
+    /// Uniform over `1..=vocab`.
+    Uniform,
+}
+
+/// Which requests each batch sends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum Mix {
+    /// Pulls only.
+    Pull,
+    /// Pushes only.
+    Push,
+    /// A pull then a push of the same batch, like a training step.
+    Both,
+}
+
+impl Mix {
+    /// Whether batches are pulled.
+    pub fn pulls(self) -> bool {
+        matches!(self, Mix::Pull | Mix::Both)
+    }
+
+    /// Whether batches are pushed.
+    pub fn pushes(self) -> bool {
+        matches!(self, Mix::Push | Mix::Both)
+    }
+}
+
+/// Server-side optimizer of the benchmark's tables.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum Optimizer {
+    /// Plain SGD (what the Redis baseline does).
+    Sgd,
+    /// Row-wise Adagrad (the trainer's default).
+    RowAdagrad,
+}
+
+/// Load generator for parameter servers: pulls and pushes embedding rows at a running cluster, a local one it
+/// starts, or an in-process engine, and reports rows/s and latency percentiles.
+#[derive(Debug, Clone, clap::Parser)]
+#[command(version, about)]
+pub struct LoadArgs {
+    /// QUIC addresses of a running cluster, in shard order (comma-separated).
+    #[arg(long, value_delimiter = ',', requires = "tls_dir")]
+    pub ps: Vec<SocketAddr>,
+    /// TLS directory with `ca.pem`, `client.pem`, `client.key` (with `--ps`).
+    #[arg(long)]
+    pub tls_dir: Option<PathBuf>,
+    /// Start N `ps-server` processes on loopback (the binary next to `ps-bench`), and stop them at the end.
+    #[arg(long, conflicts_with = "ps")]
+    pub local_cluster: Option<usize>,
+    /// Run against an in-process engine over an in-memory store: no network, no codec (the upper limit).
+    #[arg(long, conflicts_with_all = ["ps", "local_cluster"])]
+    pub in_process: bool,
+    /// Number of tables.
+    #[arg(long, default_value_t = 26)]
+    pub tables: u32,
+    /// Row dimension.
+    #[arg(long, default_value_t = 16)]
+    pub dim: u32,
+    /// Ids drawn per table per batch, before deduplication.
+    #[arg(long, default_value_t = 2048)]
+    pub ids_per_table: usize,
+    /// Id distribution.
+    #[arg(long, value_enum, default_value_t = Distribution::Zipf)]
+    pub distribution: Distribution,
+    /// Zipf exponent.
+    #[arg(long, default_value_t = 1.1)]
+    pub zipf_s: f64,
+    /// Vocabulary per table.
+    #[arg(long, default_value_t = 10_000_000)]
+    pub vocab: u64,
+    /// Batches in flight at once (each one its own task).
+    #[arg(long, default_value_t = 4)]
+    pub concurrency: usize,
+    /// Requests per batch.
+    #[arg(long, value_enum, default_value_t = Mix::Both)]
+    pub mix: Mix,
+    /// Row and gradient encoding on the wire.
+    #[arg(long, default_value = "f16")]
+    pub codec: Encoding,
+    /// Optimizer of the tables the benchmark registers.
+    #[arg(long, value_enum, default_value_t = Optimizer::RowAdagrad)]
+    pub optimizer: Optimizer,
+    /// Measured seconds.
+    #[arg(long, default_value_t = 10.0)]
+    pub seconds: f64,
+    /// Seconds run before measuring (not counted).
+    #[arg(long, default_value_t = 1.0)]
+    pub warmup_seconds: f64,
+    /// Seed of the id draws and gradients.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Distinct batches generated before the run and cycled through, so that generating ids does not take
+    /// the client's CPU during the measurement.
+    #[arg(long, default_value_t = 32)]
+    pub pool_batches: usize,
+    /// Write the report as JSON here.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// No progress line every second.
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+/// Where the load goes.
+#[derive(Debug, Clone)]
+pub enum Target {
+    /// A running cluster.
+    Cluster {
+        /// QUIC addresses in shard order.
+        addrs: Vec<SocketAddr>,
+        /// TLS directory.
+        tls_dir: PathBuf,
+    },
+    /// N local `ps-server` processes started by the benchmark.
+    Local(usize),
+    /// An in-process engine.
+    InProcess,
+}
+
+/// Validated settings.
+#[derive(Debug, Clone, Serialize)]
+pub struct LoadConfig {
+    /// Target, for the report ("cluster", "local-cluster", "in-process").
+    pub target: String,
+    /// Servers (0 in process).
+    pub servers: usize,
+    /// Tables.
+    pub tables: u32,
+    /// Row dimension.
+    pub dim: u32,
+    /// Ids drawn per table per batch.
+    pub ids_per_table: usize,
+    /// Id distribution.
+    pub distribution: Distribution,
+    /// Zipf exponent (ignored for uniform).
+    pub zipf_s: f64,
+    /// Vocabulary per table.
+    pub vocab: u64,
+    /// Batches in flight.
+    pub concurrency: usize,
+    /// Requests per batch.
+    pub mix: Mix,
+    /// Wire encoding.
+    #[serde(serialize_with = "display")]
+    pub codec: Encoding,
+    /// Table optimizer.
+    pub optimizer: Optimizer,
+    /// Measured seconds.
+    pub seconds: f64,
+    /// Warm-up seconds.
+    pub warmup_seconds: f64,
+    /// Seed.
+    pub seed: u64,
+    /// Pre-generated batches.
+    pub pool_batches: usize,
+    /// Progress line.
+    #[serde(skip)]
+    pub progress: bool,
+    /// Where the load goes.
+    #[serde(skip)]
+    pub where_to: Target,
+}
+
+fn display<S: serde::Serializer>(e: &Encoding, s: S) -> Result<S::Ok, S::Error> {
+    s.collect_str(e)
+}
+
+impl LoadArgs {
+    /// Checks the flags.
+    pub fn validate(&self) -> anyhow::Result<LoadConfig> {
+        let where_to = if self.in_process {
+            Target::InProcess
+        } else if let Some(n) = self.local_cluster {
+            if n == 0 {
+                bail!("--local-cluster must be at least 1");
+            }
+            Target::Local(n)
+        } else if !self.ps.is_empty() {
+            Target::Cluster {
+                addrs: self.ps.clone(),
+                tls_dir: self.tls_dir.clone().context("--ps needs --tls-dir")?,
+            }
+        } else {
+            bail!("say where to send load: --ps ADDR,.. --tls-dir DIR, --local-cluster N or --in-process");
+        };
+        if self.tables == 0 || self.dim == 0 || self.ids_per_table == 0 {
+            bail!("--tables, --dim and --ids-per-table must be at least 1");
+        }
+        if self.dim as usize > embedding::MAX_DIM {
+            bail!(
+                "--dim {} is above the maximum {}",
+                self.dim,
+                embedding::MAX_DIM
+            );
+        }
+        if self.vocab == 0 {
+            bail!("--vocab must be at least 1");
+        }
+        if self.concurrency == 0 || self.pool_batches == 0 {
+            bail!("--concurrency and --pool-batches must be at least 1");
+        }
+        if !(self.seconds > 0.0 && self.seconds.is_finite()) {
+            bail!("--seconds must be positive, got {}", self.seconds);
+        }
+        if !(self.warmup_seconds >= 0.0 && self.warmup_seconds.is_finite()) {
+            bail!("--warmup-seconds must be >= 0, got {}", self.warmup_seconds);
+        }
+        if self.distribution == Distribution::Zipf
+            && !(self.zipf_s > 0.0 && self.zipf_s.is_finite())
+        {
+            bail!("--zipf-s must be positive, got {}", self.zipf_s);
+        }
+        let (target, servers) = match &where_to {
+            Target::Cluster { addrs, .. } => ("cluster", addrs.len()),
+            Target::Local(n) => ("local-cluster", *n),
+            Target::InProcess => ("in-process", 0),
+        };
+        Ok(LoadConfig {
+            target: target.into(),
+            servers,
+            tables: self.tables,
+            dim: self.dim,
+            ids_per_table: self.ids_per_table,
+            distribution: self.distribution,
+            zipf_s: self.zipf_s,
+            vocab: self.vocab,
+            concurrency: self.concurrency,
+            mix: self.mix,
+            codec: self.codec,
+            optimizer: self.optimizer,
+            seconds: self.seconds,
+            warmup_seconds: self.warmup_seconds,
+            seed: self.seed,
+            pool_batches: self.pool_batches,
+            progress: !self.quiet,
+            where_to,
+        })
+    }
+}

@@ -1,0 +1,242 @@
+//! The QUIC driver: `--concurrency` tokio tasks sharing one `protocol::PsClient`, each sending its batch's
+//! requests to every server at once and waiting for all answers before the next phase (pull, then push).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::Context;
+use protocol::frame::encode_head;
+use protocol::{InitSpec, OptimizerSpec, PsClient, PsClientConfig, Request, Response, TableSpec};
+use rayon::prelude::*;
+
+use super::config::{LoadConfig, Optimizer};
+use super::workload::{gradient_block, plan, Batch, IdSampler, ServerRequests};
+use super::{Progress, Report, Window, WorkerStats};
+
+/// One pre-built request pair for one server, with its frame sizes.
+struct Prepared {
+    req: ServerRequests,
+    pull_wire: u64,
+    push_wire: u64,
+}
+
+/// Table specs the benchmark registers: ids `0..tables`, named `C1..`.
+pub fn table_specs(cfg: &LoadConfig) -> Vec<TableSpec> {
+    (0..cfg.tables)
+        .map(|t| TableSpec {
+            id: t,
+            name: format!("C{}", t + 1),
+            dim: cfg.dim,
+            optimizer: match cfg.optimizer {
+                Optimizer::Sgd => OptimizerSpec::Sgd { lr: 0.01 },
+                Optimizer::RowAdagrad => OptimizerSpec::RowAdagrad {
+                    lr: 0.05,
+                    eps: 1e-8,
+                    initial_accumulator: 0.0,
+                },
+            },
+            init: InitSpec::Uniform {
+                scale: (1.0 / cfg.dim as f32).sqrt(),
+            },
+            seed: t as u64,
+        })
+        .collect()
+}
+
+fn head_len<H: serde::Serialize>(h: &H, payload: usize) -> anyhow::Result<u64> {
+    let mut out = Vec::new();
+    encode_head(h, payload, &mut out)?;
+    Ok(out.len() as u64)
+}
+
+/// Exact frame bytes of a pull and of a push (both directions) for `r`.
+fn wire_sizes(r: &ServerRequests, cfg: &LoadConfig, epoch: u64) -> anyhow::Result<(u64, u64)> {
+    let rows_bytes = r.rows * cfg.dim as usize * cfg.codec.bytes_per_element();
+    let pull_req = Request::Pull {
+        epoch,
+        encoding: cfg.codec,
+        tables: r.counts.clone(),
+    };
+    let pull_resp = Response::Pulled {
+        encoding: cfg.codec,
+        tables: r.counts.clone(),
+    };
+    let push_req = Request::Push {
+        epoch,
+        encoding: cfg.codec,
+        grad_scale: 1.0,
+        tables: r.counts.clone(),
+    };
+    let push_resp = Response::Pushed {
+        rows: r.rows as u64,
+        rejected_nonfinite: 0,
+    };
+    let pull = head_len(&pull_req, r.pull_ids.len())?
+        + r.pull_ids.len() as u64
+        + head_len(&pull_resp, rows_bytes)?
+        + rows_bytes as u64;
+    let push = head_len(&push_req, r.push_payload.len())?
+        + r.push_payload.len() as u64
+        + head_len(&push_resp, 0)?;
+    Ok((pull, push))
+}
+
+/// Runs the workload against the cluster at `addrs`.
+pub fn run(cfg: &LoadConfig, addrs: Vec<SocketAddr>, tls_dir: PathBuf) -> anyhow::Result<Report> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("start the tokio runtime")?;
+    rt.block_on(run_async(cfg, addrs, tls_dir))
+}
+
+async fn run_async(
+    cfg: &LoadConfig,
+    addrs: Vec<SocketAddr>,
+    tls_dir: PathBuf,
+) -> anyhow::Result<Report> {
+    let client = PsClient::connect(PsClientConfig::new(addrs.clone(), tls_dir))
+        .await
+        .with_context(|| format!("connect to {addrs:?}"))?;
+    client
+        .register_tables(&table_specs(cfg))
+        .await
+        .context("register tables")?;
+    let map = client.shard_map();
+    let sampler = IdSampler::new(cfg.distribution, cfg.vocab, cfg.zipf_s)?;
+    let grads = gradient_block(cfg.ids_per_table, cfg.dim as usize, cfg.seed);
+    let pool: Vec<Vec<Prepared>> = (0..cfg.pool_batches as u64)
+        .into_par_iter()
+        .map(|i| {
+            let batch = Batch::generate(&sampler, cfg.tables, cfg.ids_per_table, cfg.seed, i);
+            plan(&batch, &map, cfg.dim as usize, cfg.codec, &grads)
+                .into_iter()
+                .map(|req| {
+                    let (pull_wire, push_wire) = wire_sizes(&req, cfg, map.epoch)?;
+                    Ok(Prepared {
+                        req,
+                        pull_wire,
+                        push_wire,
+                    })
+                })
+                .collect::<anyhow::Result<Vec<_>>>()
+        })
+        .collect::<anyhow::Result<_>>()?;
+    let pool = Arc::new(pool);
+    let client = Arc::new(client);
+
+    let window = Window::starting_now(cfg);
+    let (progress, ticker) = Progress::start(cfg.progress, window);
+    let mut workers = Vec::new();
+    for w in 0..cfg.concurrency {
+        let (client, pool, progress, cfg) =
+            (client.clone(), pool.clone(), progress.clone(), cfg.clone());
+        workers.push(tokio::spawn(async move {
+            worker(w, &cfg, client, pool, window, progress).await
+        }));
+    }
+    let mut stats = Vec::new();
+    let mut first_err = None;
+    for h in workers {
+        match h.await.context("worker task")? {
+            Ok(s) => stats.push(s),
+            Err(e) => {
+                first_err.get_or_insert(e);
+            }
+        }
+    }
+    progress.stop(ticker);
+    client.close().await;
+    if let Some(e) = first_err {
+        return Err(e);
+    }
+    Ok(Report::new("quic", cfg, WorkerStats::total(stats, &window)))
+}
+
+/// Sends one phase (every server's pull, or every server's push) and waits for all of it. Returns per-request
+/// (start, end, rows, wire bytes).
+async fn phase(
+    client: &Arc<PsClient>,
+    cfg: &LoadConfig,
+    reqs: &[Prepared],
+    push: bool,
+) -> anyhow::Result<Vec<(Instant, Instant, usize, u64)>> {
+    let mut handles = Vec::with_capacity(reqs.len());
+    for (s, p) in reqs.iter().enumerate() {
+        if p.req.rows == 0 {
+            continue;
+        }
+        let client = client.clone();
+        let (counts, codec) = (p.req.counts.clone(), cfg.codec);
+        let (rows, wire) = (p.req.rows, if push { p.push_wire } else { p.pull_wire });
+        let payload = if push {
+            p.req.push_payload.clone()
+        } else {
+            p.req.pull_ids.clone()
+        };
+        handles.push(tokio::spawn(async move {
+            let t0 = Instant::now();
+            if push {
+                client.push(s, codec, 1.0, counts, payload).await?;
+            } else {
+                client.pull(s, codec, counts, payload).await?;
+            }
+            Ok::<_, protocol::ProtocolError>((t0, Instant::now(), rows, wire))
+        }));
+    }
+    let mut out = Vec::with_capacity(handles.len());
+    for h in handles {
+        let what = if push { "push" } else { "pull" };
+        out.push(h.await.context("request task")?.context(what)?);
+    }
+    Ok(out)
+}
+
+async fn worker(
+    w: usize,
+    cfg: &LoadConfig,
+    client: Arc<PsClient>,
+    pool: Arc<Vec<Vec<Prepared>>>,
+    window: Window,
+    progress: Arc<Progress>,
+) -> anyhow::Result<WorkerStats> {
+    let mut st = WorkerStats::default();
+    let mut k = w;
+    while Instant::now() < window.end {
+        let reqs = &pool[k % pool.len()];
+        k += cfg.concurrency;
+        let mut whole = true;
+        for push in [false, true] {
+            if (push && !cfg.mix.pushes()) || (!push && !cfg.mix.pulls()) {
+                continue;
+            }
+            for (t0, t1, rows, wire) in phase(&client, cfg, reqs, push).await? {
+                let counter = if push {
+                    &progress.pushed
+                } else {
+                    &progress.pulled
+                };
+                counter.fetch_add(rows as u64, Ordering::Relaxed);
+                if !window.counts(t0, t1) {
+                    whole = false;
+                    continue;
+                }
+                st.wire_bytes += wire;
+                if push {
+                    st.push.record(t1 - t0);
+                    st.push_rows += rows as u64;
+                } else {
+                    st.pull.record(t1 - t0);
+                    st.pull_rows += rows as u64;
+                }
+            }
+        }
+        if whole {
+            st.batches += 1;
+        }
+    }
+    Ok(st)
+}

@@ -1,0 +1,143 @@
+//! The end-of-run report: JSON (one flat object) and text.
+
+use serde::Serialize;
+
+use super::config::LoadConfig;
+use super::stats::Summary;
+
+/// Totals a run measured (after warm-up), before they become a [`Report`].
+#[derive(Debug, Clone)]
+pub struct Measured {
+    /// Measured seconds.
+    pub seconds: f64,
+    /// Distinct ids pulled.
+    pub pull_rows: u64,
+    /// Distinct ids pushed.
+    pub push_rows: u64,
+    /// Wire bytes sent and received (see [`Report::wire_bytes`]).
+    pub wire_bytes: u64,
+    /// Batches completed.
+    pub batches: u64,
+    /// Pull latencies.
+    pub pull: Summary,
+    /// Push latencies.
+    pub push: Summary,
+}
+
+/// What `ps-bench` prints and writes. Rows are distinct ids per batch (deduplicated like the trainer).
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    /// "quic" or "in-process".
+    pub transport: String,
+    /// Row and gradient encoding.
+    pub codec: String,
+    /// Measured seconds.
+    pub seconds: f64,
+    /// Batches completed in the measured window.
+    pub batches: u64,
+    /// Distinct ids pulled per second.
+    pub pull_rows_per_sec: f64,
+    /// Distinct ids pushed per second.
+    pub push_rows_per_sec: f64,
+    /// Pull request latency percentiles, ms (one request per server per batch; in process, one per batch).
+    pub pull_p50_ms: f64,
+    /// See `pull_p50_ms`.
+    pub pull_p99_ms: f64,
+    /// See `pull_p50_ms`.
+    pub pull_p999_ms: f64,
+    /// Mean pull latency, ms.
+    pub pull_mean_ms: f64,
+    /// Push request latency percentiles, ms.
+    pub push_p50_ms: f64,
+    /// See `push_p50_ms`.
+    pub push_p99_ms: f64,
+    /// See `push_p50_ms`.
+    pub push_p999_ms: f64,
+    /// Mean push latency, ms.
+    pub push_mean_ms: f64,
+    /// Pull requests measured.
+    pub pull_requests: usize,
+    /// Push requests measured.
+    pub push_requests: usize,
+    /// Bytes of application frames sent and received: payloads plus each frame's 12-byte prefix and its
+    /// bincode header, computed exactly from the requests and the expected responses (not counted from the
+    /// socket). QUIC, TLS, UDP and IP overhead are not included. 0 in process.
+    pub wire_bytes: u64,
+    /// `wire_bytes` (pulls and pushes, both directions) per distinct row pulled.
+    pub wire_bytes_per_pulled_row: f64,
+    /// `wire_bytes` per second, in MB (10^6 bytes).
+    pub wire_mb_per_sec: f64,
+    /// The run's settings.
+    pub config: LoadConfig,
+}
+
+impl Report {
+    /// Builds the report.
+    pub fn new(transport: &str, config: &LoadConfig, m: Measured) -> Report {
+        let secs = m.seconds.max(1e-9);
+        Report {
+            transport: transport.into(),
+            codec: config.codec.to_string(),
+            seconds: m.seconds,
+            batches: m.batches,
+            pull_rows_per_sec: m.pull_rows as f64 / secs,
+            push_rows_per_sec: m.push_rows as f64 / secs,
+            pull_p50_ms: m.pull.ms(0.5),
+            pull_p99_ms: m.pull.ms(0.99),
+            pull_p999_ms: m.pull.ms(0.999),
+            pull_mean_ms: m.pull.mean_ms(),
+            push_p50_ms: m.push.ms(0.5),
+            push_p99_ms: m.push.ms(0.99),
+            push_p999_ms: m.push.ms(0.999),
+            push_mean_ms: m.push.mean_ms(),
+            pull_requests: m.pull.count(),
+            push_requests: m.push.count(),
+            wire_bytes: m.wire_bytes,
+            wire_bytes_per_pulled_row: if m.pull_rows > 0 {
+                m.wire_bytes as f64 / m.pull_rows as f64
+            } else {
+                0.0
+            },
+            wire_mb_per_sec: m.wire_bytes as f64 / secs / 1e6,
+            config: config.clone(),
+        }
+    }
+
+    /// Human-readable summary.
+    pub fn text(&self) -> String {
+        let c = &self.config;
+        format!(
+            "ps-bench: {transport} ({target}, {servers} server(s)), codec {codec}, {tables} tables x {ids} ids \
+             ({dist:?}, s {s}, vocab {vocab}), dim {dim}, concurrency {conc}, mix {mix:?}, {secs:.1} s\n\
+             pull: {prs:>12.0} rows/s  p50 {p50:.2} ms  p99 {p99:.2} ms  p999 {p999:.2} ms  ({pn} requests)\n\
+             push: {ups:>12.0} rows/s  p50 {u50:.2} ms  p99 {u99:.2} ms  p999 {u999:.2} ms  ({un} requests)\n\
+             wire: {wmb:.1} MB/s, {wpr:.1} bytes per pulled row; {batches} batches\n",
+            transport = self.transport,
+            target = c.target,
+            servers = c.servers,
+            codec = self.codec,
+            tables = c.tables,
+            ids = c.ids_per_table,
+            dist = c.distribution,
+            s = c.zipf_s,
+            vocab = c.vocab,
+            dim = c.dim,
+            conc = c.concurrency,
+            mix = c.mix,
+            secs = self.seconds,
+            prs = self.pull_rows_per_sec,
+            p50 = self.pull_p50_ms,
+            p99 = self.pull_p99_ms,
+            p999 = self.pull_p999_ms,
+            pn = self.pull_requests,
+            ups = self.push_rows_per_sec,
+            u50 = self.push_p50_ms,
+            u99 = self.push_p99_ms,
+            u999 = self.push_p999_ms,
+            un = self.push_requests,
+            wmb = self.wire_mb_per_sec,
+            wpr = self.wire_bytes_per_pulled_row,
+            batches = self.batches,
+        )
+    }
+}

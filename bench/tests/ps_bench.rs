@@ -1,0 +1,101 @@
+//! `ps-bench` end to end: a local cluster of one real `ps-server` process, a short run, the JSON report.
+
+use std::path::Path;
+use std::process::Command;
+
+fn run_json(args: &[&str], json: &Path) -> serde_json::Value {
+    let out = Command::new(env!("CARGO_BIN_EXE_ps-bench"))
+        .args(args)
+        .arg("--json")
+        .arg(json)
+        .output()
+        .expect("run ps-bench");
+    assert!(
+        out.status.success(),
+        "ps-bench {args:?} failed: {}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&std::fs::read(json).expect("read the JSON report")).expect("JSON")
+}
+
+fn check_keys(v: &serde_json::Value, transport: &str) {
+    assert_eq!(v["transport"], transport);
+    assert_eq!(v["codec"], "f16");
+    for key in [
+        "pull_rows_per_sec",
+        "push_rows_per_sec",
+        "pull_p50_ms",
+        "pull_p99_ms",
+        "pull_p999_ms",
+        "push_p50_ms",
+        "push_p99_ms",
+        "wire_bytes_per_pulled_row",
+        "wire_mb_per_sec",
+    ] {
+        assert!(v[key].is_number(), "{key} missing in {v}");
+    }
+    assert!(v["pull_rows_per_sec"].as_f64().unwrap() > 0.0, "{v}");
+    assert!(v["push_rows_per_sec"].as_f64().unwrap() > 0.0, "{v}");
+    assert_eq!(v["config"]["tables"], 4);
+}
+
+const SMALL: &[&str] = &[
+    "--seconds",
+    "2",
+    "--warmup-seconds",
+    "0.2",
+    "--tables",
+    "4",
+    "--ids-per-table",
+    "256",
+    "--concurrency",
+    "2",
+    "--pool-batches",
+    "4",
+    "--quiet",
+];
+
+#[test]
+fn local_cluster_run_writes_a_json_report() {
+    let exe = Path::new(env!("CARGO_BIN_EXE_ps-bench"));
+    let server = exe.with_file_name("ps-server");
+    if !server.is_file() {
+        eprintln!(
+            "skipped: {} is missing (build the workspace, e.g. `cargo build -p ps-server`, to run this test)",
+            server.display()
+        );
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("quic.json");
+    let mut args = vec!["--local-cluster", "1"];
+    args.extend_from_slice(SMALL);
+    let v = run_json(&args, &json);
+    check_keys(&v, "quic");
+    // f16 dim 16: a pull moves 8 id bytes and 32 row bytes per row, a push 8 + 32, plus frame headers.
+    let per_row = v["wire_bytes_per_pulled_row"].as_f64().unwrap();
+    assert!((80.0..90.0).contains(&per_row), "{per_row}");
+}
+
+#[test]
+fn in_process_run_writes_a_json_report() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("inproc.json");
+    let mut args = vec!["--in-process"];
+    args.extend_from_slice(SMALL);
+    let v = run_json(&args, &json);
+    check_keys(&v, "in-process");
+    assert_eq!(v["wire_bytes_per_pulled_row"], 0.0);
+}
+
+#[test]
+fn no_target_is_a_clear_error() {
+    let out = Command::new(env!("CARGO_BIN_EXE_ps-bench"))
+        .args(["--seconds", "1"])
+        .output()
+        .expect("run ps-bench");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--local-cluster"), "{err}");
+}
