@@ -6,17 +6,22 @@
 //! chunk, whose capacity itself grows by doubling, so small tables stay small too. A slot number is a `u32`
 //! (chunk = slot >> shift, row = slot & mask); the id of each slot is kept so the dirty write-back and the index
 //! (which stores only slot numbers) can find it.
+//!
+//! Removed rows leave their slot on a free list, and the next [`Arena::push`] reuses it, so a table whose rows
+//! expire (TTL) does not grow without bound. Tables with a TTL also keep a `u32` last-touched time per slot
+//! (4 bytes per row); other tables allocate nothing for it.
 
 /// Target bytes of row data per chunk.
 const CHUNK_BYTES: usize = 64 * 1024;
 /// Smallest capacity, in rows, of a chunk's first allocation.
 const MIN_ROWS: usize = 16;
 
-/// One chunk: up to `1 << shift` rows and their ids.
+/// One chunk: up to `1 << shift` rows, their ids and (with stamps on) their last-touched times.
 #[derive(Debug)]
 struct Chunk {
     ids: Vec<u64>,
     rows: Vec<f32>,
+    stamps: Vec<u32>,
 }
 
 /// The rows of one stripe.
@@ -24,13 +29,18 @@ struct Chunk {
 pub(crate) struct Arena {
     row_len: usize,
     shift: u32,
+    /// Slots ever used (live + free): the next new slot.
     len: usize,
     chunks: Vec<Chunk>,
+    /// Removed slots, reused by [`Arena::push`] (last removed first).
+    free: Vec<u32>,
+    /// Whether each slot has a `u32` stamp.
+    stamps: bool,
 }
 
 impl Arena {
-    /// An empty arena for rows of `row_len` f32s (`row_len >= 1`).
-    pub(crate) fn new(row_len: usize) -> Self {
+    /// An empty arena for rows of `row_len` f32s (`row_len >= 1`), with a `u32` stamp per slot if `stamps`.
+    pub(crate) fn new(row_len: usize, stamps: bool) -> Self {
         let rows = (CHUNK_BYTES / (row_len * 4)).max(1);
         // Largest power of two <= rows.
         let shift = usize::BITS - 1 - rows.leading_zeros();
@@ -39,11 +49,18 @@ impl Arena {
             shift,
             len: 0,
             chunks: Vec::new(),
+            free: Vec::new(),
+            stamps,
         }
     }
 
-    /// Rows held.
+    /// Live rows held.
     pub(crate) fn len(&self) -> usize {
+        self.len - self.free.len()
+    }
+
+    /// Slots ever used (live or free): every slot number is below it.
+    pub(crate) fn slots(&self) -> usize {
         self.len
     }
 
@@ -51,14 +68,28 @@ impl Arena {
         1 << self.shift
     }
 
-    /// Appends a zeroed row for `id` and returns its slot and the row to fill.
+    /// Adds a zeroed row for `id` (stamp 0), reusing a free slot if there is one, and returns its slot and the
+    /// row to fill.
     pub(crate) fn push(&mut self, id: u64) -> (usize, &mut [f32]) {
+        if let Some(slot) = self.free.pop() {
+            let slot = slot as usize;
+            let (c, r) = (slot >> self.shift, slot & (self.chunk_rows() - 1));
+            let chunk = &mut self.chunks[c];
+            chunk.ids[r] = id;
+            if self.stamps {
+                chunk.stamps[r] = 0;
+            }
+            let row = &mut chunk.rows[r * self.row_len..(r + 1) * self.row_len];
+            row.fill(0.0);
+            return (slot, row);
+        }
         let chunk_rows = self.chunk_rows();
         let row_len = self.row_len;
         if self.len & (chunk_rows - 1) == 0 {
             self.chunks.push(Chunk {
                 ids: Vec::new(),
                 rows: Vec::new(),
+                stamps: Vec::new(),
             });
         }
         let chunk = self.chunks.last_mut().expect("a chunk was just ensured");
@@ -67,13 +98,43 @@ impl Arena {
             let want = (chunk.ids.len() * 2).clamp(MIN_ROWS.min(chunk_rows), chunk_rows);
             chunk.ids.reserve_exact(want - chunk.ids.len());
             chunk.rows.reserve_exact(want * row_len - chunk.rows.len());
+            if self.stamps {
+                chunk.stamps.reserve_exact(want - chunk.stamps.len());
+            }
         }
         chunk.ids.push(id);
+        if self.stamps {
+            chunk.stamps.push(0);
+        }
         let start = chunk.rows.len();
         chunk.rows.resize(start + row_len, 0.0);
         let slot = self.len;
         self.len += 1;
         (slot, &mut chunk.rows[start..])
+    }
+
+    /// Frees `slot` (live) for reuse by a later [`Arena::push`]. Its contents stay until then.
+    pub(crate) fn remove(&mut self, slot: usize) {
+        debug_assert!(slot < self.len && !self.free.contains(&(slot as u32)));
+        self.free.push(slot as u32);
+    }
+
+    /// The stamp of `slot` (0 if the arena keeps no stamps).
+    #[inline]
+    pub(crate) fn stamp(&self, slot: usize) -> u32 {
+        if !self.stamps {
+            return 0;
+        }
+        self.chunks[slot >> self.shift].stamps[slot & (self.chunk_rows() - 1)]
+    }
+
+    /// Sets the stamp of `slot` (ignored if the arena keeps no stamps).
+    #[inline]
+    pub(crate) fn set_stamp(&mut self, slot: usize, stamp: u32) {
+        if self.stamps {
+            let mask = self.chunk_rows() - 1;
+            self.chunks[slot >> self.shift].stamps[slot & mask] = stamp;
+        }
     }
 
     /// The id stored in `slot`.
@@ -100,10 +161,11 @@ impl Arena {
     /// Heap bytes allocated (capacity, not length).
     pub(crate) fn allocated_bytes(&self) -> usize {
         self.chunks.capacity() * std::mem::size_of::<Chunk>()
+            + self.free.capacity() * 4
             + self
                 .chunks
                 .iter()
-                .map(|c| c.ids.capacity() * 8 + c.rows.capacity() * 4)
+                .map(|c| c.ids.capacity() * 8 + c.rows.capacity() * 4 + c.stamps.capacity() * 4)
                 .sum::<usize>()
     }
 }
@@ -115,7 +177,7 @@ mod tests {
     #[test]
     fn rows_across_chunks() {
         // 64 KiB / (4096 * 4) = 4 rows per chunk.
-        let mut a = Arena::new(4096);
+        let mut a = Arena::new(4096, false);
         assert_eq!(a.chunk_rows(), 4);
         for id in 0..10u64 {
             let (slot, row) = a.push(id * 3);
@@ -136,7 +198,7 @@ mod tests {
 
     #[test]
     fn slack_is_bounded() {
-        let mut a = Arena::new(17);
+        let mut a = Arena::new(17, false);
         for id in 0..100_000u64 {
             a.push(id);
         }
@@ -146,5 +208,40 @@ mod tests {
             bytes >= payload && bytes < payload + payload / 10,
             "{bytes} vs {payload}"
         );
+    }
+
+    #[test]
+    fn removed_slots_are_reused_and_zeroed() {
+        let mut a = Arena::new(2, true);
+        for id in 0..5u64 {
+            let (slot, row) = a.push(id);
+            row.fill(id as f32 + 1.0);
+            a.set_stamp(slot, 100 + id as u32);
+        }
+        assert_eq!(a.stamp(3), 103);
+        a.remove(1);
+        a.remove(3);
+        assert_eq!((a.len(), a.slots()), (3, 5));
+        let (slot, row) = a.push(42);
+        assert_eq!(slot, 3);
+        assert_eq!(row, &[0.0, 0.0]);
+        assert_eq!((a.id(3), a.stamp(3)), (42, 0));
+        assert_eq!(a.push(43).0, 1);
+        assert_eq!(a.push(44).0, 5);
+        assert_eq!((a.len(), a.slots()), (6, 6));
+        assert_eq!(a.row(4), &[5.0, 5.0]);
+    }
+
+    #[test]
+    fn stamps_cost_four_bytes_per_row_only_when_on() {
+        let (mut off, mut on) = (Arena::new(16, false), Arena::new(16, true));
+        for id in 0..10_000u64 {
+            off.push(id);
+            on.push(id);
+        }
+        // 4 bytes per row, plus the last chunk's slack (10,000 rows fill 10 chunks of 1,024).
+        let extra = on.allocated_bytes() - off.allocated_bytes();
+        assert_eq!(extra, 10 * 1024 * 4);
+        assert_eq!(off.stamp(5), 0);
     }
 }

@@ -1,4 +1,8 @@
-//! Table configuration: [`TableConfig`], its optimizer ([`OptimizerConfig`]) and initializer ([`InitConfig`]).
+//! Table configuration: [`TableConfig`], its optimizer ([`OptimizerConfig`]), initializer ([`InitConfig`]) and
+//! admission filter ([`AdmissionConfig`]).
+//!
+//! Fields added after the first release carry `#[serde(default)]`, so configs stored by earlier versions load
+//! with those features off.
 //!
 //! A config is persisted as JSON in the store's metadata (key `table/<id>`) so a restarted server rebuilds its
 //! tables; changing it for an existing table is a [`EmbeddingError::TableConflict`].
@@ -26,7 +30,41 @@ pub struct TableConfig {
     pub init: InitConfig,
     /// Seed of the deterministic initializer (DESIGN.md: "deterministic from (table seed, id)").
     pub seed: u64,
+    /// L2 weight decay added to every gradient before the optimizer step: `g += weight_decay * w`. Finite and
+    /// >= 0; default 0 (off).
+    #[serde(default)]
+    pub weight_decay: f32,
+    /// Gradient clipping: a gradient row whose L2 norm exceeds `clip_norm` is scaled down to norm `clip_norm`
+    /// (before weight decay is added). Finite and >= 0; default 0 (off).
+    #[serde(default)]
+    pub clip_norm: f32,
+    /// Frequency admission (count-min sketch): an id gets a row only after `min_count` pushes. Default `None`
+    /// (every pushed id gets a row).
+    #[serde(default)]
+    pub admission: Option<AdmissionConfig>,
+    /// Rows not updated for this many seconds are deleted by [`crate::Engine::expire`], from memory and from
+    /// the store. `1..=u32::MAX`; default `None` (rows live forever).
+    #[serde(default)]
+    pub ttl_secs: Option<u64>,
 }
+
+/// Count-min-sketch frequency admission of a table (see [`crate::admission`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdmissionConfig {
+    /// Pushes of an id before it gets a row, `>= 1` (1 admits on the first push, as without admission).
+    pub min_count: u32,
+    /// Counters per sketch row, `1..=2^26` (4 bytes each). More counters mean fewer hash collisions, i.e.
+    /// fewer ids admitted early because of other ids' pushes.
+    pub width: usize,
+    /// Sketch rows (independent hashes), `1..=8`.
+    pub depth: usize,
+}
+
+/// Largest [`AdmissionConfig::width`].
+pub const MAX_SKETCH_WIDTH: usize = 1 << 26;
+/// Largest [`AdmissionConfig::depth`].
+pub const MAX_SKETCH_DEPTH: usize = 8;
 
 /// The per-table optimizer, applied row by row to pushed gradients (see [`crate::optimizer`]).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -57,25 +95,55 @@ pub enum OptimizerConfig {
         /// Accumulator value of a new row, finite and >= 0.
         initial_accumulator: f32,
     },
+    /// Adam (Kingma & Ba 2015, as `torch.optim.Adam`) with a per-row step count: state is `m[dim]`, `v[dim]`
+    /// and the row's step `t`, and bias correction uses the row's own `t` (rows are updated at different
+    /// rates, so a global step would over-correct rare rows).
+    Adam {
+        /// Learning rate, finite and > 0.
+        lr: f32,
+        /// Decay of the first moment, in `[0, 1)`.
+        beta1: f32,
+        /// Decay of the second moment, in `[0, 1)`.
+        beta2: f32,
+        /// Added to `sqrt(v_hat)`, finite and > 0.
+        eps: f32,
+    },
+    /// FTRL-Proximal (McMahan et al. 2013, "Ad Click Prediction: a View from the Trenches", Algorithm 1), per
+    /// coordinate: state is `z[dim]` and `n[dim]`; the weights are recomputed from `z` and `n` after each
+    /// update.
+    Ftrl {
+        /// Learning rate `alpha`, finite and > 0.
+        alpha: f32,
+        /// Learning-rate offset `beta`, finite and >= 0.
+        beta: f32,
+        /// L1 strength `lambda_1`, finite and >= 0.
+        l1: f32,
+        /// L2 strength `lambda_2`, finite and >= 0.
+        l2: f32,
+    },
 }
 
 impl OptimizerConfig {
     /// f32s of optimizer state stored after the weights of each row: SGD 0, row-wise Adagrad 1,
-    /// element-wise Adagrad `dim`.
+    /// element-wise Adagrad `dim`, Adam `2 * dim + 1`, FTRL `2 * dim`.
     pub fn state_len(&self, dim: usize) -> usize {
         match self {
             OptimizerConfig::Sgd { .. } => 0,
             OptimizerConfig::RowAdagrad { .. } => 1,
             OptimizerConfig::Adagrad { .. } => dim,
+            OptimizerConfig::Adam { .. } => 2 * dim + 1,
+            OptimizerConfig::Ftrl { .. } => 2 * dim,
         }
     }
 
-    /// The learning rate.
+    /// The learning rate (`alpha` for FTRL).
     pub fn lr(&self) -> f32 {
         match *self {
             OptimizerConfig::Sgd { lr }
             | OptimizerConfig::RowAdagrad { lr, .. }
-            | OptimizerConfig::Adagrad { lr, .. } => lr,
+            | OptimizerConfig::Adagrad { lr, .. }
+            | OptimizerConfig::Adam { lr, .. } => lr,
+            OptimizerConfig::Ftrl { alpha, .. } => alpha,
         }
     }
 }
@@ -133,7 +201,7 @@ impl InitConfig {
 
 impl TableConfig {
     /// A config with defaults: row-wise Adagrad (lr 0.01, eps 1e-8, accumulator 0),
-    /// [`InitConfig::for_dim`] and seed 0.
+    /// [`InitConfig::for_dim`], seed 0, no weight decay, clipping, admission or TTL.
     pub fn new(id: u32, name: impl Into<String>, dim: usize) -> Self {
         TableConfig {
             id,
@@ -146,6 +214,10 @@ impl TableConfig {
             },
             init: InitConfig::for_dim(dim),
             seed: 0,
+            weight_decay: 0.0,
+            clip_norm: 0.0,
+            admission: None,
+            ttl_secs: None,
         }
     }
 
@@ -205,11 +277,59 @@ impl TableConfig {
                 positive("optimizer.eps", eps)?;
                 non_negative("optimizer.initial_accumulator", initial_accumulator)?;
             }
+            OptimizerConfig::Adam {
+                lr,
+                beta1,
+                beta2,
+                eps,
+            } => {
+                positive("optimizer.lr", lr)?;
+                let decay = |field, v: f32| {
+                    if (0.0..1.0).contains(&v) {
+                        Ok(())
+                    } else {
+                        bad(field, v.to_string(), "a value in [0, 1)")
+                    }
+                };
+                decay("optimizer.beta1", beta1)?;
+                decay("optimizer.beta2", beta2)?;
+                positive("optimizer.eps", eps)?;
+            }
+            OptimizerConfig::Ftrl {
+                alpha,
+                beta,
+                l1,
+                l2,
+            } => {
+                positive("optimizer.alpha", alpha)?;
+                non_negative("optimizer.beta", beta)?;
+                non_negative("optimizer.l1", l1)?;
+                non_negative("optimizer.l2", l2)?;
+            }
         }
         match self.init.kind {
-            InitKind::Uniform { scale } => non_negative("init.scale", scale),
-            InitKind::Normal { std } => non_negative("init.std", std),
+            InitKind::Uniform { scale } => non_negative("init.scale", scale)?,
+            InitKind::Normal { std } => non_negative("init.std", std)?,
         }
+        non_negative("weight_decay", self.weight_decay)?;
+        non_negative("clip_norm", self.clip_norm)?;
+        if let Some(a) = self.admission {
+            if a.min_count == 0 {
+                return bad("admission.min_count", "0".into(), "an integer >= 1");
+            }
+            if a.width == 0 || a.width > MAX_SKETCH_WIDTH {
+                return bad("admission.width", a.width.to_string(), "1..=67108864");
+            }
+            if a.depth == 0 || a.depth > MAX_SKETCH_DEPTH {
+                return bad("admission.depth", a.depth.to_string(), "1..=8");
+            }
+        }
+        if let Some(ttl) = self.ttl_secs {
+            if ttl == 0 || ttl > u64::from(u32::MAX) {
+                return bad("ttl_secs", ttl.to_string(), "1..=4294967295 seconds");
+            }
+        }
+        Ok(())
     }
 
     /// Lists the fields that differ from `other`, as `"field: registered A, requested B"` joined by `"; "`,
@@ -252,82 +372,34 @@ impl TableConfig {
                 self.seed, other.seed
             ));
         }
+        if self.weight_decay != other.weight_decay {
+            out.push(format!(
+                "weight_decay: registered {}, requested {}",
+                self.weight_decay, other.weight_decay
+            ));
+        }
+        if self.clip_norm != other.clip_norm {
+            out.push(format!(
+                "clip_norm: registered {}, requested {}",
+                self.clip_norm, other.clip_norm
+            ));
+        }
+        if self.admission != other.admission {
+            out.push(format!(
+                "admission: registered {:?}, requested {:?}",
+                self.admission, other.admission
+            ));
+        }
+        if self.ttl_secs != other.ttl_secs {
+            out.push(format!(
+                "ttl_secs: registered {:?}, requested {:?}",
+                self.ttl_secs, other.ttl_secs
+            ));
+        }
         out.join("; ")
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn state_len_per_optimizer() {
-        let mut c = TableConfig::new(1, "t", 16);
-        assert_eq!(c.state_len(), 1);
-        assert_eq!(c.row_len(), 17);
-        c.optimizer = OptimizerConfig::Sgd { lr: 0.1 };
-        assert_eq!(c.state_len(), 0);
-        c.optimizer = OptimizerConfig::Adagrad {
-            lr: 0.1,
-            eps: 1e-8,
-            initial_accumulator: 0.0,
-        };
-        assert_eq!(c.row_len(), 32);
-    }
-
-    #[test]
-    fn validate_names_field_and_value() {
-        let mut c = TableConfig::new(3, "t", 0);
-        let e = c.validate().unwrap_err().to_string();
-        assert_eq!(e, "table 3: invalid dim = 0, expected 1..=4096");
-        c.dim = 4097;
-        assert!(c.validate().is_err());
-        c.dim = 4096;
-        c.validate().unwrap();
-        c.optimizer = OptimizerConfig::Sgd { lr: f32::NAN };
-        let e = c.validate().unwrap_err().to_string();
-        assert_eq!(
-            e,
-            "table 3: invalid optimizer.lr = NaN, expected a finite value > 0"
-        );
-        c.optimizer = OptimizerConfig::RowAdagrad {
-            lr: 0.1,
-            eps: 0.0,
-            initial_accumulator: 0.0,
-        };
-        assert!(c
-            .validate()
-            .unwrap_err()
-            .to_string()
-            .contains("optimizer.eps = 0"));
-        c.optimizer = OptimizerConfig::Sgd { lr: 0.1 };
-        c.init = InitConfig::normal(-1.0);
-        assert!(c
-            .validate()
-            .unwrap_err()
-            .to_string()
-            .contains("init.std = -1"));
-    }
-
-    #[test]
-    fn json_round_trip() {
-        let c = TableConfig::new(7, "C7", 8);
-        let s = serde_json::to_string(&c).unwrap();
-        assert!(s.contains("\"type\":\"row_adagrad\""), "{s}");
-        let back: TableConfig = serde_json::from_str(&s).unwrap();
-        assert_eq!(back, c);
-    }
-
-    #[test]
-    fn differences_lists_fields() {
-        let a = TableConfig::new(1, "a", 16);
-        let mut b = a.clone();
-        assert_eq!(a.differences(&b), "");
-        b.dim = 32;
-        b.seed = 5;
-        assert_eq!(
-            a.differences(&b),
-            "dim: registered 16, requested 32; seed: registered 0, requested 5"
-        );
-    }
-}
+#[path = "config_tests.rs"]
+mod tests;

@@ -9,6 +9,10 @@
 //! 4. [`Engine::flush_dirty`] on a timer and at shutdown (DESIGN.md: "dirty rows are written back in batches on
 //!    a timer"). Rows updated after the last flush are lost if the process dies: that is the durability
 //!    contract of asynchronous training.
+//! 5. [`Engine::expire`] on a timer, with the caller's time in seconds, for tables with `ttl_secs`: deletes
+//!    rows untouched for their TTL from the store, then from memory. It also sets the tables' logical clock,
+//!    which stamps rows updated through [`Engine::apply`] (use [`Engine::apply_at`] to pass time per push).
+//!    Rows recovered at open have no known last touch: their TTL starts at the first `expire` after open.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -41,6 +45,16 @@ pub struct FlushStats {
     pub batches: usize,
     /// Row bytes written (keys not counted).
     pub bytes: usize,
+}
+
+/// What [`Engine::expire`] deleted.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct ExpireStats {
+    /// Rows deleted from memory (and from the store).
+    pub rows_deleted: usize,
+    /// Rows found expired but touched again before their deletion from memory; they were deleted from the
+    /// store, stay in memory dirty, and are written back by the next flush.
+    pub rows_revived: usize,
 }
 
 /// The embedding tables of one server, backed by a [`Store`].
@@ -134,6 +148,49 @@ impl Engine {
         grads: &[f32],
     ) -> Result<ApplyStats, EmbeddingError> {
         self.table(table)?.apply(ids, grads)
+    }
+
+    /// [`Table::apply_at`] on table `table`: pushes at time `now` (seconds).
+    pub fn apply_at(
+        &self,
+        table: u32,
+        ids: &[u64],
+        grads: &[f32],
+        now: u64,
+    ) -> Result<ApplyStats, EmbeddingError> {
+        self.table(table)?.apply_at(ids, grads, now)
+    }
+
+    /// Deletes the rows of every table with a TTL that were untouched for `ttl_secs` at `now_secs`, first from
+    /// the store (one atomic delete batch per table), then from memory, and advances every table's logical
+    /// clock to `now_secs`. Runs under the flush lock, so a flush never rewrites a row this call deletes.
+    /// A failed store delete leaves that table's rows in memory and returns the error. Deletions are not
+    /// synced: like row writes, they are durable after the next [`Engine::flush_dirty`] ([`Store::flush`]).
+    ///
+    /// Cost: one pass over every slot of every table with a TTL, under each stripe lock in turn.
+    pub fn expire(&self, now_secs: u64) -> Result<ExpireStats, EmbeddingError> {
+        let _flush = self.flush.lock();
+        let tables: Vec<Arc<Table>> = self.tables.read().values().cloned().collect();
+        let mut stats = ExpireStats::default();
+        for table in tables {
+            table.advance_clock(now_secs);
+            let ids = table.expired(now_secs);
+            if ids.is_empty() {
+                continue;
+            }
+            self.store.delete_rows(table.id(), &ids)?;
+            let deleted = table.remove_expired(&ids, now_secs);
+            // Revived rows were updated after `expired`, so they are dirty: the next flush restores them.
+            stats.rows_revived += ids.len() - deleted;
+            stats.rows_deleted += deleted;
+            tracing::debug!(
+                table = table.id(),
+                deleted,
+                revived = ids.len() - deleted,
+                "expired rows"
+            );
+        }
+        Ok(stats)
     }
 
     /// Configs of all tables, by id.

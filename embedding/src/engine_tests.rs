@@ -224,3 +224,113 @@ fn engine_and_table_are_shared_across_threads() {
     send_sync::<RocksStore>();
     send_sync::<MemStore>();
 }
+
+fn ttl_cfg(id: u32, ttl: u64) -> TableConfig {
+    let mut c = cfg(id, 4);
+    c.ttl_secs = Some(ttl);
+    c
+}
+
+/// Issue 3: a row pushed at t=0 with ttl 10 survives expire(9) and is gone after expire(11), from memory and,
+/// after a reopen, from the store.
+fn ttl_deletes_from_memory_and_store(open: &dyn Fn() -> Arc<dyn Store>) {
+    let e = Engine::open(open()).unwrap();
+    e.register_table(ttl_cfg(1, 10)).unwrap();
+    e.register_table(cfg(2, 4)).unwrap();
+    e.apply_at(1, &[7, 8], &[1.0; 8], 0).unwrap();
+    e.apply_at(2, &[7], &[1.0; 4], 0).unwrap();
+    e.flush_dirty().unwrap();
+    assert_eq!(e.expire(9).unwrap(), ExpireStats::default());
+    assert!(e.table(1).unwrap().row(7).is_some());
+    e.apply_at(1, &[8], &[1.0; 4], 5).unwrap();
+    let stats = e.expire(11).unwrap();
+    assert_eq!(stats.rows_deleted, 1);
+    assert_eq!(e.table(1).unwrap().row(7), None);
+    assert!(e.table(1).unwrap().row(8).is_some());
+    assert!(
+        e.table(2).unwrap().row(7).is_some(),
+        "tables without a TTL keep their rows"
+    );
+    e.flush_dirty().unwrap();
+    drop(e);
+    let e = Engine::open(open()).unwrap();
+    assert_eq!(
+        e.table(1).unwrap().row(7),
+        None,
+        "deleted from the store too"
+    );
+    assert!(e.table(1).unwrap().row(8).is_some());
+    assert!(e.table(2).unwrap().row(7).is_some());
+    // Recovered rows start their TTL at the first expire after the reopen.
+    assert_eq!(e.expire(100).unwrap().rows_deleted, 0);
+    assert_eq!(e.expire(110).unwrap().rows_deleted, 1);
+    assert!(e.table(1).unwrap().is_empty());
+}
+
+#[test]
+fn ttl_expiry_on_mem_store() {
+    let store = Arc::new(MemStore::new());
+    ttl_deletes_from_memory_and_store(&|| store.clone());
+}
+
+#[test]
+fn ttl_expiry_on_rocks_store() {
+    let dir = tempfile::tempdir().unwrap();
+    ttl_deletes_from_memory_and_store(&|| Arc::new(RocksStore::open(dir.path()).unwrap()));
+}
+
+#[test]
+fn failed_store_delete_keeps_rows_in_memory() {
+    let (store, e) = mem_engine();
+    e.register_table(ttl_cfg(1, 10)).unwrap();
+    e.apply_at(1, &[7], &[1.0; 4], 0).unwrap();
+    e.flush_dirty().unwrap();
+    store.set_fail_writes(true);
+    assert!(matches!(e.expire(20), Err(EmbeddingError::Store(_))));
+    assert!(e.table(1).unwrap().row(7).is_some());
+    store.set_fail_writes(false);
+    assert_eq!(e.expire(21).unwrap().rows_deleted, 1);
+    assert_eq!(store.row_count(1), 0);
+}
+
+#[test]
+fn apply_without_time_is_stamped_by_the_last_expire() {
+    let (_store, e) = mem_engine();
+    e.register_table(ttl_cfg(1, 10)).unwrap();
+    e.expire(1_000).unwrap();
+    e.apply(1, &[7], &[1.0; 4]).unwrap();
+    assert_eq!(e.expire(1_009).unwrap().rows_deleted, 0);
+    assert_eq!(e.expire(1_010).unwrap().rows_deleted, 1);
+}
+
+#[test]
+fn new_config_fields_survive_a_restart() {
+    let store = Arc::new(MemStore::new());
+    let e = Engine::open(store.clone()).unwrap();
+    let mut c = ttl_cfg(1, 60);
+    c.optimizer = OptimizerConfig::Adam {
+        lr: 0.01,
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 1e-8,
+    };
+    c.weight_decay = 0.01;
+    c.clip_norm = 5.0;
+    c.admission = Some(crate::config::AdmissionConfig {
+        min_count: 2,
+        width: 128,
+        depth: 2,
+    });
+    e.register_table(c.clone()).unwrap();
+    e.apply(1, &[3, 3], &[1.0; 8]).unwrap();
+    e.flush_dirty().unwrap();
+    drop(e);
+    let e = Engine::open(store).unwrap();
+    assert_eq!(e.tables(), vec![c.clone()]);
+    let row = e.table(1).unwrap().row(3).unwrap();
+    assert_eq!(row.len(), 4 + 9);
+    assert_eq!(
+        row[12], 1.0,
+        "one Adam step: the second push was the admitting one"
+    );
+}

@@ -3,26 +3,33 @@
 //!
 //! This crate knows nothing about networks, QUIC or wire formats (DESIGN.md, "Crates and their one job each"):
 //! a row is an id plus `&[f32]`. The parameter server calls [`Engine`]:
-//! [`Engine::gather`] for pulls, [`Engine::apply`] for pushes, [`Engine::flush_dirty`] on a timer and at
-//! shutdown, and [`Engine::open`] at start to recover tables from the store.
+//! [`Engine::gather`] for pulls, [`Engine::apply`] (or [`Engine::apply_at`]) for pushes, [`Engine::flush_dirty`]
+//! on a timer and at shutdown, [`Engine::expire`] on a timer for tables with a TTL, and [`Engine::open`] at start
+//! to recover tables from the store. Every call returns counts ([`ApplyStats`], [`FlushStats`],
+//! [`ExpireStats`]) for the caller's metrics; this crate has no metrics dependency.
 //!
 //! # Layout
-//! - [`config`](TableConfig): [`TableConfig`], [`OptimizerConfig`], [`InitConfig`]; validation.
+//! - [`config`](TableConfig): [`TableConfig`], [`OptimizerConfig`], [`InitConfig`], [`AdmissionConfig`];
+//!   validation.
 //! - [`init`]: the counter-based initializer, a pure function of (seed, id, element).
-//! - [`optimizer`]: sans-IO row updates (SGD, row-wise and element-wise Adagrad).
+//! - [`optimizer`]: sans-IO row updates (SGD, row-wise and element-wise Adagrad, Adam with per-row steps,
+//!   FTRL-Proximal) after per-table clipping and weight decay ([`optimizer::Regularizer`]).
+//! - [`admission`]: the count-min sketch of frequency admission.
 //! - `arena`: chunked row storage of one stripe (private).
-//! - [`table`](Table): [`Table`], lock-striped rows with a compact index and dirty bits.
+//! - [`table`](Table): [`Table`], lock-striped rows with a compact index, dirty bits, admission and TTL.
 //! - [`batch`](DirtyBatch): [`DirtyBatch`], rows encoded for the store.
 //! - [`store`](Store): the [`Store`] trait; [`MemStore`] and [`RocksStore`] implement it.
-//! - [`engine`](Engine): [`Engine`], the tables of one server: registration, recovery, flushing.
+//! - [`engine`](Engine): [`Engine`], the tables of one server: registration, recovery, flushing, expiry.
 //! - [`error`](EmbeddingError): [`EmbeddingError`], [`StoreError`].
 //!
 //! # Not here yet
-//! Adam and FTRL, frequency admission, TTL and memory-budget eviction (the store already has the batched
-//! [`Store::get_rows`] read-back they need) and checkpoints are later steps of DESIGN.md.
+//! Memory-budget eviction to the store (the store already has the batched [`Store::get_rows`] read-back it
+//! needs), durability modes and checkpoints are later steps of DESIGN.md. Last-touched times and admission
+//! counts are not persisted: recovered rows restart their TTL, and the sketch restarts empty.
 
 #![warn(missing_docs)]
 
+pub mod admission;
 mod arena;
 mod batch;
 mod config;
@@ -41,8 +48,11 @@ mod prop_test;
 mod store_conformance;
 
 pub use batch::DirtyBatch;
-pub use config::{InitConfig, InitKind, OptimizerConfig, TableConfig, MAX_DIM};
-pub use engine::{Engine, FlushStats, FLUSH_BATCH_ROWS, TABLE_META_PREFIX};
+pub use config::{
+    AdmissionConfig, InitConfig, InitKind, OptimizerConfig, TableConfig, MAX_DIM, MAX_SKETCH_DEPTH,
+    MAX_SKETCH_WIDTH,
+};
+pub use engine::{Engine, ExpireStats, FlushStats, FLUSH_BATCH_ROWS, TABLE_META_PREFIX};
 pub use error::{EmbeddingError, StoreError};
 pub use mem_store::MemStore;
 pub use rocks_store::RocksStore;

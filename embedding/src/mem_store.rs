@@ -31,8 +31,8 @@ impl MemStore {
         Self::default()
     }
 
-    /// Fault injection for tests: while set, [`Store::write_rows`] fails with [`StoreError::Backend`] and
-    /// writes nothing.
+    /// Fault injection for tests: while set, [`Store::write_rows`] and [`Store::delete_rows`] fail with
+    /// [`StoreError::Backend`] and change nothing.
     pub fn set_fail_writes(&self, fail: bool) {
         self.fail_writes.store(fail, Ordering::Relaxed);
     }
@@ -67,6 +67,24 @@ impl Store for MemStore {
             .ok_or(StoreError::UnknownTable(table))?;
         for (id, bytes) in rows.iter() {
             t.insert(id, bytes.to_vec());
+        }
+        Ok(())
+    }
+
+    fn delete_rows(&self, table: u32, ids: &[u64]) -> Result<(), StoreError> {
+        if self.fail_writes.load(Ordering::Relaxed) {
+            return Err(StoreError::Backend {
+                op: format!("delete_rows table {table}"),
+                detail: "injected failure".into(),
+            });
+        }
+        let mut inner = self.inner.write();
+        let t = inner
+            .tables
+            .get_mut(&table)
+            .ok_or(StoreError::UnknownTable(table))?;
+        for id in ids {
+            t.remove(id);
         }
         Ok(())
     }

@@ -1,18 +1,20 @@
-//! Property test: random gather / apply / flush / reopen / crash sequences on the engine (arenas + store) and
-//! on a plain `HashMap<u64, Vec<f32>>` model, compared bit for bit after every step (STYLE.md, "Tests"; after
-//! tikv's `in_memory_engine/src/prop_test.rs`). Runs once over [`MemStore`] and once over [`RocksStore`].
+//! Property test: random gather / apply / expire / flush / reopen / crash sequences on the engine (arenas +
+//! store) and on a plain `HashMap<u64, Vec<f32>>` model, compared bit for bit after every step (STYLE.md,
+//! "Tests"; after tikv's `in_memory_engine/src/prop_test.rs`). Runs once over [`MemStore`] and once over
+//! [`RocksStore`]. Time is simulated: each apply and expire moves a shared clock forward by 0..3 seconds.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use proptest::prelude::*;
 
-use crate::config::{InitConfig, OptimizerConfig, TableConfig};
+use crate::config::{AdmissionConfig, InitConfig, OptimizerConfig, TableConfig};
 use crate::engine::Engine;
+use crate::init;
 use crate::mem_store::MemStore;
+use crate::optimizer::{self, Regularizer};
 use crate::rocks_store::RocksStore;
 use crate::store::Store;
-use crate::{init, optimizer};
 
 const MAX_DIM: usize = 3;
 
@@ -28,8 +30,34 @@ fn configs() -> Vec<TableConfig> {
         eps: 1e-6,
         initial_accumulator: 0.1,
     };
-    vec![a, b, c]
+    // Adam with weight decay, clipping and a TTL of 4 seconds.
+    let mut d = TableConfig::new(4, "adam_ttl", 2);
+    d.optimizer = OptimizerConfig::Adam {
+        lr: 0.1,
+        beta1: 0.9,
+        beta2: 0.99,
+        eps: 1e-6,
+    };
+    d.weight_decay = 0.05;
+    d.clip_norm = 1.0;
+    d.ttl_secs = Some(4);
+    // FTRL with admission after 2 pushes (a wide sketch: the few ids used never collide in all rows).
+    let mut e = TableConfig::new(5, "ftrl_admission", 3);
+    e.optimizer = OptimizerConfig::Ftrl {
+        alpha: 0.1,
+        beta: 1.0,
+        l1: 0.01,
+        l2: 0.1,
+    };
+    e.admission = Some(AdmissionConfig {
+        min_count: 2,
+        width: 4096,
+        depth: 4,
+    });
+    vec![a, b, c, d, e]
 }
+
+const TABLES: usize = 5;
 
 #[derive(Debug, Clone)]
 enum Op {
@@ -41,6 +69,11 @@ enum Op {
         table: usize,
         ids: Vec<u64>,
         grads: Vec<f32>,
+        dt: u64,
+    },
+    /// [`Engine::expire`] after the clock moves `dt` seconds.
+    Expire {
+        dt: u64,
     },
     Flush,
     /// Flush, drop the engine and the store, reopen.
@@ -60,12 +93,13 @@ fn grad() -> impl Strategy<Value = f32> {
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        4 => (0..3usize, prop::collection::vec(id(), 0..10)).prop_map(|(table, ids)| Op::Gather { table, ids }),
-        8 => (0..3usize, prop::collection::vec((id(), prop::collection::vec(grad(), MAX_DIM)), 0..10))
-            .prop_map(|(table, rows)| {
+        4 => (0..TABLES, prop::collection::vec(id(), 0..10)).prop_map(|(table, ids)| Op::Gather { table, ids }),
+        8 => (0..TABLES, prop::collection::vec((id(), prop::collection::vec(grad(), MAX_DIM)), 0..10), 0..3u64)
+            .prop_map(|(table, rows, dt)| {
                 let (ids, grads) = rows.into_iter().unzip::<_, _, Vec<u64>, Vec<Vec<f32>>>();
-                Op::Apply { table, ids, grads: grads.concat() }
+                Op::Apply { table, ids, grads: grads.concat(), dt }
             }),
+        2 => (0..3u64).prop_map(|dt| Op::Expire { dt }),
         2 => Just(Op::Flush),
         1 => Just(Op::Reopen),
         1 => Just(Op::Crash),
@@ -89,11 +123,14 @@ impl Backend {
 
 type Rows = HashMap<u64, Vec<f32>>;
 
-/// The reference: rows per table, live and as of the last flush.
+/// The reference: rows per table, live and as of the last flush; last-touched times of live rows (`None`:
+/// recovered, unknown until the next expire); pushes of ids without a row since the last restart.
 struct Model {
     configs: Vec<TableConfig>,
     live: Vec<Rows>,
     durable: Vec<Rows>,
+    stamps: Vec<HashMap<u64, Option<u64>>>,
+    sightings: Vec<HashMap<u64, u32>>,
 }
 
 impl Model {
@@ -110,20 +147,59 @@ impl Model {
         out
     }
 
-    fn apply(&mut self, t: usize, ids: &[u64], grads: &[f32]) {
+    fn apply(&mut self, t: usize, ids: &[u64], grads: &[f32], now: u64) {
         let cfg = &self.configs[t];
         for (i, id) in ids.iter().enumerate() {
             let g = &grads[i * cfg.dim..(i + 1) * cfg.dim];
             if g.iter().any(|x| !x.is_finite()) {
                 continue;
             }
+            if let (Some(adm), false) = (cfg.admission, self.live[t].contains_key(id)) {
+                let seen = self.sightings[t].entry(*id).or_default();
+                *seen += 1;
+                if *seen < adm.min_count {
+                    continue;
+                }
+            }
+            self.stamps[t].insert(*id, Some(now));
             let row = self.live[t].entry(*id).or_insert_with(|| {
                 let mut row = vec![0.0; cfg.row_len()];
                 init::fill_row(cfg, *id, &mut row);
                 row
             });
             let (w, s) = row.split_at_mut(cfg.dim);
-            optimizer::apply(&cfg.optimizer, w, s, g);
+            optimizer::update(&cfg.optimizer, Regularizer::of(cfg), w, s, g);
+        }
+    }
+
+    /// Deletes rows untouched for their table's TTL, live and durable; returns how many.
+    fn expire(&mut self, now: u64) -> usize {
+        let mut deleted = 0;
+        for (t, cfg) in self.configs.iter().enumerate() {
+            let Some(ttl) = cfg.ttl_secs else { continue };
+            let mut gone = Vec::new();
+            for (id, stamp) in self.stamps[t].iter_mut() {
+                match stamp {
+                    None => *stamp = Some(now),
+                    Some(s) if now - *s >= ttl => gone.push(*id),
+                    Some(_) => {}
+                }
+            }
+            for id in gone {
+                self.stamps[t].remove(&id);
+                self.live[t].remove(&id);
+                self.durable[t].remove(&id);
+                deleted += 1;
+            }
+        }
+        deleted
+    }
+
+    /// A restart: `live` rows are recovered with unknown stamps and the sketches start empty.
+    fn restart(&mut self) {
+        for t in 0..self.configs.len() {
+            self.stamps[t] = self.live[t].keys().map(|&id| (id, None)).collect();
+            self.sightings[t].clear();
         }
     }
 }
@@ -164,8 +240,11 @@ fn run(backend: Backend, ops: Vec<Op>) -> Result<(), TestCaseError> {
     let mut model = Model {
         live: vec![Rows::new(); configs.len()],
         durable: vec![Rows::new(); configs.len()],
+        stamps: vec![HashMap::new(); configs.len()],
+        sightings: vec![HashMap::new(); configs.len()],
         configs: configs.clone(),
     };
+    let mut now = 0u64;
     let mut engine = Some(open_engine(&backend, &configs));
     for op in ops {
         let e = engine.as_ref().unwrap();
@@ -179,15 +258,22 @@ fn run(backend: Backend, ops: Vec<Op>) -> Result<(), TestCaseError> {
                 table,
                 ids,
                 mut grads,
+                dt,
             } => {
+                now += dt;
                 let dim = configs[table].dim;
                 // Keep the first `dim` values of each MAX_DIM-long gradient row.
                 grads = grads
                     .chunks(MAX_DIM)
                     .flat_map(|g| g[..dim].to_vec())
                     .collect();
-                e.apply(configs[table].id, &ids, &grads).unwrap();
-                model.apply(table, &ids, &grads);
+                e.apply_at(configs[table].id, &ids, &grads, now).unwrap();
+                model.apply(table, &ids, &grads, now);
+            }
+            Op::Expire { dt } => {
+                now += dt;
+                let stats = e.expire(now).unwrap();
+                prop_assert_eq!(stats.rows_deleted, model.expire(now));
             }
             Op::Flush => {
                 e.flush_dirty().unwrap();
@@ -197,11 +283,13 @@ fn run(backend: Backend, ops: Vec<Op>) -> Result<(), TestCaseError> {
                 e.flush_dirty().unwrap();
                 model.durable = model.live.clone();
                 drop(engine.take());
+                model.restart();
                 engine = Some(open_engine(&backend, &configs));
             }
             Op::Crash => {
                 drop(engine.take());
                 model.live = model.durable.clone();
+                model.restart();
                 engine = Some(open_engine(&backend, &configs));
             }
         }

@@ -151,6 +151,17 @@ impl Store for RocksStore {
             .map_err(backend(format!("write_rows table {table}")))
     }
 
+    fn delete_rows(&self, table: u32, ids: &[u64]) -> Result<(), StoreError> {
+        let cf = self.table_cf(table)?;
+        let mut batch = WriteBatch::default();
+        for id in ids {
+            batch.delete_cf(&cf, id.to_be_bytes());
+        }
+        self.db
+            .write(batch)
+            .map_err(backend(format!("delete_rows table {table}")))
+    }
+
     fn scan_rows(&self, table: u32, f: &mut ScanFn<'_>) -> Result<(), StoreError> {
         let cf = self.table_cf(table)?;
         let mut it = self.db.raw_iterator_cf(&cf);

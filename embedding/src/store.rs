@@ -31,6 +31,11 @@ pub trait Store: Send + Sync {
     /// durable before returning. Fails with [`StoreError::UnknownTable`] if `table` was never ensured.
     fn write_rows(&self, table: u32, rows: &DirtyBatch, sync: bool) -> Result<(), StoreError>;
 
+    /// Deletes the rows of `ids` from `table` atomically (one write batch); ids without a stored row are
+    /// ignored. Durable after the next [`Store::flush`]. Fails with [`StoreError::UnknownTable`] if `table` was
+    /// never ensured.
+    fn delete_rows(&self, table: u32, ids: &[u64]) -> Result<(), StoreError>;
+
     /// Calls `f(id, value)` for every row of `table`, in increasing id order. The first error (from `f` or the
     /// store) stops the scan and is returned.
     fn scan_rows(&self, table: u32, f: &mut ScanFn<'_>) -> Result<(), StoreError>;

@@ -176,6 +176,42 @@ pub(crate) fn survives_reopen(h: &mut dyn Harness) {
     s.write_rows(5, &batch(&[(2, [0.0; 2])]), false).unwrap();
 }
 
+pub(crate) fn delete_rows_removes_only_those_ids(h: &mut dyn Harness) {
+    let s = h.open();
+    s.ensure_table(1).unwrap();
+    s.ensure_table(2).unwrap();
+    s.write_rows(
+        1,
+        &batch(&[(1, [1.0, 0.0]), (2, [2.0, 0.0]), (3, [3.0, 0.0])]),
+        false,
+    )
+    .unwrap();
+    s.write_rows(2, &batch(&[(2, [9.0, 0.0])]), false).unwrap();
+    // Id 7 was never stored: ignored. Duplicates are fine.
+    s.delete_rows(1, &[2, 7, 2]).unwrap();
+    s.delete_rows(1, &[]).unwrap();
+    assert_eq!(scan(&*s, 1), vec![(1, le([1.0, 0.0])), (3, le([3.0, 0.0]))]);
+    assert_eq!(scan(&*s, 2), vec![(2, le([9.0, 0.0]))]);
+    let mut got = Vec::new();
+    s.get_rows(1, &[2, 3], &mut |i, v| {
+        got.push((i, v.is_some()));
+        Ok(())
+    })
+    .unwrap();
+    assert_eq!(got, vec![(0, false), (1, true)]);
+    assert_eq!(
+        s.delete_rows(9, &[1]).unwrap_err(),
+        StoreError::UnknownTable(9)
+    );
+    // A deleted row can be written again, and deletions survive a reopen.
+    s.write_rows(1, &batch(&[(2, [4.0, 0.0])]), false).unwrap();
+    s.delete_rows(1, &[1]).unwrap();
+    s.flush().unwrap();
+    drop(s);
+    let s = h.open();
+    assert_eq!(scan(&*s, 1), vec![(2, le([4.0, 0.0])), (3, le([3.0, 0.0]))]);
+}
+
 /// Instantiates every conformance test for the harness built by `$make`.
 macro_rules! store_conformance_tests {
     ($make:expr) => {
@@ -188,6 +224,7 @@ macro_rules! store_conformance_tests {
             values_are_stored_verbatim,
             meta_put_get_list,
             survives_reopen,
+            delete_rows_removes_only_those_ids,
         );
     };
     (@each $make:expr; $($name:ident),* $(,)?) => {

@@ -11,23 +11,36 @@
 //!   of payload";
 //! - a dirty bitset (1 bit per slot) and its population count.
 //!
+//! # Admission and TTL
+//! With [`crate::AdmissionConfig`], a table has one count-min [`Sketch`] shared by its stripes (atomic
+//! counters): a push of an id without a row counts a sighting, and the row is created only at the
+//! `min_count`-th; earlier pushes are dropped ([`ApplyStats::rejected_admission`]) and pulls return the
+//! initializer.
+//!
+//! With `ttl_secs`, each row keeps a `u32` last-touched time in seconds (4 bytes per row; see [`Table::apply_at`]
+//! for where time comes from), and [`Table::expired`] / [`Table::remove_expired`] find and delete rows
+//! untouched for `ttl_secs`. The table never reads a clock (STYLE.md, "Sans-IO cores"): callers pass `now` in
+//! seconds of any clock that only moves forward (the server uses Unix time; `u32` seconds last until 2106).
+//! Removed slots are reused through the arena's free list.
+//!
 //! # Locking
 //! A call groups its ids by stripe (a stable counting sort), then takes each stripe lock once, so a batch of
 //! `n` ids costs at most [`STRIPES`] lock acquisitions, and duplicate ids (same stripe) keep their call order.
 //! Stripes found busy are visited again after the others.
 //! Initializer values for unseen ids in [`Table::gather`] are computed after the locks are released.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use hashbrown::HashTable;
 use parking_lot::Mutex;
 
+use crate::admission::Sketch;
 use crate::arena::Arena;
 use crate::batch::DirtyBatch;
 use crate::config::TableConfig;
 use crate::error::EmbeddingError;
 use crate::init::{self, splitmix64};
-use crate::optimizer;
+use crate::optimizer::{self, Regularizer};
 
 /// Number of lock stripes per table (a power of two, at most 64: a `u64` holds a set of stripes).
 pub const STRIPES: usize = 64;
@@ -42,6 +55,9 @@ pub struct ApplyStats {
     pub created: usize,
     /// Gradient rows skipped because they held NaN or infinity; their rows were not touched or created.
     pub rejected_nonfinite: usize,
+    /// Gradient rows dropped because their id has no row and was not yet pushed `min_count` times (frequency
+    /// admission); the push was counted in the sketch.
+    pub rejected_admission: usize,
 }
 
 impl std::ops::AddAssign for ApplyStats {
@@ -49,7 +65,18 @@ impl std::ops::AddAssign for ApplyStats {
         self.applied += o.applied;
         self.created += o.created;
         self.rejected_nonfinite += o.rejected_nonfinite;
+        self.rejected_admission += o.rejected_admission;
     }
+}
+
+/// Stamp of a row whose last touch is unknown (recovered from the store, which keeps no times): the next
+/// [`Table::expired`] sets it to its `now`, so recovered rows get a full TTL after a restart.
+const STAMP_UNKNOWN: u32 = u32::MAX;
+
+/// The stamp of time `now` (seconds), saturating below [`STAMP_UNKNOWN`].
+#[inline]
+fn stamp_of(now: u64) -> u32 {
+    now.min(u64::from(STAMP_UNKNOWN - 1)) as u32
 }
 
 /// One stripe's rows, index and dirty set.
@@ -79,10 +106,10 @@ fn stripe_of(h: u64) -> usize {
 }
 
 impl Stripe {
-    fn new(row_len: usize) -> Self {
+    fn new(row_len: usize, stamps: bool) -> Self {
         Stripe {
             index: HashTable::new(),
-            arena: Arena::new(row_len),
+            arena: Arena::new(row_len, stamps),
             dirty: Vec::new(),
             dirty_count: 0,
         }
@@ -98,19 +125,32 @@ impl Stripe {
 
     /// Adds a row for `id` (absent), filled by `fill`, and returns its slot.
     fn insert(&mut self, id: u64, h: u64, fill: impl FnOnce(&mut [f32])) -> Result<usize, usize> {
-        let slot = self.arena.len();
-        if slot >= u32::MAX as usize {
-            return Err(slot);
+        if self.arena.len() >= u32::MAX as usize {
+            return Err(self.arena.len());
         }
         let (slot, row) = self.arena.push(id);
         fill(row);
-        if slot % 64 == 0 {
+        if slot / 64 >= self.dirty.len() {
             self.dirty.push(0);
         }
         let arena = &self.arena;
         self.index
             .insert_unique(h, slot as u32, |&s| hash(arena.id(s as usize)));
         Ok(slot)
+    }
+
+    /// Removes the row in `slot` (of `id`, hash `h`): index entry, dirty bit, and the slot goes to the free list.
+    fn remove(&mut self, id: u64, h: u64, slot: usize) {
+        let arena = &self.arena;
+        if let Ok(entry) = self.index.find_entry(h, |&s| arena.id(s as usize) == id) {
+            entry.remove();
+        }
+        let (word, bit) = (slot / 64, 1u64 << (slot % 64));
+        if self.dirty[word] & bit != 0 {
+            self.dirty[word] &= !bit;
+            self.dirty_count -= 1;
+        }
+        self.arena.remove(slot);
     }
 
     #[inline]
@@ -151,6 +191,14 @@ impl Stripe {
 pub struct Table {
     cfg: TableConfig,
     row_len: usize,
+    reg: Regularizer,
+    /// Frequency admission, if configured.
+    sketch: Option<Sketch>,
+    /// `ttl_secs` as stamps, if configured.
+    ttl: Option<u32>,
+    /// The latest `now` passed to [`Table::apply_at`], [`Table::advance_clock`] or [`Table::expired`]: the
+    /// time [`Table::apply`] stamps rows with.
+    clock: AtomicU64,
     stripes: Box<[Padded]>,
     rows: AtomicUsize,
     /// Stripe where the next [`Table::take_dirty`] starts, so a bounded take does not favour stripe 0.
@@ -162,10 +210,15 @@ impl Table {
     pub fn new(cfg: TableConfig) -> Result<Table, EmbeddingError> {
         cfg.validate()?;
         let row_len = cfg.row_len();
+        let ttl = cfg.ttl_secs.map(|t| t.min(u64::from(u32::MAX)) as u32);
         Ok(Table {
             stripes: (0..STRIPES)
-                .map(|_| Padded(Mutex::new(Stripe::new(row_len))))
+                .map(|_| Padded(Mutex::new(Stripe::new(row_len, ttl.is_some()))))
                 .collect(),
+            reg: Regularizer::of(&cfg),
+            sketch: cfg.admission.as_ref().map(Sketch::new),
+            ttl,
+            clock: AtomicU64::new(0),
             cfg,
             row_len,
             rows: AtomicUsize::new(0),
@@ -245,14 +298,42 @@ impl Table {
         Ok(())
     }
 
-    /// Applies the optimizer to the rows of `ids` with `grads` (`ids.len() x dim`), creating missing rows from
-    /// the initializer first and marking updated rows dirty. A gradient row with NaN or infinity is skipped and
-    /// counted in [`ApplyStats::rejected_nonfinite`]. Duplicate ids are applied one after another, in call order.
+    /// The table's logical clock: the latest `now` it was given, in seconds.
+    pub fn clock(&self) -> u64 {
+        self.clock.load(Ordering::Relaxed)
+    }
+
+    /// Moves the logical clock forward to `now` (seconds; an earlier `now` is ignored).
+    pub fn advance_clock(&self, now: u64) {
+        self.clock.fetch_max(now, Ordering::Relaxed);
+    }
+
+    /// [`Table::apply_at`] at the table's logical clock ([`Table::clock`]), for callers without a time source:
+    /// with a TTL, rows are then stamped with the `now` of the latest [`Table::expired`] call, so they expire
+    /// between `ttl_secs` and `ttl_secs` plus one expiry interval after their last update.
+    pub fn apply(&self, ids: &[u64], grads: &[f32]) -> Result<ApplyStats, EmbeddingError> {
+        self.apply_at(ids, grads, self.clock())
+    }
+
+    /// Applies the optimizer (after the table's clipping and weight decay) to the rows of `ids` with `grads`
+    /// (`ids.len() x dim`), creating missing rows from the initializer first and marking updated rows dirty.
+    /// A gradient row with NaN or infinity is skipped and counted in [`ApplyStats::rejected_nonfinite`]. With
+    /// admission, a missing row is created only at its id's `min_count`-th push; earlier pushes are dropped
+    /// and counted in [`ApplyStats::rejected_admission`]. Duplicate ids are applied one after another, in call
+    /// order. With a TTL, updated rows are stamped with `now` (seconds), which also advances the logical
+    /// clock.
     ///
     /// Updates are per row, not per call: a concurrent gather may see some rows of this call updated and
     /// others not (asynchronous training, DESIGN.md).
-    pub fn apply(&self, ids: &[u64], grads: &[f32]) -> Result<ApplyStats, EmbeddingError> {
+    pub fn apply_at(
+        &self,
+        ids: &[u64],
+        grads: &[f32],
+        now: u64,
+    ) -> Result<ApplyStats, EmbeddingError> {
         self.check_len("gradient", ids.len(), grads.len())?;
+        self.advance_clock(now);
+        let stamp = stamp_of(now);
         let dim = self.cfg.dim;
         let (order, bounds) = group_by_stripe(ids);
         let mut stats = ApplyStats::default();
@@ -268,6 +349,12 @@ impl Table {
                 let slot = match stripe.find(id, h) {
                     Some(slot) => slot,
                     None => {
+                        if let (Some(sketch), Some(adm)) = (&self.sketch, &self.cfg.admission) {
+                            if sketch.increment(id) < adm.min_count {
+                                stats.rejected_admission += 1;
+                                continue;
+                            }
+                        }
                         let slot = stripe
                             .insert(id, h, |row| init::fill_row(&self.cfg, id, row))
                             .map_err(|rows| self.full(s, rows))?;
@@ -276,8 +363,9 @@ impl Table {
                         slot
                     }
                 };
+                stripe.arena.set_stamp(slot, stamp);
                 let (weights, state) = stripe.arena.row_mut(slot).split_at_mut(dim);
-                optimizer::apply(&self.cfg.optimizer, weights, state, grad);
+                optimizer::update(&self.cfg.optimizer, self.reg, weights, state, grad);
                 stripe.mark_dirty(slot);
                 stats.applied += 1;
             }
@@ -333,7 +421,8 @@ impl Table {
     }
 
     /// Inserts or overwrites the full row of `id` (`row_len` f32s) without marking it dirty: for recovery from
-    /// the store.
+    /// the store. With a TTL, its last touch is unknown until the next [`Table::expired`], which starts its
+    /// TTL then.
     pub fn load_row(&self, id: u64, row: &[f32]) -> Result<(), EmbeddingError> {
         if row.len() != self.row_len {
             return Err(EmbeddingError::RowLength {
@@ -347,15 +436,20 @@ impl Table {
         let h = hash(id);
         let s = stripe_of(h);
         let mut stripe = self.stripes[s].0.lock();
-        match stripe.find(id, h) {
-            Some(slot) => stripe.arena.row_mut(slot).copy_from_slice(row),
+        let slot = match stripe.find(id, h) {
+            Some(slot) => {
+                stripe.arena.row_mut(slot).copy_from_slice(row);
+                slot
+            }
             None => {
-                stripe
+                let slot = stripe
                     .insert(id, h, |dst| dst.copy_from_slice(row))
                     .map_err(|rows| self.full(s, rows))?;
                 self.rows.fetch_add(1, Ordering::Relaxed);
+                slot
             }
-        }
+        };
+        stripe.arena.set_stamp(slot, STAMP_UNKNOWN);
         Ok(())
     }
 
@@ -401,9 +495,11 @@ impl Table {
         }
     }
 
-    /// Estimated heap bytes: arena chunks (capacity), ids, index buckets, dirty bits and stripe headers.
+    /// Estimated heap bytes: arena chunks (capacity), ids, TTL stamps, free lists, index buckets, dirty bits,
+    /// stripe headers and the admission sketch.
     pub fn memory_bytes(&self) -> usize {
         std::mem::size_of::<Table>()
+            + self.sketch.as_ref().map_or(0, Sketch::memory_bytes)
             + self.stripes.len() * std::mem::size_of::<Padded>()
             + self
                 .stripes
@@ -432,6 +528,9 @@ fn group_by_stripe(ids: &[u64]) -> (Vec<usize>, [usize; STRIPES + 1]) {
     }
     (order, bounds)
 }
+
+#[path = "table_expire.rs"]
+mod expire;
 
 #[cfg(test)]
 #[path = "table_tests.rs"]

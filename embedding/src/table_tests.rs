@@ -49,7 +49,8 @@ fn apply_then_gather() {
         ApplyStats {
             applied: 2,
             created: 2,
-            rejected_nonfinite: 0
+            rejected_nonfinite: 0,
+            rejected_admission: 0,
         }
     );
     let mut want = init_of(&cfg, 9);
@@ -108,7 +109,8 @@ fn nonfinite_gradient_rejected_and_row_unchanged() {
         ApplyStats {
             applied: 1,
             created: 1,
-            rejected_nonfinite: 2
+            rejected_nonfinite: 2,
+            rejected_admission: 0,
         }
     );
     assert_eq!(bits(&t.row(1).unwrap()), bits(&before));
@@ -230,4 +232,180 @@ fn many_rows_survive_index_growth() {
 #[test]
 fn invalid_config_is_refused() {
     assert!(Table::new(TableConfig::new(1, "t", 0)).is_err());
+}
+
+fn admitted(min_count: u32) -> TableConfig {
+    let mut cfg = sgd(2, 1.0);
+    cfg.admission = Some(crate::config::AdmissionConfig {
+        min_count,
+        width: 1024,
+        depth: 4,
+    });
+    cfg
+}
+
+#[test]
+fn admission_creates_a_row_at_the_min_count_th_push() {
+    let cfg = admitted(3);
+    let t = Table::new(cfg.clone()).unwrap();
+    let init = init_of(&cfg, 5);
+    for push in 1..=2 {
+        let stats = t.apply(&[5], &[1.0, 1.0]).unwrap();
+        assert_eq!(
+            (stats.applied, stats.created, stats.rejected_admission),
+            (0, 0, 1),
+            "push {push}"
+        );
+        assert_eq!(t.row(5), None);
+        let mut out = [0.0; 2];
+        t.gather(&[5], &mut out).unwrap();
+        assert_eq!(
+            bits(&out),
+            bits(&init),
+            "a pull of an unadmitted id is the initializer"
+        );
+    }
+    assert_eq!(t.dirty_len(), 0);
+    // The third push creates the row and applies its gradient.
+    let stats = t.apply(&[5], &[1.0, 1.0]).unwrap();
+    assert_eq!(
+        (stats.applied, stats.created, stats.rejected_admission),
+        (1, 1, 0)
+    );
+    let mut want = init.clone();
+    optimizer::apply(&cfg.optimizer, &mut want, &mut [], &[1.0, 1.0]);
+    assert_eq!(bits(&t.row(5).unwrap()), bits(&want));
+    // Duplicates in one call count one by one: ids 6 and 7 pushed 3 times in a single call are admitted at
+    // the third occurrence; non-finite rows are not counted.
+    let stats = t.apply(&[6, 6, 7, 6, 7, 7], &[0.5; 12]).unwrap();
+    assert_eq!(
+        (stats.applied, stats.created, stats.rejected_admission),
+        (2, 2, 4)
+    );
+    let stats = t
+        .apply(&[8, 8, 8], &[f32::NAN, 0.0, 1.0, 1.0, 1.0, 1.0])
+        .unwrap();
+    assert_eq!((stats.rejected_nonfinite, stats.rejected_admission), (1, 2));
+    assert_eq!(t.len(), 3);
+}
+
+#[test]
+fn admission_min_count_one_is_no_filter() {
+    let t = Table::new(admitted(1)).unwrap();
+    let stats = t.apply(&[1, 2], &[0.0; 4]).unwrap();
+    assert_eq!((stats.created, stats.rejected_admission), (2, 0));
+}
+
+proptest::proptest! {
+    /// With min_count k, an id pushed k times has a row whatever other ids were pushed before (a narrow sketch
+    /// forces collisions, which can only admit early, never late).
+    #[test]
+    fn admission_after_exactly_k_pushes_at_most(
+        k in 1u32..6,
+        width in 1usize..64,
+        others in proptest::collection::vec(0u64..1000, 0..50),
+        target in 1000u64..2000,
+    ) {
+        let mut cfg = admitted(k);
+        cfg.admission.as_mut().unwrap().width = width;
+        let t = Table::new(cfg).unwrap();
+        t.apply(&others, &vec![0.1; others.len() * 2]).unwrap();
+        for _ in 0..k - 1 {
+            t.apply(&[target], &[1.0, 1.0]).unwrap();
+        }
+        let sketch = t.sketch.as_ref().unwrap();
+        proptest::prop_assert!(sketch.estimate(target) >= k - 1, "the sketch never undercounts");
+        // Collisions may admit `target` early (overcounting), never late.
+        t.apply(&[target], &[1.0, 1.0]).unwrap();
+        proptest::prop_assert!(t.row(target).is_some());
+    }
+
+    /// Without collisions (a wide sketch, one id), k - 1 pushes never admit.
+    #[test]
+    fn no_row_before_k_pushes(k in 1u32..8, id in proptest::prelude::any::<u64>()) {
+        let t = Table::new(admitted(k)).unwrap();
+        for _ in 0..k - 1 {
+            t.apply(&[id], &[1.0, 1.0]).unwrap();
+        }
+        proptest::prop_assert!(t.row(id).is_none());
+        proptest::prop_assert_eq!(t.sketch.as_ref().unwrap().estimate(id), k - 1);
+        t.apply(&[id], &[1.0, 1.0]).unwrap();
+        proptest::prop_assert!(t.row(id).is_some());
+    }
+}
+
+fn with_ttl(ttl: u64) -> TableConfig {
+    let mut cfg = sgd(2, 1.0);
+    cfg.ttl_secs = Some(ttl);
+    cfg
+}
+
+#[test]
+fn ttl_expires_untouched_rows_and_reuses_slots() {
+    let t = Table::new(with_ttl(10)).unwrap();
+    t.apply_at(&[1, 2], &[1.0; 4], 0).unwrap();
+    t.apply_at(&[3], &[1.0; 2], 5).unwrap();
+    assert_eq!(t.clock(), 5);
+    assert!(t.expired(9).is_empty());
+    let mut ids = t.expired(10);
+    ids.sort_unstable();
+    assert_eq!(ids, vec![1, 2]);
+    // Row 2 is touched between `expired` and `remove_expired`: it stays.
+    t.apply_at(&[2], &[1.0; 2], 10).unwrap();
+    assert_eq!(t.remove_expired(&ids, 10), 1);
+    assert_eq!(t.row(1), None);
+    assert!(t.row(2).is_some() && t.row(3).is_some());
+    assert_eq!(t.len(), 2);
+    assert_eq!(t.dirty_len(), 2, "the deleted row's dirty bit is cleared");
+    // Row 1 comes back from the initializer, into the freed slot (no arena growth).
+    let slots: usize = t.stripes.iter().map(|p| p.0.lock().arena.slots()).sum();
+    t.apply_at(&[1], &[0.0; 2], 11).unwrap();
+    let after: usize = t.stripes.iter().map(|p| p.0.lock().arena.slots()).sum();
+    assert_eq!(slots, after);
+    let cfg = with_ttl(10);
+    assert_eq!(bits(&t.row(1).unwrap()), bits(&init_of(&cfg, 1)));
+    let mut ids = t.expired(100);
+    ids.sort_unstable();
+    assert_eq!(ids, vec![1, 2, 3]);
+}
+
+#[test]
+fn apply_without_time_uses_the_logical_clock() {
+    let t = Table::new(with_ttl(10)).unwrap();
+    assert!(t.expired(50).is_empty());
+    t.apply(&[1], &[1.0; 2]).unwrap(); // stamped 50
+    assert!(t.expired(59).is_empty());
+    assert_eq!(t.expired(60), vec![1]);
+    // The clock never goes back.
+    t.advance_clock(3);
+    assert_eq!(t.clock(), 60);
+}
+
+#[test]
+fn loaded_rows_start_their_ttl_at_the_next_expiry() {
+    let t = Table::new(with_ttl(10)).unwrap();
+    t.load_row(4, &[1.0, 2.0]).unwrap();
+    assert!(
+        t.expired(1000).is_empty(),
+        "unknown last touch: the TTL starts now"
+    );
+    assert!(t.expired(1009).is_empty());
+    assert_eq!(t.expired(1010), vec![4]);
+}
+
+#[test]
+fn tables_without_ttl_expire_nothing_and_keep_no_stamps() {
+    let t = Table::new(sgd(2, 1.0)).unwrap();
+    t.apply_at(&[1], &[1.0; 2], 0).unwrap();
+    assert!(t.expired(u64::MAX).is_empty());
+    assert_eq!(t.remove_expired(&[1], u64::MAX), 0);
+    assert!(t.row(1).is_some());
+    // The TTL stamp costs 4 bytes per row (per slot of arena capacity, so up to 8 with a stripe's last chunk
+    // half full): compare the same rows with and without a TTL.
+    let ttl = Table::new(with_ttl(10)).unwrap();
+    let ids: Vec<u64> = (0..10_000).collect();
+    t.apply(&ids, &vec![0.0; 20_000]).unwrap();
+    ttl.apply(&ids, &vec![0.0; 20_000]).unwrap();
+    let extra = ttl.memory_bytes() - t.memory_bytes();
+    assert!((40_000..=80_000).contains(&extra), "{extra}");
 }

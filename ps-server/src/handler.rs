@@ -67,48 +67,157 @@ impl From<protocol::ProtocolError> for Refusal {
     }
 }
 
-/// Converts a wire table spec into the storage engine's config.
+/// Converts a wire table spec into the storage engine's config. Admission and TTL are not on the wire yet:
+/// tables registered over the wire have neither.
 pub fn table_config(spec: &TableSpec) -> TableConfig {
-    TableConfig {
-        id: spec.id,
-        name: spec.name.clone(),
-        dim: spec.dim as usize,
-        optimizer: match spec.optimizer {
-            OptimizerSpec::Sgd { lr } => OptimizerConfig::Sgd { lr },
-            OptimizerSpec::RowAdagrad {
-                lr,
-                eps,
-                initial_accumulator,
-            } => OptimizerConfig::RowAdagrad {
+    let (optimizer, weight_decay, clip_norm) = match spec.optimizer {
+        OptimizerSpec::Sgd { lr } => (OptimizerConfig::Sgd { lr }, 0.0, 0.0),
+        OptimizerSpec::SgdRegularized {
+            lr,
+            weight_decay,
+            clip_norm,
+        } => (OptimizerConfig::Sgd { lr }, weight_decay, clip_norm),
+        OptimizerSpec::RowAdagrad {
+            lr,
+            eps,
+            initial_accumulator,
+        } => (
+            OptimizerConfig::RowAdagrad {
                 lr,
                 eps,
                 initial_accumulator,
             },
-        },
+            0.0,
+            0.0,
+        ),
+        OptimizerSpec::RowAdagradRegularized {
+            lr,
+            eps,
+            initial_accumulator,
+            weight_decay,
+            clip_norm,
+        } => (
+            OptimizerConfig::RowAdagrad {
+                lr,
+                eps,
+                initial_accumulator,
+            },
+            weight_decay,
+            clip_norm,
+        ),
+        OptimizerSpec::Adam {
+            lr,
+            beta1,
+            beta2,
+            eps,
+            weight_decay,
+            clip_norm,
+        } => (
+            OptimizerConfig::Adam {
+                lr,
+                beta1,
+                beta2,
+                eps,
+            },
+            weight_decay,
+            clip_norm,
+        ),
+        OptimizerSpec::Ftrl {
+            alpha,
+            beta,
+            l1,
+            l2,
+            weight_decay,
+            clip_norm,
+        } => (
+            OptimizerConfig::Ftrl {
+                alpha,
+                beta,
+                l1,
+                l2,
+            },
+            weight_decay,
+            clip_norm,
+        ),
+    };
+    TableConfig {
+        optimizer,
         init: match spec.init {
             InitSpec::Uniform { scale } => InitConfig::uniform(scale),
             InitSpec::Normal { std } => InitConfig::normal(std),
         },
         seed: spec.seed,
+        weight_decay,
+        clip_norm,
+        ..TableConfig::new(spec.id, spec.name.clone(), spec.dim as usize)
     }
 }
 
-/// Converts the engine's config back into a wire spec (`None` for optimizers the wire does not name).
+/// Converts the engine's config back into a wire spec: `None` for configs the wire cannot describe
+/// (element-wise Adagrad, admission, TTL). SGD and row-wise Adagrad without weight decay and clipping use their
+/// original variants, so older clients still read them.
 pub fn table_spec(cfg: &TableConfig) -> Option<TableSpec> {
+    if cfg.admission.is_some() || cfg.ttl_secs.is_some() {
+        return None;
+    }
+    let (weight_decay, clip_norm) = (cfg.weight_decay, cfg.clip_norm);
+    let plain = weight_decay == 0.0 && clip_norm == 0.0;
     Some(TableSpec {
         id: cfg.id,
         name: cfg.name.clone(),
         dim: cfg.dim as u32,
         optimizer: match cfg.optimizer {
-            OptimizerConfig::Sgd { lr } => OptimizerSpec::Sgd { lr },
+            OptimizerConfig::Sgd { lr } if plain => OptimizerSpec::Sgd { lr },
+            OptimizerConfig::Sgd { lr } => OptimizerSpec::SgdRegularized {
+                lr,
+                weight_decay,
+                clip_norm,
+            },
             OptimizerConfig::RowAdagrad {
                 lr,
                 eps,
                 initial_accumulator,
-            } => OptimizerSpec::RowAdagrad {
+            } if plain => OptimizerSpec::RowAdagrad {
                 lr,
                 eps,
                 initial_accumulator,
+            },
+            OptimizerConfig::RowAdagrad {
+                lr,
+                eps,
+                initial_accumulator,
+            } => OptimizerSpec::RowAdagradRegularized {
+                lr,
+                eps,
+                initial_accumulator,
+                weight_decay,
+                clip_norm,
+            },
+            OptimizerConfig::Adam {
+                lr,
+                beta1,
+                beta2,
+                eps,
+            } => OptimizerSpec::Adam {
+                lr,
+                beta1,
+                beta2,
+                eps,
+                weight_decay,
+                clip_norm,
+            },
+            OptimizerConfig::Ftrl {
+                alpha,
+                beta,
+                l1,
+                l2,
+            } => OptimizerSpec::Ftrl {
+                alpha,
+                beta,
+                l1,
+                l2,
+                weight_decay,
+                clip_norm,
             },
             OptimizerConfig::Adagrad { .. } => return None,
         },
