@@ -10,14 +10,27 @@ use serde::Deserialize;
 use crate::model::{DenseOptimizer, DlrmConfig};
 use protocol::{Encoding, InitSpec, OptimizerSpec, TableSpec};
 
-/// Optimizer family, applied to the dense parameters on the trainer and to embedding rows on the servers.
+/// The optimizer of the embedding rows (applied on the servers); it also picks the dense optimizer's default.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum OptimizerKind {
-    /// Plain SGD everywhere.
+    /// Plain SGD on embedding rows; SGD on the dense layers unless `--dense-optimizer` says otherwise.
     Sgd,
-    /// Adagrad on dense parameters, row-wise Adagrad on embedding rows.
+    /// Row-wise Adagrad on embedding rows; Adam on the dense layers unless `--dense-optimizer` says otherwise
+    /// (dense Adam measured better than dense Adagrad on the demo data: BENCHMARKS.md).
     Adagrad,
+}
+
+/// The optimizer of the dense layers (applied on the trainer).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DenseKind {
+    /// Plain SGD.
+    Sgd,
+    /// Adagrad.
+    Adagrad,
+    /// Adam (beta1 0.9, beta2 0.999, eps 1e-8).
+    Adam,
 }
 
 /// Model and optimizer flags, shared by `train` and `demo`.
@@ -36,17 +49,20 @@ pub struct ModelArgs {
     /// Top MLP layer sizes after the interaction, comma separated (last must be 1).
     #[arg(long, default_value = "512,256,1", value_delimiter = ',')]
     pub top_mlp: Vec<usize>,
-    /// Optimizer (dense on the trainer, embeddings on the servers).
+    /// Optimizer of the embedding rows on the servers (sgd, or adagrad: row-wise).
     #[arg(long, value_enum, default_value_t = OptimizerKind::Adagrad)]
     pub optimizer: OptimizerKind,
-    /// Learning rate of the dense parameters (on the trainer).
-    #[arg(long, default_value_t = 0.005)]
-    pub lr: f32,
-    /// Learning rate of the embedding rows (on the servers). Row-wise Adagrad normalizes each row's step, so
-    /// it tolerates a higher rate than the dense layers; the defaults were picked on the demo data
-    /// (BENCHMARKS.md).
-    #[arg(long, default_value_t = 0.05)]
-    pub emb_lr: f32,
+    /// Optimizer of the dense layers [default: adam with --optimizer adagrad, sgd with --optimizer sgd].
+    #[arg(long, value_enum)]
+    pub dense_optimizer: Option<DenseKind>,
+    /// Learning rate of the dense layers [default: 0.002 for adam, 0.005 for adagrad, 0.1 for sgd].
+    #[arg(long)]
+    pub lr: Option<f32>,
+    /// Learning rate of the embedding rows [default: 0.05 for adagrad, 0.5 for sgd]. Row-wise Adagrad
+    /// normalizes each row's step, so it takes a higher rate than the dense layers. The defaults were picked
+    /// on the demo data (BENCHMARKS.md).
+    #[arg(long)]
+    pub emb_lr: Option<f32>,
     /// Half-width of the uniform initializer of embedding rows.
     #[arg(long, default_value_t = 0.05)]
     pub emb_init_scale: f32,
@@ -93,8 +109,8 @@ impl ModelArgs {
                 Err(format!("{name} = {v}, expected a finite number > 0"))
             }
         };
-        positive("lr", self.lr)?;
-        positive("emb-lr", self.emb_lr)?;
+        positive("lr", self.dense_lr())?;
+        positive("emb-lr", self.emb_lr())?;
         if !(self.emb_init_scale.is_finite() && self.emb_init_scale >= 0.0) {
             return Err(format!(
                 "emb-init-scale = {}, expected a finite number >= 0",
@@ -123,21 +139,53 @@ impl ModelArgs {
         }
     }
 
+    /// Which dense optimizer runs.
+    pub fn dense_kind(&self) -> DenseKind {
+        self.dense_optimizer.unwrap_or(match self.optimizer {
+            OptimizerKind::Sgd => DenseKind::Sgd,
+            OptimizerKind::Adagrad => DenseKind::Adam,
+        })
+    }
+
+    /// The dense learning rate.
+    pub fn dense_lr(&self) -> f32 {
+        self.lr.unwrap_or(match self.dense_kind() {
+            DenseKind::Adam => 0.002,
+            DenseKind::Adagrad => 0.005,
+            DenseKind::Sgd => 0.1,
+        })
+    }
+
+    /// The embedding learning rate.
+    pub fn emb_lr(&self) -> f32 {
+        self.emb_lr.unwrap_or(match self.optimizer {
+            OptimizerKind::Adagrad => 0.05,
+            OptimizerKind::Sgd => 0.5,
+        })
+    }
+
     /// The dense optimizer.
     pub fn dense_optimizer(&self) -> DenseOptimizer {
-        match self.optimizer {
-            OptimizerKind::Sgd => DenseOptimizer::Sgd { lr: self.lr },
-            OptimizerKind::Adagrad => DenseOptimizer::Adagrad {
-                lr: self.lr,
+        let lr = self.dense_lr();
+        match self.dense_kind() {
+            DenseKind::Sgd => DenseOptimizer::Sgd { lr },
+            DenseKind::Adagrad => DenseOptimizer::Adagrad {
+                lr,
                 eps: 1e-8,
                 initial_accumulator: 0.0,
+            },
+            DenseKind::Adam => DenseOptimizer::Adam {
+                lr,
+                beta1: 0.9,
+                beta2: 0.999,
+                eps: 1e-8,
             },
         }
     }
 
     /// The embedding table specs: one table per categorical feature, ids salted by feature.
     pub fn table_specs(&self, num_sparse: usize) -> Vec<TableSpec> {
-        let lr = self.emb_lr;
+        let lr = self.emb_lr();
         let optimizer = match self.optimizer {
             OptimizerKind::Sgd => OptimizerSpec::Sgd { lr },
             OptimizerKind::Adagrad => OptimizerSpec::RowAdagrad {
@@ -249,7 +297,7 @@ mod tests {
     #[test]
     fn bad_values_named() {
         let m = ModelArgs {
-            lr: f32::NAN,
+            lr: Some(f32::NAN),
             ..ModelArgs::default()
         };
         assert!(m.validate().unwrap_err().contains("lr = NaN"));

@@ -111,12 +111,13 @@ pub async fn train_and_evaluate(
         ..ReaderConfig::new(inputs.train.iter().cloned(), model.batch_size)
     };
     eprintln!(
-        "training: {} servers, batch {}, {:?} lr {} (embeddings {}), {} on the wire, staleness bound {}",
+        "training: {} servers, batch {}, dense {:?} lr {}, embeddings {:?} lr {}, {} on the wire, staleness bound {}",
         client.num_servers(),
         model.batch_size,
+        model.dense_kind(),
+        model.dense_lr(),
         model.optimizer,
-        model.lr,
-        model.emb_lr,
+        model.emb_lr(),
         model.encoding,
         model.max_in_flight
     );
