@@ -135,6 +135,15 @@ impl Store for MemStore {
             .collect())
     }
 
+    fn estimate_rows(&self, table: u32) -> Result<u64, StoreError> {
+        let inner = self.inner.read();
+        let t = inner
+            .tables
+            .get(&table)
+            .ok_or(StoreError::UnknownTable(table))?;
+        Ok(t.len() as u64)
+    }
+
     fn flush(&self) -> Result<(), StoreError> {
         Ok(())
     }

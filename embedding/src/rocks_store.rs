@@ -223,6 +223,15 @@ impl Store for RocksStore {
         Ok(out)
     }
 
+    fn estimate_rows(&self, table: u32) -> Result<u64, StoreError> {
+        let cf = self.table_cf(table)?;
+        let n = self
+            .db
+            .property_int_value_cf(&cf, "rocksdb.estimate-num-keys")
+            .map_err(backend(format!("estimate_rows table {table}")))?;
+        Ok(n.unwrap_or(0))
+    }
+
     fn flush(&self) -> Result<(), StoreError> {
         // Rows are written with the WAL on; syncing the WAL makes every earlier write durable without forcing
         // a memtable flush.

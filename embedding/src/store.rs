@@ -55,4 +55,8 @@ pub trait Store: Send + Sync {
 
     /// Makes every earlier write durable.
     fn flush(&self) -> Result<(), StoreError>;
+
+    /// Rows of `table` in the store: exact for in-memory stores, RocksDB's estimate (`estimate-num-keys`,
+    /// which counts overwritten keys until compaction) for RocksDB. For gauges, not for logic.
+    fn estimate_rows(&self, table: u32) -> Result<u64, StoreError>;
 }

@@ -212,6 +212,21 @@ pub(crate) fn delete_rows_removes_only_those_ids(h: &mut dyn Harness) {
     assert_eq!(scan(&*s, 1), vec![(2, le([4.0, 0.0])), (3, le([3.0, 0.0]))]);
 }
 
+pub(crate) fn estimate_rows_counts_written_rows(h: &mut dyn Harness) {
+    let s = h.open();
+    s.ensure_table(4).unwrap();
+    assert_eq!(s.estimate_rows(4).unwrap(), 0);
+    s.write_rows(
+        4,
+        &batch(&[(1, [1.0, 1.0]), (2, [2.0, 2.0]), (3, [3.0, 3.0])]),
+        false,
+    )
+    .unwrap();
+    // Exact for a fresh table with distinct keys (RocksDB's estimate counts memtable entries).
+    assert_eq!(s.estimate_rows(4).unwrap(), 3);
+    assert_eq!(s.estimate_rows(9).unwrap_err(), StoreError::UnknownTable(9));
+}
+
 /// Instantiates every conformance test for the harness built by `$make`.
 macro_rules! store_conformance_tests {
     ($make:expr) => {
@@ -225,6 +240,7 @@ macro_rules! store_conformance_tests {
             meta_put_get_list,
             survives_reopen,
             delete_rows_removes_only_those_ids,
+            estimate_rows_counts_written_rows,
         );
     };
     (@each $make:expr; $($name:ident),* $(,)?) => {

@@ -23,6 +23,8 @@ pub const BYTES_RECEIVED_TOTAL: &str = "ps_bytes_received_total";
 pub const BYTES_SENT_TOTAL: &str = "ps_bytes_sent_total";
 /// Rows held in memory, labelled `table`.
 pub const ROWS_IN_MEMORY: &str = "ps_rows_in_memory";
+/// Rows stored in RocksDB, labelled `table` (RocksDB's estimate; refreshed at each write-back).
+pub const ROWS_ON_DISK: &str = "ps_rows_on_disk";
 /// Bytes of row arenas and indexes.
 pub const MEMORY_BYTES: &str = "ps_memory_bytes";
 /// Rows written back to RocksDB.
@@ -67,6 +69,10 @@ pub fn describe() {
     );
     describe_counter!(BYTES_SENT_TOTAL, Unit::Bytes, "Response frame bytes sent.");
     describe_gauge!(ROWS_IN_MEMORY, "Rows held in memory, by table.");
+    describe_gauge!(
+        ROWS_ON_DISK,
+        "Rows stored in RocksDB, by table (RocksDB's estimate, refreshed at each write-back)."
+    );
     describe_gauge!(
         MEMORY_BYTES,
         Unit::Bytes,

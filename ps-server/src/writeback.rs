@@ -45,6 +45,9 @@ pub fn update_gauges(engine: &Engine) {
         if let Ok(t) = engine.table(cfg.id) {
             metrics::gauge!(m::ROWS_IN_MEMORY, "table" => cfg.name.clone()).set(t.len() as f64);
         }
+        if let Ok(rows) = engine.store().estimate_rows(cfg.id) {
+            metrics::gauge!(m::ROWS_ON_DISK, "table" => cfg.name.clone()).set(rows as f64);
+        }
     }
     metrics::gauge!(m::MEMORY_BYTES).set(engine.memory_bytes() as f64);
 }

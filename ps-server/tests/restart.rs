@@ -173,6 +173,10 @@ async fn rows_survive_sigterm_and_restart_bit_for_bit() {
     // A never-pushed id reads as the initializer, identical across restarts too.
     let metrics = http_get(s.metrics, "/metrics");
     assert!(metrics.contains("ps_rows_recovered_total 500"), "{metrics}");
+    assert!(
+        metrics.contains("ps_rows_on_disk{table=\"C3\"} 500"),
+        "{metrics}"
+    );
     c.close().await;
     sigterm_and_wait(s);
 }
