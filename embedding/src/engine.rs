@@ -13,6 +13,9 @@
 //!    rows untouched for their TTL from the store, then from memory. It also sets the tables' logical clock,
 //!    which stamps rows updated through [`Engine::apply`] (use [`Engine::apply_at`] to pass time per push).
 //!    Rows recovered at open have no known last touch: their TTL starts at the first `expire` after open.
+//! 6. With a memory budget ([`Engine::open_with_budget`]): [`Engine::enforce_budget`] on a timer (and whenever
+//!    a table is far over budget) evicts cold rows to the store; gathers and applies read evicted rows back.
+//!    Recovery loads at most the budget of each table; the rest is read back on demand.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -23,7 +26,7 @@ use crate::batch::{self, DirtyBatch};
 use crate::config::TableConfig;
 use crate::error::{EmbeddingError, StoreError};
 use crate::store::Store;
-use crate::table::{ApplyStats, Table};
+use crate::table::{ApplyStats, GatherStats, Table};
 
 /// Rows per store write batch in [`Engine::flush_dirty`] (4096 rows of dim 16 with row-wise Adagrad are
 /// 272 KiB: large enough to amortize a RocksDB write, small enough to bound the time any stripe waits).
@@ -57,8 +60,21 @@ pub struct ExpireStats {
     pub rows_revived: usize,
 }
 
+/// What [`Engine::enforce_budget`] did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct EvictStats {
+    /// Rows dropped from memory (their current copy is in the store).
+    pub rows_evicted: usize,
+    /// Dirty victims written to the store before they were dropped.
+    pub rows_written: usize,
+    /// Row bytes written (keys not counted).
+    pub bytes: usize,
+}
+
 /// The embedding tables of one server, backed by a [`Store`].
 pub struct Engine {
+    /// Memory budget in rows given to every table, if any.
+    budget: Option<u64>,
     tables: RwLock<BTreeMap<u32, Arc<Table>>>,
     store: Arc<dyn Store>,
     /// Serializes flushes (so an older copy of a row is never written after a newer one) and holds the
@@ -78,17 +94,29 @@ impl Engine {
     /// Opens the engine on `store`, recovering every table whose config is in the store's metadata, with its
     /// rows. A stored row of the wrong length is a [`StoreError::CorruptValue`] naming table, id and lengths.
     pub fn open(store: Arc<dyn Store>) -> Result<Engine, EmbeddingError> {
+        Engine::open_with_budget(store, None)
+    }
+
+    /// [`Engine::open`], giving every table (recovered or registered later) a memory budget of `budget_rows`
+    /// rows (`>= 1`; see [`Table::with_budget`]). Recovery loads at most `budget_rows` rows per table (lowest
+    /// ids first) and leaves the rest in the store, to be read back on a miss.
+    pub fn open_with_budget(
+        store: Arc<dyn Store>,
+        budget_rows: Option<u64>,
+    ) -> Result<Engine, EmbeddingError> {
+        let budget = budget_rows.map(|b| b.max(1));
         let mut tables = BTreeMap::new();
         for (key, value) in store.list_meta(TABLE_META_PREFIX)? {
             let cfg = parse_config(&key, &value)?;
             let id = cfg.id;
             store.ensure_table(id)?;
-            let table = Table::new(cfg)?;
+            let table = make_table(cfg, budget, &store)?;
             load_rows(&*store, &table)?;
             tracing::info!(table = id, name = %table.config().name, rows = table.len(), "recovered table");
             tables.insert(id, Arc::new(table));
         }
         Ok(Engine {
+            budget,
             tables: RwLock::new(tables),
             store,
             flush: Mutex::new(DirtyBatch::new()),
@@ -115,7 +143,7 @@ impl Engine {
                 differences: existing.differences(&cfg),
             });
         }
-        let table = Table::new(cfg)?;
+        let table = make_table(cfg, self.budget, &self.store)?;
         let cfg = table.config();
         // A validated config holds only finite floats, which serde_json always encodes.
         let json = serde_json::to_vec(cfg).expect("a validated TableConfig serializes");
@@ -138,6 +166,91 @@ impl Engine {
     /// [`Table::gather`] on table `table`.
     pub fn gather(&self, table: u32, ids: &[u64], out: &mut [f32]) -> Result<(), EmbeddingError> {
         self.table(table)?.gather(ids, out)
+    }
+
+    /// [`Table::gather_stats`] on table `table`.
+    pub fn gather_stats(
+        &self,
+        table: u32,
+        ids: &[u64],
+        out: &mut [f32],
+    ) -> Result<GatherStats, EmbeddingError> {
+        self.table(table)?.gather_stats(ids, out)
+    }
+
+    /// The memory budget of every table, in rows, if any.
+    pub fn memory_budget_rows(&self) -> Option<u64> {
+        self.budget
+    }
+
+    /// Rows read back from the store over all tables since open.
+    pub fn rows_read_back(&self) -> u64 {
+        self.tables
+            .read()
+            .values()
+            .map(|t| t.rows_read_back())
+            .sum()
+    }
+
+    /// Rows in memory past the budget, summed over tables (0 without a budget): a cheap check for callers
+    /// deciding whether to call [`Engine::enforce_budget`] now.
+    pub fn rows_over_budget(&self) -> usize {
+        self.tables
+            .read()
+            .values()
+            .map(|t| t.rows_over_budget())
+            .sum()
+    }
+
+    /// Evicts the coldest rows (CLOCK) of every table over its memory budget until it is back at the budget:
+    /// dirty victims are written to the store in batches of at most [`FLUSH_BATCH_ROWS`] rows (not synced,
+    /// like [`Engine::flush_dirty`]), then victims still clean are dropped and their slots freed. Runs under
+    /// the flush lock. A failed write marks its rows dirty again, drops nothing of that batch, and returns the
+    /// error. Without a budget, or under it, this is a few atomic loads.
+    pub fn enforce_budget(&self) -> Result<EvictStats, EmbeddingError> {
+        let mut stats = EvictStats::default();
+        if self.budget.is_none() || self.rows_over_budget() == 0 {
+            return Ok(stats);
+        }
+        let mut batch = self.flush.lock();
+        let tables: Vec<Arc<Table>> = self.tables.read().values().cloned().collect();
+        let mut victims = Vec::new();
+        for table in tables {
+            loop {
+                let excess = table.rows_over_budget();
+                if excess == 0 {
+                    break;
+                }
+                victims.clear();
+                if table.select_victims(excess.min(FLUSH_BATCH_ROWS), &mut victims, &mut batch) == 0
+                {
+                    break;
+                }
+                if !batch.is_empty() {
+                    if let Err(e) = self.store.write_rows(table.id(), &batch, false) {
+                        table.mark_dirty(batch.ids());
+                        tracing::warn!(table = table.id(), rows = batch.len(), error = %e, "eviction write failed; rows stay");
+                        return Err(e.into());
+                    }
+                    stats.rows_written += batch.len();
+                    stats.bytes += batch.byte_len();
+                }
+                let removed = table.remove_evicted(&victims);
+                stats.rows_evicted += removed;
+                if removed == 0 {
+                    break;
+                }
+            }
+        }
+        if stats.rows_evicted > 0 {
+            tracing::debug!(
+                rows = stats.rows_evicted,
+                written = stats.rows_written,
+                bytes = stats.bytes,
+                "evicted rows over the memory budget"
+            );
+        }
+        Ok(stats)
     }
 
     /// [`Table::apply`] on table `table`.
@@ -269,7 +382,19 @@ fn parse_config(key: &str, value: &[u8]) -> Result<TableConfig, EmbeddingError> 
     Ok(cfg)
 }
 
-/// Loads every stored row of `table` from `store`, checking value lengths.
+fn make_table(
+    cfg: TableConfig,
+    budget: Option<u64>,
+    store: &Arc<dyn Store>,
+) -> Result<Table, EmbeddingError> {
+    match budget {
+        Some(b) => Table::with_budget(cfg, b, store.clone()),
+        None => Table::new(cfg),
+    }
+}
+
+/// Loads the stored rows of `table` from `store`, checking value lengths; with a memory budget, only up to
+/// the budget (the table is then marked spilled if rows were left in the store).
 fn load_rows(store: &dyn Store, table: &Table) -> Result<(), EmbeddingError> {
     let id = table.id();
     let row_len = table.row_len();
@@ -283,6 +408,13 @@ fn load_rows(store: &dyn Store, table: &Table) -> Result<(), EmbeddingError> {
                 len: bytes.len(),
                 expected: row_len * 4,
             });
+        }
+        if table
+            .memory_budget_rows()
+            .is_some_and(|b| table.len() as u64 >= b)
+        {
+            table.mark_spilled();
+            return Ok(());
         }
         batch::decode_row(bytes, &mut row);
         table.load_row(row_id, &row).map_err(|e| {

@@ -5,8 +5,9 @@
 //! a row is an id plus `&[f32]`. The parameter server calls [`Engine`]:
 //! [`Engine::gather`] for pulls, [`Engine::apply`] (or [`Engine::apply_at`]) for pushes, [`Engine::flush_dirty`]
 //! on a timer and at shutdown, [`Engine::expire`] on a timer for tables with a TTL, and [`Engine::open`] at start
-//! to recover tables from the store. Every call returns counts ([`ApplyStats`], [`FlushStats`],
-//! [`ExpireStats`]) for the caller's metrics; this crate has no metrics dependency.
+//! to recover tables from the store, and [`Engine::enforce_budget`] on a timer with a memory budget. Calls
+//! return counts ([`ApplyStats`], [`GatherStats`], [`FlushStats`], [`ExpireStats`], [`EvictStats`]) for the
+//! caller's metrics; this crate has no metrics dependency.
 //!
 //! # Layout
 //! - [`config`](TableConfig): [`TableConfig`], [`OptimizerConfig`], [`InitConfig`], [`AdmissionConfig`];
@@ -17,14 +18,17 @@
 //! - [`admission`]: the count-min sketch of frequency admission.
 //! - `arena`: chunked row storage of one stripe (private).
 //! - [`table`](Table): [`Table`], lock-striped rows with a compact index, dirty bits, admission and TTL.
+//!   `table_budget.rs`: the capacity tier (memory budget, CLOCK eviction, batched read-back).
 //! - [`batch`](DirtyBatch): [`DirtyBatch`], rows encoded for the store.
 //! - [`store`](Store): the [`Store`] trait; [`MemStore`] and [`RocksStore`] implement it.
 //! - [`engine`](Engine): [`Engine`], the tables of one server: registration, recovery, flushing, expiry.
 //! - [`error`](EmbeddingError): [`EmbeddingError`], [`StoreError`].
 //!
+//! With a memory budget ([`Engine::open_with_budget`]), [`Engine::enforce_budget`] evicts cold rows (CLOCK) to
+//! the store and misses read them back with one batched [`Store::get_rows`] per call (`table_budget.rs`).
+//!
 //! # Not here yet
-//! Memory-budget eviction to the store (the store already has the batched [`Store::get_rows`] read-back it
-//! needs), durability modes and checkpoints are later steps of DESIGN.md. Last-touched times and admission
+//! Durability modes and checkpoints are later steps of DESIGN.md. Last-touched times and admission
 //! counts are not persisted: recovered rows restart their TTL, and the sketch restarts empty.
 
 #![warn(missing_docs)]
@@ -43,6 +47,8 @@ mod store;
 mod table;
 
 #[cfg(test)]
+mod prop_budget_test;
+#[cfg(test)]
 mod prop_test;
 #[cfg(test)]
 mod store_conformance;
@@ -52,9 +58,11 @@ pub use config::{
     AdmissionConfig, InitConfig, InitKind, OptimizerConfig, TableConfig, MAX_DIM, MAX_SKETCH_DEPTH,
     MAX_SKETCH_WIDTH,
 };
-pub use engine::{Engine, ExpireStats, FlushStats, FLUSH_BATCH_ROWS, TABLE_META_PREFIX};
+pub use engine::{
+    Engine, EvictStats, ExpireStats, FlushStats, FLUSH_BATCH_ROWS, TABLE_META_PREFIX,
+};
 pub use error::{EmbeddingError, StoreError};
 pub use mem_store::MemStore;
 pub use rocks_store::RocksStore;
 pub use store::{GetFn, ScanFn, Store};
-pub use table::{ApplyStats, Table, STRIPES};
+pub use table::{ApplyStats, GatherStats, Table, STRIPES};

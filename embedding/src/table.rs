@@ -29,10 +29,11 @@
 //! Stripes found busy are visited again after the others.
 //! Initializer values for unseen ids in [`Table::gather`] are computed after the locks are released.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
 
 use hashbrown::HashTable;
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock};
 
 use crate::admission::Sketch;
 use crate::arena::Arena;
@@ -41,6 +42,7 @@ use crate::config::TableConfig;
 use crate::error::EmbeddingError;
 use crate::init::{self, splitmix64};
 use crate::optimizer::{self, Regularizer};
+use crate::store::Store;
 
 /// Number of lock stripes per table (a power of two, at most 64: a `u64` holds a set of stripes).
 pub const STRIPES: usize = 64;
@@ -58,6 +60,15 @@ pub struct ApplyStats {
     /// Gradient rows dropped because their id has no row and was not yet pushed `min_count` times (frequency
     /// admission); the push was counted in the sketch.
     pub rejected_admission: usize,
+    /// Rows read back from the store (evicted earlier by the memory budget) before their update.
+    pub rows_read_back: usize,
+}
+
+/// What [`Table::gather_stats`] did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct GatherStats {
+    /// Rows read back from the store (evicted earlier by the memory budget) and kept in memory again.
+    pub rows_read_back: usize,
 }
 
 impl std::ops::AddAssign for ApplyStats {
@@ -66,6 +77,7 @@ impl std::ops::AddAssign for ApplyStats {
         self.created += o.created;
         self.rejected_nonfinite += o.rejected_nonfinite;
         self.rejected_admission += o.rejected_admission;
+        self.rows_read_back += o.rows_read_back;
     }
 }
 
@@ -86,6 +98,10 @@ struct Stripe {
     arena: Arena,
     dirty: Vec<u64>,
     dirty_count: usize,
+    /// CLOCK reference bits (1 per slot), set by gathers and applies of tables with a memory budget.
+    refs: Vec<u64>,
+    /// The CLOCK hand: the next slot the eviction sweep looks at.
+    hand: usize,
 }
 
 /// A stripe on its own cache line(s), so neighbouring locks do not false-share.
@@ -112,6 +128,8 @@ impl Stripe {
             arena: Arena::new(row_len, stamps),
             dirty: Vec::new(),
             dirty_count: 0,
+            refs: Vec::new(),
+            hand: 0,
         }
     }
 
@@ -132,6 +150,7 @@ impl Stripe {
         fill(row);
         if slot / 64 >= self.dirty.len() {
             self.dirty.push(0);
+            self.refs.push(0);
         }
         let arena = &self.arena;
         self.index
@@ -150,6 +169,7 @@ impl Stripe {
             self.dirty[word] &= !bit;
             self.dirty_count -= 1;
         }
+        self.refs[word] &= !bit;
         self.arena.remove(slot);
     }
 
@@ -160,6 +180,17 @@ impl Stripe {
             self.dirty[word] |= bit;
             self.dirty_count += 1;
         }
+    }
+
+    /// Sets the CLOCK reference bit of `slot`.
+    #[inline]
+    fn set_ref(&mut self, slot: usize) {
+        self.refs[slot / 64] |= 1u64 << (slot % 64);
+    }
+
+    #[inline]
+    fn is_dirty(&self, slot: usize) -> bool {
+        self.dirty[slot / 64] & (1u64 << (slot % 64)) != 0
     }
 
     /// Moves up to `max` dirty rows into `out`, clearing their bits.
@@ -182,7 +213,10 @@ impl Stripe {
     }
 
     fn allocated_bytes(&self) -> usize {
-        self.index.allocation_size() + self.arena.allocated_bytes() + self.dirty.capacity() * 8
+        self.index.allocation_size()
+            + self.arena.allocated_bytes()
+            + self.dirty.capacity() * 8
+            + self.refs.capacity() * 8
     }
 }
 
@@ -203,11 +237,31 @@ pub struct Table {
     rows: AtomicUsize,
     /// Stripe where the next [`Table::take_dirty`] starts, so a bounded take does not favour stripe 0.
     dirty_cursor: AtomicUsize,
+    /// The capacity tier, for a table with a memory budget.
+    tier: Option<Tier>,
 }
 
 impl Table {
     /// An empty table; fails if the config does not [`validate`](TableConfig::validate).
     pub fn new(cfg: TableConfig) -> Result<Table, EmbeddingError> {
+        Table::build(cfg, None)
+    }
+
+    /// An empty table that keeps at most about `budget_rows` rows in memory (`>= 1`): past it,
+    /// [`crate::Engine::enforce_budget`] writes cold rows to `store` and drops them, and misses read them back
+    /// from it.
+    pub fn with_budget(
+        cfg: TableConfig,
+        budget_rows: u64,
+        store: Arc<dyn Store>,
+    ) -> Result<Table, EmbeddingError> {
+        Table::build(cfg, Some((budget_rows, store)))
+    }
+
+    fn build(
+        cfg: TableConfig,
+        budget: Option<(u64, Arc<dyn Store>)>,
+    ) -> Result<Table, EmbeddingError> {
         cfg.validate()?;
         let row_len = cfg.row_len();
         let ttl = cfg.ttl_secs.map(|t| t.min(u64::from(u32::MAX)) as u32);
@@ -223,6 +277,14 @@ impl Table {
             row_len,
             rows: AtomicUsize::new(0),
             dirty_cursor: AtomicUsize::new(0),
+            tier: budget.map(|(budget, store)| Tier {
+                budget: budget.clamp(1, usize::MAX as u64) as usize,
+                store,
+                spilled: AtomicBool::new(false),
+                gate: RwLock::new(()),
+                read_back: AtomicU64::new(0),
+                cursor: AtomicUsize::new(0),
+            }),
         })
     }
 
@@ -276,8 +338,21 @@ impl Table {
     /// Copies the weights of `ids` into `out` (`ids.len() x dim`, row `i` at `out[i * dim..]`). Ids without a
     /// row get their initializer values; no row is created (a pull of a new id needs no write).
     pub fn gather(&self, ids: &[u64], out: &mut [f32]) -> Result<(), EmbeddingError> {
+        self.gather_stats(ids, out).map(|_| ())
+    }
+
+    /// [`Table::gather`], returning counts. With a memory budget, ids missing from memory are first looked up
+    /// in the store (one batched read for the call) once any row was evicted, and rows found there are kept
+    /// in memory again (clean).
+    pub fn gather_stats(
+        &self,
+        ids: &[u64],
+        out: &mut [f32],
+    ) -> Result<GatherStats, EmbeddingError> {
         self.check_len("output", ids.len(), out.len())?;
         let dim = self.cfg.dim;
+        let _gate = self.tier.as_ref().map(|t| t.gate.read());
+        let clock = self.tier.is_some();
         let (order, bounds) = group_by_stripe(ids);
         let mut misses = Vec::new();
         self.for_each_group(&order, &bounds, |_, stripe, group| {
@@ -285,6 +360,9 @@ impl Table {
                 let id = ids[i];
                 match stripe.find(id, hash(id)) {
                     Some(slot) => {
+                        if clock {
+                            stripe.set_ref(slot);
+                        }
                         out[i * dim..(i + 1) * dim].copy_from_slice(&stripe.arena.row(slot)[..dim])
                     }
                     None => misses.push(i),
@@ -292,10 +370,15 @@ impl Table {
             }
             Ok(())
         })?;
+        let mut stats = GatherStats::default();
+        if !misses.is_empty() && self.spilled() {
+            stats.rows_read_back = self.read_back(ids, &misses)?;
+            misses = self.copy_found(ids, &misses, out)?;
+        }
         for i in misses {
             init::fill_weights(&self.cfg, ids[i], &mut out[i * dim..(i + 1) * dim]);
         }
-        Ok(())
+        Ok(stats)
     }
 
     /// The table's logical clock: the latest `now` it was given, in seconds.
@@ -335,8 +418,25 @@ impl Table {
         self.advance_clock(now);
         let stamp = stamp_of(now);
         let dim = self.cfg.dim;
+        let _gate = self.tier.as_ref().map(|t| t.gate.read());
+        let clock = self.tier.is_some();
         let (order, bounds) = group_by_stripe(ids);
         let mut stats = ApplyStats::default();
+        if self.spilled() {
+            // Rows evicted to the store are read back before their update, not recreated.
+            let mut misses = Vec::new();
+            self.for_each_group(&order, &bounds, |_, stripe, group| {
+                misses.extend(
+                    group
+                        .iter()
+                        .filter(|&&i| stripe.find(ids[i], hash(ids[i])).is_none()),
+                );
+                Ok(())
+            })?;
+            if !misses.is_empty() {
+                stats.rows_read_back = self.read_back(ids, &misses)?;
+            }
+        }
         self.for_each_group(&order, &bounds, |s, stripe, group| {
             for &i in group {
                 let grad = &grads[i * dim..(i + 1) * dim];
@@ -364,6 +464,9 @@ impl Table {
                     }
                 };
                 stripe.arena.set_stamp(slot, stamp);
+                if clock {
+                    stripe.set_ref(slot);
+                }
                 let (weights, state) = stripe.arena.row_mut(slot).split_at_mut(dim);
                 optimizer::update(&self.cfg.optimizer, self.reg, weights, state, grad);
                 stripe.mark_dirty(slot);
@@ -531,6 +634,10 @@ fn group_by_stripe(ids: &[u64]) -> (Vec<usize>, [usize; STRIPES + 1]) {
 
 #[path = "table_expire.rs"]
 mod expire;
+
+#[path = "table_budget.rs"]
+mod budget;
+use budget::Tier;
 
 #[cfg(test)]
 #[path = "table_tests.rs"]

@@ -51,6 +51,7 @@ fn apply_then_gather() {
             created: 2,
             rejected_nonfinite: 0,
             rejected_admission: 0,
+            rows_read_back: 0,
         }
     );
     let mut want = init_of(&cfg, 9);
@@ -111,6 +112,7 @@ fn nonfinite_gradient_rejected_and_row_unchanged() {
             created: 1,
             rejected_nonfinite: 2,
             rejected_admission: 0,
+            rows_read_back: 0,
         }
     );
     assert_eq!(bits(&t.row(1).unwrap()), bits(&before));

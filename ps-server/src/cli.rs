@@ -104,6 +104,10 @@ struct ServeArgs {
     /// Seconds allowed to drain in-flight requests at shutdown [default: 20].
     #[arg(long, env = "PS_DRAIN_TIMEOUT_SECS")]
     drain_timeout_secs: Option<f64>,
+    /// Rows each table keeps in memory; past it, cold rows are evicted to RocksDB and read back on a miss
+    /// [default: no budget].
+    #[arg(long, env = "PS_MEMORY_BUDGET_ROWS")]
+    memory_budget_rows: Option<u64>,
     /// Create development certificates in --tls-dir if they are missing.
     #[arg(long)]
     dev_certs: bool,
@@ -122,6 +126,7 @@ impl ServeArgs {
             max_frame_bytes: self.max_frame_bytes,
             flush_interval_secs: self.flush_interval_secs,
             drain_timeout_secs: self.drain_timeout_secs,
+            memory_budget_rows: self.memory_budget_rows,
         }
     }
 }

@@ -34,6 +34,9 @@ pub struct FileConfig {
     pub flush_interval_secs: Option<f64>,
     /// Seconds allowed for in-flight requests to finish after SIGTERM. Default 20.
     pub drain_timeout_secs: Option<f64>,
+    /// Rows each table keeps in memory, at least 1; past it, cold rows are evicted to RocksDB and read back on
+    /// a miss (DESIGN.md, "RocksDB"). Applies to every table. Default: none (all rows stay in memory).
+    pub memory_budget_rows: Option<u64>,
 }
 
 impl FileConfig {
@@ -64,7 +67,8 @@ impl FileConfig {
             tls_dir,
             max_frame_bytes,
             flush_interval_secs,
-            drain_timeout_secs
+            drain_timeout_secs,
+            memory_budget_rows
         );
         self
     }
@@ -100,7 +104,13 @@ impl FileConfig {
                 "max-frame-bytes = {max_frame}, expected at least 1024"
             )));
         }
+        if self.memory_budget_rows == Some(0) {
+            return Err(ConfigError::Invalid(
+                "memory-budget-rows = 0, expected at least 1 (omit it for no budget)".into(),
+            ));
+        }
         Ok(ServerConfig {
+            memory_budget_rows: self.memory_budget_rows,
             listen: self
                 .listen
                 .unwrap_or_else(|| "127.0.0.1:7000".parse().expect("valid")),
@@ -179,6 +189,8 @@ pub struct ServerConfig {
     pub flush_interval: Duration,
     /// Time allowed for draining at shutdown.
     pub drain_timeout: Duration,
+    /// Rows each table keeps in memory, if bounded.
+    pub memory_budget_rows: Option<u64>,
 }
 
 /// A config that cannot be used.
@@ -256,6 +268,19 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(err.contains("flush-interval-secs"), "{err}");
+        let err = FileConfig {
+            memory_budget_rows: Some(0),
+            ..base()
+        }
+        .validate()
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("memory-budget-rows = 0"), "{err}");
+        let cfg: FileConfig = toml::from_str("memory-budget-rows = 100").unwrap();
+        assert_eq!(
+            base().overlay(cfg).validate().unwrap().memory_budget_rows,
+            Some(100)
+        );
         let err = FileConfig {
             tls_dir: None,
             ..base()

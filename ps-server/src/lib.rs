@@ -5,7 +5,8 @@
 //! - [`config`]: the typed config (TOML + flags + env) and its validation.
 //! - [`handler`]: request handling without sockets ([`handler::Shard::handle`]).
 //! - [`server`]: the QUIC loop and graceful shutdown ([`server::run`]).
-//! - [`writeback`]: dirty-row write-back to RocksDB on a timer, on request and at shutdown.
+//! - [`writeback`]: dirty-row write-back to RocksDB on a timer, on request and at shutdown; memory-budget
+//!   eviction.
 //! - [`http`]: `/metrics`, `/healthz`, `/readyz` (also used by the trainer).
 //! - [`metrics`]: metric names and descriptions.
 //! - [`cli`]: the binary's command line.

@@ -37,6 +37,14 @@ pub const WRITEBACK_SECONDS: &str = "ps_writeback_duration_seconds";
 pub const WRITEBACK_ERRORS_TOTAL: &str = "ps_writeback_errors_total";
 /// Open QUIC connections.
 pub const CONNECTIONS: &str = "ps_connections";
+/// Rows evicted from memory to RocksDB by the memory budget.
+pub const EVICTIONS_TOTAL: &str = "ps_evictions_total";
+/// Dirty rows written to RocksDB by evictions (also counted in [`EVICTIONS_TOTAL`]).
+pub const EVICTION_WRITES_TOTAL: &str = "ps_eviction_writes_total";
+/// Rows read back from RocksDB on a miss (batched multi-get).
+pub const READBACK_ROWS_TOTAL: &str = "ps_readback_rows_total";
+/// Duration of one batched read-back (multi-get) from RocksDB.
+pub const READBACK_SECONDS: &str = "ps_readback_duration_seconds";
 /// Rows recovered from RocksDB at start.
 pub const ROWS_RECOVERED_TOTAL: &str = "ps_rows_recovered_total";
 
@@ -90,6 +98,23 @@ pub fn describe() {
     );
     describe_counter!(WRITEBACK_ERRORS_TOTAL, "Write-backs that failed.");
     describe_gauge!(CONNECTIONS, "Open QUIC connections.");
+    describe_counter!(
+        EVICTIONS_TOTAL,
+        "Rows evicted from memory to RocksDB by the memory budget."
+    );
+    describe_counter!(
+        EVICTION_WRITES_TOTAL,
+        "Dirty rows written to RocksDB before their eviction."
+    );
+    describe_counter!(
+        READBACK_ROWS_TOTAL,
+        "Evicted rows read back from RocksDB on a miss."
+    );
+    describe_histogram!(
+        READBACK_SECONDS,
+        Unit::Seconds,
+        "Duration of one batched read-back (multi-get) from RocksDB."
+    );
     describe_counter!(
         ROWS_RECOVERED_TOTAL,
         "Rows recovered from RocksDB at start."

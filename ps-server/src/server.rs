@@ -43,10 +43,12 @@ pub async fn run(
 
     let db_path = cfg.data_dir.join("rocksdb");
     let opened = Instant::now();
+    let budget = cfg.memory_budget_rows;
     let engine = tokio::task::spawn_blocking(move || -> anyhow::Result<Engine> {
         let store = RocksStore::open(&db_path)
             .with_context(|| format!("open RocksDB at {}", db_path.display()))?;
-        Engine::open(Arc::new(store)).context("recover tables from RocksDB")
+        Engine::open_with_budget(Arc::new(writeback::MeteredStore(store)), budget)
+            .context("recover tables from RocksDB")
     })
     .await??;
     let recovered = engine.rows_total();
@@ -87,6 +89,10 @@ pub async fn run(
         cfg.flush_interval,
         stop.clone(),
     ));
+    if let Some(rows) = cfg.memory_budget_rows {
+        tracing::info!(rows, "memory budget per table");
+        background.spawn(writeback::run_budget_timer(shard.clone(), stop.clone()));
+    }
 
     on_bound(Bound {
         quic: quic_addr,

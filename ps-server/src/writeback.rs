@@ -1,4 +1,5 @@
-//! Write-back of dirty rows to RocksDB: on a timer, on a flush request, and at shutdown.
+//! Write-back of dirty rows to RocksDB: on a timer, on a flush request, and at shutdown; with a memory budget,
+//! eviction of cold rows on a short timer, and the timing of read-backs ([`MeteredStore`]).
 //!
 //! Rows are written in WriteBatches by [`embedding::Engine::flush_dirty`]; losses after a crash are bounded by
 //! the timer's interval (DESIGN.md, "RocksDB").
@@ -6,7 +7,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use embedding::{EmbeddingError, Engine, FlushStats};
+use embedding::{
+    DirtyBatch, EmbeddingError, Engine, EvictStats, FlushStats, GetFn, ScanFn, Store, StoreError,
+};
 use tokio_util::sync::CancellationToken;
 
 use crate::handler::Shard;
@@ -39,6 +42,67 @@ pub fn flush(engine: &Engine) -> Result<FlushStats, EmbeddingError> {
     result
 }
 
+/// Evicts rows of tables over their memory budget ([`Engine::enforce_budget`]), recording metrics.
+pub fn enforce_budget(engine: &Engine) -> Result<EvictStats, EmbeddingError> {
+    let result = engine.enforce_budget();
+    match &result {
+        Ok(stats) => {
+            metrics::counter!(m::EVICTIONS_TOTAL).increment(stats.rows_evicted as u64);
+            metrics::counter!(m::EVICTION_WRITES_TOTAL).increment(stats.rows_written as u64);
+        }
+        Err(e) => {
+            metrics::counter!(m::WRITEBACK_ERRORS_TOTAL).increment(1);
+            tracing::error!(error = %e, "eviction of rows over the memory budget failed");
+        }
+    }
+    result
+}
+
+/// A [`Store`] that times batched reads: the engine's only `get_rows` calls are read-backs of evicted rows,
+/// so this is where `ps_readback_*` are measured (the engine reads no clock).
+pub struct MeteredStore<S>(pub S);
+
+impl<S: Store> Store for MeteredStore<S> {
+    fn ensure_table(&self, table: u32) -> Result<(), StoreError> {
+        self.0.ensure_table(table)
+    }
+    fn write_rows(&self, table: u32, rows: &DirtyBatch, sync: bool) -> Result<(), StoreError> {
+        self.0.write_rows(table, rows, sync)
+    }
+    fn delete_rows(&self, table: u32, ids: &[u64]) -> Result<(), StoreError> {
+        self.0.delete_rows(table, ids)
+    }
+    fn scan_rows(&self, table: u32, f: &mut ScanFn<'_>) -> Result<(), StoreError> {
+        self.0.scan_rows(table, f)
+    }
+    fn get_rows(&self, table: u32, ids: &[u64], f: &mut GetFn<'_>) -> Result<(), StoreError> {
+        let start = Instant::now();
+        let mut found = 0u64;
+        let result = self.0.get_rows(table, ids, &mut |i, v| {
+            found += u64::from(v.is_some());
+            f(i, v)
+        });
+        metrics::histogram!(m::READBACK_SECONDS).record(start.elapsed().as_secs_f64());
+        metrics::counter!(m::READBACK_ROWS_TOTAL).increment(found);
+        result
+    }
+    fn put_meta(&self, key: &str, value: &[u8]) -> Result<(), StoreError> {
+        self.0.put_meta(key, value)
+    }
+    fn get_meta(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        self.0.get_meta(key)
+    }
+    fn list_meta(&self, prefix: &str) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
+        self.0.list_meta(prefix)
+    }
+    fn flush(&self) -> Result<(), StoreError> {
+        self.0.flush()
+    }
+    fn estimate_rows(&self, table: u32) -> Result<u64, StoreError> {
+        self.0.estimate_rows(table)
+    }
+}
+
 /// Sets the rows-in-memory and memory-bytes gauges.
 pub fn update_gauges(engine: &Engine) {
     for cfg in engine.tables() {
@@ -50,6 +114,27 @@ pub fn update_gauges(engine: &Engine) {
         }
     }
     metrics::gauge!(m::MEMORY_BYTES).set(engine.memory_bytes() as f64);
+}
+
+/// Period of the memory-budget check when the server has a budget: a check under budget costs a few atomic
+/// loads, and a short period bounds how far pushes grow a table past its budget.
+pub const BUDGET_CHECK_PERIOD: Duration = Duration::from_millis(200);
+
+/// Evicts rows over the memory budget every [`BUDGET_CHECK_PERIOD`] until `stop` is cancelled.
+pub async fn run_budget_timer(shard: Arc<Shard>, stop: CancellationToken) {
+    let mut tick = tokio::time::interval(BUDGET_CHECK_PERIOD);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        if shard.engine.rows_over_budget() == 0 {
+            continue;
+        }
+        let shard = shard.clone();
+        let _ = tokio::task::spawn_blocking(move || enforce_budget(&shard.engine)).await;
+    }
 }
 
 /// Flushes every `interval` until `stop` is cancelled. A zero interval only refreshes gauges.

@@ -9,6 +9,7 @@ use clap::{Parser, Subcommand};
 
 use crate::config::{ClusterArgs, ModelArgs};
 use crate::demo::{run_demo, DemoArgs};
+use crate::preprocess::{preprocess, PreprocessArgs};
 use crate::run::{self, Inputs};
 
 /// Trains DLRM on Criteo-format click logs against parameter servers.
@@ -25,6 +26,8 @@ enum Command {
     Demo(Box<DemoArgs>),
     /// Train against running parameter servers.
     Train(Box<TrainArgs>),
+    /// Turn Criteo TSV/CSV (plain, gzip, zstd) into columnar shards that `train` reads memory-mapped.
+    Preprocess(PreprocessArgs),
     /// Run a parameter server in this process (used when the ps-server binary is not installed alongside).
     #[command(hide = true, disable_help_flag = true)]
     PsServer {
@@ -37,7 +40,7 @@ enum Command {
 struct TrainArgs {
     #[command(flatten)]
     cluster: ClusterArgs,
-    /// Training files or directories (plain or gzip Criteo TSV).
+    /// Training files or directories (Criteo TSV or Kaggle CSV, plain, gzip or zstd; or preprocessed shards).
     #[arg(long, num_args = 1.., required = true)]
     train: Vec<PathBuf>,
     /// Test files or directories for evaluation after training.
@@ -96,6 +99,10 @@ fn run_cli(cli: Cli) -> anyhow::Result<i32> {
             let mut full = vec![OsString::from("ps-server")];
             full.extend(args);
             Ok(ps_server::cli::main(full))
+        }
+        Command::Preprocess(args) => {
+            print!("{}", preprocess(&args)?.render());
+            Ok(0)
         }
         Command::Demo(args) => {
             let json = args.summary_json.clone();

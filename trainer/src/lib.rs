@@ -2,7 +2,7 @@
 //! embedding rows from the parameter servers. It stores no embeddings beyond a batch (DESIGN.md, "Crates").
 //!
 //! # Layout
-//! - [`criteo`]: Criteo TSV parsing, feature-id hashing, batched reading on its own thread.
+//! - [`criteo`]: Criteo TSV/CSV parsing, columnar shards, feature-id hashing, batched reading on its own thread.
 //! - [`plan`]: per-batch planning: dedup, routing, payloads, gather and gradient reduction (no I/O).
 //! - [`model`]: the DLRM dense model (MLPs, dot interaction, loss) and its optimizers.
 //! - [`train`]: the pipelined training and evaluation loops ([`train::Trainer`]).
@@ -12,6 +12,7 @@
 //! - [`cluster`]: local `ps-server` processes on loopback.
 //! - [`config`]: model, optimizer and cluster flags.
 //! - [`metrics`]: metric names and descriptions.
+//! - [`preprocess`]: `trainer preprocess`: text input into columnar shards.
 //! - [`cli`]: the binary's command line.
 
 pub mod cli;
@@ -23,5 +24,6 @@ pub mod eval;
 pub mod metrics;
 pub mod model;
 pub mod plan;
+pub mod preprocess;
 pub mod run;
 pub mod train;

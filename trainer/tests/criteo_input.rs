@@ -1,78 +1,19 @@
 //! The Criteo input pipeline against real files: plain, gzip, directories, rank splits, the error budget,
-//! early drop. The parse-rate measurement is `#[ignore]`d; run it in release mode:
+//! early drop (other formats: `criteo_formats.rs`). The read-rate measurement (TSV parsing against
+//! preprocessed shards) is `#[ignore]`d; run it in release mode:
 //! `cargo test --release -p trainer --test criteo_input -- --ignored --nocapture`.
 
+mod common;
+
 use std::fs;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use flate2::write::GzEncoder;
-use flate2::Compression;
+use common::{keys, line, lines, write, write_gz};
 use trainer::criteo::{
     feature_id, parse_line, read_all, Batch, BatchReader, ReadError, ReadStats, ReaderConfig, Row,
-    NUM_DENSE, NUM_SPARSE,
 };
-
-/// A deterministic, Criteo-looking line: the `k`-th of a synthetic log. C1 holds `k` so tests can tell
-/// lines apart; about one field in eight is empty, and some integers are negative.
-fn line(k: u64) -> String {
-    let mut state = k.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    let mut next = move || {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        state
-    };
-    let mut out = String::with_capacity(256);
-    out.push_str(if next() % 4 == 0 { "1" } else { "0" });
-    for _ in 0..NUM_DENSE {
-        out.push('\t');
-        let r = next();
-        match r % 8 {
-            0 => {}
-            1 => out.push_str(&format!("-{}", r % 3)),
-            _ => out.push_str(&((r >> 8) % (1 << (r % 16))).to_string()),
-        }
-    }
-    out.push_str(&format!("\t{:08x}", k as u32));
-    for _ in 1..NUM_SPARSE {
-        out.push('\t');
-        let r = next();
-        if r % 8 != 0 {
-            out.push_str(&format!("{:08x}", (r >> 16) as u32 % 100_000 * 40_503));
-        }
-    }
-    out
-}
-
-/// Lines `range`, each ending in `\n`.
-fn lines(range: std::ops::Range<u64>) -> String {
-    range.map(|k| line(k) + "\n").collect()
-}
-
-fn write(path: &Path, text: &str) -> PathBuf {
-    fs::write(path, text).unwrap();
-    path.to_path_buf()
-}
-
-fn write_gz(path: &Path, text: &str) -> PathBuf {
-    let mut gz = GzEncoder::new(fs::File::create(path).unwrap(), Compression::fast());
-    gz.write_all(text.as_bytes()).unwrap();
-    gz.finish().unwrap();
-    path.to_path_buf()
-}
-
-/// The `k` of each row (C1's token), in order.
-fn keys(batches: &[Batch]) -> Vec<u64> {
-    let ids: std::collections::HashMap<u64, u64> = (0..10_000)
-        .map(|k| (feature_id(0, Some(k as u32)), k))
-        .collect();
-    batches
-        .iter()
-        .flat_map(|b| b.sparse[0].iter().map(|id| ids[id]))
-        .collect()
-}
+use trainer::preprocess::{preprocess, PreprocessArgs};
 
 /// Reads everything through the threaded reader.
 fn read(cfg: ReaderConfig) -> Result<(Vec<Batch>, ReadStats), ReadError> {
@@ -162,13 +103,6 @@ fn missing_and_empty_inputs_name_the_path() {
         .err()
         .unwrap();
     assert!(err.to_string().contains("empty_dir"), "{err}");
-    let zstd = dir.path().join("day.zst");
-    fs::write(&zstd, [0x28, 0xb5, 0x2f, 0xfd, 0, 0]).unwrap();
-    let err = read(ReaderConfig::new([&zstd], 4)).unwrap_err();
-    assert_eq!(
-        err.to_string(),
-        format!("{}: zstd input is not supported", zstd.display())
-    );
 }
 
 #[test]
@@ -386,7 +320,27 @@ fn parse_rate() {
     let dir = tempfile::tempdir().unwrap();
     let plain = write(&dir.path().join("plain"), &text);
     let gz = write_gz(&dir.path().join("gz"), &text);
-    for (name, path) in [("plain", plain), ("gzip", gz)] {
+    let zst = common::write_zst(&dir.path().join("zst"), &text);
+    let shards = dir.path().join("shards");
+    let start = Instant::now();
+    let summary = preprocess(&PreprocessArgs {
+        input: vec![plain.clone()],
+        out: shards.clone(),
+        rows_per_shard: 1 << 18,
+        max_bad_lines: 0,
+    })
+    .unwrap();
+    println!(
+        "preprocess (plain file to {} shards): {:.2} M lines/s",
+        summary.shards.len(),
+        N as f64 / start.elapsed().as_secs_f64() / 1e6
+    );
+    for (name, path) in [
+        ("plain", plain),
+        ("gzip", gz),
+        ("zstd", zst),
+        ("preprocessed (mmap)", shards),
+    ] {
         // Batches are dropped as they come, as training does.
         let start = Instant::now();
         let mut reader = BatchReader::spawn(ReaderConfig::new([&path], 4096)).unwrap();

@@ -2,7 +2,9 @@
 //! out (DESIGN.md, "Read").
 //!
 //! Input is the Criteo TSV format (Kaggle `train.txt`, Terabyte `day_N`): no header, 40 tab-separated
-//! fields `label, I1..I13, C1..C26`, plain or gzip (detected by content). This module does not shuffle,
+//! fields `label, I1..I13, C1..C26`; or the Kaggle CSV form (`Id,Label,...` header, an id column first);
+//! either plain, gzip or zstd (detected by content). `trainer preprocess` turns these into columnar shards
+//! ([`columnar`]), which the reader also takes, memory-mapped. This module does not shuffle,
 //! dedup ids, or talk to parameter servers: planning a batch is the training loop's job.
 //!
 //! # Layout
@@ -11,7 +13,9 @@
 //!   ([`ParseError`] names the column and the text).
 //! - [`ids`]: [`feature_id`], the bijective (feature, token) -> `u64` mix the embedding tables are keyed by.
 //! - [`batch`]: [`Batch`], columnar: labels `[B]`, dense `[B x 13]`, ids `[26][B]`.
-//! - `source` (private): directory expansion, gzip detection, line splitting without copies.
+//! - [`columnar`]: the preprocessed shard format: [`columnar::write_shard`], and [`Shard`] to check and
+//!   decode one (sans-IO).
+//! - `source` (private): directory expansion, gzip/zstd/shard detection, line splitting without copies.
 //! - [`reader`]: [`BatchReader`], parsing ahead on its own thread over a bounded channel, with the rank split
 //!   and the error budget; [`read_all`] for small evaluation sets.
 //!
@@ -29,13 +33,18 @@
 //! ```
 
 pub mod batch;
+pub mod columnar;
 pub mod ids;
 pub mod parse;
 pub mod reader;
 mod source;
 
 pub use batch::Batch;
+pub use columnar::{ColumnarError, Shard};
 pub use ids::{decode_feature_id, feature_id};
-pub use parse::{parse_line, LineKind, ParseError, Row, NUM_DENSE, NUM_FIELDS, NUM_SPARSE};
+pub use parse::{
+    parse_csv_line, parse_line, LineKind, ParseError, Row, TextFormat, NUM_DENSE, NUM_FIELDS,
+    NUM_SPARSE,
+};
 pub use reader::{read_all, BatchReader, ReadError, ReadStats, ReaderConfig};
 pub use source::input_files;

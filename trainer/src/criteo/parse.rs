@@ -14,6 +14,11 @@
 //! Everything else (a label other than `0`/`1`, a non-integer in an I column, a non-hex or over-long
 //! categorical, more than 40 fields) is a [`ParseError`] naming the column, its 1-based field number and the
 //! offending text. Only the error path allocates.
+//!
+//! The Kaggle CSV form (`Id,Label,I1..I13,C1..C26`, with that header) is read by [`parse_csv_line`] under
+//! the same rules with commas for tabs, after dropping the leading id column; [`TextFormat::detect`] tells
+//! the two apart by a file's first line. Field numbers in CSV errors count as in TSV (the label is field
+//! 1; the id column is not counted), so the same bad value gets the same message in either form.
 
 use std::sync::LazyLock;
 
@@ -112,22 +117,84 @@ pub enum ParseError {
     },
 }
 
+/// The text form of an input file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TextFormat {
+    /// Tab-separated, no header: `label, I1..I13, C1..C26` (Kaggle `train.txt`, Terabyte `day_N`).
+    Tsv,
+    /// Kaggle CSV: a header line starting `Id,Label`, then `id, label, I1..I13, C1..C26` comma-separated.
+    Csv,
+}
+
+impl TextFormat {
+    /// The format of a file whose first line is `first_line`: CSV if it starts with `Id,Label`, else TSV.
+    /// A CSV file's first line is its header, which is not a row.
+    pub fn detect(first_line: &[u8]) -> TextFormat {
+        if first_line.starts_with(b"Id,Label") {
+            TextFormat::Csv
+        } else {
+            TextFormat::Tsv
+        }
+    }
+
+    /// Parses one line of this format: [`parse_line`] or [`parse_csv_line`].
+    #[inline]
+    pub fn parse(self, line: &[u8], row: &mut Row) -> Result<LineKind, ParseError> {
+        match self {
+            TextFormat::Tsv => parse_line(line, row),
+            TextFormat::Csv => parse_csv_line(line, row),
+        }
+    }
+}
+
 /// Parses one line (without or with its trailing `\n` / `\r\n`) into `row`.
 ///
 /// On `Ok(Full)` and `Ok(Padded)` every field of `row` is overwritten; on `Ok(Empty)` and on errors `row`
 /// holds unspecified values.
 pub fn parse_line(line: &[u8], row: &mut Row) -> Result<LineKind, ParseError> {
+    parse_fields(trim_line(line), b'\t', row)
+}
+
+/// Parses one Kaggle CSV data line (`id,label,I1..,C1..`, not the header) into `row`, as [`parse_line`]
+/// does a TSV line: the id is skipped, whatever it holds. A line with no comma has an empty label.
+pub fn parse_csv_line(line: &[u8], row: &mut Row) -> Result<LineKind, ParseError> {
+    let line = trim_line(line);
+    if line.is_empty() {
+        return Ok(LineKind::Empty);
+    }
+    match memchr::memchr(b',', line) {
+        Some(comma) => match parse_fields(&line[comma + 1..], b',', row)? {
+            // `id,` alone: a lone empty label, which is an error as in TSV.
+            LineKind::Empty => Err(ParseError::BadLabel {
+                text: String::new(),
+            }),
+            kind => Ok(kind),
+        },
+        None => Err(ParseError::BadLabel {
+            text: String::new(),
+        }),
+    }
+}
+
+/// `line` without its trailing `\n` and then `\r`.
+#[inline]
+fn trim_line(line: &[u8]) -> &[u8] {
     let line = line.strip_suffix(b"\n").unwrap_or(line);
-    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    line.strip_suffix(b"\r").unwrap_or(line)
+}
+
+/// Parses the `sep`-separated fields `label, I1..I13, C1..C26` of a trimmed line into `row`.
+#[inline]
+fn parse_fields(line: &[u8], sep: u8, row: &mut Row) -> Result<LineKind, ParseError> {
     if line.is_empty() {
         return Ok(LineKind::Empty);
     }
     let mut field = 0; // 0-based index of the field being parsed
     let mut start = 0;
-    for tab in memchr_iter(b'\t', line).chain(std::iter::once(line.len())) {
+    for tab in memchr_iter(sep, line).chain(std::iter::once(line.len())) {
         if field == NUM_FIELDS {
             return Err(ParseError::TooManyFields {
-                fields: 1 + memchr_iter(b'\t', line).count(),
+                fields: 1 + memchr_iter(sep, line).count(),
             });
         }
         parse_field(field, &line[start..tab], row)?;
@@ -490,6 +557,60 @@ mod tests {
         for line in ["", "\n", "\r\n", "\r"] {
             assert_eq!(parse(line).unwrap().0, LineKind::Empty);
         }
+    }
+
+    #[test]
+    fn csv_header_is_detected() {
+        let header = b"Id,Label,I1,I2,I3,I4,I5,I6,I7,I8,I9,I10,I11,I12,I13,C1,C2";
+        assert_eq!(TextFormat::detect(header), TextFormat::Csv);
+        assert_eq!(TextFormat::detect(b"Id,Label\r"), TextFormat::Csv);
+        assert_eq!(TextFormat::detect(KAGGLE.as_bytes()), TextFormat::Tsv);
+        assert_eq!(TextFormat::detect(b""), TextFormat::Tsv);
+        assert_eq!(TextFormat::detect(b"id,label"), TextFormat::Tsv);
+    }
+
+    #[test]
+    fn csv_line_parses_like_its_tsv_line() {
+        let csv = format!("10000743,{}", KAGGLE.replace('\t', ","));
+        let mut row = Row::default();
+        let kind = parse_csv_line(csv.as_bytes(), &mut row).unwrap();
+        assert_eq!((kind, row), parse(KAGGLE).unwrap());
+        let crlf = format!("{csv}\r\n");
+        assert_eq!(TextFormat::Csv.parse(crlf.as_bytes(), &mut row), Ok(kind));
+        // Padded and empty lines, as in TSV.
+        assert_eq!(
+            parse_csv_line(b"7,1,2,3", &mut row),
+            Ok(LineKind::Padded { fields: 3 })
+        );
+        assert_eq!(row.dense[1], (4f64).ln() as f32);
+        assert_eq!(parse_csv_line(b"\r\n", &mut row), Ok(LineKind::Empty));
+    }
+
+    #[test]
+    fn bad_csv_lines_name_the_column() {
+        let mut row = Row::default();
+        let bad_int =
+            format!("1,{}", synthetic(NUM_FIELDS).replace('\t', ",")).replacen(",4,", ",4.5,", 1);
+        assert_eq!(
+            parse_csv_line(bad_int.as_bytes(), &mut row)
+                .unwrap_err()
+                .to_string(),
+            r#"column I4 (field 5): "4.5" is not a 64-bit integer"#
+        );
+        for line in ["12345", "12345,", "12345,,1"] {
+            assert_eq!(
+                parse_csv_line(line.as_bytes(), &mut row),
+                Err(ParseError::BadLabel {
+                    text: String::new()
+                }),
+                "{line}"
+            );
+        }
+        // A tab-separated line is one long label to the CSV parser.
+        assert!(matches!(
+            parse_csv_line(KAGGLE.as_bytes(), &mut row),
+            Err(ParseError::BadLabel { .. })
+        ));
     }
 
     #[test]

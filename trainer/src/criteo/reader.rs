@@ -1,10 +1,14 @@
 //! Batched reading: files in order, lines split among trainer ranks, parsed into [`Batch`]es on a thread of
 //! their own (DESIGN.md, "Read": parsing runs ahead of training), with an error budget for bad lines.
 //!
+//! Each file is read in its own detected form: TSV or Kaggle CSV text (plain, gzip or zstd), or a
+//! preprocessed columnar shard, whose rows are copied, not parsed. Batches run across file boundaries; a
+//! CSV header is not a line (it takes no index in the rank split).
+//!
 //! Call order: [`BatchReader::spawn`], iterate to the end (or drop early: the thread notices the closed
 //! channel or the stop flag within a line and exits), then [`BatchReader::stats`].
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -13,8 +17,9 @@ use std::{fmt, io};
 use crossbeam_channel::{Receiver, RecvError};
 
 use super::batch::Batch;
-use super::parse::{parse_line, LineKind, Row};
-use super::source::{input_files, open, MAX_LINE};
+use super::columnar::{ColumnarError, Shard};
+use super::parse::{LineKind, Row, TextFormat};
+use super::source::{input_files, open, Input, LineReader, MAX_LINE};
 
 /// How many bad-line messages [`ReadStats::first_errors`] keeps.
 pub const MAX_FIRST_ERRORS: usize = 10;
@@ -115,13 +120,13 @@ pub enum ReadError {
         /// The directory.
         path: PathBuf,
     },
-    /// A file is in a format this build cannot read.
-    #[error("{}: {format} input is not supported", path.display())]
-    Unsupported {
+    /// A preprocessed shard is corrupt or truncated.
+    #[error("{}: bad columnar shard: {reason}", path.display())]
+    Corrupt {
         /// The file.
         path: PathBuf,
-        /// The detected format.
-        format: &'static str,
+        /// What is wrong (in the message, so not also a `source`).
+        reason: ColumnarError,
     },
     /// Reading (or decompressing) a file failed, e.g. a truncated `.gz`.
     #[error("{}: read error after line {line}: {source}", path.display())]
@@ -291,65 +296,129 @@ impl<'a> Pipeline<'a> {
         files: &[PathBuf],
         mut emit: impl FnMut(Batch, &ReadStats) -> bool,
     ) -> Result<(), ReadError> {
-        let (world, rank) = (self.cfg.world as u64, self.cfg.rank as u64);
-        let batch_size = self.cfg.batch_size;
-        let mut batch = Batch::with_capacity(batch_size);
-        let mut row = Row::default();
+        let mut batch = Batch::with_capacity(self.cfg.batch_size);
         for path in files {
-            let mut lines = open(path)?;
-            let mut line_no = 0u64;
-            loop {
-                let read = lines.next_line();
-                let (line, cut) = match read {
-                    Ok(Some(line)) => line,
-                    Ok(None) => break,
-                    Err(source) => {
-                        return Err(ReadError::Read {
-                            path: path.clone(),
-                            line: line_no,
-                            source,
-                        })
-                    }
-                };
-                line_no += 1;
-                let index = self.index;
-                self.index += 1;
-                if index % world != rank {
-                    continue;
-                }
-                if self.stop.load(Ordering::Relaxed) {
-                    return Ok(());
-                }
-                self.stats.lines += 1;
-                let parsed = if cut {
-                    Err(format!("line longer than {MAX_LINE} bytes"))
-                } else {
-                    parse_line(line, &mut row).map_err(|e| e.to_string())
-                };
-                match parsed {
-                    Ok(LineKind::Empty) => self.stats.empty_lines += 1,
-                    Ok(kind) => {
-                        self.stats.padded_lines += u64::from(kind != LineKind::Full);
-                        self.stats.rows += 1;
-                        batch.push_row(&row);
-                        if batch.len == batch_size {
-                            let full =
-                                std::mem::replace(&mut batch, Batch::with_capacity(batch_size));
-                            if !emit(full, &self.stats) {
-                                return Ok(());
-                            }
-                        }
-                    }
-                    Err(message) => {
-                        self.bad_line(format!("{}:{line_no}: {message}", path.display()))?
-                    }
-                }
+            let go_on = match open(path)? {
+                Input::Text(lines) => self.read_text(path, lines, &mut batch, &mut emit)?,
+                Input::Columnar(map) => self.read_columnar(path, &map, &mut batch, &mut emit)?,
+            };
+            if !go_on {
+                return Ok(());
             }
         }
         if !batch.is_empty() {
             emit(batch, &self.stats);
         }
         Ok(())
+    }
+
+    /// Hands `batch` to `emit` if it is full; `false` to stop.
+    fn flush_full(
+        &self,
+        batch: &mut Batch,
+        emit: &mut impl FnMut(Batch, &ReadStats) -> bool,
+    ) -> bool {
+        let batch_size = self.cfg.batch_size;
+        if batch.len < batch_size {
+            return true;
+        }
+        let full = std::mem::replace(batch, Batch::with_capacity(batch_size));
+        emit(full, &self.stats)
+    }
+
+    /// Reads one text file (TSV, or CSV if its first line is the Kaggle header); `false` to stop.
+    fn read_text(
+        &mut self,
+        path: &Path,
+        mut lines: LineReader,
+        batch: &mut Batch,
+        emit: &mut impl FnMut(Batch, &ReadStats) -> bool,
+    ) -> Result<bool, ReadError> {
+        let (world, rank) = (self.cfg.world as u64, self.cfg.rank as u64);
+        let mut row = Row::default();
+        let mut format = TextFormat::Tsv;
+        let mut line_no = 0u64;
+        loop {
+            let (line, cut) = match lines.next_line() {
+                Ok(Some(line)) => line,
+                Ok(None) => return Ok(true),
+                Err(source) => {
+                    return Err(ReadError::Read {
+                        path: path.to_path_buf(),
+                        line: line_no,
+                        source,
+                    })
+                }
+            };
+            line_no += 1;
+            if line_no == 1 && TextFormat::detect(line) == TextFormat::Csv {
+                format = TextFormat::Csv;
+                continue;
+            }
+            let index = self.index;
+            self.index += 1;
+            if index % world != rank {
+                continue;
+            }
+            if self.stop.load(Ordering::Relaxed) {
+                return Ok(false);
+            }
+            self.stats.lines += 1;
+            let parsed = if cut {
+                Err(format!("line longer than {MAX_LINE} bytes"))
+            } else {
+                format.parse(line, &mut row).map_err(|e| e.to_string())
+            };
+            match parsed {
+                Ok(LineKind::Empty) => self.stats.empty_lines += 1,
+                Ok(kind) => {
+                    self.stats.padded_lines += u64::from(kind != LineKind::Full);
+                    self.stats.rows += 1;
+                    batch.push_row(&row);
+                    if !self.flush_full(batch, emit) {
+                        return Ok(false);
+                    }
+                }
+                Err(message) => {
+                    self.bad_line(format!("{}:{line_no}: {message}", path.display()))?
+                }
+            }
+        }
+    }
+
+    /// Reads one preprocessed shard: its rows are this rank's when their index (counted on from the
+    /// files before) is `rank` modulo `world`. `false` to stop.
+    fn read_columnar(
+        &mut self,
+        path: &Path,
+        bytes: &[u8],
+        batch: &mut Batch,
+        emit: &mut impl FnMut(Batch, &ReadStats) -> bool,
+    ) -> Result<bool, ReadError> {
+        let shard = Shard::parse(bytes).map_err(|reason| ReadError::Corrupt {
+            path: path.to_path_buf(),
+            reason,
+        })?;
+        let (world, rank) = (self.cfg.world, self.cfg.rank as u64);
+        let rows = shard.rows();
+        // The first of this rank's rows in the shard, then every `world`-th.
+        let mut next = ((rank + world as u64 - self.index % world as u64) % world as u64) as usize;
+        self.index += rows as u64;
+        while next < rows {
+            if self.stop.load(Ordering::Relaxed) {
+                return Ok(false);
+            }
+            let left = (rows - next - 1) / world + 1;
+            let count = left.min(self.cfg.batch_size - batch.len);
+            shard.append_rows(next, world, count, batch);
+            next += count * world;
+            self.stats.lines += count as u64;
+            self.stats.rows += count as u64;
+            if !self.flush_full(batch, emit) {
+                return Ok(false);
+            }
+        }
+        Ok(true)
     }
 
     /// Counts a bad line; fails once the count exceeds the budget.

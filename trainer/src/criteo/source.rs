@@ -1,8 +1,10 @@
-//! Input files: expanding directories, opening plain or gzip files, and splitting them into lines.
+//! Input files: expanding directories, opening plain, gzip, zstd or columnar files, and splitting text into
+//! lines.
 //!
 //! The format is detected by content, not by name: gzip by its magic bytes `1f 8b` (decoded with
 //! `MultiGzDecoder`, since `pigz` and concatenated `day_N.gz` parts hold several members), zstd by
-//! `28 b5 2f fd` (refused for now: zstd is not a dependency of the trainer), anything else is plain text.
+//! `28 b5 2f fd` (the streaming decoder, which reads concatenated frames too), preprocessed shards by
+//! `DLRMCOL\0` (memory-mapped, see [`super::columnar`]), anything else is plain text.
 
 use std::fs::{self, File};
 use std::io::{self, BufRead, BufReader, Read, Seek, SeekFrom};
@@ -10,7 +12,9 @@ use std::path::{Path, PathBuf};
 
 use flate2::bufread::MultiGzDecoder;
 use memchr::memchr;
+use memmap2::Mmap;
 
+use super::columnar::{Shard, MAGIC};
 use super::reader::ReadError;
 
 /// Read buffer size, both for the file and for decompressed text.
@@ -52,16 +56,24 @@ pub fn input_files(paths: &[PathBuf]) -> Result<Vec<PathBuf>, ReadError> {
     Ok(files)
 }
 
-/// Opens `path`, detecting gzip (and refusing zstd) by its first bytes.
-pub(crate) fn open(path: &Path) -> Result<LineReader, ReadError> {
+/// An opened input file.
+pub(crate) enum Input {
+    /// Text (plain or decompressed on the fly), line by line.
+    Text(LineReader),
+    /// A preprocessed shard, mapped (not yet checked: see [`Shard::parse`]).
+    Columnar(Mmap),
+}
+
+/// Opens `path`, detecting gzip, zstd and columnar shards by their first bytes.
+pub(crate) fn open(path: &Path) -> Result<Input, ReadError> {
     let open_err = |source| ReadError::Open {
         path: path.to_path_buf(),
         source,
     };
     let mut file = File::open(path).map_err(open_err)?;
-    let mut head = Vec::with_capacity(4);
+    let mut head = Vec::with_capacity(MAGIC.len());
     (&mut file)
-        .take(4)
+        .take(MAGIC.len() as u64)
         .read_to_end(&mut head)
         .map_err(open_err)?;
     file.seek(SeekFrom::Start(0)).map_err(open_err)?;
@@ -70,14 +82,17 @@ pub(crate) fn open(path: &Path) -> Result<LineReader, ReadError> {
             BUF_SIZE, file,
         )))
     } else if head.starts_with(&[0x28, 0xb5, 0x2f, 0xfd]) {
-        return Err(ReadError::Unsupported {
-            path: path.to_path_buf(),
-            format: "zstd",
-        });
+        let buffered = BufReader::with_capacity(BUF_SIZE, file);
+        Box::new(zstd::stream::read::Decoder::with_buffer(buffered).map_err(open_err)?)
+    } else if Shard::is_shard(&head) {
+        // SAFETY: the map is read-only and private to this reader; a shard changed or truncated by another
+        // process while mapped is outside the contract (shards are written once, then renamed into place).
+        let map = unsafe { Mmap::map(&file) }.map_err(open_err)?;
+        return Ok(Input::Columnar(map));
     } else {
         Box::new(file)
     };
-    Ok(LineReader::new(inner))
+    Ok(Input::Text(LineReader::new(inner)))
 }
 
 /// Splits a byte stream into lines without copying those that lie within one buffer fill.

@@ -1,0 +1,283 @@
+//! The capacity tier of a [`Table`] with a memory budget: CLOCK eviction of cold rows to the store and
+//! batched read-back on a miss (DESIGN.md, "RocksDB": "past it, cold rows are evicted to RocksDB and read back
+//! (batched multi-get) on a miss").
+//!
+//! # CLOCK
+//! Each slot has a reference bit, set by [`Table::gather`] and [`Table::apply`] hits. An eviction sweep moves
+//! each stripe's hand over its slots: a set bit is cleared (second chance), a clear bit makes the row a
+//! victim. The quota of a stripe is proportional to its rows. No clock is read (STYLE.md, "Sans-IO cores").
+//!
+//! # Eviction, in two phases ([`crate::Engine::enforce_budget`])
+//! 1. [`Table::select_victims`]: marks the table spilled, picks victims, copies the dirty ones into a batch and
+//!    clears their dirty bits. Victims stay in memory and readable.
+//! 2. The engine writes the batch to the store; on failure it marks the rows dirty again.
+//! 3. [`Table::remove_evicted`]: under the gate's write lock, drops each victim still clean (a victim updated
+//!    since phase 1 is dirty again and stays). A clean row always has its current copy in the store, so no row
+//!    is lost.
+//!
+//! Read-back holds the gate's read lock from the miss to the insert, so a stale copy read from the store can
+//! never be inserted after a newer one was evicted in between.
+//!
+//! TTL: read-back rows restart their TTL like recovered rows, and rows that live only in the store do not
+//! expire (expiry only looks at memory).
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use parking_lot::RwLock;
+
+use super::{group_by_stripe, hash, stripe_of, Table, STAMP_UNKNOWN, STRIPES};
+use crate::batch::{self, DirtyBatch};
+use crate::error::{EmbeddingError, StoreError};
+use crate::store::Store;
+
+/// The capacity tier of a table with a memory budget.
+pub(super) struct Tier {
+    /// Rows the table should keep in memory; [`crate::Engine::enforce_budget`] evicts the excess.
+    pub(super) budget: usize,
+    pub(super) store: Arc<dyn Store>,
+    /// Some rows live only in the store: misses must look there before the initializer. False until the first
+    /// eviction (or a recovery that stopped at the budget), so tables that never evicted skip the store.
+    pub(super) spilled: AtomicBool,
+    /// Read by calls that may read rows back (miss, store read, insert); written by the removal of evicted
+    /// rows. Without it a row read back from the store could be inserted after a newer copy was evicted again.
+    pub(super) gate: RwLock<()>,
+    /// Rows read back from the store, ever.
+    pub(super) read_back: AtomicU64,
+    /// Stripe where the next eviction sweep starts.
+    pub(super) cursor: AtomicUsize,
+}
+
+impl std::fmt::Debug for Tier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tier")
+            .field("budget", &self.budget)
+            .field("spilled", &self.spilled)
+            .field("read_back", &self.read_back)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Table {
+    /// The memory budget in rows, if the table has one.
+    pub fn memory_budget_rows(&self) -> Option<u64> {
+        self.tier.as_ref().map(|t| t.budget as u64)
+    }
+
+    /// Whether some rows may live only in the store (evicted), so misses look there.
+    pub fn spilled(&self) -> bool {
+        self.tier
+            .as_ref()
+            .is_some_and(|t| t.spilled.load(Ordering::Acquire))
+    }
+
+    /// Rows read back from the store since the table was built.
+    pub fn rows_read_back(&self) -> u64 {
+        self.tier
+            .as_ref()
+            .map_or(0, |t| t.read_back.load(Ordering::Relaxed))
+    }
+
+    /// Rows in memory past the budget (0 without a budget).
+    pub fn rows_over_budget(&self) -> usize {
+        self.tier
+            .as_ref()
+            .map_or(0, |t| self.len().saturating_sub(t.budget))
+    }
+
+    /// Marks the table spilled (recovery stopped loading at the budget).
+    pub(crate) fn mark_spilled(&self) {
+        if let Some(t) = &self.tier {
+            t.spilled.store(true, Ordering::Release);
+        }
+    }
+
+    /// Reads the rows of `ids[i]` for `i` in `misses` from the store (one batched read) and inserts those found
+    /// and still absent, clean, with their reference bit set. Returns the rows inserted. The caller holds the
+    /// gate's read lock.
+    pub(super) fn read_back(&self, ids: &[u64], misses: &[usize]) -> Result<usize, EmbeddingError> {
+        let Some(tier) = &self.tier else {
+            return Ok(0);
+        };
+        let table = self.cfg.id;
+        let row_len = self.row_len;
+        let wanted: Vec<u64> = misses.iter().map(|&i| ids[i]).collect();
+        let mut rows = vec![0f32; wanted.len() * row_len];
+        let mut found = vec![false; wanted.len()];
+        tier.store.get_rows(table, &wanted, &mut |k, value| {
+            if let Some(bytes) = value {
+                if bytes.len() != row_len * 4 {
+                    return Err(StoreError::CorruptValue {
+                        table,
+                        id: wanted[k],
+                        len: bytes.len(),
+                        expected: row_len * 4,
+                    });
+                }
+                batch::decode_row(bytes, &mut rows[k * row_len..(k + 1) * row_len]);
+                found[k] = true;
+            }
+            Ok(())
+        })?;
+        let (order, bounds) = group_by_stripe(&wanted);
+        let mut inserted = 0;
+        self.for_each_group(&order, &bounds, |s, stripe, group| {
+            for &k in group {
+                let id = wanted[k];
+                let h = hash(id);
+                if !found[k] || stripe.find(id, h).is_some() {
+                    continue;
+                }
+                let src = &rows[k * row_len..(k + 1) * row_len];
+                let slot = stripe
+                    .insert(id, h, |dst| dst.copy_from_slice(src))
+                    .map_err(|rows| self.full(s, rows))?;
+                stripe.arena.set_stamp(slot, STAMP_UNKNOWN);
+                stripe.set_ref(slot);
+                inserted += 1;
+            }
+            Ok(())
+        })?;
+        self.rows.fetch_add(inserted, Ordering::Relaxed);
+        tier.read_back.fetch_add(inserted as u64, Ordering::Relaxed);
+        Ok(inserted)
+    }
+
+    /// Copies the weights of the rows of `ids[i]`, `i` in `misses`, that are in memory (after a read-back) into
+    /// `out`; returns the indices still missing.
+    pub(super) fn copy_found(
+        &self,
+        ids: &[u64],
+        misses: &[usize],
+        out: &mut [f32],
+    ) -> Result<Vec<usize>, EmbeddingError> {
+        let dim = self.cfg.dim;
+        let wanted: Vec<u64> = misses.iter().map(|&i| ids[i]).collect();
+        let (order, bounds) = group_by_stripe(&wanted);
+        let mut still = Vec::new();
+        self.for_each_group(&order, &bounds, |_, stripe, group| {
+            for &k in group {
+                let (i, id) = (misses[k], wanted[k]);
+                match stripe.find(id, hash(id)) {
+                    Some(slot) => {
+                        out[i * dim..(i + 1) * dim].copy_from_slice(&stripe.arena.row(slot)[..dim])
+                    }
+                    None => still.push(i),
+                }
+            }
+            Ok(())
+        })?;
+        Ok(still)
+    }
+
+    /// Eviction phase 1: picks up to `max` cold rows by CLOCK, appends their ids to `victims`, and moves the
+    /// dirty ones into `out` (emptied first; their dirty bits are cleared). Marks the table spilled first, so a
+    /// miss on a victim after its removal looks in the store. Returns the number of victims; 0 without a
+    /// budget.
+    ///
+    /// Call order: `select_victims`, write `out` to the store (on failure, [`Table::mark_dirty`] its ids),
+    /// then [`Table::remove_evicted`]. Serialized with flushes (the engine holds its flush lock).
+    pub fn select_victims(
+        &self,
+        max: usize,
+        victims: &mut Vec<u64>,
+        out: &mut DirtyBatch,
+    ) -> usize {
+        out.reset(self.row_len * 4);
+        let Some(tier) = &self.tier else {
+            return 0;
+        };
+        if max == 0 {
+            return 0;
+        }
+        tier.spilled.store(true, Ordering::Release);
+        let total = self.len().max(1);
+        let start = tier.cursor.load(Ordering::Relaxed);
+        let mut picked: HashSet<u64> = HashSet::new();
+        // Round 0 gives each stripe a share proportional to its rows; round 1 takes what rounding left.
+        for round in 0..2 {
+            for k in 0..STRIPES {
+                if picked.len() >= max {
+                    break;
+                }
+                let s = (start + k) % STRIPES;
+                let mut stripe = self.stripes[s].0.lock();
+                let live = stripe.arena.len();
+                if live == 0 {
+                    continue;
+                }
+                let remaining = max - picked.len();
+                let quota = if round == 0 {
+                    (max * live).div_ceil(total).min(remaining)
+                } else {
+                    remaining
+                };
+                let slots = stripe.arena.slots();
+                let mut taken = 0;
+                // Two turns of the hand: the first may only clear reference bits.
+                for _ in 0..2 * slots {
+                    if taken == quota {
+                        break;
+                    }
+                    let slot = stripe.hand % slots;
+                    stripe.hand = (slot + 1) % slots;
+                    let id = stripe.arena.id(slot);
+                    // A free slot keeps its old id, which the index maps elsewhere or nowhere.
+                    if stripe.find(id, hash(id)) != Some(slot) || picked.contains(&id) {
+                        continue;
+                    }
+                    let (word, bit) = (slot / 64, 1u64 << (slot % 64));
+                    if stripe.refs[word] & bit != 0 {
+                        stripe.refs[word] &= !bit;
+                        continue;
+                    }
+                    if stripe.is_dirty(slot) {
+                        out.push_row(id, stripe.arena.row(slot));
+                        stripe.dirty[word] &= !bit;
+                        stripe.dirty_count -= 1;
+                    }
+                    picked.insert(id);
+                    victims.push(id);
+                    taken += 1;
+                }
+            }
+            tier.cursor.store((start + 1) % STRIPES, Ordering::Relaxed);
+            if picked.len() >= max {
+                break;
+            }
+        }
+        picked.len()
+    }
+
+    /// Eviction phase 3: drops the rows of `victims` that are still clean (their current copy is in the store)
+    /// and frees their slots. Returns the rows dropped.
+    pub fn remove_evicted(&self, victims: &[u64]) -> usize {
+        let Some(tier) = &self.tier else {
+            return 0;
+        };
+        let _gate = tier.gate.write();
+        let mut removed = 0;
+        let (order, bounds) = group_by_stripe(victims);
+        for (s, p) in self.stripes.iter().enumerate() {
+            let group = &order[bounds[s]..bounds[s + 1]];
+            if group.is_empty() {
+                continue;
+            }
+            let mut stripe = p.0.lock();
+            for &k in group {
+                let id = victims[k];
+                let h = hash(id);
+                debug_assert_eq!(stripe_of(h), s);
+                if let Some(slot) = stripe.find(id, h) {
+                    if !stripe.is_dirty(slot) {
+                        stripe.remove(id, h, slot);
+                        removed += 1;
+                    }
+                }
+            }
+        }
+        self.rows.fetch_sub(removed, Ordering::Relaxed);
+        removed
+    }
+}
