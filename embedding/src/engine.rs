@@ -9,6 +9,8 @@
 //! 4. [`Engine::flush_dirty`] on a timer and at shutdown (DESIGN.md: "dirty rows are written back in batches on
 //!    a timer"). Rows updated after the last flush are lost if the process dies: that is the durability
 //!    contract of asynchronous training.
+//!    For pushes that must be durable before they are acknowledged, [`Engine::persist`] writes the rows of
+//!    the given ids right away with a synced write (the server's `durability = "sync"`).
 //! 5. [`Engine::expire`] on a timer, with the caller's time in seconds, for tables with `ttl_secs`: deletes
 //!    rows untouched for their TTL from the store, then from memory. It also sets the tables' logical clock,
 //!    which stamps rows updated through [`Engine::apply`] (use [`Engine::apply_at`] to pass time per push).
@@ -359,6 +361,50 @@ impl Engine {
             bytes = stats.bytes,
             "flushed dirty rows"
         );
+        Ok(stats)
+    }
+}
+
+impl Engine {
+    /// Writes the current full rows (weights and optimizer state) of the given ids of each table to the store:
+    /// the durability of a push in `sync` mode. One store write batch per table; with `sync`, the last write
+    /// is synced, which (one write-ahead log, as in RocksDB) makes the earlier ones durable too; the tables'
+    /// writes are not atomic together. Ids not in memory (never created, or evicted: their latest copy is
+    /// already in the store) are skipped, and with `sync` a [`Store::flush`] then makes evicted copies durable.
+    ///
+    /// Dirty flags are left alone, so the timer's [`Engine::flush_dirty`] rewrites these rows later (and
+    /// retries them after a failed write here). Runs under the flush lock, so an older copy of a row never
+    /// overwrites a newer one in the store. Returns the rows and row bytes written.
+    pub fn persist(
+        &self,
+        tables: &[(u32, &[u64])],
+        sync: bool,
+    ) -> Result<FlushStats, EmbeddingError> {
+        let resolved = tables
+            .iter()
+            .map(|&(id, ids)| Ok((self.table(id)?, ids)))
+            .collect::<Result<Vec<_>, EmbeddingError>>()?;
+        let mut batch = self.flush.lock();
+        let mut stats = FlushStats::default();
+        let mut missing = 0;
+        let last = resolved.iter().rposition(|(_, ids)| !ids.is_empty());
+        for (k, (table, ids)) in resolved.iter().enumerate() {
+            if ids.is_empty() {
+                continue;
+            }
+            missing += table.copy_rows(ids, &mut batch);
+            if batch.is_empty() {
+                continue;
+            }
+            let sync_this = sync && Some(k) == last && missing == 0;
+            self.store.write_rows(table.id(), &batch, sync_this)?;
+            stats.rows += batch.len();
+            stats.batches += 1;
+            stats.bytes += batch.byte_len();
+        }
+        if sync && (missing > 0 || stats.batches == 0) && last.is_some() {
+            self.store.flush()?;
+        }
         Ok(stats)
     }
 }

@@ -334,3 +334,92 @@ fn new_config_fields_survive_a_restart() {
         "one Adam step: the second push was the admitting one"
     );
 }
+
+#[test]
+fn persist_writes_full_rows_without_a_flush_and_keeps_them_dirty() {
+    let dir = tempfile::tempdir().unwrap();
+    let ids: Vec<u64> = (0..300).map(|i| i * 7919).collect();
+    let grads: Vec<f32> = (0..ids.len() * 4).map(|i| (i % 5) as f32 - 2.0).collect();
+    let expected: Vec<Vec<f32>> = {
+        let store = Arc::new(RocksStore::open(dir.path()).unwrap());
+        let e = Engine::open(store).unwrap();
+        let mut c = cfg(1, 4);
+        c.optimizer = OptimizerConfig::RowAdagrad {
+            lr: 0.1,
+            eps: 1e-8,
+            initial_accumulator: 0.0,
+        };
+        e.register_table(c).unwrap();
+        e.register_table(cfg(2, 4)).unwrap();
+        e.apply(1, &ids, &grads).unwrap();
+        e.apply(2, &ids[..10], &grads[..40]).unwrap();
+        let stats = e
+            .persist(&[(1, &ids), (2, &ids[..10]), (2, &[])], true)
+            .unwrap();
+        assert_eq!((stats.rows, stats.batches), (310, 2));
+        let row_bytes = |t: u32| e.table(t).unwrap().row_len() * 4;
+        assert_eq!(stats.bytes, 300 * row_bytes(1) + 10 * row_bytes(2));
+        // Still dirty: the periodic write-back rewrites them.
+        assert_eq!(e.table(1).unwrap().dirty_len(), 300);
+        assert!(matches!(
+            e.persist(&[(9, &ids)], true),
+            Err(EmbeddingError::UnknownTable(9))
+        ));
+        let t = e.table(1).unwrap();
+        ids.iter().map(|&id| t.row(id).unwrap()).collect()
+        // Dropped without flush_dirty: only the persisted writes are on disk.
+    };
+    let e = Engine::open(Arc::new(RocksStore::open(dir.path()).unwrap())).unwrap();
+    let t = e.table(1).unwrap();
+    for (id, row) in ids.iter().zip(&expected) {
+        assert_eq!(t.row(*id).as_ref(), Some(row), "id {id}");
+    }
+    assert_eq!(e.table(2).unwrap().len(), 10);
+}
+
+/// The cost of `sync` durability: the same pushes applied only (periodic mode) and applied then persisted
+/// with a synced write (sync mode), against RocksDB in a temp dir.
+/// `cargo test --release -p embedding persist_cost -- --ignored --nocapture`
+#[test]
+#[ignore = "measurement; run in release with --nocapture"]
+fn persist_cost() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = Engine::open(Arc::new(RocksStore::open(dir.path()).unwrap())).unwrap();
+    let mut c = cfg(1, 16);
+    c.optimizer = OptimizerConfig::RowAdagrad {
+        lr: 0.05,
+        eps: 1e-8,
+        initial_accumulator: 0.0,
+    };
+    e.register_table(c).unwrap();
+    let batch = 1024usize;
+    let pushes = 200u64;
+    let grads: Vec<f32> = (0..batch * 16).map(|i| (i % 7) as f32 * 0.01).collect();
+    let mut results = Vec::new();
+    for sync in [false, true] {
+        let start = std::time::Instant::now();
+        let mut worst = std::time::Duration::ZERO;
+        for p in 0..pushes {
+            let ids: Vec<u64> = (0..batch as u64)
+                .map(|i| (p * 7 + i * 104_729) % 1_000_000)
+                .collect();
+            let t = std::time::Instant::now();
+            e.apply(1, &ids, &grads).unwrap();
+            if sync {
+                e.persist(&[(1, &ids)], true).unwrap();
+            }
+            worst = worst.max(t.elapsed());
+        }
+        let secs = start.elapsed().as_secs_f64();
+        let rows_per_sec = (pushes as f64 * batch as f64) / secs;
+        println!(
+            "{}: {pushes} pushes of {batch} rows (dim 16, row-wise Adagrad): mean {:.3} ms/push, max {:.3} ms, {:.0} rows/s",
+            if sync { "sync" } else { "periodic" },
+            secs * 1e3 / pushes as f64,
+            worst.as_secs_f64() * 1e3,
+            rows_per_sec
+        );
+        results.push(secs);
+    }
+    println!("sync/periodic time ratio: {:.1}x", results[1] / results[0]);
+}

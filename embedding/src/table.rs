@@ -587,6 +587,31 @@ impl Table {
         out.len()
     }
 
+    /// Appends the current full rows (weights then optimizer state) of those `ids` that are in memory to `out`,
+    /// which is emptied first, leaving dirty flags alone: for synchronous persistence of a push
+    /// ([`crate::Engine::persist`]). Each stripe lock is held only while its rows are copied. Returns the
+    /// number of `ids` not in memory (never created, or evicted to the store).
+    pub fn copy_rows(&self, ids: &[u64], out: &mut DirtyBatch) -> usize {
+        out.reset(self.row_len * 4);
+        let (order, bounds) = group_by_stripe(ids);
+        let mut missing = 0;
+        for s in 0..STRIPES {
+            let group = &order[bounds[s]..bounds[s + 1]];
+            if group.is_empty() {
+                continue;
+            }
+            let stripe = self.stripes[s].0.lock();
+            for &i in group {
+                let id = ids[i];
+                match stripe.find(id, hash(id)) {
+                    Some(slot) => out.push_row(id, stripe.arena.row(slot)),
+                    None => missing += 1,
+                }
+            }
+        }
+        missing
+    }
+
     /// Marks the rows of `ids` dirty again (those that exist), e.g. after a failed store write.
     pub fn mark_dirty(&self, ids: &[u64]) {
         for &id in ids {

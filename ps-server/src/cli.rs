@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::config::FileConfig;
+use crate::config::{Durability, FileConfig};
 
 /// A parameter server: serves a shard of the embedding tables over QUIC.
 #[derive(Debug, Parser)]
@@ -108,6 +108,10 @@ struct ServeArgs {
     /// [default: no budget].
     #[arg(long, env = "PS_MEMORY_BUDGET_ROWS")]
     memory_budget_rows: Option<u64>,
+    /// When pushed rows reach RocksDB: none (memory only), periodic (every flush interval and at shutdown),
+    /// sync (before each push is acknowledged) [default: periodic].
+    #[arg(long, env = "PS_DURABILITY", value_enum)]
+    durability: Option<Durability>,
     /// Create development certificates in --tls-dir if they are missing.
     #[arg(long)]
     dev_certs: bool,
@@ -127,6 +131,7 @@ impl ServeArgs {
             flush_interval_secs: self.flush_interval_secs,
             drain_timeout_secs: self.drain_timeout_secs,
             memory_budget_rows: self.memory_budget_rows,
+            durability: self.durability,
         }
     }
 }

@@ -37,6 +37,26 @@ pub struct FileConfig {
     /// Rows each table keeps in memory, at least 1; past it, cold rows are evicted to RocksDB and read back on
     /// a miss (DESIGN.md, "RocksDB"). Applies to every table. Default: none (all rows stay in memory).
     pub memory_budget_rows: Option<u64>,
+    /// When pushed rows reach RocksDB: `none`, `periodic` or `sync` (see [`Durability`]). Default `periodic`.
+    pub durability: Option<Durability>,
+}
+
+/// When pushed rows reach RocksDB, and so what a crash (SIGKILL, power loss) can lose.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Durability {
+    /// No write-back on the timer nor at shutdown: rows live in memory only, and a restart finds only what
+    /// was written before (by a flush request, or eviction under a memory budget). Loss bound: everything.
+    None,
+    /// Dirty rows are written back every flush interval and at shutdown. Loss bound: the updates of the last
+    /// flush interval (all of them if the timer is off).
+    #[default]
+    Periodic,
+    /// Every acknowledged push is durable before its acknowledgement: the pushed rows (weights and optimizer
+    /// state) are written with a synced RocksDB write before `Pushed` is sent. A failed write answers the push
+    /// with a `Storage` error, but the rows were applied in memory and stay dirty, so the timer's write-back
+    /// retries them. Loss bound: nothing acknowledged. Costs one WAL fsync per push.
+    Sync,
 }
 
 impl FileConfig {
@@ -68,7 +88,8 @@ impl FileConfig {
             max_frame_bytes,
             flush_interval_secs,
             drain_timeout_secs,
-            memory_budget_rows
+            memory_budget_rows,
+            durability
         );
         self
     }
@@ -111,6 +132,7 @@ impl FileConfig {
         }
         Ok(ServerConfig {
             memory_budget_rows: self.memory_budget_rows,
+            durability: self.durability.unwrap_or_default(),
             listen: self
                 .listen
                 .unwrap_or_else(|| "127.0.0.1:7000".parse().expect("valid")),
@@ -191,6 +213,8 @@ pub struct ServerConfig {
     pub drain_timeout: Duration,
     /// Rows each table keeps in memory, if bounded.
     pub memory_budget_rows: Option<u64>,
+    /// When pushed rows reach RocksDB.
+    pub durability: Durability,
 }
 
 /// A config that cannot be used.
@@ -289,6 +313,29 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(err.contains("tls-dir"), "{err}");
+    }
+
+    #[test]
+    fn durability_parses_and_a_bad_value_names_the_field() {
+        let base = || FileConfig {
+            data_dir: Some("/d".into()),
+            tls_dir: Some("/t".into()),
+            ..Default::default()
+        };
+        assert_eq!(base().validate().unwrap().durability, Durability::Periodic);
+        for (text, want) in [
+            ("none", Durability::None),
+            ("periodic", Durability::Periodic),
+            ("sync", Durability::Sync),
+        ] {
+            let file: FileConfig = toml::from_str(&format!("durability = \"{text}\"")).unwrap();
+            assert_eq!(base().overlay(file).validate().unwrap().durability, want);
+        }
+        let err = toml::from_str::<FileConfig>("durability = \"always\"")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("durability"), "{err}");
+        assert!(err.contains("always"), "{err}");
     }
 
     #[test]

@@ -13,6 +13,7 @@ use protocol::{
     TableSpec, PROTOCOL_VERSION,
 };
 
+use crate::config::Durability;
 use crate::metrics as m;
 
 /// One server's shard: its storage engine and its place in the shard map.
@@ -23,6 +24,8 @@ pub struct Shard {
     pub shard_map: ShardMap,
     /// This server's index in the map.
     pub shard_index: u32,
+    /// When pushed rows reach the store; with [`Durability::Sync`], a push is persisted before its reply.
+    pub durability: Durability,
 }
 
 /// A response header with its payload.
@@ -437,6 +440,9 @@ impl Shard {
         if rejected > 0 {
             metrics::counter!(m::ROWS_REJECTED_NONFINITE_TOTAL).increment(rejected);
         }
+        if self.durability == Durability::Sync {
+            self.persist_push(tables, &all_ids)?;
+        }
         Ok(Reply {
             header: Response::Pushed {
                 rows: applied,
@@ -444,6 +450,33 @@ impl Shard {
             },
             payload: Vec::new(),
         })
+    }
+
+    /// Writes the rows of a push, already applied, with a synced store write ([`Durability::Sync`]). On a store
+    /// error the push is refused with `Storage`, though its rows were applied in memory: they stay dirty, and
+    /// the timer's write-back retries them.
+    fn persist_push(&self, tables: &[TableCount], all_ids: &[u64]) -> Result<(), Refusal> {
+        let mut parts = Vec::with_capacity(tables.len());
+        let mut start = 0;
+        for t in tables {
+            let n = t.count as usize;
+            parts.push((t.table, &all_ids[start..start + n]));
+            start += n;
+        }
+        let began = std::time::Instant::now();
+        match self.engine.persist(&parts, true) {
+            Ok(stats) => {
+                metrics::histogram!(m::SYNC_PUSH_WRITE_SECONDS)
+                    .record(began.elapsed().as_secs_f64());
+                metrics::counter!(m::SYNC_PUSH_ROWS_TOTAL).increment(stats.rows as u64);
+                Ok(())
+            }
+            Err(e) => {
+                metrics::counter!(m::WRITEBACK_ERRORS_TOTAL).increment(1);
+                tracing::error!(error = %e, "synced write of a push failed; its rows stay dirty");
+                Err(e.into())
+            }
+        }
     }
 
     fn flush(&self) -> Result<Reply, Refusal> {

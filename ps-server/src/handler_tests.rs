@@ -21,6 +21,7 @@ fn shard(num_servers: u32, index: u32) -> Shard {
         engine: Engine::open(Arc::new(MemStore::new())).unwrap(),
         shard_map: ShardMap::new(num_servers),
         shard_index: index,
+        durability: Durability::Periodic,
     };
     let r = s.handle(
         Request::RegisterTables {
@@ -333,4 +334,128 @@ fn register_adam_table_over_the_wire() {
     );
     let cfg = s.engine.table(7).unwrap().config().clone();
     assert_eq!(table_spec(&cfg), Some(spec));
+}
+
+/// A [`MemStore`] whose row writes fail while `fail` is set.
+struct FlakyStore {
+    inner: MemStore,
+    fail: std::sync::atomic::AtomicBool,
+    synced_writes: std::sync::atomic::AtomicUsize,
+}
+
+impl embedding::Store for FlakyStore {
+    fn ensure_table(&self, table: u32) -> Result<(), embedding::StoreError> {
+        self.inner.ensure_table(table)
+    }
+    fn write_rows(
+        &self,
+        table: u32,
+        rows: &embedding::DirtyBatch,
+        sync: bool,
+    ) -> Result<(), embedding::StoreError> {
+        if self.fail.load(std::sync::atomic::Ordering::Relaxed) {
+            return Err(embedding::StoreError::Backend {
+                op: format!("write_rows table {table}"),
+                detail: "disk full".into(),
+            });
+        }
+        if sync {
+            self.synced_writes
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        self.inner.write_rows(table, rows, sync)
+    }
+    fn delete_rows(&self, table: u32, ids: &[u64]) -> Result<(), embedding::StoreError> {
+        self.inner.delete_rows(table, ids)
+    }
+    fn scan_rows(
+        &self,
+        table: u32,
+        f: &mut embedding::ScanFn<'_>,
+    ) -> Result<(), embedding::StoreError> {
+        self.inner.scan_rows(table, f)
+    }
+    fn get_rows(
+        &self,
+        table: u32,
+        ids: &[u64],
+        f: &mut embedding::GetFn<'_>,
+    ) -> Result<(), embedding::StoreError> {
+        self.inner.get_rows(table, ids, f)
+    }
+    fn put_meta(&self, key: &str, value: &[u8]) -> Result<(), embedding::StoreError> {
+        self.inner.put_meta(key, value)
+    }
+    fn get_meta(&self, key: &str) -> Result<Option<Vec<u8>>, embedding::StoreError> {
+        self.inner.get_meta(key)
+    }
+    fn list_meta(&self, prefix: &str) -> Result<Vec<(String, Vec<u8>)>, embedding::StoreError> {
+        self.inner.list_meta(prefix)
+    }
+    fn flush(&self) -> Result<(), embedding::StoreError> {
+        self.inner.flush()
+    }
+    fn estimate_rows(&self, table: u32) -> Result<u64, embedding::StoreError> {
+        self.inner.estimate_rows(table)
+    }
+}
+
+#[test]
+fn sync_push_is_stored_before_the_reply_and_a_store_error_is_a_storage_refusal() {
+    use embedding::Store as _;
+    use std::sync::atomic::Ordering;
+    let store = Arc::new(FlakyStore {
+        inner: MemStore::new(),
+        fail: false.into(),
+        synced_writes: 0.into(),
+    });
+    let s = Shard {
+        engine: Engine::open(store.clone()).unwrap(),
+        shard_map: ShardMap::new(1),
+        shard_index: 0,
+        durability: Durability::Sync,
+    };
+    let r = s.handle(
+        Request::RegisterTables {
+            tables: vec![spec(1, 4), spec(2, 2)],
+        },
+        &[],
+    );
+    assert!(matches!(r.header, Response::Registered { tables: 2 }));
+    let stored = |table: u32, ids: &[u64]| {
+        let mut n = 0;
+        store
+            .get_rows(table, ids, &mut |_, v| {
+                n += v.is_some() as usize;
+                Ok(())
+            })
+            .unwrap();
+        n
+    };
+    let r = push(
+        &s,
+        &[
+            (1, 4, &[10, 11], &[1.0; 8]),
+            (2, 2, &[20, 21, 22], &[1.0; 6]),
+        ],
+    );
+    assert!(
+        matches!(r.header, Response::Pushed { rows: 5, .. }),
+        "{:?}",
+        r.header
+    );
+    assert_eq!((stored(1, &[10, 11]), stored(2, &[20, 21, 22])), (2, 3));
+    // One synced write per push: the last table's batch.
+    assert_eq!(store.synced_writes.load(Ordering::Relaxed), 1);
+
+    store.fail.store(true, Ordering::Relaxed);
+    let (code, message) = error_of(push(&s, &[(1, 4, &[12], &[1.0; 4])]));
+    assert_eq!(code, ErrorCode::Storage);
+    assert!(message.contains("disk full"), "{message}");
+    // Applied in memory and still dirty: the periodic write-back retries it.
+    assert_eq!(rows(pull(&s, 1, 4, &[12]), 4), vec![-1.0; 4]);
+    assert_eq!(stored(1, &[12]), 0);
+    store.fail.store(false, Ordering::Relaxed);
+    s.engine.flush_dirty().unwrap();
+    assert_eq!(stored(1, &[12]), 1);
 }

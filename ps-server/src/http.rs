@@ -36,13 +36,19 @@ impl Health {
 
 static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
 
+/// Histogram buckets for every `_batches` metric (small counts such as staleness): 0 .. 64.
+pub const COUNT_BUCKETS: &[f64] = &[0.0, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 32.0, 64.0];
+
 /// Installs the process-wide Prometheus recorder (once; later calls return the same handle) with explicit
-/// histogram buckets for every `_seconds` metric, so histograms are rendered rather than summaries.
+/// histogram buckets for every `_seconds` metric (`buckets`) and every `_batches` metric ([`COUNT_BUCKETS`]), so
+/// histograms are rendered rather than summaries.
 pub fn install_recorder(buckets: &[f64]) -> PrometheusHandle {
     HANDLE
         .get_or_init(|| {
             let recorder = PrometheusBuilder::new()
                 .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), buckets)
+                .expect("non-empty bucket list")
+                .set_buckets_for_metric(Matcher::Suffix("_batches".into()), COUNT_BUCKETS)
                 .expect("non-empty bucket list")
                 .build_recorder();
             let handle = recorder.handle();

@@ -35,6 +35,11 @@ pub const WRITEBACK_BATCHES_TOTAL: &str = "ps_writeback_batches_total";
 pub const WRITEBACK_SECONDS: &str = "ps_writeback_duration_seconds";
 /// Failed write-backs.
 pub const WRITEBACK_ERRORS_TOTAL: &str = "ps_writeback_errors_total";
+/// Duration of the synced RocksDB write of one push (`durability = "sync"`), buckets 50 µs .. 10 s (an fsync
+/// is typically 0.1 .. 20 ms).
+pub const SYNC_PUSH_WRITE_SECONDS: &str = "ps_sync_push_write_duration_seconds";
+/// Rows written by synced push writes (`durability = "sync"`).
+pub const SYNC_PUSH_ROWS_TOTAL: &str = "ps_sync_push_rows_total";
 /// Open QUIC connections.
 pub const CONNECTIONS: &str = "ps_connections";
 /// Rows evicted from memory to RocksDB by the memory budget.
@@ -96,7 +101,19 @@ pub fn describe() {
         Unit::Seconds,
         "Duration of one write-back of all dirty rows."
     );
-    describe_counter!(WRITEBACK_ERRORS_TOTAL, "Write-backs that failed.");
+    describe_counter!(
+        WRITEBACK_ERRORS_TOTAL,
+        "Write-backs that failed (timer, flush request, eviction, synced push write)."
+    );
+    describe_histogram!(
+        SYNC_PUSH_WRITE_SECONDS,
+        Unit::Seconds,
+        "Duration of the synced RocksDB write of one push (durability = sync)."
+    );
+    describe_counter!(
+        SYNC_PUSH_ROWS_TOTAL,
+        "Rows written by synced push writes (durability = sync)."
+    );
     describe_gauge!(CONNECTIONS, "Open QUIC connections.");
     describe_counter!(
         EVICTIONS_TOTAL,

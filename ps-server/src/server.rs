@@ -2,12 +2,13 @@
 //!
 //! Thin by design: read a frame, call [`Shard::handle`], write the reply. Shutdown (SIGTERM, or the future
 //! passed to [`run`]): readiness goes false, new connections and streams are refused, in-flight requests are
-//! drained (bounded by the drain timeout), dirty rows are flushed, RocksDB is closed, and `run` returns.
+//! drained (bounded by the drain timeout), dirty rows are flushed (not with `durability = "none"`), RocksDB
+//! is closed, and `run` returns.
 
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use embedding::{Engine, RocksStore};
@@ -15,7 +16,7 @@ use protocol::{stream, ErrorCode, ProtocolError, Request, Response, ShardMap};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::config::ServerConfig;
+use crate::config::{Durability, ServerConfig};
 use crate::handler::Shard;
 use crate::http::{self, Health};
 use crate::metrics as m;
@@ -67,6 +68,7 @@ pub async fn run(
             ..ShardMap::new(cfg.num_shards)
         },
         shard_index: cfg.shard_index,
+        durability: cfg.durability,
     });
 
     let tls = protocol::tls::server_config(&cfg.tls_dir).context("load TLS material")?;
@@ -84,9 +86,16 @@ pub async fn run(
         health.clone(),
         stop.clone().cancelled_owned(),
     ));
+    // Durability `none`: the timer only refreshes gauges (a zero interval), and shutdown writes nothing.
+    let write_back = cfg.durability != Durability::None;
+    tracing::info!(durability = ?cfg.durability, flush_interval = ?cfg.flush_interval, "durability");
     background.spawn(writeback::run_timer(
         shard.clone(),
-        cfg.flush_interval,
+        if write_back {
+            cfg.flush_interval
+        } else {
+            Duration::ZERO
+        },
         stop.clone(),
     ));
     if let Some(rows) = cfg.memory_budget_rows {
@@ -135,11 +144,15 @@ pub async fn run(
         tracing::warn!(timeout = ?cfg.drain_timeout, "requests still in flight after the drain timeout");
     }
     endpoint.close(0u32.into(), b"server shutting down");
-    let shard_for_flush = shard.clone();
-    let flushed =
-        tokio::task::spawn_blocking(move || writeback::flush(&shard_for_flush.engine)).await?;
-    let flushed = flushed.context("final write-back of dirty rows")?;
-    tracing::info!(rows = flushed.rows, "final write-back done");
+    if write_back {
+        let shard_for_flush = shard.clone();
+        let flushed =
+            tokio::task::spawn_blocking(move || writeback::flush(&shard_for_flush.engine)).await?;
+        let flushed = flushed.context("final write-back of dirty rows")?;
+        tracing::info!(rows = flushed.rows, "final write-back done");
+    } else {
+        tracing::info!("durability none: no final write-back, dirty rows are dropped");
+    }
     stop.cancel();
     background.close();
     background.wait().await;
@@ -232,6 +245,10 @@ async fn serve_request(
     let reply = match req {
         // Flushes touch the disk: keep them off the async workers.
         Request::Flush => tokio::task::block_in_place(|| shard.handle(Request::Flush, &[])),
+        // With durability `sync`, a push waits for an fsync.
+        req @ Request::Push { .. } if shard.durability == Durability::Sync => {
+            tokio::task::block_in_place(|| shard.handle(req, &payload))
+        }
         req => shard.handle(req, &payload),
     };
     stream::write_frame(&mut send, &reply.header, &reply.payload).await?;

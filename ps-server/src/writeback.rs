@@ -2,7 +2,9 @@
 //! eviction of cold rows on a short timer, and the timing of read-backs ([`MeteredStore`]).
 //!
 //! Rows are written in WriteBatches by [`embedding::Engine::flush_dirty`]; losses after a crash are bounded by
-//! the timer's interval (DESIGN.md, "RocksDB").
+//! the timer's interval (DESIGN.md, "RocksDB"). That is [`crate::config::Durability::Periodic`], the default;
+//! `none` turns the timer and the shutdown write-back off (loss bound: everything), and `sync` additionally
+//! writes each push's rows with a synced write before acknowledging it ([`crate::handler`]).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

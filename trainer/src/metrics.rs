@@ -19,6 +19,9 @@ pub const PULL_SECONDS: &str = "trainer_pull_duration_seconds";
 pub const PUSH_SECONDS: &str = "trainer_push_duration_seconds";
 /// Dense compute (forward + backward + dense optimizer) of one batch.
 pub const COMPUTE_SECONDS: &str = "trainer_compute_duration_seconds";
+/// Staleness seen by each training batch: batch pushes not yet acknowledged when its pull was sent, i.e. how
+/// many earlier batches' updates its rows may lack (bounded by `--max-in-flight` + 1 with prefetch).
+pub const STALENESS_BATCHES: &str = "trainer_staleness_batches";
 /// Pushes sent and not yet acknowledged.
 pub const PUSHES_IN_FLIGHT: &str = "trainer_pushes_in_flight";
 /// Embedding rows pulled (unique per batch).
@@ -67,6 +70,10 @@ pub fn describe() {
         PUSH_SECONDS,
         Unit::Seconds,
         "Latency of one batch's push until acknowledged."
+    );
+    describe_histogram!(
+        STALENESS_BATCHES,
+        "Batch pushes not yet acknowledged when a training batch's pull was sent."
     );
     describe_histogram!(
         COMPUTE_SECONDS,

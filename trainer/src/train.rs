@@ -194,11 +194,23 @@ impl Trainer {
         let mut last_report = Instant::now();
         let mut losses: Vec<(u64, f32)> = Vec::new();
 
-        let mut next = Self::next_batch(&mut reader)?.map(|b| self.start(b));
+        // Staleness of a batch: earlier batches whose pushes its pull cannot see (outstanding pushes, plus the
+        // batch still being computed when the pull is a prefetch).
+        let staleness = |sem: &Semaphore, computing: usize| {
+            let outstanding = k.max(1) - sem.available_permits();
+            metrics::histogram!(m::STALENESS_BATCHES).record((outstanding + computing) as f64);
+        };
+        let mut next = Self::next_batch(&mut reader)?.map(|b| {
+            staleness(&in_flight, 0);
+            self.start(b)
+        });
         while let Some(mut stage) = next.take() {
             if k > 0 {
                 // Prefetch: the pull of batch t+1 overlaps the compute of batch t.
-                next = Self::next_batch(&mut reader)?.map(|b| self.start(b));
+                next = Self::next_batch(&mut reader)?.map(|b| {
+                    staleness(&in_flight, 1);
+                    self.start(b)
+                });
             }
             self.receive(&mut stage).await?;
             let b = stage.batch.len;
@@ -239,7 +251,10 @@ impl Trainer {
                 while let Some(r) = pushes.join_next().await {
                     rejected += r.expect("push task panicked").context("push gradients")?.1;
                 }
-                next = Self::next_batch(&mut reader)?.map(|b| self.start(b));
+                next = Self::next_batch(&mut reader)?.map(|b| {
+                    staleness(&in_flight, 0);
+                    self.start(b)
+                });
             } else {
                 while let Some(r) = pushes.try_join_next() {
                     rejected += r.expect("push task panicked").context("push gradients")?.1;
