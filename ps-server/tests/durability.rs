@@ -6,114 +6,16 @@
 //! unsynced. What these tests show is that `sync` writes the rows before acknowledging; that the write is also
 //! fsynced (surviving power loss) is the `sync = true` of the write and is not observable here.
 
-use std::io::{BufRead, BufReader};
-use std::net::SocketAddr;
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+mod common;
 
 use bytes::Bytes;
+use common::{client, counts, sigkill_and_wait, sigterm_and_wait, start, table};
 use protocol::message::put_ids;
-use protocol::{
-    codec, Encoding, InitSpec, OptimizerSpec, PsClient, PsClientConfig, TableCount, TableSpec,
-};
+use protocol::{codec, Encoding, PsClient};
 
-struct Server {
-    child: Child,
-    quic: SocketAddr,
-}
-
-fn start(data: &Path, tls: &Path, extra: &[&str]) -> Server {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_ps-server"))
-        .args([
-            "--listen",
-            "127.0.0.1:0",
-            "--metrics-listen",
-            "127.0.0.1:0",
-            "--data-dir",
-        ])
-        .arg(data)
-        .arg("--tls-dir")
-        .arg(tls)
-        .args(["--shard-index", "0", "--num-shards", "1"])
-        .args(extra)
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("spawn ps-server");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let quic = line
-        .split_whitespace()
-        .find_map(|w| w.strip_prefix("quic="))
-        .unwrap_or_else(|| panic!("no quic= in {line:?}"))
-        .parse()
-        .unwrap();
-    Server { child, quic }
-}
-
-impl Drop for Server {
-    // A failing test must not leave its server running (it would hold the test's output pipe open).
-    fn drop(&mut self) {
-        if matches!(self.child.try_wait(), Ok(None)) {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
-}
-
-/// SIGKILL: no drain, no shutdown write-back.
-fn sigkill_and_wait(mut s: Server) {
-    unsafe { libc::kill(s.child.id() as i32, libc::SIGKILL) };
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while s.child.try_wait().unwrap().is_none() {
-        assert!(Instant::now() < deadline, "ps-server survived SIGKILL");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-fn sigterm_and_wait(mut s: Server) {
-    unsafe { libc::kill(s.child.id() as i32, libc::SIGTERM) };
-    let status = s.child.wait().unwrap();
-    assert!(status.success(), "ps-server exited with {status}");
-}
-
-fn table() -> TableSpec {
-    TableSpec {
-        id: 3,
-        name: "C3".into(),
-        dim: 8,
-        optimizer: OptimizerSpec::RowAdagrad {
-            lr: 0.05,
-            eps: 1e-8,
-            initial_accumulator: 0.0,
-        },
-        init: InitSpec::Uniform { scale: 0.1 },
-        seed: 42,
-    }
-}
-
-async fn client(s: &Server, tls: &Path) -> PsClient {
-    PsClient::connect(PsClientConfig::new(vec![s.quic], tls.to_owned()))
-        .await
-        .unwrap()
-}
-
-fn counts(n: usize) -> Vec<TableCount> {
-    vec![TableCount {
-        table: 3,
-        count: n as u32,
-        dim: 8,
-    }]
-}
-
+/// Pulls rows of table 3 as f32 (must succeed).
 async fn pull(c: &PsClient, ids: &[u64]) -> Bytes {
-    let mut payload = Vec::new();
-    put_ids(ids, &mut payload);
-    c.pull(0, Encoding::F32, counts(ids.len()), payload.into())
-        .await
-        .unwrap()
+    common::pull(c, ids).await.unwrap()
 }
 
 async fn push(c: &PsClient, ids: &[u64], salt: usize) {

@@ -1,125 +1,13 @@
 //! Real processes on loopback: the memory budget (issue 3's capacity tier) evicts rows to RocksDB and reads
 //! them back bit for bit.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpStream};
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
+mod common;
+
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
+use common::{client, http_get, pull, sigterm_and_wait, start, table};
 use protocol::message::put_ids;
-use protocol::{
-    codec, Encoding, InitSpec, OptimizerSpec, ProtocolError, PsClient, PsClientConfig, TableCount,
-    TableSpec,
-};
-
-struct Server {
-    child: Child,
-    quic: SocketAddr,
-    metrics: SocketAddr,
-}
-
-fn start(data: &Path, tls: &Path, extra: &[&str]) -> Server {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_ps-server"))
-        .args([
-            "--listen",
-            "127.0.0.1:0",
-            "--metrics-listen",
-            "127.0.0.1:0",
-            "--data-dir",
-        ])
-        .arg(data)
-        .arg("--tls-dir")
-        .arg(tls)
-        .args(["--shard-index", "0", "--num-shards", "1"])
-        .args(extra)
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("spawn ps-server");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let field = |k: &str| -> SocketAddr {
-        let v = line
-            .split_whitespace()
-            .find_map(|w| w.strip_prefix(k))
-            .unwrap_or_else(|| panic!("no {k} in {line:?}"));
-        v.parse().unwrap()
-    };
-    Server {
-        quic: field("quic="),
-        metrics: field("metrics="),
-        child,
-    }
-}
-
-impl Drop for Server {
-    // A failing test must not leave its server running (it would hold the test's output pipe open).
-    fn drop(&mut self) {
-        if matches!(self.child.try_wait(), Ok(None)) {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
-}
-
-fn sigterm_and_wait(mut s: Server) {
-    unsafe { libc::kill(s.child.id() as i32, libc::SIGTERM) };
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Some(status) = s.child.try_wait().unwrap() {
-            assert!(status.success(), "ps-server exited with {status}");
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "ps-server did not exit after SIGTERM"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-fn http_get(addr: SocketAddr, path: &str) -> String {
-    let mut s = TcpStream::connect(addr).unwrap();
-    write!(s, "GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
-    out
-}
-
-fn table() -> TableSpec {
-    TableSpec {
-        id: 3,
-        name: "C3".into(),
-        dim: 8,
-        optimizer: OptimizerSpec::RowAdagrad {
-            lr: 0.05,
-            eps: 1e-8,
-            initial_accumulator: 0.0,
-        },
-        init: InitSpec::Uniform { scale: 0.1 },
-        seed: 42,
-    }
-}
-
-async fn client(s: &Server, tls: &Path) -> PsClient {
-    PsClient::connect(PsClientConfig::new(vec![s.quic], tls.to_owned()))
-        .await
-        .unwrap()
-}
-
-async fn pull(c: &PsClient, ids: &[u64]) -> Result<Bytes, ProtocolError> {
-    let mut payload = Vec::new();
-    put_ids(ids, &mut payload);
-    let t = vec![TableCount {
-        table: 3,
-        count: ids.len() as u32,
-        dim: 8,
-    }];
-    c.pull(0, Encoding::F32, t, payload.into()).await
-}
+use protocol::{codec, Encoding, TableCount};
 
 /// The value of an unlabelled counter in a /metrics page (0 if absent).
 fn counter(metrics: &str, name: &str) -> f64 {

@@ -1,0 +1,147 @@
+//! Helpers shared by the tests that run the real `ps-server` binary on loopback.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use protocol::message::put_ids;
+use protocol::{
+    Encoding, InitSpec, OptimizerSpec, ProtocolError, PsClient, PsClientConfig, TableCount,
+    TableSpec,
+};
+
+/// A running server process; killed on drop if a test fails before stopping it.
+pub struct Server {
+    pub child: Child,
+    pub quic: SocketAddr,
+    pub metrics: SocketAddr,
+}
+
+/// Starts `ps-server` (shard 0 of 1, free ports) on `data` with the TLS material in `tls` and `extra` flags,
+/// and waits for its ready line.
+pub fn start(data: &Path, tls: &Path, extra: &[&str]) -> Server {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ps-server"))
+        .args([
+            "--listen",
+            "127.0.0.1:0",
+            "--metrics-listen",
+            "127.0.0.1:0",
+            "--data-dir",
+        ])
+        .arg(data)
+        .arg("--tls-dir")
+        .arg(tls)
+        .args(["--shard-index", "0", "--num-shards", "1"])
+        .args(extra)
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn ps-server");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let field = |k: &str| -> SocketAddr {
+        let v = line
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix(k))
+            .unwrap_or_else(|| panic!("no {k} in {line:?}"));
+        v.parse().unwrap()
+    };
+    Server {
+        quic: field("quic="),
+        metrics: field("metrics="),
+        child,
+    }
+}
+
+impl Drop for Server {
+    // A failing test must not leave its server running (it would hold the test's output pipe open).
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// SIGTERM, then waits up to 30 s for a clean exit (status 0).
+pub fn sigterm_and_wait(mut s: Server) {
+    // SAFETY: kill(2) on a child we spawned and have not reaped.
+    unsafe { libc::kill(s.child.id() as i32, libc::SIGTERM) };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(status) = s.child.try_wait().unwrap() {
+            assert!(status.success(), "ps-server exited with {status}");
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "ps-server did not exit after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// SIGKILL: no drain, no shutdown write-back.
+pub fn sigkill_and_wait(mut s: Server) {
+    // SAFETY: kill(2) on a child we spawned and have not reaped.
+    unsafe { libc::kill(s.child.id() as i32, libc::SIGKILL) };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while s.child.try_wait().unwrap().is_none() {
+        assert!(Instant::now() < deadline, "ps-server survived SIGKILL");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// One HTTP/1.0 GET; the whole response, headers included.
+pub fn http_get(addr: SocketAddr, path: &str) -> String {
+    let mut s = TcpStream::connect(addr).unwrap();
+    write!(s, "GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    out
+}
+
+/// The table every test uses: id 3, dim 8, row-wise Adagrad.
+pub fn table() -> TableSpec {
+    TableSpec {
+        id: 3,
+        name: "C3".into(),
+        dim: 8,
+        optimizer: OptimizerSpec::RowAdagrad {
+            lr: 0.05,
+            eps: 1e-8,
+            initial_accumulator: 0.0,
+        },
+        init: InitSpec::Uniform { scale: 0.1 },
+        seed: 42,
+    }
+}
+
+/// A client of the one server.
+pub async fn client(s: &Server, tls: &Path) -> PsClient {
+    PsClient::connect(PsClientConfig::new(vec![s.quic], tls.to_owned()))
+        .await
+        .unwrap()
+}
+
+/// Header counts for `n` ids of table 3.
+pub fn counts(n: usize) -> Vec<TableCount> {
+    vec![TableCount {
+        table: 3,
+        count: n as u32,
+        dim: 8,
+    }]
+}
+
+/// Pulls rows of table 3 as f32.
+pub async fn pull(c: &PsClient, ids: &[u64]) -> Result<Bytes, ProtocolError> {
+    let mut payload = Vec::new();
+    put_ids(ids, &mut payload);
+    c.pull(0, Encoding::F32, counts(ids.len()), payload.into())
+        .await
+}
