@@ -198,6 +198,24 @@ pub fn server_config(dir: &Path) -> Result<quinn::ServerConfig, ProtocolError> {
     Ok(quinn::ServerConfig::with_crypto(Arc::new(quic)))
 }
 
+/// Server-side QUIC crypto config that does not ask clients for certificates: development only (`ps-server
+/// --insecure-dev`). The server still presents `server.pem`, so clients still verify it.
+pub fn server_config_without_client_auth(dir: &Path) -> Result<quinn::ServerConfig, ProtocolError> {
+    let mut tls = rustls::ServerConfig::builder_with_provider(provider())
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .map_err(tls_err)?
+        .with_no_client_auth()
+        .with_single_cert(
+            load_certs(&path(dir, files::SERVER_CERT))?,
+            load_key(&path(dir, files::SERVER_KEY))?,
+        )
+        .map_err(|e| tls_err(format!("server certificate in {}: {e}", dir.display())))?;
+    tls.alpn_protocols = vec![crate::ALPN.to_vec()];
+    tls.max_early_data_size = 0;
+    let quic = quinn::crypto::rustls::QuicServerConfig::try_from(tls).map_err(tls_err)?;
+    Ok(quinn::ServerConfig::with_crypto(Arc::new(quic)))
+}
+
 /// Client-side QUIC crypto config from a TLS directory: presents `client.pem` and trusts only the CA.
 pub fn client_config(dir: &Path) -> Result<quinn::ClientConfig, ProtocolError> {
     let mut tls = rustls::ClientConfig::builder_with_provider(provider())

@@ -115,6 +115,9 @@ struct ServeArgs {
     /// Create development certificates in --tls-dir if they are missing.
     #[arg(long)]
     dev_certs: bool,
+    /// Development only: accept clients without a certificate signed by the cluster CA (logs a warning).
+    #[arg(long)]
+    insecure_dev: bool,
 }
 
 impl ServeArgs {
@@ -132,6 +135,7 @@ impl ServeArgs {
             drain_timeout_secs: self.drain_timeout_secs,
             memory_budget_rows: self.memory_budget_rows,
             durability: self.durability,
+            insecure_dev: self.insecure_dev.then_some(true),
         }
     }
 }

@@ -39,6 +39,9 @@ pub struct FileConfig {
     pub memory_budget_rows: Option<u64>,
     /// When pushed rows reach RocksDB: `none`, `periodic` or `sync` (see [`Durability`]). Default `periodic`.
     pub durability: Option<Durability>,
+    /// Development only: accept clients without a certificate signed by the cluster CA (the server still
+    /// presents its own). Logs a warning at start. Default false.
+    pub insecure_dev: Option<bool>,
 }
 
 /// When pushed rows reach RocksDB, and so what a crash (SIGKILL, power loss) can lose.
@@ -89,7 +92,8 @@ impl FileConfig {
             flush_interval_secs,
             drain_timeout_secs,
             memory_budget_rows,
-            durability
+            durability,
+            insecure_dev
         );
         self
     }
@@ -133,6 +137,7 @@ impl FileConfig {
         Ok(ServerConfig {
             memory_budget_rows: self.memory_budget_rows,
             durability: self.durability.unwrap_or_default(),
+            insecure_dev: self.insecure_dev.unwrap_or(false),
             listen: self
                 .listen
                 .unwrap_or_else(|| "127.0.0.1:7000".parse().expect("valid")),
@@ -215,6 +220,8 @@ pub struct ServerConfig {
     pub memory_budget_rows: Option<u64>,
     /// When pushed rows reach RocksDB.
     pub durability: Durability,
+    /// Accept clients without a CA-signed certificate (development only).
+    pub insecure_dev: bool,
 }
 
 /// A config that cannot be used.

@@ -71,7 +71,16 @@ pub async fn run(
         durability: cfg.durability,
     });
 
-    let tls = protocol::tls::server_config(&cfg.tls_dir).context("load TLS material")?;
+    let tls = if cfg.insecure_dev {
+        tracing::warn!(
+            "--insecure-dev: clients are NOT authenticated (any client may read and write every table); \
+             never use this outside development"
+        );
+        protocol::tls::server_config_without_client_auth(&cfg.tls_dir)
+    } else {
+        protocol::tls::server_config(&cfg.tls_dir)
+    }
+    .context("load TLS material")?;
     let endpoint = protocol::endpoint::server(cfg.listen, tls).context("start QUIC endpoint")?;
     let quic_addr = endpoint.local_addr().context("QUIC local address")?;
     let (listener, metrics_addr) = http::bind(cfg.metrics_listen)

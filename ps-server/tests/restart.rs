@@ -141,3 +141,24 @@ async fn client_with_a_certificate_from_another_ca_is_refused() {
     c.close().await;
     sigterm_and_wait(s);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn insecure_dev_accepts_a_client_the_cluster_ca_did_not_sign() {
+    let dir = tempfile::tempdir().unwrap();
+    let (data, tls, foreign) = (
+        dir.path().join("data"),
+        dir.path().join("tls"),
+        dir.path().join("foreign"),
+    );
+    protocol::tls::init_dev_certs(&tls, &[]).unwrap();
+    protocol::tls::init_dev_certs(&foreign, &[]).unwrap();
+    std::fs::copy(tls.join("ca.pem"), foreign.join("ca.pem")).unwrap();
+    let s = start(&data, &tls, &["--insecure-dev"]);
+    let c = PsClient::connect(PsClientConfig::new(vec![s.quic], foreign))
+        .await
+        .expect("--insecure-dev must accept any client");
+    c.register_tables(&[table()]).await.unwrap();
+    assert_eq!(pull(&c, &[1]).await.unwrap().len(), 8 * 4);
+    c.close().await;
+    sigterm_and_wait(s);
+}
