@@ -183,10 +183,24 @@ pub fn server_config(dir: &Path) -> Result<quinn::ServerConfig, ProtocolError> {
     )
     .build()
     .map_err(|e| tls_err(format!("client verifier: {e}")))?;
-    let mut tls = rustls::ServerConfig::builder_with_provider(provider())
+    let builder = server_builder()?.with_client_cert_verifier(verifier);
+    finish_server_config(builder, dir)
+}
+
+/// TLS 1.3 only, with the ring provider.
+fn server_builder(
+) -> Result<rustls::ConfigBuilder<rustls::ServerConfig, rustls::WantsVerifier>, ProtocolError> {
+    rustls::ServerConfig::builder_with_provider(provider())
         .with_protocol_versions(&[&rustls::version::TLS13])
-        .map_err(tls_err)?
-        .with_client_cert_verifier(verifier)
+        .map_err(tls_err)
+}
+
+/// Adds `server.pem`/`server.key`, the ALPN and no early data, and wraps the result for QUIC.
+fn finish_server_config(
+    builder: rustls::ConfigBuilder<rustls::ServerConfig, rustls::server::WantsServerCert>,
+    dir: &Path,
+) -> Result<quinn::ServerConfig, ProtocolError> {
+    let mut tls = builder
         .with_single_cert(
             load_certs(&path(dir, files::SERVER_CERT))?,
             load_key(&path(dir, files::SERVER_KEY))?,
@@ -201,19 +215,7 @@ pub fn server_config(dir: &Path) -> Result<quinn::ServerConfig, ProtocolError> {
 /// Server-side QUIC crypto config that does not ask clients for certificates: development only (`ps-server
 /// --insecure-dev`). The server still presents `server.pem`, so clients still verify it.
 pub fn server_config_without_client_auth(dir: &Path) -> Result<quinn::ServerConfig, ProtocolError> {
-    let mut tls = rustls::ServerConfig::builder_with_provider(provider())
-        .with_protocol_versions(&[&rustls::version::TLS13])
-        .map_err(tls_err)?
-        .with_no_client_auth()
-        .with_single_cert(
-            load_certs(&path(dir, files::SERVER_CERT))?,
-            load_key(&path(dir, files::SERVER_KEY))?,
-        )
-        .map_err(|e| tls_err(format!("server certificate in {}: {e}", dir.display())))?;
-    tls.alpn_protocols = vec![crate::ALPN.to_vec()];
-    tls.max_early_data_size = 0;
-    let quic = quinn::crypto::rustls::QuicServerConfig::try_from(tls).map_err(tls_err)?;
-    Ok(quinn::ServerConfig::with_crypto(Arc::new(quic)))
+    finish_server_config(server_builder()?.with_no_client_auth(), dir)
 }
 
 /// Client-side QUIC crypto config from a TLS directory: presents `client.pem` and trusts only the CA.

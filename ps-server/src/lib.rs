@@ -7,6 +7,7 @@
 //! - [`server`]: the QUIC loop and graceful shutdown ([`server::run`]).
 //! - [`writeback`]: dirty-row write-back to RocksDB on a timer, on request and at shutdown; memory-budget
 //!   eviction.
+//! - [`local`]: local server processes on loopback ([`local::LocalCluster`]) for demos, benches and tests.
 //! - [`http`]: `/metrics`, `/healthz`, `/readyz` (also used by the trainer).
 //! - [`metrics`]: metric names and descriptions.
 //! - [`cli`]: the binary's command line.
@@ -16,6 +17,7 @@ pub mod cli;
 pub mod config;
 pub mod handler;
 pub mod http;
+pub mod local;
 pub mod metrics;
 pub mod server;
 pub mod writeback;

@@ -9,9 +9,8 @@
 mod common;
 
 use bytes::Bytes;
-use common::{client, counts, sigkill_and_wait, sigterm_and_wait, start, table};
-use protocol::message::put_ids;
-use protocol::{codec, Encoding, PsClient};
+use common::{client, sigkill_and_wait, sigterm_and_wait, start, table};
+use protocol::PsClient;
 
 /// Pulls rows of table 3 as f32 (must succeed).
 async fn pull(c: &PsClient, ids: &[u64]) -> Bytes {
@@ -19,17 +18,10 @@ async fn pull(c: &PsClient, ids: &[u64]) -> Bytes {
 }
 
 async fn push(c: &PsClient, ids: &[u64], salt: usize) {
-    let mut payload = Vec::new();
-    put_ids(ids, &mut payload);
     let grads: Vec<f32> = (0..ids.len() * 8)
         .map(|i| (((i + salt) % 17) as f32 - 8.0) * 0.37)
         .collect();
-    codec::encode(&grads, Encoding::F32, &mut payload);
-    let (applied, rejected) = c
-        .push(0, Encoding::F32, 1.0, counts(ids.len()), payload.into())
-        .await
-        .unwrap();
-    assert_eq!((applied, rejected), (ids.len() as u64, 0));
+    assert_eq!(common::push(c, ids, &grads).await, (ids.len() as u64, 0));
 }
 
 /// Pushes twice (overlapping ids) into a fresh server started with `flags`, SIGKILLs it (SIGTERM if `!kill`),

@@ -5,9 +5,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{client, http_get, pull, sigterm_and_wait, start, table};
-use protocol::message::put_ids;
-use protocol::{codec, Encoding, TableCount};
+use common::{client, http_get, pull, push, sigterm_and_wait, start, table};
 
 /// The value of an unlabelled counter in a /metrics page (0 if absent).
 fn counter(metrics: &str, name: &str) -> f64 {
@@ -34,21 +32,10 @@ async fn issue3_rows_past_the_memory_budget_are_evicted_and_read_back() {
     let c = client(&s, &tls).await;
     c.register_tables(&[table()]).await.unwrap();
     let ids: Vec<u64> = (0..1000).map(|i| i * 7_919).collect();
-    let mut payload = Vec::new();
-    put_ids(&ids, &mut payload);
     let grads: Vec<f32> = (0..ids.len() * 8)
         .map(|i| ((i % 13) as f32 - 6.0) * 0.29)
         .collect();
-    codec::encode(&grads, Encoding::F32, &mut payload);
-    let t = vec![TableCount {
-        table: 3,
-        count: ids.len() as u32,
-        dim: 8,
-    }];
-    let (applied, _) = c
-        .push(0, Encoding::F32, 1.0, t, payload.into())
-        .await
-        .unwrap();
+    let (applied, _) = push(&c, &ids, &grads).await;
     assert_eq!(applied, 1000);
     let before = pull(&c, &ids).await.unwrap();
 

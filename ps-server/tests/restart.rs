@@ -4,9 +4,11 @@ mod common;
 
 use std::time::Duration;
 
-use common::{client, http_get, pull, sigterm_and_wait, start, table};
+use common::{
+    client, dirs_with_foreign_client, http_get, pull, push, sigterm_and_wait, start, table,
+};
 use protocol::message::put_ids;
-use protocol::{codec, Encoding, ErrorCode, ProtocolError, PsClient, PsClientConfig, TableCount};
+use protocol::{Encoding, ErrorCode, ProtocolError, PsClient, PsClientConfig, TableCount};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rows_survive_sigterm_and_restart_bit_for_bit() {
@@ -18,22 +20,10 @@ async fn rows_survive_sigterm_and_restart_bit_for_bit() {
     let c = client(&s, &tls).await;
     c.register_tables(&[table()]).await.unwrap();
     let ids: Vec<u64> = (0..500).map(|i| i * 1_000_003).collect();
-    let mut payload = Vec::new();
-    put_ids(&ids, &mut payload);
     let grads: Vec<f32> = (0..ids.len() * 8)
         .map(|i| ((i % 17) as f32 - 8.0) * 0.37)
         .collect();
-    codec::encode(&grads, Encoding::F32, &mut payload);
-    let t = vec![TableCount {
-        table: 3,
-        count: ids.len() as u32,
-        dim: 8,
-    }];
-    let (applied, rejected) = c
-        .push(0, Encoding::F32, 1.0, t, payload.into())
-        .await
-        .unwrap();
-    assert_eq!((applied, rejected), (500, 0));
+    assert_eq!(push(&c, &ids, &grads).await, (500, 0));
     let before = pull(&c, &ids).await.unwrap();
 
     assert!(http_get(s.metrics, "/healthz").starts_with("HTTP/1.0 200"));
@@ -116,16 +106,9 @@ async fn oversized_frame_and_unknown_table_get_typed_errors() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn client_with_a_certificate_from_another_ca_is_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let (data, tls, foreign) = (
-        dir.path().join("data"),
-        dir.path().join("tls"),
-        dir.path().join("foreign"),
-    );
-    protocol::tls::init_dev_certs(&tls, &[]).unwrap();
-    protocol::tls::init_dev_certs(&foreign, &[]).unwrap();
     // The foreign client trusts the cluster CA (so it accepts the server) but presents a certificate signed by
     // its own CA, which the server must refuse.
-    std::fs::copy(tls.join("ca.pem"), foreign.join("ca.pem")).unwrap();
+    let (data, tls, foreign) = dirs_with_foreign_client(dir.path());
     let s = start(&data, &tls, &[]);
     let mut cfg = PsClientConfig::new(vec![s.quic], foreign);
     cfg.retry_for = Duration::from_millis(500);
@@ -145,14 +128,7 @@ async fn client_with_a_certificate_from_another_ca_is_refused() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn insecure_dev_accepts_a_client_the_cluster_ca_did_not_sign() {
     let dir = tempfile::tempdir().unwrap();
-    let (data, tls, foreign) = (
-        dir.path().join("data"),
-        dir.path().join("tls"),
-        dir.path().join("foreign"),
-    );
-    protocol::tls::init_dev_certs(&tls, &[]).unwrap();
-    protocol::tls::init_dev_certs(&foreign, &[]).unwrap();
-    std::fs::copy(tls.join("ca.pem"), foreign.join("ca.pem")).unwrap();
+    let (data, tls, foreign) = dirs_with_foreign_client(dir.path());
     let s = start(&data, &tls, &["--insecure-dev"]);
     let c = PsClient::connect(PsClientConfig::new(vec![s.quic], foreign))
         .await

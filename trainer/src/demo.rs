@@ -9,7 +9,7 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use clap::Args;
 
-use crate::cluster::LocalCluster;
+use crate::cluster;
 use crate::config::{ClusterArgs, ModelArgs};
 use crate::run::{self, Inputs, Summary};
 
@@ -169,7 +169,7 @@ pub fn run_demo(args: DemoArgs) -> anyhow::Result<Summary> {
         args.servers,
         run_dir.display()
     );
-    let cluster = LocalCluster::start(args.servers, &run_dir, &[])?;
+    let cluster = cluster::start(args.servers, &run_dir, &[])?;
     for (i, (q, m)) in cluster.quic.iter().zip(&cluster.metrics).enumerate() {
         eprintln!("  ps-server {i}: quic {q}, metrics http://{m}/metrics");
     }

@@ -3,14 +3,14 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use protocol::message::put_ids;
 use protocol::{
-    Encoding, InitSpec, OptimizerSpec, ProtocolError, PsClient, PsClientConfig, TableCount,
+    codec, Encoding, InitSpec, OptimizerSpec, ProtocolError, PsClient, PsClientConfig, TableCount,
     TableSpec,
 };
 
@@ -144,4 +144,24 @@ pub async fn pull(c: &PsClient, ids: &[u64]) -> Result<Bytes, ProtocolError> {
     put_ids(ids, &mut payload);
     c.pull(0, Encoding::F32, counts(ids.len()), payload.into())
         .await
+}
+
+/// Pushes f32 gradient rows of table 3 (grad_scale 1); returns (rows applied, rows rejected).
+pub async fn push(c: &PsClient, ids: &[u64], grads: &[f32]) -> (u64, u64) {
+    let mut payload = Vec::new();
+    put_ids(ids, &mut payload);
+    codec::encode(grads, Encoding::F32, &mut payload);
+    c.push(0, Encoding::F32, 1.0, counts(ids.len()), payload.into())
+        .await
+        .unwrap()
+}
+
+/// Directories under `dir`: server data, the cluster's TLS material, and a "foreign" TLS directory that trusts
+/// the cluster CA but whose client certificate another CA signed.
+pub fn dirs_with_foreign_client(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
+    let (data, tls, foreign) = (dir.join("data"), dir.join("tls"), dir.join("foreign"));
+    protocol::tls::init_dev_certs(&tls, &[]).unwrap();
+    protocol::tls::init_dev_certs(&foreign, &[]).unwrap();
+    std::fs::copy(tls.join("ca.pem"), foreign.join("ca.pem")).unwrap();
+    (data, tls, foreign)
 }
