@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Trains the same DLRM on the same generated Criteo data twice, one run after the other on the same cores:
+#   ours:    `trainer demo` (two ps-server processes on loopback; every embedding row is pulled and pushed over QUIC)
+#   pytorch: bench/pytorch/dlrm_reference.py (everything in one process, embeddings in local memory)
+# for each optimizer setting (default: "sgd adagrad"), and prints samples/s, test AUC and logloss side by side.
+#
+# Usage: bench/pytorch/compare.sh [OUT_DIR]
+#   env: ROWS (training rows, default 1000000), TEST_ROWS (100000), OPTIMIZERS ("sgd adagrad"),
+#        THREADS (PyTorch threads, default 2), PYTHON (an interpreter with torch and numpy; default python3),
+#        TRAINER_ARGS (extra flags for `trainer demo`)
+#
+# PyTorch is optional. Without it the script says how to install it and exits 0 ("skipped"):
+#   python3 -m venv /var/tmp/torch-venv && /var/tmp/torch-venv/bin/pip install torch numpy
+#   PYTHON=/var/tmp/torch-venv/bin/python bench/pytorch/compare.sh
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+PY=${PYTHON:-python3}
+if ! "$PY" -c 'import torch, numpy' 2>/dev/null; then
+    echo "skipped: $PY cannot import torch and numpy." >&2
+    echo "  install: python3 -m venv /var/tmp/torch-venv && /var/tmp/torch-venv/bin/pip install torch numpy" >&2
+    echo "  then:    PYTHON=/var/tmp/torch-venv/bin/python $0" >&2
+    echo "pytorch comparison skipped (no torch)"
+    exit 0
+fi
+OUT=${1:-$(mktemp -d /tmp/compare-pytorch.XXXXXX)}
+mkdir -p "$OUT"
+ROWS=${ROWS:-1000000}
+TEST_ROWS=${TEST_ROWS:-100000}
+DATA=data/demo
+cargo build --release -q -p trainer -p ps-server -p bench --bins
+B=target/release
+for opt in ${OPTIMIZERS:-sgd adagrad}; do
+    echo "== ours, --optimizer $opt" >&2
+    # The demo generates the data on its first run (reused afterwards) and names the files as below.
+    $B/trainer demo --rows "$ROWS" --test-rows "$TEST_ROWS" --data-dir "$DATA" --optimizer "$opt" \
+        --summary-json "$OUT/ours-$opt.json" ${TRAINER_ARGS:-} >&2
+    echo "== pytorch, --optimizer $opt" >&2
+    "$PY" bench/pytorch/dlrm_reference.py --train "$DATA/train-$ROWS-s1-t7.tsv" \
+        --test "$DATA/test-$TEST_ROWS-s2-t7.tsv" --optimizer "$opt" --threads "${THREADS:-2}" \
+        --json "$OUT/pytorch-$opt.json" >&2
+done
+python3 - "$OUT" ${OPTIMIZERS:-sgd adagrad} <<'PY'
+import json, os, sys
+out, opts = sys.argv[1], sys.argv[2:]
+print(f"\nresults in {out}")
+print("| optimizer (emb / dense) | ours samples/s | pytorch samples/s | ratio | ours AUC | pytorch AUC | AUC diff | ours logloss | pytorch logloss |")
+print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+for o in opts:
+    a = json.load(open(os.path.join(out, f"ours-{o}.json")))
+    p = json.load(open(os.path.join(out, f"pytorch-{o}.json")))
+    dense = p["dense_optimizer"]
+    print(f"| {o} / {dense} | {a['samples_per_sec']:,.0f} | {p['samples_per_sec']:,.0f} | "
+          f"{a['samples_per_sec'] / p['samples_per_sec']:.2f}x | {a['auc']:.4f} | {p['auc']:.4f} | "
+          f"{a['auc'] - p['auc']:+.4f} | {a['logloss']:.4f} | {p['logloss']:.4f} |")
+PY

@@ -1,0 +1,264 @@
+#!/usr/bin/env python3
+"""PyTorch reference of the DLRM the `trainer` crate trains, on the same Criteo-format data.
+
+Same model (trainer/src/model/config.rs defaults):
+  dense   : I1..I13 -> ln(1 + max(x, 0)), empty -> 0                       (trainer/src/criteo/parse.rs)
+  bottom  : 13 -> 512 -> 256 -> 64 -> 16, ReLU after every layer
+  sparse  : 26 tables of dim 16, one row per distinct (feature, token) pair; an empty field is its own token
+  interact: the 351 pairwise dot products among [bottom output, e1..e26] (strict lower triangle), concatenated
+            with the bottom output -> 367
+  top     : 367 -> 512 -> 256 -> 1, ReLU except the last; loss: mean binary cross-entropy on the logit
+  init    : linear weights normal(0, sqrt(2 / (in + out))), biases normal(0, sqrt(1 / out)) (the DLRM reference's
+            init, as trainer/src/model/linear.rs); embedding rows uniform(-0.05, 0.05)
+
+Same hashing. The trainer maps (feature f, token t) to a 64-bit id with a bijective mix (trainer/src/criteo/ids.rs),
+so distinct pairs never collide and every pair gets its own server-side row, created on first push; a row never
+trained reads as its initializer. Here each (f, t) pair seen in the train or test file gets its own row of one
+concatenated embedding table (a per-feature dictionary, also collision-free); rows only the test file uses are
+never trained and keep their initial values, as on the parameter servers.
+
+Same optimizers, same hyper-parameters as the trainer's defaults (trainer/src/config.rs):
+  --optimizer sgd      : embedding rows w -= 0.5 * g (sparse gradients)
+  --optimizer adagrad  : row-wise Adagrad, acc += mean(g^2), w -= 0.05 * g / (sqrt(acc) + 1e-8)
+  --dense-optimizer sgd (lr 0.1) | adagrad (lr 0.005, eps 1e-8) | adam (lr 0.002, betas 0.9/0.999, eps 1e-8);
+  the default dense optimizer follows the trainer: adam with --optimizer adagrad, sgd with --optimizer sgd.
+  g is the gradient of the batch's mean loss, as the trainer pushes it (loss-scaled on the wire, unscaled on
+  the server).
+
+Only the training loop is timed (data is parsed and moved into tensors first); samples/s is one pass over the
+training file at --batch-size. Test AUC is exact (ties get average ranks), logloss is mean binary cross-entropy.
+
+Usage: dlrm_reference.py --train data/demo/train-1000000-s1-t7.tsv --test data/demo/test-100000-s2-t7.tsv
+       [--optimizer sgd|adagrad] [--dense-optimizer sgd|adagrad|adam] [--threads 2] [--json out.json]
+"""
+
+import argparse
+import json
+import math
+import sys
+import time
+
+try:
+    import numpy as np
+    import torch
+    import torch.nn as nn
+except ImportError as e:  # the comparison script checks this first; this is for direct use
+    sys.exit(f"dlrm_reference.py needs PyTorch and numpy ({e}); install with: python3 -m pip install torch numpy")
+
+NUM_DENSE = 13
+NUM_SPARSE = 26
+EMB_DIM = 16
+BOTTOM = [512, 256, 64, 16]
+TOP = [512, 256, 1]
+
+
+def parse(path, vocabs):
+    """Reads a Criteo TSV (label, I1..I13, C1..C26; trailing empty fields may be stripped).
+
+    Returns labels [n] float32, dense [n, 13] float32 (ln(1 + max(x, 0))), and sparse [n, 26] int64 indices into
+    the per-feature dictionaries `vocabs` (extended in place)."""
+    labels, dense, sparse = [], [], []
+    bad = 0
+    with open(path, "r", encoding="ascii", newline="") as f:
+        for line in f:
+            fields = line.rstrip("\r\n").split("\t")
+            if len(fields) < 1 + NUM_DENSE + NUM_SPARSE:
+                fields += [""] * (1 + NUM_DENSE + NUM_SPARSE - len(fields))
+            try:
+                y = int(fields[0])
+                d = [math.log1p(max(int(x), 0)) if x else 0.0 for x in fields[1 : 1 + NUM_DENSE]]
+            except ValueError:
+                bad += 1
+                continue
+            row = []
+            for j, tok in enumerate(fields[1 + NUM_DENSE : 1 + NUM_DENSE + NUM_SPARSE]):
+                v = vocabs[j]
+                idx = v.get(tok)
+                if idx is None:
+                    idx = len(v)
+                    v[tok] = idx
+                row.append(idx)
+            labels.append(y)
+            dense.append(d)
+            sparse.append(row)
+    if bad:
+        print(f"{path}: skipped {bad} malformed lines", file=sys.stderr)
+    return (
+        np.asarray(labels, dtype=np.float32),
+        np.asarray(dense, dtype=np.float32),
+        np.asarray(sparse, dtype=np.int64),
+    )
+
+
+def mlp(sizes, last_relu, gen):
+    layers = []
+    for i in range(len(sizes) - 1):
+        lin = nn.Linear(sizes[i], sizes[i + 1])
+        with torch.no_grad():
+            lin.weight.normal_(0.0, math.sqrt(2.0 / (sizes[i] + sizes[i + 1])), generator=gen)
+            lin.bias.normal_(0.0, math.sqrt(1.0 / sizes[i + 1]), generator=gen)
+        layers.append(lin)
+        if i < len(sizes) - 2 or last_relu:
+            layers.append(nn.ReLU())
+    return nn.Sequential(*layers)
+
+
+class Dlrm(nn.Module):
+    def __init__(self, rows, offsets, gen, init_scale):
+        super().__init__()
+        self.bottom = mlp([NUM_DENSE] + BOTTOM, True, gen)
+        n = NUM_SPARSE + 1
+        self.top = mlp([EMB_DIM + n * (n - 1) // 2] + TOP, False, gen)
+        self.emb = nn.Embedding(rows, EMB_DIM, sparse=True)
+        with torch.no_grad():
+            self.emb.weight.uniform_(-init_scale, init_scale, generator=gen)
+        self.register_buffer("offsets", torch.as_tensor(offsets, dtype=torch.int64))
+        li, lj = torch.tril_indices(n, n, offset=-1)
+        self.register_buffer("li", li)
+        self.register_buffer("lj", lj)
+
+    def forward(self, dense, sparse):
+        x = self.bottom(dense)  # [b, 16]
+        e = self.emb(sparse + self.offsets)  # [b, 26, 16]
+        t = torch.cat([x.unsqueeze(1), e], dim=1)  # [b, 27, 16]
+        z = torch.bmm(t, t.transpose(1, 2))  # [b, 27, 27]
+        pairs = z[:, self.li, self.lj]  # [b, 351]
+        return self.top(torch.cat([x, pairs], dim=1)).squeeze(1)
+
+
+class RowAdagrad:
+    """Row-wise Adagrad on a sparse embedding gradient (what the parameter servers run)."""
+
+    def __init__(self, weight, lr, eps=1e-8):
+        self.weight, self.lr, self.eps = weight, lr, eps
+        self.acc = torch.zeros(weight.shape[0])
+
+    @torch.no_grad()
+    def step(self):
+        g = self.weight.grad.coalesce()
+        idx, vals = g.indices()[0], g.values()
+        acc = self.acc.index_add_(0, idx, vals.pow(2).mean(1))[idx]
+        self.weight.index_add_(0, idx, vals * (-self.lr / (acc.sqrt() + self.eps)).unsqueeze(1))
+
+    def zero_grad(self):
+        self.weight.grad = None
+
+
+def exact_auc(labels, scores):
+    order = np.argsort(scores, kind="mergesort")
+    s = scores[order]
+    ranks = np.empty(len(s), dtype=np.float64)
+    i = 0
+    while i < len(s):  # average ranks over ties
+        j = i
+        while j + 1 < len(s) and s[j + 1] == s[i]:
+            j += 1
+        ranks[i : j + 1] = (i + j) / 2.0 + 1.0
+        i = j + 1
+    y = labels[order]
+    pos = y.sum()
+    neg = len(y) - pos
+    if pos == 0 or neg == 0:
+        return float("nan")
+    return float((ranks[y == 1].sum() - pos * (pos + 1) / 2.0) / (pos * neg))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--train", required=True)
+    ap.add_argument("--test", required=True)
+    ap.add_argument("--batch-size", type=int, default=2048)
+    ap.add_argument("--optimizer", choices=["sgd", "adagrad"], default="adagrad")
+    ap.add_argument("--dense-optimizer", choices=["sgd", "adagrad", "adam"])
+    ap.add_argument("--lr", type=float, help="dense learning rate (default per optimizer, as the trainer)")
+    ap.add_argument("--emb-lr", type=float, help="embedding learning rate (default per optimizer)")
+    ap.add_argument("--emb-init-scale", type=float, default=0.05)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--seed", type=int, default=42)
+    ap.add_argument("--json", help="write the summary here")
+    a = ap.parse_args()
+
+    torch.set_num_threads(a.threads)
+    dense_kind = a.dense_optimizer or ("adam" if a.optimizer == "adagrad" else "sgd")
+    lr = a.lr if a.lr is not None else {"adam": 0.002, "adagrad": 0.005, "sgd": 0.1}[dense_kind]
+    emb_lr = a.emb_lr if a.emb_lr is not None else {"adagrad": 0.05, "sgd": 0.5}[a.optimizer]
+
+    t0 = time.time()
+    vocabs = [dict() for _ in range(NUM_SPARSE)]
+    ytr, dtr, str_ = parse(a.train, vocabs)
+    yte, dte, ste = parse(a.test, vocabs)
+    sizes = [len(v) for v in vocabs]
+    offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    print(
+        f"parsed {len(ytr)} train / {len(yte)} test rows, {sum(sizes)} embedding rows in {time.time() - t0:.1f} s",
+        file=sys.stderr,
+    )
+
+    gen = torch.Generator().manual_seed(a.seed)
+    model = Dlrm(sum(sizes), offsets, gen, a.emb_init_scale)
+    dense_params = [p for n, p in model.named_parameters() if not n.startswith("emb.")]
+    if dense_kind == "sgd":
+        dense_opt = torch.optim.SGD(dense_params, lr=lr)
+    elif dense_kind == "adagrad":
+        dense_opt = torch.optim.Adagrad(dense_params, lr=lr, eps=1e-8, initial_accumulator_value=0.0)
+    else:
+        dense_opt = torch.optim.Adam(dense_params, lr=lr, betas=(0.9, 0.999), eps=1e-8)
+    emb_opt = (
+        torch.optim.SGD([model.emb.weight], lr=emb_lr)
+        if a.optimizer == "sgd"
+        else RowAdagrad(model.emb.weight, emb_lr)
+    )
+    loss_fn = nn.BCEWithLogitsLoss()
+
+    ytr_t, dtr_t, str_t = torch.from_numpy(ytr), torch.from_numpy(dtr), torch.from_numpy(str_)
+    n = len(ytr)
+    b = a.batch_size
+    losses = []
+    start = time.perf_counter()
+    for s in range(0, n, b):
+        dense_opt.zero_grad(set_to_none=True)
+        emb_opt.zero_grad()
+        loss = loss_fn(model(dtr_t[s : s + b], str_t[s : s + b]), ytr_t[s : s + b])
+        loss.backward()
+        dense_opt.step()
+        emb_opt.step()
+        losses.append((loss.item(), min(b, n - s)))
+    seconds = time.perf_counter() - start
+
+    tail = losses[-max(1, len(losses) // 10) :]
+    train_loss = sum(l * k for l, k in tail) / sum(k for _, k in tail)
+    with torch.no_grad():
+        logits = torch.cat(
+            [
+                model(torch.from_numpy(dte[s : s + 8192]), torch.from_numpy(ste[s : s + 8192]))
+                for s in range(0, len(yte), 8192)
+            ]
+        ).double()
+    p = torch.sigmoid(logits).clamp(1e-7, 1 - 1e-7).numpy()
+    logloss = float(-np.mean(yte * np.log(p) + (1 - yte) * np.log(1 - p)))
+    summary = {
+        "framework": f"pytorch {torch.__version__}",
+        "threads": a.threads,
+        "optimizer": a.optimizer,
+        "dense_optimizer": dense_kind,
+        "batch_size": b,
+        "samples": n,
+        "seconds": seconds,
+        "samples_per_sec": n / seconds,
+        "train_loss": train_loss,
+        "auc": exact_auc(yte, logits.numpy()),
+        "logloss": logloss,
+        "calibration": float(p.mean() / max(yte.mean(), 1e-12)),
+        "test_samples": int(len(yte)),
+    }
+    print(
+        f"pytorch: {summary['samples_per_sec']:.0f} samples/s over {seconds:.2f} s, train loss {train_loss:.4f}, "
+        f"test AUC {summary['auc']:.4f}, logloss {logloss:.4f}, calibration {summary['calibration']:.3f}"
+    )
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(summary, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
