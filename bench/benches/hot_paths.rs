@@ -1,13 +1,15 @@
 //! Micro benchmarks of the per-batch hot paths, each against a simple baseline in the same run.
 //!
 //! One batch of the demo is 2048 samples x 26 tables; after dedup, about 27k unique ids at dim 16.
-//! Run: `cargo bench -p bench --bench hot_paths`.
+//! Run: `cargo bench -p bench --bench hot_paths`. Table gather/apply against a `HashMap` baseline moved to
+//! `storage.rs` (all optimizers, dims, threads and memory budgets).
 
-use std::collections::HashMap;
 use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use embedding::{OptimizerConfig, Table, TableConfig};
+use protocol::feedback::{FeedbackConfig, ResidualStore};
+use protocol::ids::{self, IdCoding};
+use protocol::topk::TopK;
 use protocol::{codec, Encoding, ShardMap};
 
 const DIM: usize = 16;
@@ -25,21 +27,108 @@ fn codecs(c: &mut Criterion) {
         .collect();
     let mut g = c.benchmark_group("codec");
     g.throughput(Throughput::Elements(IDS as u64));
-    for enc in [Encoding::F32, Encoding::F16, Encoding::Bf16] {
+    for enc in Encoding::ALL {
         let mut out = Vec::with_capacity(rows.len() * 4);
         g.bench_with_input(BenchmarkId::new("encode_rows", enc), &enc, |b, &enc| {
             b.iter(|| {
                 out.clear();
-                codec::encode(black_box(&rows), enc, &mut out);
+                codec::encode_rows(black_box(&rows), DIM, enc, &mut out);
             })
         });
         let mut bytes = Vec::new();
-        codec::encode(&rows, enc, &mut bytes);
+        codec::encode_rows(&rows, DIM, enc, &mut bytes);
         let mut back = vec![0.0f32; rows.len()];
         g.bench_with_input(BenchmarkId::new("decode_rows", enc), &enc, |b, &enc| {
-            b.iter(|| codec::decode(black_box(&bytes), enc, &mut back).unwrap())
+            b.iter(|| codec::decode_rows(black_box(&bytes), DIM, enc, &mut back).unwrap())
         });
     }
+    // Error feedback: encode with the residual added, decode the own bytes, keep the new residual.
+    for enc in [Encoding::F16, Encoding::Int8] {
+        let ids = ids();
+        let mut store = ResidualStore::new(DIM, FeedbackConfig::default());
+        let mut out = Vec::with_capacity(rows.len() * 4);
+        g.bench_with_input(
+            BenchmarkId::new("encode_rows_error_feedback", enc),
+            &enc,
+            |b, &enc| {
+                b.iter(|| {
+                    out.clear();
+                    store.encode_rows(0, &ids, black_box(&rows), 2048.0, enc, &mut out);
+                    store.end_step();
+                })
+            },
+        );
+    }
+    g.finish();
+
+    // Id sections of one batch's unique ids (27k): sort into wire order, encode, decode; against raw u64 LE.
+    let mut g = c.benchmark_group("ids");
+    g.throughput(Throughput::Elements(IDS as u64));
+    let mut sorted = ids();
+    ids::sort_for_wire(IdCoding::Unmixed, &mut sorted);
+    let mut out = Vec::with_capacity(IDS * 10);
+    g.bench_function("sort_for_wire/unmixed", |b| {
+        let unsorted = ids();
+        let mut v = unsorted.clone();
+        b.iter(|| {
+            v.copy_from_slice(&unsorted);
+            ids::sort_for_wire(IdCoding::Unmixed, black_box(&mut v));
+        })
+    });
+    g.bench_function("encode/unmixed_delta_varint", |b| {
+        b.iter(|| {
+            out.clear();
+            ids::put_ids(IdCoding::Unmixed, black_box(&sorted), &mut out);
+        })
+    });
+    g.bench_function("encode/raw_u64_baseline", |b| {
+        b.iter(|| {
+            out.clear();
+            for id in black_box(&sorted) {
+                out.extend_from_slice(&id.to_le_bytes());
+            }
+        })
+    });
+    let mut section = Vec::new();
+    ids::put_ids(IdCoding::Unmixed, &sorted, &mut section);
+    let mut back = Vec::with_capacity(IDS);
+    g.bench_function("decode/unmixed_delta_varint", |b| {
+        b.iter(|| {
+            back.clear();
+            ids::get_ids(black_box(&section), IDS, &mut back).unwrap()
+        })
+    });
+    let mut raw = Vec::new();
+    for id in &sorted {
+        raw.extend_from_slice(&id.to_le_bytes());
+    }
+    g.bench_function("decode/raw_u64_baseline", |b| {
+        b.iter(|| {
+            back.clear();
+            back.extend(
+                black_box(&raw)
+                    .chunks_exact(8)
+                    .map(|c| u64::from_le_bytes(c.try_into().unwrap())),
+            );
+        })
+    });
+    g.finish();
+
+    // Top-k with error feedback of a dense gradient the size of DLRM's dense layers (~0.5M), 1% sent.
+    let n = 500_000;
+    let grad: Vec<f32> = (0..n)
+        .map(|i| ((i * 7919 % 1000) as f32 - 500.0) * 1e-4)
+        .collect();
+    let mut t = TopK::new(n, n / 100);
+    let mut g = c.benchmark_group("topk");
+    g.throughput(Throughput::Elements(n as u64));
+    let mut out = Vec::new();
+    g.bench_function("compress_1pct_f16", |b| {
+        b.iter(|| {
+            out.clear();
+            t.compress(black_box(&grad), Encoding::F16, &mut out);
+        })
+    });
     g.finish();
 }
 
@@ -55,55 +144,5 @@ fn routing(c: &mut Criterion) {
     g.finish();
 }
 
-fn table(c: &mut Criterion) {
-    let ids = ids();
-    let cfg = TableConfig {
-        optimizer: OptimizerConfig::RowAdagrad {
-            lr: 0.05,
-            eps: 1e-8,
-            initial_accumulator: 0.0,
-        },
-        ..TableConfig::new(0, "C1", DIM)
-    };
-    let table = Table::new(cfg).unwrap();
-    let grads: Vec<f32> = (0..IDS * DIM)
-        .map(|i| ((i % 13) as f32 - 6.0) * 0.001)
-        .collect();
-    table.apply(&ids, &grads).unwrap();
-    let mut out = vec![0.0f32; IDS * DIM];
-    // Baseline: a HashMap of Vecs, the naive parameter store.
-    let mut naive: HashMap<u64, Vec<f32>> =
-        ids.iter().map(|&id| (id, vec![0.01; DIM + 1])).collect();
-
-    let mut g = c.benchmark_group("table");
-    g.throughput(Throughput::Elements(IDS as u64));
-    g.bench_function("gather/arena", |b| {
-        b.iter(|| table.gather(black_box(&ids), &mut out).unwrap())
-    });
-    g.bench_function("gather/hashmap_vec_baseline", |b| {
-        b.iter(|| {
-            for (k, id) in ids.iter().enumerate() {
-                out[k * DIM..(k + 1) * DIM].copy_from_slice(&naive[id][..DIM]);
-            }
-        })
-    });
-    g.bench_function("apply_row_adagrad/arena", |b| {
-        b.iter(|| table.apply(black_box(&ids), &grads).unwrap())
-    });
-    g.bench_function("apply_row_adagrad/hashmap_vec_baseline", |b| {
-        b.iter(|| {
-            for (k, id) in ids.iter().enumerate() {
-                let row = naive.get_mut(id).unwrap();
-                let g = &grads[k * DIM..(k + 1) * DIM];
-                let (w, acc) = row.split_at_mut(DIM);
-                acc[0] += g.iter().map(|x| x * x).sum::<f32>() / DIM as f32;
-                let step = 0.05 / (acc[0].sqrt() + 1e-8);
-                w.iter_mut().zip(g).for_each(|(w, g)| *w -= step * g);
-            }
-        })
-    });
-    g.finish();
-}
-
-criterion_group!(benches, codecs, routing, table);
+criterion_group!(benches, codecs, routing);
 criterion_main!(benches);

@@ -11,11 +11,13 @@
 //!   - [`gen::format`]: hand-written line and probability formatting.
 //!   - [`gen::sink`]: plain and single-member parallel gzip output.
 //!   - [`gen::rng`]: hashes and the seeded generator.
+//! - [`audit`]: `ps-audit`, counting acknowledged updates against the servers' counters (crash tests).
 //! - [`auc`]: exact ROC AUC for checking the teacher.
 //! - [`load`]: `ps-bench`, the parameter-server load generator (QUIC against a cluster, or an in-process
 //!   engine), with its workload, latency percentiles and report.
 #![warn(missing_docs)]
 
+pub mod audit;
 pub mod auc;
 pub mod gen;
 pub mod load;

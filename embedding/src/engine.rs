@@ -25,7 +25,7 @@ use std::sync::Arc;
 use parking_lot::{Mutex, RwLock};
 
 use crate::batch::{self, DirtyBatch};
-use crate::config::TableConfig;
+use crate::config::{AdmissionConfig, TableConfig};
 use crate::error::{EmbeddingError, StoreError};
 use crate::store::Store;
 use crate::table::{ApplyStats, GatherStats, Table};
@@ -82,6 +82,11 @@ pub struct Engine {
     /// Serializes flushes (so an older copy of a row is never written after a newer one) and holds the
     /// reusable batch buffer.
     flush: Mutex<DirtyBatch>,
+    /// Read by every apply (one wire push holds it across its tables: [`crate::PushGuard`]); written by
+    /// [`Engine::checkpoint`], so a snapshot never holds half of a push (`snapshot.rs`).
+    pub(crate) push_gate: RwLock<()>,
+    /// Admission and TTL given to tables registered without their own ([`Engine::set_table_policy`]).
+    policy: RwLock<(Option<AdmissionConfig>, Option<u64>)>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -122,6 +127,8 @@ impl Engine {
             tables: RwLock::new(tables),
             store,
             flush: Mutex::new(DirtyBatch::new()),
+            push_gate: RwLock::new(()),
+            policy: RwLock::new((None, None)),
         })
     }
 
@@ -130,14 +137,64 @@ impl Engine {
         &self.store
     }
 
+    /// Sets the admission filter and TTL (seconds) that [`Engine::register_table`] gives tables whose config
+    /// has neither (a server's policy, while trainers describe only dim, optimizer and initializer).
+    pub fn set_table_policy(&self, admission: Option<AdmissionConfig>, ttl_secs: Option<u64>) {
+        *self.policy.write() = (admission, ttl_secs);
+    }
+
+    /// `cfg` without the admission and TTL of the table policy, if it has exactly those: the config as the
+    /// trainer registered it.
+    pub fn without_policy(&self, cfg: &TableConfig) -> TableConfig {
+        let (admission, ttl_secs) = *self.policy.read();
+        if (cfg.admission, cfg.ttl_secs) == (admission, ttl_secs) {
+            TableConfig {
+                admission: None,
+                ttl_secs: None,
+                ..cfg.clone()
+            }
+        } else {
+            cfg.clone()
+        }
+    }
+
     /// Adds a table and persists its config. Registering an identical config again is a no-op; a different
     /// config for a registered id is a [`EmbeddingError::TableConflict`] listing the differing fields.
+    ///
+    /// A config without admission and TTL gets the table policy's ([`Engine::set_table_policy`]). A table
+    /// registered earlier under another policy keeps its admission and TTL (logged), so a changed server
+    /// policy does not make trainers' registrations conflict after a restart.
     pub fn register_table(&self, cfg: TableConfig) -> Result<(), EmbeddingError> {
+        let from_policy = cfg.admission.is_none() && cfg.ttl_secs.is_none();
+        let cfg = if from_policy {
+            let (admission, ttl_secs) = *self.policy.read();
+            TableConfig {
+                admission,
+                ttl_secs,
+                ..cfg
+            }
+        } else {
+            cfg
+        };
         cfg.validate()?;
         let mut tables = self.tables.write();
         if let Some(existing) = tables.get(&cfg.id) {
             let existing = existing.config();
             if *existing == cfg {
+                return Ok(());
+            }
+            let same_but_policy = TableConfig {
+                admission: existing.admission,
+                ttl_secs: existing.ttl_secs,
+                ..cfg.clone()
+            } == *existing;
+            if from_policy && same_but_policy {
+                tracing::warn!(
+                    table = cfg.id,
+                    kept_admission = ?existing.admission,
+                    kept_ttl_secs = ?existing.ttl_secs,
+                    "table keeps the admission and TTL it was created with, not the server's current ones"
+                );
                 return Ok(());
             }
             return Err(EmbeddingError::TableConflict {
@@ -262,6 +319,7 @@ impl Engine {
         ids: &[u64],
         grads: &[f32],
     ) -> Result<ApplyStats, EmbeddingError> {
+        let _push = self.push_gate.read();
         self.table(table)?.apply(ids, grads)
     }
 
@@ -273,6 +331,7 @@ impl Engine {
         grads: &[f32],
         now: u64,
     ) -> Result<ApplyStats, EmbeddingError> {
+        let _push = self.push_gate.read();
         self.table(table)?.apply_at(ids, grads, now)
     }
 
@@ -367,14 +426,15 @@ impl Engine {
 
 impl Engine {
     /// Writes the current full rows (weights and optimizer state) of the given ids of each table to the store:
-    /// the durability of a push in `sync` mode. One store write batch per table; with `sync`, the last write
-    /// is synced, which (one write-ahead log, as in RocksDB) makes the earlier ones durable too; the tables'
-    /// writes are not atomic together. Ids not in memory (never created, or evicted: their latest copy is
-    /// already in the store) are skipped, and with `sync` a [`Store::flush`] then makes evicted copies durable.
+    /// the durability of a push in `sync` mode. All tables' rows go in one [`Store::write_tables`] call (one
+    /// RocksDB WriteBatch), so a push touching several tables is stored all or nothing; with `sync`, it is
+    /// synced. Ids not in memory (never created, or evicted: their latest copy is already in the store) are
+    /// skipped, and with `sync` a [`Store::flush`] then makes evicted copies durable.
     ///
     /// Dirty flags are left alone, so the timer's [`Engine::flush_dirty`] rewrites these rows later (and
     /// retries them after a failed write here). Runs under the flush lock, so an older copy of a row never
-    /// overwrites a newer one in the store. Returns the rows and row bytes written.
+    /// overwrites a newer one in the store. Returns the rows and row bytes written; `batches` counts the tables
+    /// written, all in that one store write.
     pub fn persist(
         &self,
         tables: &[(u32, &[u64])],
@@ -382,27 +442,28 @@ impl Engine {
     ) -> Result<FlushStats, EmbeddingError> {
         let resolved = tables
             .iter()
+            .filter(|(_, ids)| !ids.is_empty())
             .map(|&(id, ids)| Ok((self.table(id)?, ids)))
             .collect::<Result<Vec<_>, EmbeddingError>>()?;
-        let mut batch = self.flush.lock();
+        let _flush = self.flush.lock();
         let mut stats = FlushStats::default();
         let mut missing = 0;
-        let last = resolved.iter().rposition(|(_, ids)| !ids.is_empty());
-        for (k, (table, ids)) in resolved.iter().enumerate() {
-            if ids.is_empty() {
-                continue;
-            }
+        let mut batches = Vec::with_capacity(resolved.len());
+        for (table, ids) in &resolved {
+            let mut batch = DirtyBatch::new();
             missing += table.copy_rows(ids, &mut batch);
-            if batch.is_empty() {
-                continue;
+            if !batch.is_empty() {
+                stats.rows += batch.len();
+                stats.bytes += batch.byte_len();
+                batches.push((table.id(), batch));
             }
-            let sync_this = sync && Some(k) == last && missing == 0;
-            self.store.write_rows(table.id(), &batch, sync_this)?;
-            stats.rows += batch.len();
-            stats.batches += 1;
-            stats.bytes += batch.byte_len();
         }
-        if sync && (missing > 0 || stats.batches == 0) && last.is_some() {
+        if !batches.is_empty() {
+            let parts: Vec<(u32, &DirtyBatch)> = batches.iter().map(|(t, b)| (*t, b)).collect();
+            self.store.write_tables(&parts, sync && missing == 0)?;
+            stats.batches = batches.len();
+        }
+        if sync && (missing > 0 || batches.is_empty()) && !resolved.is_empty() {
             self.store.flush()?;
         }
         Ok(stats)

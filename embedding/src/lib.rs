@@ -23,12 +23,15 @@
 //! - [`store`](Store): the [`Store`] trait; [`MemStore`] and [`RocksStore`] implement it.
 //! - [`engine`](Engine): [`Engine`], the tables of one server: registration, recovery, flushing, expiry.
 //! - [`error`](EmbeddingError): [`EmbeddingError`], [`StoreError`].
+//! - [`snapshot`]: [`Engine::checkpoint`] (a consistent RocksDB checkpoint plus `manifest.json`),
+//!   [`Snapshot`] to read one back, [`PushGuard`] to keep a multi-table push out of half a checkpoint.
+//! - [`sizing`]: memory and disk of a table of R rows from the layout above, without building it.
 //!
 //! With a memory budget ([`Engine::open_with_budget`]), [`Engine::enforce_budget`] evicts cold rows (CLOCK) to
 //! the store and misses read them back with one batched [`Store::get_rows`] per call (`table_budget.rs`).
 //!
 //! # Not here yet
-//! Durability modes and checkpoints are later steps of DESIGN.md. Last-touched times and admission
+//! Last-touched times and admission
 //! counts are not persisted: recovered rows restart their TTL, and the sketch restarts empty.
 
 #![warn(missing_docs)]
@@ -43,6 +46,8 @@ pub mod init;
 mod mem_store;
 pub mod optimizer;
 mod rocks_store;
+pub mod snapshot;
+pub mod sizing;
 mod store;
 mod table;
 
@@ -64,5 +69,6 @@ pub use engine::{
 pub use error::{EmbeddingError, StoreError};
 pub use mem_store::MemStore;
 pub use rocks_store::RocksStore;
+pub use snapshot::{PushGuard, Snapshot, SnapshotError};
 pub use store::{GetFn, ScanFn, Store};
 pub use table::{ApplyStats, GatherStats, Table, STRIPES};

@@ -31,7 +31,8 @@ impl MemStore {
         Self::default()
     }
 
-    /// Fault injection for tests: while set, [`Store::write_rows`] and [`Store::delete_rows`] fail with
+    /// Fault injection for tests: while set, [`Store::write_rows`], [`Store::write_tables`] and
+    /// [`Store::delete_rows`] fail with
     /// [`StoreError::Backend`] and change nothing.
     pub fn set_fail_writes(&self, fail: bool) {
         self.fail_writes.store(fail, Ordering::Relaxed);
@@ -67,6 +68,26 @@ impl Store for MemStore {
             .ok_or(StoreError::UnknownTable(table))?;
         for (id, bytes) in rows.iter() {
             t.insert(id, bytes.to_vec());
+        }
+        Ok(())
+    }
+
+    fn write_tables(&self, tables: &[(u32, &DirtyBatch)], _sync: bool) -> Result<(), StoreError> {
+        if self.fail_writes.load(Ordering::Relaxed) {
+            return Err(StoreError::Backend {
+                op: format!("write_tables {:?}", tables.iter().map(|t| t.0).collect::<Vec<_>>()),
+                detail: "injected failure".into(),
+            });
+        }
+        let mut inner = self.inner.write();
+        if let Some(&(table, _)) = tables.iter().find(|t| !inner.tables.contains_key(&t.0)) {
+            return Err(StoreError::UnknownTable(table));
+        }
+        for (table, rows) in tables {
+            let t = inner.tables.get_mut(table).expect("checked above");
+            for (id, bytes) in rows.iter() {
+                t.insert(id, bytes.to_vec());
+            }
         }
         Ok(())
     }
@@ -142,6 +163,41 @@ impl Store for MemStore {
             .get(&table)
             .ok_or(StoreError::UnknownTable(table))?;
         Ok(t.len() as u64)
+    }
+
+    /// Writes the contents into a fresh RocksDB database at `dir` (not a hard-link checkpoint: there are no
+    /// files to link), so a snapshot of an in-memory server reads like any other. Holds the read lock
+    /// throughout: writers wait, so the copy is consistent.
+    fn checkpoint(&self, dir: &std::path::Path) -> Result<(), StoreError> {
+        if dir.exists() {
+            return Err(StoreError::Backend {
+                op: format!("checkpoint {}", dir.display()),
+                detail: "directory already exists".into(),
+            });
+        }
+        let inner = self.inner.read();
+        let db = crate::RocksStore::open(dir)?;
+        for (key, value) in &inner.meta {
+            db.put_meta(key, value)?;
+        }
+        let mut batch = DirtyBatch::new();
+        for (&table, rows) in &inner.tables {
+            db.ensure_table(table)?;
+            for (&id, value) in rows {
+                if batch.len() >= crate::FLUSH_BATCH_ROWS || batch.row_bytes() != value.len() {
+                    if !batch.is_empty() {
+                        db.write_rows(table, &batch, false)?;
+                    }
+                    batch.reset(value.len());
+                }
+                batch.push_bytes(id, value);
+            }
+            if !batch.is_empty() {
+                db.write_rows(table, &batch, false)?;
+            }
+            batch.reset(0);
+        }
+        db.flush()
     }
 
     fn flush(&self) -> Result<(), StoreError> {

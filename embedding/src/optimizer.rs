@@ -83,6 +83,30 @@ pub fn init_state(cfg: &OptimizerConfig, state: &mut [f32]) {
     }
 }
 
+/// Lanes of [`sum_squares`].
+const LANES: usize = 8;
+
+/// `sum(eff(w_i, g_i)^2)` in [`LANES`] interleaved partial sums added at the end: the same result on every
+/// machine (no reliance on the compiler), and 8 independent additions per step instead of one chain, which
+/// the compiler turns into SIMD (row-wise Adagrad's apply was bound by the latency of the serial sum).
+#[inline]
+fn sum_squares(weights: &[f32], grad: &[f32], eff: impl Fn(f32, f32) -> f32) -> f32 {
+    let mut acc = [0f32; LANES];
+    let (w8, g8) = (weights.chunks_exact(LANES), grad.chunks_exact(LANES));
+    let (w_rest, g_rest) = (w8.remainder(), g8.remainder());
+    for (w, g) in w8.zip(g8) {
+        for k in 0..LANES {
+            let e = eff(w[k], g[k]);
+            acc[k] += e * e;
+        }
+    }
+    for (k, (&w, &g)) in w_rest.iter().zip(g_rest).enumerate() {
+        let e = eff(w, g);
+        acc[k] += e * e;
+    }
+    acc.iter().sum()
+}
+
 /// Applies one gradient row without regularization: `weights.len() == grad.len()` (the dim) and
 /// `state.len()` is the optimizer's state length.
 pub fn apply(cfg: &OptimizerConfig, weights: &mut [f32], state: &mut [f32], grad: &[f32]) {
@@ -91,6 +115,7 @@ pub fn apply(cfg: &OptimizerConfig, weights: &mut [f32], state: &mut [f32], grad
 
 /// Applies one gradient row after clipping and weight decay (`reg`): `weights.len() == grad.len()` (the dim)
 /// and `state.len()` is the optimizer's state length.
+#[inline]
 pub fn update(
     cfg: &OptimizerConfig,
     reg: Regularizer,
@@ -113,14 +138,7 @@ pub fn update(
             }
         }
         OptimizerConfig::RowAdagrad { lr, eps, .. } => {
-            let sum_sq: f32 = weights
-                .iter()
-                .zip(grad)
-                .map(|(&w, &g)| {
-                    let e = eff(w, g);
-                    e * e
-                })
-                .sum();
+            let sum_sq = sum_squares(weights, grad, eff);
             let acc = &mut state[0];
             *acc += sum_sq / dim as f32;
             let multiplier = lr / (acc.sqrt() + eps);

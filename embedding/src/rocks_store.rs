@@ -31,7 +31,15 @@ pub struct RocksStore {
     path: PathBuf,
     /// Serializes column family creation (two `ensure_table` racing would both try to create it).
     create: Mutex<()>,
+    /// Fault injection for tests ([`FAULT_ENV`]): while this file exists, writes fail.
+    fault: Option<PathBuf>,
 }
+
+/// Environment variable naming a file: while that file exists, every write of a [`RocksStore`] opened with the
+/// variable set (rows, deletes, metadata, WAL syncs) fails with an injected "no space left on device" error,
+/// as a full disk would make RocksDB fail. For tests of how a server survives disk errors with a real process
+/// (`ps-server/tests/disk_errors.rs`); read once at open, and costing one branch per write when unset.
+pub const FAULT_ENV: &str = "PS_FAULT_FAIL_WRITES_IF_EXISTS";
 
 impl std::fmt::Debug for RocksStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -39,6 +47,12 @@ impl std::fmt::Debug for RocksStore {
             .field("path", &self.path)
             .finish()
     }
+}
+
+fn fault_file() -> Option<PathBuf> {
+    let file = std::env::var_os(FAULT_ENV).map(PathBuf::from)?;
+    tracing::warn!(file = %file.display(), "fault injection on: store writes fail while this file exists");
+    Some(file)
 }
 
 fn cf_name(table: u32) -> String {
@@ -95,7 +109,42 @@ impl RocksStore {
             db,
             path,
             create: Mutex::new(()),
+            fault: fault_file(),
         })
+    }
+
+    /// Opens the database at `path` (a snapshot's checkpoint, say) read-only, with every column family it has:
+    /// reads work, writes fail with [`StoreError::Backend`]. Fails if `path` holds no database.
+    pub fn open_read_only(path: impl AsRef<Path>) -> Result<RocksStore, StoreError> {
+        let path = path.as_ref().to_path_buf();
+        let opts = Options::default();
+        let names =
+            Db::list_cf(&opts, &path).map_err(backend(format!("list_cf {}", path.display())))?;
+        let descriptors = names
+            .iter()
+            .map(|n| ColumnFamilyDescriptor::new(n, cf_options()));
+        let db = Db::open_cf_descriptors_read_only(&opts, &path, descriptors, false)
+            .map_err(backend(format!("open read-only {}", path.display())))?;
+        Ok(RocksStore {
+            db,
+            path,
+            create: Mutex::new(()),
+            fault: fault_file(),
+        })
+    }
+
+    /// Fails with an injected error while the fault file ([`FAULT_ENV`]) exists.
+    fn check_fault(&self, op: impl FnOnce() -> String) -> Result<(), StoreError> {
+        match &self.fault {
+            Some(file) if file.exists() => Err(StoreError::Backend {
+                op: op(),
+                detail: format!(
+                    "IO error: No space left on device (injected fault: {} exists)",
+                    file.display()
+                ),
+            }),
+            _ => Ok(()),
+        }
     }
 
     /// The database directory.
@@ -139,6 +188,7 @@ impl Store for RocksStore {
     }
 
     fn write_rows(&self, table: u32, rows: &DirtyBatch, sync: bool) -> Result<(), StoreError> {
+        self.check_fault(|| format!("write_rows table {table}"))?;
         let cf = self.table_cf(table)?;
         let mut batch = WriteBatch::default();
         for (id, bytes) in rows.iter() {
@@ -151,7 +201,25 @@ impl Store for RocksStore {
             .map_err(backend(format!("write_rows table {table}")))
     }
 
+    fn write_tables(&self, tables: &[(u32, &DirtyBatch)], sync: bool) -> Result<(), StoreError> {
+        self.check_fault(|| "write_tables".into())?;
+        let mut batch = WriteBatch::default();
+        for (table, rows) in tables {
+            let cf = self.table_cf(*table)?;
+            for (id, bytes) in rows.iter() {
+                batch.put_cf(&cf, id.to_be_bytes(), bytes);
+            }
+        }
+        let mut wo = WriteOptions::default();
+        wo.set_sync(sync);
+        self.db.write_opt(batch, &wo).map_err(backend(format!(
+            "write_tables {:?}",
+            tables.iter().map(|t| t.0).collect::<Vec<_>>()
+        )))
+    }
+
     fn delete_rows(&self, table: u32, ids: &[u64]) -> Result<(), StoreError> {
+        self.check_fault(|| format!("delete_rows table {table}"))?;
         let cf = self.table_cf(table)?;
         let mut batch = WriteBatch::default();
         for id in ids {
@@ -186,6 +254,7 @@ impl Store for RocksStore {
     }
 
     fn put_meta(&self, key: &str, value: &[u8]) -> Result<(), StoreError> {
+        self.check_fault(|| format!("put_meta {key}"))?;
         let cf = self.meta_cf()?;
         let mut wo = WriteOptions::default();
         // Metadata (table configs) is rare and must not be lost: write it synchronously.
@@ -232,7 +301,15 @@ impl Store for RocksStore {
         Ok(n.unwrap_or(0))
     }
 
+    fn checkpoint(&self, dir: &Path) -> Result<(), StoreError> {
+        // Flushes the memtables first (log_size_for_flush = 0 in the crate), so the checkpoint is SST files only.
+        rocksdb::checkpoint::Checkpoint::new(&self.db)
+            .and_then(|c| c.create_checkpoint(dir))
+            .map_err(backend(format!("checkpoint {}", dir.display())))
+    }
+
     fn flush(&self) -> Result<(), StoreError> {
+        self.check_fault(|| "flush".into())?;
         // Rows are written with the WAL on; syncing the WAL makes every earlier write durable without forcing
         // a memtable flush.
         self.db.flush_wal(true).map_err(backend("flush"))
@@ -284,6 +361,34 @@ mod tests {
         assert!(names.contains(&"meta".to_owned()), "{names:?}");
         let s = RocksStore::open(dir.path()).unwrap();
         assert!(s.table_cf(7).is_ok());
+    }
+
+    #[test]
+    fn injected_write_faults_fail_writes_while_the_file_exists() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = RocksStore::open(dir.path().join("db")).unwrap();
+        s.ensure_table(1).unwrap();
+        let file = dir.path().join("fail");
+        s.fault = Some(file.clone());
+        let mut rows = DirtyBatch::new();
+        rows.push_row(5, &[1.0]);
+        s.write_rows(1, &rows, false).unwrap();
+        std::fs::write(&file, b"").unwrap();
+        let e = s.write_rows(1, &rows, true).unwrap_err();
+        assert!(e.to_string().contains("write_rows table 1"), "{e}");
+        assert!(e.to_string().contains("No space left on device"), "{e}");
+        assert!(s.put_meta("k", b"v").is_err());
+        assert!(s.flush().is_err());
+        // Reads still work.
+        let mut found = 0;
+        s.get_rows(1, &[5], &mut |_, v| {
+            found += usize::from(v.is_some());
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(found, 1);
+        std::fs::remove_file(&file).unwrap();
+        s.write_rows(1, &rows, true).unwrap();
     }
 
     #[test]

@@ -9,7 +9,7 @@
 //!   not know row lengths: the engine checks them when it reads rows back and reports a wrong length as
 //!   [`StoreError::CorruptValue`].
 //! - Metadata is a flat map from string keys to bytes (table configs live under `table/<id>`).
-//! - `write_rows` is atomic per call (one write batch). Writes with `sync = false` are durable after the next
+//! - `write_rows` is atomic per call (one write batch), and so is `write_tables` over several tables. Writes with `sync = false` are durable after the next
 //!   [`Store::flush`].
 //! - Callbacks passed to `scan_rows` and `get_rows` must not call back into the store.
 
@@ -30,6 +30,20 @@ pub trait Store: Send + Sync {
     /// Writes every row of `rows` to `table` atomically, overwriting existing ids; `sync` makes the write
     /// durable before returning. Fails with [`StoreError::UnknownTable`] if `table` was never ensured.
     fn write_rows(&self, table: u32, rows: &DirtyBatch, sync: bool) -> Result<(), StoreError>;
+
+    /// Writes the rows of several tables (`(table, rows)` pairs) as one atomic write, all or nothing: one
+    /// push touching several tables in `sync` durability ([`crate::Engine::persist`]). `sync` makes the write
+    /// durable before returning. Fails with [`StoreError::UnknownTable`], writing nothing, if any table was
+    /// never ensured. [`crate::RocksStore`] uses one WriteBatch across column families and
+    /// [`crate::MemStore`] one lock; this default (for wrappers and test doubles) writes table by table with
+    /// [`Store::write_rows`], syncing the last, which is not atomic across tables.
+    fn write_tables(&self, tables: &[(u32, &DirtyBatch)], sync: bool) -> Result<(), StoreError> {
+        let last = tables.len().saturating_sub(1);
+        for (k, (table, rows)) in tables.iter().enumerate() {
+            self.write_rows(*table, rows, sync && k == last)?;
+        }
+        Ok(())
+    }
 
     /// Deletes the rows of `ids` from `table` atomically (one write batch); ids without a stored row are
     /// ignored. Durable after the next [`Store::flush`]. Fails with [`StoreError::UnknownTable`] if `table` was
@@ -55,6 +69,18 @@ pub trait Store: Send + Sync {
 
     /// Makes every earlier write durable.
     fn flush(&self) -> Result<(), StoreError>;
+
+    /// Writes a consistent copy of the whole store (rows and metadata) as a RocksDB database into `dir`, which
+    /// must not exist yet (its parent must). [`crate::RocksStore`] takes a RocksDB checkpoint (SST files
+    /// hard-linked on the same filesystem); [`crate::MemStore`] writes its contents into a fresh RocksDB
+    /// database. Callers quiesce writers first ([`crate::Engine::checkpoint`]). Stores without snapshots keep
+    /// this default, which fails with [`StoreError::Backend`].
+    fn checkpoint(&self, dir: &std::path::Path) -> Result<(), StoreError> {
+        Err(StoreError::Backend {
+            op: format!("checkpoint {}", dir.display()),
+            detail: "this store does not support checkpoints".into(),
+        })
+    }
 
     /// Rows of `table` in the store: exact for in-memory stores, RocksDB's estimate (`estimate-num-keys`,
     /// which counts overwritten keys until compaction) for RocksDB. For gauges, not for logic.

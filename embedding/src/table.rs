@@ -6,9 +6,9 @@
 //! `parking_lot::Mutex` around:
 //! - an [`Arena`] of rows (`dim` weights then optimizer state, `row_len` f32s, no per-row allocation) and the id
 //!   of each slot;
-//! - an index: a `hashbrown::HashTable<u32>` of slot numbers, keyed through the arena's ids. It costs 5 bytes
-//!   per bucket where a `HashMap<u64, u32>` costs 17, which is what keeps memory near DESIGN.md's "under 1.25x
-//!   of payload";
+//! - an index ([`Index`], `table_index.rs`): an open-addressing table of `u32` slot numbers with hash tags,
+//!   keyed through the arena's ids. It costs 4.7 to 7.1 bytes per row where a `HashMap<u64, u32>` costs 19 to
+//!   38, which is what keeps memory under DESIGN.md's 1.25x of payload;
 //! - a dirty bitset (1 bit per slot) and its population count.
 //!
 //! # Admission and TTL
@@ -32,7 +32,6 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use hashbrown::HashTable;
 use parking_lot::{Mutex, RwLock};
 
 use crate::admission::Sketch;
@@ -47,6 +46,9 @@ use crate::store::Store;
 /// Number of lock stripes per table (a power of two, at most 64: a `u64` holds a set of stripes).
 pub const STRIPES: usize = 64;
 const _: () = assert!(STRIPES.is_power_of_two() && STRIPES <= 64);
+
+/// Lookahead of [`Stripe::lookup_each`], in ids: rows are prefetched this far ahead, index entries twice as far.
+const PREFETCH: usize = 8;
 
 /// What [`Table::apply`] did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -94,7 +96,7 @@ fn stamp_of(now: u64) -> u32 {
 /// One stripe's rows, index and dirty set.
 #[derive(Debug)]
 struct Stripe {
-    index: HashTable<u32>,
+    index: Index,
     arena: Arena,
     dirty: Vec<u64>,
     dirty_count: usize,
@@ -114,7 +116,7 @@ fn hash(id: u64) -> u64 {
     splitmix64(id)
 }
 
-/// The stripe of a hash: bits 32.. are used, away from the low bits (bucket) and top 7 bits (tag) hashbrown
+/// The stripe of a hash: bits 32..38, away from the high bits (home bucket) and low bits (tag) the [`Index`]
 /// takes, so ids sharing a stripe still spread over the stripe's index.
 #[inline]
 fn stripe_of(h: u64) -> usize {
@@ -124,7 +126,7 @@ fn stripe_of(h: u64) -> usize {
 impl Stripe {
     fn new(row_len: usize, stamps: bool) -> Self {
         Stripe {
-            index: HashTable::new(),
+            index: Index::new(),
             arena: Arena::new(row_len, stamps),
             dirty: Vec::new(),
             dirty_count: 0,
@@ -136,9 +138,34 @@ impl Stripe {
     #[inline]
     fn find(&self, id: u64, h: u64) -> Option<usize> {
         let arena = &self.arena;
-        self.index
-            .find(h, |&slot| arena.id(slot as usize) == id)
-            .map(|&slot| slot as usize)
+        self.index.find(h, |slot| arena.id(slot) == id)
+    }
+
+    /// Calls `f(stripe, i, slot)` for each `i` in `group` (indices into `ids`), in order, with the slot of
+    /// `ids[i]` if it has a row (as found just before the call). A lookup in a table larger than the cache
+    /// waits on two or three cache misses in turn (index entry, id, row), so the index entries of the ids
+    /// [`PREFETCH`] x 2 ahead and the likely rows of those [`PREFETCH`] ahead are prefetched first.
+    #[inline]
+    fn lookup_each(
+        &mut self,
+        ids: &[u64],
+        group: &[usize],
+        mut f: impl FnMut(&mut Stripe, usize, Option<usize>),
+    ) {
+        for k in 0..group.len() {
+            if let Some(&j) = group.get(k + 2 * PREFETCH) {
+                self.index.prefetch(hash(ids[j]));
+            }
+            if let Some(&j) = group.get(k + PREFETCH) {
+                if let Some(slot) = self.index.candidate(hash(ids[j])) {
+                    self.arena.prefetch(slot);
+                }
+            }
+            let i = group[k];
+            let id = ids[i];
+            let slot = self.find(id, hash(id));
+            f(self, i, slot);
+        }
     }
 
     /// Adds a row for `id` (absent), filled by `fill`, and returns its slot.
@@ -153,17 +180,15 @@ impl Stripe {
             self.refs.push(0);
         }
         let arena = &self.arena;
-        self.index
-            .insert_unique(h, slot as u32, |&s| hash(arena.id(s as usize)));
+        self.index.insert(h, slot, |s| hash(arena.id(s)));
         Ok(slot)
     }
 
     /// Removes the row in `slot` (of `id`, hash `h`): index entry, dirty bit, and the slot goes to the free list.
     fn remove(&mut self, id: u64, h: u64, slot: usize) {
+        debug_assert_eq!(self.arena.id(slot), id);
         let arena = &self.arena;
-        if let Ok(entry) = self.index.find_entry(h, |&s| arena.id(s as usize) == id) {
-            entry.remove();
-        }
+        self.index.remove(h, slot, |s| hash(arena.id(s)));
         let (word, bit) = (slot / 64, 1u64 << (slot % 64));
         if self.dirty[word] & bit != 0 {
             self.dirty[word] &= !bit;
@@ -356,18 +381,15 @@ impl Table {
         let (order, bounds) = group_by_stripe(ids);
         let mut misses = Vec::new();
         self.for_each_group(&order, &bounds, |_, stripe, group| {
-            for &i in group {
-                let id = ids[i];
-                match stripe.find(id, hash(id)) {
-                    Some(slot) => {
-                        if clock {
-                            stripe.set_ref(slot);
-                        }
-                        out[i * dim..(i + 1) * dim].copy_from_slice(&stripe.arena.row(slot)[..dim])
+            stripe.lookup_each(ids, group, |stripe, i, slot| match slot {
+                Some(slot) => {
+                    if clock {
+                        stripe.set_ref(slot);
                     }
-                    None => misses.push(i),
+                    out[i * dim..(i + 1) * dim].copy_from_slice(&stripe.arena.row(slot)[..dim])
                 }
-            }
+                None => misses.push(i),
+            });
             Ok(())
         })?;
         let mut stats = GatherStats::default();
@@ -438,31 +460,39 @@ impl Table {
             }
         }
         self.for_each_group(&order, &bounds, |s, stripe, group| {
-            for &i in group {
+            let mut full = None;
+            stripe.lookup_each(ids, group, |stripe, i, found| {
                 let grad = &grads[i * dim..(i + 1) * dim];
+                if full.is_some() {
+                    return;
+                }
                 if !grad.iter().all(|g| g.is_finite()) {
                     stats.rejected_nonfinite += 1;
-                    continue;
+                    return;
                 }
                 let id = ids[i];
-                let h = hash(id);
-                let slot = match stripe.find(id, h) {
+                let slot = match found {
                     Some(slot) => slot,
                     None => {
                         if let (Some(sketch), Some(adm)) = (&self.sketch, &self.cfg.admission) {
                             if sketch.increment(id) < adm.min_count {
                                 stats.rejected_admission += 1;
-                                continue;
+                                return;
                             }
                         }
-                        let slot = stripe
-                            .insert(id, h, |row| init::fill_row(&self.cfg, id, row))
-                            .map_err(|rows| self.full(s, rows))?;
-                        self.rows.fetch_add(1, Ordering::Relaxed);
-                        stats.created += 1;
-                        slot
+                        match stripe.insert(id, hash(id), |row| init::fill_row(&self.cfg, id, row)) {
+                            Ok(slot) => slot,
+                            Err(rows) => {
+                                full = Some(self.full(s, rows));
+                                return;
+                            }
+                        }
                     }
                 };
+                if found.is_none() {
+                    self.rows.fetch_add(1, Ordering::Relaxed);
+                    stats.created += 1;
+                }
                 stripe.arena.set_stamp(slot, stamp);
                 if clock {
                     stripe.set_ref(slot);
@@ -471,8 +501,8 @@ impl Table {
                 optimizer::update(&self.cfg.optimizer, self.reg, weights, state, grad);
                 stripe.mark_dirty(slot);
                 stats.applied += 1;
-            }
-            Ok(())
+            });
+            full.map_or(Ok(()), Err)
         })?;
         Ok(stats)
     }
@@ -659,6 +689,10 @@ fn group_by_stripe(ids: &[u64]) -> (Vec<usize>, [usize; STRIPES + 1]) {
 
 #[path = "table_expire.rs"]
 mod expire;
+
+#[path = "table_index.rs"]
+mod index;
+use index::Index;
 
 #[path = "table_budget.rs"]
 mod budget;

@@ -1,6 +1,9 @@
 //! Rough measurements, not benchmarks: memory per row and gather/apply/flush/recovery rates. Ignored by
 //! default and free of timing assertions. Run with
-//! `cargo test -p embedding --release --test perf -- --ignored --nocapture`.
+//! `cargo test -p embedding --release --test perf -- --ignored --nocapture`; `PERF_ROWS=10000000` sets the
+//! row count (default 1,000,000). Memory is reported three ways: live heap bytes counted by this file's
+//! allocator, the engine's own accounting (`Table::memory_bytes`) and the growth of the process RSS
+//! (`VmRSS` in `/proc/self/status`).
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -37,12 +40,31 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static GLOBAL: Counting = Counting;
 
-const ROWS: usize = 1_000_000;
 const DIM: usize = 16;
 const BATCH: usize = 4096;
 
-fn ids() -> Vec<u64> {
-    (0..ROWS as u64).map(|i| splitmix64(i ^ 0xABCD)).collect()
+/// Rows to create: `PERF_ROWS`, default 1,000,000.
+fn rows() -> usize {
+    std::env::var("PERF_ROWS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1_000_000)
+}
+
+fn ids(rows: usize) -> Vec<u64> {
+    (0..rows as u64).map(|i| splitmix64(i ^ 0xABCD)).collect()
+}
+
+/// The process's resident set size in bytes (`VmRSS` in `/proc/self/status`), 0 if unreadable.
+fn rss_bytes() -> usize {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse::<usize>().ok())
+        })
+        .map_or(0, |kb| kb * 1024)
 }
 
 /// Runs `f` over batches of `ids` for about `secs` seconds on `threads` threads; returns rows per second.
@@ -69,12 +91,14 @@ fn rate(threads: usize, secs: f64, ids: &[u64], f: impl Fn(&[u64]) + Sync) -> f6
 #[test]
 #[ignore = "measurement; run in release with --ignored --nocapture"]
 fn measure_memory_and_rates() {
-    let ids = ids();
+    let rows = rows();
+    let ids = ids(rows);
     let cfg = TableConfig::new(1, "perf", DIM);
     assert_eq!(cfg.row_len(), 17);
     let grads = vec![0.01f32; BATCH * DIM];
 
     let before = LIVE.load(Ordering::Relaxed);
+    let rss_before = rss_bytes();
     let table = Table::new(cfg.clone()).unwrap();
     let t0 = Instant::now();
     for chunk in ids.chunks(BATCH) {
@@ -82,17 +106,20 @@ fn measure_memory_and_rates() {
     }
     let insert_s = t0.elapsed().as_secs_f64();
     let live = LIVE.load(Ordering::Relaxed) - before;
+    let rss = rss_bytes() - rss_before;
     let payload = 17 * 4;
     println!(
-        "memory: {} rows dim {DIM} row-wise adagrad: heap {:.1} B/row (memory_bytes {:.1} B/row), payload {payload} B/row, {:.3}x",
+        "memory: {} rows dim {DIM} row-wise adagrad: heap {:.2} B/row (memory_bytes {:.2} B/row), payload {payload} B/row, {:.3}x; process RSS {:.1} MB, growth {:.2} B/row",
         table.len(),
-        live as f64 / ROWS as f64,
-        table.memory_bytes() as f64 / ROWS as f64,
-        live as f64 / (ROWS * payload) as f64
+        live as f64 / rows as f64,
+        table.memory_bytes() as f64 / rows as f64,
+        live as f64 / (rows * payload) as f64,
+        rss_bytes() as f64 / 1e6,
+        rss as f64 / rows as f64
     );
     println!(
         "insert (apply creating rows): {:.2} M rows/s",
-        ROWS as f64 / insert_s / 1e6
+        rows as f64 / insert_s / 1e6
     );
 
     let mut out = vec![0f32; BATCH * DIM];
@@ -153,5 +180,35 @@ fn measure_memory_and_rates() {
         "recovery (Engine::open): {} rows in {open_s:.2}s ({:.2} M rows/s)",
         engine.rows_total(),
         engine.rows_total() as f64 / open_s / 1e6
+    );
+}
+
+/// A profiling target: gather and apply on a cache-resident table (27k rows, dim 16, row-wise Adagrad), e.g.
+/// `perf record -g target/release/deps/perf-* hot_table --ignored`.
+#[test]
+#[ignore = "measurement; run in release with --ignored --nocapture"]
+fn hot_table() {
+    let ids = ids(27_000);
+    let table = Table::new(TableConfig::new(1, "hot", DIM)).unwrap();
+    let grads = vec![0.01f32; BATCH * DIM];
+    for chunk in ids.chunks(BATCH) {
+        table.apply(chunk, &grads[..chunk.len() * DIM]).unwrap();
+    }
+    let batch: Vec<u64> = (0..2 * BATCH + 1)
+        .map(|i| ids[splitmix64(i as u64) as usize % ids.len()])
+        .collect();
+    let mut out = vec![0f32; BATCH * DIM];
+    let g = rate(1, 2.0, &batch, |b| {
+        let mut out = vec![0f32; BATCH * DIM];
+        table.gather(b, &mut out).unwrap();
+    });
+    let a = rate(1, 2.0, &batch, |b| {
+        table.apply(b, &grads[..b.len() * DIM]).unwrap();
+    });
+    table.gather(&batch[..BATCH], &mut out).unwrap();
+    println!(
+        "hot table: gather {:.2} M rows/s, apply {:.2} M rows/s",
+        g / 1e6,
+        a / 1e6
     );
 }

@@ -1,7 +1,8 @@
-//! [`PsClient`]: a trainer's QUIC connections to every parameter server.
+//! [`PsClient`]: a trainer's connections to every parameter server, over QUIC or TCP ([`Transport`]).
 //!
-//! One connection per server; every request opens its own bidirectional stream, so any number of requests can
-//! be in flight on one connection without head-of-line blocking between them. A request that fails with a
+//! One connection per server; every request opens its own bidirectional stream (QUIC) or carries its own
+//! stream id (TCP, [`crate::mux`]), so any number of requests can be in flight on one connection without
+//! head-of-line blocking between them. A request that fails with a
 //! transient error (connection lost, server restarting) is retried after reconnecting, with exponential backoff,
 //! until `retry_for` has passed. Retried pushes are at-least-once: a push whose acknowledgement was lost may be
 //! applied twice.
@@ -17,7 +18,8 @@ use crate::codec::Encoding;
 use crate::error::ProtocolError;
 use crate::message::{check_len, PayloadLayout, Request, Response, TableCount, TableSpec};
 use crate::routing::ShardMap;
-use crate::{stream, tls, PROTOCOL_VERSION};
+use crate::transport::{Conn, Dialer, Transport};
+use crate::{tls, PROTOCOL_VERSION};
 
 /// How to reach the cluster.
 #[derive(Debug, Clone)]
@@ -34,6 +36,8 @@ pub struct PsClientConfig {
     pub request_timeout: Duration,
     /// How long transient failures are retried (reconnecting) before the error is returned.
     pub retry_for: Duration,
+    /// QUIC or TCP.
+    pub transport: Transport,
 }
 
 impl PsClientConfig {
@@ -46,42 +50,93 @@ impl PsClientConfig {
             max_frame: crate::frame::DEFAULT_MAX_FRAME,
             request_timeout: Duration::from_secs(30),
             retry_for: Duration::from_secs(20),
+            transport: Transport::Quic,
         }
     }
 }
 
 struct ServerConn {
     addr: SocketAddr,
-    endpoint: quinn::Endpoint,
-    conn: Mutex<Option<quinn::Connection>>,
+    dialer: Dialer,
+    conn: Mutex<Option<Conn>>,
 }
 
 impl ServerConn {
-    async fn connection(&self, server_name: &str) -> Result<quinn::Connection, ProtocolError> {
+    async fn connection(&self, cfg: &PsClientConfig) -> Result<Conn, ProtocolError> {
         if let Some(c) = self.conn.lock().expect("not poisoned").as_ref() {
-            if c.close_reason().is_none() {
+            if c.close_reason(self.addr).is_none() {
                 return Ok(c.clone());
             }
         }
-        let connecting =
-            self.endpoint
-                .connect(self.addr, server_name)
-                .map_err(|e| ProtocolError::Connect {
-                    server: self.addr.to_string(),
-                    message: e.to_string(),
-                })?;
-        let conn = connecting
-            .await
-            .map_err(|source| ProtocolError::Connection {
-                server: self.addr.to_string(),
-                source,
-            })?;
+        let conn = self
+            .dialer
+            .connect(self.addr, &cfg.server_name, cfg.max_frame)
+            .await?;
         *self.conn.lock().expect("not poisoned") = Some(conn.clone());
         Ok(conn)
     }
 
     fn forget(&self) {
         *self.conn.lock().expect("not poisoned") = None;
+    }
+}
+
+/// How long a request waits for its reply before its connection is probed (see [`call_watched`]).
+const PROBE_AFTER: Duration = Duration::from_secs(1);
+/// How long a probe may take before the connection is declared dead.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// Sends one request on `conn`, and while its reply is outstanding, probes the connection every
+/// [`PROBE_AFTER`] with a `Hello` on the same connection. A server killed and restarted on the same port never
+/// answers on the old connection (QUIC: the new process does not know it and its stateless resets carry a
+/// token the client does not accept), so without the probe a request would wait for the idle or request
+/// timeout (30 s). A probe unanswered for [`PROBE_TIMEOUT`], while no datagram at all arrived on the connection
+/// (an overloaded but live server still acknowledges packets), fails the request with a transient
+/// [`ProtocolError::Timeout`], and the caller reconnects and retries it (a push at least once).
+async fn call_watched(
+    conn: &Conn,
+    addr: SocketAddr,
+    req: &Request,
+    payload: &Bytes,
+) -> Result<(Response, Bytes), ProtocolError> {
+    let call = conn.call(addr, req, payload);
+    tokio::pin!(call);
+    let hello = Request::Hello {
+        version: PROTOCOL_VERSION,
+    };
+    let empty = Bytes::new();
+    loop {
+        tokio::select! {
+            r = &mut call => return r,
+            _ = tokio::time::sleep(PROBE_AFTER) => {}
+        }
+        let heard = datagrams_received(conn);
+        let probe = tokio::time::timeout(PROBE_TIMEOUT, conn.call(addr, &hello, &empty));
+        tokio::select! {
+            r = &mut call => return r,
+            p = probe => match p {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => return Err(e),
+                // A QUIC peer that still sends packets (acknowledgements) is alive, only slow: keep waiting.
+                Err(_) if datagrams_received(conn) != heard => {}
+                Err(_) => {
+                    tracing::warn!(server = %addr, "no answer to a liveness probe: connection presumed dead");
+                    return Err(ProtocolError::Timeout {
+                        server: addr.to_string(),
+                        secs: PROBE_TIMEOUT.as_secs_f64(),
+                    });
+                }
+            },
+        }
+    }
+}
+
+/// UDP datagrams received on a QUIC connection so far (`None` over TCP, where a killed server's kernel resets
+/// the connection at once).
+fn datagrams_received(conn: &Conn) -> Option<u64> {
+    match conn {
+        Conn::Quic { conn, .. } => Some(conn.stats().udp_rx.datagrams),
+        _ => None,
     }
 }
 
@@ -103,12 +158,11 @@ impl PsClient {
                 message: "no parameter server addresses given".into(),
             });
         }
-        let client_config = tls::client_config(&cfg.tls_dir)?;
         let mut servers = Vec::with_capacity(cfg.servers.len());
         for &addr in &cfg.servers {
             servers.push(ServerConn {
                 addr,
-                endpoint: crate::endpoint::client(addr, client_config.clone())?,
+                dialer: Dialer::new(cfg.transport, addr, &cfg.tls_dir)?,
                 conn: Mutex::new(None),
             });
         }
@@ -215,25 +269,20 @@ impl PsClient {
         &self,
         server: usize,
         req: &Request,
-        payload: &[u8],
+        payload: &Bytes,
     ) -> Result<(Response, Bytes), ProtocolError> {
         let s = &self.servers[server];
-        let conn = s.connection(&self.cfg.server_name).await?;
+        // Connecting is inside the timeout: a handshake with a dead server must not wait for the idle timeout.
         let result = async {
-            let (mut send, mut recv) =
-                conn.open_bi()
-                    .await
-                    .map_err(|source| ProtocolError::Connection {
-                        server: s.addr.to_string(),
-                        source,
-                    })?;
-            let written = stream::write_frame(&mut send, req, payload).await;
-            // A server that refuses a request early (e.g. an oversized frame) answers and stops reading, so a
-            // failed write may still have a response waiting.
-            match stream::read_frame::<Response>(&mut recv, self.cfg.max_frame).await {
-                Ok(reply) => Ok(reply),
-                Err(read_err) => Err(written.err().unwrap_or(read_err)),
-            }
+            let conn = s.connection(&self.cfg).await?;
+            call_watched(&conn, s.addr, req, payload).await.map_err(|e| {
+                // A request that failed because its connection closed: report why the connection closed (e.g.
+                // the server refused our certificate), not just "connection lost".
+                match conn.close_reason(s.addr) {
+                    Some(why) if !matches!(e, ProtocolError::Connection { .. }) => why,
+                    _ => e,
+                }
+            })
         };
         match tokio::time::timeout(self.cfg.request_timeout, result).await {
             Ok(Ok(reply)) => Ok(reply),
@@ -241,17 +290,7 @@ impl PsClient {
                 if e.is_transient() {
                     s.forget();
                 }
-                // A stream that failed because its connection closed: report why the connection closed (e.g. the
-                // server refused our certificate), not just "connection lost".
-                match conn.close_reason() {
-                    Some(source) if !matches!(e, ProtocolError::Connection { .. }) => {
-                        Err(ProtocolError::Connection {
-                            server: s.addr.to_string(),
-                            source,
-                        })
-                    }
-                    _ => Err(e),
-                }
+                Err(e)
             }
             Err(_) => {
                 s.forget();
@@ -373,15 +412,40 @@ impl PsClient {
         Ok(total)
     }
 
+    /// Asks every server, one after another, to write a consistent snapshot of its tables into
+    /// `dir/shard-<index>-of-<num_servers>/` (`dir` is a path on the servers' file systems, typically shared
+    /// storage; it must not hold a snapshot already). Returns each server's (rows, shard directory), in shard
+    /// order. Each server's snapshot holds whole pushes only; pause pushes around the call for one cut across
+    /// servers. Checkpoints of large tables take long: the request timeout applies to each server.
+    pub async fn checkpoint(
+        &self,
+        dir: &str,
+        step: u64,
+    ) -> Result<Vec<(u64, String)>, ProtocolError> {
+        let req = Request::Checkpoint {
+            dir: dir.to_owned(),
+            step,
+        };
+        let mut out = Vec::with_capacity(self.servers.len());
+        for i in 0..self.servers.len() {
+            let (resp, _) = self.call(i, &req, Bytes::new()).await?;
+            match resp {
+                Response::Checkpointed { rows, dir } => out.push((rows, dir)),
+                other => return Err(self.unexpected(i, &other, "Checkpointed")),
+            }
+        }
+        Ok(out)
+    }
+
     /// Closes every connection gracefully.
     pub async fn close(&self) {
         for s in &self.servers {
             if let Some(c) = s.conn.lock().expect("not poisoned").take() {
-                c.close(0u32.into(), b"bye");
+                c.close();
             }
         }
         for s in &self.servers {
-            s.endpoint.wait_idle().await;
+            s.dialer.wait_idle().await;
         }
     }
 }

@@ -1,9 +1,20 @@
-//! Row encodings on the wire: f32, f16 or bf16, as raw little-endian bytes.
+//! Row encodings on the wire: f32, f16, bf16 as raw little-endian bytes, or int8 with a per-row scale.
 //!
 //! Pulled rows and pushed gradients are encoded per request. f16 halves the bytes with a relative error of at
 //! most 2^-11 for normal values (|x| in 6.1e-5..65504); bf16 keeps f32's range with a relative error of 2^-8.
 //! Values beyond f16's range become infinite, which the server rejects for gradients; trainers that push large
 //! gradients pick bf16 or f32.
+//!
+//! # Int8
+//! [`Encoding::Int8`] is symmetric linear quantization with one scale per row: a row is its scale
+//! `s = max|x| / 127` as a little-endian f32, then one `i8` per element, `q = round(x / s)`, decoded as `q * s`.
+//! The error is at most `max|x| / 254` per element. At dim 16 a row is 20 bytes (f16: 32). The scale is an f32
+//! rather than an f16: an f16 scale would save 2 bytes a row (18 instead of 20 at dim 16) but cannot represent
+//! the scale of rows of small gradients (below 6e-5 f16 is subnormal, below 6e-8 it is zero) nor of rows
+//! beyond 65504, and rounding the scale would add its own error to every element. A row with a non-finite
+//! element gets a NaN scale, so it decodes as NaN and the server still rejects it as a non-finite gradient.
+//! Decoding accepts `q = -128` (it is `-128 * s`). Rows whose largest element is below f32's smallest normal
+//! (1.2e-38) encode as zeros.
 
 use half::{bf16, f16};
 use serde::{Deserialize, Serialize};
@@ -11,7 +22,11 @@ use serde::{Deserialize, Serialize};
 use crate::error::ProtocolError;
 
 /// Element encoding of rows in a payload.
+///
+/// Named in lowercase in text formats (TOML configs, JSON reports), as on the command line; bincode numbers the
+/// variants by position.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Encoding {
     /// IEEE binary32, 4 bytes.
     F32,
@@ -19,15 +34,50 @@ pub enum Encoding {
     F16,
     /// bfloat16 (the top half of an f32), 2 bytes.
     Bf16,
+    // bincode numbers variants by position: new variants go last.
+    /// One byte per element plus a 4-byte f32 scale per row (module docs).
+    Int8,
 }
 
+/// Bytes of the per-row scale of [`Encoding::Int8`].
+pub const INT8_SCALE_BYTES: usize = 4;
+
 impl Encoding {
-    /// Bytes per encoded element.
+    /// Every encoding, in wire order.
+    pub const ALL: [Encoding; 4] = [Encoding::F32, Encoding::F16, Encoding::Bf16, Encoding::Int8];
+
+    /// Bytes per encoded element (without [`Encoding::Int8`]'s per-row scale: see [`Encoding::row_bytes`]).
     pub fn bytes_per_element(self) -> usize {
         match self {
             Encoding::F32 => 4,
             Encoding::F16 | Encoding::Bf16 => 2,
+            Encoding::Int8 => 1,
         }
+    }
+
+    /// Bytes of per-row overhead (the int8 scale).
+    pub fn row_overhead(self) -> usize {
+        match self {
+            Encoding::Int8 => INT8_SCALE_BYTES,
+            _ => 0,
+        }
+    }
+
+    /// Bytes of one encoded row of `dim` elements.
+    pub fn row_bytes(self, dim: usize) -> usize {
+        dim * self.bytes_per_element() + self.row_overhead()
+    }
+
+    /// Bytes of `rows` rows holding `elements` elements in all (None on overflow).
+    pub fn rows_bytes(self, rows: usize, elements: usize) -> Option<usize> {
+        elements
+            .checked_mul(self.bytes_per_element())?
+            .checked_add(rows.checked_mul(self.row_overhead())?)
+    }
+
+    /// Whether decoding loses information (everything but f32).
+    pub fn is_lossy(self) -> bool {
+        self != Encoding::F32
     }
 }
 
@@ -38,8 +88,9 @@ impl std::str::FromStr for Encoding {
             "f32" => Ok(Encoding::F32),
             "f16" => Ok(Encoding::F16),
             "bf16" => Ok(Encoding::Bf16),
+            "int8" => Ok(Encoding::Int8),
             other => Err(format!(
-                "unknown encoding {other:?}, expected f32, f16 or bf16"
+                "unknown encoding {other:?}, expected f32, f16, bf16 or int8"
             )),
         }
     }
@@ -51,14 +102,28 @@ impl std::fmt::Display for Encoding {
             Encoding::F32 => "f32",
             Encoding::F16 => "f16",
             Encoding::Bf16 => "bf16",
+            Encoding::Int8 => "int8",
         })
     }
 }
 
-/// Appends `src` encoded as `enc` to `out`.
+/// Appends `src` encoded as `enc` to `out`. For [`Encoding::Int8`] the whole slice is one row (one scale); use
+/// [`encode_rows`] for several.
 pub fn encode(src: &[f32], enc: Encoding, out: &mut Vec<u8>) {
+    encode_rows(src, src.len(), enc, out)
+}
+
+/// Decodes `bytes` into `out` (exactly `out.len()` elements; for [`Encoding::Int8`] one row).
+pub fn decode(bytes: &[u8], enc: Encoding, out: &mut [f32]) -> Result<(), ProtocolError> {
+    decode_rows(bytes, out.len(), enc, out)
+}
+
+/// Appends the rows of `src` (`src.len() / dim` rows of `dim` elements) encoded as `enc` to `out`.
+pub fn encode_rows(src: &[f32], dim: usize, enc: Encoding, out: &mut Vec<u8>) {
+    let rows = src.len().checked_div(dim).unwrap_or(0);
+    debug_assert_eq!(rows * dim, src.len(), "{} elements, dim {dim}", src.len());
     let start = out.len();
-    out.resize(start + src.len() * enc.bytes_per_element(), 0);
+    out.resize(start + rows * enc.row_bytes(dim), 0);
     let dst = &mut out[start..];
     match enc {
         Encoding::F32 => {
@@ -76,24 +141,67 @@ pub fn encode(src: &[f32], enc: Encoding, out: &mut Vec<u8>) {
                 d.copy_from_slice(&bf16::from_f32(*x).to_le_bytes());
             }
         }
+        Encoding::Int8 => {
+            if rows == 0 {
+                return;
+            }
+            for (d, row) in dst
+                .chunks_exact_mut(enc.row_bytes(dim))
+                .zip(src.chunks_exact(dim))
+            {
+                quantize_row(row, d);
+            }
+        }
     }
 }
 
-/// Decodes `bytes` (exactly `out.len()` elements of `enc`) into `out`.
-pub fn decode(bytes: &[u8], enc: Encoding, out: &mut [f32]) -> Result<(), ProtocolError> {
-    let expected = out.len() * enc.bytes_per_element();
+/// One int8 row: scale, then the quantized elements.
+#[inline]
+fn quantize_row(row: &[f32], dst: &mut [u8]) {
+    let max = row.iter().fold(0.0f32, |m, x| m.max(x.abs()));
+    // x * 0 is NaN exactly for NaN and infinite x: one NaN makes the sum NaN.
+    let finite = !row.iter().fold(0.0f32, |s, x| s + x * 0.0).is_nan();
+    let (scale, inv) = if !finite {
+        (f32::NAN, 0.0)
+    } else if max >= f32::MIN_POSITIVE {
+        (max / 127.0, 127.0 / max)
+    } else {
+        // Zero, or so small (subnormal, < 1.2e-38) that 127 / max overflows: the row decodes as zeros.
+        (0.0, 0.0)
+    };
+    let (head, q) = dst.split_at_mut(INT8_SCALE_BYTES);
+    head.copy_from_slice(&scale.to_le_bytes());
+    for (d, x) in q.iter_mut().zip(row) {
+        // |x * inv| <= 127 up to rounding; `as` saturates anyway.
+        *d = (x * inv).round_ties_even() as i8 as u8;
+    }
+}
+
+/// Decodes `bytes` (rows of `dim` elements in `enc`, exactly `out.len()` elements in all) into `out`.
+pub fn decode_rows(
+    bytes: &[u8],
+    dim: usize,
+    enc: Encoding,
+    out: &mut [f32],
+) -> Result<(), ProtocolError> {
+    let rows = out.len().checked_div(dim).unwrap_or(0);
+    if rows * dim != out.len() {
+        return Err(ProtocolError::BadPayload(format!(
+            "{} elements are not whole rows of dim {dim}",
+            out.len()
+        )));
+    }
+    let expected = rows * enc.row_bytes(dim);
     if bytes.len() != expected {
         return Err(ProtocolError::BadPayload(format!(
-            "{} rows section of {} bytes, expected {expected} ({} elements)",
-            enc,
+            "{enc} rows section of {} bytes, expected {expected} ({rows} rows of dim {dim})",
             bytes.len(),
-            out.len()
         )));
     }
     match enc {
         Encoding::F32 => {
             for (o, c) in out.iter_mut().zip(bytes.chunks_exact(4)) {
-                *o = f32::from_le_bytes(c.try_into().expect("4 bytes"));
+                *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
             }
         }
         Encoding::F16 => {
@@ -104,6 +212,20 @@ pub fn decode(bytes: &[u8], enc: Encoding, out: &mut [f32]) -> Result<(), Protoc
         Encoding::Bf16 => {
             for (o, c) in out.iter_mut().zip(bytes.chunks_exact(2)) {
                 *o = bf16::from_le_bytes([c[0], c[1]]).to_f32();
+            }
+        }
+        Encoding::Int8 => {
+            if rows == 0 {
+                return Ok(());
+            }
+            for (o, c) in out
+                .chunks_exact_mut(dim)
+                .zip(bytes.chunks_exact(enc.row_bytes(dim)))
+            {
+                let scale = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+                for (x, &q) in o.iter_mut().zip(&c[INT8_SCALE_BYTES..]) {
+                    *x = q as i8 as f32 * scale;
+                }
             }
         }
     }
@@ -118,7 +240,7 @@ mod tests {
     fn round_trip(v: &[f32], enc: Encoding) -> Vec<f32> {
         let mut bytes = Vec::new();
         encode(v, enc, &mut bytes);
-        assert_eq!(bytes.len(), v.len() * enc.bytes_per_element());
+        assert_eq!(bytes.len(), enc.row_bytes(v.len()));
         let mut out = vec![0.0; v.len()];
         decode(&bytes, enc, &mut out).unwrap();
         out
@@ -150,6 +272,54 @@ mod tests {
                 prop_assert!((a - b).abs() <= a.abs() / 256.0, "{} -> {}", a, b);
             }
         }
+
+        #[test]
+        fn int8_error_at_most_max_over_254(
+            dim in 1usize..40,
+            rows in proptest::collection::vec(proptest::collection::vec(-1.0e30f32..1.0e30, 40), 1..6),
+            exp in -30i32..30,
+        ) {
+            // Rows of one magnitude (10^exp) each, so tiny and huge scales are both covered.
+            let m = 10f32.powi(exp);
+            let src: Vec<f32> = rows.iter().flat_map(|r| r[..dim].iter().map(|x| x / 1.0e30 * m)).collect();
+            let mut bytes = Vec::new();
+            encode_rows(&src, dim, Encoding::Int8, &mut bytes);
+            prop_assert_eq!(bytes.len(), rows.len() * (dim + 4));
+            let mut back = vec![0.0; src.len()];
+            decode_rows(&bytes, dim, Encoding::Int8, &mut back).unwrap();
+            for (row, brow) in src.chunks(dim).zip(back.chunks(dim)) {
+                let max = row.iter().fold(0.0f32, |m, x| m.max(x.abs()));
+                for (a, b) in row.iter().zip(brow) {
+                    // max/254 plus f32 rounding of the scale, the product and the quotient.
+                    let tol = max / 254.0 * (1.0 + 1e-5) + max * 1e-6;
+                    prop_assert!((a - b).abs() <= tol, "{} -> {} (max {})", a, b, max);
+                }
+            }
+        }
+
+        #[test]
+        fn decoding_garbage_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..80), dim in 0usize..9, n in 0usize..20) {
+            for enc in Encoding::ALL {
+                let mut out = vec![0.0; n];
+                let _ = decode_rows(&bytes, dim, enc, &mut out);
+            }
+        }
+    }
+
+    #[test]
+    fn int8_special_rows() {
+        assert_eq!(round_trip(&[0.0; 5], Encoding::Int8), [0.0; 5]);
+        let back = round_trip(&[1.0, -0.5, 0.25, -1.0], Encoding::Int8);
+        assert_eq!(back[0], 1.0);
+        assert_eq!(back[3], -1.0);
+        for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+            let back = round_trip(&[1.0, bad, 0.5], Encoding::Int8);
+            assert!(back.iter().all(|x| x.is_nan()), "{back:?}");
+        }
+        assert_eq!(Encoding::Int8.row_bytes(16), 20);
+        assert_eq!(Encoding::F16.row_bytes(16), 32);
+        assert_eq!(Encoding::Int8.rows_bytes(3, 48), Some(60));
+        assert_eq!(Encoding::F32.rows_bytes(usize::MAX, usize::MAX), None);
     }
 
     #[test]
@@ -157,11 +327,20 @@ mod tests {
         let mut out = vec![0.0; 3];
         let err = decode(&[0u8; 5], Encoding::F16, &mut out).unwrap_err();
         assert!(err.to_string().contains("5 bytes, expected 6"), "{err}");
+        let mut out = vec![0.0; 8];
+        let err = decode_rows(&[0u8; 11], 4, Encoding::Int8, &mut out).unwrap_err();
+        assert!(err.to_string().contains("11 bytes, expected 16"), "{err}");
+        let err = decode_rows(&[], 3, Encoding::Int8, &mut out).unwrap_err();
+        assert!(err.to_string().contains("dim 3"), "{err}");
     }
 
     #[test]
     fn parse_names() {
         assert_eq!("F16".parse::<Encoding>().unwrap(), Encoding::F16);
+        assert_eq!("int8".parse::<Encoding>().unwrap(), Encoding::Int8);
         assert!("int4".parse::<Encoding>().unwrap_err().contains("int4"));
+        for e in Encoding::ALL {
+            assert_eq!(e.to_string().parse::<Encoding>().unwrap(), e);
+        }
     }
 }

@@ -3,6 +3,12 @@
 //! Default UDP socket buffers drop packets under bursts of 64 KiB replies (a 30 ms p99 measured on loopback,
 //! DESIGN.md "QUIC"), so sockets get a few MiB each way. Flow-control windows are sized for data-centre
 //! bandwidth-delay products and for many requests in flight on one connection.
+//!
+//! Packet size: QUIC starts at 1200-byte datagrams and raises them by MTU discovery. Every packet costs an AEAD
+//! seal/open, a header, ACK bookkeeping and a share of a syscall, so bigger datagrams move the same bytes for
+//! less CPU. Endpoints accept datagrams up to [`MAX_UDP_PAYLOAD`], MTU discovery searches up to it (on a
+//! 1500-byte Ethernet path it settles at 1452; with jumbo frames near 9000), and a client whose server is on
+//! loopback (MTU 65536) starts at [`LOOPBACK_MTU`] straight away (BENCHMARKS.md, "QUIC vs TCP").
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -12,6 +18,24 @@ use crate::error::ProtocolError;
 
 /// Socket send and receive buffer size requested from the kernel.
 pub const SOCKET_BUFFER_BYTES: usize = 8 << 20;
+/// Largest UDP payload endpoints accept, and the upper bound of MTU discovery.
+pub const MAX_UDP_PAYLOAD: u16 = 65_527;
+/// Initial (and minimum) UDP payload of a client whose server is on loopback.
+pub const LOOPBACK_MTU: u16 = 16_384;
+
+fn loopback_mtu() -> u16 {
+    std::env::var("PS_QUIC_LOOPBACK_MTU")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(LOOPBACK_MTU)
+}
+
+fn endpoint_config() -> quinn::EndpointConfig {
+    let mut c = quinn::EndpointConfig::default();
+    c.max_udp_payload_size(MAX_UDP_PAYLOAD)
+        .expect("within QUIC's bounds");
+    c
+}
 
 /// Transport settings shared by servers and clients.
 pub fn transport_config() -> quinn::TransportConfig {
@@ -21,6 +45,11 @@ pub fn transport_config() -> quinn::TransportConfig {
         .stream_receive_window((32u32 << 20).into())
         .receive_window((256u32 << 20).into())
         .send_window(256 << 20)
+        .mtu_discovery_config(Some({
+            let mut mtu = quinn::MtuDiscoveryConfig::default();
+            mtu.upper_bound(MAX_UDP_PAYLOAD);
+            mtu
+        }))
         .keep_alive_interval(Some(Duration::from_secs(5)))
         .max_idle_timeout(Some(
             Duration::from_secs(30)
@@ -55,7 +84,7 @@ pub fn server(
     config.transport_config(Arc::new(transport_config()));
     let socket = udp_socket(addr)?;
     quinn::Endpoint::new(
-        quinn::EndpointConfig::default(),
+        endpoint_config(),
         Some(config),
         socket,
         Arc::new(quinn::TokioRuntime),
@@ -71,7 +100,12 @@ pub fn client(
     peer: SocketAddr,
     mut config: quinn::ClientConfig,
 ) -> Result<quinn::Endpoint, ProtocolError> {
-    config.transport_config(Arc::new(transport_config()));
+    let mut transport = transport_config();
+    if peer.ip().is_loopback() {
+        let mtu = loopback_mtu();
+        transport.initial_mtu(mtu).min_mtu(mtu);
+    }
+    config.transport_config(Arc::new(transport));
     let bind: SocketAddr = if peer.is_ipv6() {
         "[::]:0".parse().expect("valid")
     } else {
@@ -79,7 +113,7 @@ pub fn client(
     };
     let socket = udp_socket(bind)?;
     let mut endpoint = quinn::Endpoint::new(
-        quinn::EndpointConfig::default(),
+        endpoint_config(),
         None,
         socket,
         Arc::new(quinn::TokioRuntime),

@@ -118,6 +118,14 @@ pub enum ProtocolError {
     /// The stream was closed by the peer (e.g. the server died mid-request).
     #[error("stream closed: {0}")]
     Closed(#[from] quinn::ClosedStream),
+    /// A TCP connection failed or was closed (the server died, reset the connection, or refused TLS).
+    #[error("tcp connection to {server} lost: {reason}")]
+    ConnectionLost {
+        /// Address of the server.
+        server: String,
+        /// Why, as the socket or TLS layer reported it.
+        reason: String,
+    },
     /// The request timed out.
     #[error("request to {server} timed out after {secs:.1}s")]
     Timeout {
@@ -135,6 +143,14 @@ pub enum ProtocolError {
         #[source]
         source: std::io::Error,
     },
+    /// The frame magic is another version of this protocol (`PS` followed by other digits than ours).
+    #[error("frame protocol version {found:?}, this peer speaks {expected:?}")]
+    WrongVersion {
+        /// The version digits read (the magic's last two bytes, lossily as text).
+        found: String,
+        /// This peer's version digits.
+        expected: String,
+    },
 }
 
 impl ProtocolError {
@@ -147,6 +163,7 @@ impl ProtocolError {
             | ProtocolError::Write(_)
             | ProtocolError::Read(_)
             | ProtocolError::Closed(_)
+            | ProtocolError::ConnectionLost { .. }
             | ProtocolError::Timeout { .. } => true,
             _ => false,
         }

@@ -9,7 +9,8 @@
 //! The header carries the request or response kind and the per-table counts; the payload carries ids and rows
 //! as raw little-endian bytes, never serialized element by element (DESIGN.md, "Protocol"). The header is capped
 //! at [`MAX_HEADER_LEN`] and the whole frame at a configurable cap; a frame over either is refused before any
-//! byte of it is buffered.
+//! byte of it is buffered. A magic of `PS` followed by other digits is another protocol version and is refused
+//! as such ([`ProtocolError::WrongVersion`]), anything else as [`ProtocolError::BadMagic`].
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -51,6 +52,13 @@ pub fn parse_prefix(buf: &[u8; PREFIX_LEN], max_frame: u64) -> Result<Prefix, Pr
     let word = |i: usize| u32::from_le_bytes([buf[i], buf[i + 1], buf[i + 2], buf[i + 3]]);
     let magic = word(0);
     if magic != MAGIC {
+        if buf[..2] == MAGIC.to_le_bytes()[..2] {
+            // "PS" then other digits: a peer speaking another version of this protocol.
+            return Err(ProtocolError::WrongVersion {
+                found: String::from_utf8_lossy(&buf[2..4]).into_owned(),
+                expected: String::from_utf8_lossy(&MAGIC.to_le_bytes()[2..]).into_owned(),
+            });
+        }
         return Err(ProtocolError::BadMagic {
             found: magic,
             expected: MAGIC,
@@ -193,6 +201,18 @@ mod tests {
         assert!(
             err.to_string().contains("exceeds the cap of 1024 bytes"),
             "{err}"
+        );
+    }
+
+    #[test]
+    fn another_protocol_version_is_named() {
+        let mut frame = encode_frame(&sample(), &[]).unwrap();
+        frame[..4].copy_from_slice(b"PS02");
+        let err = decode_frame::<Request>(&frame, DEFAULT_MAX_FRAME).unwrap_err();
+        assert!(matches!(err, ProtocolError::WrongVersion { .. }), "{err}");
+        assert_eq!(
+            err.to_string(),
+            "frame protocol version \"02\", this peer speaks \"01\""
         );
     }
 

@@ -2,7 +2,8 @@
 //!
 //! Every request travels on its own bidirectional QUIC stream: the client writes one frame ([`crate::frame`]) and
 //! finishes its side; the server answers with one frame. Headers carry kinds and counts; payloads carry ids
-//! (u64 little-endian) and rows (in the request's [`Encoding`]) for each table in header order.
+//! (one id section per table: ascending, delta + varint coded, see [`crate::ids`]) and rows (in the request's
+//! [`Encoding`], see [`crate::codec`]) for each table in header order.
 //!
 //! | request | payload | response | payload |
 //! | --- | --- | --- | --- |
@@ -11,6 +12,7 @@
 //! | [`Request::Pull`] | ids of table 0, ids of table 1, ... | [`Response::Pulled`] | rows of table 0, ... |
 //! | [`Request::Push`] | ids of every table, then gradient rows of every table | [`Response::Pushed`] | none |
 //! | [`Request::Flush`] | none | [`Response::Flushed`] | none |
+//! | [`Request::Checkpoint`] | none | [`Response::Checkpointed`] | none |
 //!
 //! Any request may be answered by [`Response::Error`].
 
@@ -172,6 +174,16 @@ pub enum Request {
     },
     /// Write every dirty row to storage now.
     Flush,
+    // Variants below were added after the first release; bincode numbers variants by position, so new ones go
+    // last.
+    /// Write a consistent snapshot of the server's tables into `dir/shard-<index>-of-<num_shards>/` (a path on
+    /// the server's file system; it must not exist yet): dirty rows, a RocksDB checkpoint and `manifest.json`.
+    Checkpoint {
+        /// Snapshot directory, shared by every server of the cluster.
+        dir: String,
+        /// The caller's training step, recorded in the manifest.
+        step: u64,
+    },
 }
 
 /// A response header.
@@ -221,6 +233,13 @@ pub enum Response {
         /// A message naming the offending value.
         message: String,
     },
+    /// Answer to [`Request::Checkpoint`].
+    Checkpointed {
+        /// Rows in the snapshot, over all tables.
+        rows: u64,
+        /// The shard directory written.
+        dir: String,
+    },
 }
 
 impl Response {
@@ -233,33 +252,16 @@ impl Response {
             Response::Pushed { .. } => "Pushed",
             Response::Flushed { .. } => "Flushed",
             Response::Error { .. } => "Error",
+            Response::Checkpointed { .. } => "Checkpointed",
         }
     }
 }
 
-/// Appends ids as little-endian u64.
+/// Appends one [`crate::ids::IdCoding::Plain`] id section of `ids`, which must be strictly ascending (one call
+/// per table, for hand-written requests and tests; the trainer and ps-bench use [`crate::ids::put_ids`] with
+/// [`crate::ids::IdCoding::Unmixed`]).
 pub fn put_ids(ids: &[u64], out: &mut Vec<u8>) {
-    out.reserve(ids.len() * 8);
-    for id in ids {
-        out.extend_from_slice(&id.to_le_bytes());
-    }
-}
-
-/// Reads `out.len()` little-endian u64 ids from `bytes` (which must hold exactly that many).
-pub fn get_ids(bytes: &[u8], out: &mut Vec<u64>) -> Result<(), ProtocolError> {
-    if !bytes.len().is_multiple_of(8) {
-        return Err(ProtocolError::BadPayload(format!(
-            "id section of {} bytes is not a multiple of 8",
-            bytes.len()
-        )));
-    }
-    out.clear();
-    out.extend(
-        bytes
-            .chunks_exact(8)
-            .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes"))),
-    );
-    Ok(())
+    crate::ids::put_ids(crate::ids::IdCoding::Plain, ids, out)
 }
 
 /// Sizes of a pull or push payload laid out as the module docs say.
@@ -286,19 +288,17 @@ impl PayloadLayout {
         Ok(PayloadLayout { ids, elements })
     }
 
-    /// Expected bytes of a pull request payload.
-    pub fn pull_request_bytes(&self) -> usize {
-        self.ids * 8
-    }
-
-    /// Expected bytes of a push request payload.
-    pub fn push_request_bytes(&self, encoding: Encoding) -> usize {
-        self.ids * 8 + self.elements * encoding.bytes_per_element()
+    /// Bytes of the rows of every table in `encoding`: the pull response payload, and the part of a push
+    /// payload after its id sections (saturates at `usize::MAX`, which no payload matches).
+    pub fn rows_bytes(&self, encoding: Encoding) -> usize {
+        encoding
+            .rows_bytes(self.ids, self.elements)
+            .unwrap_or(usize::MAX)
     }
 
     /// Expected bytes of a pull response payload.
     pub fn pull_response_bytes(&self, encoding: Encoding) -> usize {
-        self.elements * encoding.bytes_per_element()
+        self.rows_bytes(encoding)
     }
 }
 
@@ -322,13 +322,14 @@ mod tests {
 
     #[test]
     fn ids_round_trip() {
-        let ids = [0u64, 1, u64::MAX, 0x0123_4567_89ab_cdef];
+        let ids = [0u64, 1, 0x0123_4567_89ab_cdef, u64::MAX];
         let mut bytes = Vec::new();
         put_ids(&ids, &mut bytes);
+        assert_eq!(bytes.len(), 1 + 1 + 1 + 9 + 10);
         let mut back = Vec::new();
-        get_ids(&bytes, &mut back).unwrap();
+        assert_eq!(crate::ids::get_ids(&bytes, 4, &mut back).unwrap(), bytes.len());
         assert_eq!(back, ids);
-        assert!(get_ids(&bytes[..7], &mut back).is_err());
+        assert!(crate::ids::get_ids(&bytes[..7], 4, &mut back).is_err());
     }
 
     #[test]
@@ -353,7 +354,8 @@ mod tests {
                 elements: 64
             }
         );
-        assert_eq!(l.push_request_bytes(Encoding::F16), 40 + 128);
+        assert_eq!(l.rows_bytes(Encoding::F16), 128);
+        assert_eq!(l.rows_bytes(Encoding::Int8), 64 + 5 * 4);
         assert_eq!(l.pull_response_bytes(Encoding::F32), 256);
         let huge = [TableCount {
             table: 0,

@@ -1,26 +1,27 @@
 //! One frame on a QUIC stream: the thin I/O shell around [`crate::frame`].
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::error::ProtocolError;
 use crate::frame::{self, PREFIX_LEN};
 
-/// Writes one frame (header then payload) and finishes the sending side.
+/// Writes one frame (header then payload) and finishes the sending side. The payload is handed to QUIC as
+/// it is (no copy); a small one is appended to the header so the frame goes out as one chunk.
 pub async fn write_frame<H: Serialize>(
     send: &mut quinn::SendStream,
     header: &H,
-    payload: &[u8],
+    payload: Bytes,
 ) -> Result<(), ProtocolError> {
     let mut head = Vec::with_capacity(128);
     frame::encode_head(header, payload.len(), &mut head)?;
     if payload.len() <= 4096 {
-        head.extend_from_slice(payload);
-        send.write_all(&head).await?;
+        head.extend_from_slice(&payload);
+        send.write_chunk(Bytes::from(head)).await?;
     } else {
-        send.write_all(&head).await?;
-        send.write_all(payload).await?;
+        send.write_all_chunks(&mut [Bytes::from(head), payload])
+            .await?;
     }
     send.finish()?;
     Ok(())
@@ -33,7 +34,8 @@ fn map_read(err: quinn::ReadExactError, expected: usize) -> ProtocolError {
     }
 }
 
-/// Reads one frame; the payload is returned without copying out of the receive buffer.
+/// Reads one frame. A body that arrives in one QUIC chunk is returned without a copy; otherwise the chunks are
+/// copied once into a buffer of the announced size (never zero-filled first).
 pub async fn read_frame<H: DeserializeOwned>(
     recv: &mut quinn::RecvStream,
     max_frame: u64,
@@ -43,11 +45,34 @@ pub async fn read_frame<H: DeserializeOwned>(
         .await
         .map_err(|e| map_read(e, PREFIX_LEN))?;
     let p = frame::parse_prefix(&prefix, max_frame)?;
-    let mut body = vec![0u8; p.body_len()];
-    recv.read_exact(&mut body)
-        .await
-        .map_err(|e| map_read(e, p.body_len()))?;
+    let want = p.body_len();
+    let mut first: Option<Bytes> = None;
+    let mut acc = BytesMut::new();
+    let mut got = 0;
+    while got < want {
+        let chunk = recv
+            .read_chunk(want - got, true)
+            .await
+            .map_err(|e| ProtocolError::Read(quinn::ReadExactError::ReadError(e)))?
+            .ok_or(ProtocolError::Truncated {
+                got: PREFIX_LEN + got,
+                expected: PREFIX_LEN + want,
+            })?;
+        got += chunk.bytes.len();
+        match first.take() {
+            None if acc.is_empty() => first = Some(chunk.bytes),
+            earlier => {
+                if acc.is_empty() {
+                    acc.reserve(want);
+                }
+                if let Some(b) = earlier {
+                    acc.extend_from_slice(&b);
+                }
+                acc.extend_from_slice(&chunk.bytes);
+            }
+        }
+    }
+    let body = first.unwrap_or_else(|| acc.freeze());
     let header = frame::decode_header(&body[..p.header_len as usize])?;
-    let payload = Bytes::from(body).slice(p.header_len as usize..);
-    Ok((header, payload))
+    Ok((header, body.slice(p.header_len as usize..)))
 }

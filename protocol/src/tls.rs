@@ -177,6 +177,18 @@ fn provider() -> Arc<rustls::crypto::CryptoProvider> {
 
 /// Server-side QUIC crypto config from a TLS directory: requires client certificates signed by the CA.
 pub fn server_config(dir: &Path) -> Result<quinn::ServerConfig, ProtocolError> {
+    quic_server_config(rustls_server_config(dir, true)?)
+}
+
+/// The rustls server config behind [`server_config`] (`client_auth`) or [`server_config_without_client_auth`],
+/// shared by the QUIC and the TCP transport.
+pub fn rustls_server_config(
+    dir: &Path,
+    client_auth: bool,
+) -> Result<rustls::ServerConfig, ProtocolError> {
+    if !client_auth {
+        return finish_server_config(server_builder()?.with_no_client_auth(), dir);
+    }
     let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
         Arc::new(roots(dir)?),
         provider(),
@@ -187,6 +199,12 @@ pub fn server_config(dir: &Path) -> Result<quinn::ServerConfig, ProtocolError> {
     finish_server_config(builder, dir)
 }
 
+/// Wraps a rustls server config (from [`rustls_server_config`]) for QUIC.
+pub fn quic_server_config(tls: rustls::ServerConfig) -> Result<quinn::ServerConfig, ProtocolError> {
+    let quic = quinn::crypto::rustls::QuicServerConfig::try_from(tls).map_err(tls_err)?;
+    Ok(quinn::ServerConfig::with_crypto(Arc::new(quic)))
+}
+
 /// TLS 1.3 only, with the ring provider.
 fn server_builder(
 ) -> Result<rustls::ConfigBuilder<rustls::ServerConfig, rustls::WantsVerifier>, ProtocolError> {
@@ -195,11 +213,11 @@ fn server_builder(
         .map_err(tls_err)
 }
 
-/// Adds `server.pem`/`server.key`, the ALPN and no early data, and wraps the result for QUIC.
+/// Adds `server.pem`/`server.key`, the ALPN and no early data.
 fn finish_server_config(
     builder: rustls::ConfigBuilder<rustls::ServerConfig, rustls::server::WantsServerCert>,
     dir: &Path,
-) -> Result<quinn::ServerConfig, ProtocolError> {
+) -> Result<rustls::ServerConfig, ProtocolError> {
     let mut tls = builder
         .with_single_cert(
             load_certs(&path(dir, files::SERVER_CERT))?,
@@ -208,18 +226,24 @@ fn finish_server_config(
         .map_err(|e| tls_err(format!("server certificate in {}: {e}", dir.display())))?;
     tls.alpn_protocols = vec![crate::ALPN.to_vec()];
     tls.max_early_data_size = 0;
-    let quic = quinn::crypto::rustls::QuicServerConfig::try_from(tls).map_err(tls_err)?;
-    Ok(quinn::ServerConfig::with_crypto(Arc::new(quic)))
+    Ok(tls)
 }
 
 /// Server-side QUIC crypto config that does not ask clients for certificates: development only (`ps-server
 /// --insecure-dev`). The server still presents `server.pem`, so clients still verify it.
 pub fn server_config_without_client_auth(dir: &Path) -> Result<quinn::ServerConfig, ProtocolError> {
-    finish_server_config(server_builder()?.with_no_client_auth(), dir)
+    quic_server_config(rustls_server_config(dir, false)?)
 }
 
 /// Client-side QUIC crypto config from a TLS directory: presents `client.pem` and trusts only the CA.
 pub fn client_config(dir: &Path) -> Result<quinn::ClientConfig, ProtocolError> {
+    let tls = rustls_client_config(dir)?;
+    let quic = quinn::crypto::rustls::QuicClientConfig::try_from(tls).map_err(tls_err)?;
+    Ok(quinn::ClientConfig::new(Arc::new(quic)))
+}
+
+/// The rustls client config behind [`client_config`], shared by the QUIC and the TCP transport.
+pub fn rustls_client_config(dir: &Path) -> Result<rustls::ClientConfig, ProtocolError> {
     let mut tls = rustls::ClientConfig::builder_with_provider(provider())
         .with_protocol_versions(&[&rustls::version::TLS13])
         .map_err(tls_err)?
@@ -230,8 +254,7 @@ pub fn client_config(dir: &Path) -> Result<quinn::ClientConfig, ProtocolError> {
         )
         .map_err(|e| tls_err(format!("client certificate in {}: {e}", dir.display())))?;
     tls.alpn_protocols = vec![crate::ALPN.to_vec()];
-    let quic = quinn::crypto::rustls::QuicClientConfig::try_from(tls).map_err(tls_err)?;
-    Ok(quinn::ClientConfig::new(Arc::new(quic)))
+    Ok(tls)
 }
 
 #[cfg(test)]

@@ -1,4 +1,5 @@
-//! Command line of the `ps-server` binary: serve (the default), or manage certificates.
+//! Command line of the `ps-server` binary: serve (the default), manage certificates, restore a snapshot onto
+//! any number of servers ([`crate::restore`]), or size a deployment ([`crate::plan`]).
 
 use std::ffi::OsString;
 use std::net::SocketAddr;
@@ -7,7 +8,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::config::{Durability, FileConfig};
+use crate::config::{Durability, FileConfig, ServerTransport};
 
 /// A parameter server: serves a shard of the embedding tables over QUIC.
 #[derive(Debug, Parser)]
@@ -26,6 +27,47 @@ enum Command {
         #[command(subcommand)]
         action: CertsAction,
     },
+    /// Build the data directory of shard I of M servers from a snapshot taken on any number of servers
+    /// (`PsClient::checkpoint`); then start `ps-server --data-dir OUT --shard-index I --num-shards M`.
+    Restore(RestoreArgs),
+    /// Print bytes per row, memory and disk totals and the servers needed for a table.
+    Plan(PlanArgs),
+}
+
+#[derive(Debug, Args)]
+struct RestoreArgs {
+    /// Snapshot directory holding shard-<k>-of-<N>/ for every k.
+    #[arg(long)]
+    from: PathBuf,
+    /// Servers of the restored cluster (M; any number, N included).
+    #[arg(long)]
+    num_shards: u32,
+    /// The shard to build (0..M).
+    #[arg(long)]
+    shard_index: u32,
+    /// Data directory to create (missing or empty); the server's --data-dir.
+    #[arg(long)]
+    data_dir: PathBuf,
+}
+
+#[derive(Debug, Args)]
+struct PlanArgs {
+    /// Rows of the table (e.g. 10M, 2500000).
+    #[arg(long, value_parser = crate::plan::parse_count)]
+    rows: u64,
+    /// Weights per row.
+    #[arg(long)]
+    dim: usize,
+    /// The table's optimizer.
+    #[arg(long, value_enum, default_value = "row-adagrad")]
+    optimizer: crate::plan::PlanOptimizer,
+    /// Bytes of RAM for the table over the whole cluster (e.g. 64GiB); rows past it stay on disk
+    /// [default: every row in memory].
+    #[arg(long, value_parser = crate::plan::parse_bytes)]
+    memory_budget: Option<u64>,
+    /// RAM of one server (e.g. 16GiB); 80% of it goes to rows.
+    #[arg(long, value_parser = crate::plan::parse_bytes, default_value = "16GiB")]
+    server_memory: u64,
 }
 
 #[derive(Debug, Subcommand)]
@@ -66,9 +108,12 @@ struct ServeArgs {
     /// TOML config file with the same fields as the flags (kebab-case).
     #[arg(long, env = "PS_CONFIG")]
     config: Option<PathBuf>,
-    /// QUIC listen address (UDP) [default: 127.0.0.1:7000].
+    /// Listen address, UDP for QUIC and TCP for the TCP transport [default: 127.0.0.1:7000].
     #[arg(long, env = "PS_LISTEN")]
     listen: Option<SocketAddr>,
+    /// Transports to serve on --listen: quic, tcp or both [default: both].
+    #[arg(long, env = "PS_TRANSPORT", value_enum)]
+    transport: Option<ServerTransport>,
     /// HTTP address for /metrics, /healthz, /readyz [default: 127.0.0.1:9100].
     #[arg(long, env = "PS_METRICS_LISTEN")]
     metrics_listen: Option<SocketAddr>,
@@ -112,18 +157,44 @@ struct ServeArgs {
     /// sync (before each push is acknowledged) [default: periodic].
     #[arg(long, env = "PS_DURABILITY", value_enum)]
     durability: Option<Durability>,
+    /// Frequency admission for every table: an id gets a row at its N-th push; earlier pushes are dropped and
+    /// pulls return the initializer [default: 0 = off].
+    #[arg(long, env = "PS_ADMISSION_MIN_COUNT")]
+    admission_min_count: Option<u32>,
+    /// Counters per row of each table's admission sketch (4 rows) [default: 262144].
+    #[arg(long, env = "PS_ADMISSION_SKETCH_WIDTH")]
+    admission_sketch_width: Option<usize>,
+    /// Delete rows no push touched for this many seconds, from memory and RocksDB [default: 0 = off].
+    #[arg(long, env = "PS_ROW_TTL_SECS")]
+    row_ttl_secs: Option<u64>,
+    /// Seconds between expiry passes when a TTL is set [default: 60].
+    #[arg(long, env = "PS_EXPIRE_INTERVAL_SECS")]
+    expire_interval_secs: Option<f64>,
     /// Create development certificates in --tls-dir if they are missing.
     #[arg(long)]
     dev_certs: bool,
     /// Development only: accept clients without a certificate signed by the cluster CA (logs a warning).
     #[arg(long)]
     insecure_dev: bool,
+    /// Bytes of requests (and, separately, of pull responses) handled at once; more wait [default: 256 MiB].
+    #[arg(long, env = "PS_MAX_INFLIGHT_BYTES")]
+    max_inflight_bytes: Option<u64>,
+    /// Open connections; more are refused [default: 1024].
+    #[arg(long, env = "PS_MAX_CONNECTIONS")]
+    max_connections: Option<u64>,
+    /// Concurrent requests per QUIC connection; more wait in the client [default: 256].
+    #[arg(long, env = "PS_MAX_STREAMS_PER_CONNECTION")]
+    max_streams_per_connection: Option<u32>,
+    /// Unread bytes buffered per QUIC connection (flow-control window) [default: 32 MiB].
+    #[arg(long, env = "PS_CONNECTION_WINDOW_BYTES")]
+    connection_window_bytes: Option<u64>,
 }
 
 impl ServeArgs {
     fn to_file_config(&self) -> FileConfig {
         FileConfig {
             listen: self.listen,
+            transport: self.transport,
             metrics_listen: self.metrics_listen,
             data_dir: self.data_dir.clone(),
             shard_index: self.shard_index,
@@ -136,6 +207,14 @@ impl ServeArgs {
             memory_budget_rows: self.memory_budget_rows,
             durability: self.durability,
             insecure_dev: self.insecure_dev.then_some(true),
+            admission_min_count: self.admission_min_count,
+            admission_sketch_width: self.admission_sketch_width,
+            row_ttl_secs: self.row_ttl_secs,
+            expire_interval_secs: self.expire_interval_secs,
+            max_inflight_bytes: self.max_inflight_bytes,
+            max_connections: self.max_connections,
+            max_streams_per_connection: self.max_streams_per_connection,
+            connection_window_bytes: self.connection_window_bytes,
         }
     }
 }
@@ -161,7 +240,54 @@ pub fn init_logging() {
         .try_init();
 }
 
+fn run_restore(a: RestoreArgs) -> anyhow::Result<()> {
+    let stats = crate::restore::restore(&a.from, a.num_shards, a.shard_index, &a.data_dir)
+        .with_context(|| {
+            format!(
+                "restore shard {} of {} from {}",
+                a.shard_index,
+                a.num_shards,
+                a.from.display()
+            )
+        })?;
+    println!(
+        "restored shard {} of {} from a snapshot of {} servers (step {}): {} tables, {} of {} rows into {}",
+        a.shard_index,
+        a.num_shards,
+        stats.from_shards,
+        stats.step,
+        stats.tables,
+        stats.rows_written,
+        stats.rows_read,
+        stats.db.display()
+    );
+    println!(
+        "start it with: ps-server --data-dir {} --shard-index {} --num-shards {} ...",
+        a.data_dir.display(),
+        a.shard_index,
+        a.num_shards
+    );
+    Ok(())
+}
+
+fn run_plan(a: PlanArgs) -> anyhow::Result<()> {
+    let plan = crate::plan::plan(crate::plan::PlanInput {
+        rows: a.rows,
+        dim: a.dim,
+        optimizer: a.optimizer,
+        memory_budget: a.memory_budget,
+        server_memory: a.server_memory,
+    })?;
+    println!("{plan}");
+    Ok(())
+}
+
 fn run_cli(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Some(Command::Restore(a)) => return run_restore(a),
+        Some(Command::Plan(a)) => return run_plan(a),
+        _ => {}
+    }
     if let Some(Command::Certs { action }) = cli.command {
         return match action {
             CertsAction::Init { tls_dir, names } => {
@@ -212,9 +338,14 @@ fn run_cli(cli: Cli) -> anyhow::Result<()> {
         .context("start tokio runtime")?;
     runtime.block_on(crate::server::run(cfg, termination_signal(), |bound| {
         // One machine-readable line on stdout, so launchers using port 0 learn the ports.
+        let addr = |key: &str, a: Option<std::net::SocketAddr>| {
+            a.map(|a| format!(" {key}={a}")).unwrap_or_default()
+        };
         println!(
-            "ps-server ready quic={} metrics={}",
-            bound.quic, bound.metrics
+            "ps-server ready{}{} metrics={}",
+            addr("quic", bound.quic),
+            addr("tcp", bound.tcp),
+            bound.metrics
         );
     }))
 }

@@ -12,8 +12,10 @@ use serde::Deserialize;
 #[derive(Debug, Default, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct FileConfig {
-    /// QUIC listen address (UDP). Default `127.0.0.1:7000`.
+    /// Listen address: UDP for QUIC and TCP for the TCP transport, on the same port. Default `127.0.0.1:7000`.
     pub listen: Option<SocketAddr>,
+    /// Transports served on `listen`: `quic`, `tcp` or `both`. Default `both`.
+    pub transport: Option<ServerTransport>,
     /// HTTP listen address for `/metrics`, `/healthz`, `/readyz` (TCP). Default `127.0.0.1:9100`.
     pub metrics_listen: Option<SocketAddr>,
     /// Directory of the RocksDB database. Required.
@@ -42,6 +44,53 @@ pub struct FileConfig {
     /// Development only: accept clients without a certificate signed by the cluster CA (the server still
     /// presents its own). Logs a warning at start. Default false.
     pub insecure_dev: Option<bool>,
+    /// Frequency admission of every table this server registers: an id gets a row at its
+    /// `admission-min-count`-th push; earlier pushes are dropped (counted in `ps_rows_rejected_admission_total`)
+    /// and pulls return the initializer. Default 0: off.
+    pub admission_min_count: Option<u32>,
+    /// Counters per row of each table's count-min sketch (4 rows of 4 bytes each: 16 bytes per counter column),
+    /// `1..=67108864`. Default 262144 (4 MiB per table).
+    pub admission_sketch_width: Option<usize>,
+    /// Rows of every table this server registers that no push touched for this many seconds are deleted from
+    /// memory and RocksDB (counted in `ps_rows_expired_total`). Default 0: rows live forever.
+    pub row_ttl_secs: Option<u64>,
+    /// Seconds between expiry passes over tables with a TTL (each pass visits every row of those tables), > 0.
+    /// Rows go between `row-ttl-secs` and `row-ttl-secs` + this after their last push. Default 60.
+    pub expire_interval_secs: Option<f64>,
+    /// Load limits (`crate::load_limits`): bytes of request bodies, and separately of pull responses,
+    /// being handled at once; more waits. Default 256 MiB.
+    pub max_inflight_bytes: Option<u64>,
+    /// Open connections (QUIC and TCP); more are refused. Default 1024.
+    pub max_connections: Option<u64>,
+    /// Concurrent requests (QUIC streams) one connection may have open; more wait in the client. Default 256.
+    pub max_streams_per_connection: Option<u32>,
+    /// Unread bytes the server buffers per QUIC connection (flow-control window). Default 32 MiB.
+    pub connection_window_bytes: Option<u64>,
+}
+
+/// Which transports a server listens on; both use the `listen` address (UDP and TCP port of the same number).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum ServerTransport {
+    /// QUIC over UDP only.
+    Quic,
+    /// TLS over TCP only (networks that block UDP).
+    Tcp,
+    /// Both: clients choose.
+    #[default]
+    Both,
+}
+
+impl ServerTransport {
+    /// Whether QUIC is served.
+    pub fn quic(self) -> bool {
+        self != ServerTransport::Tcp
+    }
+
+    /// Whether TCP is served.
+    pub fn tcp(self) -> bool {
+        self != ServerTransport::Quic
+    }
 }
 
 /// When pushed rows reach RocksDB, and so what a crash (SIGKILL, power loss) can lose.
@@ -82,6 +131,7 @@ impl FileConfig {
         }
         take!(
             listen,
+            transport,
             metrics_listen,
             data_dir,
             shard_index,
@@ -93,7 +143,15 @@ impl FileConfig {
             drain_timeout_secs,
             memory_budget_rows,
             durability,
-            insecure_dev
+            insecure_dev,
+            admission_min_count,
+            admission_sketch_width,
+            row_ttl_secs,
+            expire_interval_secs,
+            max_inflight_bytes,
+            max_connections,
+            max_streams_per_connection,
+            connection_window_bytes
         );
         self
     }
@@ -129,15 +187,79 @@ impl FileConfig {
                 "max-frame-bytes = {max_frame}, expected at least 1024"
             )));
         }
+        let admission = match self.admission_min_count.unwrap_or(0) {
+            0 => None,
+            min_count => {
+                let width = self.admission_sketch_width.unwrap_or(DEFAULT_SKETCH_WIDTH);
+                if !(1..=embedding::MAX_SKETCH_WIDTH).contains(&width) {
+                    return Err(ConfigError::Invalid(format!(
+                        "admission-sketch-width = {width}, expected 1..={}",
+                        embedding::MAX_SKETCH_WIDTH
+                    )));
+                }
+                Some(embedding::AdmissionConfig {
+                    min_count,
+                    width,
+                    depth: SKETCH_DEPTH,
+                })
+            }
+        };
+        let row_ttl_secs = match self.row_ttl_secs.unwrap_or(0) {
+            0 => None,
+            t if t > u64::from(u32::MAX) => {
+                return Err(ConfigError::Invalid(format!(
+                    "row-ttl-secs = {t}, expected at most {} (0 = off)",
+                    u32::MAX
+                )))
+            }
+            t => Some(t),
+        };
+        let expire_interval = secs("expire-interval-secs", self.expire_interval_secs, 60.0)?;
+        if expire_interval.is_zero() {
+            return Err(ConfigError::Invalid(
+                "expire-interval-secs = 0, expected a number of seconds > 0".into(),
+            ));
+        }
         if self.memory_budget_rows == Some(0) {
             return Err(ConfigError::Invalid(
                 "memory-budget-rows = 0, expected at least 1 (omit it for no budget)".into(),
             ));
         }
+        let at_least = |name: &str, v: Option<u64>, default: u64, min: u64| {
+            let v = v.unwrap_or(default);
+            if v < min {
+                return Err(ConfigError::Invalid(format!(
+                    "{name} = {v}, expected at least {min}"
+                )));
+            }
+            Ok(v)
+        };
+        let max_inflight_bytes = at_least("max-inflight-bytes", self.max_inflight_bytes, 256 << 20, 1024)?;
+        let max_connections = at_least("max-connections", self.max_connections, 1024, 1)? as usize;
+        let max_streams_per_connection = at_least(
+            "max-streams-per-connection",
+            self.max_streams_per_connection.map(u64::from),
+            256,
+            1,
+        )? as u32;
+        let connection_window_bytes = at_least(
+            "connection-window-bytes",
+            self.connection_window_bytes,
+            32 << 20,
+            64 << 10,
+        )?;
         Ok(ServerConfig {
+            max_inflight_bytes,
+            max_connections,
+            max_streams_per_connection,
+            connection_window_bytes,
             memory_budget_rows: self.memory_budget_rows,
             durability: self.durability.unwrap_or_default(),
             insecure_dev: self.insecure_dev.unwrap_or(false),
+            admission,
+            row_ttl_secs,
+            expire_interval,
+            transport: self.transport.unwrap_or_default(),
             listen: self
                 .listen
                 .unwrap_or_else(|| "127.0.0.1:7000".parse().expect("valid")),
@@ -193,11 +315,18 @@ pub fn hostname() -> Result<String, ConfigError> {
         })
 }
 
+/// Default [`FileConfig::admission_sketch_width`].
+pub const DEFAULT_SKETCH_WIDTH: usize = 1 << 18;
+/// Rows (independent hashes) of each table's admission sketch.
+pub const SKETCH_DEPTH: usize = 4;
+
 /// Validated runtime settings.
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
-    /// QUIC listen address.
+    /// Listen address (QUIC on UDP, TCP transport on TCP, same port).
     pub listen: SocketAddr,
+    /// Transports served.
+    pub transport: ServerTransport,
     /// HTTP listen address.
     pub metrics_listen: SocketAddr,
     /// RocksDB directory.
@@ -222,6 +351,20 @@ pub struct ServerConfig {
     pub durability: Durability,
     /// Accept clients without a CA-signed certificate (development only).
     pub insecure_dev: bool,
+    /// Frequency admission given to every registered table, if on.
+    pub admission: Option<embedding::AdmissionConfig>,
+    /// TTL in seconds given to every registered table, if on.
+    pub row_ttl_secs: Option<u64>,
+    /// Period of the expiry pass.
+    pub expire_interval: Duration,
+    /// Cap on request (and, separately, pull response) bytes being handled at once.
+    pub max_inflight_bytes: u64,
+    /// Cap on open connections.
+    pub max_connections: usize,
+    /// Cap on concurrent requests per QUIC connection.
+    pub max_streams_per_connection: u32,
+    /// QUIC flow-control window per connection, bytes.
+    pub connection_window_bytes: u64,
 }
 
 /// A config that cannot be used.
@@ -269,6 +412,49 @@ mod tests {
         assert_eq!(cfg.listen.port(), 7200);
         assert_eq!((cfg.shard_index, cfg.num_shards), (1, 2));
         assert_eq!(cfg.flush_interval, Duration::from_secs(30));
+    }
+
+    #[test]
+    fn admission_and_ttl() {
+        let base = || FileConfig {
+            data_dir: Some("/d".into()),
+            tls_dir: Some("/t".into()),
+            ..Default::default()
+        };
+        let off = base().validate().unwrap();
+        assert_eq!((off.admission, off.row_ttl_secs), (None, None));
+        assert_eq!(off.expire_interval, Duration::from_secs(60));
+        let file: FileConfig = toml::from_str(
+            "admission-min-count = 3\nrow-ttl-secs = 86400\nexpire-interval-secs = 0.5\n",
+        )
+        .unwrap();
+        let cfg = base().overlay(file).validate().unwrap();
+        assert_eq!(
+            cfg.admission,
+            Some(embedding::AdmissionConfig {
+                min_count: 3,
+                width: DEFAULT_SKETCH_WIDTH,
+                depth: SKETCH_DEPTH
+            })
+        );
+        assert_eq!(cfg.row_ttl_secs, Some(86400));
+        assert_eq!(cfg.expire_interval, Duration::from_millis(500));
+        let zero: FileConfig = toml::from_str("admission-min-count = 0\nrow-ttl-secs = 0").unwrap();
+        let cfg = base().overlay(zero).validate().unwrap();
+        assert_eq!((cfg.admission, cfg.row_ttl_secs), (None, None));
+        for (file, needle) in [
+            (
+                "admission-min-count = 2\nadmission-sketch-width = 0",
+                "admission-sketch-width = 0",
+            ),
+            ("row-ttl-secs = 4294967296", "row-ttl-secs = 4294967296"),
+            ("expire-interval-secs = 0", "expire-interval-secs = 0"),
+            ("expire-interval-secs = -1", "expire-interval-secs = -1"),
+        ] {
+            let f: FileConfig = toml::from_str(file).unwrap();
+            let err = base().overlay(f).validate().unwrap_err().to_string();
+            assert!(err.contains(needle), "{file}: {err}");
+        }
     }
 
     #[test]

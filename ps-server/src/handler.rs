@@ -7,7 +7,8 @@
 
 use embedding::{EmbeddingError, Engine, InitConfig, InitKind, OptimizerConfig, TableConfig};
 use protocol::codec;
-use protocol::message::{get_ids, PayloadLayout};
+use protocol::ids::get_sections;
+use protocol::message::PayloadLayout;
 use protocol::{
     Encoding, ErrorCode, InitSpec, OptimizerSpec, Request, Response, ShardMap, TableCount,
     TableSpec, PROTOCOL_VERSION,
@@ -26,6 +27,8 @@ pub struct Shard {
     pub shard_index: u32,
     /// When pushed rows reach the store; with [`Durability::Sync`], a push is persisted before its reply.
     pub durability: Durability,
+    /// Whether storage writes work; while they fail, pushes are refused ([`crate::write_health`]).
+    pub writes: crate::write_health::WriteHealth,
 }
 
 /// A response header with its payload.
@@ -232,6 +235,17 @@ pub fn table_spec(cfg: &TableConfig) -> Option<TableSpec> {
     })
 }
 
+/// Refuses bytes after the last id section of a pull.
+fn check_trailing(what: &str, len: usize, used: usize) -> Result<(), Refusal> {
+    if used != len {
+        return Err(refuse(
+            ErrorCode::BadRequest,
+            format!("{what}: {} trailing bytes after the id sections", len - used),
+        ));
+    }
+    Ok(())
+}
+
 impl Shard {
     /// Handles one request. Never panics on peer input: every problem becomes a [`Response::Error`].
     pub fn handle(&self, req: Request, payload: &[u8]) -> Reply {
@@ -250,6 +264,7 @@ impl Shard {
                 tables,
             } => self.push(epoch, encoding, grad_scale, &tables, payload),
             Request::Flush => self.flush(),
+            Request::Checkpoint { dir, step } => self.checkpoint(&dir, step),
         };
         result.unwrap_or_else(|r| {
             metrics::counter!(m::REQUEST_ERRORS_TOTAL, "code" => format!("{:?}", r.code))
@@ -278,7 +293,12 @@ impl Shard {
                 num_shards: self.shard_map.num_servers,
                 epoch: self.shard_map.epoch,
                 routing: self.shard_map.routing_fingerprint(),
-                tables: self.engine.tables().iter().filter_map(table_spec).collect(),
+                tables: self
+                    .engine
+                    .tables()
+                    .iter()
+                    .filter_map(|cfg| table_spec(&self.engine.without_policy(cfg)))
+                    .collect(),
             },
             payload: Vec::new(),
         })
@@ -358,20 +378,24 @@ impl Shard {
         self.check_epoch(epoch)?;
         self.check_tables(tables)?;
         let layout = PayloadLayout::of(tables)?;
-        protocol::message::check_len("pull", payload.len(), layout.pull_request_bytes())?;
+        // Every id is decoded (and its section checked) before anything is read: a malformed section anywhere
+        // refuses the whole pull.
+        let mut all_ids = Vec::new();
+        let used = get_sections(payload, tables.iter().map(|t| t.count as usize), &mut all_ids)
+            .map_err(|e| refuse(ErrorCode::BadRequest, format!("pull: {e}")))?;
+        check_trailing("pull", payload.len(), used)?;
         let mut out = Vec::with_capacity(layout.pull_response_bytes(encoding));
-        let mut ids = Vec::new();
         let mut rows = Vec::new();
-        let mut offset = 0;
+        let mut start = 0;
         for t in tables {
             let n = t.count as usize;
-            get_ids(&payload[offset..offset + n * 8], &mut ids)?;
-            offset += n * 8;
-            self.check_ownership(t.table, &ids)?;
+            let ids = &all_ids[start..start + n];
+            start += n;
+            self.check_ownership(t.table, ids)?;
             rows.clear();
             rows.resize(n * t.dim as usize, 0.0);
-            self.engine.gather(t.table, &ids, &mut rows)?;
-            codec::encode(&rows, encoding, &mut out);
+            self.engine.gather(t.table, ids, &mut rows)?;
+            codec::encode_rows(&rows, t.dim as usize, encoding, &mut out);
         }
         metrics::counter!(m::ROWS_PULLED_TOTAL).increment(layout.ids as u64);
         Ok(Reply {
@@ -392,6 +416,12 @@ impl Shard {
         payload: &[u8],
     ) -> Result<Reply, Refusal> {
         self.check_epoch(epoch)?;
+        if let Some(failure) = self.writes.failure() {
+            return Err(refuse(
+                ErrorCode::Storage,
+                format!("storage writes failing ({failure}): pushes refused until a write succeeds"),
+            ));
+        }
         if !(grad_scale.is_finite() && grad_scale > 0.0) {
             return Err(refuse(
                 ErrorCode::BadRequest,
@@ -400,27 +430,33 @@ impl Shard {
         }
         self.check_tables(tables)?;
         let layout = PayloadLayout::of(tables)?;
-        protocol::message::check_len("push", payload.len(), layout.push_request_bytes(encoding))?;
-        let (id_bytes, grad_bytes) = payload.split_at(layout.ids * 8);
-        // Ownership of every id is checked before any row changes.
+        // Ownership of every id (and every id section) is checked before any row changes.
         let mut all_ids = Vec::new();
-        get_ids(id_bytes, &mut all_ids)?;
+        let used = get_sections(payload, tables.iter().map(|t| t.count as usize), &mut all_ids)
+            .map_err(|e| refuse(ErrorCode::BadRequest, format!("push: {e}")))?;
+        let grad_bytes = &payload[used..];
+        protocol::message::check_len("push rows", grad_bytes.len(), layout.rows_bytes(encoding))?;
         let mut start = 0;
         for t in tables {
             self.check_ownership(t.table, &all_ids[start..start + t.count as usize])?;
             start += t.count as usize;
         }
-        let width = encoding.bytes_per_element();
         let (mut id_at, mut grad_at) = (0usize, 0usize);
         let mut grads = Vec::new();
-        let (mut applied, mut rejected) = (0u64, 0u64);
+        let (mut applied, mut rejected, mut not_admitted) = (0u64, 0u64, 0u64);
+        // Rows are stamped with Unix seconds for TTL expiry (the timer expires with the same clock).
+        let now = crate::writeback::unix_secs();
+        // One guard for all tables: a checkpoint holds all of this push or none of it.
+        let guard = self.engine.begin_push();
         for t in tables {
             let n = t.count as usize;
             let elements = n * t.dim as usize;
+            let width = n * encoding.row_bytes(t.dim as usize);
             grads.clear();
             grads.resize(elements, 0.0);
-            codec::decode(
-                &grad_bytes[grad_at..grad_at + elements * width],
+            codec::decode_rows(
+                &grad_bytes[grad_at..grad_at + width],
+                t.dim as usize,
                 encoding,
                 &mut grads,
             )?;
@@ -428,17 +464,20 @@ impl Shard {
                 let inv = 1.0 / grad_scale;
                 grads.iter_mut().for_each(|g| *g *= inv);
             }
-            let stats = self
-                .engine
-                .apply(t.table, &all_ids[id_at..id_at + n], &grads)?;
+            let stats = guard.apply_at(t.table, &all_ids[id_at..id_at + n], &grads, now)?;
             applied += stats.applied as u64;
             rejected += stats.rejected_nonfinite as u64;
+            not_admitted += stats.rejected_admission as u64;
             id_at += n;
-            grad_at += elements * width;
+            grad_at += width;
         }
+        drop(guard);
         metrics::counter!(m::ROWS_PUSHED_TOTAL).increment(applied);
         if rejected > 0 {
             metrics::counter!(m::ROWS_REJECTED_NONFINITE_TOTAL).increment(rejected);
+        }
+        if not_admitted > 0 {
+            metrics::counter!(m::ROWS_REJECTED_ADMISSION_TOTAL).increment(not_admitted);
         }
         if self.durability == Durability::Sync {
             self.persist_push(tables, &all_ids)?;
@@ -469,18 +508,42 @@ impl Shard {
                 metrics::histogram!(m::SYNC_PUSH_WRITE_SECONDS)
                     .record(began.elapsed().as_secs_f64());
                 metrics::counter!(m::SYNC_PUSH_ROWS_TOTAL).increment(stats.rows as u64);
+                self.writes.record_success();
                 Ok(())
             }
             Err(e) => {
                 metrics::counter!(m::WRITEBACK_ERRORS_TOTAL).increment(1);
+                self.writes.record_failure("synced write of a push", &e);
                 tracing::error!(error = %e, "synced write of a push failed; its rows stay dirty");
                 Err(e.into())
             }
         }
     }
 
+    fn checkpoint(&self, dir: &str, step: u64) -> Result<Reply, Refusal> {
+        if dir.is_empty() {
+            return Err(refuse(ErrorCode::BadRequest, "checkpoint: empty directory"));
+        }
+        match crate::checkpoint::checkpoint(self, std::path::Path::new(dir), step) {
+            Ok((manifest, written)) => Ok(Reply {
+                header: Response::Checkpointed {
+                    rows: manifest.rows(),
+                    dir: written.display().to_string(),
+                },
+                payload: Vec::new(),
+            }),
+            Err(embedding::SnapshotError::Engine(e)) => Err(e.into()),
+            Err(e @ embedding::SnapshotError::Exists { .. }) => {
+                Err(refuse(ErrorCode::BadRequest, e.to_string()))
+            }
+            Err(e) => Err(refuse(ErrorCode::Internal, e.to_string())),
+        }
+    }
+
     fn flush(&self) -> Result<Reply, Refusal> {
-        let stats = crate::writeback::flush(&self.engine)?;
+        let stats = crate::writeback::flush(&self.engine)
+            .inspect(|_| self.writes.record_success())
+            .inspect_err(|e| self.writes.record_failure("flush", e))?;
         Ok(Reply {
             header: Response::Flushed {
                 rows: stats.rows as u64,

@@ -22,6 +22,7 @@ fn shard(num_servers: u32, index: u32) -> Shard {
         shard_map: ShardMap::new(num_servers),
         shard_index: index,
         durability: Durability::Periodic,
+        writes: Default::default(),
     };
     let r = s.handle(
         Request::RegisterTables {
@@ -103,15 +104,20 @@ fn rows(r: Reply, n: usize) -> Vec<f32> {
 #[test]
 fn push_then_pull_applies_sgd() {
     let s = shard(1, 0);
+    // Duplicate ids in one push are refused (protocol::ids): the sender sums them first.
     let r = push(
         &s,
         &[(1, 4, &[7, 7], &[1.0, 2.0, 3.0, 4.0, 1.0, 1.0, 1.0, 1.0])],
     );
+    let (code, msg) = error_of(r);
+    assert_eq!(code, ErrorCode::BadRequest);
+    assert!(msg.contains("duplicate id 7 at position 1"), "{msg}");
+    let r = push(&s, &[(1, 4, &[7], &[2.0, 3.0, 4.0, 5.0])]);
     assert!(
         matches!(
             r.header,
             Response::Pushed {
-                rows: 2,
+                rows: 1,
                 rejected_nonfinite: 0
             }
         ),
@@ -157,7 +163,7 @@ fn unknown_table_wrong_dim_wrong_epoch_bad_length() {
         &[0; 5],
     ));
     assert_eq!(code, ErrorCode::BadRequest);
-    assert!(msg.contains("5 bytes, expected 8"), "{msg}");
+    assert!(msg.contains("3 trailing bytes after the id sections"), "{msg}");
     let (code, _) = error_of(s.handle(Request::Hello { version: 99 }, &[]));
     assert_eq!(code, ErrorCode::UnsupportedVersion);
 }
@@ -414,6 +420,7 @@ fn sync_push_is_stored_before_the_reply_and_a_store_error_is_a_storage_refusal()
         shard_map: ShardMap::new(1),
         shard_index: 0,
         durability: Durability::Sync,
+        writes: Default::default(),
     };
     let r = s.handle(
         Request::RegisterTables {
@@ -458,4 +465,90 @@ fn sync_push_is_stored_before_the_reply_and_a_store_error_is_a_storage_refusal()
     store.fail.store(false, Ordering::Relaxed);
     s.engine.flush_dirty().unwrap();
     assert_eq!(stored(1, &[12]), 1);
+}
+
+#[test]
+fn int8_rows_and_unmixed_id_sections_round_trip() {
+    use protocol::ids::{put_ids as put_section, sort_for_wire, IdCoding};
+    let s = shard(1, 0);
+    let mut ids = vec![protocol::routing::mix64(5), protocol::routing::mix64(6), 11];
+    sort_for_wire(IdCoding::Unmixed, &mut ids);
+    let mut payload = Vec::new();
+    put_section(IdCoding::Unmixed, &ids, &mut payload);
+    let grads: Vec<f32> = (0..12).map(|i| i as f32 - 6.0).collect();
+    codec::encode_rows(&grads, 4, Encoding::Int8, &mut payload);
+    let counts = vec![TableCount {
+        table: 1,
+        count: 3,
+        dim: 4,
+    }];
+    let r = s.handle(
+        Request::Push {
+            epoch: 1,
+            encoding: Encoding::Int8,
+            grad_scale: 2.0,
+            tables: counts.clone(),
+        },
+        &payload,
+    );
+    assert!(matches!(r.header, Response::Pushed { rows: 3, .. }), "{:?}", r.header);
+    let mut pull = Vec::new();
+    put_section(IdCoding::Unmixed, &ids, &mut pull);
+    let r = s.handle(
+        Request::Pull {
+            epoch: 1,
+            encoding: Encoding::Int8,
+            tables: counts,
+        },
+        &pull,
+    );
+    assert_eq!(r.payload.len(), 3 * (4 + 4));
+    let mut back = vec![0.0; 12];
+    codec::decode_rows(&r.payload, 4, Encoding::Int8, &mut back).unwrap();
+    // SGD with lr 1 from zero rows: -grads / grad_scale, within the int8 step of each row.
+    for (b, g) in back.iter().zip(&grads) {
+        assert!((b + g / 2.0).abs() <= 6.0 / 254.0 + 1e-6, "{b} vs {}", -g / 2.0);
+    }
+}
+
+#[test]
+fn unsorted_ids_and_short_sections_refused() {
+    let s = shard(1, 0);
+    let (code, msg) = error_of(pull(&s, 1, 4, &[9, 3]));
+    assert_eq!(code, ErrorCode::BadRequest);
+    assert!(msg.contains("ids not ascending at position 1"), "{msg}");
+    let r = s.handle(
+        Request::Pull {
+            epoch: 1,
+            encoding: Encoding::F32,
+            tables: vec![TableCount {
+                table: 1,
+                count: 3,
+                dim: 4,
+            }],
+        },
+        &[0, 1, 1],
+    );
+    let (code, msg) = error_of(r);
+    assert_eq!(code, ErrorCode::BadRequest);
+    assert!(msg.contains("truncated: 2 of 3 ids"), "{msg}");
+    // A push whose rows section is one byte short.
+    let mut payload = Vec::new();
+    put_ids(&[1], &mut payload);
+    payload.extend_from_slice(&[0; 15]);
+    let r = s.handle(
+        Request::Push {
+            epoch: 1,
+            encoding: Encoding::F32,
+            grad_scale: 1.0,
+            tables: vec![TableCount {
+                table: 1,
+                count: 1,
+                dim: 4,
+            }],
+        },
+        &payload,
+    );
+    let (_, msg) = error_of(r);
+    assert!(msg.contains("15 bytes, expected 16"), "{msg}");
 }

@@ -16,10 +16,22 @@ use hyper::{Request, Response, StatusCode};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tokio::net::TcpListener;
 
+/// A readiness condition beyond started/stopping: returns why the process is not ready, if it is not.
+pub type ReadinessCheck = Box<dyn Fn() -> Option<String> + Send + Sync>;
+
 /// Liveness and readiness as the HTTP endpoint reports them.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct Health {
     ready: AtomicBool,
+    check: OnceLock<ReadinessCheck>,
+}
+
+impl std::fmt::Debug for Health {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Health")
+            .field("ready", &self.is_ready())
+            .finish()
+    }
 }
 
 impl Health {
@@ -31,6 +43,23 @@ impl Health {
     /// Whether the process is ready.
     pub fn is_ready(&self) -> bool {
         self.ready.load(Ordering::SeqCst)
+    }
+
+    /// Adds a condition `/readyz` checks while the process is ready (a server whose storage writes fail, say):
+    /// when it returns a reason, `/readyz` answers 503 with it. Set once; later calls are ignored.
+    pub fn set_check(&self, check: ReadinessCheck) {
+        let _ = self.check.set(check);
+    }
+
+    /// Why the process is not ready, or `None` if it is.
+    pub fn not_ready_reason(&self) -> Option<String> {
+        if !self.is_ready() {
+            return Some("not ready".into());
+        }
+        self.check
+            .get()
+            .and_then(|c| c())
+            .map(|reason| format!("not ready: {reason}"))
     }
 }
 
@@ -80,12 +109,14 @@ fn route(path: &str, handle: &PrometheusHandle, health: &Health) -> Response<Ful
     match path {
         "/metrics" => reply(StatusCode::OK, "text/plain; version=0.0.4", handle.render()),
         "/healthz" => reply(StatusCode::OK, "text/plain", "ok\n".into()),
-        "/readyz" if health.is_ready() => reply(StatusCode::OK, "text/plain", "ready\n".into()),
-        "/readyz" => reply(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "text/plain",
-            "not ready\n".into(),
-        ),
+        "/readyz" => match health.not_ready_reason() {
+            None => reply(StatusCode::OK, "text/plain", "ready\n".into()),
+            Some(reason) => reply(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "text/plain",
+                format!("{reason}\n"),
+            ),
+        },
         other => reply(
             StatusCode::NOT_FOUND,
             "text/plain",

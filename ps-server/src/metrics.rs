@@ -17,6 +17,13 @@ pub const ROWS_PULLED_TOTAL: &str = "ps_rows_pulled_total";
 pub const ROWS_PUSHED_TOTAL: &str = "ps_rows_pushed_total";
 /// Gradient rows rejected because they held NaN or infinity.
 pub const ROWS_REJECTED_NONFINITE_TOTAL: &str = "ps_rows_rejected_nonfinite_total";
+/// Gradient rows dropped by frequency admission: their id had no row and fewer than `admission-min-count`
+/// pushes.
+pub const ROWS_REJECTED_ADMISSION_TOTAL: &str = "ps_rows_rejected_admission_total";
+/// Rows deleted by TTL expiry (untouched for `row-ttl-secs`), from memory and RocksDB.
+pub const ROWS_EXPIRED_TOTAL: &str = "ps_rows_expired_total";
+/// Duration of one expiry pass over the tables with a TTL; buckets 50 µs .. 10 s.
+pub const EXPIRE_SECONDS: &str = "ps_expire_duration_seconds";
 /// Request bytes received (frames).
 pub const BYTES_RECEIVED_TOTAL: &str = "ps_bytes_received_total";
 /// Response bytes sent (frames).
@@ -52,6 +59,16 @@ pub const READBACK_ROWS_TOTAL: &str = "ps_readback_rows_total";
 pub const READBACK_SECONDS: &str = "ps_readback_duration_seconds";
 /// Rows recovered from RocksDB at start.
 pub const ROWS_RECOVERED_TOTAL: &str = "ps_rows_recovered_total";
+/// 1 while storage writes fail and the server refuses pushes ([`crate::write_health`]), else 0.
+pub const STORAGE_WRITES_FAILING: &str = "ps_storage_writes_failing";
+/// Times the server found storage writable again after failing writes.
+pub const STORAGE_RECOVERIES_TOTAL: &str = "ps_storage_recoveries_total";
+/// Request and response bytes admitted and not yet released ([`crate::load_limits`]).
+pub const INFLIGHT_BYTES: &str = "ps_inflight_bytes";
+/// Time a request waited for admission of its bytes ([`crate::load_limits`]); buckets 50 µs .. 10 s.
+pub const INFLIGHT_WAIT_SECONDS: &str = "ps_inflight_wait_seconds";
+/// Connections refused because `max-connections` were open.
+pub const CONNECTIONS_REFUSED_TOTAL: &str = "ps_connections_refused_total";
 
 /// Histogram buckets for every `_seconds` metric: 50 µs .. 10 s.
 pub const LATENCY_BUCKETS: &[f64] = &[
@@ -74,6 +91,19 @@ pub fn describe() {
     describe_counter!(
         ROWS_REJECTED_NONFINITE_TOTAL,
         "Gradient rows rejected because they held NaN or infinity."
+    );
+    describe_counter!(
+        ROWS_REJECTED_ADMISSION_TOTAL,
+        "Gradient rows dropped by frequency admission (id pushed fewer than admission-min-count times)."
+    );
+    describe_counter!(
+        ROWS_EXPIRED_TOTAL,
+        "Rows deleted from memory and RocksDB by TTL expiry."
+    );
+    describe_histogram!(
+        EXPIRE_SECONDS,
+        Unit::Seconds,
+        "Duration of one expiry pass over the tables with a TTL."
     );
     describe_counter!(
         BYTES_RECEIVED_TOTAL,
@@ -135,5 +165,27 @@ pub fn describe() {
     describe_counter!(
         ROWS_RECOVERED_TOTAL,
         "Rows recovered from RocksDB at start."
+    );
+    describe_gauge!(
+        STORAGE_WRITES_FAILING,
+        "1 while storage writes fail and pushes are refused, else 0."
+    );
+    describe_counter!(
+        STORAGE_RECOVERIES_TOTAL,
+        "Times storage became writable again after failing writes."
+    );
+    describe_gauge!(
+        INFLIGHT_BYTES,
+        Unit::Bytes,
+        "Request and response bytes admitted and not yet released."
+    );
+    describe_histogram!(
+        INFLIGHT_WAIT_SECONDS,
+        Unit::Seconds,
+        "Time a request waited for admission of its bytes."
+    );
+    describe_counter!(
+        CONNECTIONS_REFUSED_TOTAL,
+        "Connections refused because max-connections were open."
     );
 }

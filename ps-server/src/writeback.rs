@@ -10,7 +10,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use embedding::{
-    DirtyBatch, EmbeddingError, Engine, EvictStats, FlushStats, GetFn, ScanFn, Store, StoreError,
+    DirtyBatch, EmbeddingError, Engine, EvictStats, ExpireStats, FlushStats, GetFn, ScanFn, Store,
+    StoreError,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -71,6 +72,9 @@ impl<S: Store> Store for MeteredStore<S> {
     fn write_rows(&self, table: u32, rows: &DirtyBatch, sync: bool) -> Result<(), StoreError> {
         self.0.write_rows(table, rows, sync)
     }
+    fn write_tables(&self, tables: &[(u32, &DirtyBatch)], sync: bool) -> Result<(), StoreError> {
+        self.0.write_tables(tables, sync)
+    }
     fn delete_rows(&self, table: u32, ids: &[u64]) -> Result<(), StoreError> {
         self.0.delete_rows(table, ids)
     }
@@ -100,6 +104,9 @@ impl<S: Store> Store for MeteredStore<S> {
     fn flush(&self) -> Result<(), StoreError> {
         self.0.flush()
     }
+    fn checkpoint(&self, dir: &std::path::Path) -> Result<(), StoreError> {
+        self.0.checkpoint(dir)
+    }
     fn estimate_rows(&self, table: u32) -> Result<u64, StoreError> {
         self.0.estimate_rows(table)
     }
@@ -116,6 +123,55 @@ pub fn update_gauges(engine: &Engine) {
         }
     }
     metrics::gauge!(m::MEMORY_BYTES).set(engine.memory_bytes() as f64);
+}
+
+/// Deletes rows untouched for their table's TTL ([`Engine::expire`] at Unix time `now_secs`), recording
+/// metrics and refreshing the row gauges.
+pub fn expire(engine: &Engine, now_secs: u64) -> Result<ExpireStats, EmbeddingError> {
+    let start = Instant::now();
+    let result = engine.expire(now_secs);
+    match &result {
+        Ok(stats) => {
+            metrics::histogram!(m::EXPIRE_SECONDS).record(start.elapsed().as_secs_f64());
+            metrics::counter!(m::ROWS_EXPIRED_TOTAL).increment(stats.rows_deleted as u64);
+            if stats.rows_deleted > 0 {
+                tracing::info!(
+                    deleted = stats.rows_deleted,
+                    revived = stats.rows_revived,
+                    "expired rows past their TTL"
+                );
+            }
+        }
+        Err(e) => {
+            metrics::counter!(m::WRITEBACK_ERRORS_TOTAL).increment(1);
+            tracing::error!(error = %e, "expiry of rows past their TTL failed");
+        }
+    }
+    update_gauges(engine);
+    result
+}
+
+/// Seconds since the Unix epoch: the clock of TTL stamps (pushes are stamped with it, see
+/// [`crate::handler`]).
+pub fn unix_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// Runs [`expire`] every `interval` (and once at the start, which starts the TTL of recovered rows) until
+/// `stop` is cancelled.
+pub async fn run_expiry_timer(shard: Arc<Shard>, interval: Duration, stop: CancellationToken) {
+    let mut tick = tokio::time::interval(interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let shard = shard.clone();
+        let _ = tokio::task::spawn_blocking(move || expire(&shard.engine, unix_secs())).await;
+    }
 }
 
 /// Period of the memory-budget check when the server has a budget: a check under budget costs a few atomic
@@ -135,7 +191,10 @@ pub async fn run_budget_timer(shard: Arc<Shard>, stop: CancellationToken) {
             continue;
         }
         let shard = shard.clone();
-        let _ = tokio::task::spawn_blocking(move || enforce_budget(&shard.engine)).await;
+        let _ = tokio::task::spawn_blocking(move || {
+            enforce_budget(&shard.engine).inspect_err(|e| shard.writes.record_failure("eviction", e))
+        })
+        .await;
     }
 }
 
@@ -153,12 +212,20 @@ pub async fn run_timer(shard: Arc<Shard>, interval: Duration, stop: Cancellation
         tokio::select! {
             _ = stop.cancelled() => return,
             _ = tick.tick() => {}
+            // While storage writes fail, probe sooner than the write-back period (crate::write_health).
+            _ = shard.writes.failed() => {}
+            _ = tokio::time::sleep(crate::write_health::PROBE_PERIOD), if shard.writes.is_failing() => {}
         }
         let shard = shard.clone();
         let flush_now = !interval.is_zero();
         let _ = tokio::task::spawn_blocking(move || {
-            if flush_now {
-                let _ = flush(&shard.engine);
+            if shard.writes.is_failing() {
+                crate::write_health::probe(&shard);
+            } else if flush_now {
+                match flush(&shard.engine) {
+                    Ok(_) => shard.writes.record_success(),
+                    Err(e) => shard.writes.record_failure("write-back", &e),
+                }
             } else {
                 update_gauges(&shard.engine);
             }

@@ -66,7 +66,7 @@ async fn oversized_frame_and_unknown_table_get_typed_errors() {
     let s = start(&data, &tls, &["--max-frame-bytes", "4096"]);
     let c = client(&s, &tls).await;
     c.register_tables(&[table()]).await.unwrap();
-    let ids: Vec<u64> = (0..1000).collect();
+    let ids: Vec<u64> = (0..1000).map(|i| i << 40).collect(); // 6 varint bytes each
     match pull(&c, &ids).await {
         Err(ProtocolError::Remote {
             code: ErrorCode::FrameTooLarge,

@@ -10,7 +10,7 @@ use clap::{Parser, Subcommand};
 use crate::config::{ClusterArgs, ModelArgs};
 use crate::demo::{run_demo, DemoArgs};
 use crate::preprocess::{preprocess, PreprocessArgs};
-use crate::run::{self, Inputs};
+use crate::run::{self, Inputs, JobArgs};
 
 /// Trains DLRM on Criteo-format click logs against parameter servers.
 #[derive(Debug, Parser)]
@@ -62,8 +62,35 @@ struct TrainArgs {
     /// Write the summary as JSON here.
     #[arg(long)]
     summary_json: Option<PathBuf>,
+    /// Pin this process (and so all its threads: compute, I/O) to these CPUs, e.g. `0` or `0,1`; the compute
+    /// threads are then as many as the CPUs.
+    #[arg(long, value_delimiter = ',')]
+    cpus: Vec<usize>,
+    #[command(flatten)]
+    job: JobArgs,
     #[command(flatten)]
     model: ModelArgs,
+}
+
+/// Restricts this process to `cpus` (Linux `sched_setaffinity`); threads started later inherit it, and the
+/// thread pools size themselves from it.
+pub fn pin_to_cpus(cpus: &[usize]) -> anyhow::Result<()> {
+    if cpus.is_empty() {
+        return Ok(());
+    }
+    // SAFETY: `set` is a plain bit set owned by this frame; the libc calls only read and write it.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        for &c in cpus {
+            anyhow::ensure!(c < libc::CPU_SETSIZE as usize, "cpu {c} out of range");
+            libc::CPU_SET(c, &mut set);
+        }
+        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+            return Err(std::io::Error::last_os_error())
+                .with_context(|| format!("pin to cpus {cpus:?}"));
+        }
+    }
+    Ok(())
 }
 
 /// The tokio runtime the trainer runs on.
@@ -118,6 +145,7 @@ fn run_cli(cli: Cli) -> anyhow::Result<i32> {
                 Some(path) => run::load_model(path)?,
                 None => args.model.clone(),
             };
+            pin_to_cpus(&args.cpus)?;
             let inputs = Inputs {
                 train: args.train.clone(),
                 test: args.test.clone(),
@@ -127,7 +155,7 @@ fn run_cli(cli: Cli) -> anyhow::Result<i32> {
             let summary = runtime()?.block_on(async {
                 let addr = serve_metrics(args.metrics_listen).await?;
                 eprintln!("trainer metrics: http://{addr}/metrics");
-                run::train_and_evaluate(&args.cluster, &model, &inputs).await
+                run::train_and_evaluate(&args.cluster, &model, &inputs, &args.job).await
             })?;
             print!("{}", summary.render());
             if let Some(path) = &args.summary_json {

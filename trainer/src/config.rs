@@ -5,13 +5,13 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::{Args, ValueEnum};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::model::{DenseOptimizer, DlrmConfig};
 use protocol::{Encoding, InitSpec, OptimizerSpec, TableSpec};
 
 /// The optimizer of the embedding rows (applied on the servers); it also picks the dense optimizer's default.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum OptimizerKind {
     /// Plain SGD on embedding rows; SGD on the dense layers unless `--dense-optimizer` says otherwise.
@@ -22,7 +22,7 @@ pub enum OptimizerKind {
 }
 
 /// The optimizer of the dense layers (applied on the trainer).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum DenseKind {
     /// Plain SGD.
@@ -34,7 +34,7 @@ pub enum DenseKind {
 }
 
 /// Model and optimizer flags, shared by `train` and `demo`.
-#[derive(Debug, Clone, Args, Deserialize)]
+#[derive(Debug, Clone, Args, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case", default)]
 pub struct ModelArgs {
     /// Samples per training batch.
@@ -66,7 +66,8 @@ pub struct ModelArgs {
     /// Half-width of the uniform initializer of embedding rows.
     #[arg(long, default_value_t = 0.05)]
     pub emb_init_scale: f32,
-    /// Encoding of pulled rows and pushed gradients on the wire: f32, f16 or bf16.
+    /// Encoding of pulled rows and pushed gradients on the wire: f32, f16, bf16 or int8 (see `--pull-encoding`,
+    /// `--push-encoding`, `--table-encoding`).
     #[arg(long, default_value = "f16")]
     pub encoding: Encoding,
     /// Staleness bound: pushes in flight without acknowledgement (0 = synchronous: every push is acknowledged
@@ -85,6 +86,83 @@ pub struct ModelArgs {
     /// Samples per evaluation batch.
     #[arg(long, default_value_t = 8192)]
     pub eval_batch_size: usize,
+    /// Encoding of pulled rows: f32, f16, bf16 or int8 (int8: one f32 scale per row) [default: --encoding].
+    #[arg(long)]
+    pub pull_encoding: Option<Encoding>,
+    /// Encoding of pushed gradients: f32, f16, bf16 or int8 [default: --encoding]. Lossy push encodings use
+    /// error feedback unless `--error-feedback false`.
+    #[arg(long)]
+    pub push_encoding: Option<Encoding>,
+    /// Per-table overrides, comma separated: `NAME=ENC` (pull and push) or `NAME=PULL/PUSH`, with NAME a
+    /// table name (`C1`..`C26`), e.g. `C3=f32,C7=f16/int8`.
+    #[arg(long, value_delimiter = ',')]
+    pub table_encoding: Vec<String>,
+    /// Keep the quantization residual of each pushed row and add it to the row's next push (lossy push
+    /// encodings only).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub error_feedback: bool,
+    /// Error feedback: drop the residual of a row not pushed for this many batches.
+    #[arg(long, default_value_t = 100)]
+    pub residual_max_age: u64,
+    /// Error feedback: most rows holding a residual (at dim 16 about 85 bytes each); rows beyond it are pushed
+    /// without feedback.
+    #[arg(long, default_value_t = 4 << 20)]
+    pub residual_max_rows: usize,
+}
+
+impl ModelArgs {
+    /// Per-table pull and push encodings for `num_sparse` tables named `C1..`: `--pull-encoding` and
+    /// `--push-encoding` (both defaulting to `--encoding`), then the `--table-encoding` overrides.
+    pub fn table_codecs(&self, num_sparse: usize) -> Result<crate::plan::TableCodecs, String> {
+        let mut codecs = crate::plan::TableCodecs::uniform(
+            num_sparse,
+            self.pull_encoding.unwrap_or(self.encoding),
+            self.push_encoding.unwrap_or(self.encoding),
+        );
+        for entry in self.table_encoding.iter().filter(|e| !e.trim().is_empty()) {
+            let (name, value) = entry.split_once('=').ok_or_else(|| {
+                format!("table-encoding {entry:?}: expected NAME=ENC or NAME=PULL/PUSH")
+            })?;
+            let name = name.trim();
+            let t = name
+                .strip_prefix('C')
+                .and_then(|n| n.parse::<usize>().ok())
+                .filter(|&n| (1..=num_sparse).contains(&n))
+                .ok_or_else(|| {
+                    format!("table-encoding {entry:?}: unknown table {name:?}, expected C1..C{num_sparse}")
+                })?
+                - 1;
+            let parse = |v: &str| {
+                v.trim()
+                    .parse::<Encoding>()
+                    .map_err(|e| format!("table-encoding {entry:?}: {e}"))
+            };
+            let (pull, push) = match value.split_once('/') {
+                Some((a, b)) => (parse(a)?, parse(b)?),
+                None => (parse(value)?, parse(value)?),
+            };
+            codecs.pull[t] = pull;
+            codecs.push[t] = push;
+        }
+        Ok(codecs)
+    }
+
+    /// The error-feedback store the trainer keeps for lossy pushes, if any table pushes lossily and feedback
+    /// is on.
+    pub fn residual_store(
+        &self,
+        codecs: &crate::plan::TableCodecs,
+    ) -> Option<protocol::feedback::ResidualStore> {
+        (self.error_feedback && codecs.push.iter().any(|e| e.is_lossy())).then(|| {
+            protocol::feedback::ResidualStore::new(
+                self.emb_dim,
+                protocol::feedback::FeedbackConfig {
+                    max_age_steps: self.residual_max_age,
+                    max_rows: self.residual_max_rows,
+                },
+            )
+        })
+    }
 }
 
 impl Default for ModelArgs {
@@ -125,6 +203,10 @@ impl ModelArgs {
                 "progress-secs = {}, expected > 0",
                 self.progress_secs
             ));
+        }
+        self.table_codecs(self.dlrm().num_sparse)?;
+        if self.residual_max_age == 0 {
+            return Err("residual-max-age = 0, expected at least 1".into());
         }
         self.dlrm().validate().map_err(|e| e.to_string())
     }
@@ -231,6 +313,10 @@ pub struct ClusterArgs {
     /// start) [default: 0 = one attempt].
     #[arg(long, default_value_t = 0.0, env = "TRAINER_RESOLVE_TIMEOUT_SECS")]
     pub resolve_timeout_secs: f64,
+    /// Transport to the servers: quic, or tcp (TLS over TCP on the same port, for networks that block UDP;
+    /// servers serve both by default).
+    #[arg(long, default_value = "quic", env = "TRAINER_TRANSPORT")]
+    pub transport: protocol::Transport,
 }
 
 /// Resolves each `host:port` entry of `--ps` to its first address, in order. Retries names that do not resolve
@@ -327,5 +413,42 @@ mod tests {
                 .unwrap_err();
             assert!(err.contains(bad), "{err}");
         }
+    }
+
+    #[test]
+    fn per_table_encodings_parse_and_bad_entries_are_named() {
+        let m = ModelArgs {
+            pull_encoding: Some(Encoding::F16),
+            push_encoding: Some(Encoding::Int8),
+            table_encoding: vec!["C3=f32".into(), "C26=bf16/f16".into()],
+            ..ModelArgs::default()
+        };
+        m.validate().unwrap();
+        let c = m.table_codecs(26).unwrap();
+        assert_eq!((c.pull[0], c.push[0]), (Encoding::F16, Encoding::Int8));
+        assert_eq!((c.pull[2], c.push[2]), (Encoding::F32, Encoding::F32));
+        assert_eq!((c.pull[25], c.push[25]), (Encoding::Bf16, Encoding::F16));
+        assert!(m.residual_store(&c).is_some());
+        for (bad, named) in [
+            ("C27=f16", "C27"),
+            ("C3", "NAME=ENC"),
+            ("C3=f8", "f8"),
+            ("X1=f16", "X1"),
+        ] {
+            let m = ModelArgs {
+                table_encoding: vec![bad.into()],
+                ..ModelArgs::default()
+            };
+            let err = m.validate().unwrap_err();
+            assert!(err.contains(named), "{bad}: {err}");
+        }
+        let m: ModelArgs =
+            toml::from_str("push-encoding = \"int8\"\ntable-encoding = [\"C1=f32\"]").unwrap();
+        assert_eq!(m.table_codecs(26).unwrap().push[1], Encoding::Int8);
+        let off = ModelArgs {
+            encoding: Encoding::F32,
+            ..ModelArgs::default()
+        };
+        assert!(off.residual_store(&off.table_codecs(26).unwrap()).is_none());
     }
 }

@@ -10,8 +10,10 @@ use anyhow::{bail, Context};
 use clap::Args;
 
 use crate::cluster;
+
+mod multi;
 use crate::config::{ClusterArgs, ModelArgs};
-use crate::run::{self, Inputs, Summary};
+use crate::run::{self, Inputs, JobArgs, Summary};
 
 /// Flags of `trainer demo`.
 #[derive(Debug, Clone, Args)]
@@ -46,6 +48,17 @@ pub struct DemoArgs {
     /// HTTP address of the trainer's /metrics.
     #[arg(long, default_value = "127.0.0.1:0")]
     pub metrics_listen: SocketAddr,
+    /// Trainer processes training one model (rank r of N reads every N-th line; dense parameters on the
+    /// servers). With 1, the demo trains in its own process.
+    #[arg(long, default_value_t = 1)]
+    pub trainers: usize,
+    /// Run the trainers as processes (even one) and pin trainer r to CPU r (modulo the CPUs), so each has one
+    /// core and one compute thread; the servers are not pinned.
+    #[arg(long)]
+    pub pin_trainers: bool,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub job: JobArgs,
     #[command(flatten)]
     #[allow(missing_docs)]
     pub model: ModelArgs,
@@ -124,6 +137,9 @@ pub fn run_demo(args: DemoArgs) -> anyhow::Result<Summary> {
     if args.servers == 0 {
         bail!("--servers 0: at least one parameter server is needed");
     }
+    if args.trainers == 0 {
+        bail!("--trainers 0: at least one trainer is needed");
+    }
     std::fs::create_dir_all(&args.data_dir)
         .with_context(|| format!("create {}", args.data_dir.display()))?;
     let (train, test, oracle) = match (&args.train, &args.test) {
@@ -178,6 +194,7 @@ pub fn run_demo(args: DemoArgs) -> anyhow::Result<Summary> {
         tls_dir: cluster.tls_dir.clone(),
         server_name: protocol::tls::DEFAULT_SERVER_NAME.into(),
         resolve_timeout_secs: 0.0,
+        transport: protocol::Transport::default(),
     };
     let inputs = Inputs {
         train: vec![train],
@@ -186,11 +203,24 @@ pub fn run_demo(args: DemoArgs) -> anyhow::Result<Summary> {
         world: 1,
     };
     let runtime = crate::cli::runtime()?;
-    let mut summary = runtime.block_on(async {
-        let addr = crate::cli::serve_metrics(args.metrics_listen).await?;
-        eprintln!("  trainer: metrics http://{addr}/metrics");
-        run::train_and_evaluate(&cluster_args, &args.model, &inputs).await
-    })?;
+    let mut summary = if args.trainers > 1 || args.pin_trainers {
+        let summary = multi::run(&args, &cluster_args, &inputs, &run_dir)?;
+        runtime.block_on(async {
+            eprintln!("evaluating the servers' model on {}", test.display());
+            let eval = run::evaluate_on_servers(&cluster_args, &args.model, &inputs.test).await?;
+            let mut summary = summary;
+            let step = summary.step;
+            summary.apply_eval(step, &eval);
+            eprintln!("eval (final, after every trainer): {}", eval.render());
+            anyhow::Ok(summary)
+        })?
+    } else {
+        runtime.block_on(async {
+            let addr = crate::cli::serve_metrics(args.metrics_listen).await?;
+            eprintln!("  trainer: metrics http://{addr}/metrics");
+            run::train_and_evaluate(&cluster_args, &args.model, &inputs, &args.job).await
+        })?
+    };
     eprintln!("stopping parameter servers");
     cluster.shutdown(Duration::from_secs(60))?;
     if let Some(oracle) = oracle {

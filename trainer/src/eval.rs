@@ -98,6 +98,43 @@ pub struct EvalReport {
     pub positive_rate: f64,
 }
 
+impl EvalReport {
+    /// Calibration: mean prediction over positive rate (1 = calibrated); `None` without positives.
+    pub fn calibration(&self) -> Option<f64> {
+        (self.positive_rate > 0.0).then(|| self.mean_prediction / self.positive_rate)
+    }
+
+    /// One line: samples, AUC, logloss, calibration, mean prediction and positive rate.
+    pub fn render(&self) -> String {
+        let opt = |v: Option<f64>| v.map_or("n/a".to_string(), |v| format!("{v:.4}"));
+        format!(
+            "samples {}  AUC {}  logloss {:.4}  calibration {} (mean prediction {:.4}, positive rate {:.4})",
+            self.count,
+            opt(self.auc),
+            self.logloss,
+            opt(self.calibration()),
+            self.mean_prediction,
+            self.positive_rate
+        )
+    }
+}
+
+/// Sets the evaluation gauges of [`crate::metrics`] to `report`'s values.
+pub fn export(report: &EvalReport) {
+    use crate::metrics as m;
+    if let Some(auc) = report.auc {
+        metrics::gauge!(m::EVAL_AUC).set(auc);
+    }
+    metrics::gauge!(m::EVAL_LOGLOSS).set(report.logloss);
+    if let Some(c) = report.calibration() {
+        metrics::gauge!(m::EVAL_CALIBRATION).set(c);
+    }
+    metrics::gauge!(m::EVAL_MEAN_PREDICTION).set(report.mean_prediction);
+    metrics::gauge!(m::EVAL_POSITIVE_RATE).set(report.positive_rate);
+    metrics::gauge!(m::EVAL_SAMPLES).set(report.count as f64);
+    metrics::counter!(m::EVALS_TOTAL).increment(1);
+}
+
 /// Accumulates `(probability, label)` pairs batch by batch and reports the metrics at the end.
 ///
 /// Log loss and the means are running sums; exact AUC needs every pair, so the evaluator keeps them
@@ -271,6 +308,8 @@ mod tests {
         );
         assert!((r.mean_prediction - 0.4125).abs() < 1e-7);
         close(r.positive_rate, 0.5);
+        assert!((r.calibration().unwrap() - 0.4125 / 0.5).abs() < 1e-7);
+        assert!(r.render().contains("AUC 0.7500"), "{}", r.render());
         ev.clear();
         let r = ev.report();
         assert_eq!((r.count, r.auc), (0, None));

@@ -19,8 +19,8 @@ pub const PULL_SECONDS: &str = "trainer_pull_duration_seconds";
 pub const PUSH_SECONDS: &str = "trainer_push_duration_seconds";
 /// Dense compute (forward + backward + dense optimizer) of one batch.
 pub const COMPUTE_SECONDS: &str = "trainer_compute_duration_seconds";
-/// Staleness seen by each training batch: batch pushes not yet acknowledged when its pull was sent, i.e. how
-/// many earlier batches' updates its rows may lack (bounded by `--max-in-flight` + 1 with prefetch).
+/// Staleness seen by each training batch: earlier batches of the pass whose pushes were not acknowledged when
+/// its pull was sent, i.e. how many batches' updates its rows may lack (at most `--max-in-flight`).
 pub const STALENESS_BATCHES: &str = "trainer_staleness_batches";
 /// Pushes sent and not yet acknowledged.
 pub const PUSHES_IN_FLIGHT: &str = "trainer_pushes_in_flight";
@@ -44,6 +44,21 @@ pub const EVAL_AUC: &str = "trainer_eval_auc";
 pub const EVAL_LOGLOSS: &str = "trainer_eval_logloss";
 /// Mean prediction over positive rate on the last evaluation (1 = calibrated).
 pub const EVAL_CALIBRATION: &str = "trainer_eval_calibration";
+
+/// Mean predicted click probability on the last evaluation.
+pub const EVAL_MEAN_PREDICTION: &str = "trainer_eval_mean_prediction";
+/// Click rate (mean label) of the last evaluation's rows.
+pub const EVAL_POSITIVE_RATE: &str = "trainer_eval_positive_rate";
+/// Rows of the last evaluation.
+pub const EVAL_SAMPLES: &str = "trainer_eval_samples";
+/// Evaluations run (periodic and final).
+pub const EVALS_TOTAL: &str = "trainer_evals_total";
+/// Checkpoints written.
+pub const CHECKPOINTS_TOTAL: &str = "trainer_checkpoints_total";
+/// Time to write one checkpoint (waiting for pushes, the servers' snapshot, the file).
+pub const CHECKPOINT_SECONDS: &str = "trainer_checkpoint_duration_seconds";
+/// The trainer's step (batches trained, including a resumed run's).
+pub const STEP: &str = "trainer_step";
 
 /// Histogram buckets for every `_seconds` metric.
 pub const LATENCY_BUCKETS: &[f64] = &[
@@ -73,7 +88,7 @@ pub fn describe() {
     );
     describe_histogram!(
         STALENESS_BATCHES,
-        "Batch pushes not yet acknowledged when a training batch's pull was sent."
+        "Earlier batches whose pushes were not acknowledged when a training batch's pull was sent."
     );
     describe_histogram!(
         COMPUTE_SECONDS,
@@ -119,4 +134,21 @@ pub fn describe() {
         EVAL_CALIBRATION,
         "Mean prediction over positive rate on the last evaluation."
     );
+    describe_gauge!(
+        EVAL_MEAN_PREDICTION,
+        "Mean predicted click probability on the last evaluation."
+    );
+    describe_gauge!(
+        EVAL_POSITIVE_RATE,
+        "Click rate of the last evaluation's rows."
+    );
+    describe_gauge!(EVAL_SAMPLES, "Rows of the last evaluation.");
+    describe_counter!(EVALS_TOTAL, "Evaluations run (periodic and final).");
+    describe_counter!(CHECKPOINTS_TOTAL, "Checkpoints written.");
+    describe_histogram!(
+        CHECKPOINT_SECONDS,
+        Unit::Seconds,
+        "Time to write one checkpoint, servers' snapshot included."
+    );
+    describe_gauge!(STEP, "Batches trained, including a resumed run's.");
 }

@@ -4,13 +4,74 @@
 //! Call order per batch: [`Plan::build`] -> for each server [`Plan::pull_request`] -> for each reply
 //! [`Plan::scatter_pulled`] -> [`Plan::gather_embeddings`] -> (compute) -> [`Plan::reduce_gradients`] -> for
 //! each server [`Plan::push_request`]. Buffers are reused across batches (no allocation per row).
+//!
+//! With per-table encodings ([`TableCodecs`]) a server gets one request per distinct encoding instead:
+//! [`Plan::pull_requests`] -> [`Plan::scatter_part`] per reply, and [`Plan::push_requests`], which also runs
+//! error feedback for lossy push encodings ([`protocol::feedback`]).
+//!
+//! On the wire each table's ids are sorted and delta + varint coded as [`IdCoding::Unmixed`] sections (the
+//! feature ids are a splitmix64 mix, whose pre-images within a feature differ little: [`protocol::ids`]);
+//! [`Plan::build`] sorts each server's share of a table into that order once, and rows travel in it.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
 use protocol::codec;
-use protocol::message::put_ids;
+use protocol::feedback::ResidualStore;
+use protocol::ids::{self, IdCoding};
 use protocol::{Encoding, ProtocolError, ShardMap, TableCount};
+
+/// How ids travel (see the module docs).
+const ID_CODING: IdCoding = IdCoding::Unmixed;
+
+/// Row encodings per table: of pulled rows and of pushed gradients.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TableCodecs {
+    /// `pull[t]`: encoding of table `t`'s pulled rows.
+    pub pull: Vec<Encoding>,
+    /// `push[t]`: encoding of table `t`'s pushed gradients.
+    pub push: Vec<Encoding>,
+}
+
+impl TableCodecs {
+    /// The same encodings for `tables` tables.
+    pub fn uniform(tables: usize, pull: Encoding, push: Encoding) -> TableCodecs {
+        TableCodecs {
+            pull: vec![pull; tables],
+            push: vec![push; tables],
+        }
+    }
+
+    fn get(list: &[Encoding], t: usize) -> Encoding {
+        list.get(t)
+            .or(list.last())
+            .copied()
+            .unwrap_or(Encoding::F32)
+    }
+
+    /// Pull encoding of table `t` (the last entry for tables past the list).
+    pub fn pull_of(&self, t: usize) -> Encoding {
+        Self::get(&self.pull, t)
+    }
+
+    /// Push encoding of table `t` (the last entry for tables past the list).
+    pub fn push_of(&self, t: usize) -> Encoding {
+        Self::get(&self.push, t)
+    }
+}
+
+/// One request of a batch for one server: the tables of one encoding.
+#[derive(Debug, Clone)]
+pub struct PartRequest {
+    /// Server index.
+    pub server: usize,
+    /// Row encoding of the request.
+    pub encoding: Encoding,
+    /// Header counts (tables with no ids left out).
+    pub counts: Vec<TableCount>,
+    /// Payload: id sections (then, for a push, the encoded gradient rows).
+    pub payload: Vec<u8>,
+}
 
 /// A hasher for ids that are already well mixed (feature ids are a bijective 64-bit mix): one multiply.
 #[derive(Default)]
@@ -44,8 +105,11 @@ pub struct Plan {
     /// `by_server[s][t]`: positions in `unique[t]` owned by server `s`.
     by_server: Vec<Vec<Vec<u32>>>,
     seen: IdMap,
+    /// The parts of the last [`Plan::pull_requests`]: (server, encoding, counts).
+    pull_parts: Vec<(usize, Encoding, Vec<TableCount>)>,
     ids_scratch: Vec<u64>,
     rows_scratch: Vec<f32>,
+    sort_scratch: Vec<(u64, u32)>,
 }
 
 impl Plan {
@@ -79,6 +143,19 @@ impl Plan {
             for (u, &id) in unique.iter().enumerate() {
                 self.by_server[map.server_of(id) as usize][t].push(u as u32);
             }
+            // Wire order: ascending pre-images (computed once per id, not per comparison).
+            for server in &mut self.by_server {
+                let positions = &mut server[t];
+                self.sort_scratch.clear();
+                self.sort_scratch.extend(
+                    positions
+                        .iter()
+                        .map(|&p| (ID_CODING.key(unique[p as usize]), p)),
+                );
+                self.sort_scratch.sort_unstable();
+                positions.clear();
+                positions.extend(self.sort_scratch.iter().map(|&(_, p)| p));
+            }
         }
     }
 
@@ -109,23 +186,150 @@ impl Plan {
 
     /// Header counts and id payload of the pull for server `s` (tables with no ids are left out).
     pub fn pull_request(&self, server: usize) -> (Vec<TableCount>, Vec<u8>) {
-        let mut counts = Vec::new();
-        let mut payload = Vec::new();
-        for (t, positions) in self.by_server[server].iter().enumerate() {
-            if positions.is_empty() {
-                continue;
-            }
-            counts.push(TableCount {
-                table: t as u32,
-                count: positions.len() as u32,
-                dim: self.dim as u32,
-            });
-            payload.reserve(positions.len() * 8);
-            for &p in positions {
-                payload.extend_from_slice(&self.unique[t][p as usize].to_le_bytes());
-            }
+        let (mut counts, mut payload, mut scratch) = (Vec::new(), Vec::new(), Vec::new());
+        for t in 0..self.unique.len() {
+            self.put_table_ids(server, t, &mut counts, &mut payload, &mut scratch);
         }
         (counts, payload)
+    }
+
+    /// Appends table `t`'s count and id section for server `s`, if it has ids there.
+    fn put_table_ids(
+        &self,
+        server: usize,
+        t: usize,
+        counts: &mut Vec<TableCount>,
+        payload: &mut Vec<u8>,
+        scratch: &mut Vec<u64>,
+    ) {
+        let positions = &self.by_server[server][t];
+        if positions.is_empty() {
+            return;
+        }
+        counts.push(TableCount {
+            table: t as u32,
+            count: positions.len() as u32,
+            dim: self.dim as u32,
+        });
+        scratch.clear();
+        scratch.extend(positions.iter().map(|&p| self.unique[t][p as usize]));
+        ids::put_ids(ID_CODING, scratch, payload);
+    }
+
+    /// The distinct encodings of `list` over the tables, in first-seen order.
+    fn encodings(&self, codecs: &TableCodecs, push: bool) -> Vec<Encoding> {
+        let mut out = Vec::new();
+        for t in 0..self.unique.len() {
+            let e = if push {
+                codecs.push_of(t)
+            } else {
+                codecs.pull_of(t)
+            };
+            if !out.contains(&e) {
+                out.push(e);
+            }
+        }
+        out
+    }
+
+    /// The pulls of this batch with per-table encodings: one request per (server, encoding) with ids. The
+    /// plan remembers them: answer `i` goes to [`Plan::scatter_part_at`]`(i, ..)`.
+    pub fn pull_requests(&mut self, codecs: &TableCodecs) -> Vec<PartRequest> {
+        self.pull_parts.clear();
+        let mut out = Vec::new();
+        for encoding in self.encodings(codecs, false) {
+            for server in 0..self.by_server.len() {
+                let (mut counts, mut payload) = (Vec::new(), Vec::new());
+                let mut scratch = std::mem::take(&mut self.ids_scratch);
+                for t in 0..self.unique.len() {
+                    if codecs.pull_of(t) == encoding {
+                        self.put_table_ids(server, t, &mut counts, &mut payload, &mut scratch);
+                    }
+                }
+                self.ids_scratch = scratch;
+                if !counts.is_empty() {
+                    self.pull_parts.push((server, encoding, counts.clone()));
+                    out.push(PartRequest {
+                        server,
+                        encoding,
+                        counts,
+                        payload,
+                    });
+                }
+            }
+        }
+        out
+    }
+
+    /// The server of request `i` of the last [`Plan::pull_requests`].
+    pub fn part_server(&self, i: usize) -> usize {
+        self.pull_parts.get(i).map_or(usize::MAX, |p| p.0)
+    }
+
+    /// Decodes the answer to request `i` of the last [`Plan::pull_requests`] (see [`Plan::scatter_part`]).
+    pub fn scatter_part_at(
+        &mut self,
+        i: usize,
+        rows: &[u8],
+        unique_rows: &mut Vec<Vec<f32>>,
+    ) -> Result<(), ProtocolError> {
+        let Some((server, encoding, counts)) = self.pull_parts.get_mut(i) else {
+            return Err(ProtocolError::BadPayload(format!(
+                "no pull request {i} in this batch"
+            )));
+        };
+        let (server, encoding, counts) = (*server, *encoding, std::mem::take(counts));
+        let result = self.scatter_part(server, encoding, &counts, rows, unique_rows);
+        self.pull_parts[i].2 = counts;
+        result
+    }
+
+    /// Decodes the rows answering a [`Plan::pull_requests`] request (`server`, `encoding`, `counts` as sent)
+    /// into `unique_rows[t]` (`[unique_t x dim]`, resized as needed).
+    pub fn scatter_part(
+        &mut self,
+        server: usize,
+        encoding: Encoding,
+        counts: &[TableCount],
+        rows: &[u8],
+        unique_rows: &mut Vec<Vec<f32>>,
+    ) -> Result<(), ProtocolError> {
+        let dim = self.dim;
+        unique_rows.resize_with(self.unique.len(), Vec::new);
+        for (t, dst) in unique_rows.iter_mut().enumerate() {
+            dst.resize(self.unique[t].len() * dim, 0.0);
+        }
+        let width = encoding.row_bytes(dim);
+        let mut expected = 0;
+        for c in counts {
+            let t = c.table as usize;
+            let n = self.by_server[server].get(t).map_or(0, Vec::len);
+            if t >= self.unique.len() || n != c.count as usize {
+                return Err(ProtocolError::BadPayload(format!(
+                    "pulled table {t} with {} rows, this batch has {n} there",
+                    c.count
+                )));
+            }
+            expected += n * width;
+        }
+        protocol::message::check_len("pulled rows", rows.len(), expected)?;
+        let mut at = 0;
+        for c in counts {
+            let t = c.table as usize;
+            let positions = &self.by_server[server][t];
+            let n = positions.len() * dim;
+            self.rows_scratch.resize(n, 0.0);
+            let bytes = positions.len() * width;
+            codec::decode_rows(&rows[at..at + bytes], dim, encoding, &mut self.rows_scratch)?;
+            at += bytes;
+            let dst = &mut unique_rows[t];
+            for (k, &p) in positions.iter().enumerate() {
+                let p = p as usize;
+                dst[p * dim..(p + 1) * dim]
+                    .copy_from_slice(&self.rows_scratch[k * dim..(k + 1) * dim]);
+            }
+        }
+        Ok(())
     }
 
     /// Decodes server `s`'s pulled rows into `unique_rows[t]` (`[unique_t x dim]`, resized as needed).
@@ -136,32 +340,15 @@ impl Plan {
         encoding: Encoding,
         unique_rows: &mut Vec<Vec<f32>>,
     ) -> Result<(), ProtocolError> {
-        let dim = self.dim;
-        unique_rows.resize_with(self.unique.len(), Vec::new);
-        let width = encoding.bytes_per_element();
-        let expected: usize = self.by_server[server]
-            .iter()
-            .map(|p| p.len() * dim * width)
-            .sum();
-        protocol::message::check_len("pulled rows", rows.len(), expected)?;
-        let mut at = 0;
-        for (t, positions) in self.by_server[server].iter().enumerate() {
-            let dst = &mut unique_rows[t];
-            dst.resize(self.unique[t].len() * dim, 0.0);
-            if positions.is_empty() {
-                continue;
-            }
-            let n = positions.len() * dim;
-            self.rows_scratch.resize(n, 0.0);
-            codec::decode(&rows[at..at + n * width], encoding, &mut self.rows_scratch)?;
-            at += n * width;
-            for (k, &p) in positions.iter().enumerate() {
-                let p = p as usize;
-                dst[p * dim..(p + 1) * dim]
-                    .copy_from_slice(&self.rows_scratch[k * dim..(k + 1) * dim]);
-            }
-        }
-        Ok(())
+        let counts: Vec<TableCount> = (0..self.unique.len())
+            .filter(|&t| !self.by_server[server][t].is_empty())
+            .map(|t| TableCount {
+                table: t as u32,
+                count: self.by_server[server][t].len() as u32,
+                dim: self.dim as u32,
+            })
+            .collect();
+        self.scatter_part(server, encoding, &counts, rows, unique_rows)
     }
 
     /// Expands per-unique rows into the model's input `[batch x tables x dim]`.
@@ -197,113 +384,103 @@ impl Plan {
         }
     }
 
-    /// Header counts and payload (ids, then encoded gradient rows) of the push for server `s`.
+    /// Header counts and payload (ids, then encoded gradient rows) of the push for server `s`, every table in
+    /// `encoding`, without error feedback.
     pub fn push_request(
         &mut self,
         server: usize,
         grads: &[Vec<f32>],
         encoding: Encoding,
     ) -> (Vec<TableCount>, Vec<u8>) {
+        let tables: Vec<usize> = (0..self.unique.len()).collect();
+        self.push_tables(server, &tables, grads, encoding, 1.0, None)
+    }
+
+    /// The pushes of this batch with per-table encodings: one request per (server, encoding) with ids.
+    /// `grads[t]` are the summed gradients (multiplied by `scale`, which travels as the request's
+    /// `grad_scale`). Lossy encodings go through `residuals` (error feedback) when given; this ends the
+    /// residual store's step.
+    pub fn push_requests(
+        &mut self,
+        codecs: &TableCodecs,
+        grads: &[Vec<f32>],
+        scale: f32,
+        mut residuals: Option<&mut ResidualStore>,
+    ) -> Vec<PartRequest> {
+        let mut out = Vec::new();
+        for encoding in self.encodings(codecs, true) {
+            let tables: Vec<usize> = (0..self.unique.len())
+                .filter(|&t| codecs.push_of(t) == encoding)
+                .collect();
+            for server in 0..self.by_server.len() {
+                let (counts, payload) = self.push_tables(
+                    server,
+                    &tables,
+                    grads,
+                    encoding,
+                    scale,
+                    residuals.as_deref_mut(),
+                );
+                if !counts.is_empty() {
+                    out.push(PartRequest {
+                        server,
+                        encoding,
+                        counts,
+                        payload,
+                    });
+                }
+            }
+        }
+        if let Some(r) = residuals {
+            r.end_step();
+        }
+        out
+    }
+
+    fn push_tables(
+        &mut self,
+        server: usize,
+        tables: &[usize],
+        grads: &[Vec<f32>],
+        encoding: Encoding,
+        scale: f32,
+        mut residuals: Option<&mut ResidualStore>,
+    ) -> (Vec<TableCount>, Vec<u8>) {
         let dim = self.dim;
         let mut counts = Vec::new();
         let mut payload = Vec::new();
-        self.ids_scratch.clear();
-        for (t, positions) in self.by_server[server].iter().enumerate() {
-            if positions.is_empty() {
-                continue;
-            }
-            counts.push(TableCount {
-                table: t as u32,
-                count: positions.len() as u32,
-                dim: dim as u32,
-            });
-            self.ids_scratch
-                .extend(positions.iter().map(|&p| self.unique[t][p as usize]));
+        let mut scratch = std::mem::take(&mut self.ids_scratch);
+        for &t in tables {
+            self.put_table_ids(server, t, &mut counts, &mut payload, &mut scratch);
         }
-        put_ids(&self.ids_scratch, &mut payload);
-        for (t, positions) in self.by_server[server].iter().enumerate() {
-            if positions.is_empty() {
-                continue;
-            }
+        self.ids_scratch = scratch;
+        for c in &counts {
+            let t = c.table as usize;
+            let positions = &self.by_server[server][t];
             self.rows_scratch.clear();
+            self.ids_scratch.clear();
             for &p in positions {
                 let p = p as usize;
                 self.rows_scratch
                     .extend_from_slice(&grads[t][p * dim..(p + 1) * dim]);
+                self.ids_scratch.push(self.unique[t][p]);
             }
-            codec::encode(&self.rows_scratch, encoding, &mut payload);
+            match residuals.as_deref_mut() {
+                Some(r) if r.dim() == dim => r.encode_rows(
+                    t as u32,
+                    &self.ids_scratch,
+                    &self.rows_scratch,
+                    scale,
+                    encoding,
+                    &mut payload,
+                ),
+                _ => codec::encode_rows(&self.rows_scratch, dim, encoding, &mut payload),
+            }
         }
         (counts, payload)
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn dedup_route_gather_reduce_round_trip() {
-        let map = ShardMap::new(2);
-        let sparse = vec![vec![5u64, 9, 5, 7], vec![1u64, 1, 1, 1]];
-        let mut plan = Plan::default();
-        plan.build(&sparse, 2, &map);
-        assert_eq!(plan.unique(0), &[5, 9, 7]);
-        assert_eq!(plan.unique(1), &[1]);
-        assert_eq!(plan.unique_ids(), 4);
-        // Serve every pull as if the row of id x were [x, -x].
-        let mut unique_rows = Vec::new();
-        for s in 0..2 {
-            let (counts, ids) = plan.pull_request(s);
-            let mut rows = Vec::new();
-            for chunk in ids.chunks_exact(8) {
-                let id = u64::from_le_bytes(chunk.try_into().unwrap()) as f32;
-                codec::encode(&[id, -id], Encoding::F32, &mut rows);
-            }
-            assert_eq!(
-                counts.iter().map(|c| c.count as usize).sum::<usize>() * 8,
-                ids.len()
-            );
-            plan.scatter_pulled(s, &rows, Encoding::F32, &mut unique_rows)
-                .unwrap();
-        }
-        let mut emb = Vec::new();
-        plan.gather_embeddings(&unique_rows, &mut emb);
-        assert_eq!(
-            emb,
-            [5., -5., 1., -1., 9., -9., 1., -1., 5., -5., 1., -1., 7., -7., 1., -1.]
-        );
-        // Gradients: sample i, table t, element e = i + 10t + 100e.
-        let grad: Vec<f32> = (0..4)
-            .flat_map(|i| {
-                (0..2).flat_map(move |t| (0..2).map(move |e| (i + 10 * t + 100 * e) as f32))
-            })
-            .collect();
-        let mut sums = Vec::new();
-        plan.reduce_gradients(&grad, 2.0, &mut sums);
-        assert_eq!(
-            sums[0],
-            [2.0 * 2., 2.0 * 202., 2.0, 2.0 * 101., 6.0, 2.0 * 103.]
-        );
-        assert_eq!(sums[1], [2.0 * 46., 2.0 * 446.]);
-        let mut pushed = 0;
-        for s in 0..2 {
-            let (counts, payload) = plan.push_request(s, &sums, Encoding::F32);
-            let n: usize = counts.iter().map(|c| c.count as usize).sum();
-            assert_eq!(payload.len(), n * 8 + n * 2 * 4);
-            pushed += n;
-        }
-        assert_eq!(pushed, 4);
-    }
-
-    #[test]
-    fn short_reply_is_an_error() {
-        let map = ShardMap::new(1);
-        let mut plan = Plan::default();
-        plan.build(&[vec![1, 2]], 4, &map);
-        let mut rows = Vec::new();
-        let err = plan
-            .scatter_pulled(0, &[0u8; 12], Encoding::F16, &mut rows)
-            .unwrap_err();
-        assert!(err.to_string().contains("12 bytes, expected 16"), "{err}");
-    }
-}
+#[path = "plan_tests.rs"]
+mod tests;

@@ -10,7 +10,59 @@ use serde::Serialize;
 
 use crate::config::{ClusterArgs, ModelArgs};
 use crate::criteo::ReaderConfig;
-use crate::train::{Progress, Trainer};
+use crate::eval::EvalReport;
+use crate::train::{Event, PassOptions, Trainer};
+
+/// Job flags beyond the model: periodic evaluation, checkpoints and resume, dense placement, an early stop.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct JobArgs {
+    /// Evaluate on the test set every N training steps as well as at the end (rank 0 only; 0 = at the end).
+    #[arg(long, default_value_t = 0)]
+    pub eval_every: u64,
+    /// Write checkpoints (dense parameters, optimizer state, data position, step; rank 0 adds the servers'
+    /// snapshot in DIR/ps when they support it) into DIR, every --checkpoint-every steps and at the end.
+    #[arg(long, value_name = "DIR")]
+    pub checkpoint_dir: Option<PathBuf>,
+    /// Steps between checkpoints (0 = only at the end).
+    #[arg(long, default_value_t = 0, requires = "checkpoint_dir")]
+    pub checkpoint_every: u64,
+    /// Continue from this rank's checkpoint in DIR (the servers must hold the matching state).
+    #[arg(long, value_name = "DIR")]
+    pub resume: Option<PathBuf>,
+    /// Stop once this many steps are done (counting a resumed run's; 0 = the whole pass).
+    #[arg(long, default_value_t = 0)]
+    pub max_steps: u64,
+    /// Keep the dense parameters on the parameter servers (implied by --world > 1).
+    #[arg(long)]
+    pub dense_on_ps: bool,
+    /// Use the test set only for periodic evaluations (the demo evaluates once every trainer is done).
+    #[arg(long, hide = true)]
+    pub skip_final_eval: bool,
+}
+
+/// One evaluation in the summary.
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
+pub struct EvalPoint {
+    /// The trainer's step when it ran.
+    pub step: u64,
+    /// Test AUC.
+    pub auc: Option<f64>,
+    /// Test logloss.
+    pub logloss: f64,
+    /// Mean prediction over positive rate.
+    pub calibration: Option<f64>,
+}
+
+impl EvalPoint {
+    fn new(step: u64, r: &EvalReport) -> EvalPoint {
+        EvalPoint {
+            step,
+            auc: r.auc,
+            logloss: r.logloss,
+            calibration: r.calibration(),
+        }
+    }
+}
 
 /// The end-of-run summary, printed and written as JSON by `--summary-json`.
 #[derive(Debug, Clone, Serialize)]
@@ -37,6 +89,12 @@ pub struct Summary {
     pub bad_lines: u64,
     /// Gradient rows the servers rejected as non-finite.
     pub rejected_nonfinite: u64,
+    /// The trainer's final step (batches, including a resumed run's).
+    pub step: u64,
+    /// Trainers that trained (the demo's combined summary adds them up).
+    pub trainers: usize,
+    /// Every evaluation: the periodic ones, then the final one.
+    pub evals: Vec<EvalPoint>,
 }
 
 impl Summary {
@@ -79,12 +137,8 @@ pub struct Inputs {
     pub world: usize,
 }
 
-/// Connects to the cluster, trains one pass and evaluates.
-pub async fn train_and_evaluate(
-    cluster: &ClusterArgs,
-    model: &ModelArgs,
-    inputs: &Inputs,
-) -> anyhow::Result<Summary> {
+/// Connects to the cluster (flags checked, names resolved).
+pub async fn connect(cluster: &ClusterArgs) -> anyhow::Result<Arc<PsClient>> {
     anyhow::ensure!(
         cluster.resolve_timeout_secs.is_finite() && cluster.resolve_timeout_secs >= 0.0,
         "resolve-timeout-secs = {}, expected a number of seconds >= 0",
@@ -98,35 +152,83 @@ pub async fn train_and_evaluate(
     .map_err(anyhow::Error::msg)?;
     let mut cfg = PsClientConfig::new(servers, cluster.tls_dir.clone());
     cfg.server_name = cluster.server_name.clone();
-    let client = Arc::new(
+    cfg.transport = cluster.transport;
+    Ok(Arc::new(
         PsClient::connect(cfg)
             .await
             .context("connect to the parameter servers")?,
-    );
-    let mut trainer = Trainer::new(client.clone(), model.clone()).await?;
+    ))
+}
+
+/// Connects to the cluster, trains one pass (resuming a checkpoint if asked) and evaluates.
+pub async fn train_and_evaluate(
+    cluster: &ClusterArgs,
+    model: &ModelArgs,
+    inputs: &Inputs,
+    job: &JobArgs,
+) -> anyhow::Result<Summary> {
+    let client = connect(cluster).await?;
+    let dense_on_ps = job.dense_on_ps || inputs.world > 1;
+    let mut trainer =
+        Trainer::with_ranks(client.clone(), model.clone(), inputs.rank, inputs.world, dense_on_ps)
+            .await?;
+    if let Some(dir) = &job.resume {
+        let meta = trainer.resume(dir)?;
+        eprintln!(
+            "resumed from {}: step {}, {} samples done{}",
+            dir.display(),
+            meta.step,
+            meta.samples,
+            if meta.ps_snapshot { ", servers' snapshot in ps/" } else { "" }
+        );
+    }
     let reader = ReaderConfig {
         max_bad_lines: model.max_bad_lines,
         rank: inputs.rank,
         world: inputs.world,
         ..ReaderConfig::new(inputs.train.iter().cloned(), model.batch_size)
     };
+    let eval_cfg = (!inputs.test.is_empty()).then(|| ReaderConfig {
+        max_bad_lines: model.max_bad_lines,
+        ..ReaderConfig::new(inputs.test.iter().cloned(), model.eval_batch_size)
+    });
     eprintln!(
-        "training: {} servers, batch {}, dense {:?} lr {}, embeddings {:?} lr {}, {} on the wire, staleness bound {}",
+        "training: rank {} of {}, {} servers, batch {}, dense {:?} lr {} ({}), embeddings {:?} lr {}, {} on the wire, staleness bound {}",
+        inputs.rank,
+        inputs.world,
         client.num_servers(),
         model.batch_size,
         model.dense_kind(),
         model.dense_lr(),
+        if dense_on_ps { "on the servers" } else { "on the trainer" },
         model.optimizer,
         model.emb_lr(),
         model.encoding,
         model.max_in_flight
     );
+    let opts = PassOptions {
+        eval_every: if inputs.rank == 0 { job.eval_every } else { 0 },
+        eval_data: eval_cfg.clone(),
+        checkpoint_dir: job.checkpoint_dir.clone(),
+        checkpoint_every: job.checkpoint_every,
+        max_steps: job.max_steps,
+    };
     let report = trainer
-        .train_pass(reader, |p: Progress| {
-            eprintln!(
+        .train_pass(reader, &opts, |e| match e {
+            Event::Progress(p) => eprintln!(
                 "[{:>6.1}s] rows {:>9}  samples/s {:>8.0}  loss {:.4}",
                 p.seconds, p.samples, p.samples_per_sec, p.loss
-            );
+            ),
+            Event::Eval { step, report } => eprintln!("eval at step {step}: {}", report.render()),
+            Event::Checkpoint {
+                step,
+                path,
+                ps_snapshot,
+            } => eprintln!(
+                "checkpoint at step {step}: {}{}",
+                path.display(),
+                if ps_snapshot { " (with the servers' snapshot)" } else { "" }
+            ),
         })
         .await?;
     if report.read.bad_lines > 0 {
@@ -147,23 +249,53 @@ pub async fn train_and_evaluate(
         calibration: None,
         bad_lines: report.read.bad_lines,
         rejected_nonfinite: report.rejected_nonfinite,
+        step: trainer.step(),
+        trainers: 1,
+        evals: report
+            .evals
+            .iter()
+            .map(|(step, r)| EvalPoint::new(*step, r))
+            .collect(),
     };
-    if !inputs.test.is_empty() {
+    if let (Some(cfg), 0, false) = (eval_cfg, inputs.rank, job.skip_final_eval) {
         eprintln!("evaluating on {:?}", inputs.test);
-        let eval_cfg = ReaderConfig {
-            max_bad_lines: model.max_bad_lines,
-            ..ReaderConfig::new(inputs.test.iter().cloned(), model.eval_batch_size)
-        };
-        let eval = trainer.evaluate(eval_cfg).await?;
-        summary.auc = eval.auc;
-        summary.logloss = Some(eval.logloss);
-        summary.test_samples = eval.count;
-        if eval.positive_rate > 0.0 {
-            summary.calibration = Some(eval.mean_prediction / eval.positive_rate);
-        }
+        trainer.refresh_dense().await?;
+        let eval = trainer.evaluate(cfg).await?;
+        eprintln!("eval at step {} (final): {}", trainer.step(), eval.render());
+        summary.apply_eval(trainer.step(), &eval);
     }
     client.close().await;
     Ok(summary)
+}
+
+/// Evaluates the model the servers hold (dense parameters on the servers, as several trainers leave them) on
+/// `test`: the demo's final evaluation once every trainer has finished.
+pub async fn evaluate_on_servers(
+    cluster: &ClusterArgs,
+    model: &ModelArgs,
+    test: &[PathBuf],
+) -> anyhow::Result<EvalReport> {
+    let client = connect(cluster).await?;
+    let mut trainer = Trainer::with_ranks(client.clone(), model.clone(), 0, 1, true).await?;
+    trainer.refresh_dense().await?;
+    let cfg = ReaderConfig {
+        max_bad_lines: model.max_bad_lines,
+        ..ReaderConfig::new(test.iter().cloned(), model.eval_batch_size)
+    };
+    let eval = trainer.evaluate(cfg).await?;
+    client.close().await;
+    Ok(eval)
+}
+
+impl Summary {
+    /// Records the final evaluation.
+    pub fn apply_eval(&mut self, step: u64, eval: &EvalReport) {
+        self.auc = eval.auc;
+        self.logloss = Some(eval.logloss);
+        self.test_samples = eval.count;
+        self.calibration = eval.calibration();
+        self.evals.push(EvalPoint::new(step, eval));
+    }
 }
 
 /// AUC of the probabilities in `oracle` (one per line) against the labels of the Criteo file `data`.

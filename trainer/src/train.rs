@@ -1,40 +1,54 @@
 //! The training and evaluation loops against the parameter servers.
 //!
-//! Per batch (DESIGN.md, "One training step"): plan (dedup ids per table, group by server) -> one pull request
-//! per server, all in parallel -> gather rows -> dense forward/backward and optimizer step -> sum gradients per
-//! unique id -> one push request per server. With a staleness bound `k > 0`, the pull of batch `t+1` is sent
-//! before batch `t` is computed, and up to `k` batch pushes may await acknowledgement while training goes on;
-//! `k = 0` is synchronous (every push is acknowledged before the next pull).
+//! Stages (DESIGN.md, "One training step"), each behind a bounded queue: parse (reader thread) -> plan (dedup
+//! ids per table, group by server; plan thread, [`crate::pipeline`]) -> pull (one request per server, in
+//! parallel, up to `k` batches ahead of compute) -> compute (dense forward/backward and optimizer step) -> push
+//! (gradients summed per unique id, one request per server, not awaited).
+//!
+//! The staleness bound `k` (`--max-in-flight`): the pull of a pass's batch `n` is sent only once at least
+//! `n - k` of the earlier batches' pushes are acknowledged, so the rows it reads lack at most `k` batches of
+//! updates (the `trainer_staleness_batches` histogram records the exact number). While batch `t` computes, the
+//! pulls of batches `t+1 ..= t+k` are in flight. `k = 0` is synchronous and deterministic: every push is
+//! acknowledged before the next pull is sent.
+//!
+//! With dense parameters on the servers (several trainers, [`crate::dense_sync`]), each batch's pull also
+//! fetches the dense parameters and its push carries the dense gradients, under the same gate.
 //!
 //! Gradients are pushed loss-scaled: the model returns `d(mean loss)/d row`, which is multiplied by the batch
 //! size (making it the sum of per-sample gradients, of order 1e-3..1) before f16 encoding, and the scale travels
 //! in the request so the server divides it out. Without it most row gradients of a 2048 batch would fall in
 //! f16's subnormal range.
 
+use std::collections::VecDeque;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Context};
 use bytes::Bytes;
-use protocol::{ProtocolError, PsClient, ShardMap, TableCount};
-use tokio::sync::Semaphore;
+use protocol::{Encoding, ProtocolError, PsClient, ShardMap, TableCount};
+use tokio::sync::watch;
 use tokio::task::{JoinHandle, JoinSet};
 
+use crate::checkpoint::{self as ckpt, Checkpoint, CheckpointMeta};
 use crate::config::ModelArgs;
 use crate::criteo::{Batch, BatchReader, ReadStats, ReaderConfig};
+use crate::dense_sync::DenseSync;
 use crate::eval::{EvalReport, Evaluator};
 use crate::metrics as m;
 use crate::model::Dlrm;
-use crate::plan::Plan;
+use crate::pipeline::PlanStage;
+use crate::plan::{PartRequest, Plan, TableCodecs};
 
 /// What one pass over the training data did.
 #[derive(Debug, Clone)]
 pub struct TrainReport {
-    /// Samples trained on.
+    /// Samples trained on in this pass (not counting a resumed run's earlier samples).
     pub samples: u64,
-    /// Batches trained on.
+    /// Batches trained on in this pass.
     pub batches: u64,
-    /// Wall-clock seconds of the pass (reading, pulls, compute and pushes; the last pushes acknowledged).
+    /// Wall-clock seconds of the pass (reading, pulls, compute and pushes; the last pushes acknowledged),
+    /// not counting periodic evaluations and checkpoints.
     pub seconds: f64,
     /// Mean training loss over the last 10% of the samples (at least the last batch).
     pub final_loss: f64,
@@ -44,6 +58,8 @@ pub struct TrainReport {
     pub rejected_nonfinite: u64,
     /// The reader's counts (bad lines, padded lines).
     pub read: ReadStats,
+    /// The periodic evaluations: `(step, report)`.
+    pub evals: Vec<(u64, EvalReport)>,
 }
 
 /// Progress of a running pass, reported every progress interval.
@@ -59,7 +75,47 @@ pub struct Progress {
     pub loss: f64,
 }
 
-type PullResult = Result<Vec<(usize, Bytes)>, ProtocolError>;
+/// Something a pass reports while it runs.
+#[derive(Debug, Clone)]
+pub enum Event {
+    /// Throughput and loss over the last progress interval.
+    Progress(Progress),
+    /// A periodic evaluation on the held-out set.
+    Eval {
+        /// The trainer's step (batches trained, including a resumed run's).
+        step: u64,
+        /// The metrics.
+        report: EvalReport,
+    },
+    /// A checkpoint was written.
+    Checkpoint {
+        /// The step it holds.
+        step: u64,
+        /// Its file.
+        path: PathBuf,
+        /// Whether the servers' snapshot was taken with it.
+        ps_snapshot: bool,
+    },
+}
+
+/// What a pass does besides training: periodic evaluation and checkpoints, and an early stop.
+#[derive(Debug, Clone, Default)]
+pub struct PassOptions {
+    /// Evaluate on `eval_data` every this many steps (0 = never during the pass).
+    pub eval_every: u64,
+    /// The held-out set of periodic evaluations.
+    pub eval_data: Option<ReaderConfig>,
+    /// Write checkpoints here.
+    pub checkpoint_dir: Option<PathBuf>,
+    /// Checkpoint every this many steps (0 = only at the end); needs `checkpoint_dir`.
+    pub checkpoint_every: u64,
+    /// Stop once the trainer's step reaches this (0 = run to the end of the data).
+    pub max_steps: u64,
+}
+
+type Replies = Vec<(usize, Bytes)>;
+type PullResult = Result<(Replies, Option<Replies>), ProtocolError>;
+type PushResult = Result<(u64, u64), ProtocolError>;
 
 struct Stage {
     batch: Batch,
@@ -73,36 +129,116 @@ pub struct Trainer {
     args: ModelArgs,
     model: Dlrm,
     map: ShardMap,
+    dense: Option<DenseSync>,
+    rank: usize,
+    world: usize,
+    /// Batches trained so far, including those of the run a checkpoint resumed.
+    step: u64,
+    /// Samples trained so far, likewise.
+    samples: u64,
     free_plans: Vec<Plan>,
     unique_rows: Vec<Vec<f32>>,
     emb: Vec<f32>,
     emb_grad: Vec<f32>,
     grads: Vec<Vec<f32>>,
+    /// Pull and push encodings per table.
+    codecs: TableCodecs,
+    /// Error-feedback residuals of lossy pushes.
+    residuals: Option<protocol::feedback::ResidualStore>,
+}
+
+/// Sends embedding pulls with per-table encodings in parallel; the replies as `(request index, rows)` (see
+/// [`Plan::scatter_part_at`]).
+async fn pull_parts(
+    client: &Arc<PsClient>,
+    requests: Vec<PartRequest>,
+) -> Result<Replies, ProtocolError> {
+    let mut set = JoinSet::new();
+    for (i, r) in requests.into_iter().enumerate() {
+        let client = client.clone();
+        set.spawn(async move {
+            let ids = Bytes::from(r.payload);
+            client.pull(r.server, r.encoding, r.counts, ids).await.map(|b| (i, b))
+        });
+    }
+    let mut out = Vec::with_capacity(set.len());
+    while let Some(joined) = set.join_next().await {
+        out.push(joined.expect("pull task panicked")?);
+    }
+    Ok(out)
+}
+
+/// Sends `requests` as pulls in parallel; the replies as `(server, rows)`.
+async fn pull_all(
+    client: &Arc<PsClient>,
+    encoding: Encoding,
+    requests: Vec<(usize, Vec<TableCount>, Bytes)>,
+) -> Result<Replies, ProtocolError> {
+    let mut set = JoinSet::new();
+    for (s, counts, ids) in requests {
+        let client = client.clone();
+        set.spawn(async move { client.pull(s, encoding, counts, ids).await.map(|b| (s, b)) });
+    }
+    let mut out = Vec::with_capacity(set.len());
+    while let Some(joined) = set.join_next().await {
+        out.push(joined.expect("pull task panicked")?);
+    }
+    Ok(out)
 }
 
 impl Trainer {
-    /// Registers the embedding tables on every server and builds the dense model.
+    /// Registers the embedding tables on every server and builds the dense model (rank 0 of 1, dense
+    /// parameters on the trainer).
     pub async fn new(client: Arc<PsClient>, args: ModelArgs) -> anyhow::Result<Trainer> {
+        Self::with_ranks(client, args, 0, 1, false).await
+    }
+
+    /// Like [`new`](Self::new) for rank `rank` of `world`; with `dense_on_ps` the dense parameters live on the
+    /// servers ([`crate::dense_sync`]), which several trainers need.
+    pub async fn with_ranks(
+        client: Arc<PsClient>,
+        args: ModelArgs,
+        rank: usize,
+        world: usize,
+        dense_on_ps: bool,
+    ) -> anyhow::Result<Trainer> {
         args.validate()
             .map_err(anyhow::Error::msg)
             .context("invalid model config")?;
         let dlrm = args.dlrm();
-        let num_sparse = dlrm.num_sparse;
+        let model = Dlrm::new(dlrm.clone(), args.dense_optimizer(), args.seed)
+            .context("build DLRM")?;
+        let codecs = args
+            .table_codecs(dlrm.num_sparse)
+            .map_err(anyhow::Error::msg)?;
+        let residuals = args.residual_store(&codecs);
+        let mut specs = args.table_specs(dlrm.num_sparse);
+        let map = client.shard_map();
+        let dense = dense_on_ps.then(|| {
+            specs.push(DenseSync::table_spec(args.dense_optimizer()));
+            DenseSync::new(&model, &map)
+        });
         client
-            .register_tables(&args.table_specs(num_sparse))
+            .register_tables(&specs)
             .await
             .context("register embedding tables")?;
-        let model = Dlrm::new(dlrm, args.dense_optimizer(), args.seed).context("build DLRM")?;
         Ok(Trainer {
-            map: client.shard_map(),
+            map,
             client,
             args,
             model,
+            dense,
+            rank,
+            world,
+            step: 0,
+            samples: 0,
             free_plans: Vec::new(),
             unique_rows: Vec::new(),
             emb: Vec::new(),
             emb_grad: Vec::new(),
             grads: Vec::new(),
+            codecs,
+            residuals,
         })
     }
 
@@ -111,183 +247,226 @@ impl Trainer {
         &self.model
     }
 
-    fn start(&mut self, batch: Batch) -> Stage {
-        let mut plan = self.free_plans.pop().unwrap_or_default();
-        plan.build(&batch.sparse, self.args.emb_dim, &self.map);
-        let requests: Vec<(usize, Vec<TableCount>, Vec<u8>)> = (0..self.map.num_servers as usize)
-            .filter(|&s| plan.has_work(s))
-            .map(|s| {
-                let (counts, ids) = plan.pull_request(s);
-                (s, counts, ids)
-            })
-            .collect();
+    /// Batches trained so far (including a resumed run's).
+    pub fn step(&self) -> u64 {
+        self.step
+    }
+
+    /// Restores the checkpoint of this rank from `dir`: dense parameters and optimizer state, step and data
+    /// position. The servers must hold the matching state (still running, or restored from `dir/ps`).
+    pub fn resume(&mut self, dir: &std::path::Path) -> anyhow::Result<CheckpointMeta> {
+        let ckpt = Checkpoint::read(dir, self.rank)?;
+        ckpt.check_job(dir, self.rank, self.world, self.args.batch_size)?;
+        ckpt.restore_into(&mut self.model, dir)?;
+        self.step = ckpt.meta.step;
+        self.samples = ckpt.meta.samples;
+        Ok(ckpt.meta)
+    }
+
+    /// Pulls the dense parameters from the servers now (with dense parameters on the servers; else a no-op).
+    pub async fn refresh_dense(&mut self) -> anyhow::Result<()> {
+        let Some(dense) = &mut self.dense else {
+            return Ok(());
+        };
+        let replies = pull_all(&self.client, Encoding::F32, dense.pull_requests())
+            .await
+            .context("pull dense parameters")?;
+        dense.apply_pulled(&replies, &mut self.model)?;
+        Ok(())
+    }
+
+    /// Sends a batch's pulls (embedding rows, and dense rows when they live on the servers). With a gate
+    /// `(acked, index, k)`, the pulls of the pass's batch `index` wait until at least `index - k` pushes are
+    /// acknowledged.
+    fn start(&mut self, batch: Batch, mut plan: Plan, gate: Option<(watch::Receiver<u64>, u64, u64)>) -> Stage {
+        let requests = plan.pull_requests(&self.codecs);
+        let dense_requests = self.dense.as_ref().map(DenseSync::pull_requests);
         let client = self.client.clone();
-        let encoding = self.args.encoding;
-        let started = Instant::now();
+        let raw_row_bytes = self.args.emb_dim * 4;
         let rows = plan.unique_ids() as u64;
         let pull = tokio::spawn(async move {
-            let mut set = JoinSet::new();
-            for (s, counts, ids) in requests {
-                let client = client.clone();
-                set.spawn(async move {
-                    client
-                        .pull(s, encoding, counts, Bytes::from(ids))
-                        .await
-                        .map(|b| (s, b))
-                });
+            if let Some((mut acked, index, k)) = gate {
+                let needed = index.saturating_sub(k);
+                // The counter's sender lives as long as the pass; if it is gone the pass is over anyway.
+                let seen = acked.wait_for(|&n| n >= needed).await.map_or(index, |n| *n);
+                // Earlier batches of the pass whose updates these rows may lack.
+                metrics::histogram!(m::STALENESS_BATCHES).record(index.saturating_sub(seen) as f64);
             }
-            let mut out = Vec::with_capacity(set.len());
-            while let Some(joined) = set.join_next().await {
-                out.push(joined.expect("pull task panicked")?);
-            }
-            let received: usize = out.iter().map(|(_, b)| b.len()).sum();
+            let started = Instant::now();
+            let dense = async {
+                match dense_requests {
+                    Some(r) => pull_all(&client, Encoding::F32, r).await.map(Some),
+                    None => Ok(None),
+                }
+            };
+            let (emb, dense) = tokio::try_join!(pull_parts(&client, requests), dense)?;
+            let received: usize = emb.iter().map(|(_, b)| b.len()).sum();
             metrics::histogram!(m::PULL_SECONDS).record(started.elapsed().as_secs_f64());
             metrics::counter!(m::ROWS_PULLED_TOTAL).increment(rows);
             metrics::counter!(m::WIRE_BYTES_RECEIVED_TOTAL).increment(received as u64);
             metrics::counter!(m::RAW_BYTES_RECEIVED_TOTAL)
-                .increment((received / encoding.bytes_per_element() * 4) as u64);
-            Ok(out)
+                .increment(rows * raw_row_bytes as u64);
+            Ok((emb, dense))
         });
         Stage { batch, plan, pull }
     }
 
-    /// Waits for a stage's rows and lays them out as the model's input in `self.emb`.
+    /// Waits for a stage's rows and lays them out as the model's input in `self.emb` (and sets the dense
+    /// parameters when they come from the servers).
     async fn receive(&mut self, stage: &mut Stage) -> anyhow::Result<()> {
-        let replies = (&mut stage.pull)
+        let (replies, dense) = (&mut stage.pull)
             .await
             .context("pull task")?
             .context("pull embedding rows")?;
-        for (s, bytes) in replies {
+        for (i, bytes) in replies {
+            let s = stage.plan.part_server(i);
             stage
                 .plan
-                .scatter_pulled(s, &bytes, self.args.encoding, &mut self.unique_rows)
+                .scatter_part_at(i, &bytes, &mut self.unique_rows)
                 .with_context(|| format!("rows from server {}", self.client.addr(s)))?;
         }
         stage
             .plan
             .gather_embeddings(&self.unique_rows, &mut self.emb);
+        if let (Some(sync), Some(replies)) = (&mut self.dense, dense) {
+            sync.apply_pulled(&replies, &mut self.model)?;
+        }
         Ok(())
     }
 
-    fn next_batch(reader: &mut BatchReader) -> anyhow::Result<Option<Batch>> {
-        match tokio::task::block_in_place(|| reader.next()) {
-            None => Ok(None),
-            Some(Ok(b)) if b.len == 0 => Ok(None),
-            Some(Ok(b)) => Ok(Some(b)),
-            Some(Err(e)) => Err(e).context("read training data"),
+    /// Forward, backward and the dense update (on the trainer, or left to the servers); returns the loss.
+    fn compute(&mut self, batch: &Batch) -> anyhow::Result<f32> {
+        let b = batch.len;
+        self.emb_grad.resize(self.emb.len(), 0.0);
+        let started = Instant::now();
+        let (model, emb, emb_grad) = (&mut self.model, &self.emb, &mut self.emb_grad);
+        let on_ps = self.dense.is_some();
+        let loss = tokio::task::block_in_place(|| {
+            if on_ps {
+                model.forward_backward(b, &batch.dense, emb, &batch.labels, emb_grad)
+            } else {
+                model.train_step(b, &batch.dense, emb, &batch.labels, emb_grad)
+            }
+        })
+        .context("train step")?;
+        metrics::histogram!(m::COMPUTE_SECONDS).record(started.elapsed().as_secs_f64());
+        if !loss.is_finite() {
+            bail!("training loss became {loss} at step {}: lower --lr", self.step);
         }
+        Ok(loss)
     }
 
-    /// One pass over `reader`'s data. `progress` is called every progress interval.
+    /// One pass over `reader_cfg`'s data (from the data position of a resumed checkpoint), with the periodic
+    /// work of `opts`; `on_event` hears progress, evaluations and checkpoints.
     pub async fn train_pass(
         &mut self,
         reader_cfg: ReaderConfig,
-        mut progress: impl FnMut(Progress),
+        opts: &PassOptions,
+        mut on_event: impl FnMut(Event),
     ) -> anyhow::Result<TrainReport> {
-        let mut reader = BatchReader::spawn(reader_cfg).context("open training data")?;
-        let k = self.args.max_in_flight;
-        let in_flight = Arc::new(Semaphore::new(k.max(1)));
-        let mut pushes: JoinSet<Result<(u64, u64), ProtocolError>> = JoinSet::new();
+        let k = self.args.max_in_flight as u64;
+        let reader = BatchReader::spawn(reader_cfg).context("open training data")?;
+        let mut stage_in = PlanStage::spawn(reader, self.args.emb_dim, self.map, k as usize + 1, self.step)
+            .context("start the plan thread")?;
+        let (acked_tx, acked_rx) = watch::channel(0u64);
+        let acked_tx = Arc::new(acked_tx);
+        let mut pushes: JoinSet<PushResult> = JoinSet::new();
+        let mut ahead: VecDeque<Stage> = VecDeque::new();
+        let mut issued = 0u64;
+        let mut exhausted = false;
         let begin = Instant::now();
+        let mut paused = std::time::Duration::ZERO;
         let (mut samples, mut batches, mut rejected) = (0u64, 0u64, 0u64);
         let (mut window_loss, mut window_samples) = (0.0f64, 0u64);
         let mut last_report = Instant::now();
         let mut losses: Vec<(u64, f32)> = Vec::new();
+        let mut evals = Vec::new();
+        let at_limit = |step: u64| opts.max_steps > 0 && step >= opts.max_steps;
 
-        // Staleness of a batch: earlier batches whose pushes its pull cannot see (outstanding pushes, plus the
-        // batch still being computed when the pull is a prefetch).
-        let staleness = |sem: &Semaphore, computing: usize| {
-            let outstanding = k.max(1) - sem.available_permits();
-            metrics::histogram!(m::STALENESS_BATCHES).record((outstanding + computing) as f64);
-        };
-        let mut next = Self::next_batch(&mut reader)?.map(|b| {
-            staleness(&in_flight, 0);
-            self.start(b)
-        });
-        while let Some(mut stage) = next.take() {
-            if k > 0 {
-                // Prefetch: the pull of batch t+1 overlaps the compute of batch t.
-                next = Self::next_batch(&mut reader)?.map(|b| {
-                    staleness(&in_flight, 1);
-                    self.start(b)
-                });
+        loop {
+            // Pull stage: keep the batch to compute next plus `k` more in flight.
+            while !exhausted && (ahead.len() as u64) <= k && !at_limit(self.step + ahead.len() as u64) {
+                match tokio::task::block_in_place(|| stage_in.next()) {
+                    None => exhausted = true,
+                    Some(planned) => {
+                        let p = planned.context("read training data")?;
+                        let gate = Some((acked_rx.clone(), issued, k));
+                        ahead.push_back(self.start(p.batch, p.plan, gate));
+                        issued += 1;
+                    }
+                }
             }
+            let Some(mut stage) = ahead.pop_front() else {
+                break;
+            };
             self.receive(&mut stage).await?;
+            let loss = self.compute(&stage.batch)?;
             let b = stage.batch.len;
-            self.emb_grad.resize(self.emb.len(), 0.0);
-            let compute_start = Instant::now();
-            let (model, emb, emb_grad, batch) =
-                (&mut self.model, &self.emb, &mut self.emb_grad, &stage.batch);
-            let loss = tokio::task::block_in_place(|| {
-                model.train_step(b, &batch.dense, emb, &batch.labels, emb_grad)
-            })
-            .context("train step")?;
-            metrics::histogram!(m::COMPUTE_SECONDS).record(compute_start.elapsed().as_secs_f64());
-            if !loss.is_finite() {
-                bail!("training loss became {loss} at batch {batches}: lower --lr");
-            }
-            let scale = b as f32;
-            stage
-                .plan
-                .reduce_gradients(&self.emb_grad, 1.0, &mut self.grads);
-            for g in &mut self.grads {
-                g.iter_mut().for_each(|x| *x *= scale);
-            }
-            let push = self.send_push(&mut stage.plan, scale);
-            self.free_plans.push(stage.plan);
-            let permit = in_flight
-                .clone()
-                .acquire_owned()
-                .await
-                .expect("semaphore open");
+            let push = self.send_push(&mut stage.plan, b as f32);
+            stage_in.recycle(stage.plan);
             metrics::gauge!(m::PUSHES_IN_FLIGHT).increment(1.0);
+            let acked = acked_tx.clone();
             pushes.spawn(async move {
                 let r = push.await;
-                drop(permit);
                 metrics::gauge!(m::PUSHES_IN_FLIGHT).decrement(1.0);
+                // Counted even when it failed, so no pull waits forever; the loop reports the failure.
+                acked.send_modify(|n| *n += 1);
                 r
             });
-            if k == 0 {
-                while let Some(r) = pushes.join_next().await {
-                    rejected += r.expect("push task panicked").context("push gradients")?.1;
-                }
-                next = Self::next_batch(&mut reader)?.map(|b| {
-                    staleness(&in_flight, 0);
-                    self.start(b)
-                });
-            } else {
-                while let Some(r) = pushes.try_join_next() {
-                    rejected += r.expect("push task panicked").context("push gradients")?.1;
-                }
+            while let Some(r) = pushes.try_join_next() {
+                rejected += r.expect("push task panicked").context("push gradients")?.1;
             }
+            self.step += 1;
+            self.samples += b as u64;
             samples += b as u64;
             batches += 1;
             losses.push((b as u64, loss));
             window_loss += loss as f64 * b as f64;
             window_samples += b as u64;
             metrics::counter!(m::SAMPLES_TOTAL).increment(b as u64);
+            metrics::gauge!(m::STEP).set(self.step as f64);
             metrics::counter!(m::BATCHES_TOTAL).increment(1);
             if last_report.elapsed() >= self.args.progress_interval() {
                 let secs = last_report.elapsed().as_secs_f64();
                 let p = Progress {
                     samples,
-                    seconds: begin.elapsed().as_secs_f64(),
+                    seconds: (begin.elapsed() - paused).as_secs_f64(),
                     samples_per_sec: window_samples as f64 / secs,
                     loss: window_loss / window_samples.max(1) as f64,
                 };
                 metrics::gauge!(m::SAMPLES_PER_SECOND).set(p.samples_per_sec);
                 metrics::gauge!(m::LOSS).set(p.loss);
-                progress(p);
+                on_event(Event::Progress(p));
                 last_report = Instant::now();
                 (window_loss, window_samples) = (0.0, 0);
             }
+            let eval_now = opts.eval_every > 0 && self.step % opts.eval_every == 0;
+            let ckpt_now = opts.checkpoint_every > 0 && self.step % opts.checkpoint_every == 0;
+            if let (true, Some(cfg)) = (eval_now, &opts.eval_data) {
+                let t = Instant::now();
+                let report = self.evaluate(cfg.clone()).await?;
+                evals.push((self.step, report));
+                on_event(Event::Eval { step: self.step, report });
+                paused += t.elapsed();
+                last_report = Instant::now();
+            }
+            if let (true, Some(dir)) = (ckpt_now, &opts.checkpoint_dir) {
+                let t = Instant::now();
+                rejected += drain(&mut pushes).await?;
+                on_event(self.checkpoint(dir).await?);
+                paused += t.elapsed();
+                last_report = Instant::now();
+            }
         }
-        while let Some(r) = pushes.join_next().await {
-            rejected += r.expect("push task panicked").context("push gradients")?.1;
-        }
-        let seconds = begin.elapsed().as_secs_f64();
-        let read = reader.stats();
+        rejected += drain(&mut pushes).await?;
+        let seconds = (begin.elapsed() - paused).as_secs_f64();
+        drop(ahead);
+        let read = stage_in.finish();
         metrics::counter!(m::BAD_LINES_TOTAL).increment(read.bad_lines);
+        let just_written = opts.checkpoint_every > 0 && self.step % opts.checkpoint_every == 0;
+        if let (Some(dir), false) = (&opts.checkpoint_dir, just_written && batches > 0) {
+            on_event(self.checkpoint(dir).await?);
+        }
         Ok(TrainReport {
             samples,
             batches,
@@ -296,6 +475,50 @@ impl Trainer {
             mean_loss: tail_mean(&losses, samples),
             rejected_nonfinite: rejected,
             read,
+            evals,
+        })
+    }
+
+    /// Writes this rank's checkpoint into `dir` (every push must be acknowledged); rank 0 also has the
+    /// servers snapshot their tables into `dir/ps`.
+    async fn checkpoint(&mut self, dir: &std::path::Path) -> anyhow::Result<Event> {
+        let started = Instant::now();
+        // Rank 0 snapshots the servers (the cut is exact with one trainer in synchronous mode: every push
+        // of this rank is acknowledged; other ranks' pushes may straddle it).
+        let ps_snapshot = self.rank == 0;
+        if ps_snapshot {
+            ckpt::ps_snapshot(&self.client, dir, self.step)
+                .await
+                .context("snapshot the parameter servers")?;
+            tokio::task::block_in_place(|| ckpt::commit_ps_snapshot(dir))?;
+        }
+        let meta = CheckpointMeta {
+            step: self.step,
+            samples: self.samples,
+            rank: self.rank,
+            world: self.world,
+            batch_size: self.args.batch_size,
+            dense_on_ps: self.dense.is_some(),
+            ps_snapshot,
+            optimizer_step: 0,
+            param_sizes: Vec::new(),
+            optimizer_sizes: Vec::new(),
+        };
+        let ckpt = Checkpoint::capture(&self.model, meta);
+        let dir2 = dir.to_path_buf();
+        let path = tokio::task::block_in_place(|| {
+            let path = ckpt.write(&dir2)?;
+            if ps_snapshot {
+                ckpt::finish_ps_snapshot(&dir2)?;
+            }
+            anyhow::Ok(path)
+        })?;
+        metrics::counter!(m::CHECKPOINTS_TOTAL).increment(1);
+        metrics::histogram!(m::CHECKPOINT_SECONDS).record(started.elapsed().as_secs_f64());
+        Ok(Event::Checkpoint {
+            step: self.step,
+            path,
+            ps_snapshot,
         })
     }
 
@@ -303,29 +526,30 @@ impl Trainer {
         &mut self,
         plan: &mut Plan,
         scale: f32,
-    ) -> impl std::future::Future<Output = Result<(u64, u64), ProtocolError>> {
-        let encoding = self.args.encoding;
+    ) -> impl std::future::Future<Output = PushResult> {
+        plan.reduce_gradients(&self.emb_grad, scale, &mut self.grads);
         let mut requests = Vec::new();
         let mut rows = 0u64;
         let mut bytes = 0usize;
-        for s in 0..self.map.num_servers as usize {
-            if !plan.has_work(s) {
-                continue;
-            }
-            let (counts, payload) = plan.push_request(s, &self.grads, encoding);
-            rows += counts.iter().map(|c| c.count as u64).sum::<u64>();
-            bytes += payload.len();
-            requests.push((s, counts, Bytes::from(payload)));
+        for p in plan.push_requests(&self.codecs, &self.grads, scale, self.residuals.as_mut()) {
+            rows += p.counts.iter().map(|c| c.count as u64).sum::<u64>();
+            bytes += p.payload.len();
+            requests.push((p.server, p.encoding, scale, p.counts, Bytes::from(p.payload)));
         }
         metrics::counter!(m::ROWS_PUSHED_TOTAL).increment(rows);
         metrics::counter!(m::WIRE_BYTES_SENT_TOTAL).increment(bytes as u64);
         let raw = rows as usize * 8 + rows as usize * self.args.emb_dim * 4;
         metrics::counter!(m::RAW_BYTES_SENT_TOTAL).increment(raw as u64);
+        if let Some(dense) = &mut self.dense {
+            for (s, counts, payload) in dense.push_requests(&self.model) {
+                requests.push((s, Encoding::F32, 1.0, counts, payload));
+            }
+        }
         let client = self.client.clone();
         async move {
             let started = Instant::now();
             let mut set = JoinSet::new();
-            for (s, counts, payload) in requests {
+            for (s, encoding, scale, counts, payload) in requests {
                 let client = client.clone();
                 set.spawn(async move { client.push(s, encoding, scale, counts, payload).await });
             }
@@ -340,13 +564,14 @@ impl Trainer {
         }
     }
 
-    /// Predicts every row of `reader_cfg`'s data (pulling rows, pushing nothing) and scores the predictions.
+    /// Predicts every row of `reader_cfg`'s data (pulling rows, pushing nothing) and scores the predictions;
+    /// exports AUC, logloss and calibration as metrics.
     pub async fn evaluate(&mut self, reader_cfg: ReaderConfig) -> anyhow::Result<EvalReport> {
         let mut reader = BatchReader::spawn(reader_cfg).context("open test data")?;
         let mut evaluator = Evaluator::new();
-        let mut next = Self::next_batch(&mut reader)?.map(|b| self.start(b));
+        let mut next = self.next_eval_stage(&mut reader)?;
         while let Some(mut stage) = next.take() {
-            next = Self::next_batch(&mut reader)?.map(|b| self.start(b));
+            next = self.next_eval_stage(&mut reader)?;
             self.receive(&mut stage).await?;
             let b = stage.batch.len;
             let (model, emb, batch) = (&mut self.model, &self.emb, &stage.batch);
@@ -356,15 +581,30 @@ impl Trainer {
             self.free_plans.push(stage.plan);
         }
         let report = evaluator.report();
-        if let Some(auc) = report.auc {
-            metrics::gauge!(m::EVAL_AUC).set(auc);
-        }
-        metrics::gauge!(m::EVAL_LOGLOSS).set(report.logloss);
-        if report.positive_rate > 0.0 {
-            metrics::gauge!(m::EVAL_CALIBRATION).set(report.mean_prediction / report.positive_rate);
-        }
+        crate::eval::export(&report);
         Ok(report)
     }
+
+    fn next_eval_stage(&mut self, reader: &mut BatchReader) -> anyhow::Result<Option<Stage>> {
+        let batch = match tokio::task::block_in_place(|| reader.next()) {
+            None => return Ok(None),
+            Some(Ok(b)) if b.len == 0 => return Ok(None),
+            Some(Ok(b)) => b,
+            Some(Err(e)) => return Err(e).context("read test data"),
+        };
+        let mut plan = self.free_plans.pop().unwrap_or_default();
+        plan.build(&batch.sparse, self.args.emb_dim, &self.map);
+        Ok(Some(self.start(batch, plan, None)))
+    }
+}
+
+/// Waits for every push in flight; returns the rows rejected as non-finite.
+async fn drain(pushes: &mut JoinSet<PushResult>) -> anyhow::Result<u64> {
+    let mut rejected = 0;
+    while let Some(r) = pushes.join_next().await {
+        rejected += r.expect("push task panicked").context("push gradients")?.1;
+    }
+    Ok(rejected)
 }
 
 /// Sample-weighted mean loss over the last `tail` samples (at least the last batch).

@@ -197,3 +197,40 @@ fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
     s.read_to_string(&mut out).unwrap();
     out
 }
+
+#[test]
+fn demo_with_two_trainer_processes_trains_one_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let train = dir.path().join("train.tsv");
+    let test = dir.path().join("test.tsv");
+    generate(30_000, 1, &train);
+    generate(5_000, 2, &test);
+    let json = dir.path().join("summary.json");
+    let out = trainer()
+        .env(trainer::cluster::PS_SERVER_ENV, "self")
+        .args(["demo", "--trainers", "2", "--batch-size", "512"])
+        .args(["--eval-every", "20", "--max-in-flight", "1"])
+        .arg("--train")
+        .arg(&train)
+        .arg("--test")
+        .arg(&test)
+        .arg("--data-dir")
+        .arg(dir.path())
+        .arg("--summary-json")
+        .arg(&json)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "trainer demo failed: {stderr}");
+    let s = summary(&json);
+    // Ranks read disjoint halves: every row once.
+    assert_eq!(s["samples"], 30_000, "{s}");
+    assert_eq!(s["trainers"], 2, "{s}");
+    assert_eq!(s["test_samples"], 5_000, "{s}");
+    // Rank 0 evaluated periodically (it trains ~30 steps of 512), then the demo evaluated the servers' model.
+    let evals = s["evals"].as_array().unwrap();
+    assert!(evals.len() >= 2, "{s}");
+    assert!(stderr.contains("eval at step 20"), "{stderr}");
+    // Both trainers' dense gradients went to one model on the servers: it learned.
+    assert!(s["auc"].as_f64().unwrap() > 0.6, "{s}\n{stderr}");
+}

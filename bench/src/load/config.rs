@@ -4,7 +4,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use anyhow::{bail, Context};
-use protocol::Encoding;
+use protocol::{Encoding, Transport};
 use serde::Serialize;
 
 /// How ids are drawn within a table's vocabulary.
@@ -68,6 +68,9 @@ pub struct LoadArgs {
     /// Run against an in-process engine over an in-memory store: no network, no codec (the upper limit).
     #[arg(long, conflicts_with_all = ["ps", "local_cluster"])]
     pub in_process: bool,
+    /// Transport to the servers: quic, or tcp (TLS over TCP on the same port).
+    #[arg(long, default_value = "quic")]
+    pub transport: Transport,
     /// Number of tables.
     #[arg(long, default_value_t = 26)]
     pub tables: u32,
@@ -92,7 +95,7 @@ pub struct LoadArgs {
     /// Requests per batch.
     #[arg(long, value_enum, default_value_t = Mix::Both)]
     pub mix: Mix,
-    /// Row and gradient encoding on the wire.
+    /// Row and gradient encoding on the wire: f32, f16, bf16 or int8 (one f32 scale per row).
     #[arg(long, default_value = "f16")]
     pub codec: Encoding,
     /// Optimizer of the tables the benchmark registers.
@@ -142,6 +145,9 @@ pub struct LoadConfig {
     pub target: String,
     /// Servers (0 in process).
     pub servers: usize,
+    /// Transport to the servers (unused in process).
+    #[serde(serialize_with = "display")]
+    pub transport: Transport,
     /// Tables.
     pub tables: u32,
     /// Row dimension.
@@ -179,7 +185,7 @@ pub struct LoadConfig {
     pub where_to: Target,
 }
 
-fn display<S: serde::Serializer>(e: &Encoding, s: S) -> Result<S::Ok, S::Error> {
+fn display<S: serde::Serializer>(e: &impl std::fmt::Display, s: S) -> Result<S::Ok, S::Error> {
     s.collect_str(e)
 }
 
@@ -236,6 +242,7 @@ impl LoadArgs {
         Ok(LoadConfig {
             target: target.into(),
             servers,
+            transport: self.transport,
             tables: self.tables,
             dim: self.dim,
             ids_per_table: self.ids_per_table,

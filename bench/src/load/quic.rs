@@ -1,5 +1,6 @@
-//! The QUIC driver: `--concurrency` tokio tasks sharing one `protocol::PsClient`, each sending its batch's
-//! requests to every server at once and waiting for all answers before the next phase (pull, then push).
+//! The network driver, QUIC or TCP (`--transport`; the transport is `protocol::PsClient`'s business):
+//! `--concurrency` tokio tasks sharing one `PsClient`, each sending its batch's requests to every server at once
+//! and waiting for all answers before the next phase (pull, then push).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -54,7 +55,7 @@ fn head_len<H: serde::Serialize>(h: &H, payload: usize) -> anyhow::Result<u64> {
 
 /// Exact frame bytes of a pull and of a push (both directions) for `r`.
 fn wire_sizes(r: &ServerRequests, cfg: &LoadConfig, epoch: u64) -> anyhow::Result<(u64, u64)> {
-    let rows_bytes = r.rows * cfg.dim as usize * cfg.codec.bytes_per_element();
+    let rows_bytes = r.rows * cfg.codec.row_bytes(cfg.dim as usize);
     let pull_req = Request::Pull {
         epoch,
         encoding: cfg.codec,
@@ -98,9 +99,11 @@ async fn run_async(
     addrs: Vec<SocketAddr>,
     tls_dir: PathBuf,
 ) -> anyhow::Result<Report> {
-    let client = PsClient::connect(PsClientConfig::new(addrs.clone(), tls_dir))
+    let mut client_cfg = PsClientConfig::new(addrs.clone(), tls_dir);
+    client_cfg.transport = cfg.transport;
+    let client = PsClient::connect(client_cfg)
         .await
-        .with_context(|| format!("connect to {addrs:?}"))?;
+        .with_context(|| format!("connect to {addrs:?} over {}", cfg.transport))?;
     client
         .register_tables(&table_specs(cfg))
         .await
@@ -153,7 +156,11 @@ async fn run_async(
     if let Some(e) = first_err {
         return Err(e);
     }
-    Ok(Report::new("quic", cfg, WorkerStats::total(stats, &window)))
+    Ok(Report::new(
+        cfg.transport.name(),
+        cfg,
+        WorkerStats::total(stats, &window),
+    ))
 }
 
 /// Sends one phase (every server's pull, or every server's push) and waits for all of it. Returns per-request

@@ -5,7 +5,7 @@
 //! shards, as the trainer's feature-salted ids do. A batch is a function of (seed, batch index) only.
 
 use bytes::Bytes;
-use protocol::message::put_ids;
+use protocol::ids::{put_ids, IdCoding};
 use protocol::{codec, Encoding, ShardMap, TableCount};
 
 use crate::gen::rng::{mix64, Rng};
@@ -102,7 +102,8 @@ pub fn gradient_block(max_rows: usize, dim: usize, seed: u64) -> Vec<f32> {
 pub struct ServerRequests {
     /// Pull header counts (tables with no ids left out).
     pub counts: Vec<TableCount>,
-    /// Pull payload: ids.
+    /// Pull payload: one id section per table, ascending by pre-image ([`IdCoding::Unmixed`], as the trainer
+    /// sends them).
     pub pull_ids: Bytes,
     /// Push payload: ids, then gradient rows encoded.
     pub push_payload: Bytes,
@@ -121,9 +122,11 @@ pub fn plan(
 ) -> Vec<ServerRequests> {
     let servers = map.num_servers as usize;
     let mut counts = vec![Vec::new(); servers];
-    let mut ids: Vec<Vec<u64>> = vec![Vec::new(); servers];
+    let mut pulls: Vec<Vec<u8>> = vec![Vec::new(); servers];
     let mut rows: Vec<Vec<f32>> = vec![Vec::new(); servers];
     let mut groups = Vec::new();
+    let mut keyed: Vec<(u64, u32)> = Vec::new();
+    let mut ids: Vec<u64> = Vec::new();
     for (t, unique) in batch.unique.iter().enumerate() {
         map.group(unique, &mut groups);
         for (s, positions) in groups.iter().enumerate() {
@@ -135,9 +138,19 @@ pub fn plan(
                 count: positions.len() as u32,
                 dim: dim as u32,
             });
-            ids[s].extend(positions.iter().map(|&p| unique[p as usize]));
+            // Wire order: ascending pre-images.
+            keyed.clear();
+            keyed.extend(
+                positions
+                    .iter()
+                    .map(|&p| (IdCoding::Unmixed.key(unique[p as usize]), p)),
+            );
+            keyed.sort_unstable();
+            ids.clear();
+            ids.extend(keyed.iter().map(|&(_, p)| unique[p as usize]));
+            put_ids(IdCoding::Unmixed, &ids, &mut pulls[s]);
             // Gradient of a row: its position in the table's unique list picks a row of the block.
-            for &p in positions {
+            for &(_, p) in &keyed {
                 let at = (p as usize * dim) % grads.len().max(1);
                 rows[s].extend_from_slice(&grads[at..at + dim]);
             }
@@ -145,15 +158,18 @@ pub fn plan(
     }
     (0..servers)
         .map(|s| {
-            let mut pull = Vec::with_capacity(ids[s].len() * 8);
-            put_ids(&ids[s], &mut pull);
+            let pull = std::mem::take(&mut pulls[s]);
             let mut push = pull.clone();
-            codec::encode(&rows[s], encoding, &mut push);
+            codec::encode_rows(&rows[s], dim, encoding, &mut push);
+            let n = counts[s]
+                .iter()
+                .map(|c: &TableCount| c.count as usize)
+                .sum();
             ServerRequests {
                 counts: std::mem::take(&mut counts[s]),
                 pull_ids: Bytes::from(pull),
                 push_payload: Bytes::from(push),
-                rows: ids[s].len(),
+                rows: n,
             }
         })
         .collect()
@@ -220,14 +236,21 @@ mod tests {
         for (s, r) in reqs.iter().enumerate() {
             let layout = protocol::message::PayloadLayout::of(&r.counts).unwrap();
             assert_eq!(layout.ids, r.rows);
-            assert_eq!(r.pull_ids.len(), layout.pull_request_bytes());
+            let mut ids = Vec::new();
+            let used = protocol::ids::get_sections(
+                &r.pull_ids,
+                r.counts.iter().map(|c| c.count as usize),
+                &mut ids,
+            )
+            .unwrap();
+            assert_eq!(used, r.pull_ids.len());
             assert_eq!(
                 r.push_payload.len(),
-                layout.push_request_bytes(Encoding::F16)
+                used + layout.rows_bytes(Encoding::F16)
             );
-            let mut ids = Vec::new();
-            protocol::message::get_ids(&r.pull_ids, &mut ids).unwrap();
             assert!(ids.iter().all(|&id| map.server_of(id) as usize == s));
+            // Salted ranks travel as their pre-images: a few bytes per id instead of eight.
+            assert!(used < 5 * r.rows, "{used} bytes for {} ids", r.rows);
         }
     }
 }

@@ -165,3 +165,92 @@ pub fn dirs_with_foreign_client(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
     std::fs::copy(tls.join("ca.pem"), foreign.join("ca.pem")).unwrap();
     (data, tls, foreign)
 }
+
+/// [`start`] with extra environment variables for the server process (e.g. fault injection).
+pub fn start_with_env(data: &Path, tls: &Path, extra: &[&str], env: &[(&str, &Path)]) -> Server {
+    // The server inherits this process's environment; set only for the spawn, under a lock, so that tests
+    // running in parallel do not see each other's variables.
+    static ENV: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _guard = ENV.lock().unwrap_or_else(|e| e.into_inner());
+    for (k, v) in env {
+        std::env::set_var(k, v);
+    }
+    let s = start(data, tls, extra);
+    for (k, _) in env {
+        std::env::remove_var(k);
+    }
+    s
+}
+
+/// A client of the one server that gives up on transient failures after `retry_for` (zero: no retries).
+pub async fn client_retrying_for(s: &Server, tls: &Path, retry_for: Duration) -> PsClient {
+    let mut cfg = PsClientConfig::new(vec![s.quic], tls.to_owned());
+    cfg.retry_for = retry_for;
+    PsClient::connect(cfg).await.unwrap()
+}
+
+/// A bare QUIC connection to the server with the cluster's client certificate, for writing raw bytes.
+pub async fn raw_connection(s: &Server, tls: &Path) -> (quinn::Endpoint, quinn::Connection) {
+    let cfg = protocol::tls::client_config(tls).unwrap();
+    let endpoint = protocol::endpoint::client(s.quic, cfg).unwrap();
+    let conn = endpoint
+        .connect(s.quic, protocol::tls::DEFAULT_SERVER_NAME)
+        .unwrap()
+        .await
+        .unwrap();
+    (endpoint, conn)
+}
+
+/// Writes `bytes` on a new stream, finishes it, and reads the server's one-frame answer.
+pub async fn raw_request(
+    conn: &quinn::Connection,
+    bytes: &[u8],
+) -> Result<(protocol::Response, Bytes), ProtocolError> {
+    let (mut send, mut recv) = conn.open_bi().await.unwrap();
+    // The server may refuse early and stop reading: a failed write still leaves its answer to read.
+    let _ = send.write_all(bytes).await;
+    let _ = send.finish();
+    protocol::stream::read_frame(&mut recv, protocol::frame::DEFAULT_MAX_FRAME).await
+}
+
+/// The typed error of a raw answer (panics on anything else).
+pub fn error_code(
+    answer: Result<(protocol::Response, Bytes), ProtocolError>,
+) -> (protocol::ErrorCode, String) {
+    match answer {
+        Ok((protocol::Response::Error { code, message }, _)) => (code, message),
+        other => panic!("expected a typed error, got {other:?}"),
+    }
+}
+
+/// A field of `/proc/<pid>/status` in KiB (`VmRSS`, `VmHWM` = peak RSS).
+pub fn proc_status_kib(pid: u32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {field} in /proc/{pid}/status"))
+}
+
+/// The value of an unlabelled metric in a `/metrics` page (0 if absent).
+pub fn metric(s: &Server, name: &str) -> f64 {
+    let page = http_get(s.metrics, "/metrics");
+    page.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// A table `id` of dimension `dim` with SGD at learning rate 1 and zero rows: every pushed gradient is
+/// subtracted exactly (sums of small integers are exact in f32), so rows count what was applied.
+pub fn counter_table(id: u32, dim: u32) -> TableSpec {
+    TableSpec {
+        id,
+        name: format!("counter{id}"),
+        dim,
+        optimizer: OptimizerSpec::Sgd { lr: 1.0 },
+        init: InitSpec::Uniform { scale: 0.0 },
+        seed: 1,
+    }
+}

@@ -144,6 +144,21 @@ impl Dlrm {
         labels: &[f32],
         emb_grad: &mut [f32],
     ) -> Result<f32, ModelError> {
+        let loss = self.forward_backward(batch, dense, emb, labels, emb_grad)?;
+        self.apply_gradients();
+        Ok(loss)
+    }
+
+    /// [`train_step`](Self::train_step) without the optimizer step: leaves the dense gradients in the layers
+    /// ([`grads`](Self::grads)) for a caller that applies them elsewhere (the parameter servers).
+    pub fn forward_backward(
+        &mut self,
+        batch: usize,
+        dense: &[f32],
+        emb: &[f32],
+        labels: &[f32],
+        emb_grad: &mut [f32],
+    ) -> Result<f32, ModelError> {
         self.check_inputs(batch, dense, emb)?;
         check_len("labels", labels.len(), batch)?;
         check_len("emb_grad", emb_grad.len(), emb.len())?;
@@ -167,7 +182,11 @@ impl Dlrm {
         self.interaction
             .backward(batch, z, emb, inter_grad, dz, emb_grad);
         self.bottom.backward(batch, dense, None);
+        Ok(loss)
+    }
 
+    /// One optimizer step with the gradients of the last [`forward_backward`](Self::forward_backward).
+    pub fn apply_gradients(&mut self) {
         self.opt.begin_step();
         let layers = self
             .bottom
@@ -177,7 +196,26 @@ impl Dlrm {
         for (slot, (param, grad)) in layers.flat_map(|l| l.params_and_grads()).enumerate() {
             self.opt.update(slot, param, grad);
         }
-        Ok(loss)
+    }
+
+    /// The gradients of the last backward pass, in the order of [`params`](Self::params).
+    pub fn grads(&self) -> Vec<&[f32]> {
+        self.bottom
+            .layers()
+            .iter()
+            .chain(self.top.layers())
+            .flat_map(|l| [l.weight_grad(), l.bias_grad()])
+            .collect()
+    }
+
+    /// The dense optimizer's state (for checkpoints).
+    pub fn optimizer_state(&self) -> &OptimizerState {
+        &self.opt
+    }
+
+    /// The dense optimizer's state, to restore a checkpoint into.
+    pub fn optimizer_state_mut(&mut self) -> &mut OptimizerState {
+        &mut self.opt
     }
 
     fn check_inputs(&self, batch: usize, dense: &[f32], emb: &[f32]) -> Result<(), ModelError> {

@@ -159,6 +159,33 @@ impl OptimizerState {
         self.step
     }
 
+    /// Every state tensor (Adagrad's sums, or Adam's first moments then second moments), for checkpoints.
+    pub fn tensors(&self) -> Vec<&[f32]> {
+        self.first
+            .iter()
+            .chain(&self.second)
+            .map(Vec::as_slice)
+            .collect()
+    }
+
+    /// Restores the step counter and the tensors of [`tensors`](Self::tensors) (same order and lengths).
+    pub fn restore(&mut self, step: u64, tensors: &[&[f32]]) -> Result<(), ModelError> {
+        super::check_len("optimizer tensors", tensors.len(), self.first.len() + self.second.len())?;
+        let slots = self.first.iter_mut().chain(self.second.iter_mut());
+        for (tensor, (dst, src)) in slots.zip(tensors).enumerate() {
+            if dst.len() != src.len() {
+                let (len, expected) = (src.len(), dst.len());
+                return Err(ModelError::ParamLength { tensor, len, expected });
+            }
+        }
+        let slots = self.first.iter_mut().chain(self.second.iter_mut());
+        for (dst, src) in slots.zip(tensors) {
+            dst.copy_from_slice(src);
+        }
+        self.step = step;
+        Ok(())
+    }
+
     /// Starts a step (advances Adam's bias-correction counter).
     pub fn begin_step(&mut self) {
         self.step += 1;

@@ -1,0 +1,161 @@
+//! The verdict: acknowledged increments per counter (from the log) against the counters' values (pulled as
+//! f32). `lost_acked` sums `max(0, acked - found)` over the rows, `duplicates` sums `max(0, found - acked)`.
+
+use bytes::Bytes;
+use protocol::message::put_ids;
+use protocol::{codec, Encoding, ProtocolError, PsClient, TableCount};
+use serde::Serialize;
+
+use super::{Ack, AuditRows, AUDIT_TABLE_ID};
+
+/// One counter row.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct RowCount {
+    /// Server index.
+    pub server: usize,
+    /// Row id.
+    pub id: u64,
+    /// Acknowledged increments.
+    pub acked: u64,
+    /// The counter's value.
+    pub found: f32,
+}
+
+impl RowCount {
+    /// Acknowledged increments missing from the counter.
+    pub fn lost(&self) -> u64 {
+        self.acked
+            .saturating_sub(self.found.round().max(0.0) as u64)
+    }
+
+    /// Increments in the counter beyond the acknowledged ones.
+    pub fn extra(&self) -> u64 {
+        (self.found.round().max(0.0) as u64).saturating_sub(self.acked)
+    }
+}
+
+/// The outcome of an audit.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Verdict {
+    /// Every counter row.
+    pub rows: Vec<RowCount>,
+    /// Acknowledged pushes in the log.
+    pub acked_pushes: u64,
+    /// Acknowledged increments (sum of `acked`).
+    pub acked_increments: u64,
+    /// Sum of the counters.
+    pub found_increments: u64,
+    /// Sum over rows of `max(0, acked - found)`: acknowledged updates lost.
+    pub lost_acked: u64,
+    /// Sum over rows of `max(0, found - acked)`: at-least-once duplicates and unlogged acknowledgements.
+    pub duplicates: u64,
+    /// Counters that are not whole numbers (should never happen: a sign of foreign writes to the table).
+    pub non_integral: u64,
+}
+
+impl Verdict {
+    /// One line, `key=value` pairs.
+    pub fn line(&self) -> String {
+        format!(
+            "audit rows={} acked_pushes={} acked_increments={} found_increments={} lost_acked_updates={} \
+             duplicates={} non_integral={}",
+            self.rows.len(),
+            self.acked_pushes,
+            self.acked_increments,
+            self.found_increments,
+            self.lost_acked,
+            self.duplicates,
+            self.non_integral
+        )
+    }
+}
+
+/// Acknowledged increments per counter, `[server][row]`, of the acks that `keep` selects.
+pub fn tally(rows: &AuditRows, acks: &[Ack], keep: impl Fn(&Ack) -> bool) -> Vec<Vec<u64>> {
+    let mut counts = vec![vec![0u64; rows.rows_per_server()]; rows.num_servers()];
+    for ack in acks.iter().filter(|a| keep(a)) {
+        for (i, c) in counts[ack.server].iter_mut().enumerate() {
+            *c += ack.mask >> i & 1;
+        }
+    }
+    counts
+}
+
+/// Pulls every counter as f32, `[server][row]`.
+pub async fn pull_counters(
+    client: &PsClient,
+    rows: &AuditRows,
+) -> Result<Vec<Vec<f32>>, ProtocolError> {
+    let mut out = Vec::with_capacity(rows.num_servers());
+    for (s, ids) in rows.per_server.iter().enumerate() {
+        let mut payload = Vec::with_capacity(ids.len() * 8);
+        put_ids(ids, &mut payload);
+        let counts = vec![TableCount {
+            table: AUDIT_TABLE_ID,
+            count: ids.len() as u32,
+            dim: 1,
+        }];
+        let bytes = client
+            .pull(s, Encoding::F32, counts, Bytes::from(payload))
+            .await?;
+        let mut values = vec![0.0f32; ids.len()];
+        codec::decode(&bytes, Encoding::F32, &mut values)?;
+        out.push(values);
+    }
+    Ok(out)
+}
+
+/// Compares the log with the counters.
+pub fn compare(rows: &AuditRows, acks: &[Ack], found: &[Vec<f32>]) -> Verdict {
+    let acked = tally(rows, acks, |_| true);
+    let mut v = Verdict {
+        rows: Vec::new(),
+        acked_pushes: acks.len() as u64,
+        acked_increments: 0,
+        found_increments: 0,
+        lost_acked: 0,
+        duplicates: 0,
+        non_integral: 0,
+    };
+    for (s, ids) in rows.per_server.iter().enumerate() {
+        for (i, &id) in ids.iter().enumerate() {
+            let row = RowCount {
+                server: s,
+                id,
+                acked: acked[s][i],
+                found: found[s][i],
+            };
+            v.acked_increments += row.acked;
+            v.found_increments += row.found.round().max(0.0) as u64;
+            v.lost_acked += row.lost();
+            v.duplicates += row.extra();
+            v.non_integral += u64::from(row.found.fract() != 0.0 || row.found < 0.0);
+            v.rows.push(row);
+        }
+    }
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lost_and_duplicates_are_counted_per_row() {
+        let rows = AuditRows::new(2, 2).unwrap();
+        let ack = |server, mask| Ack {
+            t_ms: 0,
+            server,
+            mask,
+        };
+        let acks = [ack(0, 0b11), ack(0, 0b01), ack(1, 0b10)];
+        assert_eq!(tally(&rows, &acks, |_| true), vec![vec![2, 1], vec![0, 1]]);
+        // Row (0,0): 2 acked, 1 found -> 1 lost; row (1,0): 0 acked, 2 found -> 2 duplicates.
+        let v = compare(&rows, &acks, &[vec![1.0, 1.0], vec![2.0, 1.0]]);
+        assert_eq!((v.lost_acked, v.duplicates, v.non_integral), (1, 2, 0));
+        assert_eq!((v.acked_increments, v.found_increments), (4, 5));
+        let v = compare(&rows, &acks, &[vec![2.0, 1.5], vec![0.0, 1.0]]);
+        assert_eq!(v.non_integral, 1);
+        assert!(v.line().contains("lost_acked_updates=0"), "{}", v.line());
+    }
+}

@@ -1,0 +1,105 @@
+//! Loads R rows into a real engine on RocksDB and prints the measured memory (`Engine::memory_bytes`, process
+//! RSS) and disk (RocksDB directory) beside what `ps-server plan` predicts.
+//!
+//! `cargo run --release -p ps-server --example plan_measure -- ROWS DIM [DIR]` (DIR on a real disk; default
+//! a temporary directory under /tmp).
+
+use std::path::Path;
+use std::sync::Arc;
+
+use embedding::{Engine, RocksStore, TableConfig};
+use ps_server::plan::{plan, PlanInput, PlanOptimizer};
+
+fn rss_bytes() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map_or(0, |kb| kb * 1024)
+}
+
+/// Bytes of every file under `dir` (what `du -sb` reports, without directory entries).
+fn dir_bytes(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
+        .map(|it| {
+            it.flatten()
+                .map(|e| {
+                    let m = e.metadata().unwrap();
+                    if m.is_dir() {
+                        dir_bytes(&e.path())
+                    } else {
+                        m.len()
+                    }
+                })
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let rows: u64 = args
+        .get(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1_000_000);
+    let dim: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(16);
+    let tmp = tempfile::tempdir_in(args.get(3).map_or("/tmp", String::as_str)).unwrap();
+    let db = tmp.path().join("rocksdb");
+    let p = plan(PlanInput {
+        rows,
+        dim,
+        optimizer: PlanOptimizer::RowAdagrad,
+        memory_budget: None,
+        server_memory: 1 << 40,
+    })
+    .unwrap();
+
+    let rss0 = rss_bytes();
+    let engine = Engine::open(Arc::new(RocksStore::open(&db).unwrap())).unwrap();
+    engine
+        .register_table(TableConfig::new(1, "t", dim))
+        .unwrap();
+    let rss1 = rss_bytes();
+    const BATCH: u64 = 4096;
+    let grads = vec![0.01f32; BATCH as usize * dim];
+    let mut ids = Vec::with_capacity(BATCH as usize);
+    for start in (0..rows).step_by(BATCH as usize) {
+        ids.clear();
+        ids.extend(
+            (start..(start + BATCH).min(rows))
+                .map(|i| i.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ 0x5555),
+        );
+        engine.apply(1, &ids, &grads[..ids.len() * dim]).unwrap();
+    }
+    let rss2 = rss_bytes();
+    let mem = engine.memory_bytes() as u64;
+    engine.flush_dirty().unwrap();
+    let disk_after_flush = dir_bytes(&db);
+    drop(engine);
+    // Reopen and close: recovery moves the write-ahead log into SST files.
+    drop(RocksStore::open(&db).unwrap());
+    let disk_sst = dir_bytes(&db);
+    let pct = |a: f64, b: f64| (a / b - 1.0) * 100.0;
+    println!(
+        "rows {rows} dim {dim} row-adagrad | plan mem {:.2} B/row total {} | Engine::memory_bytes {} ({:.2} B/row, plan {:+.1}%) \
+         | RSS growth {} ({:.2} B/row, plan {:+.1}%) | plan disk {:.1} B/row total {} | disk after flush {} ({:.1} B/row) \
+         | disk after reopen (SST) {} ({:.1} B/row, plan {:+.1}%)",
+        p.memory_per_row,
+        p.memory_total,
+        mem,
+        mem as f64 / rows as f64,
+        pct(p.memory_total as f64, mem as f64),
+        rss2 - rss1,
+        (rss2 - rss1) as f64 / rows as f64,
+        pct(p.memory_total as f64, (rss2 - rss1) as f64),
+        p.disk_per_row,
+        p.disk_total,
+        disk_after_flush,
+        disk_after_flush as f64 / rows as f64,
+        disk_sst,
+        disk_sst as f64 / rows as f64,
+        pct(p.disk_total as f64, disk_sst as f64),
+    );
+    let _ = rss0;
+}

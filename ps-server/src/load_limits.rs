@@ -1,0 +1,180 @@
+//! Load limits (admission control of connections and bytes): what bounds the server's memory when more clients send more than it can serve.
+//!
+//! Three limits, each configurable ([`crate::config`]):
+//! - **connections** (`max-connections`): a connection past the cap is refused at the handshake;
+//! - **per connection**, QUIC flow control (`max-streams-per-connection`, `connection-window-bytes`): a client
+//!   has at most that many requests open and that many unread bytes buffered in the server; past them, its
+//!   sends block (backpressure), they are not dropped;
+//! - **server-wide in-flight bytes** (`max-inflight-bytes`): a request's body is read only once its bytes are
+//!   admitted (the prefix announces them), and a pull's response bytes are admitted (from a second pool of the
+//!   same size) before it is built; both are released when the reply is written. Requests wait their turn
+//!   (latency grows, `ps_inflight_wait_seconds`), none is dropped. Two pools acquired in a fixed order
+//!   (request, then response) cannot deadlock; a single request larger than a pool takes the whole pool.
+//!
+//! So the bytes of requests and replies held by the server are at most
+//! `max-connections x connection-window-bytes` (unread, in QUIC buffers) + `2 x max-inflight-bytes` (being
+//! handled). A pull whose response would exceed the frame cap is refused (`FrameTooLarge`) before it is built.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use protocol::message::PayloadLayout;
+use protocol::Request;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use crate::metrics as m;
+
+/// The server's load limits, shared by every connection.
+#[derive(Debug)]
+pub struct LoadLimits {
+    requests: Arc<Semaphore>,
+    responses: Arc<Semaphore>,
+    pool: u32,
+    connections: Arc<AtomicUsize>,
+    max_connections: usize,
+}
+
+/// Bytes admitted for one request (and its response); released on drop.
+#[derive(Debug)]
+pub struct Admitted {
+    _permits: Vec<OwnedSemaphorePermit>,
+    bytes: u64,
+}
+
+impl Drop for Admitted {
+    fn drop(&mut self) {
+        metrics::gauge!(m::INFLIGHT_BYTES).decrement(self.bytes as f64);
+    }
+}
+
+/// One open connection counted against the cap; released on drop.
+#[derive(Debug)]
+pub struct ConnectionSlot(Arc<AtomicUsize>);
+
+impl Drop for ConnectionSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+impl LoadLimits {
+    /// Pools of `max_inflight_bytes` each (clamped to `u32::MAX`) and a cap of `max_connections`.
+    pub fn new(max_inflight_bytes: u64, max_connections: usize) -> LoadLimits {
+        let pool = max_inflight_bytes.clamp(1, u32::MAX as u64) as u32;
+        LoadLimits {
+            requests: Arc::new(Semaphore::new(pool as usize)),
+            responses: Arc::new(Semaphore::new(pool as usize)),
+            pool,
+            connections: Arc::new(AtomicUsize::new(0)),
+            max_connections,
+        }
+    }
+
+    /// Takes a connection slot, or `None` if `max_connections` are open.
+    pub fn connection(&self) -> Option<ConnectionSlot> {
+        let open = self.connections.fetch_add(1, Ordering::SeqCst);
+        if open >= self.max_connections {
+            self.connections.fetch_sub(1, Ordering::SeqCst);
+            metrics::counter!(m::CONNECTIONS_REFUSED_TOTAL).increment(1);
+            tracing::warn!(
+                open,
+                max = self.max_connections,
+                "connection refused: too many open"
+            );
+            return None;
+        }
+        Some(ConnectionSlot(self.connections.clone()))
+    }
+
+    async fn take(pool: &Arc<Semaphore>, cap: u32, bytes: usize) -> OwnedSemaphorePermit {
+        let n = bytes.min(cap as usize).max(1) as u32;
+        pool.clone()
+            .acquire_many_owned(n)
+            .await
+            .expect("admission pools are never closed")
+    }
+
+    /// Waits until `bytes` of request body may be read.
+    pub async fn request(&self, bytes: usize) -> Admitted {
+        let start = Instant::now();
+        let permit = Self::take(&self.requests, self.pool, bytes).await;
+        metrics::histogram!(m::INFLIGHT_WAIT_SECONDS).record(start.elapsed().as_secs_f64());
+        metrics::gauge!(m::INFLIGHT_BYTES).increment(bytes as f64);
+        Admitted {
+            _permits: vec![permit],
+            bytes: bytes as u64,
+        }
+    }
+
+    /// Waits until the response of `req` (a pull's rows; nothing for other requests) may be built, adding its
+    /// bytes to `admitted`.
+    pub async fn response(&self, req: &Request, admitted: &mut Admitted) {
+        let bytes = response_bytes(req);
+        if bytes == 0 {
+            return;
+        }
+        let start = Instant::now();
+        let permit = Self::take(&self.responses, self.pool, bytes).await;
+        metrics::histogram!(m::INFLIGHT_WAIT_SECONDS).record(start.elapsed().as_secs_f64());
+        metrics::gauge!(m::INFLIGHT_BYTES).increment(bytes as f64);
+        admitted._permits.push(permit);
+        admitted.bytes += bytes as u64;
+    }
+}
+
+/// Bytes of the response payload `req` asks for: a pull's rows as its header describes them (0 for other
+/// requests, and for headers whose counts overflow, which the handler refuses).
+pub fn response_bytes(req: &Request) -> usize {
+    match req {
+        Request::Pull {
+            encoding, tables, ..
+        } => PayloadLayout::of(tables)
+            .map(|l| l.pull_response_bytes(*encoding))
+            .unwrap_or(0),
+        _ => 0,
+    }
+}
+
+/// The QUIC transport of a server: the shared tuning ([`protocol::endpoint::transport_config`]) with the
+/// per-connection limits of this module.
+pub fn server_transport(
+    max_streams_per_connection: u32,
+    connection_window_bytes: u64,
+) -> quinn::TransportConfig {
+    let window = connection_window_bytes.min(u32::MAX as u64) as u32;
+    let mut t = protocol::endpoint::transport_config();
+    t.max_concurrent_bidi_streams(max_streams_per_connection.into())
+        .stream_receive_window(window.into())
+        .receive_window(window.into());
+    t
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn pools_block_until_bytes_are_released() {
+        let a = LoadLimits::new(100, 2);
+        let first = a.request(60).await;
+        // 60 + 60 > 100: the second waits until the first is dropped.
+        let second = tokio::time::timeout(std::time::Duration::from_millis(50), a.request(60)).await;
+        assert!(second.is_err(), "admitted past the pool");
+        drop(first);
+        let _second = a.request(60).await;
+        // Larger than the pool: takes all of it rather than waiting forever.
+        drop(_second);
+        let _big = a.request(1000).await;
+    }
+
+    #[test]
+    fn connection_cap() {
+        let a = LoadLimits::new(100, 2);
+        let s1 = a.connection().unwrap();
+        let _s2 = a.connection().unwrap();
+        assert!(a.connection().is_none());
+        drop(s1);
+        assert!(a.connection().is_some());
+    }
+}

@@ -1,0 +1,107 @@
+//! Issue 3, admission and TTL configured on a real `ps-server` process: an id pushed fewer than
+//! `--admission-min-count` times keeps reading as its initializer; a row no push touched for `--row-ttl-secs`
+//! is deleted from memory and RocksDB (gone after a restart too), and both are counted on /metrics.
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{client, http_get, pull, push, sigterm_and_wait, start, table};
+
+/// The value of an unlabelled counter in a /metrics page (0 if absent).
+fn counter(metrics: &str, name: &str) -> u64 {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ids_pushed_fewer_than_k_times_read_as_the_initializer() {
+    let dir = tempfile::tempdir().unwrap();
+    let (data, tls) = (dir.path().join("data"), dir.path().join("tls"));
+    protocol::tls::init_dev_certs(&tls, &[]).unwrap();
+    let s = start(&data, &tls, &["--admission-min-count", "3"]);
+    let c = client(&s, &tls).await;
+    c.register_tables(&[table()]).await.unwrap();
+    // A client connecting later learns the table as registered: the server's policy is not in the spec.
+    let c2 = client(&s, &tls).await;
+    assert_eq!(c2.known_tables(), &[table()]);
+    c2.close().await;
+    let ids = [11u64, 22];
+    let init = pull(&c, &ids).await.unwrap();
+    let grad = [0.5f32; 8];
+    for _ in 0..2 {
+        assert_eq!(push(&c, &[11], &grad).await, (0, 0), "dropped before k");
+        assert_eq!(pull(&c, &ids).await.unwrap(), init);
+    }
+    let metrics = http_get(s.metrics, "/metrics");
+    assert_eq!(
+        counter(&metrics, "ps_rows_rejected_admission_total"),
+        2,
+        "{metrics}"
+    );
+    assert!(metrics.contains("# HELP ps_rows_rejected_admission_total"));
+    // The third push admits the id: its row is created and updated; the other id is untouched.
+    assert_eq!(push(&c, &[11], &grad).await, (1, 0));
+    let after = pull(&c, &ids).await.unwrap();
+    assert_ne!(after[..32], init[..32], "id 11 was admitted and updated");
+    assert_eq!(after[32..], init[32..], "id 22 still reads as its initializer");
+    c.close().await;
+    sigterm_and_wait(s);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rows_untouched_past_the_ttl_are_deleted_from_memory_and_rocksdb() {
+    let dir = tempfile::tempdir().unwrap();
+    let (data, tls) = (dir.path().join("data"), dir.path().join("tls"));
+    protocol::tls::init_dev_certs(&tls, &[]).unwrap();
+    // TTL 2 s: a row pushed at second S expires at the first pass at S + 2 or later, so the pull right after
+    // the push still sees it.
+    let flags = [
+        "--row-ttl-secs",
+        "2",
+        "--expire-interval-secs",
+        "0.2",
+        "--flush-interval-secs",
+        "3600",
+    ];
+    let s = start(&data, &tls, &flags);
+    let c = client(&s, &tls).await;
+    c.register_tables(&[table()]).await.unwrap();
+    let ids = [5u64, 6, 7];
+    let init = pull(&c, &ids).await.unwrap();
+    assert_eq!(push(&c, &ids, &[0.25f32; 24]).await, (3, 0));
+    assert_ne!(pull(&c, &ids).await.unwrap(), init);
+    // In RocksDB before they expire.
+    assert_eq!(c.flush().await.unwrap(), 3);
+    let metrics = http_get(s.metrics, "/metrics");
+    assert!(
+        metrics.contains("ps_rows_on_disk{table=\"C3\"} 3"),
+        "{metrics}"
+    );
+
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let metrics = loop {
+        let metrics = http_get(s.metrics, "/metrics");
+        if counter(&metrics, "ps_rows_expired_total") >= 3 {
+            break metrics;
+        }
+        assert!(Instant::now() < deadline, "rows never expired: {metrics}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(counter(&metrics, "ps_rows_expired_total"), 3, "{metrics}");
+    assert!(metrics.contains("ps_rows_in_memory{table=\"C3\"} 0"), "{metrics}");
+    assert!(metrics.contains("# HELP ps_rows_expired_total"));
+    assert_eq!(pull(&c, &ids).await.unwrap(), init, "expired rows read as new");
+    c.close().await;
+    sigterm_and_wait(s);
+
+    // Deleted from RocksDB too: nothing is recovered, and the ids read as their initializer.
+    let s = start(&data, &tls, &flags);
+    let c = client(&s, &tls).await;
+    let metrics = http_get(s.metrics, "/metrics");
+    assert_eq!(counter(&metrics, "ps_rows_recovered_total"), 0, "{metrics}");
+    assert_eq!(pull(&c, &ids).await.unwrap(), init);
+    c.close().await;
+    sigterm_and_wait(s);
+}

@@ -1,0 +1,470 @@
+//! A structured fuzzer of the request handler ([`ps_server::handler::Shard::handle`]), sans-IO and deterministic
+//! from a seed.
+//!
+//! Inputs: valid pulls and pushes against registered tables (owned and foreign ids), the same with mutated
+//! headers (unknown tables, wrong counts and dims, other epochs and encodings, bad loss scales) and mutated
+//! payloads (truncated, extended, bit flips: NaN gradients, foreign ids), registrations with random specs,
+//! hellos with random versions, flushes, and frames of random or mutated bytes that decode to some request.
+//! Invariants checked on every input:
+//! - no panic (a panic prints the seed, iteration and request);
+//! - the reply is of the request's kind or a typed error with a message;
+//! - a pull's reply payload has exactly the length its header announces;
+//! - a push applies at most as many rows as it carries, and a refused push changes no row.
+//!
+//! CI runs a few thousand inputs; `FUZZ_ITERS=1000000 FUZZ_SEED=n` runs more (BENCHMARKS.md records a run).
+
+use std::sync::Arc;
+
+use embedding::{Engine, MemStore};
+use protocol::frame::{decode_frame, encode_frame};
+use protocol::ids::{get_sections, put_ids, sort_for_wire, IdCoding};
+use protocol::message::PayloadLayout;
+use protocol::{
+    codec, Encoding, InitSpec, OptimizerSpec, Request, Response, ShardMap, TableCount, TableSpec,
+};
+use ps_server::config::Durability;
+use ps_server::handler::{Reply, Shard};
+
+/// splitmix64.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+    fn chance(&mut self, one_in: u64) -> bool {
+        self.below(one_in) == 0
+    }
+    fn u32_edgy(&mut self) -> u32 {
+        const EDGES: [u32; 8] = [0, 1, 2, 4, 4096, 4097, u32::MAX - 1, u32::MAX];
+        if self.chance(2) {
+            EDGES[self.below(EDGES.len() as u64) as usize]
+        } else {
+            self.next() as u32 >> self.below(32)
+        }
+    }
+    fn f32_edgy(&mut self) -> f32 {
+        const EDGES: [f32; 8] = [
+            0.0,
+            -0.0,
+            1.0,
+            -1.0,
+            f32::NAN,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            1e-30,
+        ];
+        if self.chance(2) {
+            EDGES[self.below(EDGES.len() as u64) as usize]
+        } else {
+            f32::from_bits(self.next() as u32)
+        }
+    }
+    /// A small gradient value, sometimes an edge case.
+    fn grad(&mut self) -> f32 {
+        if self.chance(50) {
+            self.f32_edgy()
+        } else {
+            (self.below(2001) as f32 - 1000.0) / 1000.0
+        }
+    }
+}
+
+/// The tables every fuzzed shard starts with: (id, dim).
+const TABLES: [(u32, u32); 4] = [(1, 4), (2, 2), (3, 8), (4, 3)];
+
+fn base_spec(id: u32, dim: u32) -> TableSpec {
+    let optimizer = match id {
+        1 => OptimizerSpec::Sgd { lr: 0.5 },
+        2 => OptimizerSpec::RowAdagrad {
+            lr: 0.1,
+            eps: 1e-8,
+            initial_accumulator: 0.0,
+        },
+        3 => OptimizerSpec::Adam {
+            lr: 0.01,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay: 0.0,
+            clip_norm: 1.0,
+        },
+        _ => OptimizerSpec::Ftrl {
+            alpha: 0.1,
+            beta: 1.0,
+            l1: 0.01,
+            l2: 0.01,
+            weight_decay: 0.0,
+            clip_norm: 0.0,
+        },
+    };
+    TableSpec {
+        id,
+        name: format!("C{id}"),
+        dim,
+        optimizer,
+        init: InitSpec::Uniform { scale: 0.05 },
+        seed: 9,
+    }
+}
+
+fn random_spec(r: &mut Rng) -> TableSpec {
+    let mut s = base_spec(r.below(6) as u32, r.below(10) as u32);
+    if r.chance(2) {
+        s.id = r.below(40) as u32;
+    }
+    if r.chance(3) {
+        s.dim = r.u32_edgy();
+    }
+    s.optimizer = match r.below(4) {
+        0 => OptimizerSpec::Sgd { lr: r.f32_edgy() },
+        1 => OptimizerSpec::RowAdagradRegularized {
+            lr: r.f32_edgy(),
+            eps: r.f32_edgy(),
+            initial_accumulator: r.f32_edgy(),
+            weight_decay: r.f32_edgy(),
+            clip_norm: r.f32_edgy(),
+        },
+        2 => OptimizerSpec::Adam {
+            lr: r.f32_edgy(),
+            beta1: r.f32_edgy(),
+            beta2: r.f32_edgy(),
+            eps: r.f32_edgy(),
+            weight_decay: r.f32_edgy(),
+            clip_norm: r.f32_edgy(),
+        },
+        _ => s.optimizer,
+    };
+    if r.chance(2) {
+        s.init = InitSpec::Normal { std: r.f32_edgy() };
+    }
+    s
+}
+
+fn new_shard(num_servers: u32, durability: Durability) -> Shard {
+    let shard = Shard {
+        engine: Engine::open(Arc::new(MemStore::new())).unwrap(),
+        shard_map: ShardMap::new(num_servers),
+        shard_index: 0,
+        durability,
+        writes: Default::default(),
+    };
+    let tables = TABLES.iter().map(|&(id, dim)| base_spec(id, dim)).collect();
+    let r = shard.handle(Request::RegisterTables { tables }, &[]);
+    assert!(matches!(r.header, Response::Registered { .. }));
+    shard
+}
+
+fn encoding(r: &mut Rng) -> Encoding {
+    [Encoding::F32, Encoding::F16, Encoding::Bf16, Encoding::Int8][r.below(4) as usize]
+}
+
+/// Distinct ids, mostly owned by shard 0, sometimes foreign, in wire order for `coding`.
+fn ids(r: &mut Rng, shard: &Shard, n: usize, coding: IdCoding) -> Vec<u64> {
+    let mut out = Vec::with_capacity(n);
+    while out.len() < n {
+        let id = if r.chance(4) { r.next() } else { r.below(1000) };
+        let owned = shard.shard_map.server_of(id) == shard.shard_index;
+        if !out.contains(&id) && (owned || r.chance(2000)) {
+            out.push(id);
+        }
+    }
+    sort_for_wire(coding, &mut out);
+    out
+}
+
+/// A valid pull or push (header and payload).
+fn valid(r: &mut Rng, shard: &Shard) -> (Request, Vec<u8>) {
+    let entries: Vec<(u32, u32)> = (0..r.below(4))
+        .map(|_| TABLES[r.below(TABLES.len() as u64) as usize])
+        .collect();
+    let counts: Vec<TableCount> = entries
+        .iter()
+        .map(|&(table, dim)| TableCount {
+            table,
+            count: if r.chance(8) { 0 } else { r.below(20) as u32 },
+            dim,
+        })
+        .collect();
+    let enc = encoding(r);
+    let mut payload = Vec::new();
+    for c in &counts {
+        let coding = if r.chance(2) {
+            IdCoding::Plain
+        } else {
+            IdCoding::Unmixed
+        };
+        let ids = ids(r, shard, c.count as usize, coding);
+        put_ids(coding, &ids, &mut payload);
+    }
+    if r.chance(2) {
+        return (
+            Request::Pull {
+                epoch: 1,
+                encoding: enc,
+                tables: counts,
+            },
+            payload,
+        );
+    }
+    for c in &counts {
+        let grads: Vec<f32> = (0..c.count * c.dim).map(|_| r.grad()).collect();
+        codec::encode_rows(&grads, c.dim as usize, enc, &mut payload);
+    }
+    let grad_scale = match r.below(10) {
+        0 => r.f32_edgy(),
+        1 => 1024.0,
+        _ => 1.0,
+    };
+    (
+        Request::Push {
+            epoch: 1,
+            encoding: enc,
+            grad_scale,
+            tables: counts,
+        },
+        payload,
+    )
+}
+
+fn mutate_counts(r: &mut Rng, tables: &mut Vec<TableCount>) {
+    if tables.is_empty() || r.chance(6) {
+        tables.push(TableCount {
+            table: r.u32_edgy(),
+            count: r.u32_edgy(),
+            dim: r.u32_edgy(),
+        });
+        return;
+    }
+    let i = r.below(tables.len() as u64) as usize;
+    let t = &mut tables[i];
+    match r.below(5) {
+        0 => t.table = if r.chance(2) { r.below(8) as u32 } else { r.u32_edgy() },
+        1 => t.count = t.count.wrapping_add(r.below(3) as u32).wrapping_sub(1),
+        2 => t.count = r.u32_edgy(),
+        3 => t.dim = t.dim.wrapping_add(r.below(3) as u32).wrapping_sub(1),
+        _ => t.dim = r.u32_edgy(),
+    }
+}
+
+fn mutate(r: &mut Rng, req: &mut Request, payload: &mut Vec<u8>) {
+    match r.below(6) {
+        0 => match req {
+            Request::Pull { tables, .. } | Request::Push { tables, .. } => {
+                mutate_counts(r, tables)
+            }
+            _ => {}
+        },
+        1 => match req {
+            Request::Pull { epoch, .. } | Request::Push { epoch, .. } => *epoch = r.next() % 3,
+            _ => {}
+        },
+        2 => match req {
+            Request::Pull { encoding: e, .. } | Request::Push { encoding: e, .. } => {
+                *e = encoding(r)
+            }
+            _ => {}
+        },
+        3 if !payload.is_empty() => {
+            let cut = r.below(payload.len() as u64) as usize;
+            payload.truncate(cut);
+        }
+        4 if !payload.is_empty() => {
+            for _ in 0..=r.below(4) {
+                let bit = r.below(payload.len() as u64 * 8) as usize;
+                payload[bit / 8] ^= 1 << (bit % 8);
+            }
+        }
+        _ => {
+            let n = r.below(24) as usize;
+            payload.extend((0..n).map(|_| r.next() as u8));
+        }
+    }
+}
+
+/// One fuzz input: a request and its payload.
+fn input(r: &mut Rng, shard: &Shard) -> (Request, Vec<u8>) {
+    match r.below(20) {
+        0 => (
+            Request::Hello {
+                version: if r.chance(2) { 1 } else { r.u32_edgy() },
+            },
+            Vec::new(),
+        ),
+        1 => (
+            Request::RegisterTables {
+                tables: (0..=r.below(2)).map(|_| random_spec(r)).collect(),
+            },
+            Vec::new(),
+        ),
+        2 => (Request::Flush, Vec::new()),
+        3 | 4 => {
+            // Through the frame codec: a mutated frame that still decodes to some request.
+            let (req, payload) = valid(r, shard);
+            let mut frame = encode_frame(&req, &payload).unwrap();
+            for _ in 0..=r.below(3) {
+                let bit = r.below(frame.len() as u64 * 8) as usize;
+                frame[bit / 8] ^= 1 << (bit % 8);
+            }
+            match decode_frame::<Request>(&frame, u64::MAX) {
+                // A checkpoint writes into a directory the request names: not something to fuzz in a test.
+                Ok(Some((Request::Checkpoint { .. }, _, _))) => (Request::Flush, Vec::new()),
+                Ok(Some((req, range, _))) => (req, frame[range].to_vec()),
+                _ => (req, payload),
+            }
+        }
+        5..=9 => valid(r, shard),
+        _ => {
+            let (mut req, mut payload) = valid(r, shard);
+            for _ in 0..=r.below(2) {
+                mutate(r, &mut req, &mut payload);
+            }
+            (req, payload)
+        }
+    }
+}
+
+/// The rows a push could touch (the ids of its sections, if they decode, in every base table), to check that
+/// a refused push changed nothing.
+fn snapshot(shard: &Shard, req: &Request, payload: &[u8]) -> Vec<f32> {
+    let Request::Push { tables, .. } = req else {
+        return Vec::new();
+    };
+    let mut ids = Vec::new();
+    let counts = tables.iter().map(|t| (t.count as usize).min(payload.len()));
+    if get_sections(payload, counts, &mut ids).is_err() {
+        return Vec::new();
+    }
+    ids.truncate(64);
+    let mut out = Vec::new();
+    for &(table, dim) in &TABLES {
+        let mut rows = vec![0.0; ids.len() * dim as usize];
+        shard.engine.gather(table, &ids, &mut rows).unwrap();
+        out.extend(rows);
+    }
+    out
+}
+
+fn check(shard: &Shard, req: &Request, payload: &[u8], reply: &Reply, before: Option<&[f32]>) {
+    let kind_ok = matches!(
+        (req, &reply.header),
+        (_, Response::Error { .. })
+            | (Request::Hello { .. }, Response::Hello { .. })
+            | (Request::RegisterTables { .. }, Response::Registered { .. })
+            | (Request::Pull { .. }, Response::Pulled { .. })
+            | (Request::Push { .. }, Response::Pushed { .. })
+            | (Request::Flush, Response::Flushed { .. })
+    );
+    assert!(kind_ok, "reply {:?} to {req:?}", reply.header);
+    match (&reply.header, req) {
+        (Response::Error { message, .. }, _) => {
+            assert!(!message.is_empty());
+            assert!(reply.payload.is_empty());
+            if let Some(before) = before {
+                assert_eq!(
+                    snapshot(shard, req, payload).iter().map(|f| f.to_bits()).collect::<Vec<_>>(),
+                    before.iter().map(|f| f.to_bits()).collect::<Vec<_>>(),
+                    "a refused push changed rows: {:?}",
+                    reply.header
+                );
+            }
+        }
+        (
+            Response::Pulled {
+                encoding: e,
+                tables: t,
+            },
+            Request::Pull {
+                encoding, tables, ..
+            },
+        ) => {
+            assert_eq!((e, t), (encoding, tables));
+            let layout = PayloadLayout::of(tables).unwrap();
+            assert_eq!(reply.payload.len(), layout.pull_response_bytes(*encoding));
+        }
+        (
+            Response::Pushed {
+                rows,
+                rejected_nonfinite,
+            },
+            Request::Push { tables, .. },
+        ) => {
+            let ids = PayloadLayout::of(tables).unwrap().ids as u64;
+            assert!(rows + rejected_nonfinite <= ids, "{rows} + {rejected_nonfinite} > {ids}");
+        }
+        _ => {}
+    }
+}
+
+fn iters(default: u64) -> u64 {
+    std::env::var("FUZZ_ITERS")
+        .ok()
+        .map(|v| v.parse().expect("FUZZ_ITERS is a number"))
+        .unwrap_or(default)
+}
+
+fn seed() -> u64 {
+    std::env::var("FUZZ_SEED")
+        .ok()
+        .map(|v| v.parse().expect("FUZZ_SEED is a number"))
+        .unwrap_or(0x5eed)
+}
+
+#[test]
+fn request_handler_survives_structured_fuzzing() {
+    let (n, seed) = (iters(50_000), seed());
+    let mut r = Rng(seed);
+    // Two servers with periodic write-back (ownership checks), one with synced push writes.
+    let shards = [
+        new_shard(2, Durability::Periodic),
+        new_shard(1, Durability::Sync),
+    ];
+    let debug = std::env::var("FUZZ_DEBUG").is_ok();
+    let started = std::time::Instant::now();
+    let mut errors = 0u64;
+    let mut codes = std::collections::BTreeMap::new();
+    for i in 0..n {
+        let shard = &shards[r.below(2) as usize];
+        let (req, payload) = input(&mut r, shard);
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let before = matches!(req, Request::Push { .. }).then(|| snapshot(shard, &req, &payload));
+            let reply = shard.handle(req.clone(), &payload);
+            if let (Response::Error { message, .. }, true) = (&reply.header, debug) {
+                eprintln!("{message}");
+            }
+            check(shard, &req, &payload, &reply, before.as_deref());
+            match reply.header {
+                Response::Error { code, .. } => Some(code),
+                _ => None,
+            }
+        }));
+        match result {
+            Ok(code) => {
+                if let Some(code) = code {
+                    errors += 1;
+                    *codes.entry(format!("{code:?}")).or_insert(0u64) += 1;
+                }
+            }
+            Err(_) => panic!(
+                "seed {seed} iteration {i}: request {req:?} payload {} bytes {:02x?}",
+                payload.len(),
+                payload
+            ),
+        }
+    }
+    eprintln!(
+        "handler fuzz: {n} inputs (seed {seed}) in {:.2?}: {} served, {errors} refused {codes:?}",
+        started.elapsed(),
+        n - errors
+    );
+    if n >= 1000 {
+        assert!(errors > n / 20 && errors < n - n / 20, "{errors} of {n} refused");
+    }
+}

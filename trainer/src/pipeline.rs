@@ -1,0 +1,151 @@
+//! The first two stages of the training pipeline, each on a thread of its own behind a bounded queue:
+//! parse ([`BatchReader`]) -> plan (dedup ids per table, group by server: [`Plan::build`]). The training loop
+//! ([`crate::train`]) takes planned batches from here and runs the remaining stages: pull (up to `k` batches
+//! ahead of compute), compute, push (asynchronous).
+//!
+//! Plans are recycled: the loop hands a finished batch's plan back ([`PlanStage::recycle`]) so that steady
+//! state allocates no plan buffers. To resume at a data position, the stage discards the first `skip` batches
+//! unplanned (the reader cannot seek inside text or compressed files, so they are parsed and dropped).
+
+use std::thread::JoinHandle;
+
+use crossbeam_channel::{Receiver, Sender};
+use protocol::ShardMap;
+
+use crate::criteo::{Batch, BatchReader, ReadError, ReadStats};
+use crate::plan::Plan;
+
+/// A parsed and planned batch.
+pub struct Planned {
+    /// The batch's index in this rank's data (counting skipped batches).
+    pub index: u64,
+    /// The rows.
+    pub batch: Batch,
+    /// Its plan.
+    pub plan: Plan,
+}
+
+/// The plan stage: a thread turning the reader's batches into [`Planned`] batches.
+pub struct PlanStage {
+    rx: Option<Receiver<Result<Planned, ReadError>>>,
+    recycle: Sender<Plan>,
+    thread: Option<JoinHandle<ReadStats>>,
+}
+
+impl PlanStage {
+    /// Starts planning `reader`'s batches for rows of `dim` on the servers of `map`, at most `depth` planned
+    /// batches waiting (at least 1), after discarding the first `skip` batches. An empty batch ends the data.
+    pub fn spawn(
+        reader: BatchReader,
+        dim: usize,
+        map: ShardMap,
+        depth: usize,
+        skip: u64,
+    ) -> std::io::Result<PlanStage> {
+        let (tx, rx) = crossbeam_channel::bounded(depth.max(1));
+        let (recycle, recycled) = crossbeam_channel::unbounded::<Plan>();
+        let thread = std::thread::Builder::new()
+            .name("trainer-plan".into())
+            .spawn(move || {
+                let mut reader = reader;
+                for (index, item) in (0u64..).zip(reader.by_ref()) {
+                    let item = match item {
+                        Ok(b) if b.len == 0 => break,
+                        Ok(_) if index < skip => continue,
+                        Ok(batch) => {
+                            let mut plan = Plan::default(); let _ = recycled.try_recv();
+                            plan.build(&batch.sparse, dim, &map);
+                            Ok(Planned { index, batch, plan })
+                        }
+                        Err(e) => Err(e),
+                    };
+                    let failed = item.is_err();
+                    if tx.send(item).is_err() || failed {
+                        break;
+                    }
+                }
+                reader.stats()
+            })?;
+        Ok(PlanStage {
+            rx: Some(rx),
+            recycle,
+            thread: Some(thread),
+        })
+    }
+
+    /// The next planned batch (blocking), `None` at the end of the data.
+    pub fn next(&mut self) -> Option<Result<Planned, ReadError>> {
+        let item = self.rx.as_ref()?.recv().ok();
+        if item.is_none() {
+            self.rx = None;
+        }
+        item
+    }
+
+    /// Hands a finished batch's plan back for reuse.
+    pub fn recycle(&self, plan: Plan) {
+        let _ = self.recycle.send(plan);
+    }
+
+    /// Stops the stage (if not at the end yet) and returns the reader's counts.
+    pub fn finish(mut self) -> ReadStats {
+        self.rx = None;
+        self.thread
+            .take()
+            .and_then(|t| t.join().ok())
+            .unwrap_or_default()
+    }
+}
+
+impl Drop for PlanStage {
+    fn drop(&mut self) {
+        // Closing the queue wakes a thread blocked on a full queue; it then drops the reader, which stops.
+        self.rx = None;
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::criteo::ReaderConfig;
+
+    fn lines(n: usize) -> String {
+        (0..n)
+            .map(|i| {
+                let ints = vec![format!("{i}"); 13].join("\t");
+                let cats = vec![format!("{:08x}", i % 5); 26].join("\t");
+                format!("{}\t{ints}\t{cats}\n", i % 2)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn plans_every_batch_in_order_and_skips_a_prefix() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("d.tsv");
+        std::fs::write(&path, lines(10)).unwrap();
+        let map = ShardMap::new(2);
+        let reader = BatchReader::spawn(ReaderConfig::new([&path], 3)).unwrap();
+        let mut stage = PlanStage::spawn(reader, 4, map, 1, 0).unwrap();
+        let mut seen = Vec::new();
+        while let Some(p) = stage.next() {
+            let p = p.unwrap();
+            assert_eq!(p.plan.batch(), p.batch.len);
+            assert_eq!(p.plan.tables(), 26);
+            seen.push((p.index, p.batch.len));
+            stage.recycle(p.plan);
+        }
+        assert_eq!(seen, [(0, 3), (1, 3), (2, 3), (3, 1)]);
+        assert_eq!(stage.finish().rows, 10);
+
+        let reader = BatchReader::spawn(ReaderConfig::new([&path], 3)).unwrap();
+        let mut stage = PlanStage::spawn(reader, 4, map, 2, 2).unwrap();
+        let first = stage.next().unwrap().unwrap();
+        assert_eq!((first.index, first.batch.labels[0]), (2, 0.0));
+        // Dropped early: the threads stop.
+        drop(stage);
+    }
+}

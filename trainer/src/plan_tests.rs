@@ -1,0 +1,159 @@
+//! Tests of [`super::Plan`]: routing, wire order, per-table encodings, error feedback.
+
+use super::*;
+
+/// Serves a pull as if the row of id x were [x mod 1000, -(x mod 1000)], in `enc`.
+fn serve(counts: &[TableCount], ids: &[u8], enc: Encoding) -> Vec<u8> {
+    let mut all = Vec::new();
+    let used = ids::get_sections(ids, counts.iter().map(|c| c.count as usize), &mut all).unwrap();
+    assert_eq!(used, ids.len());
+    let mut rows = Vec::new();
+    for id in all {
+        let x = (id % 1000) as f32;
+        codec::encode_rows(&[x, -x], 2, enc, &mut rows);
+    }
+    rows
+}
+
+#[test]
+fn dedup_route_gather_reduce_round_trip() {
+    let map = ShardMap::new(2);
+    let sparse = vec![vec![5u64, 9, 5, 7], vec![1u64, 1, 1, 1]];
+    let mut plan = Plan::default();
+    plan.build(&sparse, 2, &map);
+    assert_eq!(plan.unique(0), &[5, 9, 7]);
+    assert_eq!(plan.unique(1), &[1]);
+    assert_eq!(plan.unique_ids(), 4);
+    let mut unique_rows = Vec::new();
+    for s in 0..2 {
+        let (counts, ids) = plan.pull_request(s);
+        let rows = serve(&counts, &ids, Encoding::F32);
+        plan.scatter_pulled(s, &rows, Encoding::F32, &mut unique_rows)
+            .unwrap();
+    }
+    let mut emb = Vec::new();
+    plan.gather_embeddings(&unique_rows, &mut emb);
+    assert_eq!(
+        emb,
+        [5., -5., 1., -1., 9., -9., 1., -1., 5., -5., 1., -1., 7., -7., 1., -1.]
+    );
+    // Gradients: sample i, table t, element e = i + 10t + 100e.
+    let grad: Vec<f32> = (0..4)
+        .flat_map(|i| (0..2).flat_map(move |t| (0..2).map(move |e| (i + 10 * t + 100 * e) as f32)))
+        .collect();
+    let mut sums = Vec::new();
+    plan.reduce_gradients(&grad, 2.0, &mut sums);
+    assert_eq!(
+        sums[0],
+        [2.0 * 2., 2.0 * 202., 2.0, 2.0 * 101., 6.0, 2.0 * 103.]
+    );
+    assert_eq!(sums[1], [2.0 * 46., 2.0 * 446.]);
+    let mut pushed = 0;
+    for s in 0..2 {
+        let (counts, payload) = plan.push_request(s, &sums, Encoding::F32);
+        let n: usize = counts.iter().map(|c| c.count as usize).sum();
+        let mut ids = Vec::new();
+        let used =
+            ids::get_sections(&payload, counts.iter().map(|c| c.count as usize), &mut ids).unwrap();
+        assert_eq!(payload.len() - used, n * 2 * 4);
+        // Each row travels with its id: the gradient of id 9 is [2, 202] * 2.
+        let mut g = vec![0.0; n * 2];
+        codec::decode_rows(&payload[used..], 2, Encoding::F32, &mut g).unwrap();
+        let mut k = 0;
+        for c in &counts {
+            for _ in 0..c.count {
+                let want: &[f32] = match (c.table, ids[k]) {
+                    (0, 5) => &sums[0][0..2],
+                    (0, 9) => &sums[0][2..4],
+                    (0, 7) => &sums[0][4..6],
+                    _ => &sums[1][0..2],
+                };
+                assert_eq!(&g[k * 2..k * 2 + 2], want);
+                k += 1;
+            }
+        }
+        pushed += n;
+    }
+    assert_eq!(pushed, 4);
+}
+
+#[test]
+fn ids_travel_sorted_by_wire_key() {
+    let map = ShardMap::new(1);
+    let sparse = vec![(0..200u64)
+        .map(|i| protocol::routing::mix64(i * 7))
+        .collect()];
+    let mut plan = Plan::default();
+    plan.build(&sparse, 1, &map);
+    let (counts, ids) = plan.pull_request(0);
+    assert_eq!(counts[0].count, 200);
+    // 200 pre-images 0, 7, .. 1393: one or two varint bytes each, not eight.
+    assert!(ids.len() < 1 + 2 * 200, "{}", ids.len());
+}
+
+#[test]
+fn per_table_encodings_split_requests_and_round_trip() {
+    let map = ShardMap::new(2);
+    let sparse: Vec<Vec<u64>> = (0..3u64)
+        .map(|t| (0..50).map(|i| t * 1_000_000 + i % 37).collect())
+        .collect();
+    let mut plan = Plan::default();
+    plan.build(&sparse, 2, &map);
+    let codecs = TableCodecs {
+        pull: vec![Encoding::F32, Encoding::Int8, Encoding::F32],
+        push: vec![Encoding::F16, Encoding::Int8, Encoding::Int8],
+    };
+    let reqs = plan.pull_requests(&codecs);
+    assert_eq!(reqs.len(), 4, "two encodings x two servers");
+    let mut unique_rows = Vec::new();
+    for r in &reqs {
+        let rows = serve(&r.counts, &r.payload, r.encoding);
+        plan.scatter_part(r.server, r.encoding, &r.counts, &rows, &mut unique_rows)
+            .unwrap();
+    }
+    for (t, table_rows) in unique_rows.iter().enumerate() {
+        for (u, &id) in plan.unique(t).iter().enumerate() {
+            let x = (id % 1000) as f32;
+            let got = &table_rows[u * 2..u * 2 + 2];
+            // int8 at most max/254 off.
+            assert!((got[0] - x).abs() <= x / 254.0 + 1e-6, "{t} {id}: {got:?}");
+            assert!((got[1] + x).abs() <= x / 254.0 + 1e-6, "{t} {id}: {got:?}");
+        }
+    }
+    // A reply for the wrong table count is refused.
+    let r = &reqs[0];
+    let mut bad = r.counts.clone();
+    bad[0].count += 1;
+    assert!(plan
+        .scatter_part(r.server, r.encoding, &bad, &[], &mut unique_rows)
+        .is_err());
+    // Pushes: residuals kept for lossy tables only.
+    let grads: Vec<Vec<f32>> = (0..3)
+        .map(|t| {
+            (0..plan.unique(t).len() * 2)
+                .map(|i| 0.001 * i as f32 + 0.1)
+                .collect()
+        })
+        .collect();
+    let mut store = ResidualStore::new(2, protocol::feedback::FeedbackConfig::default());
+    let pushes = plan.push_requests(&codecs, &grads, 8.0, Some(&mut store));
+    assert_eq!(pushes.len(), 4);
+    let rows: usize = pushes
+        .iter()
+        .flat_map(|p| p.counts.iter().map(|c| c.count as usize))
+        .sum();
+    assert_eq!(rows, plan.unique_ids());
+    assert!(store.stats().rows > 0);
+}
+
+#[test]
+fn short_reply_is_an_error() {
+    let map = ShardMap::new(1);
+    let mut plan = Plan::default();
+    plan.build(&[vec![1, 2]], 4, &map);
+    let mut rows = Vec::new();
+    let err = plan
+        .scatter_pulled(0, &[0u8; 12], Encoding::F16, &mut rows)
+        .unwrap_err();
+    assert!(err.to_string().contains("12 bytes, expected 16"), "{err}");
+}
