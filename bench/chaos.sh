@@ -13,6 +13,7 @@
 #
 # Usage: bench/chaos.sh --kills N --durability sync|periodic [--seed S] [--rows R] [--test-rows R]
 #        [--flush-interval-secs I] [--batch-size B] [--checkpoint-every K] [--keep]
+# --checkpoint-every 0: no checkpoints; a killed trainer restarts from the start of its share.
 set -euo pipefail
 
 KILLS=5
@@ -115,15 +116,16 @@ start_auditor() {
 
 # start_trainer DIR RANK: resumes from the rank's last checkpoint if there is one.
 start_trainer() {
-    local dir=$1 r=$2 resume=() test=()
-    if [ -f "$dir/ckpt/trainer-rank$r.ckpt" ]; then
+    local dir=$1 r=$2 resume=() test=() ckpt=()
+    [ "$CKPT_EVERY" -gt 0 ] && ckpt=(--checkpoint-dir "$dir/ckpt" --checkpoint-every "$CKPT_EVERY")
+    if [ "$CKPT_EVERY" -gt 0 ] && [ -f "$dir/ckpt/trainer-rank$r.ckpt" ]; then
         resume=(--resume "$dir/ckpt")
         log "trainer $r resumes from its checkpoint"
     fi
     [ "$r" = 0 ] && test=(--test "$TMP/test.tsv")
     "$B/trainer" train --ps "$PS" --tls-dir "$dir/tls" --train "$TMP/train.tsv" "${test[@]}" \
         --rank "$r" --world 2 --seed "$SEED" --batch-size "$BATCH" --progress-secs 5 \
-        --checkpoint-dir "$dir/ckpt" --checkpoint-every "$CKPT_EVERY" "${resume[@]}" \
+        "${ckpt[@]}" "${resume[@]}" \
         --summary-json "$dir/summary-$r.json" >> "$dir/trainer-$r.out" 2>> "$dir/trainer-$r.log" &
     PID[trainer$r]=$!
 }

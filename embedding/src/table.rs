@@ -480,7 +480,8 @@ impl Table {
                                 return;
                             }
                         }
-                        match stripe.insert(id, hash(id), |row| init::fill_row(&self.cfg, id, row)) {
+                        match stripe.insert(id, hash(id), |row| init::fill_row(&self.cfg, id, row))
+                        {
                             Ok(slot) => slot,
                             Err(rows) => {
                                 full = Some(self.full(s, rows));

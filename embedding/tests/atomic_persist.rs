@@ -59,12 +59,8 @@ impl Store for Recording {
 }
 
 fn two_tables(engine: &Engine) {
-    engine
-        .register_table(TableConfig::new(1, "a", 4))
-        .unwrap();
-    engine
-        .register_table(TableConfig::new(2, "b", 8))
-        .unwrap();
+    engine.register_table(TableConfig::new(1, "a", 4)).unwrap();
+    engine.register_table(TableConfig::new(2, "b", 8)).unwrap();
 }
 
 #[test]
@@ -119,9 +115,7 @@ fn write_tables_is_all_or_nothing_in_memory() {
     all_or_nothing(&store).unwrap();
     assert_eq!((store.row_count(1), store.row_count(2)), (2, 1));
     store.set_fail_writes(true);
-    assert!(store
-        .write_tables(&[(1, &batch(&[3], 5))], false)
-        .is_err());
+    assert!(store.write_tables(&[(1, &batch(&[3], 5))], false).is_err());
     assert_eq!(store.row_count(1), 2);
 }
 

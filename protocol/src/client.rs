@@ -275,14 +275,16 @@ impl PsClient {
         // Connecting is inside the timeout: a handshake with a dead server must not wait for the idle timeout.
         let result = async {
             let conn = s.connection(&self.cfg).await?;
-            call_watched(&conn, s.addr, req, payload).await.map_err(|e| {
-                // A request that failed because its connection closed: report why the connection closed (e.g.
-                // the server refused our certificate), not just "connection lost".
-                match conn.close_reason(s.addr) {
-                    Some(why) if !matches!(e, ProtocolError::Connection { .. }) => why,
-                    _ => e,
-                }
-            })
+            call_watched(&conn, s.addr, req, payload)
+                .await
+                .map_err(|e| {
+                    // A request that failed because its connection closed: report why the connection closed (e.g.
+                    // the server refused our certificate), not just "connection lost".
+                    match conn.close_reason(s.addr) {
+                        Some(why) if !matches!(e, ProtocolError::Connection { .. }) => why,
+                        _ => e,
+                    }
+                })
         };
         match tokio::time::timeout(self.cfg.request_timeout, result).await {
             Ok(Ok(reply)) => Ok(reply),

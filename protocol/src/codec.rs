@@ -158,10 +158,16 @@ pub fn encode_rows(src: &[f32], dim: usize, enc: Encoding, out: &mut Vec<u8>) {
 /// One int8 row: scale, then the quantized elements.
 #[inline]
 fn quantize_row(row: &[f32], dst: &mut [u8]) {
-    let max = row.iter().fold(0.0f32, |m, x| m.max(x.abs()));
-    // x * 0 is NaN exactly for NaN and infinite x: one NaN makes the sum NaN.
-    let finite = !row.iter().fold(0.0f32, |s, x| s + x * 0.0).is_nan();
-    let (scale, inv) = if !finite {
+    // Written so that both loops vectorize: a compare-select max (NaN never wins; it is caught below) and a
+    // NaN-propagating sum of x * 0, which is NaN exactly when some x is NaN or infinite.
+    let mut max = 0.0f32;
+    let mut nan = 0.0f32;
+    for x in row {
+        let a = x.abs();
+        max = if a > max { a } else { max };
+        nan += x * 0.0;
+    }
+    let (scale, inv) = if nan.is_nan() {
         (f32::NAN, 0.0)
     } else if max >= f32::MIN_POSITIVE {
         (max / 127.0, 127.0 / max)
@@ -172,10 +178,14 @@ fn quantize_row(row: &[f32], dst: &mut [u8]) {
     let (head, q) = dst.split_at_mut(INT8_SCALE_BYTES);
     head.copy_from_slice(&scale.to_le_bytes());
     for (d, x) in q.iter_mut().zip(row) {
-        // |x * inv| <= 127 up to rounding; `as` saturates anyway.
-        *d = (x * inv).round_ties_even() as i8 as u8;
+        // |x * inv| <= 127 (up to rounding). Adding 1.5 * 2^23 rounds to the nearest integer (ties to even,
+        // the FPU's mode) and leaves it in the low mantissa bits, two's complement in the low byte.
+        *d = ((x * inv) + ROUNDER).to_bits() as u8;
     }
 }
+
+/// 1.5 * 2^23: adding it to |v| < 2^22 rounds v to an integer held in the low mantissa bits.
+const ROUNDER: f32 = 12_582_912.0;
 
 /// Decodes `bytes` (rows of `dim` elements in `enc`, exactly `out.len()` elements in all) into `out`.
 pub fn decode_rows(

@@ -248,7 +248,9 @@ impl Demux {
     /// Checks the frame prefix once its 12 bytes are in, so an oversized frame is refused before it is buffered.
     fn check_prefix(&self, acc: &[u8]) -> Result<(), ProtocolError> {
         match acc.get(..PREFIX_LEN) {
-            Some(p) => frame::parse_prefix(p.try_into().expect("12 bytes"), self.max_frame).map(drop),
+            Some(p) => {
+                frame::parse_prefix(p.try_into().expect("12 bytes"), self.max_frame).map(drop)
+            }
             None => Ok(()),
         }
     }
@@ -267,9 +269,10 @@ pub fn split_frame<H: serde::de::DeserializeOwned>(
         ))),
         None => {
             let expected = match bytes.get(..PREFIX_LEN) {
-                Some(p) => frame::parse_prefix(p.try_into().expect("12 bytes"), max_frame)?
-                    .body_len()
-                    + PREFIX_LEN,
+                Some(p) => {
+                    frame::parse_prefix(p.try_into().expect("12 bytes"), max_frame)?.body_len()
+                        + PREFIX_LEN
+                }
                 None => PREFIX_LEN,
             };
             Err(ProtocolError::Truncated {
@@ -365,7 +368,13 @@ mod tests {
         d.feed(&mut buf, &mut events).unwrap();
         assert_eq!(events.len(), 2);
         assert!(
-            matches!(&events[0], Event::Refused { id: 1, error: ProtocolError::FrameTooLarge { .. } }),
+            matches!(
+                &events[0],
+                Event::Refused {
+                    id: 1,
+                    error: ProtocolError::FrameTooLarge { .. }
+                }
+            ),
             "{events:?}"
         );
         assert!(matches!(&events[1], Event::Frame { id: 2, .. }));

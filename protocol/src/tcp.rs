@@ -34,7 +34,11 @@ const READ_RESERVE: usize = 256 << 10;
 
 type Waiter = oneshot::Sender<Result<Bytes, ProtocolError>>;
 
-fn encode(id: u32, header: &impl serde::Serialize, payload: Bytes) -> Result<Outgoing, ProtocolError> {
+fn encode(
+    id: u32,
+    header: &impl serde::Serialize,
+    payload: Bytes,
+) -> Result<Outgoing, ProtocolError> {
     let mut head = Vec::with_capacity(128);
     frame::encode_head(header, payload.len(), &mut head)?;
     Ok(Outgoing::new(id, Bytes::from(head), payload))
@@ -77,7 +81,12 @@ async fn read_some<R: AsyncRead + Unpin>(
     }
     match r.read_buf(buf).await {
         Ok(0) if buf.is_empty() => return Ok(false),
-        Ok(0) => return Err(format!("connection closed inside a chunk ({} bytes left over)", buf.len())),
+        Ok(0) => {
+            return Err(format!(
+                "connection closed inside a chunk ({} bytes left over)",
+                buf.len()
+            ))
+        }
         Ok(_) => {}
         Err(e) => return Err(e.to_string()),
     }
@@ -260,9 +269,7 @@ impl ClientConn {
         self.out
             .send(encode(id, req, payload)?)
             .map_err(|_| self.shared.lost("writer stopped"))?;
-        let bytes = rx
-            .await
-            .map_err(|_| self.shared.lost("reader stopped"))??;
+        let bytes = rx.await.map_err(|_| self.shared.lost("reader stopped"))??;
         mux::split_frame(bytes, self.max_frame)
     }
 
@@ -425,7 +432,14 @@ impl ServerConn {
                     },
                 }));
             }
-            match read_some(&mut self.reader, &mut self.buf, &mut self.demux, &mut self.events).await {
+            match read_some(
+                &mut self.reader,
+                &mut self.buf,
+                &mut self.demux,
+                &mut self.events,
+            )
+            .await
+            {
                 Ok(true) => self.ready.extend(self.events.drain(..)),
                 Ok(false) => return Ok(None),
                 Err(reason) => {

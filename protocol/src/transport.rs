@@ -73,10 +73,9 @@ impl Dialer {
         tls_dir: &Path,
     ) -> Result<Dialer, ProtocolError> {
         Ok(match transport {
-            Transport::Quic => Dialer::Quic(crate::endpoint::client(
-                peer,
-                tls::client_config(tls_dir)?,
-            )?),
+            Transport::Quic => {
+                Dialer::Quic(crate::endpoint::client(peer, tls::client_config(tls_dir)?)?)
+            }
             Transport::Tcp => Dialer::Tcp(tcp::Dialer::new(tls::rustls_client_config(tls_dir)?)),
         })
     }
@@ -134,11 +133,10 @@ impl Conn {
     pub(crate) fn close_reason(&self, server: SocketAddr) -> Option<ProtocolError> {
         match self {
             Conn::Quic { conn, .. } => {
-                conn.close_reason()
-                    .map(|source| ProtocolError::Connection {
-                        server: server.to_string(),
-                        source,
-                    })
+                conn.close_reason().map(|source| ProtocolError::Connection {
+                    server: server.to_string(),
+                    source,
+                })
             }
             Conn::Tcp(c) => c.close_reason(),
         }

@@ -133,7 +133,9 @@ fn spec(r: &mut Rng) -> TableSpec {
         dim: r.u32_edgy(),
         optimizer,
         init: if r.chance(2) {
-            InitSpec::Uniform { scale: r.f32_edgy() }
+            InitSpec::Uniform {
+                scale: r.f32_edgy(),
+            }
         } else {
             InitSpec::Normal { std: r.f32_edgy() }
         },
@@ -205,7 +207,11 @@ fn response(r: &mut Rng) -> Response {
 
 /// A valid frame: a random header (request or response) and a random payload.
 fn valid_frame(r: &mut Rng) -> Vec<u8> {
-    let payload_len = if r.chance(8) { 0 } else { r.below(200) as usize };
+    let payload_len = if r.chance(8) {
+        0
+    } else {
+        r.below(200) as usize
+    };
     let payload = r.bytes(payload_len);
     if r.chance(2) {
         encode_frame(&request(r), &payload).expect("small frames encode")

@@ -234,7 +234,12 @@ impl FileConfig {
             }
             Ok(v)
         };
-        let max_inflight_bytes = at_least("max-inflight-bytes", self.max_inflight_bytes, 256 << 20, 1024)?;
+        let max_inflight_bytes = at_least(
+            "max-inflight-bytes",
+            self.max_inflight_bytes,
+            256 << 20,
+            1024,
+        )?;
         let max_connections = at_least("max-connections", self.max_connections, 1024, 1)? as usize;
         let max_streams_per_connection = at_least(
             "max-streams-per-connection",
@@ -248,6 +253,12 @@ impl FileConfig {
             32 << 20,
             64 << 10,
         )?;
+        if connection_window_bytes < max_streams_per_connection as u64 * 4096 {
+            return Err(ConfigError::Invalid(format!(
+                "connection-window-bytes = {connection_window_bytes}, expected at least 4096 per stream \
+                 (max-streams-per-connection = {max_streams_per_connection})"
+            )));
+        }
         Ok(ServerConfig {
             max_inflight_bytes,
             max_connections,

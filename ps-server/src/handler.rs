@@ -419,7 +419,9 @@ impl Shard {
         if let Some(failure) = self.writes.failure() {
             return Err(refuse(
                 ErrorCode::Storage,
-                format!("storage writes failing ({failure}): pushes refused until a write succeeds"),
+                format!(
+                    "storage writes failing ({failure}): pushes refused until a write succeeds"
+                ),
             ));
         }
         if !(grad_scale.is_finite() && grad_scale > 0.0) {
@@ -521,10 +523,14 @@ impl Shard {
     }
 
     fn checkpoint(&self, dir: &str, step: u64) -> Result<Reply, Refusal> {
-        if dir.is_empty() {
-            return Err(refuse(ErrorCode::BadRequest, "checkpoint: empty directory"));
+        let path = std::path::Path::new(dir);
+        if !path.is_absolute() || path.components().any(|c| c == std::path::Component::ParentDir) {
+            return Err(refuse(
+                ErrorCode::BadRequest,
+                format!("checkpoint directory {dir:?}: expected an absolute path without '..'"),
+            ));
         }
-        match crate::checkpoint::checkpoint(self, std::path::Path::new(dir), step) {
+        match crate::checkpoint::checkpoint(self, path, step) {
             Ok((manifest, written)) => Ok(Reply {
                 header: Response::Checkpointed {
                     rows: manifest.rows(),

@@ -143,9 +143,13 @@ pub fn server_transport(
     connection_window_bytes: u64,
 ) -> quinn::TransportConfig {
     let window = connection_window_bytes.min(u32::MAX as u64) as u32;
+    // Each stream's window is its share of the connection's: requests waiting for admission leave their bytes
+    // unread, and if they could fill the connection window, the admitted request on the same connection could
+    // never receive the rest of its body (a flow-control deadlock). Config validation keeps the share >= 4 KiB.
+    let stream_window = (window / max_streams_per_connection.max(1)).max(4096);
     let mut t = protocol::endpoint::transport_config();
     t.max_concurrent_bidi_streams(max_streams_per_connection.into())
-        .stream_receive_window(window.into())
+        .stream_receive_window(stream_window.into())
         .receive_window(window.into());
     t
 }
@@ -159,7 +163,8 @@ mod tests {
         let a = LoadLimits::new(100, 2);
         let first = a.request(60).await;
         // 60 + 60 > 100: the second waits until the first is dropped.
-        let second = tokio::time::timeout(std::time::Duration::from_millis(50), a.request(60)).await;
+        let second =
+            tokio::time::timeout(std::time::Duration::from_millis(50), a.request(60)).await;
         assert!(second.is_err(), "admitted past the pool");
         drop(first);
         let _second = a.request(60).await;

@@ -18,10 +18,10 @@ use protocol::{stream, tcp, ErrorCode, ProtocolError, Request, Response, ShardMa
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::load_limits::{self, Admitted, LoadLimits};
 use crate::config::{Durability, ServerConfig, ServerTransport};
 use crate::handler::Shard;
 use crate::http::{self, Health};
+use crate::load_limits::{self, Admitted, LoadLimits};
 use crate::metrics as m;
 use crate::writeback;
 
@@ -67,7 +67,8 @@ pub async fn run(
     );
     writeback::update_gauges(&engine);
     engine.set_table_policy(cfg.admission, cfg.row_ttl_secs);
-    let has_ttl = cfg.row_ttl_secs.is_some() || engine.tables().iter().any(|t| t.ttl_secs.is_some());
+    let has_ttl =
+        cfg.row_ttl_secs.is_some() || engine.tables().iter().any(|t| t.ttl_secs.is_some());
     let shard = Arc::new(Shard {
         engine,
         shard_map: ShardMap {
@@ -131,7 +132,12 @@ pub async fn run(
         stop.clone(),
     ));
     if has_ttl {
-        tracing::info!(ttl_secs = ?cfg.row_ttl_secs, interval = ?cfg.expire_interval, admission = ?cfg.admission, "row expiry");
+        tracing::info!(
+            ttl_secs = ?cfg.row_ttl_secs,
+            interval = ?cfg.expire_interval,
+            admission = ?cfg.admission,
+            "row expiry"
+        );
         background.spawn(writeback::run_expiry_timer(
             shard.clone(),
             cfg.expire_interval,
@@ -166,7 +172,7 @@ pub async fn run(
         let accepted = tokio::select! {
             _ = &mut shutdown => break,
             incoming = accept_quic(endpoint.as_ref()) => match incoming {
-                Some(i) => Accepted::Quic(i),
+                Some(i) => Accepted::Quic(Box::new(i)),
                 None => break,
             },
             handshake = accept_tcp(tcp_listener.as_ref()) => match handshake {
@@ -194,7 +200,7 @@ pub async fn run(
             let _slot = slot;
             let ended = match accepted {
                 Accepted::Quic(incoming) => {
-                    serve_connection(incoming, shard, tracker, draining, max_frame, admission)
+                    serve_connection(*incoming, shard, tracker, draining, max_frame, admission)
                         .await
                         .map_err(|e| e.to_string())
                 }
@@ -488,7 +494,8 @@ async fn serve_tcp_connection(
         tracker.spawn(async move {
             let start = Instant::now();
             let tcp::Incoming { request, reply } = incoming;
-            let request = match admit_response(request, max_frame, &admission, &mut admitted).await {
+            let request = match admit_response(request, max_frame, &admission, &mut admitted).await
+            {
                 Ok(request) => request,
                 Err(refusal) => {
                     if let Err(e) = reply.send(&refusal.header, refusal.payload.clone()) {
@@ -512,7 +519,7 @@ async fn serve_tcp_connection(
 
 /// A connection accepted on either transport.
 enum Accepted {
-    Quic(quinn::Incoming),
+    Quic(Box<quinn::Incoming>),
     Tcp(tcp::Handshake),
 }
 

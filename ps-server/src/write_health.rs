@@ -88,7 +88,10 @@ pub fn probe(shard: &Shard) {
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_secs())
             .unwrap_or(0);
-        shard.engine.store().put_meta(PROBE_KEY, &now.to_le_bytes())?;
+        shard
+            .engine
+            .store()
+            .put_meta(PROBE_KEY, &now.to_le_bytes())?;
         Ok(())
     })();
     match result {

@@ -192,7 +192,8 @@ pub async fn run_budget_timer(shard: Arc<Shard>, stop: CancellationToken) {
         }
         let shard = shard.clone();
         let _ = tokio::task::spawn_blocking(move || {
-            enforce_budget(&shard.engine).inspect_err(|e| shard.writes.record_failure("eviction", e))
+            enforce_budget(&shard.engine)
+                .inspect_err(|e| shard.writes.record_failure("eviction", e))
         })
         .await;
     }

@@ -45,7 +45,11 @@ async fn ids_pushed_fewer_than_k_times_read_as_the_initializer() {
     assert_eq!(push(&c, &[11], &grad).await, (1, 0));
     let after = pull(&c, &ids).await.unwrap();
     assert_ne!(after[..32], init[..32], "id 11 was admitted and updated");
-    assert_eq!(after[32..], init[32..], "id 22 still reads as its initializer");
+    assert_eq!(
+        after[32..],
+        init[32..],
+        "id 22 still reads as its initializer"
+    );
     c.close().await;
     sigterm_and_wait(s);
 }
@@ -90,9 +94,16 @@ async fn rows_untouched_past_the_ttl_are_deleted_from_memory_and_rocksdb() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     assert_eq!(counter(&metrics, "ps_rows_expired_total"), 3, "{metrics}");
-    assert!(metrics.contains("ps_rows_in_memory{table=\"C3\"} 0"), "{metrics}");
+    assert!(
+        metrics.contains("ps_rows_in_memory{table=\"C3\"} 0"),
+        "{metrics}"
+    );
     assert!(metrics.contains("# HELP ps_rows_expired_total"));
-    assert_eq!(pull(&c, &ids).await.unwrap(), init, "expired rows read as new");
+    assert_eq!(
+        pull(&c, &ids).await.unwrap(),
+        init,
+        "expired rows read as new"
+    );
     c.close().await;
     sigterm_and_wait(s);
 

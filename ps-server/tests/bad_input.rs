@@ -104,7 +104,9 @@ async fn bad_input_gets_typed_errors_while_other_clients_keep_being_served() {
     // A 1 MiB frame cap keeps the oversized cases small.
     let s = start(&data, &tls, &["--max-frame-bytes", "1048576"]);
     let good = common::client(&s, &tls).await;
-    good.register_tables(&[counter_table(TABLE, DIM)]).await.unwrap();
+    good.register_tables(&[counter_table(TABLE, DIM)])
+        .await
+        .unwrap();
 
     // A pusher that runs during every bad input; each acknowledged push must be applied.
     let pusher = common::client(&s, &tls).await;
@@ -167,7 +169,10 @@ async fn bad_input_gets_typed_errors_while_other_clients_keep_being_served() {
     let hello = encode_frame(&Request::Hello { version }, &[]).unwrap();
     let (code, msg) = error_code(raw_request(&bad, &hello).await);
     assert_eq!(code, ErrorCode::UnsupportedVersion, "{msg}");
-    assert!(msg.contains(&format!("protocol version {version}")), "{msg}");
+    assert!(
+        msg.contains(&format!("protocol version {version}")),
+        "{msg}"
+    );
     let (code, msg) = error_code(raw_request(&bad, b"GET / HTTP/1.1\r\n\r\n").await);
     assert_eq!(code, ErrorCode::BadRequest, "{msg}");
     assert!(msg.contains("bad frame magic"), "{msg}");
@@ -203,7 +208,8 @@ async fn bad_input_gets_typed_errors_while_other_clients_keep_being_served() {
     let rows = pull_rows(&good, &[20, 21, 22]).await;
     assert_eq!(rows, [[0.0; 4], [0.0; 4], [-1.0; 4]].concat());
     // A non-finite loss scale refuses the whole push.
-    let (code, msg) = error_code(raw_request(&bad, &push_frame(&[20], DIM, &[1.0; 4], f32::NAN)).await);
+    let (code, msg) =
+        error_code(raw_request(&bad, &push_frame(&[20], DIM, &[1.0; 4], f32::NAN)).await);
     assert_eq!(code, ErrorCode::BadRequest, "{msg}");
     assert!(msg.contains("grad_scale = NaN"), "{msg}");
     check_served(&good, &mut round, "non-finite gradients").await;
@@ -233,7 +239,16 @@ async fn bad_input_gets_typed_errors_while_other_clients_keep_being_served() {
     };
     let answer = raw_request(&bad, &encode_frame(&empty, &[]).unwrap()).await;
     assert!(
-        matches!(answer, Ok((Response::Pushed { rows: 0, rejected_nonfinite: 0 }, _))),
+        matches!(
+            answer,
+            Ok((
+                Response::Pushed {
+                    rows: 0,
+                    rejected_nonfinite: 0
+                },
+                _
+            ))
+        ),
         "{answer:?}"
     );
     let answer = raw_request(&bad, &push_frame(&[], DIM, &[], 1.0)).await;
@@ -268,8 +283,21 @@ async fn bad_input_gets_typed_errors_while_other_clients_keep_being_served() {
     check_served(&good, &mut round, "random bytes").await;
 
     // The bad client's own connection still works for a good request.
-    let answer = raw_request(&bad, &encode_frame(&Request::Hello { version: protocol::PROTOCOL_VERSION }, &[]).unwrap()).await;
-    assert!(matches!(answer, Ok((Response::Hello { .. }, _))), "{answer:?}");
+    let answer = raw_request(
+        &bad,
+        &encode_frame(
+            &Request::Hello {
+                version: protocol::PROTOCOL_VERSION,
+            },
+            &[],
+        )
+        .unwrap(),
+    )
+    .await;
+    assert!(
+        matches!(answer, Ok((Response::Hello { .. }, _))),
+        "{answer:?}"
+    );
 
     stop.store(true, Ordering::SeqCst);
     background.await.unwrap();
@@ -281,7 +309,13 @@ async fn bad_input_gets_typed_errors_while_other_clients_keep_being_served() {
         "pushes acknowledged during the bad input were not all applied"
     );
     let metrics = common::http_get(s.metrics, "/metrics");
-    for code in ["FrameTooLarge", "BadRequest", "UnsupportedVersion", "UnknownTable", "WrongDimension"] {
+    for code in [
+        "FrameTooLarge",
+        "BadRequest",
+        "UnsupportedVersion",
+        "UnknownTable",
+        "WrongDimension",
+    ] {
         assert!(
             metrics.contains(&format!("ps_request_errors_total{{code=\"{code}\"}}")),
             "no {code} count in /metrics"

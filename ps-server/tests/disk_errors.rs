@@ -80,7 +80,9 @@ async fn setup(dir: &Path, flags: &[&str]) -> (Server, PsClient) {
         &[("PS_FAULT_FAIL_WRITES_IF_EXISTS", fail.as_path())], // embedding::rocks_store::FAULT_ENV
     );
     let c = common::client_retrying_for(&s, &tls, Duration::ZERO).await;
-    c.register_tables(&[counter_table(TABLE, DIM)]).await.unwrap();
+    c.register_tables(&[counter_table(TABLE, DIM)])
+        .await
+        .unwrap();
     (s, c)
 }
 
@@ -88,11 +90,17 @@ async fn setup(dir: &Path, flags: &[&str]) -> (Server, PsClient) {
 async fn check_refusing(s: &Server, c: &PsClient) {
     let before = rows(c).await;
     let msg = storage_error(push_ones(c).await);
-    assert!(msg.contains("pushes refused until a write succeeds"), "{msg}");
+    assert!(
+        msg.contains("pushes refused until a write succeeds"),
+        "{msg}"
+    );
     assert!(msg.contains("No space left on device"), "{msg}");
     assert_eq!(rows(c).await, before, "a refused push was applied");
     let ready = readyz(s);
-    assert!(ready.starts_with("HTTP/1.0 503") || ready.starts_with("HTTP/1.1 503"), "{ready}");
+    assert!(
+        ready.starts_with("HTTP/1.0 503") || ready.starts_with("HTTP/1.1 503"),
+        "{ready}"
+    );
     assert!(ready.contains("storage writes failing"), "{ready}");
     assert_eq!(metric(s, "ps_storage_writes_failing"), 1.0);
     assert!(metric(s, "ps_writeback_errors_total") >= 1.0);

@@ -246,7 +246,13 @@ fn mutate_counts(r: &mut Rng, tables: &mut Vec<TableCount>) {
     let i = r.below(tables.len() as u64) as usize;
     let t = &mut tables[i];
     match r.below(5) {
-        0 => t.table = if r.chance(2) { r.below(8) as u32 } else { r.u32_edgy() },
+        0 => {
+            t.table = if r.chance(2) {
+                r.below(8) as u32
+            } else {
+                r.u32_edgy()
+            }
+        }
         1 => t.count = t.count.wrapping_add(r.below(3) as u32).wrapping_sub(1),
         2 => t.count = r.u32_edgy(),
         3 => t.dim = t.dim.wrapping_add(r.below(3) as u32).wrapping_sub(1),
@@ -257,9 +263,7 @@ fn mutate_counts(r: &mut Rng, tables: &mut Vec<TableCount>) {
 fn mutate(r: &mut Rng, req: &mut Request, payload: &mut Vec<u8>) {
     match r.below(6) {
         0 => match req {
-            Request::Pull { tables, .. } | Request::Push { tables, .. } => {
-                mutate_counts(r, tables)
-            }
+            Request::Pull { tables, .. } | Request::Push { tables, .. } => mutate_counts(r, tables),
             _ => {}
         },
         1 => match req {
@@ -369,7 +373,10 @@ fn check(shard: &Shard, req: &Request, payload: &[u8], reply: &Reply, before: Op
             assert!(reply.payload.is_empty());
             if let Some(before) = before {
                 assert_eq!(
-                    snapshot(shard, req, payload).iter().map(|f| f.to_bits()).collect::<Vec<_>>(),
+                    snapshot(shard, req, payload)
+                        .iter()
+                        .map(|f| f.to_bits())
+                        .collect::<Vec<_>>(),
                     before.iter().map(|f| f.to_bits()).collect::<Vec<_>>(),
                     "a refused push changed rows: {:?}",
                     reply.header
@@ -397,7 +404,10 @@ fn check(shard: &Shard, req: &Request, payload: &[u8], reply: &Reply, before: Op
             Request::Push { tables, .. },
         ) => {
             let ids = PayloadLayout::of(tables).unwrap().ids as u64;
-            assert!(rows + rejected_nonfinite <= ids, "{rows} + {rejected_nonfinite} > {ids}");
+            assert!(
+                rows + rejected_nonfinite <= ids,
+                "{rows} + {rejected_nonfinite} > {ids}"
+            );
         }
         _ => {}
     }
@@ -434,7 +444,8 @@ fn request_handler_survives_structured_fuzzing() {
         let shard = &shards[r.below(2) as usize];
         let (req, payload) = input(&mut r, shard);
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            let before = matches!(req, Request::Push { .. }).then(|| snapshot(shard, &req, &payload));
+            let before =
+                matches!(req, Request::Push { .. }).then(|| snapshot(shard, &req, &payload));
             let reply = shard.handle(req.clone(), &payload);
             if let (Response::Error { message, .. }, true) = (&reply.header, debug) {
                 eprintln!("{message}");
@@ -465,6 +476,9 @@ fn request_handler_survives_structured_fuzzing() {
         n - errors
     );
     if n >= 1000 {
-        assert!(errors > n / 20 && errors < n - n / 20, "{errors} of {n} refused");
+        assert!(
+            errors > n / 20 && errors < n - n / 20,
+            "{errors} of {n} refused"
+        );
     }
 }

@@ -38,28 +38,44 @@ async fn many_clients_are_throttled_with_bounded_memory_and_nothing_lost() {
     let (data, tls) = (dir.path().join("data"), dir.path().join("tls"));
     protocol::tls::init_dev_certs(&tls, &[]).unwrap();
     let max_connections = CLIENTS + 1;
-    let s = start(
-        &data,
-        &tls,
-        &[
-            "--max-inflight-bytes",
-            "4194304",
-            "--max-streams-per-connection",
-            "4",
-            "--connection-window-bytes",
-            "1048576",
-            "--max-connections",
-            &max_connections.to_string(),
-        ],
-    );
+    let max_connections = max_connections.to_string();
+    let mut flags = vec![
+        "--max-inflight-bytes",
+        "4194304",
+        "--max-streams-per-connection",
+        "4",
+        "--connection-window-bytes",
+        "1048576",
+        "--max-connections",
+        &max_connections,
+    ];
+    let debug_drop = std::env::var("OVERLOAD_DROP").unwrap_or_default();
+    let pairs: Vec<[&str; 2]> = flags.chunks(2).map(|c| [c[0], c[1]]).collect();
+    flags = pairs
+        .into_iter()
+        .filter(|p| {
+            !debug_drop
+                .split(',')
+                .any(|d| !d.is_empty() && p[0].contains(d))
+        })
+        .flatten()
+        .collect();
+    let s = start(&data, &tls, &flags);
     let pid = s.child.id();
     let setup = common::client(&s, &tls).await;
-    setup.register_tables(&[counter_table(TABLE, DIM)]).await.unwrap();
+    setup
+        .register_tables(&[counter_table(TABLE, DIM)])
+        .await
+        .unwrap();
 
     let ids: Vec<u64> = (0..ROWS).collect();
     let mut payload = Vec::new();
     put_ids(&ids, &mut payload);
-    codec::encode(&vec![1.0; (ROWS * DIM as u64) as usize], Encoding::F32, &mut payload);
+    codec::encode(
+        &vec![1.0; (ROWS * DIM as u64) as usize],
+        Encoding::F32,
+        &mut payload,
+    );
     let payload = bytes::Bytes::from(payload);
     let push = |c: Arc<PsClient>, payload: bytes::Bytes| async move {
         let start = Instant::now();
@@ -78,12 +94,17 @@ async fn many_clients_are_throttled_with_bounded_memory_and_nothing_lost() {
     let rss_before = proc_status_kib(pid, "VmRSS");
 
     // Overload: 64 clients x 16 pushes in flight.
+    let connecting: Vec<_> = (0..CLIENTS)
+        .map(|_| {
+            let mut cfg = PsClientConfig::new(vec![s.quic], tls.clone());
+            cfg.retry_for = Duration::ZERO; // a retry could apply a push twice; none is needed
+            cfg.request_timeout = Duration::from_secs(60);
+            tokio::spawn(PsClient::connect(cfg))
+        })
+        .collect();
     let mut clients = Vec::new();
-    for _ in 0..CLIENTS {
-        let mut cfg = PsClientConfig::new(vec![s.quic], tls.clone());
-        cfg.retry_for = Duration::ZERO; // a retry could apply a push twice; none is needed
-        cfg.request_timeout = Duration::from_secs(60);
-        clients.push(Arc::new(PsClient::connect(cfg).await.unwrap()));
+    for c in connecting {
+        clients.push(Arc::new(c.await.unwrap().unwrap()));
     }
     // One connection past the cap is refused while the others are open.
     let mut extra = PsClientConfig::new(vec![s.quic], tls.clone());
@@ -142,9 +163,13 @@ async fn many_clients_are_throttled_with_bounded_memory_and_nothing_lost() {
         peak_kib >> 10,
         rss_before >> 10
     );
-    for c in clients {
-        c.close().await;
+    let closing: Vec<_> = clients
+        .into_iter()
+        .chain([setup])
+        .map(|c| tokio::spawn(async move { c.close().await }))
+        .collect();
+    for c in closing {
+        c.await.unwrap();
     }
-    setup.close().await;
     sigterm_and_wait(s);
 }

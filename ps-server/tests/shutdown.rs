@@ -33,12 +33,19 @@ async fn sigterm_during_pushes_loses_no_acknowledged_update() {
     // Periodic durability with a long interval: what survives is what the shutdown drains and writes back.
     let s = start(&data, &tls, &["--flush-interval-secs", "3600"]);
     let setup = common::client(&s, &tls).await;
-    setup.register_tables(&[counter_table(TABLE, DIM)]).await.unwrap();
+    setup
+        .register_tables(&[counter_table(TABLE, DIM)])
+        .await
+        .unwrap();
     setup.close().await;
 
     let mut payload = Vec::new();
     put_ids(&IDS, &mut payload);
-    codec::encode(&[1.0; IDS.len() * DIM as usize], Encoding::F32, &mut payload);
+    codec::encode(
+        &[1.0; IDS.len() * DIM as usize],
+        Encoding::F32,
+        &mut payload,
+    );
     let payload = bytes::Bytes::from(payload);
     let acked = Arc::new(AtomicU64::new(0));
     let failed = Arc::new(AtomicU64::new(0));
@@ -51,7 +58,10 @@ async fn sigterm_during_pushes_loses_no_acknowledged_update() {
                 (c.clone(), payload.clone(), acked.clone(), failed.clone());
             tasks.push(tokio::spawn(async move {
                 loop {
-                    match c.push(0, Encoding::F32, 1.0, counts(), payload.clone()).await {
+                    match c
+                        .push(0, Encoding::F32, 1.0, counts(), payload.clone())
+                        .await
+                    {
                         Ok((rows, 0)) if rows == IDS.len() as u64 => {
                             acked.fetch_add(1, Ordering::SeqCst);
                         }

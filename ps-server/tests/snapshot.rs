@@ -170,6 +170,15 @@ async fn checkpoint_of_two_servers_restores_onto_three() {
         ),
         other => panic!("second checkpoint into the same directory: {other:?}"),
     }
+    // Only absolute paths: a checkpoint never lands relative to a server's working directory.
+    match c.checkpoint("relative/snap", 18).await {
+        Err(ProtocolError::Remote {
+            code: ErrorCode::BadRequest,
+            message,
+            ..
+        }) => assert!(message.contains("expected an absolute path"), "{message}"),
+        other => panic!("relative checkpoint directory: {other:?}"),
+    }
     // Updates after the checkpoint are not in it.
     push_all(&c, &ids, 2).await;
     c.close().await;

@@ -44,7 +44,12 @@ fn ids_payload(ids: &[u64]) -> Bytes {
     payload.into()
 }
 
-async fn connect(s: &common::Server, tls: &Path, transport: Transport, timeout: Duration) -> PsClient {
+async fn connect(
+    s: &common::Server,
+    tls: &Path,
+    transport: Transport,
+    timeout: Duration,
+) -> PsClient {
     let mut cfg = PsClientConfig::new(vec![s.quic], tls.to_owned());
     cfg.transport = transport;
     cfg.request_timeout = timeout;
@@ -74,7 +79,11 @@ fn runtime() -> tokio::runtime::Runtime {
 fn start(dir: &Path) -> (common::Server, std::path::PathBuf) {
     let (data, tls) = (dir.join("data"), dir.join("tls"));
     protocol::tls::init_dev_certs(&tls, &[]).unwrap();
-    let s = common::start(&data, &tls, &["--transport", "both", "--durability", "none"]);
+    let s = common::start(
+        &data,
+        &tls,
+        &["--transport", "both", "--durability", "none"],
+    );
     (s, tls)
 }
 
@@ -140,7 +149,12 @@ fn thousand_concurrent_requests(transport: Transport) {
             .collect();
         for (i, t) in tasks.into_iter().enumerate() {
             let row = t.await.unwrap().unwrap();
-            assert_eq!(row, all[i * DIM..(i + 1) * DIM], "{transport}: id {}", i + 1);
+            assert_eq!(
+                row,
+                all[i * DIM..(i + 1) * DIM],
+                "{transport}: id {}",
+                i + 1
+            );
         }
         let metrics = common::http_get(s.metrics, "/metrics");
         assert!(
@@ -191,7 +205,9 @@ fn server_killed_mid_request(transport: Transport) {
             // The request timeout bounds each request; far past it means a hang.
             let err = tokio::time::timeout(timeout * 5, t)
                 .await
-                .unwrap_or_else(|_| panic!("{transport}: a request still hangs after the server died"))
+                .unwrap_or_else(|_| {
+                    panic!("{transport}: a request still hangs after the server died")
+                })
                 .unwrap();
             assert!(
                 matches!(
@@ -216,4 +232,34 @@ fn quic_server_killed_mid_request_gives_an_error_not_a_hang() {
 #[test]
 fn tcp_server_killed_mid_request_gives_an_error_not_a_hang() {
     server_killed_mid_request(Transport::Tcp);
+}
+
+/// TCP uses the same mutual TLS as QUIC: a client whose certificate another CA signed gets an error (the
+/// server's TLS alert), and a client of the cluster CA in the same run is served.
+#[test]
+fn tcp_refuses_a_client_certificate_from_another_ca() {
+    let dir = tempfile::tempdir().unwrap();
+    let (data, tls, foreign) = common::dirs_with_foreign_client(dir.path());
+    let s = common::start(&data, &tls, &["--transport", "tcp"]);
+    runtime().block_on(async {
+        let mut cfg = PsClientConfig::new(vec![s.quic], foreign.clone());
+        cfg.transport = Transport::Tcp;
+        cfg.retry_for = Duration::ZERO;
+        cfg.request_timeout = Duration::from_secs(10);
+        let err = match PsClient::connect(cfg).await {
+            Ok(_) => panic!("a client of another CA was served over tcp"),
+            Err(e) => e,
+        };
+        assert!(
+            matches!(
+                err,
+                ProtocolError::ConnectionLost { .. } | ProtocolError::Connect { .. }
+            ),
+            "{err:?}"
+        );
+        let c = connect(&s, &tls, Transport::Tcp, Duration::from_secs(10)).await;
+        pull_f32(&c, &[1, 2, 3]).await.unwrap();
+        c.close().await;
+    });
+    common::sigterm_and_wait(s);
 }

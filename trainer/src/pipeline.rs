@@ -53,7 +53,7 @@ impl PlanStage {
                         Ok(b) if b.len == 0 => break,
                         Ok(_) if index < skip => continue,
                         Ok(batch) => {
-                            let mut plan = Plan::default(); let _ = recycled.try_recv();
+                            let mut plan = recycled.try_recv().unwrap_or_default();
                             plan.build(&batch.sparse, dim, &map);
                             Ok(Planned { index, batch, plan })
                         }
