@@ -17,7 +17,7 @@
 //!   engine), with its workload, latency percentiles and report.
 #![warn(missing_docs)]
 
-pub mod audit;
 pub mod auc;
+pub mod audit;
 pub mod gen;
 pub mod load;

@@ -46,8 +46,8 @@ pub mod init;
 mod mem_store;
 pub mod optimizer;
 mod rocks_store;
-pub mod snapshot;
 pub mod sizing;
+pub mod snapshot;
 mod store;
 mod table;
 

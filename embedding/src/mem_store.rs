@@ -75,7 +75,10 @@ impl Store for MemStore {
     fn write_tables(&self, tables: &[(u32, &DirtyBatch)], _sync: bool) -> Result<(), StoreError> {
         if self.fail_writes.load(Ordering::Relaxed) {
             return Err(StoreError::Backend {
-                op: format!("write_tables {:?}", tables.iter().map(|t| t.0).collect::<Vec<_>>()),
+                op: format!(
+                    "write_tables {:?}",
+                    tables.iter().map(|t| t.0).collect::<Vec<_>>()
+                ),
                 detail: "injected failure".into(),
             });
         }

@@ -371,6 +371,7 @@ mod tests {
         let file = dir.path().join("fail");
         s.fault = Some(file.clone());
         let mut rows = DirtyBatch::new();
+        rows.reset(4);
         rows.push_row(5, &[1.0]);
         s.write_rows(1, &rows, false).unwrap();
         std::fs::write(&file, b"").unwrap();

@@ -30,7 +30,10 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use parking_lot::RwLockReadGuard;
+use parking_lot::{Mutex, RwLockReadGuard};
+
+/// Serializes checkpoints in this process (see [`Engine::checkpoint`]).
+static CHECKPOINT_LOCK: Mutex<()> = Mutex::new(());
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
@@ -234,7 +237,9 @@ impl Engine {
 
     /// Writes a consistent snapshot of every table into `shard_dir(dir, shard.index, shard.num_shards)`
     /// (module docs: layout and consistency), creating `dir` if needed, and returns its manifest. Blocking
-    /// (disk writes and fsyncs). Fails with [`SnapshotError::Exists`] if that shard directory exists; a failed
+    /// (disk writes and fsyncs). Idempotent for retries: if that shard directory holds a complete snapshot of the
+    /// same step and shard, its manifest is returned; a directory without a manifest (left by a checkpoint that
+    /// was killed) is replaced; any other existing directory fails with [`SnapshotError::Exists`]. A failed
     /// checkpoint removes what it wrote. `created_unix_secs` goes into the manifest.
     pub fn checkpoint(
         &self,
@@ -244,8 +249,28 @@ impl Engine {
         created_unix_secs: u64,
     ) -> Result<Manifest, SnapshotError> {
         let target = shard_dir(dir, shard.index, shard.num_shards);
+        // One checkpoint at a time per process: a retried request (its first attempt's answer was lost) waits for
+        // the first attempt instead of racing it in the same directory.
+        let _one_at_a_time = CHECKPOINT_LOCK.lock();
         if target.exists() {
-            return Err(SnapshotError::Exists { path: target });
+            match read_manifest(&target) {
+                // A retry of a checkpoint that completed: answer as the first attempt did.
+                Ok(m)
+                    if m.step == step
+                        && m.shard.index == shard.index
+                        && m.shard.num_shards == shard.num_shards =>
+                {
+                    return Ok(m)
+                }
+                // Left by a checkpoint that died before writing its manifest (the manifest is written last):
+                // nothing in it can be trusted, so it is replaced.
+                Err(SnapshotError::MissingManifest { .. }) => {
+                    tracing::warn!(path = %target.display(), "replacing an incomplete snapshot (no manifest)");
+                    std::fs::remove_dir_all(&target)
+                        .map_err(io(&target, "remove incomplete snapshot"))?;
+                }
+                _ => return Err(SnapshotError::Exists { path: target }),
+            }
         }
         std::fs::create_dir_all(dir).map_err(io(dir, "create directory"))?;
         std::fs::create_dir(&target).map_err(|e| match e.kind() {
@@ -463,11 +488,7 @@ impl Snapshot {
     /// bytes are the stored encoding (`row_len` little-endian f32s: weights, then optimizer state). A value of
     /// the wrong length or a bad key is a [`SnapshotError::Store`] naming table and id; the first error from
     /// `f` stops the scan and is returned. Returns the rows visited.
-    pub fn for_each_row(
-        &self,
-        table: u32,
-        f: &mut RowFn<'_>,
-    ) -> Result<u64, SnapshotError> {
+    pub fn for_each_row(&self, table: u32, f: &mut RowFn<'_>) -> Result<u64, SnapshotError> {
         let entry = self
             .manifest
             .tables

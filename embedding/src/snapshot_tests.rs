@@ -196,6 +196,24 @@ fn existing_target_is_refused_and_left_alone() {
 }
 
 #[test]
+fn a_retried_checkpoint_is_idempotent_and_an_incomplete_one_is_replaced() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = Engine::open(Arc::new(MemStore::new())).unwrap();
+    e.register_table(cfg(1, 2)).unwrap();
+    let first = e.checkpoint(dir.path(), 5, shard(1, 2), 0).unwrap();
+    // The same request again (its first answer was lost): the same snapshot, not an error.
+    let again = e.checkpoint(dir.path(), 5, shard(1, 2), 99).unwrap();
+    assert_eq!(again.created_unix_secs, first.created_unix_secs);
+    // A checkpoint killed before its manifest leaves a directory that the next attempt replaces.
+    let target = shard_dir(dir.path(), 0, 2);
+    std::fs::create_dir_all(target.join("rocksdb")).unwrap();
+    std::fs::write(target.join("rocksdb").join("junk"), b"half written").unwrap();
+    let m = e.checkpoint(dir.path(), 5, shard(0, 2), 0).unwrap();
+    assert_eq!(read_manifest(&target).unwrap().step, m.step);
+    assert!(!target.join("rocksdb").join("junk").exists());
+}
+
+#[test]
 fn missing_or_foreign_manifests_are_refused() {
     let dir = tempfile::tempdir().unwrap();
     let err = Snapshot::open(dir.path()).unwrap_err();

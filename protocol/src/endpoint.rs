@@ -52,15 +52,37 @@ fn udp_socket(addr: SocketAddr) -> Result<std::net::UdpSocket, ProtocolError> {
     Ok(socket.into())
 }
 
-/// A server endpoint bound to `addr` (port 0 picks a free port).
+/// A server endpoint bound to `addr` (port 0 picks a free port), with a random stateless-reset key.
 pub fn server(
     addr: SocketAddr,
+    config: quinn::ServerConfig,
+) -> Result<quinn::Endpoint, ProtocolError> {
+    server_with_reset_secret(addr, config, None)
+}
+
+/// A server endpoint whose QUIC stateless-reset key is derived from `reset_secret` (random when `None`).
+///
+/// With a secret that survives a restart (the server's private key and address), a restarted server answers
+/// packets of connections it had before the crash with a stateless reset, which the client recognizes at once
+/// and reconnects; with a random key those packets are dropped and the client only notices at its idle timeout.
+pub fn server_with_reset_secret(
+    addr: SocketAddr,
     mut config: quinn::ServerConfig,
+    reset_secret: Option<&[u8]>,
 ) -> Result<quinn::Endpoint, ProtocolError> {
     config.transport_config(Arc::new(transport_config()));
     let socket = udp_socket(addr)?;
+    let endpoint_config = match reset_secret {
+        Some(secret) => {
+            // HMAC-SHA256 keyed with a digest of the secret, so the secret itself never becomes a key.
+            let digest = ring::digest::digest(&ring::digest::SHA256, secret);
+            let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, digest.as_ref());
+            quinn::EndpointConfig::new(Arc::new(key))
+        }
+        None => quinn::EndpointConfig::default(),
+    };
     quinn::Endpoint::new(
-        quinn::EndpointConfig::default(),
+        endpoint_config,
         Some(config),
         socket,
         Arc::new(quinn::TokioRuntime),

@@ -327,7 +327,10 @@ mod tests {
         put_ids(&ids, &mut bytes);
         assert_eq!(bytes.len(), 1 + 1 + 1 + 9 + 10);
         let mut back = Vec::new();
-        assert_eq!(crate::ids::get_ids(&bytes, 4, &mut back).unwrap(), bytes.len());
+        assert_eq!(
+            crate::ids::get_ids(&bytes, 4, &mut back).unwrap(),
+            bytes.len()
+        );
         assert_eq!(back, ids);
         assert!(crate::ids::get_ids(&bytes[..7], 4, &mut back).is_err());
     }

@@ -240,7 +240,10 @@ fn check_trailing(what: &str, len: usize, used: usize) -> Result<(), Refusal> {
     if used != len {
         return Err(refuse(
             ErrorCode::BadRequest,
-            format!("{what}: {} trailing bytes after the id sections", len - used),
+            format!(
+                "{what}: {} trailing bytes after the id sections",
+                len - used
+            ),
         ));
     }
     Ok(())
@@ -381,8 +384,12 @@ impl Shard {
         // Every id is decoded (and its section checked) before anything is read: a malformed section anywhere
         // refuses the whole pull.
         let mut all_ids = Vec::new();
-        let used = get_sections(payload, tables.iter().map(|t| t.count as usize), &mut all_ids)
-            .map_err(|e| refuse(ErrorCode::BadRequest, format!("pull: {e}")))?;
+        let used = get_sections(
+            payload,
+            tables.iter().map(|t| t.count as usize),
+            &mut all_ids,
+        )
+        .map_err(|e| refuse(ErrorCode::BadRequest, format!("pull: {e}")))?;
         check_trailing("pull", payload.len(), used)?;
         let mut out = Vec::with_capacity(layout.pull_response_bytes(encoding));
         let mut rows = Vec::new();
@@ -434,8 +441,12 @@ impl Shard {
         let layout = PayloadLayout::of(tables)?;
         // Ownership of every id (and every id section) is checked before any row changes.
         let mut all_ids = Vec::new();
-        let used = get_sections(payload, tables.iter().map(|t| t.count as usize), &mut all_ids)
-            .map_err(|e| refuse(ErrorCode::BadRequest, format!("push: {e}")))?;
+        let used = get_sections(
+            payload,
+            tables.iter().map(|t| t.count as usize),
+            &mut all_ids,
+        )
+        .map_err(|e| refuse(ErrorCode::BadRequest, format!("push: {e}")))?;
         let grad_bytes = &payload[used..];
         protocol::message::check_len("push rows", grad_bytes.len(), layout.rows_bytes(encoding))?;
         let mut start = 0;
@@ -524,7 +535,11 @@ impl Shard {
 
     fn checkpoint(&self, dir: &str, step: u64) -> Result<Reply, Refusal> {
         let path = std::path::Path::new(dir);
-        if !path.is_absolute() || path.components().any(|c| c == std::path::Component::ParentDir) {
+        if !path.is_absolute()
+            || path
+                .components()
+                .any(|c| c == std::path::Component::ParentDir)
+        {
             return Err(refuse(
                 ErrorCode::BadRequest,
                 format!("checkpoint directory {dir:?}: expected an absolute path without '..'"),

@@ -163,7 +163,10 @@ fn unknown_table_wrong_dim_wrong_epoch_bad_length() {
         &[0; 5],
     ));
     assert_eq!(code, ErrorCode::BadRequest);
-    assert!(msg.contains("3 trailing bytes after the id sections"), "{msg}");
+    assert!(
+        msg.contains("3 trailing bytes after the id sections"),
+        "{msg}"
+    );
     let (code, _) = error_of(s.handle(Request::Hello { version: 99 }, &[]));
     assert_eq!(code, ErrorCode::UnsupportedVersion);
 }
@@ -491,7 +494,11 @@ fn int8_rows_and_unmixed_id_sections_round_trip() {
         },
         &payload,
     );
-    assert!(matches!(r.header, Response::Pushed { rows: 3, .. }), "{:?}", r.header);
+    assert!(
+        matches!(r.header, Response::Pushed { rows: 3, .. }),
+        "{:?}",
+        r.header
+    );
     let mut pull = Vec::new();
     put_section(IdCoding::Unmixed, &ids, &mut pull);
     let r = s.handle(
@@ -507,7 +514,11 @@ fn int8_rows_and_unmixed_id_sections_round_trip() {
     codec::decode_rows(&r.payload, 4, Encoding::Int8, &mut back).unwrap();
     // SGD with lr 1 from zero rows: -grads / grad_scale, within the int8 step of each row.
     for (b, g) in back.iter().zip(&grads) {
-        assert!((b + g / 2.0).abs() <= 6.0 / 254.0 + 1e-6, "{b} vs {}", -g / 2.0);
+        assert!(
+            (b + g / 2.0).abs() <= 6.0 / 254.0 + 1e-6,
+            "{b} vs {}",
+            -g / 2.0
+        );
     }
 }
 

@@ -157,7 +157,9 @@ fn finite_row() -> impl Strategy<Value = Vec<f32>> {
 /// A temporary directory on tmpfs when there is one: each case opens up to 8 databases and fsyncs
 /// manifests and metadata, which costs about 1.5 s per case on this machine's disk and ~0.1 s on tmpfs.
 fn fast_tempdir() -> tempfile::TempDir {
-    tempfile::tempdir_in("/dev/shm").or_else(|_| tempfile::tempdir()).unwrap()
+    tempfile::tempdir_in("/dev/shm")
+        .or_else(|_| tempfile::tempdir())
+        .unwrap()
 }
 
 proptest! {

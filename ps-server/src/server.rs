@@ -12,8 +12,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use embedding::{Engine, RocksStore};
 use bytes::Bytes;
+use embedding::{Engine, RocksStore};
 use protocol::{stream, tcp, ErrorCode, ProtocolError, Request, Response, ShardMap};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -89,7 +89,15 @@ pub async fn run(
     let tls = protocol::tls::rustls_server_config(&cfg.tls_dir, !cfg.insecure_dev)
         .context("load TLS material")?;
     let mut limited = protocol::tls::quic_server_config(tls.clone()).context("QUIC TLS config")?;
-    let (endpoint, tcp_listener) = bind(cfg.listen, cfg.transport, tls)?;
+    // Stable across restarts of this server (same key, same address, same shard), so clients of the previous
+    // process get a stateless reset instead of waiting for their idle timeout (protocol::endpoint).
+    let reset_secret = std::fs::read(cfg.tls_dir.join(protocol::tls::files::SERVER_KEY))
+        .ok()
+        .map(|mut key| {
+            key.extend_from_slice(format!("{} {}", cfg.listen, cfg.shard_index).as_bytes());
+            key
+        });
+    let (endpoint, tcp_listener) = bind(cfg.listen, cfg.transport, tls, reset_secret.as_deref())?;
     // Per-connection limits of admission control (crate::load_limits) on top of the shared transport tuning.
     limited.transport_config(Arc::new(load_limits::server_transport(
         cfg.max_streams_per_connection,
@@ -543,12 +551,13 @@ fn bind(
     addr: SocketAddr,
     transport: ServerTransport,
     tls: quinn::rustls::ServerConfig,
+    reset_secret: Option<&[u8]>,
 ) -> anyhow::Result<(Option<quinn::Endpoint>, Option<tcp::Listener>)> {
     let quic_tls = protocol::tls::quic_server_config(tls.clone()).context("QUIC TLS config")?;
     for attempt in 0.. {
         let endpoint = if transport.quic() {
             Some(
-                protocol::endpoint::server(addr, quic_tls.clone())
+                protocol::endpoint::server_with_reset_secret(addr, quic_tls.clone(), reset_secret)
                     .context("start QUIC endpoint")?,
             )
         } else {

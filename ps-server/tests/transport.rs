@@ -240,7 +240,7 @@ fn tcp_server_killed_mid_request_gives_an_error_not_a_hang() {
 fn tcp_refuses_a_client_certificate_from_another_ca() {
     let dir = tempfile::tempdir().unwrap();
     let (data, tls, foreign) = common::dirs_with_foreign_client(dir.path());
-    let s = common::start(&data, &tls, &["--transport", "tcp"]);
+    let s = common::start(&data, &tls, &["--transport", "both"]);
     runtime().block_on(async {
         let mut cfg = PsClientConfig::new(vec![s.quic], foreign.clone());
         cfg.transport = Transport::Tcp;

@@ -92,11 +92,7 @@ pub struct Checkpoint {
 /// `dir/ps.tmp` (`dir` made absolute: the servers resolve it on their own file system, which must be the
 /// trainer's or shared storage). [`commit_ps_snapshot`] then moves it to `dir/ps`. Every push must be
 /// acknowledged before the call for the snapshot to hold exactly `step` batches.
-pub async fn ps_snapshot(
-    client: &protocol::PsClient,
-    dir: &Path,
-    step: u64,
-) -> anyhow::Result<()> {
+pub async fn ps_snapshot(client: &protocol::PsClient, dir: &Path, step: u64) -> anyhow::Result<()> {
     use anyhow::Context;
     std::fs::create_dir_all(dir).map_err(io(dir))?;
     let dir = dir.canonicalize().map_err(io(dir))?;
@@ -210,15 +206,19 @@ impl Checkpoint {
         }
         let version = u32::from_le_bytes(bytes[8..12].try_into().expect("4 bytes"));
         if version != VERSION {
-            return Err(corrupt(format!("format version {version}, expected {VERSION}")));
+            return Err(corrupt(format!(
+                "format version {version}, expected {VERSION}"
+            )));
         }
         let len = u64::from_le_bytes(bytes[12..20].try_into().expect("8 bytes"));
         if len > MAX_HEADER || 20 + len as usize > bytes.len() {
-            return Err(corrupt(format!("header length {len} does not fit the file")));
+            return Err(corrupt(format!(
+                "header length {len} does not fit the file"
+            )));
         }
         let end = 20 + len as usize;
-        let meta: CheckpointMeta = serde_json::from_slice(&bytes[20..end])
-            .map_err(|e| corrupt(format!("header: {e}")))?;
+        let meta: CheckpointMeta =
+            serde_json::from_slice(&bytes[20..end]).map_err(|e| corrupt(format!("header: {e}")))?;
         let floats: usize = meta.param_sizes.iter().chain(&meta.optimizer_sizes).sum();
         if bytes.len() - end != floats * 4 {
             return Err(corrupt(format!(
@@ -325,8 +325,14 @@ mod tests {
         let (b, ns, d) = (3, 2, 4);
         let mut g = vec![0.0; b * ns * d];
         for _ in 0..2 {
-            a.train_step(b, &vec![0.3; b * 13], &vec![0.1; b * ns * d], &[1.0, 0.0, 1.0], &mut g)
-                .unwrap();
+            a.train_step(
+                b,
+                &vec![0.3; b * 13],
+                &vec![0.1; b * ns * d],
+                &[1.0, 0.0, 1.0],
+                &mut g,
+            )
+            .unwrap();
         }
         let dir = tempfile::tempdir().unwrap();
         let ckpt = Checkpoint::capture(&a, meta());
@@ -338,7 +344,10 @@ mod tests {
         let mut fresh = model(2);
         back.restore_into(&mut fresh, dir.path()).unwrap();
         assert_eq!(fresh.params(), a.params());
-        assert_eq!(fresh.optimizer_state().tensors(), a.optimizer_state().tensors());
+        assert_eq!(
+            fresh.optimizer_state().tensors(),
+            a.optimizer_state().tensors()
+        );
         assert_eq!(fresh.steps(), 2);
         assert!(back.check_job(dir.path(), 1, 2, 3).is_ok());
         let err = back.check_job(dir.path(), 0, 2, 3).unwrap_err().to_string();
@@ -348,7 +357,9 @@ mod tests {
     #[test]
     fn truncated_and_foreign_files_are_typed_errors() {
         let dir = tempfile::tempdir().unwrap();
-        let path = Checkpoint::capture(&model(1), meta()).write(dir.path()).unwrap();
+        let path = Checkpoint::capture(&model(1), meta())
+            .write(dir.path())
+            .unwrap();
         let bytes = std::fs::read(&path).unwrap();
         std::fs::write(&path, &bytes[..bytes.len() - 4]).unwrap();
         let err = Checkpoint::read(dir.path(), 1).unwrap_err().to_string();

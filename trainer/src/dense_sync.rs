@@ -20,7 +20,9 @@
 //! staleness bound `k`).
 
 use bytes::Bytes;
-use protocol::{codec, Encoding, InitSpec, OptimizerSpec, ProtocolError, ShardMap, TableCount, TableSpec};
+use protocol::{
+    codec, Encoding, InitSpec, OptimizerSpec, ProtocolError, ShardMap, TableCount, TableSpec,
+};
 
 use crate::model::{DenseOptimizer, Dlrm};
 
@@ -176,7 +178,9 @@ impl DenseSync {
                 server: *server,
                 source,
             };
-            let expected = Encoding::F32.rows_bytes(s.rows.len(), n).unwrap_or(usize::MAX);
+            let expected = Encoding::F32
+                .rows_bytes(s.rows.len(), n)
+                .unwrap_or(usize::MAX);
             protocol::message::check_len("dense rows", bytes.len(), expected).map_err(reply)?;
             self.decoded.resize(n, 0.0);
             codec::decode(bytes, Encoding::F32, &mut self.decoded).map_err(reply)?;
@@ -210,11 +214,16 @@ impl DenseSync {
         self.servers
             .iter()
             .map(|s| {
-                let mut payload = Vec::with_capacity(s.ids.len() + s.rows.len() * DENSE_ROW_DIM * 4);
+                let mut payload =
+                    Vec::with_capacity(s.ids.len() + s.rows.len() * DENSE_ROW_DIM * 4);
                 payload.extend_from_slice(&s.ids);
                 for &row in &s.rows {
                     let at = row as usize * DENSE_ROW_DIM;
-                    codec::encode(&self.flat[at..at + DENSE_ROW_DIM], Encoding::F32, &mut payload);
+                    codec::encode(
+                        &self.flat[at..at + DENSE_ROW_DIM],
+                        Encoding::F32,
+                        &mut payload,
+                    );
                 }
                 (s.server, Self::counts(s.rows.len()), Bytes::from(payload))
             })
@@ -272,7 +281,11 @@ mod tests {
         // A short reply is a typed error naming the server.
         let bad = vec![(replies[0].0, replies[0].1.slice(4..))];
         let err = sync.apply_pulled(&bad, &mut model).unwrap_err();
-        assert!(err.to_string().contains(&format!("server {}", replies[0].0)), "{err}");
+        assert!(
+            err.to_string()
+                .contains(&format!("server {}", replies[0].0)),
+            "{err}"
+        );
     }
 
     #[test]
@@ -286,7 +299,12 @@ mod tests {
         model
             .forward_backward(b, &dense, &emb, &[1.0, 0.0, 1.0], &mut emb_grad)
             .unwrap();
-        let want: f64 = model.grads().iter().flat_map(|g| g.iter()).map(|&g| g as f64).sum();
+        let want: f64 = model
+            .grads()
+            .iter()
+            .flat_map(|g| g.iter())
+            .map(|&g| g as f64)
+            .sum();
         let mut sync = DenseSync::new(&model, &map);
         let (mut got, mut rows) = (0.0f64, 0usize);
         for (_, counts, payload) in sync.push_requests(&model) {
@@ -300,6 +318,9 @@ mod tests {
             got += vals.iter().map(|&v| v as f64).sum::<f64>();
         }
         assert_eq!(rows, sync.rows());
-        assert!((got - want).abs() < 1e-6 * (1.0 + want.abs()), "{got} vs {want}");
+        assert!(
+            (got - want).abs() < 1e-6 * (1.0 + want.abs()),
+            "{got} vs {want}"
+        );
     }
 }

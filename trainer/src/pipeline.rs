@@ -74,7 +74,7 @@ impl PlanStage {
     }
 
     /// The next planned batch (blocking), `None` at the end of the data.
-    pub fn next(&mut self) -> Option<Result<Planned, ReadError>> {
+    pub fn next_planned(&mut self) -> Option<Result<Planned, ReadError>> {
         let item = self.rx.as_ref()?.recv().ok();
         if item.is_none() {
             self.rx = None;
@@ -131,7 +131,7 @@ mod tests {
         let reader = BatchReader::spawn(ReaderConfig::new([&path], 3)).unwrap();
         let mut stage = PlanStage::spawn(reader, 4, map, 1, 0).unwrap();
         let mut seen = Vec::new();
-        while let Some(p) = stage.next() {
+        while let Some(p) = stage.next_planned() {
             let p = p.unwrap();
             assert_eq!(p.plan.batch(), p.batch.len);
             assert_eq!(p.plan.tables(), 26);
@@ -143,7 +143,7 @@ mod tests {
 
         let reader = BatchReader::spawn(ReaderConfig::new([&path], 3)).unwrap();
         let mut stage = PlanStage::spawn(reader, 4, map, 2, 2).unwrap();
-        let first = stage.next().unwrap().unwrap();
+        let first = stage.next_planned().unwrap().unwrap();
         assert_eq!((first.index, first.batch.labels[0]), (2, 0.0));
         // Dropped early: the threads stop.
         drop(stage);

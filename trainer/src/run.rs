@@ -169,9 +169,14 @@ pub async fn train_and_evaluate(
 ) -> anyhow::Result<Summary> {
     let client = connect(cluster).await?;
     let dense_on_ps = job.dense_on_ps || inputs.world > 1;
-    let mut trainer =
-        Trainer::with_ranks(client.clone(), model.clone(), inputs.rank, inputs.world, dense_on_ps)
-            .await?;
+    let mut trainer = Trainer::with_ranks(
+        client.clone(),
+        model.clone(),
+        inputs.rank,
+        inputs.world,
+        dense_on_ps,
+    )
+    .await?;
     if let Some(dir) = &job.resume {
         let meta = trainer.resume(dir)?;
         eprintln!(
@@ -179,7 +184,11 @@ pub async fn train_and_evaluate(
             dir.display(),
             meta.step,
             meta.samples,
-            if meta.ps_snapshot { ", servers' snapshot in ps/" } else { "" }
+            if meta.ps_snapshot {
+                ", servers' snapshot in ps/"
+            } else {
+                ""
+            }
         );
     }
     let reader = ReaderConfig {
@@ -227,7 +236,11 @@ pub async fn train_and_evaluate(
             } => eprintln!(
                 "checkpoint at step {step}: {}{}",
                 path.display(),
-                if ps_snapshot { " (with the servers' snapshot)" } else { "" }
+                if ps_snapshot {
+                    " (with the servers' snapshot)"
+                } else {
+                    ""
+                }
             ),
         })
         .await?;

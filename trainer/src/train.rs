@@ -158,7 +158,10 @@ async fn pull_parts(
         let client = client.clone();
         set.spawn(async move {
             let ids = Bytes::from(r.payload);
-            client.pull(r.server, r.encoding, r.counts, ids).await.map(|b| (i, b))
+            client
+                .pull(r.server, r.encoding, r.counts, ids)
+                .await
+                .map(|b| (i, b))
         });
     }
     let mut out = Vec::with_capacity(set.len());
@@ -206,8 +209,8 @@ impl Trainer {
             .map_err(anyhow::Error::msg)
             .context("invalid model config")?;
         let dlrm = args.dlrm();
-        let model = Dlrm::new(dlrm.clone(), args.dense_optimizer(), args.seed)
-            .context("build DLRM")?;
+        let model =
+            Dlrm::new(dlrm.clone(), args.dense_optimizer(), args.seed).context("build DLRM")?;
         let codecs = args
             .table_codecs(dlrm.num_sparse)
             .map_err(anyhow::Error::msg)?;
@@ -278,7 +281,12 @@ impl Trainer {
     /// Sends a batch's pulls (embedding rows, and dense rows when they live on the servers). With a gate
     /// `(acked, index, k)`, the pulls of the pass's batch `index` wait until at least `index - k` pushes are
     /// acknowledged.
-    fn start(&mut self, batch: Batch, mut plan: Plan, gate: Option<(watch::Receiver<u64>, u64, u64)>) -> Stage {
+    fn start(
+        &mut self,
+        batch: Batch,
+        mut plan: Plan,
+        gate: Option<(watch::Receiver<u64>, u64, u64)>,
+    ) -> Stage {
         let requests = plan.pull_requests(&self.codecs);
         let dense_requests = self.dense.as_ref().map(DenseSync::pull_requests);
         let client = self.client.clone();
@@ -304,8 +312,7 @@ impl Trainer {
             metrics::histogram!(m::PULL_SECONDS).record(started.elapsed().as_secs_f64());
             metrics::counter!(m::ROWS_PULLED_TOTAL).increment(rows);
             metrics::counter!(m::WIRE_BYTES_RECEIVED_TOTAL).increment(received as u64);
-            metrics::counter!(m::RAW_BYTES_RECEIVED_TOTAL)
-                .increment(rows * raw_row_bytes as u64);
+            metrics::counter!(m::RAW_BYTES_RECEIVED_TOTAL).increment(rows * raw_row_bytes as u64);
             Ok((emb, dense))
         });
         Stage { batch, plan, pull }
@@ -351,7 +358,10 @@ impl Trainer {
         .context("train step")?;
         metrics::histogram!(m::COMPUTE_SECONDS).record(started.elapsed().as_secs_f64());
         if !loss.is_finite() {
-            bail!("training loss became {loss} at step {}: lower --lr", self.step);
+            bail!(
+                "training loss became {loss} at step {}: lower --lr",
+                self.step
+            );
         }
         Ok(loss)
     }
@@ -366,8 +376,14 @@ impl Trainer {
     ) -> anyhow::Result<TrainReport> {
         let k = self.args.max_in_flight as u64;
         let reader = BatchReader::spawn(reader_cfg).context("open training data")?;
-        let mut stage_in = PlanStage::spawn(reader, self.args.emb_dim, self.map, k as usize + 1, self.step)
-            .context("start the plan thread")?;
+        let mut stage_in = PlanStage::spawn(
+            reader,
+            self.args.emb_dim,
+            self.map,
+            k as usize + 1,
+            self.step,
+        )
+        .context("start the plan thread")?;
         let (acked_tx, acked_rx) = watch::channel(0u64);
         let acked_tx = Arc::new(acked_tx);
         let mut pushes: JoinSet<PushResult> = JoinSet::new();
@@ -385,8 +401,11 @@ impl Trainer {
 
         loop {
             // Pull stage: keep the batch to compute next plus `k` more in flight.
-            while !exhausted && (ahead.len() as u64) <= k && !at_limit(self.step + ahead.len() as u64) {
-                match tokio::task::block_in_place(|| stage_in.next()) {
+            while !exhausted
+                && (ahead.len() as u64) <= k
+                && !at_limit(self.step + ahead.len() as u64)
+            {
+                match tokio::task::block_in_place(|| stage_in.next_planned()) {
                     None => exhausted = true,
                     Some(planned) => {
                         let p = planned.context("read training data")?;
@@ -440,13 +459,17 @@ impl Trainer {
                 last_report = Instant::now();
                 (window_loss, window_samples) = (0.0, 0);
             }
-            let eval_now = opts.eval_every > 0 && self.step % opts.eval_every == 0;
-            let ckpt_now = opts.checkpoint_every > 0 && self.step % opts.checkpoint_every == 0;
+            let eval_now = opts.eval_every > 0 && self.step.is_multiple_of(opts.eval_every);
+            let ckpt_now =
+                opts.checkpoint_every > 0 && self.step.is_multiple_of(opts.checkpoint_every);
             if let (true, Some(cfg)) = (eval_now, &opts.eval_data) {
                 let t = Instant::now();
                 let report = self.evaluate(cfg.clone()).await?;
                 evals.push((self.step, report));
-                on_event(Event::Eval { step: self.step, report });
+                on_event(Event::Eval {
+                    step: self.step,
+                    report,
+                });
                 paused += t.elapsed();
                 last_report = Instant::now();
             }
@@ -463,7 +486,8 @@ impl Trainer {
         drop(ahead);
         let read = stage_in.finish();
         metrics::counter!(m::BAD_LINES_TOTAL).increment(read.bad_lines);
-        let just_written = opts.checkpoint_every > 0 && self.step % opts.checkpoint_every == 0;
+        let just_written =
+            opts.checkpoint_every > 0 && self.step.is_multiple_of(opts.checkpoint_every);
         if let (Some(dir), false) = (&opts.checkpoint_dir, just_written && batches > 0) {
             on_event(self.checkpoint(dir).await?);
         }
@@ -534,7 +558,13 @@ impl Trainer {
         for p in plan.push_requests(&self.codecs, &self.grads, scale, self.residuals.as_mut()) {
             rows += p.counts.iter().map(|c| c.count as u64).sum::<u64>();
             bytes += p.payload.len();
-            requests.push((p.server, p.encoding, scale, p.counts, Bytes::from(p.payload)));
+            requests.push((
+                p.server,
+                p.encoding,
+                scale,
+                p.counts,
+                Bytes::from(p.payload),
+            ));
         }
         metrics::counter!(m::ROWS_PUSHED_TOTAL).increment(rows);
         metrics::counter!(m::WIRE_BYTES_SENT_TOTAL).increment(bytes as u64);

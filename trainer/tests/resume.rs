@@ -132,7 +132,8 @@ async fn resume_from_checkpoint_matches_an_uninterrupted_run() {
     // Restore the servers from the snapshot into fresh data directories, and resume.
     let c_dir = dir.path().join("c");
     for i in 0..2u32 {
-        ps_server::restore::restore(&ckpt.join("ps"), 2, i, &c_dir.join(format!("ps-{i}"))).unwrap();
+        ps_server::restore::restore(&ckpt.join("ps"), 2, i, &c_dir.join(format!("ps-{i}")))
+            .unwrap();
     }
     let c = start_servers(&c_dir);
     let (resumed, _) = run(&c, &train, &test, PassOptions::default(), Some(&ckpt)).await;
@@ -175,7 +176,10 @@ async fn resume_refuses_a_checkpoint_of_another_job() {
     let err = t2.resume(&ckpt).unwrap_err().to_string();
     assert!(err.contains("batch size 128"), "{err}");
     let mut t3 = Trainer::new(client.clone(), model_args()).await.unwrap();
-    let err = t3.resume(&dir.path().join("nowhere")).unwrap_err().to_string();
+    let err = t3
+        .resume(&dir.path().join("nowhere"))
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("nowhere"), "{err}");
     client.close().await;
     a.shutdown(Duration::from_secs(30)).unwrap();

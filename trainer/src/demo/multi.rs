@@ -34,8 +34,7 @@ pub fn run(
     let exe = std::env::current_exe().context("locate the running binary")?;
     let model_toml = run_dir.join("model.toml");
     let text = toml::to_string(&args.model).context("write the model config")?;
-    std::fs::write(&model_toml, text)
-        .with_context(|| format!("write {}", model_toml.display()))?;
+    std::fs::write(&model_toml, text).with_context(|| format!("write {}", model_toml.display()))?;
     let cpus = std::thread::available_parallelism().map_or(1, |c| c.get());
     let mut children = Children(Vec::new());
     for rank in 0..n {
@@ -59,10 +58,9 @@ pub fn run(
                 .args(["--eval-every", &args.job.eval_every.to_string()]);
         }
         if let Some(dir) = &args.job.checkpoint_dir {
-            cmd.arg("--checkpoint-dir").arg(dir).args([
-                "--checkpoint-every",
-                &args.job.checkpoint_every.to_string(),
-            ]);
+            cmd.arg("--checkpoint-dir")
+                .arg(dir)
+                .args(["--checkpoint-every", &args.job.checkpoint_every.to_string()]);
         }
         if let Some(dir) = &args.job.resume {
             cmd.arg("--resume").arg(dir);
@@ -70,9 +68,8 @@ pub fn run(
         if args.job.max_steps > 0 {
             cmd.args(["--max-steps", &args.job.max_steps.to_string()]);
         }
-        if args.job.dense_on_ps {
-            cmd.arg("--dense-on-ps");
-        }
+        // Always: the demo evaluates the model the servers hold once every trainer is done.
+        cmd.arg("--dense-on-ps");
         if args.pin_trainers {
             cmd.args(["--cpus", &(rank % cpus).to_string()]);
         }
@@ -84,7 +81,9 @@ pub fn run(
     }
     // Wait in rank order; a failure kills the rest (Drop).
     while let Some((rank, mut child)) = (!children.0.is_empty()).then(|| children.0.remove(0)) {
-        let status = child.wait().with_context(|| format!("wait for trainer rank {rank}"))?;
+        let status = child
+            .wait()
+            .with_context(|| format!("wait for trainer rank {rank}"))?;
         if !status.success() {
             bail!("trainer rank {rank} failed ({status})");
         }
@@ -92,8 +91,8 @@ pub fn run(
     let mut combined: Option<Summary> = None;
     for rank in 0..n {
         let path = run_dir.join(format!("summary-rank{rank}.json"));
-        let text = std::fs::read_to_string(&path)
-            .with_context(|| format!("read {}", path.display()))?;
+        let text =
+            std::fs::read_to_string(&path).with_context(|| format!("read {}", path.display()))?;
         let s: serde_json::Value =
             serde_json::from_str(&text).with_context(|| format!("parse {}", path.display()))?;
         let num = |k: &str| s[k].as_f64().unwrap_or(0.0);
@@ -119,7 +118,8 @@ pub fn run(
             continue;
         }
         let c = combined.as_mut().expect("rank 0 first");
-        c.train_loss = (c.train_loss * c.trainers as f64 + part.train_loss) / (c.trainers + 1) as f64;
+        c.train_loss =
+            (c.train_loss * c.trainers as f64 + part.train_loss) / (c.trainers + 1) as f64;
         c.samples += part.samples;
         c.seconds = c.seconds.max(part.seconds);
         c.bad_lines += part.bad_lines;

@@ -170,12 +170,20 @@ impl OptimizerState {
 
     /// Restores the step counter and the tensors of [`tensors`](Self::tensors) (same order and lengths).
     pub fn restore(&mut self, step: u64, tensors: &[&[f32]]) -> Result<(), ModelError> {
-        super::check_len("optimizer tensors", tensors.len(), self.first.len() + self.second.len())?;
+        super::check_len(
+            "optimizer tensors",
+            tensors.len(),
+            self.first.len() + self.second.len(),
+        )?;
         let slots = self.first.iter_mut().chain(self.second.iter_mut());
         for (tensor, (dst, src)) in slots.zip(tensors).enumerate() {
             if dst.len() != src.len() {
                 let (len, expected) = (src.len(), dst.len());
-                return Err(ModelError::ParamLength { tensor, len, expected });
+                return Err(ModelError::ParamLength {
+                    tensor,
+                    len,
+                    expected,
+                });
             }
         }
         let slots = self.first.iter_mut().chain(self.second.iter_mut());
