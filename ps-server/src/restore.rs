@@ -354,6 +354,39 @@ fn write_shard(
     })
 }
 
+/// Refuses to serve a data directory that `restore` built for another shard: its rows are the ones routed to
+/// the recorded `shard_index` of `num_shards`, so serving them as any other shard would hide rows and create
+/// duplicates. Directories not built by `restore` pass.
+pub fn check_restored_shard(
+    store: &dyn embedding::Store,
+    shard_index: u32,
+    num_shards: u32,
+) -> anyhow::Result<()> {
+    let Some(raw) = store
+        .get_meta(RESTORED_FROM_META)
+        .map_err(|e| anyhow::anyhow!("read {RESTORED_FROM_META}: {e}"))?
+    else {
+        return Ok(());
+    };
+    let record = String::from_utf8_lossy(&raw);
+    let field = |name: &str| -> Option<u32> {
+        let key = format!("\"{name}\":");
+        let rest = &record[record.find(&key)? + key.len()..];
+        let end = rest
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(rest.len());
+        rest[..end].parse().ok()
+    };
+    match (field("shard_index"), field("num_shards")) {
+        (Some(i), Some(n)) if (i, n) == (shard_index, num_shards) => Ok(()),
+        (Some(i), Some(n)) => anyhow::bail!(
+            "this data directory was restored for shard {i} of {n} (ps-server restore), but the server is \
+             configured as shard {shard_index} of {num_shards}: start it with --shard-index {i} --num-shards {n}"
+        ),
+        _ => anyhow::bail!("unreadable {RESTORED_FROM_META} record in the store: {record:?}"),
+    }
+}
+
 #[cfg(test)]
 #[path = "restore_tests.rs"]
 mod tests;

@@ -342,3 +342,23 @@ fn other_refusals_name_the_problem() {
     let e = restore_err(dir.path());
     assert!(matches!(e, RestoreError::MixedShardCounts { .. }), "{e}");
 }
+
+#[test]
+fn a_restored_directory_refuses_to_serve_as_another_shard() {
+    let store = embedding::MemStore::new();
+    // Not built by restore: any shard may serve it.
+    check_restored_shard(&store, 3, 4).unwrap();
+    let record = r#"{"from":"/snap","step":7,"from_shards":2,"num_shards":3,"shard_index":1}"#;
+    embedding::Store::put_meta(&store, RESTORED_FROM_META, record.as_bytes()).unwrap();
+    check_restored_shard(&store, 1, 3).unwrap();
+    let e = check_restored_shard(&store, 0, 3).unwrap_err().to_string();
+    assert!(
+        e.contains("restored for shard 1 of 3") && e.contains("shard 0 of 3"),
+        "{e}"
+    );
+    let e = check_restored_shard(&store, 1, 2).unwrap_err().to_string();
+    assert!(e.contains("--shard-index 1 --num-shards 3"), "{e}");
+    embedding::Store::put_meta(&store, RESTORED_FROM_META, b"garbage").unwrap();
+    let e = check_restored_shard(&store, 1, 3).unwrap_err().to_string();
+    assert!(e.contains("unreadable"), "{e}");
+}

@@ -50,9 +50,11 @@ pub async fn run(
     let db_path = cfg.data_dir.join("rocksdb");
     let opened = Instant::now();
     let budget = cfg.memory_budget_rows;
+    let (shard_index, num_shards) = (cfg.shard_index, cfg.num_shards);
     let engine = tokio::task::spawn_blocking(move || -> anyhow::Result<Engine> {
         let store = RocksStore::open(&db_path)
             .with_context(|| format!("open RocksDB at {}", db_path.display()))?;
+        crate::restore::check_restored_shard(&store, shard_index, num_shards)?;
         Engine::open_with_budget(Arc::new(writeback::MeteredStore(store)), budget)
             .context("recover tables from RocksDB")
     })
