@@ -1,35 +1,12 @@
 //! End to end with real processes on loopback: two parameter servers, a trainer, generated Criteo data.
 
-use std::fs::File;
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 use std::time::Duration;
 
-use bench::gen::{Encoding, Generator, Sink};
 use trainer::cluster::LocalCluster;
 
-const TEACHER_SEED: u64 = 7;
-
-/// Writes `rows` generated rows to `path` and the teacher's probabilities to `path.oracle`.
-fn generate(rows: u64, seed: u64, path: &Path) -> PathBuf {
-    let oracle = path.with_extension("oracle");
-    let mut data = Sink::new(File::create(path).unwrap(), Encoding::for_path(path)).unwrap();
-    let mut probs = Sink::new(File::create(&oracle).unwrap(), Encoding::for_path(&oracle)).unwrap();
-    Generator::new(seed, TEACHER_SEED)
-        .write(rows, &mut data, Some(&mut probs))
-        .unwrap();
-    data.finish().unwrap();
-    probs.finish().unwrap();
-    oracle
-}
-
-fn summary(path: &Path) -> serde_json::Value {
-    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
-}
-
-fn trainer() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_trainer"))
-}
+mod support;
+use support::{generate, summary, trainer};
 
 /// Two servers, each a `trainer ps-server` process (the same server code as the `ps-server` binary, which
 /// this package's tests cannot name).
@@ -56,12 +33,11 @@ fn demo_with_given_files_trains_through_two_servers() {
     let test = dir.path().join("test.tsv");
     generate(60_000, 1, &train);
     let oracle = generate(10_000, 2, &test);
-    let json = dir.path().join("summary.json");
-    let out = trainer()
-        // The ps-server binary beside the trainer may be stale when only this package was rebuilt.
-        .env(trainer::cluster::PS_SERVER_ENV, "self")
-        .args([
-            "demo",
+    let (s, stderr) = support::run_demo(
+        dir.path(),
+        &train,
+        &test,
+        &[
             "--servers",
             "2",
             "--batch-size",
@@ -74,20 +50,8 @@ fn demo_with_given_files_trains_through_two_servers() {
             "0.05",
             "--progress-secs",
             "1",
-        ])
-        .arg("--train")
-        .arg(&train)
-        .arg("--test")
-        .arg(&test)
-        .arg("--data-dir")
-        .arg(dir.path())
-        .arg("--summary-json")
-        .arg(&json)
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "trainer demo failed: {stderr}");
-    let s = summary(&json);
+        ],
+    );
     assert_eq!(s["samples"], 60_000);
     assert_eq!(s["test_samples"], 10_000);
     let auc = s["auc"].as_f64().unwrap();
@@ -205,24 +169,21 @@ fn demo_with_two_trainer_processes_trains_one_model() {
     let test = dir.path().join("test.tsv");
     generate(40_000, 1, &train);
     generate(5_000, 2, &test);
-    let json = dir.path().join("summary.json");
-    let out = trainer()
-        .env(trainer::cluster::PS_SERVER_ENV, "self")
-        .args(["demo", "--trainers", "2", "--batch-size", "512"])
-        .args(["--eval-every", "20", "--max-in-flight", "1"])
-        .arg("--train")
-        .arg(&train)
-        .arg("--test")
-        .arg(&test)
-        .arg("--data-dir")
-        .arg(dir.path())
-        .arg("--summary-json")
-        .arg(&json)
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "trainer demo failed: {stderr}");
-    let s = summary(&json);
+    let (s, stderr) = support::run_demo(
+        dir.path(),
+        &train,
+        &test,
+        &[
+            "--trainers",
+            "2",
+            "--batch-size",
+            "512",
+            "--eval-every",
+            "20",
+            "--max-in-flight",
+            "1",
+        ],
+    );
     // Ranks read disjoint halves: every row once.
     assert_eq!(s["samples"], 40_000, "{s}");
     assert_eq!(s["trainers"], 2, "{s}");

@@ -21,8 +21,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
+mod support;
+use support::generate;
+
 use bench::audit::{self, pusher::now_ms, AckLog, AuditRows, LogHeader, PushConfig};
-use bench::gen::{Encoding, Generator, Sink};
 use protocol::{PsClient, PsClientConfig};
 
 /// A child process, killed on drop so a failing test leaves nothing behind.
@@ -35,14 +37,6 @@ impl Drop for Proc {
             let _ = self.0.wait();
         }
     }
-}
-
-fn generate(rows: u64, seed: u64, path: &Path) {
-    let mut data = Sink::new(File::create(path).unwrap(), Encoding::for_path(path)).unwrap();
-    Generator::new(seed, 7)
-        .write(rows, &mut data, None::<&mut Sink<File>>)
-        .unwrap();
-    data.finish().unwrap();
 }
 
 /// Starts server `index` of 2 on `listen` with `data` and `flags`; returns it and its QUIC address once ready.

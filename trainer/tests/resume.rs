@@ -2,25 +2,18 @@
 //! at a checkpoint and resumed on servers restored from the checkpoint's snapshot (`ps_server::restore`, what
 //! `ps-server restore` runs) ends with the parameters and test predictions of an uninterrupted run.
 
-use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use bench::gen::{Encoding, Generator, Sink};
+mod support;
+use support::generate;
+
 use trainer::cluster::LocalCluster;
 use trainer::config::{ModelArgs, OptimizerKind};
 use trainer::criteo::ReaderConfig;
 use trainer::eval::EvalReport;
 use trainer::train::{Event, PassOptions, Trainer};
-
-fn generate(rows: u64, seed: u64, path: &Path) {
-    let mut data = Sink::new(File::create(path).unwrap(), Encoding::for_path(path)).unwrap();
-    Generator::new(seed, 7)
-        .write(rows, &mut data, None::<&mut Sink<File>>)
-        .unwrap();
-    data.finish().unwrap();
-}
 
 /// Two `trainer ps-server` processes under `run_dir` (data directories `run_dir/ps-<i>`, which may hold a
 /// restored snapshot already).

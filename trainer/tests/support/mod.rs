@@ -1,0 +1,64 @@
+//! Helpers shared by the trainer's process tests: generated Criteo data and `trainer demo` runs.
+// Each test target uses its own subset.
+#![allow(dead_code)]
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use bench::gen::{Encoding, Generator, Sink};
+
+/// Seed of the generator's planted click model in every test.
+pub const TEACHER_SEED: u64 = 7;
+
+/// Writes `rows` generated rows to `path` and the teacher's probabilities to `path.oracle`, which it returns.
+pub fn generate(rows: u64, seed: u64, path: &Path) -> PathBuf {
+    let oracle = path.with_extension("oracle");
+    let mut data = Sink::new(File::create(path).unwrap(), Encoding::for_path(path)).unwrap();
+    let mut probs = Sink::new(File::create(&oracle).unwrap(), Encoding::for_path(&oracle)).unwrap();
+    Generator::new(seed, TEACHER_SEED)
+        .write(rows, &mut data, Some(&mut probs))
+        .unwrap();
+    data.finish().unwrap();
+    probs.finish().unwrap();
+    oracle
+}
+
+/// The trainer binary of this package.
+pub fn trainer() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_trainer"))
+}
+
+/// Reads a summary JSON.
+pub fn summary(path: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+/// Runs `trainer demo ARGS --train TRAIN --test TEST` with its servers and summary under `dir`, asserts that it
+/// succeeded, and returns its summary and standard error.
+pub fn run_demo(
+    dir: &Path,
+    train: &Path,
+    test: &Path,
+    args: &[&str],
+) -> (serde_json::Value, String) {
+    let json = dir.join("summary.json");
+    let out = trainer()
+        // The ps-server binary beside the trainer may be stale when only this package was rebuilt.
+        .env(trainer::cluster::PS_SERVER_ENV, "self")
+        .arg("demo")
+        .args(args)
+        .arg("--train")
+        .arg(train)
+        .arg("--test")
+        .arg(test)
+        .arg("--data-dir")
+        .arg(dir)
+        .arg("--summary-json")
+        .arg(&json)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "trainer demo failed: {stderr}");
+    (summary(&json), stderr)
+}
