@@ -59,6 +59,32 @@ fn codecs(c: &mut Criterion) {
             },
         );
     }
+    // The same with a residual store of ~2M rows (ids from a 4M pool, a new window of 27k per step): the index
+    // and residual lookups miss the cache as in a real run, unlike the 27k rows above.
+    for enc in [Encoding::F16, Encoding::Int8] {
+        let pool: Vec<u64> = (0..4 * 1024 * 1024u64)
+            .map(|i| protocol::routing::mix64(i * 13 + 5))
+            .collect();
+        let mut store = ResidualStore::new(DIM, FeedbackConfig::default());
+        let mut out = Vec::with_capacity(rows.len() * 4);
+        let mut at = 0usize;
+        let mut step = |store: &mut ResidualStore, out: &mut Vec<u8>, enc| {
+            // Windows overlap by half, so about half the rows of a step hold a residual.
+            let ids = &pool[at..at + IDS];
+            at = (at + IDS / 2) % (pool.len() - IDS);
+            out.clear();
+            store.encode_rows(0, ids, black_box(&rows), 2048.0, enc, out);
+            store.end_step();
+        };
+        for _ in 0..200 {
+            step(&mut store, &mut out, enc);
+        }
+        g.bench_with_input(
+            BenchmarkId::new("encode_rows_error_feedback_2M_rows_held", enc),
+            &enc,
+            |b, &enc| b.iter(|| step(&mut store, &mut out, enc)),
+        );
+    }
     g.finish();
 
     // Id sections of one batch's unique ids (27k): sort into wire order, encode, decode; against raw u64 LE.

@@ -23,10 +23,8 @@
 //! The age sweep runs every `max_age_steps / 2` steps (at least every step), so it costs O(rows held) per
 //! half-age, not per step.
 
-use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
-
 use crate::codec::{decode_rows, encode_rows, Encoding};
+use crate::routing::mix64;
 
 /// Limits of a [`ResidualStore`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,43 +56,184 @@ pub struct FeedbackStats {
     pub dropped_full: u64,
 }
 
-/// Hasher for (table, id) keys whose ids are already well mixed.
-#[derive(Default)]
-struct KeyHasher(u64);
+/// Why [`ResidualStore::import`] refused a saved store.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ImportError {
+    /// The bytes do not start with the store's magic and format version.
+    #[error("not a residual store (magic/version {found:?}, expected {expected:?})")]
+    BadHeader {
+        /// The first bytes found.
+        found: Vec<u8>,
+        /// What a store starts with.
+        expected: Vec<u8>,
+    },
+    /// Saved with another row dimension.
+    #[error("residuals saved with dim {saved}, this store has dim {expected}")]
+    WrongDim {
+        /// The saved dimension.
+        saved: u32,
+        /// The store's.
+        expected: usize,
+    },
+    /// Shorter or longer than its row count says.
+    #[error("residual store of {rows} rows needs {needed} bytes, found {found}")]
+    WrongLength {
+        /// Rows announced.
+        rows: u64,
+        /// Bytes they need.
+        needed: u64,
+        /// Bytes present.
+        found: usize,
+    },
+    /// A row appears twice.
+    #[error("residual of table {table} id {id} saved twice")]
+    Duplicate {
+        /// Its table.
+        table: u32,
+        /// Its id.
+        id: u64,
+    },
+    /// A saved value is NaN or infinite.
+    #[error("residual of table {table} id {id} holds a non-finite value")]
+    NonFinite {
+        /// Its table.
+        table: u32,
+        /// Its id.
+        id: u64,
+    },
+}
 
-impl Hasher for KeyHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0 ^ b as u64).wrapping_mul(0x100_0000_01b3);
+const MAGIC: &[u8; 8] = b"PSRES\x00\x00\x01";
+/// Magic, dim, step, last sweep, row count.
+const HEADER: usize = 36;
+
+/// Rows looked up ahead of the one being processed, so their cache misses overlap.
+const AHEAD: usize = 8;
+/// Rows encoded, decoded and stored per chunk (their scratch stays in L1/L2).
+const CHUNK: usize = 256;
+/// An empty index entry.
+const EMPTY: u32 = u32::MAX;
+
+/// One entry of the open-addressing index: a key and its slot ([`EMPTY`] if unused).
+#[derive(Clone, Copy)]
+struct Entry {
+    id: u64,
+    table: u32,
+    slot: u32,
+}
+
+const VACANT: Entry = Entry {
+    id: 0,
+    table: 0,
+    slot: EMPTY,
+};
+
+/// (table, id) -> slot, linear probing, load at most 1/2. Deletion rebuilds (the age sweep runs every
+/// half-age and visits every slot anyway).
+struct Index {
+    entries: Vec<Entry>,
+    len: usize,
+}
+
+#[inline]
+fn key_hash(table: u32, id: u64) -> u64 {
+    mix64(id ^ (table as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15))
+}
+
+impl Index {
+    fn new() -> Index {
+        Index {
+            entries: vec![VACANT; 64],
+            len: 0,
         }
     }
-    fn write_u32(&mut self, v: u32) {
-        self.0 ^= (v as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+
+    #[inline]
+    fn home(&self, h: u64) -> usize {
+        h as usize & (self.entries.len() - 1)
     }
-    fn write_u64(&mut self, v: u64) {
-        self.0 = (self.0 ^ v ^ (v >> 29)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+
+    #[inline]
+    fn prefetch(&self, h: u64) {
+        prefetch(self.entries.as_ptr().wrapping_add(self.home(h)));
+    }
+
+    #[inline]
+    fn find(&self, h: u64, table: u32, id: u64) -> Option<u32> {
+        let mask = self.entries.len() - 1;
+        let mut i = self.home(h);
+        loop {
+            let e = self.entries[i];
+            if e.slot == EMPTY {
+                return None;
+            }
+            if e.id == id && e.table == table {
+                return Some(e.slot);
+            }
+            i = (i + 1) & mask;
+        }
+    }
+
+    /// Inserts a key known to be absent.
+    fn insert(&mut self, table: u32, id: u64, slot: u32) {
+        if (self.len + 1) * 2 > self.entries.len() {
+            let grown = vec![VACANT; self.entries.len() * 2];
+            let old = std::mem::replace(&mut self.entries, grown);
+            self.len = 0;
+            for e in old.into_iter().filter(|e| e.slot != EMPTY) {
+                self.insert(e.table, e.id, e.slot);
+            }
+        }
+        let mask = self.entries.len() - 1;
+        let mut i = self.home(key_hash(table, id));
+        while self.entries[i].slot != EMPTY {
+            i = (i + 1) & mask;
+        }
+        self.entries[i] = Entry { id, table, slot };
+        self.len += 1;
+    }
+
+    fn clear(&mut self) {
+        self.entries.fill(VACANT);
+        self.len = 0;
     }
 }
 
-type SlotMap = HashMap<(u32, u64), u32, BuildHasherDefault<KeyHasher>>;
+#[inline]
+fn prefetch<T>(p: *const T) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: `prefetcht0` needs only SSE, which every x86-64 CPU has; it is a hint that never faults, whatever
+    // the address, and reads nothing into the program.
+    unsafe {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        _mm_prefetch::<_MM_HINT_T0>(p.cast::<i8>());
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
+}
 
 /// Residuals of lossy pushes, per (table, id). Call order: any number of [`ResidualStore::encode_rows`] per
 /// step, then [`ResidualStore::end_step`].
+///
+/// A batch's rows are processed in bulk: index lookups with the next rows' entries prefetched, then chunks of
+/// rows whose residuals are added, encoded in one call, decoded in one call and stored, so the cost per row is
+/// about one overlapped cache miss in the index and one in the residual arena.
 pub struct ResidualStore {
     dim: usize,
     cfg: FeedbackConfig,
-    slots: SlotMap,
+    index: Index,
     /// `values[slot * dim..][..dim]`: the residual of a slot.
     values: Vec<f32>,
-    /// Key and last step each slot was pushed (for the age sweep).
-    owner: Vec<((u32, u64), u64)>,
+    /// Key of each slot; `None` when free.
+    keys: Vec<Option<(u32, u64)>>,
+    /// The step each slot was last pushed (for the age sweep).
+    last_step: Vec<u64>,
     free: Vec<u32>,
+    held: usize,
     step: u64,
     last_sweep: u64,
     stats: FeedbackStats,
+    found: Vec<u32>,
     v: Vec<f32>,
     decoded: Vec<f32>,
 }
@@ -108,15 +247,18 @@ impl ResidualStore {
                 max_age_steps: cfg.max_age_steps.max(1),
                 ..cfg
             },
-            slots: SlotMap::default(),
+            index: Index::new(),
             values: Vec::new(),
-            owner: Vec::new(),
+            keys: Vec::new(),
+            last_step: Vec::new(),
             free: Vec::new(),
+            held: 0,
             step: 0,
             last_sweep: 0,
             stats: FeedbackStats::default(),
-            v: vec![0.0; dim],
-            decoded: vec![0.0; dim],
+            found: Vec::new(),
+            v: Vec::new(),
+            decoded: Vec::new(),
         }
     }
 
@@ -128,20 +270,20 @@ impl ResidualStore {
     /// Counters.
     pub fn stats(&self) -> FeedbackStats {
         FeedbackStats {
-            rows: self.slots.len(),
+            rows: self.held,
             ..self.stats
         }
     }
 
     /// The residual held for a row (unscaled), if any.
     pub fn residual(&self, table: u32, id: u64) -> Option<&[f32]> {
-        let s = *self.slots.get(&(table, id))? as usize;
+        let s = self.index.find(key_hash(table, id), table, id)? as usize;
         Some(&self.values[s * self.dim..][..self.dim])
     }
 
     /// Appends the rows of `grads` (row `i` is the gradient of `ids[i]`, already multiplied by `scale`) to `out`
     /// encoded as `enc`, each with its residual added, and keeps the new residuals. Lossless encodings pass
-    /// through without touching the store.
+    /// through without touching the store. `ids` must not repeat within a call.
     pub fn encode_rows(
         &mut self,
         table: u32,
@@ -158,56 +300,90 @@ impl ResidualStore {
             return;
         }
         let inv = if scale != 0.0 { 1.0 / scale } else { 0.0 };
+        let n = ids.len();
+        // Lookups, the entry of the row AHEAD rows on already on its way into the cache.
+        self.found.clear();
+        for (i, &id) in ids.iter().enumerate() {
+            if let Some(&next) = ids.get(i + AHEAD) {
+                self.index.prefetch(key_hash(table, next));
+            }
+            let slot = self.index.find(key_hash(table, id), table, id);
+            self.found.push(slot.unwrap_or(EMPTY));
+        }
         let width = enc.row_bytes(dim);
-        for (&id, g) in ids.iter().zip(grads.chunks_exact(dim)) {
-            let slot = self.slots.get(&(table, id)).copied();
-            match slot {
-                Some(s) => {
-                    let r = &self.values[s as usize * dim..][..dim];
-                    for ((v, g), r) in self.v.iter_mut().zip(g).zip(r) {
-                        *v = g + r * scale;
-                    }
+        let (mut v_all, mut decoded) = (
+            std::mem::take(&mut self.v),
+            std::mem::take(&mut self.decoded),
+        );
+        let mut start = 0;
+        while start < n {
+            let end = (start + CHUNK).min(n);
+            let rows = end - start;
+            // v = g + residual * scale.
+            v_all.clear();
+            v_all.extend_from_slice(&grads[start * dim..end * dim]);
+            for i in start..end {
+                if let Some(&s) = self.found.get(i + AHEAD).filter(|&&s| s != EMPTY) {
+                    prefetch(self.values.as_ptr().wrapping_add(s as usize * dim));
                 }
-                None => self.v.copy_from_slice(g),
+                let s = self.found[i];
+                if s == EMPTY {
+                    continue;
+                }
+                let r = &self.values[s as usize * dim..][..dim];
+                let v = &mut v_all[(i - start) * dim..][..dim];
+                for (v, r) in v.iter_mut().zip(r) {
+                    *v += r * scale;
+                }
             }
             let at = out.len();
-            encode_rows(&self.v, dim, enc, out);
-            decode_rows(&out[at..at + width], dim, enc, &mut self.decoded)
-                .expect("a row just encoded decodes");
-            let slot = match slot {
-                Some(s) => Some(s),
-                // Exact rows need no residual: keep the store to rows that carry one.
-                None if self.v == self.decoded => None,
-                None => self.allocate(table, id),
-            };
-            if let Some(s) = slot {
-                self.owner[s as usize].1 = self.step;
+            encode_rows(&v_all, dim, enc, out);
+            decoded.resize(rows * dim, 0.0);
+            decode_rows(&out[at..at + rows * width], dim, enc, &mut decoded)
+                .expect("rows just encoded decode");
+            for i in start..end {
+                let v = &v_all[(i - start) * dim..][..dim];
+                let d = &decoded[(i - start) * dim..][..dim];
+                let s = match self.found[i] {
+                    // Exact rows need no residual: keep the store to rows that carry one.
+                    EMPTY if v == d => continue,
+                    EMPTY => match self.allocate(table, ids[i]) {
+                        Some(s) => s,
+                        None => continue,
+                    },
+                    s => s,
+                };
+                self.last_step[s as usize] = self.step;
                 let r = &mut self.values[s as usize * dim..][..dim];
-                for ((r, v), d) in r.iter_mut().zip(&self.v).zip(&self.decoded) {
+                for ((r, v), d) in r.iter_mut().zip(v).zip(d) {
                     // A non-finite gradient is refused by the server; do not carry it forward.
                     let e = (v - d) * inv;
                     *r = if e.is_finite() { e } else { 0.0 };
                 }
             }
+            start = end;
         }
+        (self.v, self.decoded) = (v_all, decoded);
     }
 
     fn allocate(&mut self, table: u32, id: u64) -> Option<u32> {
-        if self.slots.len() >= self.cfg.max_rows {
+        if self.held >= self.cfg.max_rows {
             self.stats.dropped_full += 1;
             return None;
         }
         let s = match self.free.pop() {
             Some(s) => s,
             None => {
-                let s = self.owner.len() as u32;
-                self.owner.push(((table, id), 0));
+                let s = self.keys.len() as u32;
+                self.keys.push(None);
+                self.last_step.push(0);
                 self.values.resize(self.values.len() + self.dim, 0.0);
                 s
             }
         };
-        self.owner[s as usize].0 = (table, id);
-        self.slots.insert((table, id), s);
+        self.keys[s as usize] = Some((table, id));
+        self.index.insert(table, id, s);
+        self.held += 1;
         Some(s)
     }
 
@@ -220,21 +396,118 @@ impl ResidualStore {
         }
         self.last_sweep = self.step;
         let (max_age, step, dim) = (self.cfg.max_age_steps, self.step, self.dim);
-        let (owner, values, free, stats) = (
-            &self.owner,
-            &mut self.values,
-            &mut self.free,
-            &mut self.stats,
-        );
-        self.slots.retain(|_, s| {
-            let keep = step - owner[*s as usize].1 < max_age;
-            if !keep {
-                values[*s as usize * dim..][..dim].fill(0.0);
-                free.push(*s);
-                stats.dropped_age += 1;
+        let mut dropped = 0;
+        for (s, key) in self.keys.iter_mut().enumerate() {
+            if key.is_some() && step - self.last_step[s] >= max_age {
+                *key = None;
+                self.values[s * dim..][..dim].fill(0.0);
+                self.free.push(s as u32);
+                dropped += 1;
             }
-            keep
-        });
+        }
+        if dropped > 0 {
+            self.stats.dropped_age += dropped as u64;
+            self.held -= dropped;
+            self.rebuild_index();
+        }
+    }
+
+    fn rebuild_index(&mut self) {
+        self.index.clear();
+        while self.index.entries.len() > 64 && self.held * 4 < self.index.entries.len() {
+            self.index.entries.truncate(self.index.entries.len() / 2);
+        }
+        for (s, key) in self.keys.iter().enumerate() {
+            if let Some((table, id)) = *key {
+                self.index.insert(table, id, s as u32);
+            }
+        }
+    }
+
+    /// The store's state as bytes for a checkpoint ([`import`](Self::import) reads it back): a header with the
+    /// dimension, step counter and last sweep, then per row its table, id, last step pushed and its values
+    /// (little-endian). A store imported from them behaves exactly like this one from here on.
+    pub fn export(&self) -> Vec<u8> {
+        let dim = self.dim;
+        let mut out = Vec::with_capacity(HEADER + self.held * (20 + dim * 4));
+        out.extend_from_slice(MAGIC);
+        out.extend_from_slice(&(dim as u32).to_le_bytes());
+        out.extend_from_slice(&self.step.to_le_bytes());
+        out.extend_from_slice(&self.last_sweep.to_le_bytes());
+        out.extend_from_slice(&(self.held as u64).to_le_bytes());
+        for (s, key) in self.keys.iter().enumerate() {
+            let Some((table, id)) = *key else { continue };
+            out.extend_from_slice(&table.to_le_bytes());
+            out.extend_from_slice(&id.to_le_bytes());
+            out.extend_from_slice(&self.last_step[s].to_le_bytes());
+            for v in &self.values[s * dim..][..dim] {
+                out.extend_from_slice(&v.to_le_bytes());
+            }
+        }
+        out
+    }
+
+    /// Replaces the store's residuals and step counter by those of [`export`](Self::export)'s bytes (limits and
+    /// counters stay this store's; rows beyond `max_rows` are dropped and counted as
+    /// [`FeedbackStats::dropped_full`]).
+    pub fn import(&mut self, bytes: &[u8]) -> Result<(), ImportError> {
+        let dim = self.dim;
+        if bytes.len() < HEADER || &bytes[..8] != MAGIC {
+            return Err(ImportError::BadHeader {
+                found: bytes[..bytes.len().min(8)].to_vec(),
+                expected: MAGIC.to_vec(),
+            });
+        }
+        let u64_at = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8 bytes"));
+        let saved = u32::from_le_bytes(bytes[8..12].try_into().expect("4 bytes"));
+        if saved as usize != dim {
+            return Err(ImportError::WrongDim {
+                saved,
+                expected: dim,
+            });
+        }
+        let rows = u64_at(28);
+        let row_len = 20 + dim as u64 * 4;
+        let needed = rows
+            .checked_mul(row_len)
+            .and_then(|b| b.checked_add(HEADER as u64));
+        if needed != Some(bytes.len() as u64) {
+            return Err(ImportError::WrongLength {
+                rows,
+                needed: needed.unwrap_or(u64::MAX),
+                found: bytes.len(),
+            });
+        }
+        let mut fresh = ResidualStore::new(dim, self.cfg);
+        fresh.stats = self.stats;
+        fresh.step = u64_at(12);
+        fresh.last_sweep = u64_at(20).min(fresh.step);
+        for row in bytes[HEADER..].chunks_exact(row_len as usize) {
+            let table = u32::from_le_bytes(row[..4].try_into().expect("4 bytes"));
+            let id = u64::from_le_bytes(row[4..12].try_into().expect("8 bytes"));
+            let last = u64::from_le_bytes(row[12..20].try_into().expect("8 bytes"));
+            if fresh.residual(table, id).is_some() {
+                return Err(ImportError::Duplicate { table, id });
+            }
+            let values = row[20..]
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes(b.try_into().expect("4 bytes")));
+            if values.clone().any(|v| !v.is_finite()) {
+                return Err(ImportError::NonFinite { table, id });
+            }
+            let Some(s) = fresh.allocate(table, id) else {
+                continue;
+            };
+            fresh.last_step[s as usize] = last.min(fresh.step);
+            for (dst, v) in fresh.values[s as usize * dim..][..dim]
+                .iter_mut()
+                .zip(values)
+            {
+                *dst = v;
+            }
+        }
+        *self = fresh;
+        Ok(())
     }
 }
 
@@ -352,7 +625,7 @@ mod tests {
         // Freed slots are reused.
         store.encode_rows(0, &[7, 8], &[0.1, 0.1], 1.0, Encoding::F16, &mut b);
         assert_eq!(store.stats().rows, 3);
-        assert_eq!(store.owner.len(), 3);
+        assert_eq!(store.keys.len(), 3);
     }
 
     #[test]
@@ -362,5 +635,145 @@ mod tests {
         store.encode_rows(0, &[1], &[f32::NAN, 0.3], 1.0, Encoding::Int8, &mut b);
         let r = store.residual(0, 1).unwrap();
         assert!(r.iter().all(|x| x.is_finite()), "{r:?}");
+    }
+
+    /// The simple model: a HashMap of residuals with the same age rules, one row at a time.
+    struct Model {
+        dim: usize,
+        cfg: FeedbackConfig,
+        rows: std::collections::HashMap<(u32, u64), (Vec<f32>, u64)>,
+        step: u64,
+        last_sweep: u64,
+    }
+
+    impl Model {
+        fn encode(
+            &mut self,
+            table: u32,
+            ids: &[u64],
+            grads: &[f32],
+            scale: f32,
+            enc: Encoding,
+        ) -> Vec<u8> {
+            let mut out = Vec::new();
+            for (&id, g) in ids.iter().zip(grads.chunks_exact(self.dim)) {
+                let held = self.rows.get(&(table, id)).map(|r| r.0.clone());
+                let v: Vec<f32> = match &held {
+                    Some(r) => g.iter().zip(r).map(|(g, r)| g + r * scale).collect(),
+                    None => g.to_vec(),
+                };
+                let at = out.len();
+                encode_rows(&v, self.dim, enc, &mut out);
+                let d = decode_all(&out[at..], 1, self.dim, enc);
+                if held.is_none() && (v == d || self.rows.len() >= self.cfg.max_rows) {
+                    continue;
+                }
+                let inv = 1.0 / scale;
+                let r = v.iter().zip(&d).map(|(v, d)| {
+                    let e = (v - d) * inv;
+                    if e.is_finite() {
+                        e
+                    } else {
+                        0.0
+                    }
+                });
+                self.rows.insert((table, id), (r.collect(), self.step));
+            }
+            out
+        }
+
+        fn end_step(&mut self) {
+            self.step += 1;
+            if self.step - self.last_sweep < (self.cfg.max_age_steps / 2).max(1) {
+                return;
+            }
+            self.last_sweep = self.step;
+            let (step, age) = (self.step, self.cfg.max_age_steps);
+            self.rows.retain(|_, r| step - r.1 < age);
+        }
+    }
+
+    proptest! {
+        /// The bulk, prefetching store gives the bytes and residuals of the one-row-at-a-time model, across
+        /// sweeps, the row cap, and an export/import in the middle.
+        #[test]
+        fn store_matches_the_simple_model(
+            steps in proptest::collection::vec(
+                (0u32..3, proptest::collection::btree_set(0u64..400, 0..300), -3.0f32..3.0), 1..25),
+            enc_i in 1usize..4,
+            max_age in 1u64..6,
+            max_rows in 1usize..500,
+            reload_at in 0usize..25,
+        ) {
+            let enc = Encoding::ALL[enc_i];
+            let dim = 3;
+            let cfg = FeedbackConfig { max_age_steps: max_age, max_rows };
+            let mut store = ResidualStore::new(dim, cfg);
+            let mut model = Model { dim, cfg, rows: Default::default(), step: 0, last_sweep: 0 };
+            for (n, (table, ids, x)) in steps.iter().enumerate() {
+                if n == reload_at {
+                    let mut other = ResidualStore::new(dim, cfg);
+                    other.import(&store.export()).unwrap();
+                    store = other;
+                }
+                let ids: Vec<u64> = ids.iter().map(|i| mix64(*i)).collect();
+                let grads: Vec<f32> = (0..ids.len() * dim).map(|i| (i as f32 * 0.37 + x).sin() * 7.0).collect();
+                let mut got = Vec::new();
+                store.encode_rows(*table, &ids, &grads, 64.0, enc, &mut got);
+                prop_assert_eq!(&got, &model.encode(*table, &ids, &grads, 64.0, enc));
+                store.end_step();
+                model.end_step();
+                prop_assert_eq!(store.stats().rows, model.rows.len());
+                for ((t, id), (r, _)) in &model.rows {
+                    prop_assert_eq!(store.residual(*t, *id), Some(&r[..]));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn import_refuses_bad_bytes_naming_the_problem() {
+        let mut store = ResidualStore::new(2, FeedbackConfig::default());
+        let mut b = Vec::new();
+        store.encode_rows(
+            4,
+            &[1, 2],
+            &[0.1, 0.3, 0.7, 0.9],
+            1.0,
+            Encoding::F16,
+            &mut b,
+        );
+        let saved = store.export();
+        let mut other = ResidualStore::new(2, FeedbackConfig::default());
+        assert!(matches!(
+            other.import(b"junk"),
+            Err(ImportError::BadHeader { .. })
+        ));
+        let e = ResidualStore::new(3, FeedbackConfig::default())
+            .import(&saved)
+            .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "residuals saved with dim 2, this store has dim 3"
+        );
+        let e = other.import(&saved[..saved.len() - 1]).unwrap_err();
+        assert!(e.to_string().contains("2 rows"), "{e}");
+        let mut dup = saved.clone();
+        dup[28] = 3;
+        let row = saved[HEADER..HEADER + 28].to_vec();
+        dup.extend_from_slice(&row);
+        assert_eq!(
+            other.import(&dup).unwrap_err(),
+            ImportError::Duplicate { table: 4, id: 1 }
+        );
+        let mut nan = saved.clone();
+        nan[HEADER + 20..HEADER + 24].copy_from_slice(&f32::NAN.to_le_bytes());
+        assert_eq!(
+            other.import(&nan).unwrap_err(),
+            ImportError::NonFinite { table: 4, id: 1 }
+        );
+        assert_eq!(other.stats().rows, 0, "a refused import changes nothing");
+        other.import(&saved).unwrap();
+        assert_eq!(other.residual(4, 2), store.residual(4, 2));
     }
 }

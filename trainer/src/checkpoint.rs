@@ -4,7 +4,8 @@
 //!
 //! File layout (`trainer-rank{R}.ckpt`): the magic `DLRMCKPT`, a u32 LE format version, a u64 LE header length
 //! and a JSON [`CheckpointMeta`] header, then every parameter tensor and every optimizer tensor as f32 LE, in
-//! the order and sizes the header lists. The parameter servers' snapshot, when taken, is the directory `ps`
+//! the order and sizes the header lists, then the error-feedback residuals of the rank's lossy pushes
+//! ([`protocol::feedback::ResidualStore::export`], `residual_bytes` long; absent without error feedback). The parameter servers' snapshot, when taken, is the directory `ps`
 //! beside it ([`PS_SNAPSHOT_DIR`]).
 
 use std::io::Write;
@@ -75,6 +76,9 @@ pub struct CheckpointMeta {
     pub param_sizes: Vec<usize>,
     /// Length of every optimizer tensor.
     pub optimizer_sizes: Vec<usize>,
+    /// Bytes of saved error-feedback residuals after the tensors (0: none).
+    #[serde(default)]
+    pub residual_bytes: u64,
 }
 
 /// A rank's checkpoint in memory.
@@ -86,6 +90,8 @@ pub struct Checkpoint {
     pub params: Vec<Vec<f32>>,
     /// Optimizer tensors, in [`crate::model::OptimizerState::tensors`] order.
     pub optimizer: Vec<Vec<f32>>,
+    /// The error-feedback residuals ([`protocol::feedback::ResidualStore::export`]); empty without.
+    pub residuals: Vec<u8>,
 }
 
 /// Asks every parameter server to snapshot its tables at `step` ([`protocol::PsClient::checkpoint`]) into
@@ -149,18 +155,21 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> CheckpointError + '_ {
 }
 
 impl Checkpoint {
-    /// Copies `model`'s parameters and optimizer state; `meta`'s sizes and optimizer step are filled in.
-    pub fn capture(model: &Dlrm, mut meta: CheckpointMeta) -> Checkpoint {
+    /// Copies `model`'s parameters and optimizer state, with the exported error-feedback `residuals` (empty
+    /// for none); `meta`'s sizes and optimizer step are filled in.
+    pub fn capture(model: &Dlrm, mut meta: CheckpointMeta, residuals: Vec<u8>) -> Checkpoint {
         let params: Vec<Vec<f32>> = model.params().iter().map(|p| p.to_vec()).collect();
         let opt = model.optimizer_state();
         let optimizer: Vec<Vec<f32>> = opt.tensors().iter().map(|t| t.to_vec()).collect();
         meta.optimizer_step = opt.step();
         meta.param_sizes = params.iter().map(Vec::len).collect();
         meta.optimizer_sizes = optimizer.iter().map(Vec::len).collect();
+        meta.residual_bytes = residuals.len() as u64;
         Checkpoint {
             meta,
             params,
             optimizer,
+            residuals,
         }
     }
 
@@ -172,7 +181,7 @@ impl Checkpoint {
         let header = serde_json::to_vec(&self.meta).expect("meta serializes");
         let tensors = self.params.iter().chain(&self.optimizer);
         let floats: usize = tensors.clone().map(Vec::len).sum();
-        let mut buf = Vec::with_capacity(20 + header.len() + floats * 4);
+        let mut buf = Vec::with_capacity(20 + header.len() + floats * 4 + self.residuals.len());
         buf.extend_from_slice(MAGIC);
         buf.extend_from_slice(&VERSION.to_le_bytes());
         buf.extend_from_slice(&(header.len() as u64).to_le_bytes());
@@ -182,6 +191,7 @@ impl Checkpoint {
                 buf.extend_from_slice(&v.to_le_bytes());
             }
         }
+        buf.extend_from_slice(&self.residuals);
         let mut f = std::fs::File::create(&tmp).map_err(io(&tmp))?;
         f.write_all(&buf).map_err(io(&tmp))?;
         f.sync_all().map_err(io(&tmp))?;
@@ -220,11 +230,13 @@ impl Checkpoint {
         let meta: CheckpointMeta =
             serde_json::from_slice(&bytes[20..end]).map_err(|e| corrupt(format!("header: {e}")))?;
         let floats: usize = meta.param_sizes.iter().chain(&meta.optimizer_sizes).sum();
-        if bytes.len() - end != floats * 4 {
+        let expected = (floats as u64 * 4).saturating_add(meta.residual_bytes);
+        if (bytes.len() - end) as u64 != expected {
             return Err(corrupt(format!(
-                "{} tensor bytes, expected {} (truncated?)",
+                "{} bytes after the header, expected {expected} ({} of tensors, {} of residuals; truncated?)",
                 bytes.len() - end,
-                floats * 4
+                floats * 4,
+                meta.residual_bytes
             )));
         }
         let mut at = end;
@@ -238,10 +250,12 @@ impl Checkpoint {
         };
         let params = meta.param_sizes.iter().map(|&n| take(n)).collect();
         let optimizer = meta.optimizer_sizes.iter().map(|&n| take(n)).collect();
+        let residuals = bytes[end + floats * 4..].to_vec();
         Ok(Checkpoint {
             meta,
             params,
             optimizer,
+            residuals,
         })
     }
 
@@ -316,6 +330,7 @@ mod tests {
             optimizer_step: 0,
             param_sizes: vec![],
             optimizer_sizes: vec![],
+            residual_bytes: 0,
         }
     }
 
@@ -335,11 +350,12 @@ mod tests {
             .unwrap();
         }
         let dir = tempfile::tempdir().unwrap();
-        let ckpt = Checkpoint::capture(&a, meta());
+        let ckpt = Checkpoint::capture(&a, meta(), b"residual bytes".to_vec());
         let path = ckpt.write(dir.path()).unwrap();
         assert!(path.ends_with("trainer-rank1.ckpt"));
         let back = Checkpoint::read(dir.path(), 1).unwrap();
         assert_eq!(back, ckpt);
+        assert_eq!(back.residuals, b"residual bytes");
         assert_eq!(back.meta.optimizer_step, 2);
         let mut fresh = model(2);
         back.restore_into(&mut fresh, dir.path()).unwrap();
@@ -357,13 +373,16 @@ mod tests {
     #[test]
     fn truncated_and_foreign_files_are_typed_errors() {
         let dir = tempfile::tempdir().unwrap();
-        let path = Checkpoint::capture(&model(1), meta())
+        let path = Checkpoint::capture(&model(1), meta(), vec![7; 10])
             .write(dir.path())
             .unwrap();
         let bytes = std::fs::read(&path).unwrap();
         std::fs::write(&path, &bytes[..bytes.len() - 4]).unwrap();
         let err = Checkpoint::read(dir.path(), 1).unwrap_err().to_string();
-        assert!(err.contains("truncated"), "{err}");
+        assert!(
+            err.contains("truncated") && err.contains("10 of residuals"),
+            "{err}"
+        );
         std::fs::write(&path, b"hello world, not a checkpoint").unwrap();
         let err = Checkpoint::read(dir.path(), 1).unwrap_err().to_string();
         assert!(err.contains("bad magic"), "{err}");

@@ -82,6 +82,11 @@ impl PlanStage {
         item
     }
 
+    /// A sender for handing finished plans back from another thread.
+    pub fn recycler(&self) -> Sender<Plan> {
+        self.recycle.clone()
+    }
+
     /// Hands a finished batch's plan back for reuse.
     pub fn recycle(&self, plan: Plan) {
         let _ = self.recycle.send(plan);

@@ -26,7 +26,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context};
 use bytes::Bytes;
-use protocol::{Encoding, ProtocolError, PsClient, ShardMap, TableCount};
+use protocol::{Encoding, ProtocolError, PsClient, ShardMap};
 use tokio::sync::watch;
 use tokio::task::{JoinHandle, JoinSet};
 
@@ -35,10 +35,12 @@ use crate::config::ModelArgs;
 use crate::criteo::{Batch, BatchReader, ReadStats, ReaderConfig};
 use crate::dense_sync::DenseSync;
 use crate::eval::{EvalReport, Evaluator};
+use crate::exchange::{pull_all, pull_parts, push_all, Replies};
 use crate::metrics as m;
 use crate::model::Dlrm;
 use crate::pipeline::PlanStage;
-use crate::plan::{PartRequest, Plan, TableCodecs};
+use crate::plan::{Plan, TableCodecs};
+use crate::push::{PushEncoder, SharedResiduals};
 
 /// What one pass over the training data did.
 #[derive(Debug, Clone)]
@@ -113,9 +115,8 @@ pub struct PassOptions {
     pub max_steps: u64,
 }
 
-type Replies = Vec<(usize, Bytes)>;
 type PullResult = Result<(Replies, Option<Replies>), ProtocolError>;
-type PushResult = Result<(u64, u64), ProtocolError>;
+type PushResult = anyhow::Result<(u64, u64)>;
 
 struct Stage {
     batch: Batch,
@@ -140,53 +141,10 @@ pub struct Trainer {
     unique_rows: Vec<Vec<f32>>,
     emb: Vec<f32>,
     emb_grad: Vec<f32>,
-    grads: Vec<Vec<f32>>,
     /// Pull and push encodings per table.
     codecs: TableCodecs,
-    /// Error-feedback residuals of lossy pushes.
-    residuals: Option<protocol::feedback::ResidualStore>,
-}
-
-/// Sends embedding pulls with per-table encodings in parallel; the replies as `(request index, rows)` (see
-/// [`Plan::scatter_part_at`]).
-async fn pull_parts(
-    client: &Arc<PsClient>,
-    requests: Vec<PartRequest>,
-) -> Result<Replies, ProtocolError> {
-    let mut set = JoinSet::new();
-    for (i, r) in requests.into_iter().enumerate() {
-        let client = client.clone();
-        set.spawn(async move {
-            let ids = Bytes::from(r.payload);
-            client
-                .pull(r.server, r.encoding, r.counts, ids)
-                .await
-                .map(|b| (i, b))
-        });
-    }
-    let mut out = Vec::with_capacity(set.len());
-    while let Some(joined) = set.join_next().await {
-        out.push(joined.expect("pull task panicked")?);
-    }
-    Ok(out)
-}
-
-/// Sends `requests` as pulls in parallel; the replies as `(server, rows)`.
-async fn pull_all(
-    client: &Arc<PsClient>,
-    encoding: Encoding,
-    requests: Vec<(usize, Vec<TableCount>, Bytes)>,
-) -> Result<Replies, ProtocolError> {
-    let mut set = JoinSet::new();
-    for (s, counts, ids) in requests {
-        let client = client.clone();
-        set.spawn(async move { client.pull(s, encoding, counts, ids).await.map(|b| (s, b)) });
-    }
-    let mut out = Vec::with_capacity(set.len());
-    while let Some(joined) = set.join_next().await {
-        out.push(joined.expect("pull task panicked")?);
-    }
-    Ok(out)
+    /// Error-feedback residuals of lossy pushes (used by the push encoder thread during a pass).
+    residuals: SharedResiduals,
 }
 
 impl Trainer {
@@ -214,7 +172,7 @@ impl Trainer {
         let codecs = args
             .table_codecs(dlrm.num_sparse)
             .map_err(anyhow::Error::msg)?;
-        let residuals = args.residual_store(&codecs);
+        let residuals = Arc::new(std::sync::Mutex::new(args.residual_store(&codecs)));
         let mut specs = args.table_specs(dlrm.num_sparse);
         let map = client.shard_map();
         let dense = dense_on_ps.then(|| {
@@ -239,7 +197,6 @@ impl Trainer {
             unique_rows: Vec::new(),
             emb: Vec::new(),
             emb_grad: Vec::new(),
-            grads: Vec::new(),
             codecs,
             residuals,
         })
@@ -261,6 +218,20 @@ impl Trainer {
         let ckpt = Checkpoint::read(dir, self.rank)?;
         ckpt.check_job(dir, self.rank, self.world, self.args.batch_size)?;
         ckpt.restore_into(&mut self.model, dir)?;
+        let mut residuals = self.residuals.lock().unwrap_or_else(|p| p.into_inner());
+        match (residuals.as_mut(), ckpt.residuals.is_empty()) {
+            (Some(store), false) => store.import(&ckpt.residuals).with_context(|| {
+                format!(
+                    "error-feedback residuals in {}",
+                    ckpt::file_path(dir, self.rank).display()
+                )
+            })?,
+            (None, false) => tracing::warn!(
+                "the checkpoint holds error-feedback residuals but error feedback is off: they are dropped"
+            ),
+            _ => {}
+        }
+        drop(residuals);
         self.step = ckpt.meta.step;
         self.samples = ckpt.meta.samples;
         Ok(ckpt.meta)
@@ -384,6 +355,12 @@ impl Trainer {
             self.step,
         )
         .context("start the plan thread")?;
+        let encoder = PushEncoder::spawn(
+            self.codecs.clone(),
+            self.residuals.clone(),
+            stage_in.recycler(),
+        )
+        .context("start the push thread")?;
         let (acked_tx, acked_rx) = watch::channel(0u64);
         let acked_tx = Arc::new(acked_tx);
         let mut pushes: JoinSet<PushResult> = JoinSet::new();
@@ -421,8 +398,8 @@ impl Trainer {
             self.receive(&mut stage).await?;
             let loss = self.compute(&stage.batch)?;
             let b = stage.batch.len;
-            let push = self.send_push(&mut stage.plan, b as f32);
-            stage_in.recycle(stage.plan);
+            let grad = std::mem::replace(&mut self.emb_grad, encoder.buffer());
+            let push = self.send_push(&encoder, stage.plan, grad, b as f32);
             metrics::gauge!(m::PUSHES_IN_FLIGHT).increment(1.0);
             let acked = acked_tx.clone();
             pushes.spawn(async move {
@@ -527,8 +504,14 @@ impl Trainer {
             optimizer_step: 0,
             param_sizes: Vec::new(),
             optimizer_sizes: Vec::new(),
+            residual_bytes: 0,
         };
-        let ckpt = Checkpoint::capture(&self.model, meta);
+        // Every push is acknowledged, so the encoder thread is idle and the residuals are final.
+        let residuals = (self.residuals.lock().unwrap_or_else(|p| p.into_inner()))
+            .as_ref()
+            .map(|r| r.export())
+            .unwrap_or_default();
+        let ckpt = Checkpoint::capture(&self.model, meta, residuals);
         let dir2 = dir.to_path_buf();
         let path = tokio::task::block_in_place(|| {
             let path = ckpt.write(&dir2)?;
@@ -546,51 +529,49 @@ impl Trainer {
         })
     }
 
+    /// Queues the batch's push on the encoder thread (the dense gradients, when they live on the servers, are
+    /// taken here, before the next compute overwrites them); the future sends it once encoded.
     fn send_push(
         &mut self,
-        plan: &mut Plan,
+        encoder: &PushEncoder,
+        plan: Plan,
+        emb_grad: Vec<f32>,
         scale: f32,
     ) -> impl std::future::Future<Output = PushResult> {
-        plan.reduce_gradients(&self.emb_grad, scale, &mut self.grads);
-        let mut requests = Vec::new();
-        let mut rows = 0u64;
-        let mut bytes = 0usize;
-        for p in plan.push_requests(&self.codecs, &self.grads, scale, self.residuals.as_mut()) {
-            rows += p.counts.iter().map(|c| c.count as u64).sum::<u64>();
-            bytes += p.payload.len();
-            requests.push((
-                p.server,
-                p.encoding,
-                scale,
-                p.counts,
-                Bytes::from(p.payload),
-            ));
-        }
-        metrics::counter!(m::ROWS_PUSHED_TOTAL).increment(rows);
-        metrics::counter!(m::WIRE_BYTES_SENT_TOTAL).increment(bytes as u64);
-        let raw = rows as usize * 8 + rows as usize * self.args.emb_dim * 4;
-        metrics::counter!(m::RAW_BYTES_SENT_TOTAL).increment(raw as u64);
-        if let Some(dense) = &mut self.dense {
-            for (s, counts, payload) in dense.push_requests(&self.model) {
-                requests.push((s, Encoding::F32, 1.0, counts, payload));
-            }
-        }
+        let encoded = encoder.submit(plan, emb_grad, scale);
+        let dense: Vec<_> = match &mut self.dense {
+            Some(dense) => dense
+                .push_requests(&self.model)
+                .into_iter()
+                .map(|(s, counts, payload)| (s, Encoding::F32, 1.0, counts, payload))
+                .collect(),
+            None => Vec::new(),
+        };
         let client = self.client.clone();
+        let raw_row_bytes = 8 + self.args.emb_dim as u64 * 4;
         async move {
+            let encoded = encoded.await.context("the push encoder thread stopped")?;
+            metrics::counter!(m::ROWS_PUSHED_TOTAL).increment(encoded.rows);
+            metrics::counter!(m::WIRE_BYTES_SENT_TOTAL).increment(encoded.bytes);
+            metrics::counter!(m::RAW_BYTES_SENT_TOTAL).increment(encoded.rows * raw_row_bytes);
+            let mut requests: Vec<_> = encoded
+                .requests
+                .into_iter()
+                .map(|p| {
+                    (
+                        p.server,
+                        p.encoding,
+                        scale,
+                        p.counts,
+                        Bytes::from(p.payload),
+                    )
+                })
+                .collect();
+            requests.extend(dense);
             let started = Instant::now();
-            let mut set = JoinSet::new();
-            for (s, encoding, scale, counts, payload) in requests {
-                let client = client.clone();
-                set.spawn(async move { client.push(s, encoding, scale, counts, payload).await });
-            }
-            let (mut applied, mut rejected) = (0, 0);
-            while let Some(r) = set.join_next().await {
-                let (a, r) = r.expect("push task panicked")?;
-                applied += a;
-                rejected += r;
-            }
+            let done = push_all(&client, requests).await?;
             metrics::histogram!(m::PUSH_SECONDS).record(started.elapsed().as_secs_f64());
-            Ok((applied, rejected))
+            Ok(done)
         }
     }
 

@@ -34,9 +34,9 @@ fn model_args() -> ModelArgs {
         optimizer: OptimizerKind::Adagrad, // dense Adam: optimizer state matters
         max_in_flight: 0,
         eval_batch_size: 1000,
-        // Error-feedback residuals (of f16 pushes) are trainer state the checkpoint does not hold yet: with
+        // Error feedback on (the default): its residuals are trainer state the checkpoint must carry; without
         // them a resumed run drifts from the second step on (max |param diff| 2e-4 after 4 steps here).
-        error_feedback: false,
+        error_feedback: true,
         ..ModelArgs::default()
     }
 }
