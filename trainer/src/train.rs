@@ -12,7 +12,7 @@
 //! acknowledged before the next pull is sent.
 //!
 //! With dense parameters on the servers (several trainers, [`crate::dense_sync`]), each batch's pull also
-//! fetches the dense parameters and its push carries the dense gradients, under the same gate.
+//! fetches the dense parameters and its push carries the step's dense parameter change, under the same gate.
 //!
 //! Gradients are pushed loss-scaled: the model returns `d(mean loss)/d row`, which is multiplied by the batch
 //! size (making it the sum of per-sample gradients, of order 1e-3..1) before f16 encoding, and the scale travels
@@ -176,8 +176,8 @@ impl Trainer {
         let mut specs = args.table_specs(dlrm.num_sparse);
         let map = client.shard_map();
         let dense = dense_on_ps.then(|| {
-            specs.push(DenseSync::table_spec(args.dense_optimizer()));
-            DenseSync::new(&model, &map)
+            specs.push(DenseSync::table_spec());
+            DenseSync::new(&model, &map, rank)
         });
         client
             .register_tables(&specs)
@@ -312,19 +312,15 @@ impl Trainer {
         Ok(())
     }
 
-    /// Forward, backward and the dense update (on the trainer, or left to the servers); returns the loss.
+    /// Forward, backward and the dense optimizer step (also with dense parameters on the servers, which
+    /// receive the step's delta: [`crate::dense_sync`]); returns the loss.
     fn compute(&mut self, batch: &Batch) -> anyhow::Result<f32> {
         let b = batch.len;
         self.emb_grad.resize(self.emb.len(), 0.0);
         let started = Instant::now();
         let (model, emb, emb_grad) = (&mut self.model, &self.emb, &mut self.emb_grad);
-        let on_ps = self.dense.is_some();
         let loss = tokio::task::block_in_place(|| {
-            if on_ps {
-                model.forward_backward(b, &batch.dense, emb, &batch.labels, emb_grad)
-            } else {
-                model.train_step(b, &batch.dense, emb, &batch.labels, emb_grad)
-            }
+            model.train_step(b, &batch.dense, emb, &batch.labels, emb_grad)
         })
         .context("train step")?;
         metrics::histogram!(m::COMPUTE_SECONDS).record(started.elapsed().as_secs_f64());
@@ -541,7 +537,7 @@ impl Trainer {
         let encoded = encoder.submit(plan, emb_grad, scale);
         let dense: Vec<_> = match &mut self.dense {
             Some(dense) => dense
-                .push_requests(&self.model)
+                .push_step(&self.model)
                 .into_iter()
                 .map(|(s, counts, payload)| (s, Encoding::F32, 1.0, counts, payload))
                 .collect(),
