@@ -1,0 +1,109 @@
+//! What a training pass reports: its result, its progress, its events, and the options that shape it.
+
+use std::path::PathBuf;
+
+use crate::criteo::{ReadStats, ReaderConfig};
+use crate::eval::EvalReport;
+
+/// What one pass over the training data did.
+#[derive(Debug, Clone)]
+pub struct TrainReport {
+    /// Samples trained on in this pass (not counting a resumed run's earlier samples).
+    pub samples: u64,
+    /// Batches trained on in this pass.
+    pub batches: u64,
+    /// Wall-clock seconds of the pass (reading, pulls, compute and pushes; the last pushes acknowledged),
+    /// not counting periodic evaluations and checkpoints.
+    pub seconds: f64,
+    /// Mean training loss over the last 10% of the samples (at least the last batch).
+    pub final_loss: f64,
+    /// Mean training loss over the whole pass.
+    pub mean_loss: f64,
+    /// Gradient rows the servers rejected as non-finite.
+    pub rejected_nonfinite: u64,
+    /// The reader's counts (bad lines, padded lines).
+    pub read: ReadStats,
+    /// The periodic evaluations: `(step, report)`.
+    pub evals: Vec<(u64, EvalReport)>,
+}
+
+/// Progress of a running pass, reported every progress interval.
+#[derive(Debug, Clone, Copy)]
+pub struct Progress {
+    /// Samples so far.
+    pub samples: u64,
+    /// Seconds since the pass began.
+    pub seconds: f64,
+    /// Samples per second over the last interval.
+    pub samples_per_sec: f64,
+    /// Mean loss over the last interval.
+    pub loss: f64,
+}
+
+/// Something a pass reports while it runs.
+#[derive(Debug, Clone)]
+pub enum Event {
+    /// Throughput and loss over the last progress interval.
+    Progress(Progress),
+    /// A periodic evaluation on the held-out set.
+    Eval {
+        /// The trainer's step (batches trained, including a resumed run's).
+        step: u64,
+        /// The metrics.
+        report: EvalReport,
+    },
+    /// A checkpoint was written.
+    Checkpoint {
+        /// The step it holds.
+        step: u64,
+        /// Its file.
+        path: PathBuf,
+        /// Whether the servers' snapshot was taken with it.
+        ps_snapshot: bool,
+    },
+}
+
+/// What a pass does besides training: periodic evaluation and checkpoints, and an early stop.
+#[derive(Debug, Clone, Default)]
+pub struct PassOptions {
+    /// Evaluate on `eval_data` every this many steps (0 = never during the pass).
+    pub eval_every: u64,
+    /// The held-out set of periodic evaluations.
+    pub eval_data: Option<ReaderConfig>,
+    /// Write checkpoints here.
+    pub checkpoint_dir: Option<PathBuf>,
+    /// Checkpoint every this many steps (0 = only at the end); needs `checkpoint_dir`.
+    pub checkpoint_every: u64,
+    /// Stop once the trainer's step reaches this (0 = run to the end of the data).
+    pub max_steps: u64,
+}
+
+/// Sample-weighted mean loss over the last `tail` samples (at least the last batch).
+pub(super) fn tail_mean(losses: &[(u64, f32)], tail: u64) -> f64 {
+    let (mut n, mut sum) = (0u64, 0.0f64);
+    for &(b, l) in losses.iter().rev() {
+        n += b;
+        sum += l as f64 * b as f64;
+        if n >= tail {
+            break;
+        }
+    }
+    if n == 0 {
+        f64::NAN
+    } else {
+        sum / n as f64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    pub(super) fn tail_mean_weights_by_samples() {
+        let l = [(10, 1.0), (10, 3.0), (5, 5.0)];
+        assert_eq!(tail_mean(&l, 5), 5.0);
+        assert!((tail_mean(&l, 15) - (30.0 + 25.0) / 15.0).abs() < 1e-9);
+        assert!(tail_mean(&[], 3).is_nan());
+    }
+}
