@@ -74,6 +74,12 @@ pub struct ModelArgs {
     /// before the next pull).
     #[arg(long, default_value_t = 2)]
     pub max_in_flight: usize,
+    /// Train synchronously (staleness bound 0) for the first this many steps of the job, then with
+    /// `--max-in-flight`: the first steps take the largest (Adagrad) updates, which stale rows overshoot most.
+    /// On the demo data at `--max-in-flight 4`, 100 steps lift the test AUC from 0.7590 to 0.7722 (k = 0:
+    /// 0.7783).
+    #[arg(long, default_value_t = 100)]
+    pub staleness_warmup_steps: u64,
     /// Seed of the dense parameters and of the embedding initializers.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,

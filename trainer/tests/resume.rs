@@ -1,6 +1,8 @@
 //! Checkpoint and resume in synchronous mode (k = 0), with real server processes on loopback: a run stopped
 //! at a checkpoint and resumed on servers restored from the checkpoint's snapshot (`ps_server::restore`, what
-//! `ps-server restore` runs) ends with the parameters and test predictions of an uninterrupted run.
+//! `ps-server restore` runs) ends with the parameters and test predictions of an uninterrupted run. Also here,
+//! since it needs the same deterministic synchronous runs: a staleness warm-up that covers the whole run trains
+//! exactly like k = 0.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -61,8 +63,18 @@ async fn run(
     opts: PassOptions,
     resume: Option<&Path>,
 ) -> (Outcome, Vec<Event>) {
+    run_with(cluster, train, test, opts, resume, model_args()).await
+}
+
+async fn run_with(
+    cluster: &LocalCluster,
+    train: &Path,
+    test: &Path,
+    opts: PassOptions,
+    resume: Option<&Path>,
+    args: ModelArgs,
+) -> (Outcome, Vec<Event>) {
     let client = connect(cluster).await;
-    let args = model_args();
     let mut t = Trainer::new(client.clone(), args.clone()).await.unwrap();
     if let Some(dir) = resume {
         t.resume(dir).unwrap();
@@ -176,4 +188,41 @@ async fn resume_refuses_a_checkpoint_of_another_job() {
     assert!(err.contains("nowhere"), "{err}");
     client.close().await;
     a.shutdown(Duration::from_secs(30)).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn staleness_warmup_over_the_whole_run_is_synchronous() {
+    let dir = tempfile::tempdir().unwrap();
+    let train = dir.path().join("train.tsv");
+    let test = dir.path().join("test.tsv");
+    generate(256 * 8, 21, &train);
+    generate(1000, 22, &test);
+    let outcome = |name: &'static str, k: usize, warmup: u64| {
+        let (dir, train, test) = (dir.path().to_path_buf(), train.clone(), test.clone());
+        async move {
+            let cluster = start_servers(&dir.join(name));
+            let args = ModelArgs {
+                max_in_flight: k,
+                staleness_warmup_steps: warmup,
+                ..model_args()
+            };
+            let opts = PassOptions::default();
+            let (o, _) = run_with(&cluster, &train, &test, opts, None, args).await;
+            cluster.shutdown(Duration::from_secs(30)).unwrap();
+            o
+        }
+    };
+    let sync = outcome("k0", 0, 0).await;
+    let warm = outcome("k4-warm", 4, 8).await;
+    let stale = outcome("k4", 4, 0).await;
+    assert!(
+        sync.params == warm.params,
+        "k = 4 with an 8-step warm-up differs from k = 0"
+    );
+    assert_eq!(sync.eval.logloss.to_bits(), warm.eval.logloss.to_bits());
+    // Without the warm-up the first pulls are sent before the first push: stale rows, other parameters.
+    assert!(
+        sync.params != stale.params,
+        "k = 4 trained exactly like k = 0"
+    );
 }

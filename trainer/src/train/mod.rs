@@ -313,7 +313,10 @@ impl Trainer {
                     None => exhausted = true,
                     Some(planned) => {
                         let p = planned.context("read training data")?;
-                        let gate = Some((acked_rx.clone(), issued, k));
+                        // The batch's step in the job decides whether it is still in the warm-up.
+                        let warm =
+                            self.step + ahead.len() as u64 >= self.args.staleness_warmup_steps;
+                        let gate = Some((acked_rx.clone(), issued, if warm { k } else { 0 }));
                         ahead.push_back(self.start(p.batch, p.plan, gate));
                         issued += 1;
                     }
