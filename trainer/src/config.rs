@@ -114,6 +114,11 @@ pub struct ModelArgs {
     /// without feedback.
     #[arg(long, default_value_t = 4 << 20)]
     pub residual_max_rows: usize,
+    /// With dense parameters on the servers: push only this fraction of the dense rows each step, those whose
+    /// update (plus what earlier steps left unsent) is largest; the rest waits in a residual for later steps
+    /// (top-k sparsification with error feedback). 1 sends every row.
+    #[arg(long, default_value_t = 1.0)]
+    pub dense_push_fraction: f32,
 }
 
 impl ModelArgs {
@@ -211,6 +216,12 @@ impl ModelArgs {
             ));
         }
         self.table_codecs(self.dlrm().num_sparse)?;
+        if !(self.dense_push_fraction > 0.0 && self.dense_push_fraction <= 1.0) {
+            return Err(format!(
+                "dense-push-fraction = {}, expected a number in (0, 1]",
+                self.dense_push_fraction
+            ));
+        }
         if self.residual_max_age == 0 {
             return Err("residual-max-age = 0, expected at least 1".into());
         }
@@ -384,6 +395,14 @@ mod tests {
         assert_eq!(m.dlrm().interaction_dim(), 367);
         assert_eq!(m.table_specs(26).len(), 26);
         assert_eq!(m.batch_size, 2048);
+        for bad in [0.0, -0.5, 1.5, f32::NAN] {
+            let m = ModelArgs {
+                dense_push_fraction: bad,
+                ..ModelArgs::default()
+            };
+            let err = m.validate().unwrap_err();
+            assert!(err.contains("dense-push-fraction"), "{bad}: {err}");
+        }
     }
 
     #[test]

@@ -24,6 +24,11 @@
 //! show part of one push without its counter (rows are not applied atomically with respect to pulls); that error
 //! lasts one step, since every pull recomputes the parameters from the sum.
 //!
+//! Top-k with error feedback ([`DenseSync::with_push_fraction`]): a trainer may push only the fraction of rows
+//! whose update plus residual has the largest L2 norm, keeping the other rows' updates as a residual added to
+//! the next step's (Stich et al. 2018, "Sparsified SGD with memory"). Its own parameters then follow what it
+//! has sent, so an update left in the residual reaches the model when it is sent; nothing is dropped.
+//!
 //! Each step, a trainer pulls the rows (with the same staleness gate as its embedding pull), computes its
 //! gradients, takes a local optimizer step and pushes the delta; the servers apply every trainer's push as it
 //! arrives. Each trainer's optimizer state (Adam moments, Adagrad accumulators) sees its own gradients only.
@@ -86,6 +91,8 @@ struct ServerRows {
     ids: Bytes,
     /// How many of this trainer's pushes the last pull from this server held.
     seen: u64,
+    /// This rank's counter row on the server.
+    counter: u64,
 }
 
 /// The dense table's layout and the trainer's initial parameters.
@@ -103,6 +110,12 @@ pub struct DenseSync {
     pending: VecDeque<(u64, Vec<f32>)>,
     /// Delta buffers to reuse.
     spare: Vec<Vec<f32>>,
+    /// Rows pushed per step, or `None` for all (top-k sparsification off).
+    push_rows: Option<usize>,
+    /// Updates not sent yet (top-k), one value per parameter.
+    residual: Vec<f32>,
+    /// Scratch: (norm, row) of every row.
+    norms: Vec<(f32, u32)>,
 }
 
 impl DenseSync {
@@ -120,6 +133,7 @@ impl DenseSync {
                 rows: Vec::new(),
                 ids: Bytes::new(),
                 seen: 0,
+                counter: counter_id(map, rank, server),
             })
             .collect();
         for id in 0..rows {
@@ -128,12 +142,7 @@ impl DenseSync {
         servers.retain(|s| !s.rows.is_empty());
         for s in &mut servers {
             let mut ids = Vec::with_capacity(s.rows.len() * 8);
-            let with_counter: Vec<u64> = s
-                .rows
-                .iter()
-                .copied()
-                .chain([counter_id(map, rank, s.server)])
-                .collect();
+            let with_counter: Vec<u64> = s.rows.iter().copied().chain([s.counter]).collect();
             protocol::message::put_ids(&with_counter, &mut ids);
             s.ids = Bytes::from(ids);
         }
@@ -148,7 +157,22 @@ impl DenseSync {
             pushed: None,
             pending: VecDeque::new(),
             spare: Vec::new(),
+            push_rows: None,
+            residual: Vec::new(),
+            norms: Vec::new(),
         }
+    }
+
+    /// Pushes only `fraction` (in (0, 1]) of the rows each step, top-k with error feedback (module docs); 1
+    /// pushes every row.
+    pub fn with_push_fraction(mut self, fraction: f32) -> DenseSync {
+        let rows = self.rows();
+        let k = ((rows as f64 * fraction as f64).ceil() as usize).clamp(1, rows.max(1));
+        if k < rows {
+            self.push_rows = Some(k);
+            self.residual = vec![0.0; self.flat.len()];
+        }
+        self
     }
 
     /// Rows of the dense table.
@@ -270,6 +294,7 @@ impl DenseSync {
             }
             at += p.len();
         }
+        let sent = self.sparsify(&mut delta);
         let number = self.pushed.unwrap_or(0);
         self.pushed = Some(number + 1);
         let mut counter = [0.0f32; DENSE_ROW_DIM];
@@ -278,11 +303,20 @@ impl DenseSync {
             .servers
             .iter()
             .map(|s| {
-                let mut payload =
-                    Vec::with_capacity(s.ids.len() + (s.rows.len() + 1) * DENSE_ROW_DIM * 4);
-                payload.extend_from_slice(&s.ids);
+                let rows: Vec<u64> = match &sent {
+                    None => s.rows.clone(),
+                    Some(mask) => s
+                        .rows
+                        .iter()
+                        .copied()
+                        .filter(|&r| mask[r as usize])
+                        .collect(),
+                };
+                let mut payload = Vec::with_capacity((rows.len() + 1) * (DENSE_ROW_DIM * 4 + 8));
+                let ids: Vec<u64> = rows.iter().copied().chain([s.counter]).collect();
+                protocol::message::put_ids(&ids, &mut payload);
                 let mut neg = [0.0f32; DENSE_ROW_DIM];
-                for &row in &s.rows {
+                for &row in &rows {
                     let at = row as usize * DENSE_ROW_DIM;
                     for (n, d) in neg.iter_mut().zip(&delta[at..at + DENSE_ROW_DIM]) {
                         *n = -d;
@@ -290,15 +324,46 @@ impl DenseSync {
                     codec::encode(&neg, Encoding::F32, &mut payload);
                 }
                 codec::encode(&counter, Encoding::F32, &mut payload);
-                (
-                    s.server,
-                    Self::counts(s.rows.len() + 1),
-                    Bytes::from(payload),
-                )
+                (s.server, Self::counts(rows.len() + 1), Bytes::from(payload))
             })
             .collect();
         self.pending.push_back((number, delta));
         requests
+    }
+
+    /// Top-k: adds the residual to `delta`, keeps the rows with the largest norms in `delta` and moves the
+    /// others into the residual; returns which rows are sent (`None`: all, top-k off).
+    fn sparsify(&mut self, delta: &mut [f32]) -> Option<Vec<bool>> {
+        let k = self.push_rows?;
+        for (d, r) in delta.iter_mut().zip(&self.residual) {
+            *d += r;
+        }
+        self.norms.clear();
+        for (row, v) in delta.chunks_exact(DENSE_ROW_DIM).enumerate() {
+            self.norms.push((v.iter().map(|x| x * x).sum(), row as u32));
+        }
+        // Largest norms first; ties by row for determinism.
+        self.norms
+            .select_nth_unstable_by(k - 1, |a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+        let mut sent = vec![false; self.norms.len()];
+        for &(_, row) in &self.norms[..k] {
+            sent[row as usize] = true;
+        }
+        for (row, keep) in sent.iter().enumerate() {
+            let range = row * DENSE_ROW_DIM..(row + 1) * DENSE_ROW_DIM;
+            if *keep {
+                self.residual[range].fill(0.0);
+            } else {
+                self.residual[range.clone()].copy_from_slice(&delta[range.clone()]);
+                delta[range].fill(0.0);
+            }
+        }
+        Some(sent)
+    }
+
+    /// What top-k has not sent yet (empty when it is off).
+    pub fn residual(&self) -> &[f32] {
+        &self.residual
     }
 
     /// Own pushes not yet held by every server's last pull.
@@ -429,6 +494,67 @@ mod tests {
                 assert!(sync.pending() <= 5, "{}", sync.pending());
             }
         }
+    }
+
+    fn flat(model: &Dlrm) -> Vec<f32> {
+        model.params().concat()
+    }
+
+    /// Top-k: each push carries at most k rows (plus the counter), and what the servers summed plus the
+    /// residual equals the sum of every local update: nothing is lost.
+    #[test]
+    fn top_k_sends_k_rows_and_loses_nothing() {
+        let mut model = small(DenseOptimizer::Adam {
+            lr: 0.01,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+        });
+        let map = ShardMap::new(2);
+        let mut sync = DenseSync::new(&model, &map, 0).with_push_fraction(0.3);
+        let rows = sync.rows();
+        let k = (rows as f32 * 0.3).ceil() as usize;
+        assert!(k < rows, "the test needs a real selection ({k} of {rows})");
+        let initial = flat(&model);
+        let mut server = FakeServer::default();
+        let mut updates = vec![0.0f64; initial.len()];
+        for t in 0..12 {
+            let replies: Vec<(usize, Bytes)> = sync
+                .pull_requests()
+                .into_iter()
+                .map(|(s, counts, ids)| (s, server.pull(&counts, &ids)))
+                .collect();
+            sync.apply_pulled(&replies, &mut model).unwrap();
+            let before = flat(&model);
+            step(&mut model, t);
+            for ((u, a), b) in updates.iter_mut().zip(flat(&model)).zip(&before) {
+                *u += (a - b) as f64;
+            }
+            let mut sent_rows = 0;
+            for (_, counts, payload) in sync.push_step(&model) {
+                sent_rows += counts[0].count as usize - 1;
+                server.push(&counts, &payload);
+            }
+            assert_eq!(sent_rows, k, "step {t}");
+        }
+        let pulled: Vec<(usize, Bytes)> = sync
+            .pull_requests()
+            .into_iter()
+            .map(|(s, counts, ids)| (s, server.pull(&counts, &ids)))
+            .collect();
+        sync.apply_pulled(&pulled, &mut model).unwrap();
+        let now = flat(&model);
+        for (i, u) in updates.iter().enumerate() {
+            let held = (now[i] - initial[i]) as f64 + sync.residual()[i] as f64;
+            assert!(
+                (held - u).abs() <= 1e-5 * (1.0 + u.abs()),
+                "param {i}: {held} vs {u}"
+            );
+        }
+        assert!(
+            sync.residual().iter().any(|&r| r != 0.0),
+            "nothing was held back"
+        );
     }
 
     #[test]

@@ -108,7 +108,7 @@ impl Trainer {
         let map = client.shard_map();
         let dense = dense_on_ps.then(|| {
             specs.push(DenseSync::table_spec());
-            DenseSync::new(&model, &map, rank)
+            DenseSync::new(&model, &map, rank).with_push_fraction(args.dense_push_fraction)
         });
         client
             .register_tables(&specs)
