@@ -32,6 +32,10 @@ pub const ROWS_PUSHED_TOTAL: &str = "trainer_rows_pushed_total";
 pub const WIRE_BYTES_SENT_TOTAL: &str = "trainer_wire_bytes_sent_total";
 /// Payload bytes received, after compression (encoding).
 pub const WIRE_BYTES_RECEIVED_TOTAL: &str = "trainer_wire_bytes_received_total";
+/// Dense-parameter push payload bytes (dense parameters on the servers; after top-k).
+pub const DENSE_BYTES_SENT_TOTAL: &str = "trainer_dense_bytes_sent_total";
+/// Dense-parameter pull payload bytes (dense parameters on the servers).
+pub const DENSE_BYTES_RECEIVED_TOTAL: &str = "trainer_dense_bytes_received_total";
 /// Row bytes the same payloads would take as f32 (before compression), sent.
 pub const RAW_BYTES_SENT_TOTAL: &str = "trainer_raw_bytes_sent_total";
 /// Row bytes the same payloads would take as f32 (before compression), received.
@@ -116,6 +120,16 @@ pub fn describe() {
         WIRE_BYTES_RECEIVED_TOTAL,
         Unit::Bytes,
         "Payload bytes received after compression."
+    );
+    describe_counter!(
+        DENSE_BYTES_SENT_TOTAL,
+        Unit::Bytes,
+        "Dense-parameter push payload bytes (dense parameters on the servers)."
+    );
+    describe_counter!(
+        DENSE_BYTES_RECEIVED_TOTAL,
+        Unit::Bytes,
+        "Dense-parameter pull payload bytes (dense parameters on the servers)."
     );
     describe_counter!(
         RAW_BYTES_SENT_TOTAL,

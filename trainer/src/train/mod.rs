@@ -211,6 +211,10 @@ impl Trainer {
             };
             let (emb, dense) = tokio::try_join!(pull_parts(&client, requests), dense)?;
             let received: usize = emb.iter().map(|(_, b)| b.len()).sum();
+            if let Some(d) = &dense {
+                let bytes: usize = d.iter().map(|(_, b)| b.len()).sum();
+                metrics::counter!(m::DENSE_BYTES_RECEIVED_TOTAL).increment(bytes as u64);
+            }
             metrics::histogram!(m::PULL_SECONDS).record(started.elapsed().as_secs_f64());
             metrics::counter!(m::ROWS_PULLED_TOTAL).increment(rows);
             metrics::counter!(m::WIRE_BYTES_RECEIVED_TOTAL).increment(received as u64);
@@ -477,6 +481,8 @@ impl Trainer {
                 .collect(),
             None => Vec::new(),
         };
+        let dense_bytes: usize = dense.iter().map(|r| r.4.len()).sum();
+        metrics::counter!(m::DENSE_BYTES_SENT_TOTAL).increment(dense_bytes as u64);
         let client = self.client.clone();
         let raw_row_bytes = 8 + self.args.emb_dim as u64 * 4;
         async move {
