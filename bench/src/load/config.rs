@@ -114,6 +114,10 @@ pub struct LoadArgs {
     /// the client's CPU during the measurement.
     #[arg(long, default_value_t = 32)]
     pub pool_batches: usize,
+    /// Push every pooled batch once before the run, so that pulls read stored rows (as a trainer's pulls
+    /// mostly do) instead of initializing rows never pushed (a pull does not create rows).
+    #[arg(long)]
+    pub populate: bool,
     /// Write the report as JSON here.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -177,6 +181,8 @@ pub struct LoadConfig {
     pub seed: u64,
     /// Pre-generated batches.
     pub pool_batches: usize,
+    /// Every pooled batch pushed once before the run.
+    pub populate: bool,
     /// Progress line.
     #[serde(skip)]
     pub progress: bool,
@@ -257,6 +263,7 @@ impl LoadArgs {
             warmup_seconds: self.warmup_seconds,
             seed: self.seed,
             pool_batches: self.pool_batches,
+            populate: self.populate,
             progress: !self.quiet,
             where_to,
         })

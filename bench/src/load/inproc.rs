@@ -52,6 +52,16 @@ pub fn run(cfg: &LoadConfig) -> anyhow::Result<Report> {
         cfg.dim as usize,
         cfg.seed,
     ));
+    if cfg.populate {
+        let dim = cfg.dim as usize;
+        for batch in pool.iter() {
+            for (t, ids) in batch.unique.iter().enumerate() {
+                engine
+                    .apply(t as u32, ids, &grads[..ids.len() * dim])
+                    .context("populate: apply the pooled batches")?;
+            }
+        }
+    }
 
     let window = Window::starting_now(cfg);
     let (progress, ticker) = Progress::start(cfg.progress, window);

@@ -130,6 +130,13 @@ async fn run_async(
         .collect::<anyhow::Result<_>>()?;
     let pool = Arc::new(pool);
     let client = Arc::new(client);
+    if cfg.populate {
+        for reqs in pool.iter() {
+            phase(&client, cfg, reqs, true)
+                .await
+                .context("populate: push the pooled batches")?;
+        }
+    }
 
     let window = Window::starting_now(cfg);
     let (progress, ticker) = Progress::start(cfg.progress, window);
