@@ -182,7 +182,7 @@ struct ServeArgs {
     /// Open connections; more are refused [default: 1024].
     #[arg(long, env = "PS_MAX_CONNECTIONS")]
     max_connections: Option<u64>,
-    /// Concurrent requests per QUIC connection; more wait in the client [default: 256].
+    /// Concurrent requests per QUIC connection; more wait in the client [default: 32].
     #[arg(long, env = "PS_MAX_STREAMS_PER_CONNECTION")]
     max_streams_per_connection: Option<u32>,
     /// Unread bytes buffered per QUIC connection (flow-control window) [default: 32 MiB].
