@@ -68,10 +68,18 @@ impl ServerConn {
                 return Ok(c.clone());
             }
         }
-        let conn = self
-            .dialer
-            .connect(self.addr, &cfg.server_name, cfg.max_frame)
-            .await?;
+        // A QUIC handshake with a server that is gone (or stopped accepting while it shuts down) gets no answer
+        // at all and would otherwise wait for the request timeout; the caller retries the transient timeout.
+        let conn = tokio::time::timeout(
+            CONNECT_TIMEOUT,
+            self.dialer
+                .connect(self.addr, &cfg.server_name, cfg.max_frame),
+        )
+        .await
+        .map_err(|_| ProtocolError::Timeout {
+            server: self.addr.to_string(),
+            secs: CONNECT_TIMEOUT.as_secs_f64(),
+        })??;
         *self.conn.lock().expect("not poisoned") = Some(conn.clone());
         Ok(conn)
     }
@@ -81,6 +89,8 @@ impl ServerConn {
     }
 }
 
+/// How long a connection's handshake may take (a data-centre handshake takes milliseconds).
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(4);
 /// How long a request waits for its reply before its connection is probed (see [`call_watched`]).
 const PROBE_AFTER: Duration = Duration::from_secs(1);
 /// How long a probe may take before the connection is declared dead.

@@ -13,6 +13,7 @@
 //! - [`routing`]: stable id -> virtual shard -> server mapping ([`ShardMap`]).
 //! - [`tls`]: a development CA and certificates (rcgen), rustls configs with mutual authentication.
 //! - [`endpoint`]: QUIC endpoint set-up (socket buffers, transport tuning).
+//! - [`gso`]: a quinn UDP socket that splits GSO batches larger than one UDP datagram.
 //! - [`stream`]: reading and writing one frame on a QUIC stream.
 //! - [`mux`]: sans-IO chunking of many frames over one byte stream (the TCP transport).
 //! - [`tcp`]: TLS over TCP: client connections and the server's listener, requests multiplexed by id.
@@ -27,6 +28,7 @@ pub mod endpoint;
 pub mod error;
 pub mod feedback;
 pub mod frame;
+pub mod gso;
 pub mod ids;
 pub mod message;
 pub mod mux;

@@ -45,25 +45,33 @@ pub async fn read_frame<H: DeserializeOwned>(
         .await
         .map_err(|e| map_read(e, PREFIX_LEN))?;
     let p = frame::parse_prefix(&prefix, max_frame)?;
-    let want = p.body_len();
+    let body = read_body(recv, p.body_len()).await?;
+    let header = frame::decode_header(&body[..p.header_len as usize])?;
+    Ok((header, body.slice(p.header_len as usize..)))
+}
+
+/// Reads the `len` bytes of a frame's body (header and payload) that follow its prefix: without a copy if
+/// they arrive in one QUIC chunk, otherwise copied once into a buffer of `len` bytes (never zero-filled).
+/// A stream that ends early is [`ProtocolError::Truncated`].
+pub async fn read_body(recv: &mut quinn::RecvStream, len: usize) -> Result<Bytes, ProtocolError> {
     let mut first: Option<Bytes> = None;
     let mut acc = BytesMut::new();
     let mut got = 0;
-    while got < want {
+    while got < len {
         let chunk = recv
-            .read_chunk(want - got, true)
+            .read_chunk(len - got, true)
             .await
             .map_err(|e| ProtocolError::Read(quinn::ReadExactError::ReadError(e)))?
             .ok_or(ProtocolError::Truncated {
                 got: PREFIX_LEN + got,
-                expected: PREFIX_LEN + want,
+                expected: PREFIX_LEN + len,
             })?;
         got += chunk.bytes.len();
         match first.take() {
             None if acc.is_empty() => first = Some(chunk.bytes),
             earlier => {
                 if acc.is_empty() {
-                    acc.reserve(want);
+                    acc.reserve(len);
                 }
                 if let Some(b) = earlier {
                     acc.extend_from_slice(&b);
@@ -72,7 +80,5 @@ pub async fn read_frame<H: DeserializeOwned>(
             }
         }
     }
-    let body = first.unwrap_or_else(|| acc.freeze());
-    let header = frame::decode_header(&body[..p.header_len as usize])?;
-    Ok((header, body.slice(p.header_len as usize..)))
+    Ok(first.unwrap_or_else(|| acc.freeze()))
 }

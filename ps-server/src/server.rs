@@ -101,10 +101,10 @@ pub async fn run(
         });
     let (endpoint, tcp_listener) = bind(cfg.listen, cfg.transport, tls, reset_secret.as_deref())?;
     // Per-connection limits of admission control (crate::load_limits) on top of the shared transport tuning.
-    limited.transport_config(Arc::new(load_limits::server_transport(
-        cfg.max_streams_per_connection,
-        cfg.connection_window_bytes,
-    )));
+    let mut transport =
+        load_limits::server_transport(cfg.max_streams_per_connection, cfg.connection_window_bytes);
+    protocol::endpoint::tune_path(&mut transport, protocol::endpoint::PathKind::of(cfg.listen));
+    limited.transport_config(Arc::new(transport));
     if let Some(e) = &endpoint {
         e.set_server_config(Some(limited));
     }
@@ -362,12 +362,12 @@ async fn read_admitted(
         Err(e) => return (Err(e), None),
     };
     let admitted = admission.request(p.body_len()).await;
-    let mut body = vec![0u8; p.body_len()];
-    if let Err(e) = recv.read_exact(&mut body).await {
-        return (Err(truncated(e, p.body_len())), Some(admitted));
-    }
+    let body = match stream::read_body(recv, p.body_len()).await {
+        Ok(body) => body,
+        Err(e) => return (Err(e), Some(admitted)),
+    };
     let frame = decode_header(&body[..p.header_len as usize])
-        .map(|h| (h, Bytes::from(body).slice(p.header_len as usize..)));
+        .map(|h| (h, body.slice(p.header_len as usize..)));
     (frame, Some(admitted))
 }
 
