@@ -412,6 +412,14 @@ mod tests {
             Bytes::from(out)
         }
 
+        /// The answers to every pull request of `sync`.
+        fn answer(&self, sync: &DenseSync) -> Vec<(usize, Bytes)> {
+            sync.pull_requests()
+                .into_iter()
+                .map(|(s, counts, ids)| (s, self.pull(&counts, &ids)))
+                .collect()
+        }
+
         fn push(&mut self, counts: &[TableCount], payload: &Bytes) {
             let n = counts[0].count as usize;
             let (ids, used) = Self::ids(payload, n);
@@ -519,12 +527,8 @@ mod tests {
         let mut server = FakeServer::default();
         let mut updates = vec![0.0f64; initial.len()];
         for t in 0..12 {
-            let replies: Vec<(usize, Bytes)> = sync
-                .pull_requests()
-                .into_iter()
-                .map(|(s, counts, ids)| (s, server.pull(&counts, &ids)))
-                .collect();
-            sync.apply_pulled(&replies, &mut model).unwrap();
+            sync.apply_pulled(&server.answer(&sync), &mut model)
+                .unwrap();
             let before = flat(&model);
             step(&mut model, t);
             for ((u, a), b) in updates.iter_mut().zip(flat(&model)).zip(&before) {
@@ -537,12 +541,8 @@ mod tests {
             }
             assert_eq!(sent_rows, k, "step {t}");
         }
-        let pulled: Vec<(usize, Bytes)> = sync
-            .pull_requests()
-            .into_iter()
-            .map(|(s, counts, ids)| (s, server.pull(&counts, &ids)))
-            .collect();
-        sync.apply_pulled(&pulled, &mut model).unwrap();
+        sync.apply_pulled(&server.answer(&sync), &mut model)
+            .unwrap();
         let now = flat(&model);
         for (i, u) in updates.iter().enumerate() {
             let held = (now[i] - initial[i]) as f64 + sync.residual()[i] as f64;
@@ -564,12 +564,7 @@ mod tests {
         let initial: Vec<Vec<f32>> = model.params().iter().map(|p| p.to_vec()).collect();
         let mut sync = DenseSync::new(&model, &map, 0);
         assert_eq!(sync.rows(), model.num_params().div_ceil(DENSE_ROW_DIM));
-        let server = FakeServer::default();
-        let replies: Vec<(usize, Bytes)> = sync
-            .pull_requests()
-            .into_iter()
-            .map(|(s, counts, ids)| (s, server.pull(&counts, &ids)))
-            .collect();
+        let replies = FakeServer::default().answer(&sync);
         sync.apply_pulled(&replies, &mut model).unwrap();
         let now: Vec<Vec<f32>> = model.params().iter().map(|p| p.to_vec()).collect();
         assert_eq!(now, initial);
