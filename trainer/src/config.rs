@@ -71,9 +71,11 @@ pub struct ModelArgs {
     #[arg(long, default_value = "f16")]
     pub encoding: Encoding,
     /// Staleness bound: pushes in flight without acknowledgement (0 = synchronous: every push is acknowledged
-    /// before the next pull).
-    #[arg(long, default_value_t = 2)]
-    pub max_in_flight: usize,
+    /// before the next pull). Default: 2 with one trainer, 0 with several (each trainer's rows already lack
+    /// the other trainers' last updates; on the demo data two trainers at 0 are both faster and better than
+    /// at 2: BENCHMARKS.md).
+    #[arg(long)]
+    pub max_in_flight: Option<usize>,
     /// Train synchronously (staleness bound 0) for the first this many steps of the job, then with
     /// `--max-in-flight`: the first steps take the largest (Adagrad) updates, which stale rows overshoot most.
     /// On the demo data at `--max-in-flight 4`, 100 steps lift the test AUC from 0.7590 to 0.7722 (k = 0:
@@ -122,6 +124,12 @@ pub struct ModelArgs {
 }
 
 impl ModelArgs {
+    /// The staleness bound for a job of `world` trainers: `--max-in-flight`, or its default (2 alone, 0 with
+    /// several trainers).
+    pub fn staleness_bound(&self, world: usize) -> usize {
+        self.max_in_flight.unwrap_or(if world > 1 { 0 } else { 2 })
+    }
+
     /// Per-table pull and push encodings for `num_sparse` tables named `C1..`: `--pull-encoding` and
     /// `--push-encoding` (both defaulting to `--encoding`), then the `--table-encoding` overrides.
     pub fn table_codecs(&self, num_sparse: usize) -> Result<crate::plan::TableCodecs, String> {
@@ -395,6 +403,12 @@ mod tests {
         assert_eq!(m.dlrm().interaction_dim(), 367);
         assert_eq!(m.table_specs(26).len(), 26);
         assert_eq!(m.batch_size, 2048);
+        assert_eq!((m.staleness_bound(1), m.staleness_bound(2)), (2, 0));
+        let explicit: ModelArgs = toml::from_str("max-in-flight = 3").unwrap();
+        assert_eq!(
+            (explicit.staleness_bound(1), explicit.staleness_bound(4)),
+            (3, 3)
+        );
         for bad in [0.0, -0.5, 1.5, f32::NAN] {
             let m = ModelArgs {
                 dense_push_fraction: bad,

@@ -213,7 +213,7 @@ pub async fn train_and_evaluate(
         model.optimizer,
         model.emb_lr(),
         model.encoding,
-        model.max_in_flight
+        model.staleness_bound(inputs.world)
     );
     let opts = PassOptions {
         eval_every: if inputs.rank == 0 { job.eval_every } else { 0 },

@@ -34,7 +34,7 @@ fn model_args() -> ModelArgs {
         bottom_mlp: vec![32, 16],
         top_mlp: vec![32, 1],
         optimizer: OptimizerKind::Adagrad, // dense Adam: optimizer state matters
-        max_in_flight: 0,
+        max_in_flight: Some(0),
         eval_batch_size: 1000,
         // Error feedback on (the default): its residuals are trainer state the checkpoint must carry; without
         // them a resumed run drifts from the second step on (max |param diff| 2e-4 after 4 steps here).
@@ -202,7 +202,7 @@ async fn staleness_warmup_over_the_whole_run_is_synchronous() {
         async move {
             let cluster = start_servers(&dir.join(name));
             let args = ModelArgs {
-                max_in_flight: k,
+                max_in_flight: Some(k),
                 staleness_warmup_steps: warmup,
                 ..model_args()
             };

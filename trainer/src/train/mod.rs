@@ -276,7 +276,7 @@ impl Trainer {
         opts: &PassOptions,
         mut on_event: impl FnMut(Event),
     ) -> anyhow::Result<TrainReport> {
-        let k = self.args.max_in_flight as u64;
+        let k = self.args.staleness_bound(self.world) as u64;
         let reader = BatchReader::spawn(reader_cfg).context("open training data")?;
         let mut stage_in = PlanStage::spawn(
             reader,
