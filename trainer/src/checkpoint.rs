@@ -79,6 +79,9 @@ pub struct CheckpointMeta {
     /// Bytes of saved error-feedback residuals after the tensors (0: none).
     #[serde(default)]
     pub residual_bytes: u64,
+    /// Values of the dense top-k residual after those (0: none; [`crate::dense_sync`]).
+    #[serde(default)]
+    pub dense_residual_len: u64,
 }
 
 /// A rank's checkpoint in memory.
@@ -92,6 +95,8 @@ pub struct Checkpoint {
     pub optimizer: Vec<Vec<f32>>,
     /// The error-feedback residuals ([`protocol::feedback::ResidualStore::export`]); empty without.
     pub residuals: Vec<u8>,
+    /// The dense top-k residual ([`crate::dense_sync::DenseSync::residual`]); empty without.
+    pub dense_residual: Vec<f32>,
 }
 
 /// Asks every parameter server to snapshot its tables at `step` ([`protocol::PsClient::checkpoint`]) into
@@ -157,7 +162,12 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> CheckpointError + '_ {
 impl Checkpoint {
     /// Copies `model`'s parameters and optimizer state, with the exported error-feedback `residuals` (empty
     /// for none); `meta`'s sizes and optimizer step are filled in.
-    pub fn capture(model: &Dlrm, mut meta: CheckpointMeta, residuals: Vec<u8>) -> Checkpoint {
+    pub fn capture(
+        model: &Dlrm,
+        mut meta: CheckpointMeta,
+        residuals: Vec<u8>,
+        dense_residual: Vec<f32>,
+    ) -> Checkpoint {
         let params: Vec<Vec<f32>> = model.params().iter().map(|p| p.to_vec()).collect();
         let opt = model.optimizer_state();
         let optimizer: Vec<Vec<f32>> = opt.tensors().iter().map(|t| t.to_vec()).collect();
@@ -165,11 +175,13 @@ impl Checkpoint {
         meta.param_sizes = params.iter().map(Vec::len).collect();
         meta.optimizer_sizes = optimizer.iter().map(Vec::len).collect();
         meta.residual_bytes = residuals.len() as u64;
+        meta.dense_residual_len = dense_residual.len() as u64;
         Checkpoint {
             meta,
             params,
             optimizer,
             residuals,
+            dense_residual,
         }
     }
 
@@ -192,6 +204,9 @@ impl Checkpoint {
             }
         }
         buf.extend_from_slice(&self.residuals);
+        for v in &self.dense_residual {
+            buf.extend_from_slice(&v.to_le_bytes());
+        }
         let mut f = std::fs::File::create(&tmp).map_err(io(&tmp))?;
         f.write_all(&buf).map_err(io(&tmp))?;
         f.sync_all().map_err(io(&tmp))?;
@@ -230,10 +245,14 @@ impl Checkpoint {
         let meta: CheckpointMeta =
             serde_json::from_slice(&bytes[20..end]).map_err(|e| corrupt(format!("header: {e}")))?;
         let floats: usize = meta.param_sizes.iter().chain(&meta.optimizer_sizes).sum();
-        let expected = (floats as u64 * 4).saturating_add(meta.residual_bytes);
+        let dense_bytes = meta.dense_residual_len.saturating_mul(4);
+        let expected = (floats as u64 * 4)
+            .saturating_add(meta.residual_bytes)
+            .saturating_add(dense_bytes);
         if (bytes.len() - end) as u64 != expected {
             return Err(corrupt(format!(
-                "{} bytes after the header, expected {expected} ({} of tensors, {} of residuals; truncated?)",
+                "{} bytes after the header, expected {expected} ({} of tensors, {} of residuals, {dense_bytes} of \
+                 the dense residual; truncated?)",
                 bytes.len() - end,
                 floats * 4,
                 meta.residual_bytes
@@ -250,12 +269,18 @@ impl Checkpoint {
         };
         let params = meta.param_sizes.iter().map(|&n| take(n)).collect();
         let optimizer = meta.optimizer_sizes.iter().map(|&n| take(n)).collect();
-        let residuals = bytes[end + floats * 4..].to_vec();
+        let residuals_end = end + floats * 4 + meta.residual_bytes as usize;
+        let residuals = bytes[end + floats * 4..residuals_end].to_vec();
+        let dense_residual = bytes[residuals_end..]
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")))
+            .collect();
         Ok(Checkpoint {
             meta,
             params,
             optimizer,
             residuals,
+            dense_residual,
         })
     }
 
@@ -331,6 +356,7 @@ mod tests {
             param_sizes: vec![],
             optimizer_sizes: vec![],
             residual_bytes: 0,
+            dense_residual_len: 0,
         }
     }
 
@@ -350,12 +376,13 @@ mod tests {
             .unwrap();
         }
         let dir = tempfile::tempdir().unwrap();
-        let ckpt = Checkpoint::capture(&a, meta(), b"residual bytes".to_vec());
+        let ckpt = Checkpoint::capture(&a, meta(), b"residual bytes".to_vec(), vec![0.5, -2.0]);
         let path = ckpt.write(dir.path()).unwrap();
         assert!(path.ends_with("trainer-rank1.ckpt"));
         let back = Checkpoint::read(dir.path(), 1).unwrap();
         assert_eq!(back, ckpt);
         assert_eq!(back.residuals, b"residual bytes");
+        assert_eq!(back.dense_residual, [0.5, -2.0]);
         assert_eq!(back.meta.optimizer_step, 2);
         let mut fresh = model(2);
         back.restore_into(&mut fresh, dir.path()).unwrap();
@@ -373,7 +400,7 @@ mod tests {
     #[test]
     fn truncated_and_foreign_files_are_typed_errors() {
         let dir = tempfile::tempdir().unwrap();
-        let path = Checkpoint::capture(&model(1), meta(), vec![7; 10])
+        let path = Checkpoint::capture(&model(1), meta(), vec![7; 10], vec![1.0; 3])
             .write(dir.path())
             .unwrap();
         let bytes = std::fs::read(&path).unwrap();

@@ -75,6 +75,16 @@ pub enum DenseSyncError {
         /// The cause.
         source: ProtocolError,
     },
+    /// A saved top-k residual does not fit this model and push fraction.
+    #[error(
+        "dense top-k residual of {saved} values, this job keeps {expected} (another model or --dense-push-fraction 1?)"
+    )]
+    Residual {
+        /// Values saved.
+        saved: usize,
+        /// Values this job keeps (0 without top-k).
+        expected: usize,
+    },
     /// The model refused the parameters (a size mismatch: a bug).
     #[error("set dense parameters: {0}")]
     Model(#[from] crate::model::ModelError),
@@ -366,6 +376,22 @@ impl DenseSync {
         &self.residual
     }
 
+    /// Restores a top-k residual saved from [`residual`](Self::residual) (a resumed run). Empty clears it.
+    pub fn set_residual(&mut self, residual: &[f32]) -> Result<(), DenseSyncError> {
+        if residual.is_empty() {
+            self.residual.fill(0.0);
+            return Ok(());
+        }
+        if residual.len() != self.residual.len() {
+            return Err(DenseSyncError::Residual {
+                saved: residual.len(),
+                expected: self.residual.len(),
+            });
+        }
+        self.residual.copy_from_slice(residual);
+        Ok(())
+    }
+
     /// Own pushes not yet held by every server's last pull.
     pub fn pending(&self) -> usize {
         self.pending.len()
@@ -554,6 +580,16 @@ mod tests {
         assert!(
             sync.residual().iter().any(|&r| r != 0.0),
             "nothing was held back"
+        );
+        // A checkpoint's residual restores into a fresh sync; one of another size is refused, named.
+        let saved = sync.residual().to_vec();
+        let mut fresh = DenseSync::new(&model, &map, 0).with_push_fraction(0.3);
+        fresh.set_residual(&saved).unwrap();
+        assert_eq!(fresh.residual(), &saved[..]);
+        let err = fresh.set_residual(&saved[1..]).unwrap_err().to_string();
+        assert!(
+            err.contains(&format!("{} values", saved.len() - 1)),
+            "{err}"
         );
     }
 

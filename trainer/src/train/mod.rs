@@ -163,6 +163,9 @@ impl Trainer {
             _ => {}
         }
         drop(residuals);
+        if let Some(dense) = &mut self.dense {
+            dense.set_residual(&ckpt.dense_residual)?;
+        }
         self.step = ckpt.meta.step;
         self.samples = ckpt.meta.samples;
         Ok(ckpt.meta)
@@ -439,13 +442,19 @@ impl Trainer {
             param_sizes: Vec::new(),
             optimizer_sizes: Vec::new(),
             residual_bytes: 0,
+            dense_residual_len: 0,
         };
         // Every push is acknowledged, so the encoder thread is idle and the residuals are final.
         let residuals = (self.residuals.lock().unwrap_or_else(|p| p.into_inner()))
             .as_ref()
             .map(|r| r.export())
             .unwrap_or_default();
-        let ckpt = Checkpoint::capture(&self.model, meta, residuals);
+        let dense_residual = self
+            .dense
+            .as_ref()
+            .map(|d| d.residual().to_vec())
+            .unwrap_or_default();
+        let ckpt = Checkpoint::capture(&self.model, meta, residuals, dense_residual);
         let dir2 = dir.to_path_buf();
         let path = tokio::task::block_in_place(|| {
             let path = ckpt.write(&dir2)?;
