@@ -4,10 +4,8 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
-use std::net::SocketAddr;
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 use common::{http_get, sigterm_and_wait, table, Server};
 use protocol::message::put_ids;
@@ -15,40 +13,9 @@ use protocol::{
     codec, Encoding, ErrorCode, ProtocolError, PsClient, PsClientConfig, ShardMap, TableCount,
 };
 
-/// Starts `ps-server` as shard `index` of `num` on `data` (free ports) and waits for its ready line.
+/// Starts `ps-server` as shard `index` of `num` on `data` (free ports, no periodic flush during the test).
 fn start_shard(data: &Path, tls: &Path, index: u32, num: u32) -> Server {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_ps-server"))
-        .args(["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"])
-        .arg("--data-dir")
-        .arg(data)
-        .arg("--tls-dir")
-        .arg(tls)
-        .args([
-            "--shard-index",
-            &index.to_string(),
-            "--num-shards",
-            &num.to_string(),
-        ])
-        .args(["--flush-interval-secs", "3600"])
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("spawn ps-server");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let field = |k: &str| -> SocketAddr {
-        line.split_whitespace()
-            .find_map(|w| w.strip_prefix(k))
-            .unwrap_or_else(|| panic!("no {k} in {line:?}"))
-            .parse()
-            .unwrap()
-    };
-    Server {
-        quic: field("quic="),
-        metrics: field("metrics="),
-        child,
-    }
+    common::start_shard(data, tls, index, num, &["--flush-interval-secs", "3600"])
 }
 
 async fn connect(servers: &[Server], tls: &Path) -> PsClient {

@@ -324,23 +324,16 @@ impl Checkpoint {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{DenseOptimizer, DlrmConfig};
+    use crate::model::DenseOptimizer;
 
     fn model(seed: u64) -> Dlrm {
-        let cfg = DlrmConfig {
-            num_sparse: 2,
-            emb_dim: 4,
-            bottom: vec![8, 4],
-            top: vec![6, 1],
-            ..DlrmConfig::default()
-        };
         let opt = DenseOptimizer::Adam {
             lr: 0.01,
             beta1: 0.9,
             beta2: 0.999,
             eps: 1e-8,
         };
-        Dlrm::new(cfg, opt, seed).unwrap()
+        Dlrm::tiny(opt, seed)
     }
 
     fn meta() -> CheckpointMeta {

@@ -313,20 +313,28 @@ impl DenseSync {
             .servers
             .iter()
             .map(|s| {
-                let rows: Vec<u64> = match &sent {
-                    None => s.rows.clone(),
-                    Some(mask) => s
-                        .rows
-                        .iter()
-                        .copied()
-                        .filter(|&r| mask[r as usize])
-                        .collect(),
+                // All rows: the id section computed once in `new`; top-k: this step's rows.
+                let (rows, ids): (std::borrow::Cow<[u64]>, _) = match &sent {
+                    None => (s.rows.as_slice().into(), s.ids.clone()),
+                    Some(mask) => {
+                        let rows: Vec<u64> = s
+                            .rows
+                            .iter()
+                            .copied()
+                            .filter(|&r| mask[r as usize])
+                            .collect();
+                        let with_counter: Vec<u64> =
+                            rows.iter().copied().chain([s.counter]).collect();
+                        let mut ids = Vec::with_capacity(with_counter.len() * 8);
+                        protocol::message::put_ids(&with_counter, &mut ids);
+                        (rows.into(), Bytes::from(ids))
+                    }
                 };
-                let mut payload = Vec::with_capacity((rows.len() + 1) * (DENSE_ROW_DIM * 4 + 8));
-                let ids: Vec<u64> = rows.iter().copied().chain([s.counter]).collect();
-                protocol::message::put_ids(&ids, &mut payload);
+                let mut payload =
+                    Vec::with_capacity(ids.len() + (rows.len() + 1) * DENSE_ROW_DIM * 4);
+                payload.extend_from_slice(&ids);
                 let mut neg = [0.0f32; DENSE_ROW_DIM];
-                for &row in &rows {
+                for &row in rows.iter() {
                     let at = row as usize * DENSE_ROW_DIM;
                     for (n, d) in neg.iter_mut().zip(&delta[at..at + DENSE_ROW_DIM]) {
                         *n = -d;
@@ -401,18 +409,11 @@ impl DenseSync {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{DenseOptimizer, DlrmConfig};
+    use crate::model::DenseOptimizer;
     use std::collections::HashMap;
 
     fn small(opt: DenseOptimizer) -> Dlrm {
-        let cfg = DlrmConfig {
-            num_sparse: 2,
-            emb_dim: 4,
-            bottom: vec![8, 4],
-            top: vec![6, 1],
-            ..DlrmConfig::default()
-        };
-        Dlrm::new(cfg, opt, 3).unwrap()
+        Dlrm::tiny(opt, 3)
     }
 
     /// A parameter server's dense table in memory: SGD with learning rate 1 on f32 rows.

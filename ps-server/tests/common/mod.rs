@@ -24,6 +24,11 @@ pub struct Server {
 /// Starts `ps-server` (shard 0 of 1, free ports) on `data` with the TLS material in `tls` and `extra` flags,
 /// and waits for its ready line.
 pub fn start(data: &Path, tls: &Path, extra: &[&str]) -> Server {
+    start_shard(data, tls, 0, 1, extra)
+}
+
+/// Like [`start`] as shard `index` of `num`.
+pub fn start_shard(data: &Path, tls: &Path, index: u32, num: u32, extra: &[&str]) -> Server {
     let mut child = Command::new(env!("CARGO_BIN_EXE_ps-server"))
         .args([
             "--listen",
@@ -35,7 +40,8 @@ pub fn start(data: &Path, tls: &Path, extra: &[&str]) -> Server {
         .arg(data)
         .arg("--tls-dir")
         .arg(tls)
-        .args(["--shard-index", "0", "--num-shards", "1"])
+        .args(["--shard-index", &index.to_string()])
+        .args(["--num-shards", &num.to_string()])
         .args(extra)
         .stdout(Stdio::piped())
         .spawn()

@@ -30,6 +30,19 @@ pub struct Dlrm {
 }
 
 impl Dlrm {
+    /// A tiny model for unit tests: 2 sparse features of dim 4, bottom MLP 13-8-4, top MLP 6-1.
+    #[cfg(test)]
+    pub(crate) fn tiny(opt: DenseOptimizer, seed: u64) -> Dlrm {
+        let cfg = DlrmConfig {
+            num_sparse: 2,
+            emb_dim: 4,
+            bottom: vec![8, 4],
+            top: vec![6, 1],
+            ..DlrmConfig::default()
+        };
+        Dlrm::new(cfg, opt, seed).expect("a valid tiny config")
+    }
+
     /// A model with deterministic initial weights drawn from `seed` (see [`Linear`](super::Linear)): bottom
     /// layers first, then top layers, weight before bias.
     pub fn new(cfg: DlrmConfig, opt: DenseOptimizer, seed: u64) -> Result<Self, ModelError> {
