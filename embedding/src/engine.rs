@@ -227,6 +227,16 @@ impl Engine {
         self.table(table)?.gather(ids, out)
     }
 
+    /// [`Table::gather_with_state`] on table `table`.
+    pub fn gather_with_state(
+        &self,
+        table: u32,
+        ids: &[u64],
+        out: &mut [f32],
+    ) -> Result<(), EmbeddingError> {
+        self.table(table)?.gather_with_state(ids, out)
+    }
+
     /// [`Table::gather_stats`] on table `table`.
     pub fn gather_stats(
         &self,

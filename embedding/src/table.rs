@@ -375,7 +375,37 @@ impl Table {
         out: &mut [f32],
     ) -> Result<GatherStats, EmbeddingError> {
         self.check_len("output", ids.len(), out.len())?;
-        let dim = self.cfg.dim;
+        self.gather_width(ids, out, self.cfg.dim)
+    }
+
+    /// Copies the whole stored rows of `ids` into `out` (`ids.len() x row_len`: the weights, then the
+    /// optimizer state, as [`Table::row_len`] counts them). Ids without a row get their initializer values
+    /// and a new row's optimizer state; no row is created. A trainer replaying its own unacknowledged
+    /// updates on pulled rows needs the state the server will apply them with.
+    pub fn gather_with_state(&self, ids: &[u64], out: &mut [f32]) -> Result<(), EmbeddingError> {
+        let expected = ids.len().saturating_mul(self.row_len);
+        if out.len() != expected {
+            return Err(EmbeddingError::WrongLength {
+                table: self.cfg.id,
+                what: "output (weights and state)",
+                len: out.len(),
+                expected,
+                ids: ids.len(),
+                dim: self.row_len,
+            });
+        }
+        self.gather_width(ids, out, self.row_len).map(|_| ())
+    }
+
+    /// Copies the first `width` f32s of each row of `ids` into `out` (`ids.len() x width`): `dim` (weights)
+    /// or `row_len` (weights and state).
+    fn gather_width(
+        &self,
+        ids: &[u64],
+        out: &mut [f32],
+        width: usize,
+    ) -> Result<GatherStats, EmbeddingError> {
+        let dim = width;
         let _gate = self.tier.as_ref().map(|t| t.gate.read());
         let clock = self.tier.is_some();
         let (order, bounds) = group_by_stripe(ids);
@@ -395,10 +425,15 @@ impl Table {
         let mut stats = GatherStats::default();
         if !misses.is_empty() && self.spilled() {
             stats.rows_read_back = self.read_back(ids, &misses)?;
-            misses = self.copy_found(ids, &misses, out)?;
+            misses = self.copy_found(ids, &misses, out, width)?;
         }
         for i in misses {
-            init::fill_weights(&self.cfg, ids[i], &mut out[i * dim..(i + 1) * dim]);
+            let row = &mut out[i * width..(i + 1) * width];
+            if width == self.row_len {
+                init::fill_row(&self.cfg, ids[i], row);
+            } else {
+                init::fill_weights(&self.cfg, ids[i], row);
+            }
         }
         Ok(stats)
     }

@@ -144,15 +144,16 @@ impl Table {
         Ok(inserted)
     }
 
-    /// Copies the weights of the rows of `ids[i]`, `i` in `misses`, that are in memory (after a read-back) into
-    /// `out`; returns the indices still missing.
+    /// Copies the first `width` f32s (weights, or weights and state) of the rows of `ids[i]`, `i` in `misses`,
+    /// that are in memory (after a read-back) into `out`; returns the indices still missing.
     pub(super) fn copy_found(
         &self,
         ids: &[u64],
         misses: &[usize],
         out: &mut [f32],
+        width: usize,
     ) -> Result<Vec<usize>, EmbeddingError> {
-        let dim = self.cfg.dim;
+        let dim = width;
         let wanted: Vec<u64> = misses.iter().map(|&i| ids[i]).collect();
         let (order, bounds) = group_by_stripe(&wanted);
         let mut still = Vec::new();

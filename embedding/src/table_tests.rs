@@ -84,6 +84,28 @@ fn row_adagrad_row_holds_state() {
 }
 
 #[test]
+fn gather_with_state_returns_whole_rows_and_initial_state() {
+    let mut cfg = TableConfig::new(3, "t", 2);
+    cfg.optimizer = OptimizerConfig::RowAdagrad {
+        lr: 0.1,
+        eps: 1e-8,
+        initial_accumulator: 0.25,
+    };
+    let t = Table::new(cfg.clone()).unwrap();
+    t.apply(&[1], &[3.0, 4.0]).unwrap();
+    let mut out = vec![0.0; 2 * 3];
+    t.gather_with_state(&[1, 9], &mut out).unwrap();
+    assert_eq!(bits(&out[..3]), bits(&t.row(1).unwrap()));
+    let mut fresh = vec![0.0; 3];
+    crate::init::fill_row(&cfg, 9, &mut fresh);
+    assert_eq!(bits(&out[3..]), bits(&fresh));
+    assert_eq!(out[5], 0.25);
+    assert_eq!(t.len(), 1, "gathering creates no row");
+    let err = t.gather_with_state(&[1], &mut out[..2]).unwrap_err();
+    assert!(err.to_string().contains('2'), "{err}");
+}
+
+#[test]
 fn duplicate_ids_apply_in_order() {
     let mut cfg = sgd(2, 1.0);
     cfg.init = InitConfig::uniform(0.0);

@@ -158,6 +158,17 @@ pub struct PsClient {
     tables: Vec<TableSpec>,
 }
 
+/// Rows and optimizer state answering [`PsClient::pull_with_state`].
+#[derive(Debug, Clone)]
+pub struct PulledState {
+    /// Encoded rows of every table, in request order.
+    pub rows: Bytes,
+    /// Optimizer state of every table in request order: `count x state_lens[i]` f32 (LE) for table `i`.
+    pub state: Bytes,
+    /// f32s of state per row, per table.
+    pub state_lens: Vec<u32>,
+}
+
 impl PsClient {
     /// Connects to every server, checks that server `i` serves shard `i` of `servers.len()` and that all agree
     /// on the epoch.
@@ -381,6 +392,46 @@ impl PsClient {
                 Ok(rows)
             }
             other => Err(self.unexpected(server, &other, "Pulled")),
+        }
+    }
+
+    /// Pulls rows and their optimizer state from server `server` (see [`Request::PullWithState`]). Returns the
+    /// encoded rows, the state (f32 LE, `count x state_len` per table) and the state length of each table,
+    /// checked for length.
+    pub async fn pull_with_state(
+        &self,
+        server: usize,
+        encoding: Encoding,
+        tables: Vec<TableCount>,
+        ids: Bytes,
+    ) -> Result<PulledState, ProtocolError> {
+        let layout = PayloadLayout::of(&tables)?;
+        let req = Request::PullWithState {
+            epoch: self.shard_map.epoch,
+            encoding,
+            tables: tables.clone(),
+        };
+        let (resp, payload) = self.call(server, &req, ids).await?;
+        match resp {
+            Response::PulledWithState {
+                encoding: e,
+                tables: got,
+                state_lens,
+            } if e == encoding && got == tables => {
+                let rows = layout.pull_response_bytes(encoding);
+                let state = PayloadLayout::state_bytes(&tables, &state_lens)?;
+                check_len(
+                    "pull response with state",
+                    payload.len(),
+                    rows.saturating_add(state),
+                )?;
+                Ok(PulledState {
+                    rows: payload.slice(..rows),
+                    state: payload.slice(rows..),
+                    state_lens,
+                })
+            }
+            other => Err(self.unexpected(server, &other, "PulledWithState")),
         }
     }
 

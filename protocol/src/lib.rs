@@ -39,7 +39,7 @@ pub mod tls;
 pub mod topk;
 pub mod transport;
 
-pub use client::{PsClient, PsClientConfig};
+pub use client::{PsClient, PsClientConfig, PulledState};
 pub use codec::Encoding;
 pub use error::{ErrorCode, ProtocolError};
 pub use message::{InitSpec, OptimizerSpec, Request, Response, TableCount, TableSpec};

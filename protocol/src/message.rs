@@ -13,6 +13,7 @@
 //! | [`Request::Push`] | ids of every table, then gradient rows of every table | [`Response::Pushed`] | none |
 //! | [`Request::Flush`] | none | [`Response::Flushed`] | none |
 //! | [`Request::Checkpoint`] | none | [`Response::Checkpointed`] | none |
+//! | [`Request::PullWithState`] | ids of table 0, ... | [`Response::PulledWithState`] | rows of table 0, ..., then optimizer state of table 0, ... (f32 LE) |
 //!
 //! Any request may be answered by [`Response::Error`].
 
@@ -184,6 +185,17 @@ pub enum Request {
         /// The caller's training step, recorded in the manifest.
         step: u64,
     },
+    /// Read rows and their optimizer state: a trainer with pushes in flight replays its own unacknowledged
+    /// updates on the pulled rows, which needs the state the server applies them with (e.g. row-wise
+    /// Adagrad's accumulator).
+    PullWithState {
+        /// The client's shard-map epoch.
+        epoch: u64,
+        /// Encoding of the rows in the response (the state is always f32).
+        encoding: Encoding,
+        /// Per-table counts, in payload order.
+        tables: Vec<TableCount>,
+    },
 }
 
 /// A response header.
@@ -240,6 +252,16 @@ pub enum Response {
         /// The shard directory written.
         dir: String,
     },
+    /// Answer to [`Request::PullWithState`]: the rows of every table in `encoding`, then `count x
+    /// state_lens[i]` f32 (LE) of optimizer state for each table `i` of `tables`.
+    PulledWithState {
+        /// Encoding of the rows.
+        encoding: Encoding,
+        /// Per-table counts, in payload order.
+        tables: Vec<TableCount>,
+        /// f32s of optimizer state per row, per table (0 for SGD, 1 for row-wise Adagrad).
+        state_lens: Vec<u32>,
+    },
 }
 
 impl Response {
@@ -253,6 +275,7 @@ impl Response {
             Response::Flushed { .. } => "Flushed",
             Response::Error { .. } => "Error",
             Response::Checkpointed { .. } => "Checkpointed",
+            Response::PulledWithState { .. } => "PulledWithState",
         }
     }
 }
@@ -299,6 +322,27 @@ impl PayloadLayout {
     /// Expected bytes of a pull response payload.
     pub fn pull_response_bytes(&self, encoding: Encoding) -> usize {
         self.rows_bytes(encoding)
+    }
+
+    /// Bytes of the optimizer state of a [`Response::PulledWithState`] payload: `count x state_len` f32 per
+    /// table (`state_lens[i]` for `tables[i]`; a missing entry refuses the layout).
+    pub fn state_bytes(tables: &[TableCount], state_lens: &[u32]) -> Result<usize, ProtocolError> {
+        if tables.len() != state_lens.len() {
+            return Err(ProtocolError::BadPayload(format!(
+                "{} state lengths for {} tables",
+                state_lens.len(),
+                tables.len()
+            )));
+        }
+        let mut bytes = 0usize;
+        for (t, &len) in tables.iter().zip(state_lens) {
+            let b = (t.count as usize)
+                .checked_mul(len as usize)
+                .and_then(|e| e.checked_mul(4))
+                .ok_or_else(overflow)?;
+            bytes = bytes.checked_add(b).ok_or_else(overflow)?;
+        }
+        Ok(bytes)
     }
 }
 

@@ -144,7 +144,12 @@ fn spec(r: &mut Rng) -> TableSpec {
 }
 
 fn request(r: &mut Rng) -> Request {
-    match r.below(6) {
+    match r.below(7) {
+        6 => Request::PullWithState {
+            epoch: r.next() >> r.below(64),
+            encoding: encoding(r),
+            tables: counts(r),
+        },
         5 => Request::Checkpoint {
             dir: "d".repeat(r.below(20) as usize),
             step: r.next(),
@@ -178,7 +183,12 @@ fn response(r: &mut Rng) -> Response {
         ErrorCode::Storage,
         ErrorCode::Internal,
     ];
-    match r.below(5) {
+    match r.below(6) {
+        5 => Response::PulledWithState {
+            encoding: encoding(r),
+            tables: counts(r),
+            state_lens: (0..r.below(3)).map(|_| r.u32_edgy()).collect(),
+        },
         4 => Response::Checkpointed {
             rows: r.next(),
             dir: "d".repeat(r.below(20) as usize),

@@ -268,6 +268,11 @@ impl Shard {
             } => self.push(epoch, encoding, grad_scale, &tables, payload),
             Request::Flush => self.flush(),
             Request::Checkpoint { dir, step } => self.checkpoint(&dir, step),
+            Request::PullWithState {
+                epoch,
+                encoding,
+                tables,
+            } => self.pull_with_state(epoch, encoding, &tables, payload),
         };
         result.unwrap_or_else(|r| {
             metrics::counter!(m::REQUEST_ERRORS_TOTAL, "code" => format!("{:?}", r.code))
@@ -371,18 +376,17 @@ impl Shard {
         Ok(())
     }
 
-    fn pull(
+    /// Checks a pull's header and decodes every id (a malformed section anywhere refuses the whole pull
+    /// before anything is read).
+    fn pull_ids(
         &self,
         epoch: u64,
-        encoding: Encoding,
         tables: &[TableCount],
         payload: &[u8],
-    ) -> Result<Reply, Refusal> {
+    ) -> Result<(PayloadLayout, Vec<u64>), Refusal> {
         self.check_epoch(epoch)?;
         self.check_tables(tables)?;
         let layout = PayloadLayout::of(tables)?;
-        // Every id is decoded (and its section checked) before anything is read: a malformed section anywhere
-        // refuses the whole pull.
         let mut all_ids = Vec::new();
         let used = get_sections(
             payload,
@@ -391,6 +395,17 @@ impl Shard {
         )
         .map_err(|e| refuse(ErrorCode::BadRequest, format!("pull: {e}")))?;
         check_trailing("pull", payload.len(), used)?;
+        Ok((layout, all_ids))
+    }
+
+    fn pull(
+        &self,
+        epoch: u64,
+        encoding: Encoding,
+        tables: &[TableCount],
+        payload: &[u8],
+    ) -> Result<Reply, Refusal> {
+        let (layout, all_ids) = self.pull_ids(epoch, tables, payload)?;
         let mut out = Vec::with_capacity(layout.pull_response_bytes(encoding));
         let mut rows = Vec::new();
         let mut start = 0;
@@ -409,6 +424,49 @@ impl Shard {
             header: Response::Pulled {
                 encoding,
                 tables: tables.to_vec(),
+            },
+            payload: out,
+        })
+    }
+
+    /// A pull answered with each row's optimizer state after the rows ([`Request::PullWithState`]).
+    fn pull_with_state(
+        &self,
+        epoch: u64,
+        encoding: Encoding,
+        tables: &[TableCount],
+        payload: &[u8],
+    ) -> Result<Reply, Refusal> {
+        let (layout, all_ids) = self.pull_ids(epoch, tables, payload)?;
+        let mut out = Vec::with_capacity(layout.pull_response_bytes(encoding));
+        let mut state = Vec::new();
+        let mut state_lens = Vec::with_capacity(tables.len());
+        let (mut full, mut rows) = (Vec::new(), Vec::new());
+        let mut start = 0;
+        for t in tables {
+            let (n, dim) = (t.count as usize, t.dim as usize);
+            let ids = &all_ids[start..start + n];
+            start += n;
+            self.check_ownership(t.table, ids)?;
+            let row_len = self.engine.table(t.table)?.row_len();
+            full.clear();
+            full.resize(n * row_len, 0.0);
+            self.engine.gather_with_state(t.table, ids, &mut full)?;
+            rows.clear();
+            for row in full.chunks_exact(row_len) {
+                rows.extend_from_slice(&row[..dim]);
+                state.extend(row[dim..].iter().flat_map(|v| v.to_le_bytes()));
+            }
+            codec::encode_rows(&rows, dim, encoding, &mut out);
+            state_lens.push((row_len - dim) as u32);
+        }
+        out.extend_from_slice(&state);
+        metrics::counter!(m::ROWS_PULLED_TOTAL).increment(layout.ids as u64);
+        Ok(Reply {
+            header: Response::PulledWithState {
+                encoding,
+                tables: tables.to_vec(),
+                state_lens,
             },
             payload: out,
         })

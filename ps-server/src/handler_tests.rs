@@ -563,3 +563,68 @@ fn unsorted_ids_and_short_sections_refused() {
     let (_, msg) = error_of(r);
     assert!(msg.contains("15 bytes, expected 16"), "{msg}");
 }
+
+#[test]
+fn pull_with_state_returns_each_rows_accumulator_after_the_rows() {
+    let s = shard(1, 0);
+    let mut adagrad = spec(3, 2);
+    adagrad.optimizer = OptimizerSpec::RowAdagrad {
+        lr: 0.1,
+        eps: 1e-8,
+        initial_accumulator: 0.5,
+    };
+    let r = s.handle(
+        Request::RegisterTables {
+            tables: vec![adagrad],
+        },
+        &[],
+    );
+    assert!(matches!(r.header, Response::Registered { .. }), "{r:?}");
+    assert!(matches!(
+        push(&s, &[(3, 2, &[7], &[3.0, 4.0])]).header,
+        Response::Pushed { rows: 1, .. }
+    ));
+    let with_state = |table: u32, dim: u32, ids: &[u64]| {
+        let mut payload = Vec::new();
+        put_ids(ids, &mut payload);
+        let tables = vec![TableCount {
+            table,
+            count: ids.len() as u32,
+            dim,
+        }];
+        s.handle(
+            Request::PullWithState {
+                epoch: 1,
+                encoding: Encoding::F32,
+                tables,
+            },
+            &payload,
+        )
+    };
+    // Row 7 was pushed (acc 0.5 + mean(9, 16)); row 9 is new (the initial accumulator).
+    let r = with_state(3, 2, &[7, 9]);
+    let Response::PulledWithState { state_lens, .. } = &r.header else {
+        panic!("{:?}", r.header)
+    };
+    assert_eq!(state_lens, &[1]);
+    let mut weights = vec![0.0; 4];
+    codec::decode_rows(&r.payload[..16], 2, Encoding::F32, &mut weights).unwrap();
+    assert_eq!(&weights[..2], &rows(pull(&s, 3, 2, &[7]), 2)[..]);
+    let state: Vec<f32> = r.payload[16..]
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+        .collect();
+    assert_eq!(state, [13.0, 0.5]);
+    // SGD tables carry no state; unknown tables and wrong dims are refused like plain pulls.
+    let r = with_state(1, 4, &[5]);
+    assert!(
+        matches!(&r.header, Response::PulledWithState { state_lens, .. } if state_lens == &[0]),
+        "{:?}",
+        r.header
+    );
+    assert_eq!(r.payload.len(), 16);
+    assert_eq!(error_of(with_state(99, 2, &[1])).0, ErrorCode::UnknownTable);
+    let (code, msg) = error_of(with_state(3, 5, &[1]));
+    assert_eq!(code, ErrorCode::WrongDimension, "{msg}");
+    assert!(msg.contains("dim 5"), "{msg}");
+}

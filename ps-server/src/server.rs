@@ -313,6 +313,7 @@ fn kind(req: &Request) -> &'static str {
         Request::Push { .. } => "push",
         Request::Flush => "flush",
         Request::Checkpoint { .. } => "checkpoint",
+        Request::PullWithState { .. } => "pull_state",
     }
 }
 
