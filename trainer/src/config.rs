@@ -82,6 +82,11 @@ pub struct ModelArgs {
     /// 0.7783).
     #[arg(long, default_value_t = 100)]
     pub staleness_warmup_steps: u64,
+    /// With pushes in flight (`--max-in-flight` > 0), apply this trainer's own unacknowledged updates to the
+    /// rows it pulls, with the tables' optimizers (rows are pulled with their optimizer state): the rows then
+    /// lack only other trainers' recent updates (trainer/src/replay.rs).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub replay_own_updates: bool,
     /// Seed of the dense parameters and of the embedding initializers.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,

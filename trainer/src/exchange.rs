@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use protocol::{Encoding, ProtocolError, PsClient, TableCount};
+use protocol::{Encoding, ProtocolError, PsClient, PulledState, TableCount};
 use tokio::task::JoinSet;
 
 use crate::plan::PartRequest;
@@ -15,21 +15,34 @@ pub type Replies = Vec<(usize, Bytes)>;
 /// A push request: `(server, encoding, loss scale, table counts, payload)`.
 pub type PushRequest = (usize, Encoding, f32, Vec<TableCount>, Bytes);
 
-/// Sends embedding pulls with per-table encodings in parallel; the replies as `(request index, rows)` (see
-/// [`crate::plan::Plan::scatter_part_at`]).
+/// Replies to embedding pulls as `(request index, rows and state)`; the state is empty unless pulled with it.
+pub type PartReplies = Vec<(usize, PulledState)>;
+
+/// Sends embedding pulls with per-table encodings in parallel (with each row's optimizer state if
+/// `with_state`); the replies by request index (see [`crate::plan::Plan::scatter_part_at`] and
+/// [`crate::plan::Plan::scatter_state_at`]).
 pub async fn pull_parts(
     client: &Arc<PsClient>,
     requests: Vec<PartRequest>,
-) -> Result<Replies, ProtocolError> {
+    with_state: bool,
+) -> Result<PartReplies, ProtocolError> {
     let mut set = JoinSet::new();
     for (i, r) in requests.into_iter().enumerate() {
         let client = client.clone();
         set.spawn(async move {
             let ids = Bytes::from(r.payload);
-            client
-                .pull(r.server, r.encoding, r.counts, ids)
-                .await
-                .map(|b| (i, b))
+            let reply = if with_state {
+                client
+                    .pull_with_state(r.server, r.encoding, r.counts, ids)
+                    .await?
+            } else {
+                PulledState {
+                    rows: client.pull(r.server, r.encoding, r.counts, ids).await?,
+                    state: Bytes::new(),
+                    state_lens: Vec::new(),
+                }
+            };
+            Ok((i, reply))
         });
     }
     collect(set).await
@@ -68,9 +81,9 @@ pub async fn push_all(
     Ok((applied, rejected))
 }
 
-async fn collect(
-    mut set: JoinSet<Result<(usize, Bytes), ProtocolError>>,
-) -> Result<Replies, ProtocolError> {
+async fn collect<T: Send + 'static>(
+    mut set: JoinSet<Result<(usize, T), ProtocolError>>,
+) -> Result<Vec<(usize, T)>, ProtocolError> {
     let mut out = Vec::with_capacity(set.len());
     while let Some(joined) = set.join_next().await {
         out.push(joined.expect("pull task panicked")?);

@@ -33,5 +33,6 @@ pub mod pipeline;
 pub mod plan;
 pub mod preprocess;
 pub mod push;
+pub mod replay;
 pub mod run;
 pub mod train;

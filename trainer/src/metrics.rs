@@ -22,6 +22,10 @@ pub const COMPUTE_SECONDS: &str = "trainer_compute_duration_seconds";
 /// Staleness seen by each training batch: earlier batches of the pass whose pushes were not acknowledged when
 /// its pull was sent, i.e. how many batches' updates its rows may lack (at most `--max-in-flight`).
 pub const STALENESS_BATCHES: &str = "trainer_staleness_batches";
+/// Embedding rows updated by replaying this trainer's own unacknowledged pushes (`--replay-own-updates`).
+pub const ROWS_REPLAYED_TOTAL: &str = "trainer_rows_replayed_total";
+/// Time to replay the pushes in flight on one batch's pulled rows.
+pub const REPLAY_SECONDS: &str = "trainer_replay_duration_seconds";
 /// Pushes sent and not yet acknowledged.
 pub const PUSHES_IN_FLIGHT: &str = "trainer_pushes_in_flight";
 /// Embedding rows pulled (unique per batch).
@@ -98,6 +102,15 @@ pub fn describe() {
         COMPUTE_SECONDS,
         Unit::Seconds,
         "Dense compute time of one batch."
+    );
+    describe_counter!(
+        ROWS_REPLAYED_TOTAL,
+        "Embedding rows updated by replaying this trainer's own unacknowledged pushes."
+    );
+    describe_histogram!(
+        REPLAY_SECONDS,
+        Unit::Seconds,
+        "Time to replay the pushes in flight on one batch's pulled rows."
     );
     describe_gauge!(
         PUSHES_IN_FLIGHT,

@@ -102,14 +102,24 @@ pub struct Plan {
     unique: Vec<Vec<u64>>,
     /// `inverse[t][i]`: position in `unique[t]` of sample `i`'s id.
     inverse: Vec<Vec<u32>>,
-    /// `by_server[s][t]`: positions in `unique[t]` owned by server `s`.
+    /// `by_server[s][t]`: positions in `unique[t]` owned by server `s`, in wire order.
     by_server: Vec<Vec<Vec<u32>>>,
+    /// `keys[s][t][k]`: the wire-order key of `unique[t][by_server[s][t][k]]` (ascending), which lets two
+    /// plans find their common ids by merging ([`crate::replay`]).
+    keys: Vec<Vec<Vec<u64>>>,
     seen: IdMap,
     /// The parts of the last [`Plan::pull_requests`]: (server, encoding, counts).
     pull_parts: Vec<(usize, Encoding, Vec<TableCount>)>,
     ids_scratch: Vec<u64>,
     rows_scratch: Vec<f32>,
     sort_scratch: Vec<(u64, u32)>,
+}
+
+/// Scratch buffers of [`Plan::push_requests`] (kept by the caller so that a plan can be shared read-only).
+#[derive(Default)]
+pub struct PushScratch {
+    ids: Vec<u64>,
+    rows: Vec<f32>,
 }
 
 impl Plan {
@@ -122,9 +132,12 @@ impl Plan {
         self.unique.resize_with(tables, Vec::new);
         self.inverse.resize_with(tables, Vec::new);
         self.by_server.resize_with(servers, Vec::new);
-        for s in &mut self.by_server {
+        self.keys.resize_with(servers, Vec::new);
+        for (s, k) in self.by_server.iter_mut().zip(&mut self.keys) {
             s.resize_with(tables, Vec::new);
             s.iter_mut().for_each(Vec::clear);
+            k.resize_with(tables, Vec::new);
+            k.iter_mut().for_each(Vec::clear);
         }
         for (t, ids) in sparse.iter().enumerate() {
             debug_assert_eq!(ids.len(), self.batch);
@@ -144,7 +157,7 @@ impl Plan {
                 self.by_server[map.server_of(id) as usize][t].push(u as u32);
             }
             // Wire order: ascending pre-images (computed once per id, not per comparison).
-            for server in &mut self.by_server {
+            for (server, keys) in self.by_server.iter_mut().zip(&mut self.keys) {
                 let positions = &mut server[t];
                 self.sort_scratch.clear();
                 self.sort_scratch.extend(
@@ -155,6 +168,7 @@ impl Plan {
                 self.sort_scratch.sort_unstable();
                 positions.clear();
                 positions.extend(self.sort_scratch.iter().map(|&(_, p)| p));
+                keys[t].extend(self.sort_scratch.iter().map(|&(k, _)| k));
             }
         }
     }
@@ -177,6 +191,22 @@ impl Plan {
     /// Distinct ids of each table.
     pub fn unique(&self, table: usize) -> &[u64] {
         &self.unique[table]
+    }
+
+    /// Embedding row dimension.
+    pub fn dim(&self) -> usize {
+        self.dim
+    }
+
+    /// Number of servers the plan splits ids over.
+    pub fn servers(&self) -> usize {
+        self.by_server.len()
+    }
+
+    /// Server `s`'s share of table `t`: positions in [`Plan::unique`]`(t)` and their wire-order keys, both in
+    /// ascending key order (equal keys are equal ids).
+    pub fn share(&self, s: usize, t: usize) -> (&[u32], &[u64]) {
+        (&self.by_server[s][t], &self.keys[s][t])
     }
 
     /// Whether server `s` owns any id of this batch.
@@ -284,6 +314,43 @@ impl Plan {
         result
     }
 
+    /// Copies the optimizer state answering request `i` of the last [`Plan::pull_requests`] (sent as a pull
+    /// with state; `state` is `count x state_lens[k]` f32 LE per table `k` of the request) into
+    /// `unique_state[t]` (`[unique_t x state_len_t]`, resized as needed).
+    pub fn scatter_state_at(
+        &self,
+        i: usize,
+        state: &[u8],
+        state_lens: &[u32],
+        unique_state: &mut Vec<Vec<f32>>,
+    ) -> Result<(), ProtocolError> {
+        let Some((server, _, counts)) = self.pull_parts.get(i) else {
+            return Err(ProtocolError::BadPayload(format!(
+                "no pull request {i} in this batch"
+            )));
+        };
+        let expected = protocol::message::PayloadLayout::state_bytes(counts, state_lens)?;
+        protocol::message::check_len("pulled optimizer state", state.len(), expected)?;
+        unique_state.resize_with(self.unique.len(), Vec::new);
+        let mut at = 0;
+        for (c, &len) in counts.iter().zip(state_lens) {
+            let (t, len) = (c.table as usize, len as usize);
+            let dst = &mut unique_state[t];
+            dst.resize(self.unique[t].len() * len, 0.0);
+            for &p in &self.by_server[*server][t] {
+                let p = p as usize;
+                for (d, b) in dst[p * len..(p + 1) * len]
+                    .iter_mut()
+                    .zip(state[at..at + 4 * len].chunks_exact(4))
+                {
+                    *d = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+                }
+                at += 4 * len;
+            }
+        }
+        Ok(())
+    }
+
     /// Decodes the rows answering a [`Plan::pull_requests`] request (`server`, `encoding`, `counts` as sent)
     /// into `unique_rows[t]` (`[unique_t x dim]`, resized as needed).
     pub fn scatter_part(
@@ -387,13 +454,14 @@ impl Plan {
     /// Header counts and payload (ids, then encoded gradient rows) of the push for server `s`, every table in
     /// `encoding`, without error feedback.
     pub fn push_request(
-        &mut self,
+        &self,
         server: usize,
         grads: &[Vec<f32>],
         encoding: Encoding,
     ) -> (Vec<TableCount>, Vec<u8>) {
         let tables: Vec<usize> = (0..self.unique.len()).collect();
-        self.push_tables(server, &tables, grads, encoding, 1.0, None)
+        let mut scratch = PushScratch::default();
+        self.push_tables(server, &tables, grads, encoding, 1.0, None, &mut scratch)
     }
 
     /// The pushes of this batch with per-table encodings: one request per (server, encoding) with ids.
@@ -401,11 +469,12 @@ impl Plan {
     /// `grad_scale`). Lossy encodings go through `residuals` (error feedback) when given; this ends the
     /// residual store's step.
     pub fn push_requests(
-        &mut self,
+        &self,
         codecs: &TableCodecs,
         grads: &[Vec<f32>],
         scale: f32,
         mut residuals: Option<&mut ResidualStore>,
+        scratch: &mut PushScratch,
     ) -> Vec<PartRequest> {
         let mut out = Vec::new();
         for encoding in self.encodings(codecs, true) {
@@ -420,6 +489,7 @@ impl Plan {
                     encoding,
                     scale,
                     residuals.as_deref_mut(),
+                    scratch,
                 );
                 if !counts.is_empty() {
                     out.push(PartRequest {
@@ -437,44 +507,45 @@ impl Plan {
         out
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn push_tables(
-        &mut self,
+        &self,
         server: usize,
         tables: &[usize],
         grads: &[Vec<f32>],
         encoding: Encoding,
         scale: f32,
         mut residuals: Option<&mut ResidualStore>,
+        scratch: &mut PushScratch,
     ) -> (Vec<TableCount>, Vec<u8>) {
         let dim = self.dim;
         let mut counts = Vec::new();
         let mut payload = Vec::new();
-        let mut scratch = std::mem::take(&mut self.ids_scratch);
         for &t in tables {
-            self.put_table_ids(server, t, &mut counts, &mut payload, &mut scratch);
+            self.put_table_ids(server, t, &mut counts, &mut payload, &mut scratch.ids);
         }
-        self.ids_scratch = scratch;
         for c in &counts {
             let t = c.table as usize;
             let positions = &self.by_server[server][t];
-            self.rows_scratch.clear();
-            self.ids_scratch.clear();
+            scratch.rows.clear();
+            scratch.ids.clear();
             for &p in positions {
                 let p = p as usize;
-                self.rows_scratch
+                scratch
+                    .rows
                     .extend_from_slice(&grads[t][p * dim..(p + 1) * dim]);
-                self.ids_scratch.push(self.unique[t][p]);
+                scratch.ids.push(self.unique[t][p]);
             }
             match residuals.as_deref_mut() {
                 Some(r) if r.dim() == dim => r.encode_rows(
                     t as u32,
-                    &self.ids_scratch,
-                    &self.rows_scratch,
+                    &scratch.ids,
+                    &scratch.rows,
                     scale,
                     encoding,
                     &mut payload,
                 ),
-                _ => codec::encode_rows(&self.rows_scratch, dim, encoding, &mut payload),
+                _ => codec::encode_rows(&scratch.rows, dim, encoding, &mut payload),
             }
         }
         (counts, payload)

@@ -136,7 +136,8 @@ fn per_table_encodings_split_requests_and_round_trip() {
         })
         .collect();
     let mut store = ResidualStore::new(2, protocol::feedback::FeedbackConfig::default());
-    let pushes = plan.push_requests(&codecs, &grads, 8.0, Some(&mut store));
+    let mut scratch = crate::plan::PushScratch::default();
+    let pushes = plan.push_requests(&codecs, &grads, 8.0, Some(&mut store), &mut scratch);
     assert_eq!(pushes.len(), 4);
     let rows: usize = pushes
         .iter()

@@ -1,11 +1,12 @@
-//! The push stage's encoder: a thread of its own that turns a computed batch's embedding gradients into push
-//! requests (sum per unique id, loss scale, per-table encoding with error feedback), so that work runs beside
-//! the next batch's compute instead of between two computes.
+//! The push stage's encoder: a thread of its own that turns a computed batch's summed embedding gradients
+//! into push requests (per-table encoding with error feedback), so that work runs beside the next batch's
+//! compute instead of between two computes.
 //!
 //! Jobs are encoded strictly in submission order (one thread, one FIFO queue), which error feedback needs: a
-//! row's residual from batch `t` must be added to its push of batch `t + 1`. The training loop hands over the
-//! batch's plan and gradient buffer; the plan goes back to the plan stage for reuse and the buffer back to the
-//! loop ([`PushEncoder::buffer`]), so steady state allocates neither.
+//! row's residual from batch `t` must be added to its push of batch `t + 1`. The training loop sums the
+//! gradients per unique id itself ([`PushEncoder::record`]: it keeps the last few sums to replay on stale
+//! rows, [`crate::replay`]) and hands the shared [`PushRecord`] over; when the record is dropped the plan goes
+//! back to the plan stage and the gradient buffers to a pool, so steady state allocates neither.
 //!
 //! The residual store lives behind a mutex shared with the trainer, which locks it only between passes and
 //! for checkpoints (when no job is queued); the encoder takes it once per batch.
@@ -17,7 +18,7 @@ use crossbeam_channel::{Receiver, Sender};
 use protocol::feedback::ResidualStore;
 use tokio::sync::oneshot;
 
-use crate::plan::{PartRequest, Plan, TableCodecs};
+use crate::plan::{PartRequest, Plan, PushScratch, TableCodecs};
 
 /// A batch's push, encoded.
 pub struct EncodedPush {
@@ -29,17 +30,33 @@ pub struct EncodedPush {
     pub bytes: u64,
 }
 
-struct Job {
-    plan: Plan,
-    emb_grad: Vec<f32>,
-    scale: f32,
-    reply: oneshot::Sender<EncodedPush>,
+/// A computed batch's push before encoding: its plan and its gradients summed per unique id. Shared between
+/// the encoder and the training loop, which keeps the last few to replay on stale pulled rows
+/// ([`crate::replay`]); when the last holder drops it, the plan goes back to the plan stage and the gradient
+/// buffers back to the encoder's pool.
+pub struct PushRecord {
+    /// The batch's plan.
+    pub plan: Plan,
+    /// `grads[t]`: table `t`'s gradients summed per unique id (`[unique_t x dim]`), multiplied by `scale`.
+    pub grads: Vec<Vec<f32>>,
+    /// The loss scale the gradients carry (the servers divide it out).
+    pub scale: f32,
+    recycle: Sender<Plan>,
+    pool: Sender<Vec<Vec<f32>>>,
+}
+
+impl Drop for PushRecord {
+    fn drop(&mut self) {
+        let _ = self.recycle.send(std::mem::take(&mut self.plan));
+        let _ = self.pool.send(std::mem::take(&mut self.grads));
+    }
 }
 
 /// The encoder thread and its queues.
 pub struct PushEncoder {
-    jobs: Option<Sender<Job>>,
-    buffers: Receiver<Vec<f32>>,
+    jobs: Option<Sender<(Arc<PushRecord>, oneshot::Sender<EncodedPush>)>>,
+    recycle: Sender<Plan>,
+    pool: (Sender<Vec<Vec<f32>>>, Receiver<Vec<Vec<f32>>>),
     thread: Option<JoinHandle<()>>,
 }
 
@@ -54,33 +71,30 @@ impl PushEncoder {
         residuals: SharedResiduals,
         recycle: Sender<Plan>,
     ) -> std::io::Result<PushEncoder> {
-        let (jobs, rx) = crossbeam_channel::unbounded::<Job>();
-        let (buf_tx, buffers) = crossbeam_channel::unbounded();
+        let (jobs, rx) = crossbeam_channel::unbounded::<(Arc<PushRecord>, oneshot::Sender<_>)>();
         let thread = std::thread::Builder::new()
             .name("trainer-push".into())
             .spawn(move || {
-                let mut grads: Vec<Vec<f32>> = Vec::new();
-                for job in rx {
-                    let Job {
-                        mut plan,
-                        emb_grad,
-                        scale,
-                        reply,
-                    } = job;
-                    plan.reduce_gradients(&emb_grad, scale, &mut grads);
-                    let _ = buf_tx.send(emb_grad);
+                let mut scratch = PushScratch::default();
+                for (record, reply) in rx {
                     let requests = {
                         // A poisoned lock means a panic elsewhere already failed the pass.
                         let mut store = residuals.lock().unwrap_or_else(|p| p.into_inner());
-                        plan.push_requests(&codecs, &grads, scale, store.as_mut())
+                        record.plan.push_requests(
+                            &codecs,
+                            &record.grads,
+                            record.scale,
+                            store.as_mut(),
+                            &mut scratch,
+                        )
                     };
+                    drop(record);
                     let rows = requests
                         .iter()
                         .flat_map(|r| &r.counts)
                         .map(|c| c.count as u64)
                         .sum();
                     let bytes = requests.iter().map(|r| r.payload.len() as u64).sum();
-                    let _ = recycle.send(plan);
                     let _ = reply.send(EncodedPush {
                         requests,
                         rows,
@@ -90,36 +104,36 @@ impl PushEncoder {
             })?;
         Ok(PushEncoder {
             jobs: Some(jobs),
-            buffers,
+            recycle,
+            pool: crossbeam_channel::unbounded(),
             thread: Some(thread),
         })
     }
 
-    /// Queues a batch's push: its plan, its embedding gradients (`[batch x tables x dim]`, as the model wrote
-    /// them) and the loss scale. The receiver yields the requests once encoded; it fails only if the encoder
-    /// thread is gone (it panicked).
-    pub fn submit(
-        &self,
-        plan: Plan,
-        emb_grad: Vec<f32>,
-        scale: f32,
-    ) -> oneshot::Receiver<EncodedPush> {
+    /// Sums a computed batch's embedding gradients (`[batch x tables x dim]`, as the model wrote them) per
+    /// unique id of its plan, multiplied by the loss scale, into a record for [`PushEncoder::submit`] (and
+    /// for replay). Runs on the caller's thread, with a gradient buffer from the pool.
+    pub fn record(&self, plan: Plan, emb_grad: &[f32], scale: f32) -> Arc<PushRecord> {
+        let mut grads = self.pool.1.try_recv().unwrap_or_default();
+        plan.reduce_gradients(emb_grad, scale, &mut grads);
+        Arc::new(PushRecord {
+            plan,
+            grads,
+            scale,
+            recycle: self.recycle.clone(),
+            pool: self.pool.0.clone(),
+        })
+    }
+
+    /// Queues a batch's push. The receiver yields the requests once encoded (jobs are encoded in submission
+    /// order); it fails only if the encoder thread is gone (it panicked).
+    pub fn submit(&self, record: Arc<PushRecord>) -> oneshot::Receiver<EncodedPush> {
         let (reply, rx) = oneshot::channel();
         if let Some(jobs) = &self.jobs {
             // If the thread is gone the job is dropped with its reply sender, and the receiver says so.
-            let _ = jobs.send(Job {
-                plan,
-                emb_grad,
-                scale,
-                reply,
-            });
+            let _ = jobs.send((record, reply));
         }
         rx
-    }
-
-    /// A gradient buffer to compute the next batch into: one the encoder is done with, or a new one.
-    pub fn buffer(&self) -> Vec<f32> {
-        self.buffers.try_recv().unwrap_or_default()
     }
 }
 
@@ -153,7 +167,7 @@ mod tests {
     }
 
     /// The threaded encoder gives the bytes of encoding inline, batch after batch (error feedback included),
-    /// and hands plans and buffers back.
+    /// and records hand their plans back when dropped.
     #[test]
     fn encodes_like_the_inline_path_in_order() {
         let codecs = TableCodecs::uniform(3, Encoding::F16, Encoding::Int8);
@@ -171,14 +185,20 @@ mod tests {
             let grad: Vec<f32> = (0..ids.len() * 3 * 2)
                 .map(|i| ((i + b) as f32 * 0.37).sin() * 1e-3)
                 .collect();
-            let mut p = plan(ids, 3);
+            let p = plan(ids, 3);
             let mut grads = Vec::new();
             p.reduce_gradients(&grad, 5.0, &mut grads);
-            expected.push(p.push_requests(&codecs, &grads, 5.0, Some(&mut inline_store)));
-            let mut buf = enc.buffer();
-            buf.clear();
-            buf.extend_from_slice(&grad);
-            pending.push(enc.submit(plan(ids, 3), buf, 5.0));
+            let mut scratch = PushScratch::default();
+            expected.push(p.push_requests(
+                &codecs,
+                &grads,
+                5.0,
+                Some(&mut inline_store),
+                &mut scratch,
+            ));
+            let record = enc.record(plan(ids, 3), &grad, 5.0);
+            assert_eq!(record.grads, grads);
+            pending.push(enc.submit(record));
         }
         for (rx, want) in pending.into_iter().zip(expected) {
             let got = rx.blocking_recv().unwrap();

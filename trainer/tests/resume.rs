@@ -190,6 +190,15 @@ async fn resume_refuses_a_checkpoint_of_another_job() {
     a.shutdown(Duration::from_secs(30)).unwrap();
 }
 
+/// Trains `args` from scratch on fresh servers under `dir/name` and evaluates.
+async fn fresh_run(dir: &Path, name: &str, train: &Path, test: &Path, args: ModelArgs) -> Outcome {
+    let cluster = start_servers(&dir.join(name));
+    let opts = PassOptions::default();
+    let (o, _) = run_with(&cluster, train, test, opts, None, args).await;
+    cluster.shutdown(Duration::from_secs(30)).unwrap();
+    o
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn staleness_warmup_over_the_whole_run_is_synchronous() {
     let dir = tempfile::tempdir().unwrap();
@@ -198,19 +207,14 @@ async fn staleness_warmup_over_the_whole_run_is_synchronous() {
     generate(256 * 8, 21, &train);
     generate(1000, 22, &test);
     let outcome = |name: &'static str, k: usize, warmup: u64| {
-        let (dir, train, test) = (dir.path().to_path_buf(), train.clone(), test.clone());
-        async move {
-            let cluster = start_servers(&dir.join(name));
-            let args = ModelArgs {
-                max_in_flight: Some(k),
-                staleness_warmup_steps: warmup,
-                ..model_args()
-            };
-            let opts = PassOptions::default();
-            let (o, _) = run_with(&cluster, &train, &test, opts, None, args).await;
-            cluster.shutdown(Duration::from_secs(30)).unwrap();
-            o
-        }
+        let args = ModelArgs {
+            max_in_flight: Some(k),
+            staleness_warmup_steps: warmup,
+            // Without replay: the warm-up alone must make the run synchronous.
+            replay_own_updates: false,
+            ..model_args()
+        };
+        fresh_run(dir.path(), name, &train, &test, args)
     };
     let sync = outcome("k0", 0, 0).await;
     let warm = outcome("k4-warm", 4, 8).await;
@@ -224,5 +228,40 @@ async fn staleness_warmup_over_the_whole_run_is_synchronous() {
     assert!(
         sync.params != stale.params,
         "k = 4 trained exactly like k = 0"
+    );
+}
+
+/// With f32 rows on the wire, one trainer at k = 4 that replays its own pushes in flight on the rows it pulls
+/// trains bit for bit like k = 0 (the pushes a pull holds are exact: trainer/src/replay.rs); without replay
+/// it does not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replaying_own_updates_makes_asynchronous_training_exact() {
+    let dir = tempfile::tempdir().unwrap();
+    let train = dir.path().join("train.tsv");
+    let test = dir.path().join("test.tsv");
+    generate(256 * 10, 23, &train);
+    generate(1000, 24, &test);
+    let outcome = |name: &'static str, k: usize, replay: bool| {
+        let args = ModelArgs {
+            max_in_flight: Some(k),
+            staleness_warmup_steps: 0,
+            replay_own_updates: replay,
+            encoding: protocol::Encoding::F32,
+            ..model_args()
+        };
+        fresh_run(dir.path(), name, &train, &test, args)
+    };
+    let sync = outcome("k0", 0, true).await;
+    let replayed = outcome("k4-replay", 4, true).await;
+    let stale = outcome("k4-stale", 4, false).await;
+    assert_eq!(replayed.step, 10);
+    assert!(
+        sync.params == replayed.params,
+        "k = 4 with replay differs from k = 0"
+    );
+    assert_eq!(sync.eval.logloss.to_bits(), replayed.eval.logloss.to_bits());
+    assert!(
+        sync.params != stale.params,
+        "k = 4 without replay trained exactly like k = 0"
     );
 }

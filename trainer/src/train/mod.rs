@@ -19,8 +19,8 @@
 //! in the request so the server divides it out. Without it most row gradients of a 2048 batch would fall in
 //! f16's subnormal range.
 
-use std::collections::VecDeque;
-use std::sync::Arc;
+use std::collections::{BTreeSet, VecDeque};
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use anyhow::{bail, Context};
@@ -34,25 +34,61 @@ use crate::config::ModelArgs;
 use crate::criteo::{Batch, BatchReader, ReaderConfig};
 use crate::dense_sync::DenseSync;
 use crate::eval::{EvalReport, Evaluator};
-use crate::exchange::{pull_all, pull_parts, push_all, Replies};
+use crate::exchange::{pull_all, pull_parts, push_all, PartReplies, Replies};
 use crate::metrics as m;
 use crate::model::Dlrm;
 use crate::pipeline::PlanStage;
 use crate::plan::{Plan, TableCodecs};
-use crate::push::{PushEncoder, SharedResiduals};
+use crate::push::{PushEncoder, PushRecord, SharedResiduals};
+use crate::replay::Replayer;
 
 use report::tail_mean;
 pub use report::{Event, PassOptions, Progress, TrainReport};
 
 mod report;
 
-type PullResult = Result<(Replies, Option<Replies>), ProtocolError>;
+type PullResult = Result<(PartReplies, Option<Replies>), ProtocolError>;
 type PushResult = anyhow::Result<(u64, u64)>;
 
 struct Stage {
     batch: Batch,
     plan: Plan,
     pull: JoinHandle<PullResult>,
+    /// The batch's index in the pass.
+    index: u64,
+    /// The rows hold the pushes of the pass's batches `0..needed` (and none later, when replaying): its pull
+    /// waited for them. `None` without a gate (evaluation).
+    needed: Option<u64>,
+    /// Whether the rows were pulled with their optimizer state, to replay the pushes `needed..index` on them.
+    replay: bool,
+    /// Turns true (or closes) once the pull is answered.
+    replied: watch::Receiver<bool>,
+}
+
+/// Acknowledged pushes of a pass as a prefix: the value is the `n` such that pushes `0..n` are all
+/// acknowledged (pushes may complete out of order; a pull gated on `n` must hold every one of them).
+struct AckPrefix {
+    done: Mutex<BTreeSet<u64>>,
+    tx: watch::Sender<u64>,
+}
+
+impl AckPrefix {
+    fn new() -> (Arc<AckPrefix>, watch::Receiver<u64>) {
+        let (tx, rx) = watch::channel(0);
+        let done = Mutex::new(BTreeSet::new());
+        (Arc::new(AckPrefix { done, tx }), rx)
+    }
+
+    /// Records push `j` (of the pass) as acknowledged.
+    fn ack(&self, j: u64) {
+        let mut done = self.done.lock().unwrap_or_else(|p| p.into_inner());
+        done.insert(j);
+        self.tx.send_modify(|n| {
+            while done.remove(n) {
+                *n += 1;
+            }
+        });
+    }
 }
 
 /// A DLRM trainer connected to a parameter-server cluster.
@@ -76,6 +112,10 @@ pub struct Trainer {
     codecs: TableCodecs,
     /// Error-feedback residuals of lossy pushes (used by the push encoder thread during a pass).
     residuals: SharedResiduals,
+    /// Replays this trainer's pushes in flight on stale pulled rows (`--replay-own-updates`).
+    replayer: Option<Replayer>,
+    /// Optimizer state of the pulled rows, per table (`[unique_t x state_len_t]`), when replaying.
+    unique_state: Vec<Vec<f32>>,
 }
 
 impl Trainer {
@@ -105,6 +145,7 @@ impl Trainer {
             .map_err(anyhow::Error::msg)?;
         let residuals = Arc::new(std::sync::Mutex::new(args.residual_store(&codecs)));
         let mut specs = args.table_specs(dlrm.num_sparse);
+        let replayer = args.replay_own_updates.then(|| Replayer::new(&specs));
         let map = client.shard_map();
         let dense = dense_on_ps.then(|| {
             specs.push(DenseSync::table_spec());
@@ -130,6 +171,8 @@ impl Trainer {
             emb_grad: Vec::new(),
             codecs,
             residuals,
+            replayer,
+            unique_state: Vec::new(),
         })
     }
 
@@ -184,8 +227,8 @@ impl Trainer {
     }
 
     /// Sends a batch's pulls (embedding rows, and dense rows when they live on the servers). With a gate
-    /// `(acked, index, k)`, the pulls of the pass's batch `index` wait until at least `index - k` pushes are
-    /// acknowledged.
+    /// `(acked, index, k)`, the pulls of the pass's batch `index` wait until the pushes `0..index - k` are
+    /// acknowledged; with `k > 0` and replay on, rows come with their optimizer state.
     fn start(
         &mut self,
         batch: Batch,
@@ -197,7 +240,13 @@ impl Trainer {
         let client = self.client.clone();
         let raw_row_bytes = self.args.emb_dim * 4;
         let rows = plan.unique_ids() as u64;
+        let index = gate.as_ref().map_or(0, |g| g.1);
+        let needed = gate.as_ref().map(|g| g.1.saturating_sub(g.2));
+        let replay = self.replayer.is_some() && needed.is_some_and(|n| n < index);
+        let (replied_tx, replied) = watch::channel(false);
         let pull = tokio::spawn(async move {
+            // Dropped when the task ends, which wakes pushes waiting for this answer even on failure.
+            let _replied = replied_tx;
             if let Some((mut acked, index, k)) = gate {
                 let needed = index.saturating_sub(k);
                 // The counter's sender lives as long as the pass; if it is gone the pass is over anyway.
@@ -212,8 +261,8 @@ impl Trainer {
                     None => Ok(None),
                 }
             };
-            let (emb, dense) = tokio::try_join!(pull_parts(&client, requests), dense)?;
-            let received: usize = emb.iter().map(|(_, b)| b.len()).sum();
+            let (emb, dense) = tokio::try_join!(pull_parts(&client, requests, replay), dense)?;
+            let received: usize = emb.iter().map(|(_, b)| b.rows.len() + b.state.len()).sum();
             if let Some(d) = &dense {
                 let bytes: usize = d.iter().map(|(_, b)| b.len()).sum();
                 metrics::counter!(m::DENSE_BYTES_RECEIVED_TOTAL).increment(bytes as u64);
@@ -224,22 +273,63 @@ impl Trainer {
             metrics::counter!(m::RAW_BYTES_RECEIVED_TOTAL).increment(rows * raw_row_bytes as u64);
             Ok((emb, dense))
         });
-        Stage { batch, plan, pull }
+        Stage {
+            batch,
+            plan,
+            pull,
+            index,
+            needed,
+            replay,
+            replied,
+        }
     }
 
     /// Waits for a stage's rows and lays them out as the model's input in `self.emb` (and sets the dense
-    /// parameters when they come from the servers).
-    async fn receive(&mut self, stage: &mut Stage) -> anyhow::Result<()> {
+    /// parameters when they come from the servers). Pushes of `in_flight` (by pass index) that the rows lack
+    /// are replayed on them first.
+    async fn receive(
+        &mut self,
+        stage: &mut Stage,
+        in_flight: &VecDeque<(u64, Arc<PushRecord>)>,
+    ) -> anyhow::Result<()> {
         let (replies, dense) = (&mut stage.pull)
             .await
             .context("pull task")?
             .context("pull embedding rows")?;
-        for (i, bytes) in replies {
+        for (i, reply) in replies {
             let s = stage.plan.part_server(i);
+            let from = || format!("rows from server {}", self.client.addr(s));
             stage
                 .plan
-                .scatter_part_at(i, &bytes, &mut self.unique_rows)
-                .with_context(|| format!("rows from server {}", self.client.addr(s)))?;
+                .scatter_part_at(i, &reply.rows, &mut self.unique_rows)
+                .with_context(from)?;
+            if stage.replay {
+                stage
+                    .plan
+                    .scatter_state_at(i, &reply.state, &reply.state_lens, &mut self.unique_state)
+                    .with_context(from)?;
+            }
+        }
+        if let (true, Some(replayer), Some(needed)) =
+            (stage.replay, &mut self.replayer, stage.needed)
+        {
+            let started = Instant::now();
+            let mut rows = 0;
+            for (_, r) in in_flight
+                .iter()
+                .filter(|(j, _)| needed <= *j && *j < stage.index)
+            {
+                rows += replayer.replay(
+                    &stage.plan,
+                    &mut self.unique_rows,
+                    &mut self.unique_state,
+                    &r.plan,
+                    &r.grads,
+                    r.scale,
+                );
+            }
+            metrics::counter!(m::ROWS_REPLAYED_TOTAL).increment(rows as u64);
+            metrics::histogram!(m::REPLAY_SECONDS).record(started.elapsed().as_secs_f64());
         }
         stage
             .plan
@@ -295,10 +385,11 @@ impl Trainer {
             stage_in.recycler(),
         )
         .context("start the push thread")?;
-        let (acked_tx, acked_rx) = watch::channel(0u64);
-        let acked_tx = Arc::new(acked_tx);
+        let (acks, acked_rx) = AckPrefix::new();
         let mut pushes: JoinSet<PushResult> = JoinSet::new();
         let mut ahead: VecDeque<Stage> = VecDeque::new();
+        // The last `k` pushes, for replay on the rows of batches pulled before them.
+        let mut in_flight: VecDeque<(u64, Arc<PushRecord>)> = VecDeque::new();
         let mut issued = 0u64;
         let mut exhausted = false;
         let begin = Instant::now();
@@ -332,18 +423,37 @@ impl Trainer {
             let Some(mut stage) = ahead.pop_front() else {
                 break;
             };
-            self.receive(&mut stage).await?;
+            self.receive(&mut stage, &in_flight).await?;
             let loss = self.compute(&stage.batch)?;
-            let b = stage.batch.len;
-            let grad = std::mem::replace(&mut self.emb_grad, encoder.buffer());
-            let push = self.send_push(&encoder, stage.plan, grad, b as f32);
+            let Stage {
+                batch, plan, index, ..
+            } = stage;
+            let b = batch.len;
+            let record = encoder.record(plan, &self.emb_grad, b as f32);
+            // With replay, the rows of a batch pulled before this push must not hold it: the push waits
+            // until every such pull is answered (crate::replay).
+            let waits: Vec<_> = match self.replayer {
+                Some(_) => ahead
+                    .iter()
+                    .filter(|s| s.replay && s.needed.is_some_and(|n| n <= index))
+                    .map(|s| s.replied.clone())
+                    .collect(),
+                None => Vec::new(),
+            };
+            let push = self.send_push(&encoder, record.clone(), waits);
+            if self.replayer.is_some() && k > 0 {
+                in_flight.push_back((index, record));
+                if in_flight.len() as u64 > k {
+                    in_flight.pop_front();
+                }
+            }
             metrics::gauge!(m::PUSHES_IN_FLIGHT).increment(1.0);
-            let acked = acked_tx.clone();
+            let acks = acks.clone();
             pushes.spawn(async move {
                 let r = push.await;
                 metrics::gauge!(m::PUSHES_IN_FLIGHT).decrement(1.0);
                 // Counted even when it failed, so no pull waits forever; the loop reports the failure.
-                acked.send_modify(|n| *n += 1);
+                acks.ack(index);
                 r
             });
             while let Some(r) = pushes.try_join_next() {
@@ -398,6 +508,7 @@ impl Trainer {
         rejected += drain(&mut pushes).await?;
         let seconds = (begin.elapsed() - paused).as_secs_f64();
         drop(ahead);
+        drop(in_flight);
         let read = stage_in.finish();
         metrics::counter!(m::BAD_LINES_TOTAL).increment(read.bad_lines);
         let just_written =
@@ -473,15 +584,16 @@ impl Trainer {
     }
 
     /// Queues the batch's push on the encoder thread (the dense gradients, when they live on the servers, are
-    /// taken here, before the next compute overwrites them); the future sends it once encoded.
+    /// taken here, before the next compute overwrites them); the future sends it once encoded and once every
+    /// pull of `waits` is answered.
     fn send_push(
         &mut self,
         encoder: &PushEncoder,
-        plan: Plan,
-        emb_grad: Vec<f32>,
-        scale: f32,
+        record: Arc<PushRecord>,
+        waits: Vec<watch::Receiver<bool>>,
     ) -> impl std::future::Future<Output = PushResult> {
-        let encoded = encoder.submit(plan, emb_grad, scale);
+        let scale = record.scale;
+        let encoded = encoder.submit(record);
         let dense: Vec<_> = match &mut self.dense {
             Some(dense) => dense
                 .push_step(&self.model)
@@ -495,6 +607,10 @@ impl Trainer {
         let client = self.client.clone();
         let raw_row_bytes = 8 + self.args.emb_dim as u64 * 4;
         async move {
+            for mut w in waits {
+                // An error means the pull task ended without answering: nothing to wait for.
+                let _ = w.wait_for(|&answered| answered).await;
+            }
             let encoded = encoded.await.context("the push encoder thread stopped")?;
             metrics::counter!(m::ROWS_PUSHED_TOTAL).increment(encoded.rows);
             metrics::counter!(m::WIRE_BYTES_SENT_TOTAL).increment(encoded.bytes);
@@ -528,7 +644,7 @@ impl Trainer {
         let mut next = self.next_eval_stage(&mut reader)?;
         while let Some(mut stage) = next.take() {
             next = self.next_eval_stage(&mut reader)?;
-            self.receive(&mut stage).await?;
+            self.receive(&mut stage, &VecDeque::new()).await?;
             let b = stage.batch.len;
             let (model, emb, batch) = (&mut self.model, &self.emb, &stage.batch);
             let probs = tokio::task::block_in_place(|| model.predict(b, &batch.dense, emb))

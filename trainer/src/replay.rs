@@ -1,0 +1,314 @@
+//! Replaying the trainer's own unacknowledged updates on pulled embedding rows, without I/O.
+//!
+//! With a staleness bound `k > 0`, the rows of a pass's batch `n` are pulled while the pushes of batches
+//! `n - k .. n - 1` are not applied on the servers yet: those rows lack the trainer's own last `k` updates,
+//! which is what costs asynchronous training its accuracy (hot rows appear in every batch). The trainer
+//! knows those updates exactly: it computed them. So before batch `n` computes, it applies each of them to
+//! the pulled rows with the table's optimizer, as the server will ([`embedding::optimizer::update`], with the
+//! row's optimizer state pulled alongside the row: [`protocol::Request::PullWithState`]).
+//!
+//! Exactly which pushes a pull holds is fixed by the training loop ([`crate::train`]):
+//! - the pull of batch `n` is sent once the pushes of batches `0 .. n - k` are all acknowledged (a prefix,
+//!   not a count), and servers apply a push before acknowledging it, so the rows hold those;
+//! - the push of batch `j` is sent only after the pulls of every batch `n > j` that must lack it have been
+//!   answered, so the rows hold none of `n - k .. n - 1`.
+//!
+//! With f32 rows on the wire and one trainer, a run at `k = 4` therefore computes with the very rows of a
+//! `k = 0` run (trainer/tests/resume.rs checks bit equality). Lossy pull encodings replay onto the decoded
+//! rows; other trainers' updates are not replayed (they are unknown until pulled). Tables with an admission
+//! filter on the servers would drop some updates the trainer replays; tables registered by trainers have
+//! none.
+//!
+//! Common ids of two batches are found by merging: [`Plan::share`] lists each server's ids of a table in one
+//! ascending key order, so replaying one batch costs one linear pass over both batches' ids.
+
+use embedding::optimizer::{self, Regularizer};
+use embedding::OptimizerConfig;
+use protocol::TableSpec;
+
+use crate::plan::Plan;
+
+/// The optimizers of the embedding tables, to replay updates with.
+#[derive(Debug, Clone)]
+pub struct Replayer {
+    /// `tables[t]`: table `t`'s optimizer and gradient regularizer.
+    tables: Vec<(OptimizerConfig, Regularizer)>,
+    grad: Vec<f32>,
+}
+
+impl Replayer {
+    /// The replayer of the embedding tables `specs` (table `t` of a plan is `specs[t]`), as the servers
+    /// configure them ([`ps_server::handler::table_config`]).
+    pub fn new(specs: &[TableSpec]) -> Replayer {
+        let tables = specs
+            .iter()
+            .map(|s| {
+                let cfg = ps_server::handler::table_config(s);
+                (cfg.optimizer, Regularizer::of(&cfg))
+            })
+            .collect();
+        Replayer {
+            tables,
+            grad: Vec::new(),
+        }
+    }
+
+    /// f32s of optimizer state per row of table `t` (0 for SGD, 1 for row-wise Adagrad).
+    pub fn state_len(&self, t: usize, dim: usize) -> usize {
+        self.tables.get(t).map_or(0, |(o, _)| o.state_len(dim))
+    }
+
+    /// Applies one pushed batch to the rows of `target`'s unique ids that it touched: `rows[t]` is
+    /// `[unique_t x dim]` and `state[t]` `[unique_t x state_len_t]` (as pulled, both updated in place);
+    /// `grads[t]` are `pushed`'s summed gradients per unique id multiplied by `scale` (as pushed). Rows whose
+    /// gradient is not finite are skipped, as the servers refuse them. Returns the rows updated.
+    pub fn replay(
+        &mut self,
+        target: &Plan,
+        rows: &mut [Vec<f32>],
+        state: &mut [Vec<f32>],
+        pushed: &Plan,
+        grads: &[Vec<f32>],
+        scale: f32,
+    ) -> usize {
+        let dim = target.dim();
+        debug_assert_eq!(pushed.dim(), dim);
+        // The servers multiply by the inverse (and skip a scale of 1): the same f32 arithmetic here.
+        let inv = 1.0 / scale;
+        self.grad.resize(dim, 0.0);
+        let mut updated = 0;
+        let tables = target.tables().min(pushed.tables()).min(self.tables.len());
+        for t in 0..tables {
+            let (opt, reg) = self.tables[t];
+            let len = opt.state_len(dim);
+            let (w, st, g) = (&mut rows[t], &mut state[t], &grads[t]);
+            if w.len() < target.unique(t).len() * dim || st.len() < target.unique(t).len() * len {
+                continue;
+            }
+            for s in 0..target.servers().min(pushed.servers()) {
+                let (pa, ka) = target.share(s, t);
+                let (pb, kb) = pushed.share(s, t);
+                let (mut i, mut j) = (0, 0);
+                // Branch-free advance: which list moves is data-dependent and unpredictable.
+                while i < ka.len() && j < kb.len() {
+                    let (x, y) = (ka[i], kb[j]);
+                    if x == y {
+                        let (a, b) = (pa[i] as usize, pb[j] as usize);
+                        let src = &g[b * dim..(b + 1) * dim];
+                        for (d, &x) in self.grad.iter_mut().zip(src) {
+                            *d = if scale != 1.0 { x * inv } else { x };
+                        }
+                        if self.grad.iter().all(|x| x.is_finite()) {
+                            optimizer::update(
+                                &opt,
+                                reg,
+                                &mut w[a * dim..(a + 1) * dim],
+                                &mut st[a * len..(a + 1) * len],
+                                &self.grad,
+                            );
+                            updated += 1;
+                        }
+                    }
+                    i += usize::from(x <= y);
+                    j += usize::from(y <= x);
+                }
+            }
+        }
+        updated
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use embedding::{Table, TableConfig};
+    use protocol::{InitSpec, OptimizerSpec, ShardMap};
+
+    fn specs(optimizer: OptimizerSpec) -> Vec<TableSpec> {
+        (0..2)
+            .map(|t| TableSpec {
+                id: t,
+                name: format!("C{t}"),
+                dim: 3,
+                optimizer,
+                init: InitSpec::Uniform { scale: 0.1 },
+                seed: 7 + t as u64,
+            })
+            .collect()
+    }
+
+    fn plan(batch: &[[u64; 2]], map: &ShardMap) -> Plan {
+        let sparse: Vec<Vec<u64>> = (0..2)
+            .map(|t| {
+                batch
+                    .iter()
+                    .map(|s| protocol::routing::mix64(s[t]))
+                    .collect()
+            })
+            .collect();
+        let mut p = Plan::default();
+        p.build(&sparse, 3, map);
+        p
+    }
+
+    /// Replaying pushes onto rows pulled before them gives the rows (and state) pulled after them, bit for
+    /// bit, for every optimizer the trainer uses; a gradient that is not finite is skipped like the server
+    /// skips it.
+    #[test]
+    fn replay_equals_pulling_after_the_pushes() {
+        for optimizer in [
+            OptimizerSpec::Sgd { lr: 0.3 },
+            OptimizerSpec::RowAdagrad {
+                lr: 0.05,
+                eps: 1e-8,
+                initial_accumulator: 0.1,
+            },
+        ] {
+            let specs = specs(optimizer);
+            let map = ShardMap::new(3);
+            let tables: Vec<Table> = specs
+                .iter()
+                .map(|s| Table::new(ps_server::handler::table_config(s)).unwrap())
+                .collect();
+            let configs: Vec<TableConfig> = tables.iter().map(|t| t.config().clone()).collect();
+            let mut replayer = Replayer::new(&specs);
+            // Pull batch "target" now, then push three batches overlapping it, then replay.
+            let target = plan(&[[1, 2], [3, 2], [5, 9], [1, 4], [11, 12]], &map);
+            let pull = |p: &Plan| -> (Vec<Vec<f32>>, Vec<Vec<f32>>) {
+                let (mut rows, mut state) = (Vec::new(), Vec::new());
+                for (t, table) in tables.iter().enumerate() {
+                    let ids = p.unique(t);
+                    let len = table.row_len();
+                    let mut full = vec![0.0; ids.len() * len];
+                    table.gather_with_state(ids, &mut full).unwrap();
+                    rows.push(full.chunks(len).flat_map(|r| r[..3].to_vec()).collect());
+                    state.push(full.chunks(len).flat_map(|r| r[3..].to_vec()).collect());
+                }
+                (rows, state)
+            };
+            let (mut rows, mut state) = pull(&target);
+            let pushes = [
+                plan(&[[1, 2], [7, 2], [5, 8]], &map),
+                plan(&[[3, 4], [1, 9], [13, 2]], &map),
+                plan(&[[5, 5], [1, 12]], &map),
+            ];
+            let scale = 4.0;
+            for (n, pushed) in pushes.iter().enumerate() {
+                let grads: Vec<Vec<f32>> = (0..2)
+                    .map(|t| {
+                        (0..pushed.unique(t).len() * 3)
+                            .map(|i| match (n, t, i) {
+                                (1, 0, 0) => f32::NAN,
+                                _ => ((i + 7 * n + t) as f32 * 0.7).sin() * scale,
+                            })
+                            .collect()
+                    })
+                    .collect();
+                for (t, table) in tables.iter().enumerate() {
+                    let mut g = grads[t].clone();
+                    g.iter_mut().for_each(|x| *x *= 1.0 / scale);
+                    table.apply(pushed.unique(t), &g).unwrap();
+                }
+                replayer.replay(&target, &mut rows, &mut state, pushed, &grads, scale);
+            }
+            let (want_rows, want_state) = pull(&target);
+            let bits =
+                |v: &[Vec<f32>]| -> Vec<u32> { v.concat().iter().map(|x| x.to_bits()).collect() };
+            assert_eq!(bits(&rows), bits(&want_rows), "{optimizer:?}");
+            assert_eq!(bits(&state), bits(&want_state), "{optimizer:?}");
+            assert_eq!(replayer.state_len(0, 3), configs[0].optimizer.state_len(3));
+        }
+    }
+}
+
+/// Cost of the replay stage on a demo-sized batch, run by hand (release build, nothing asserted):
+///
+/// ```text
+/// cargo test --release -p trainer --lib replay::perf -- --ignored --nocapture --test-threads 1
+/// ```
+#[cfg(test)]
+mod perf {
+    use super::*;
+    use protocol::{InitSpec, OptimizerSpec, ShardMap};
+    use std::time::Instant;
+
+    /// Skewed ids like Criteo's: table `t` draws `floor(card_t * u^4)` (most draws hit a few hot ids).
+    fn batch(seed: u64, b: usize, tables: usize) -> Vec<Vec<u64>> {
+        let mut z = seed;
+        (0..tables)
+            .map(|t| {
+                let card = [10u64, 1_000, 100_000, 10_000_000][t % 4] as f64;
+                (0..b)
+                    .map(|_| {
+                        z = protocol::routing::mix64(z.wrapping_add(0x9e37_79b9_7f4a_7c15));
+                        let u = (z >> 11) as f64 / (1u64 << 53) as f64;
+                        protocol::routing::mix64(((t as u64) << 48) | (card * u.powi(4)) as u64)
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+
+    #[test]
+    #[ignore]
+    fn replay_cost_per_batch() {
+        let (b, tables, dim, k) = (2048, 26, 16, 4);
+        let map = ShardMap::new(2);
+        let spec = |t: usize| TableSpec {
+            id: t as u32,
+            name: format!("C{}", t + 1),
+            dim: dim as u32,
+            optimizer: OptimizerSpec::RowAdagrad {
+                lr: 0.05,
+                eps: 1e-8,
+                initial_accumulator: 0.0,
+            },
+            init: InitSpec::Uniform { scale: 0.05 },
+            seed: t as u64,
+        };
+        let specs: Vec<_> = (0..tables).map(spec).collect();
+        let mut replayer = Replayer::new(&specs);
+        let plans: Vec<Plan> = (0..=k as u64)
+            .map(|s| {
+                let mut p = Plan::default();
+                p.build(&batch(s, b, tables), dim, &map);
+                p
+            })
+            .collect();
+        let emb_grad: Vec<f32> = (0..b * tables * dim).map(|i| (i as f32).sin()).collect();
+        let mut grads: Vec<Vec<Vec<f32>>> = vec![Vec::new(); k];
+        let target = &plans[k];
+        let unique = target.unique_ids();
+        let mut rows: Vec<Vec<f32>> = (0..tables)
+            .map(|t| vec![0.01; target.unique(t).len() * dim])
+            .collect();
+        let mut state: Vec<Vec<f32>> = (0..tables)
+            .map(|t| vec![1.0; target.unique(t).len()])
+            .collect();
+        let reps = 50;
+        let t0 = Instant::now();
+        for _ in 0..reps {
+            plans[0].reduce_gradients(&emb_grad, 2048.0, &mut grads[0]);
+        }
+        let reduce = t0.elapsed().as_secs_f64() / reps as f64;
+        for j in 1..k {
+            plans[j].reduce_gradients(&emb_grad, 2048.0, &mut grads[j]);
+        }
+        let t0 = Instant::now();
+        let mut replayed = 0;
+        for _ in 0..reps {
+            for j in 0..k {
+                replayed +=
+                    replayer.replay(target, &mut rows, &mut state, &plans[j], &grads[j], 2048.0);
+            }
+        }
+        let replay = t0.elapsed().as_secs_f64() / reps as f64;
+        println!(
+            "batch {b} x {tables} tables, dim {dim}: {unique} unique ids; reduce (sum per unique id) {:.2} ms; \
+             replay of {k} pushes {:.2} ms ({} rows updated per batch)",
+            reduce * 1e3,
+            replay * 1e3,
+            replayed / reps
+        );
+    }
+}
