@@ -33,6 +33,43 @@ pub enum DenseKind {
     Adam,
 }
 
+/// Which lossy pushes keep a quantization residual for the row's next push (error feedback).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FeedbackMode {
+    /// Pushes coarser than f16 (bf16, int8). f16 keeps 11 significant bits of the loss-scaled gradients: on the
+    /// demo data its residuals changed the test AUC by less than run-to-run noise while their store (one
+    /// random memory access per pushed row into tens of MB) took ~8% of the CPU (BENCHMARKS.md).
+    Auto,
+    /// Every lossy push encoding, f16 included.
+    #[value(alias = "true")]
+    On,
+    /// None.
+    #[value(alias = "false")]
+    Off,
+}
+
+impl<'de> Deserialize<'de> for FeedbackMode {
+    /// `"auto"`, `"on"`, `"off"`, or a bool (`true` = on, as the flag was a bool before).
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Bool(bool),
+            Name(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::Bool(true) => Ok(FeedbackMode::On),
+            Raw::Bool(false) => Ok(FeedbackMode::Off),
+            Raw::Name(n) => FeedbackMode::from_str(&n, true).map_err(|_| {
+                serde::de::Error::custom(format!(
+                    "error-feedback {n:?}: expected auto, on, off, true or false"
+                ))
+            }),
+        }
+    }
+}
+
 /// Model and optimizer flags, shared by `train` and `demo`.
 #[derive(Debug, Clone, Args, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case", default)]
@@ -102,18 +139,18 @@ pub struct ModelArgs {
     /// Encoding of pulled rows: f32, f16, bf16 or int8 (int8: one f32 scale per row) [default: --encoding].
     #[arg(long)]
     pub pull_encoding: Option<Encoding>,
-    /// Encoding of pushed gradients: f32, f16, bf16 or int8 [default: --encoding]. Lossy push encodings use
-    /// error feedback unless `--error-feedback false`.
+    /// Encoding of pushed gradients: f32, f16, bf16 or int8 [default: --encoding]. bf16 and int8 pushes use
+    /// error feedback (see `--error-feedback`).
     #[arg(long)]
     pub push_encoding: Option<Encoding>,
     /// Per-table overrides, comma separated: `NAME=ENC` (pull and push) or `NAME=PULL/PUSH`, with NAME a
     /// table name (`C1`..`C26`), e.g. `C3=f32,C7=f16/int8`.
     #[arg(long, value_delimiter = ',')]
     pub table_encoding: Vec<String>,
-    /// Keep the quantization residual of each pushed row and add it to the row's next push (lossy push
-    /// encodings only).
-    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
-    pub error_feedback: bool,
+    /// Keep the quantization residual of each pushed row and add it to the row's next push: `auto` for
+    /// bf16 and int8 pushes, `on` (or `true`) for every lossy encoding (f16 too), `off` (or `false`).
+    #[arg(long, value_enum, default_value_t = FeedbackMode::Auto)]
+    pub error_feedback: FeedbackMode,
     /// Error feedback: drop the residual of a row not pushed for this many batches.
     #[arg(long, default_value_t = 100)]
     pub residual_max_age: u64,
@@ -168,6 +205,9 @@ impl ModelArgs {
             codecs.pull[t] = pull;
             codecs.push[t] = push;
         }
+        if self.error_feedback == FeedbackMode::Auto {
+            codecs.no_feedback = vec![Encoding::F16];
+        }
         Ok(codecs)
     }
 
@@ -177,7 +217,8 @@ impl ModelArgs {
         &self,
         codecs: &crate::plan::TableCodecs,
     ) -> Option<protocol::feedback::ResidualStore> {
-        (self.error_feedback && codecs.push.iter().any(|e| e.is_lossy())).then(|| {
+        let used = codecs.push.iter().any(|&e| codecs.feedback_for(e));
+        (self.error_feedback != FeedbackMode::Off && used).then(|| {
             protocol::feedback::ResidualStore::new(
                 self.emb_dim,
                 protocol::feedback::FeedbackConfig {
@@ -494,5 +535,45 @@ mod tests {
             ..ModelArgs::default()
         };
         assert!(off.residual_store(&off.table_codecs(26).unwrap()).is_none());
+    }
+
+    #[test]
+    fn error_feedback_auto_skips_f16_and_old_bool_configs_still_parse() {
+        let f16 = ModelArgs::default();
+        assert_eq!(f16.error_feedback, FeedbackMode::Auto);
+        let c = f16.table_codecs(26).unwrap();
+        assert!(!c.feedback_for(Encoding::F16) && c.feedback_for(Encoding::Int8));
+        assert!(f16.residual_store(&c).is_none(), "auto: no store for f16");
+        let mixed = ModelArgs {
+            table_encoding: vec!["C2=f16/int8".into()],
+            ..ModelArgs::default()
+        };
+        assert!(mixed
+            .residual_store(&mixed.table_codecs(26).unwrap())
+            .is_some());
+        for (text, mode) in [
+            ("error-feedback = true", FeedbackMode::On),
+            ("error-feedback = false", FeedbackMode::Off),
+            ("error-feedback = \"auto\"", FeedbackMode::Auto),
+            ("error-feedback = \"on\"", FeedbackMode::On),
+        ] {
+            let m: ModelArgs = toml::from_str(text).unwrap();
+            assert_eq!(m.error_feedback, mode, "{text}");
+        }
+        let on: ModelArgs = toml::from_str("error-feedback = true").unwrap();
+        let c = on.table_codecs(26).unwrap();
+        assert!(c.feedback_for(Encoding::F16) && on.residual_store(&c).is_some());
+        let err = toml::from_str::<ModelArgs>("error-feedback = \"maybe\"").unwrap_err();
+        assert!(err.to_string().contains("maybe"), "{err}");
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Cli {
+            #[command(flatten)]
+            m: ModelArgs,
+        }
+        for (flag, mode) in [("true", FeedbackMode::On), ("false", FeedbackMode::Off)] {
+            let cli = Cli::parse_from(["x", "--error-feedback", flag]);
+            assert_eq!(cli.m.error_feedback, mode, "{flag}");
+        }
     }
 }

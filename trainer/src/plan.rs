@@ -31,6 +31,8 @@ pub struct TableCodecs {
     pub pull: Vec<Encoding>,
     /// `push[t]`: encoding of table `t`'s pushed gradients.
     pub push: Vec<Encoding>,
+    /// Push encodings sent without error feedback even when a residual store is given.
+    pub no_feedback: Vec<Encoding>,
 }
 
 impl TableCodecs {
@@ -39,6 +41,7 @@ impl TableCodecs {
         TableCodecs {
             pull: vec![pull; tables],
             push: vec![push; tables],
+            no_feedback: Vec::new(),
         }
     }
 
@@ -57,6 +60,12 @@ impl TableCodecs {
     /// Push encoding of table `t` (the last entry for tables past the list).
     pub fn push_of(&self, t: usize) -> Encoding {
         Self::get(&self.push, t)
+    }
+
+    /// Whether pushes in `encoding` carry error feedback (given a residual store): lossy and not listed in
+    /// `no_feedback`.
+    pub fn feedback_for(&self, encoding: Encoding) -> bool {
+        encoding.is_lossy() && !self.no_feedback.contains(&encoding)
     }
 }
 
@@ -488,7 +497,9 @@ impl Plan {
                     grads,
                     encoding,
                     scale,
-                    residuals.as_deref_mut(),
+                    residuals
+                        .as_deref_mut()
+                        .filter(|_| codecs.feedback_for(encoding)),
                     scratch,
                 );
                 if !counts.is_empty() {

@@ -102,6 +102,7 @@ fn per_table_encodings_split_requests_and_round_trip() {
     let codecs = TableCodecs {
         pull: vec![Encoding::F32, Encoding::Int8, Encoding::F32],
         push: vec![Encoding::F16, Encoding::Int8, Encoding::Int8],
+        no_feedback: Vec::new(),
     };
     let reqs = plan.pull_requests(&codecs);
     assert_eq!(reqs.len(), 4, "two encodings x two servers");

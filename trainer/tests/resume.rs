@@ -36,9 +36,9 @@ fn model_args() -> ModelArgs {
         optimizer: OptimizerKind::Adagrad, // dense Adam: optimizer state matters
         max_in_flight: Some(0),
         eval_batch_size: 1000,
-        // Error feedback on (the default): its residuals are trainer state the checkpoint must carry; without
+        // Error feedback on for f16 pushes: its residuals are trainer state the checkpoint must carry; without
         // them a resumed run drifts from the second step on (max |param diff| 2e-4 after 4 steps here).
-        error_feedback: true,
+        error_feedback: trainer::config::FeedbackMode::On,
         ..ModelArgs::default()
     }
 }
