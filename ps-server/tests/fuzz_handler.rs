@@ -205,14 +205,20 @@ fn valid(r: &mut Rng, shard: &Shard) -> (Request, Vec<u8>) {
         put_ids(coding, &ids, &mut payload);
     }
     if r.chance(2) {
-        return (
+        let req = if r.chance(3) {
+            Request::PullWithState {
+                epoch: 1,
+                encoding: enc,
+                tables: counts,
+            }
+        } else {
             Request::Pull {
                 epoch: 1,
                 encoding: enc,
                 tables: counts,
-            },
-            payload,
-        );
+            }
+        };
+        return (req, payload);
     }
     for c in &counts {
         let grads: Vec<f32> = (0..c.count * c.dim).map(|_| r.grad()).collect();
@@ -263,17 +269,21 @@ fn mutate_counts(r: &mut Rng, tables: &mut Vec<TableCount>) {
 fn mutate(r: &mut Rng, req: &mut Request, payload: &mut Vec<u8>) {
     match r.below(6) {
         0 => match req {
-            Request::Pull { tables, .. } | Request::Push { tables, .. } => mutate_counts(r, tables),
+            Request::Pull { tables, .. }
+            | Request::PullWithState { tables, .. }
+            | Request::Push { tables, .. } => mutate_counts(r, tables),
             _ => {}
         },
         1 => match req {
-            Request::Pull { epoch, .. } | Request::Push { epoch, .. } => *epoch = r.next() % 3,
+            Request::Pull { epoch, .. }
+            | Request::PullWithState { epoch, .. }
+            | Request::Push { epoch, .. } => *epoch = r.next() % 3,
             _ => {}
         },
         2 => match req {
-            Request::Pull { encoding: e, .. } | Request::Push { encoding: e, .. } => {
-                *e = encoding(r)
-            }
+            Request::Pull { encoding: e, .. }
+            | Request::PullWithState { encoding: e, .. }
+            | Request::Push { encoding: e, .. } => *e = encoding(r),
             _ => {}
         },
         3 if !payload.is_empty() => {
@@ -363,6 +373,7 @@ fn check(shard: &Shard, req: &Request, payload: &[u8], reply: &Reply, before: Op
             | (Request::Hello { .. }, Response::Hello { .. })
             | (Request::RegisterTables { .. }, Response::Registered { .. })
             | (Request::Pull { .. }, Response::Pulled { .. })
+            | (Request::PullWithState { .. }, Response::PulledWithState { .. })
             | (Request::Push { .. }, Response::Pushed { .. })
             | (Request::Flush, Response::Flushed { .. })
     );
@@ -395,6 +406,24 @@ fn check(shard: &Shard, req: &Request, payload: &[u8], reply: &Reply, before: Op
             assert_eq!((e, t), (encoding, tables));
             let layout = PayloadLayout::of(tables).unwrap();
             assert_eq!(reply.payload.len(), layout.pull_response_bytes(*encoding));
+        }
+        (
+            Response::PulledWithState {
+                encoding: e,
+                tables: t,
+                state_lens,
+            },
+            Request::PullWithState {
+                encoding, tables, ..
+            },
+        ) => {
+            assert_eq!((e, t), (encoding, tables));
+            let layout = PayloadLayout::of(tables).unwrap();
+            let state = PayloadLayout::state_bytes(tables, state_lens).unwrap();
+            assert_eq!(
+                reply.payload.len(),
+                layout.pull_response_bytes(*encoding) + state
+            );
         }
         (
             Response::Pushed {
