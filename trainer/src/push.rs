@@ -42,7 +42,7 @@ pub struct PushRecord {
     /// The loss scale the gradients carry (the servers divide it out).
     pub scale: f32,
     recycle: Sender<Plan>,
-    pool: Sender<Vec<Vec<f32>>>,
+    pool: Sender<TableRows>,
 }
 
 impl Drop for PushRecord {
@@ -52,11 +52,14 @@ impl Drop for PushRecord {
     }
 }
 
+/// Rows of every table (`[t][unique_t x dim]`).
+type TableRows = Vec<Vec<f32>>;
+
 /// The encoder thread and its queues.
 pub struct PushEncoder {
     jobs: Option<Sender<(Arc<PushRecord>, oneshot::Sender<EncodedPush>)>>,
     recycle: Sender<Plan>,
-    pool: (Sender<Vec<Vec<f32>>>, Receiver<Vec<Vec<f32>>>),
+    pool: (Sender<TableRows>, Receiver<TableRows>),
     thread: Option<JoinHandle<()>>,
 }
 

@@ -19,22 +19,20 @@
 //! in the request so the server divides it out. Without it most row gradients of a 2048 batch would fall in
 //! f16's subnormal range.
 
-use std::collections::{BTreeSet, VecDeque};
-use std::sync::{Arc, Mutex};
+use std::collections::VecDeque;
+use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Context};
-use bytes::Bytes;
-use protocol::{Encoding, ProtocolError, PsClient, ShardMap};
-use tokio::sync::watch;
-use tokio::task::{JoinHandle, JoinSet};
+use protocol::{Encoding, PsClient, ShardMap};
+use tokio::task::JoinSet;
 
 use crate::checkpoint::{self as ckpt, Checkpoint, CheckpointMeta};
 use crate::config::ModelArgs;
 use crate::criteo::{Batch, BatchReader, ReaderConfig};
 use crate::dense_sync::DenseSync;
 use crate::eval::{EvalReport, Evaluator};
-use crate::exchange::{pull_all, pull_parts, push_all, PartReplies, Replies};
+use crate::exchange::pull_all;
 use crate::metrics as m;
 use crate::model::Dlrm;
 use crate::pipeline::PlanStage;
@@ -46,50 +44,9 @@ use report::tail_mean;
 pub use report::{Event, PassOptions, Progress, TrainReport};
 
 mod report;
+mod stages;
 
-type PullResult = Result<(PartReplies, Option<Replies>), ProtocolError>;
-type PushResult = anyhow::Result<(u64, u64)>;
-
-struct Stage {
-    batch: Batch,
-    plan: Plan,
-    pull: JoinHandle<PullResult>,
-    /// The batch's index in the pass.
-    index: u64,
-    /// The rows hold the pushes of the pass's batches `0..needed` (and none later, when replaying): its pull
-    /// waited for them. `None` without a gate (evaluation).
-    needed: Option<u64>,
-    /// Whether the rows were pulled with their optimizer state, to replay the pushes `needed..index` on them.
-    replay: bool,
-    /// Turns true (or closes) once the pull is answered.
-    replied: watch::Receiver<bool>,
-}
-
-/// Acknowledged pushes of a pass as a prefix: the value is the `n` such that pushes `0..n` are all
-/// acknowledged (pushes may complete out of order; a pull gated on `n` must hold every one of them).
-struct AckPrefix {
-    done: Mutex<BTreeSet<u64>>,
-    tx: watch::Sender<u64>,
-}
-
-impl AckPrefix {
-    fn new() -> (Arc<AckPrefix>, watch::Receiver<u64>) {
-        let (tx, rx) = watch::channel(0);
-        let done = Mutex::new(BTreeSet::new());
-        (Arc::new(AckPrefix { done, tx }), rx)
-    }
-
-    /// Records push `j` (of the pass) as acknowledged.
-    fn ack(&self, j: u64) {
-        let mut done = self.done.lock().unwrap_or_else(|p| p.into_inner());
-        done.insert(j);
-        self.tx.send_modify(|n| {
-            while done.remove(n) {
-                *n += 1;
-            }
-        });
-    }
-}
+use stages::{drain, AckPrefix, PushResult, Stage};
 
 /// A DLRM trainer connected to a parameter-server cluster.
 pub struct Trainer {
@@ -223,120 +180,6 @@ impl Trainer {
             .await
             .context("pull dense parameters")?;
         dense.apply_pulled(&replies, &mut self.model)?;
-        Ok(())
-    }
-
-    /// Sends a batch's pulls (embedding rows, and dense rows when they live on the servers). With a gate
-    /// `(acked, index, k)`, the pulls of the pass's batch `index` wait until the pushes `0..index - k` are
-    /// acknowledged; with `k > 0` and replay on, rows come with their optimizer state.
-    fn start(
-        &mut self,
-        batch: Batch,
-        mut plan: Plan,
-        gate: Option<(watch::Receiver<u64>, u64, u64)>,
-    ) -> Stage {
-        let requests = plan.pull_requests(&self.codecs);
-        let dense_requests = self.dense.as_ref().map(DenseSync::pull_requests);
-        let client = self.client.clone();
-        let raw_row_bytes = self.args.emb_dim * 4;
-        let rows = plan.unique_ids() as u64;
-        let index = gate.as_ref().map_or(0, |g| g.1);
-        let needed = gate.as_ref().map(|g| g.1.saturating_sub(g.2));
-        let replay = self.replayer.is_some() && needed.is_some_and(|n| n < index);
-        let (replied_tx, replied) = watch::channel(false);
-        let pull = tokio::spawn(async move {
-            // Dropped when the task ends, which wakes pushes waiting for this answer even on failure.
-            let _replied = replied_tx;
-            if let Some((mut acked, index, k)) = gate {
-                let needed = index.saturating_sub(k);
-                // The counter's sender lives as long as the pass; if it is gone the pass is over anyway.
-                let seen = acked.wait_for(|&n| n >= needed).await.map_or(index, |n| *n);
-                // Earlier batches of the pass whose updates these rows may lack.
-                metrics::histogram!(m::STALENESS_BATCHES).record(index.saturating_sub(seen) as f64);
-            }
-            let started = Instant::now();
-            let dense = async {
-                match dense_requests {
-                    Some(r) => pull_all(&client, Encoding::F32, r).await.map(Some),
-                    None => Ok(None),
-                }
-            };
-            let (emb, dense) = tokio::try_join!(pull_parts(&client, requests, replay), dense)?;
-            let received: usize = emb.iter().map(|(_, b)| b.rows.len() + b.state.len()).sum();
-            if let Some(d) = &dense {
-                let bytes: usize = d.iter().map(|(_, b)| b.len()).sum();
-                metrics::counter!(m::DENSE_BYTES_RECEIVED_TOTAL).increment(bytes as u64);
-            }
-            metrics::histogram!(m::PULL_SECONDS).record(started.elapsed().as_secs_f64());
-            metrics::counter!(m::ROWS_PULLED_TOTAL).increment(rows);
-            metrics::counter!(m::WIRE_BYTES_RECEIVED_TOTAL).increment(received as u64);
-            metrics::counter!(m::RAW_BYTES_RECEIVED_TOTAL).increment(rows * raw_row_bytes as u64);
-            Ok((emb, dense))
-        });
-        Stage {
-            batch,
-            plan,
-            pull,
-            index,
-            needed,
-            replay,
-            replied,
-        }
-    }
-
-    /// Waits for a stage's rows and lays them out as the model's input in `self.emb` (and sets the dense
-    /// parameters when they come from the servers). Pushes of `in_flight` (by pass index) that the rows lack
-    /// are replayed on them first.
-    async fn receive(
-        &mut self,
-        stage: &mut Stage,
-        in_flight: &VecDeque<(u64, Arc<PushRecord>)>,
-    ) -> anyhow::Result<()> {
-        let (replies, dense) = (&mut stage.pull)
-            .await
-            .context("pull task")?
-            .context("pull embedding rows")?;
-        for (i, reply) in replies {
-            let s = stage.plan.part_server(i);
-            let from = || format!("rows from server {}", self.client.addr(s));
-            stage
-                .plan
-                .scatter_part_at(i, &reply.rows, &mut self.unique_rows)
-                .with_context(from)?;
-            if stage.replay {
-                stage
-                    .plan
-                    .scatter_state_at(i, &reply.state, &reply.state_lens, &mut self.unique_state)
-                    .with_context(from)?;
-            }
-        }
-        if let (true, Some(replayer), Some(needed)) =
-            (stage.replay, &mut self.replayer, stage.needed)
-        {
-            let started = Instant::now();
-            let mut rows = 0;
-            for (_, r) in in_flight
-                .iter()
-                .filter(|(j, _)| needed <= *j && *j < stage.index)
-            {
-                rows += replayer.replay(
-                    &stage.plan,
-                    &mut self.unique_rows,
-                    &mut self.unique_state,
-                    &r.plan,
-                    &r.grads,
-                    r.scale,
-                );
-            }
-            metrics::counter!(m::ROWS_REPLAYED_TOTAL).increment(rows as u64);
-            metrics::histogram!(m::REPLAY_SECONDS).record(started.elapsed().as_secs_f64());
-        }
-        stage
-            .plan
-            .gather_embeddings(&self.unique_rows, &mut self.emb);
-        if let (Some(sync), Some(replies)) = (&mut self.dense, dense) {
-            sync.apply_pulled(&replies, &mut self.model)?;
-        }
         Ok(())
     }
 
@@ -583,59 +426,6 @@ impl Trainer {
         })
     }
 
-    /// Queues the batch's push on the encoder thread (the dense gradients, when they live on the servers, are
-    /// taken here, before the next compute overwrites them); the future sends it once encoded and once every
-    /// pull of `waits` is answered.
-    fn send_push(
-        &mut self,
-        encoder: &PushEncoder,
-        record: Arc<PushRecord>,
-        waits: Vec<watch::Receiver<bool>>,
-    ) -> impl std::future::Future<Output = PushResult> {
-        let scale = record.scale;
-        let encoded = encoder.submit(record);
-        let dense: Vec<_> = match &mut self.dense {
-            Some(dense) => dense
-                .push_step(&self.model)
-                .into_iter()
-                .map(|(s, counts, payload)| (s, Encoding::F32, 1.0, counts, payload))
-                .collect(),
-            None => Vec::new(),
-        };
-        let dense_bytes: usize = dense.iter().map(|r| r.4.len()).sum();
-        metrics::counter!(m::DENSE_BYTES_SENT_TOTAL).increment(dense_bytes as u64);
-        let client = self.client.clone();
-        let raw_row_bytes = 8 + self.args.emb_dim as u64 * 4;
-        async move {
-            for mut w in waits {
-                // An error means the pull task ended without answering: nothing to wait for.
-                let _ = w.wait_for(|&answered| answered).await;
-            }
-            let encoded = encoded.await.context("the push encoder thread stopped")?;
-            metrics::counter!(m::ROWS_PUSHED_TOTAL).increment(encoded.rows);
-            metrics::counter!(m::WIRE_BYTES_SENT_TOTAL).increment(encoded.bytes);
-            metrics::counter!(m::RAW_BYTES_SENT_TOTAL).increment(encoded.rows * raw_row_bytes);
-            let mut requests: Vec<_> = encoded
-                .requests
-                .into_iter()
-                .map(|p| {
-                    (
-                        p.server,
-                        p.encoding,
-                        scale,
-                        p.counts,
-                        Bytes::from(p.payload),
-                    )
-                })
-                .collect();
-            requests.extend(dense);
-            let started = Instant::now();
-            let done = push_all(&client, requests).await?;
-            metrics::histogram!(m::PUSH_SECONDS).record(started.elapsed().as_secs_f64());
-            Ok(done)
-        }
-    }
-
     /// Predicts every row of `reader_cfg`'s data (pulling rows, pushing nothing) and scores the predictions;
     /// exports AUC, logloss and calibration as metrics.
     pub async fn evaluate(&mut self, reader_cfg: ReaderConfig) -> anyhow::Result<EvalReport> {
@@ -668,13 +458,4 @@ impl Trainer {
         plan.build(&batch.sparse, self.args.emb_dim, &self.map);
         Ok(Some(self.start(batch, plan, None)))
     }
-}
-
-/// Waits for every push in flight; returns the rows rejected as non-finite.
-async fn drain(pushes: &mut JoinSet<PushResult>) -> anyhow::Result<u64> {
-    let mut rejected = 0;
-    while let Some(r) = pushes.join_next().await {
-        rejected += r.expect("push task panicked").context("push gradients")?.1;
-    }
-    Ok(rejected)
 }
