@@ -1,8 +1,11 @@
 //! [`Dlrm`]: the whole dense model — bottom MLP, dot interaction, top MLP, sigmoid + BCE — and its optimizer.
 
+use rayon::prelude::*;
+
+use super::chunk::{self, ChunkBuffers, Net};
 use super::config::DlrmConfig;
 use super::interaction::Interaction;
-use super::loss::{bce_forward_backward, sigmoid};
+use super::loss::sigmoid;
 use super::mlp::Mlp;
 use super::optim::{DenseOptimizer, OptimizerState};
 use super::rng::Rng;
@@ -12,8 +15,9 @@ use super::{check_len, ensure_len, ModelError};
 ///
 /// Inputs per batch: `dense` `[batch x num_dense]` (already `ln(1 + x)`), `emb` `[batch x num_sparse x
 /// emb_dim]` (the gathered embedding rows), and for training `labels` `[batch]` in `[0, 1]`. Every buffer
-/// grows to the largest batch seen and is reused, so steady-state steps do not allocate. The work is split
-/// over the current rayon pool (see the [module docs](super)).
+/// grows to the largest batch seen and is reused, so steady-state steps do not allocate. The batch is cut
+/// into chunks of rows that run in parallel on the current rayon pool, each through the whole network
+/// (see `chunk`); results do not depend on the pool size.
 #[derive(Debug, Clone)]
 pub struct Dlrm {
     cfg: DlrmConfig,
@@ -21,10 +25,10 @@ pub struct Dlrm {
     top: Mlp,
     interaction: Interaction,
     opt: OptimizerState,
-    /// Interaction output, the top MLP's input: `[batch x interaction_dim]`.
-    inter_out: Vec<f32>,
-    /// `d loss / d inter_out`.
-    inter_grad: Vec<f32>,
+    /// Per chunk of rows: activations and gradients (see `chunk`).
+    chunks: Vec<ChunkBuffers>,
+    /// Target rows per chunk ([`chunk::CHUNK_ROWS`]; other values only in measurements).
+    chunk_rows: usize,
     /// `σ(logit)`: `[batch]`.
     probs: Vec<f32>,
 }
@@ -63,10 +67,16 @@ impl Dlrm {
             cfg,
             bottom,
             top,
-            inter_out: Vec::new(),
-            inter_grad: Vec::new(),
+            chunks: Vec::new(),
+            chunk_rows: chunk::CHUNK_ROWS,
             probs: Vec::new(),
         })
+    }
+
+    /// Sets the target rows per chunk (for measurements; results depend on it in the last bits).
+    #[cfg(test)]
+    pub(crate) fn set_chunk_rows(&mut self, rows: usize) {
+        self.chunk_rows = rows;
     }
 
     /// The sizes.
@@ -138,12 +148,36 @@ impl Dlrm {
         emb: &[f32],
     ) -> Result<&[f32], ModelError> {
         self.check_inputs(batch, dense, emb)?;
-        self.forward(batch, dense, emb);
-        let logits = self.top.output(batch);
         ensure_len(&mut self.probs, batch);
-        for (p, &x) in self.probs.iter_mut().zip(logits) {
-            *p = sigmoid(x);
+        if batch == 0 {
+            return Ok(&[]);
         }
+        let (n, rows) = chunk::split(batch, self.chunk_rows);
+        self.grow_chunks(n);
+        let parallel = n < rayon::current_num_threads();
+        let (nd, ne) = (self.cfg.num_dense, self.cfg.num_sparse * self.cfg.emb_dim);
+        let net = Net {
+            bottom: self.bottom.layers(),
+            top: self.top.layers(),
+            interaction: self.interaction,
+        };
+        self.chunks[..n]
+            .par_iter_mut()
+            .zip(self.probs[..batch].par_chunks_mut(rows))
+            .enumerate()
+            .for_each(|(c, (buf, probs))| {
+                let r = probs.len();
+                let logits = buf.forward(
+                    &net,
+                    parallel,
+                    r,
+                    &dense[c * rows * nd..][..r * nd],
+                    &emb[c * rows * ne..][..r * ne],
+                );
+                for (p, &x) in probs.iter_mut().zip(logits) {
+                    *p = sigmoid(x);
+                }
+            });
         Ok(&self.probs[..batch])
     }
 
@@ -157,8 +191,23 @@ impl Dlrm {
         labels: &[f32],
         emb_grad: &mut [f32],
     ) -> Result<f32, ModelError> {
-        let loss = self.forward_backward(batch, dense, emb, labels, emb_grad)?;
-        self.apply_gradients();
+        let (loss, n) = self.chunks_forward_backward(batch, dense, emb, labels, emb_grad)?;
+        // Sum the chunks' gradient parts and step, block by block in one pass.
+        self.opt.begin_step();
+        let chunks = &self.chunks[..n];
+        let layers = self
+            .bottom
+            .layers_mut()
+            .iter_mut()
+            .chain(self.top.layers_mut().iter_mut());
+        let mut offset = 0;
+        for (slot, (param, grad)) in layers.flat_map(|l| l.params_and_grads_mut()).enumerate() {
+            let base = offset;
+            offset += param.len();
+            self.opt.update_with(slot, param, grad, |at, g| {
+                chunk::sum_into(g, chunks, base + at)
+            });
+        }
         Ok(loss)
     }
 
@@ -172,30 +221,64 @@ impl Dlrm {
         labels: &[f32],
         emb_grad: &mut [f32],
     ) -> Result<f32, ModelError> {
+        let (loss, n) = self.chunks_forward_backward(batch, dense, emb, labels, emb_grad)?;
+        self.reduce_grads(n);
+        Ok(loss)
+    }
+
+    /// Forward and backward over the chunks of the batch, leaving each chunk's gradient parts in its
+    /// buffers; returns the mean loss and the number of chunks.
+    fn chunks_forward_backward(
+        &mut self,
+        batch: usize,
+        dense: &[f32],
+        emb: &[f32],
+        labels: &[f32],
+        emb_grad: &mut [f32],
+    ) -> Result<(f32, usize), ModelError> {
         self.check_inputs(batch, dense, emb)?;
         check_len("labels", labels.len(), batch)?;
         check_len("emb_grad", emb_grad.len(), emb.len())?;
         if batch == 0 {
             return Err(ModelError::EmptyBatch);
         }
-        let width = self.cfg.interaction_dim();
-        self.forward(batch, dense, emb);
+        let (n, rows) = chunk::split(batch, self.chunk_rows);
+        self.grow_chunks(n);
         ensure_len(&mut self.probs, batch);
-        let (logits, dlogits) = self.top.output_and_grad_mut(batch);
-        let loss = bce_forward_backward(logits, labels, &mut self.probs[..batch], dlogits);
-
-        ensure_len(&mut self.inter_grad, batch * width);
-        let inter_grad = &mut self.inter_grad[..batch * width];
-        self.top.backward(
-            batch,
-            &self.inter_out[..batch * width],
-            Some(&mut *inter_grad),
-        );
-        let (z, dz) = self.bottom.output_and_grad_mut(batch);
-        self.interaction
-            .backward(batch, z, emb, inter_grad, dz, emb_grad);
-        self.bottom.backward(batch, dense, None);
-        Ok(loss)
+        let parallel = n < rayon::current_num_threads();
+        let (nd, ne) = (self.cfg.num_dense, self.cfg.num_sparse * self.cfg.emb_dim);
+        let scale = 1.0 / batch as f32;
+        let net = Net {
+            bottom: self.bottom.layers(),
+            top: self.top.layers(),
+            interaction: self.interaction,
+        };
+        // With no sparse features `emb_grad` is empty and has no chunks: give every chunk an empty slice.
+        let emb_grads = emb_grad
+            .par_chunks_mut((rows * ne).max(1))
+            .map(Some)
+            .chain(rayon::iter::repeat_n((), n).map(|()| None));
+        self.chunks[..n]
+            .par_iter_mut()
+            .zip(self.probs[..batch].par_chunks_mut(rows))
+            .zip(emb_grads)
+            .enumerate()
+            .for_each(|(c, ((buf, probs), emb_grad))| {
+                let r = probs.len();
+                buf.forward_backward(
+                    &net,
+                    parallel,
+                    r,
+                    &dense[c * rows * nd..][..r * nd],
+                    &emb[c * rows * ne..][..r * ne],
+                    &labels[c * rows..][..r],
+                    scale,
+                    probs,
+                    emb_grad.unwrap_or_default(),
+                );
+            });
+        let loss: f64 = self.chunks[..n].iter().map(|c| c.loss).sum();
+        Ok(((loss * scale as f64) as f32, n))
     }
 
     /// One optimizer step with the gradients of the last [`forward_backward`](Self::forward_backward).
@@ -240,13 +323,28 @@ impl Dlrm {
         )
     }
 
-    /// Bottom MLP, interaction and top MLP; leaves the logits in the top MLP's output.
-    fn forward(&mut self, batch: usize, dense: &[f32], emb: &[f32]) {
-        let width = self.cfg.interaction_dim();
-        let z = self.bottom.forward(batch, dense);
-        ensure_len(&mut self.inter_out, batch * width);
-        self.interaction
-            .forward(batch, z, emb, &mut self.inter_out[..batch * width]);
-        self.top.forward(batch, &self.inter_out[..batch * width]);
+    /// At least `n` chunk buffers.
+    fn grow_chunks(&mut self, n: usize) {
+        if self.chunks.len() < n {
+            self.chunks.resize_with(n, ChunkBuffers::default);
+        }
+    }
+
+    /// Sets every layer's gradients to the sum of the first `n` chunks' parts, in chunk order.
+    fn reduce_grads(&mut self, n: usize) {
+        let chunks = &self.chunks[..n];
+        let layers = self
+            .bottom
+            .layers_mut()
+            .iter_mut()
+            .chain(self.top.layers_mut().iter_mut());
+        let mut offset = 0;
+        for layer in layers {
+            let (wg, bg) = layer.grads_mut();
+            for g in [wg, bg] {
+                chunk::sum_parts(g, chunks, offset);
+                offset += g.len();
+            }
+        }
     }
 }

@@ -2,7 +2,7 @@
 
 use rayon::prelude::*;
 
-use super::matmul::{matmul, Op};
+use super::matmul::{matmul, matmul_on, Op};
 use super::rng::Rng;
 use super::simd::multiversion;
 
@@ -115,11 +115,27 @@ impl Linear {
     /// # Panics
     /// If a slice length does not match `batch` and the layer sizes.
     pub fn forward(&self, batch: usize, x: &[f32], y: &mut [f32]) {
+        self.forward_on(true, batch, x, y);
+    }
+
+    /// [`forward`](Self::forward), split over the current rayon pool only when `parallel`.
+    pub(crate) fn forward_on(&self, parallel: bool, batch: usize, x: &[f32], y: &mut [f32]) {
         let (n_in, n_out) = (self.in_dim, self.out_dim);
-        matmul(batch, n_out, n_in, y, false, x, Op::N, &self.weight, Op::T);
+        matmul_on(
+            parallel,
+            batch,
+            n_out,
+            n_in,
+            y,
+            false,
+            x,
+            Op::N,
+            &self.weight,
+            Op::T,
+        );
         // One fused pass for bias and activation, rows split across threads.
         let (bias, relu) = (&self.bias[..], self.relu);
-        if y.len() >= PARALLEL_MIN_ELEMS {
+        if parallel && y.len() >= PARALLEL_MIN_ELEMS {
             y.par_chunks_mut(rows_per_task(batch) * n_out)
                 .for_each(|y| bias_act_rows(y, bias, relu));
         } else {
@@ -169,6 +185,68 @@ impl Linear {
                 Op::N,
             );
         }
+    }
+
+    /// Backward pass over one chunk of rows into caller-owned gradients, for the data-parallel step:
+    /// like [`backward`](Self::backward), but writes the weight and bias gradients of these rows into
+    /// `weight_grad` (`[out x in]`) and `bias_grad` (`[out]`), reads the layer only, and splits the matrix
+    /// products over the current rayon pool only when `parallel` (the bias sum always runs on the calling
+    /// thread, rows in order, so the result does not depend on the pool).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn backward_into(
+        &self,
+        parallel: bool,
+        batch: usize,
+        x: &[f32],
+        y: &[f32],
+        dy: &mut [f32],
+        dx: Option<&mut [f32]>,
+        weight_grad: &mut [f32],
+        bias_grad: &mut [f32],
+    ) {
+        let (n_in, n_out) = (self.in_dim, self.out_dim);
+        assert_eq!(y.len(), batch * n_out, "linear backward: y");
+        assert_eq!(dy.len(), batch * n_out, "linear backward: dy");
+        mask_sum_rows(y, dy, bias_grad, self.relu);
+        matmul_on(
+            parallel,
+            n_out,
+            n_in,
+            batch,
+            weight_grad,
+            false,
+            dy,
+            Op::T,
+            x,
+            Op::N,
+        );
+        if let Some(dx) = dx {
+            matmul_on(
+                parallel,
+                batch,
+                n_in,
+                n_out,
+                dx,
+                false,
+                dy,
+                Op::N,
+                &self.weight,
+                Op::N,
+            );
+        }
+    }
+
+    /// Parameters with their gradients, both writable (for an update that computes the gradient on the fly).
+    pub(crate) fn params_and_grads_mut(&mut self) -> [(&mut [f32], &mut [f32]); 2] {
+        [
+            (&mut self.weight, &mut self.weight_grad),
+            (&mut self.bias, &mut self.bias_grad),
+        ]
+    }
+
+    /// The weight and bias gradients, to be written by a caller that computed them elsewhere.
+    pub(crate) fn grads_mut(&mut self) -> (&mut [f32], &mut [f32]) {
+        (&mut self.weight_grad, &mut self.bias_grad)
     }
 
     /// Zeroes `dy` where the ReLU was inactive (`y <= 0`) and sums `dy` over the batch into the bias

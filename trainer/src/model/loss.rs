@@ -37,6 +37,25 @@ pub fn bce_forward_backward(
     assert_eq!(logits.len(), probs.len(), "bce: probs");
     assert_eq!(logits.len(), grad.len(), "bce: grad");
     let scale = 1.0 / logits.len().max(1) as f32;
+    (bce_sum(logits, labels, probs, grad, scale) * scale as f64) as f32
+}
+
+/// BCE summed over a slice of a batch: writes `σ(logit)` into `probs` and `(σ - y) · scale` into `grad`, and
+/// returns the (unscaled) sum of the losses. With `scale = 1 / batch` over the slices of a batch, the
+/// gradients are those of the batch's mean loss.
+///
+/// # Panics
+/// If the slices differ in length.
+pub(crate) fn bce_sum(
+    logits: &[f32],
+    labels: &[f32],
+    probs: &mut [f32],
+    grad: &mut [f32],
+    scale: f32,
+) -> f64 {
+    assert_eq!(logits.len(), labels.len(), "bce: labels");
+    assert_eq!(logits.len(), probs.len(), "bce: probs");
+    assert_eq!(logits.len(), grad.len(), "bce: grad");
     let mut total = 0.0f64;
     for (((&x, &y), p), g) in logits
         .iter()
@@ -48,7 +67,7 @@ pub fn bce_forward_backward(
         *g = (*p - y) * scale;
         total += bce_with_logit(x, y);
     }
-    (total * scale as f64) as f32
+    total
 }
 
 #[cfg(test)]

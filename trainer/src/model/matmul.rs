@@ -39,6 +39,24 @@ pub(crate) fn matmul(
     b: &[f32],
     op_b: Op,
 ) {
+    matmul_on(true, m, n, k, c, accumulate, a, op_a, b, op_b);
+}
+
+/// [`matmul`], split over the current rayon pool only when `parallel` (and the product is big enough).
+/// The result does not depend on the split: `gemm` divides rows and columns, never the inner dimension.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn matmul_on(
+    parallel: bool,
+    m: usize,
+    n: usize,
+    k: usize,
+    c: &mut [f32],
+    accumulate: bool,
+    a: &[f32],
+    op_a: Op,
+    b: &[f32],
+    op_b: Op,
+) {
     assert_eq!(c.len(), m * n, "matmul: c");
     assert_eq!(a.len(), m * k, "matmul: a");
     assert_eq!(b.len(), k * n, "matmul: b");
@@ -60,7 +78,7 @@ pub(crate) fn matmul(
         Op::N => (n, 1),
         Op::T => (1, k),
     };
-    let par = if m * n * k >= PARALLEL_MIN_MACS {
+    let par = if parallel && m * n * k >= PARALLEL_MIN_MACS {
         Parallelism::Rayon(0)
     } else {
         Parallelism::None

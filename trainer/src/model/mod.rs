@@ -8,6 +8,7 @@
 //! # Layout
 //! - [`config`]: [`DlrmConfig`], the sizes, and its validation and FLOP count.
 //! - [`dlrm`]: [`Dlrm`], the whole model: `predict` and `train_step`.
+//! - `chunk`: the data-parallel step, one chunk of rows per task through the whole network.
 //! - [`mlp`]: [`Mlp`], a stack of [`Linear`] layers with their activation buffers.
 //! - [`linear`]: [`Linear`], one fully connected layer with fused bias + ReLU.
 //! - [`interaction`]: [`Interaction`], DLRM's pairwise dot interaction.
@@ -16,12 +17,15 @@
 //!
 //! # Design decisions
 //! - Every matrix product goes through the `gemm` crate (runtime AVX-512 dispatch), row-major, via one
-//!   wrapper (`matmul`). Large products are split over the *current* rayon pool, as are the interaction and the
-//!   optimizer loops: run `train_step` inside `ThreadPool::install` to bound the threads.
+//!   wrapper (`matmul`). `Dlrm` cuts the batch into chunks of rows that run in parallel on the *current*
+//!   rayon pool, each through the whole network on one thread (`chunk`); the chunks' gradients are summed
+//!   in a fixed order, so results do not depend on the pool. The optimizer loops are split over the pool
+//!   too: run `train_step` inside `ThreadPool::install` to bound the threads.
 //! - No allocation per step: activation and gradient buffers live in the structs and only grow when a
 //!   bigger batch arrives.
 //! - Weights are stored like PyTorch's `nn.Linear`: `[out x in]` row-major, then the bias `[out]`.
 
+mod chunk;
 pub mod config;
 pub mod dlrm;
 pub mod interaction;

@@ -16,6 +16,10 @@ const PARALLEL_MIN_ELEMS: usize = 1 << 16;
 /// Elements per parallel task.
 const CHUNK: usize = 1 << 14;
 
+/// Elements per block of [`OptimizerState::update_with`]: the gradient parts, the parameter, the gradient
+/// and the state of one block stay in L1 between the sum and the update.
+const FUSED_BLOCK: usize = 2048;
+
 /// Which dense optimizer to use, with its hyper-parameters.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
@@ -229,23 +233,8 @@ impl OptimizerState {
                         .for_each(|((p, g), s)| adagrad(p, g, s, lr, eps));
                 }
             }
-            DenseOptimizer::Adam {
-                lr,
-                beta1,
-                beta2,
-                eps,
-            } => {
-                let t = self.step.max(1) as i32;
-                let bc1 = 1.0 - (beta1 as f64).powi(t);
-                let bc2 = 1.0 - (beta2 as f64).powi(t);
-                // PyTorch: p -= (lr / bc1) m / (√v / √bc2 + eps).
-                let k = AdamStep {
-                    beta1,
-                    beta2,
-                    eps,
-                    step_size: (lr as f64 / bc1) as f32,
-                    inv_sqrt_bc2: (1.0 / bc2.sqrt()) as f32,
-                };
+            DenseOptimizer::Adam { .. } => {
+                let k = self.adam_step();
                 let (m, v) = (&mut self.first[slot][..], &mut self.second[slot][..]);
                 assert_eq!(m.len(), param.len(), "optimizer: slot size");
                 if param.len() < PARALLEL_MIN_ELEMS {
@@ -261,6 +250,100 @@ impl OptimizerState {
             }
         }
     }
+}
+
+impl OptimizerState {
+    /// Adam's constants for the current step (meaningless for the other optimizers).
+    fn adam_step(&self) -> AdamStep {
+        let (lr, beta1, beta2, eps) = match self.kind {
+            DenseOptimizer::Adam {
+                lr,
+                beta1,
+                beta2,
+                eps,
+            } => (lr, beta1, beta2, eps),
+            _ => (0.0, 0.0, 0.0, 1.0),
+        };
+        let t = self.step.max(1) as i32;
+        let bc1 = 1.0 - (beta1 as f64).powi(t);
+        let bc2 = 1.0 - (beta2 as f64).powi(t);
+        // PyTorch: p -= (lr / bc1) m / (√v / √bc2 + eps).
+        AdamStep {
+            beta1,
+            beta2,
+            eps,
+            step_size: (lr as f64 / bc1) as f32,
+            inv_sqrt_bc2: (1.0 / bc2.sqrt()) as f32,
+        }
+    }
+
+    /// [`update`](Self::update) with the gradient computed on the fly: for each block of elements
+    /// `offset..offset + block.len()`, first `fill(offset, block)` writes the gradient into `grad`'s block,
+    /// then the block is updated while it is in cache. Used to sum the chunks' gradient parts and step in
+    /// one pass. The result equals `fill` over all of `grad` followed by [`update`](Self::update).
+    ///
+    /// # Panics
+    /// If `slot` is out of range or the lengths differ from the slot's size.
+    pub(crate) fn update_with(
+        &mut self,
+        slot: usize,
+        param: &mut [f32],
+        grad: &mut [f32],
+        fill: impl Fn(usize, &mut [f32]) + Sync,
+    ) {
+        assert_eq!(param.len(), grad.len(), "optimizer: grad length");
+        let kind = self.kind;
+        let k = self.adam_step();
+        let (s1, s2): (&mut [f32], &mut [f32]) = match kind {
+            DenseOptimizer::Sgd { .. } => (&mut [], &mut []),
+            DenseOptimizer::Adagrad { .. } => (&mut self.first[slot], &mut []),
+            DenseOptimizer::Adam { .. } => (&mut self.first[slot], &mut self.second[slot]),
+        };
+        let blocks = param.len().div_ceil(FUSED_BLOCK);
+        for s in [&*s1, &*s2] {
+            assert!(
+                s.is_empty() || s.len() == param.len(),
+                "optimizer: slot size"
+            );
+        }
+        let step = |i: usize, p: &mut [f32], g: &mut [f32], s1: &mut [f32], s2: &mut [f32]| {
+            fill(i * FUSED_BLOCK, g);
+            match kind {
+                DenseOptimizer::Sgd { lr } => sgd(p, g, lr),
+                DenseOptimizer::Adagrad { lr, eps, .. } => adagrad(p, g, s1, lr, eps),
+                DenseOptimizer::Adam { .. } => adam(p, g, s1, s2, &k),
+            }
+        };
+        if param.len() < PARALLEL_MIN_ELEMS {
+            // Split off one block at a time; a missing state tensor yields empty blocks.
+            let mut rest = (param, grad, s1, s2);
+            for i in 0..blocks {
+                let (p, g, a, b) = rest;
+                let n = FUSED_BLOCK.min(p.len());
+                let (p0, p1) = p.split_at_mut(n);
+                let (g0, g1) = g.split_at_mut(n);
+                let (a0, a1) = a.split_at_mut(n.min(a.len()));
+                let (b0, b1) = b.split_at_mut(n.min(b.len()));
+                step(i, p0, g0, a0, b0);
+                rest = (p1, g1, a1, b1);
+            }
+        } else {
+            param
+                .par_chunks_mut(FUSED_BLOCK)
+                .zip(grad.par_chunks_mut(FUSED_BLOCK))
+                .zip(state_blocks(s1, blocks).zip(state_blocks(s2, blocks)))
+                .enumerate()
+                .for_each(|(i, ((p, g), (a, b)))| step(i, p, g, a, b));
+        }
+    }
+}
+
+/// `s` in blocks of [`FUSED_BLOCK`], or `blocks` empty blocks when `s` is empty (no such state).
+fn state_blocks(s: &mut [f32], blocks: usize) -> impl IndexedParallelIterator<Item = &mut [f32]> {
+    s.par_chunks_mut(FUSED_BLOCK)
+        .map(Some)
+        .chain(rayon::iter::repeat_n((), blocks).map(|()| None))
+        .map(Option::unwrap_or_default)
 }
 
 /// Adam's constants for one step.
@@ -394,6 +477,47 @@ mod tests {
                 small.begin_step();
                 small.update(0, &mut q, &grad[i..i + 1]);
                 assert_eq!(p[i], q[0], "{kind:?} [{i}]");
+            }
+        }
+    }
+
+    #[test]
+    fn fused_update_matches_fill_then_update() {
+        // Serial and parallel sizes, with a partial last block.
+        for n in [5, FUSED_BLOCK + 3, PARALLEL_MIN_ELEMS + FUSED_BLOCK / 2] {
+            let src: Vec<f32> = (0..n).map(|i| ((i % 89) as f32 - 44.0) / 10.0).collect();
+            for kind in [
+                DenseOptimizer::Sgd { lr: 0.1 },
+                DenseOptimizer::Adagrad {
+                    lr: 0.1,
+                    eps: 1e-10,
+                    initial_accumulator: 0.1,
+                },
+                DenseOptimizer::Adam {
+                    lr: 0.01,
+                    beta1: 0.9,
+                    beta2: 0.999,
+                    eps: 1e-8,
+                },
+            ] {
+                let (mut a, mut b) = (
+                    OptimizerState::new(kind, &[n]),
+                    OptimizerState::new(kind, &[n]),
+                );
+                let (mut pa, mut pb) = (vec![1.0; n], vec![1.0; n]);
+                let mut grad = vec![0.0; n];
+                for step in 1..=2 {
+                    let g: Vec<f32> = src.iter().map(|&x| x * step as f32).collect();
+                    a.begin_step();
+                    a.update(0, &mut pa, &g);
+                    b.begin_step();
+                    b.update_with(0, &mut pb, &mut grad, |at, block| {
+                        block.copy_from_slice(&g[at..at + block.len()])
+                    });
+                    assert_eq!(grad, g, "{kind:?} n {n}");
+                }
+                assert_eq!(pa, pb, "{kind:?} n {n}");
+                assert_eq!(a.tensors(), b.tensors(), "{kind:?} n {n}");
             }
         }
     }

@@ -3,6 +3,10 @@
 //! ```text
 //! cargo test --release -p trainer --lib model::perf -- --ignored --nocapture --test-threads 1
 //! ```
+//!
+//! `DENSE_PERF_THREADS=1` (or `2`, `1,2`) picks the pool sizes (default 1 and 2); `gemm_shapes` times every
+//! matrix product of one step alone, in the layout the model uses and transposed, for `DENSE_PERF_ROWS`
+//! rows (default 2048; 512 is one chunk of the data-parallel step).
 
 use std::time::Instant;
 
@@ -42,6 +46,17 @@ fn best_time(reps: usize, iters: usize, mut f: impl FnMut()) -> (f64, f64) {
     best
 }
 
+/// The thread counts to measure: `DENSE_PERF_THREADS` (e.g. `1`) or 1 and 2.
+fn thread_counts() -> Vec<usize> {
+    match std::env::var("DENSE_PERF_THREADS") {
+        Ok(v) => v
+            .split(',')
+            .map(|t| t.trim().parse().expect("DENSE_PERF_THREADS"))
+            .collect(),
+        Err(_) => vec![1, 2],
+    }
+}
+
 fn on_threads(threads: usize, f: impl FnOnce() + Send) {
     rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
@@ -62,7 +77,7 @@ fn train_step_throughput() {
         .collect();
     let mut emb_grad = vec![0.0; emb.len()];
     let flops = cfg.flops_per_sample() * BATCH as f64;
-    for threads in [1, 2] {
+    for threads in thread_counts() {
         on_threads(threads, || {
             let opt = DenseOptimizer::Adagrad {
                 lr: 0.01,
@@ -105,7 +120,7 @@ fn kernel_throughput() {
     let emb = rand_vec(&mut rng, BATCH * 26 * 16, 1.0);
     let mut out = vec![0.0; BATCH * it.out_dim()];
     let (mut dz, mut demb) = (vec![0.0; z.len()], vec![0.0; emb.len()]);
-    for threads in [1, 2] {
+    for threads in thread_counts() {
         on_threads(threads, || {
             let t = best_time(5, 20, || {
                 matmul(m, n, k, &mut c, false, &a, Op::N, &b, Op::N)
@@ -124,6 +139,137 @@ fn kernel_throughput() {
                 tb.0 * 1e3,
                 tb.1 * 1e3
             );
+        });
+    }
+}
+
+/// Every matrix product of one default-size train step, timed alone: which shapes run below the big
+/// square product's rate, and whether the transposed layout would be faster.
+#[test]
+#[ignore = "timing; run by hand in release"]
+fn gemm_shapes() {
+    let cfg = DlrmConfig::default();
+    let b = std::env::var("DENSE_PERF_ROWS").map_or(BATCH, |v| v.parse().expect("DENSE_PERF_ROWS"));
+    let mut rng = Rng::new(3);
+    let mut layers = cfg.bottom_layers();
+    layers.extend(cfg.top_layers());
+    for threads in thread_counts() {
+        on_threads(threads, || {
+            let mut total = 0.0;
+            for &(i, o) in &layers {
+                let x = rand_vec(&mut rng, b * i, 1.0);
+                let w = rand_vec(&mut rng, o * i, 1.0);
+                let dy = rand_vec(&mut rng, b * o, 1.0);
+                let mut y = vec![0.0; b * o];
+                let mut dw = vec![0.0; o * i];
+                let mut dx = vec![0.0; b * i];
+                let f = best_time(5, 10, || {
+                    matmul(b, o, i, &mut y, false, &x, Op::N, &w, Op::T)
+                });
+                let g = best_time(5, 10, || {
+                    matmul(o, i, b, &mut dw, false, &dy, Op::T, &x, Op::N)
+                });
+                let d = best_time(5, 10, || {
+                    matmul(b, i, o, &mut dx, false, &dy, Op::N, &w, Op::N)
+                });
+                let mut dwt = vec![0.0; o * i];
+                let gt = best_time(5, 10, || {
+                    matmul(i, o, b, &mut dwt, false, &x, Op::T, &dy, Op::N)
+                });
+                let ft = best_time(5, 10, || {
+                    matmul(o, b, i, &mut y, false, &w, Op::N, &x, Op::T)
+                });
+                let dt = best_time(5, 10, || {
+                    matmul(i, b, o, &mut dx, false, &w, Op::T, &dy, Op::T)
+                });
+                let gf = |t: (f64, f64)| 2.0 * (b * i * o) as f64 / t.0 / 1e9;
+                println!(
+                    "threads {threads}: {i:>4}x{o:<4} transposed: fwd {:.3} ms ({:.0}) wgrad {:.3} ms ({:.0}) dx {:.3} ms ({:.0})",
+                    ft.0 * 1e3,
+                    gf(ft),
+                    gt.0 * 1e3,
+                    gf(gt),
+                    dt.0 * 1e3,
+                    gf(dt)
+                );
+                total += f.0 + g.0 + d.0;
+                println!(
+                    "threads {threads}: {i:>4}x{o:<4} fwd {:.3} ms ({:.0} GF/s) wgrad {:.3} ms ({:.0}) dx {:.3} ms ({:.0})",
+                    f.0 * 1e3,
+                    gf(f),
+                    g.0 * 1e3,
+                    gf(g),
+                    d.0 * 1e3,
+                    gf(d)
+                );
+            }
+            println!("threads {threads}: total {:.2} ms", total * 1e3);
+        });
+    }
+}
+
+/// Train steps with several chunk sizes, interleaved in one process so that they see the same load:
+/// median over `DENSE_PERF_ROUNDS` (default 15) rounds of 3 steps each, for the target rows per chunk in
+/// `DENSE_PERF_CHUNKS` (default `256,512,1024,2048`; 2048 is one chunk, split per product as before).
+#[test]
+#[ignore = "timing; run by hand in release"]
+fn chunk_sizes() {
+    let cfg = DlrmConfig::default();
+    let mut rng = Rng::new(1);
+    let dense = rand_vec(&mut rng, BATCH * cfg.num_dense, 1.0);
+    let emb = rand_vec(&mut rng, BATCH * cfg.num_sparse * cfg.emb_dim, 0.1);
+    let labels: Vec<f32> = (0..BATCH)
+        .map(|_| (rng.next_u64() & 3 == 0) as u8 as f32)
+        .collect();
+    let mut emb_grad = vec![0.0; emb.len()];
+    let rounds = std::env::var("DENSE_PERF_ROUNDS").map_or(15, |v| v.parse().expect("rounds"));
+    let sizes: Vec<usize> = std::env::var("DENSE_PERF_CHUNKS")
+        .unwrap_or_else(|_| "256,512,1024,2048".into())
+        .split(',')
+        .map(|v| v.trim().parse().expect("DENSE_PERF_CHUNKS"))
+        .collect();
+    for threads in thread_counts() {
+        on_threads(threads, || {
+            let opt = DenseOptimizer::Adagrad {
+                lr: 0.01,
+                eps: 1e-8,
+                initial_accumulator: 0.0,
+            };
+            let mut models: Vec<Dlrm> = sizes
+                .iter()
+                .map(|&rows| {
+                    let mut m = Dlrm::new(cfg.clone(), opt, 0).unwrap();
+                    m.set_chunk_rows(rows);
+                    m.train_step(BATCH, &dense, &emb, &labels, &mut emb_grad)
+                        .unwrap();
+                    m
+                })
+                .collect();
+            let mut times = vec![Vec::new(); sizes.len()];
+            for _ in 0..rounds {
+                for (m, t) in models.iter_mut().zip(&mut times) {
+                    let start = Instant::now();
+                    for _ in 0..3 {
+                        m.train_step(BATCH, &dense, &emb, &labels, &mut emb_grad)
+                            .unwrap();
+                    }
+                    t.push(start.elapsed().as_secs_f64() / 3.0);
+                }
+            }
+            let line: Vec<String> = sizes
+                .iter()
+                .zip(&mut times)
+                .map(|(rows, t)| {
+                    t.sort_by(f64::total_cmp);
+                    let med = t[t.len() / 2];
+                    format!(
+                        "{rows}: {:.2} ms ({:.0} samples/s)",
+                        med * 1e3,
+                        BATCH as f64 / med
+                    )
+                })
+                .collect();
+            println!("threads {threads}: chunk rows {}", line.join(", "));
         });
     }
 }

@@ -292,3 +292,83 @@ fn default_model_size() {
         model.num_params()
     );
 }
+
+#[test]
+fn chunked_batch_equals_weighted_sum_of_sub_batches() {
+    // 1100 rows run as several chunks; the mean-loss gradient must be the size-weighted mean of the
+    // gradients of sub-batches that each fit in one chunk.
+    let cfg = small_cfg();
+    let mut model = Dlrm::new(cfg.clone(), DenseOptimizer::Sgd { lr: 0.0 }, 7).unwrap();
+    let mut rng = Rng::new(8);
+    let b = random_batch(&cfg, 1100, &mut rng);
+    let mut emb_grad = vec![0.0; b.emb.len()];
+    let loss = model
+        .forward_backward(b.n, &b.dense, &b.emb, &b.labels, &mut emb_grad)
+        .unwrap();
+    let whole: Vec<Vec<f32>> = model.grads().iter().map(|g| g.to_vec()).collect();
+    let (w, nd) = (cfg.num_sparse * cfg.emb_dim, cfg.num_dense);
+    let mut want = vec![vec![0.0f64; 0]; whole.len()];
+    let mut want_loss = 0.0f64;
+    let mut want_emb = Vec::new();
+    for (lo, hi) in [(0, 300), (300, 700), (700, 1100)] {
+        let n = hi - lo;
+        let mut g = vec![0.0; n * w];
+        let l = model
+            .forward_backward(
+                n,
+                &b.dense[lo * nd..hi * nd],
+                &b.emb[lo * w..hi * w],
+                &b.labels[lo..hi],
+                &mut g,
+            )
+            .unwrap();
+        let weight = n as f64 / b.n as f64;
+        want_loss += l as f64 * weight;
+        want_emb.extend(g.iter().map(|&x| x as f64 * weight));
+        for (acc, part) in want.iter_mut().zip(model.grads()) {
+            acc.resize(part.len(), 0.0);
+            for (a, &p) in acc.iter_mut().zip(part) {
+                *a += p as f64 * weight;
+            }
+        }
+    }
+    let close = |a: f32, b: f64| (a as f64 - b).abs() <= 1e-5 * (1.0 + b.abs());
+    assert!(close(loss, want_loss), "loss {loss} vs {want_loss}");
+    for (i, (&a, &b)) in emb_grad.iter().zip(&want_emb).enumerate() {
+        assert!(close(a, b), "emb_grad[{i}] {a} vs {b}");
+    }
+    for (t, (got, want)) in whole.iter().zip(&want).enumerate() {
+        for (i, (&a, &b)) in got.iter().zip(want).enumerate() {
+            assert!(close(a, b), "grad tensor {t}[{i}] {a} vs {b}");
+        }
+    }
+}
+
+#[test]
+fn train_step_equals_forward_backward_then_apply() {
+    // train_step sums the chunks' gradients inside the optimizer pass; it must equal the two-step path.
+    let cfg = small_cfg();
+    let opt = DenseOptimizer::Adam {
+        lr: 0.01,
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 1e-8,
+    };
+    let mut a = Dlrm::new(cfg.clone(), opt, 2).unwrap();
+    let mut b = Dlrm::new(cfg.clone(), opt, 2).unwrap();
+    let mut rng = Rng::new(3);
+    for n in [1100, 7] {
+        let batch = random_batch(&cfg, n, &mut rng);
+        let (mut ga, mut gb) = (vec![0.0; batch.emb.len()], vec![0.0; batch.emb.len()]);
+        let la = a
+            .train_step(n, &batch.dense, &batch.emb, &batch.labels, &mut ga)
+            .unwrap();
+        let lb = b
+            .forward_backward(n, &batch.dense, &batch.emb, &batch.labels, &mut gb)
+            .unwrap();
+        b.apply_gradients();
+        assert_eq!((la, &ga), (lb, &gb));
+        assert_eq!(a.grads(), b.grads());
+        assert_eq!(a.params(), b.params());
+    }
+}
