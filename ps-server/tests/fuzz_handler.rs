@@ -373,7 +373,10 @@ fn check(shard: &Shard, req: &Request, payload: &[u8], reply: &Reply, before: Op
             | (Request::Hello { .. }, Response::Hello { .. })
             | (Request::RegisterTables { .. }, Response::Registered { .. })
             | (Request::Pull { .. }, Response::Pulled { .. })
-            | (Request::PullWithState { .. }, Response::PulledWithState { .. })
+            | (
+                Request::PullWithState { .. },
+                Response::PulledWithState { .. }
+            )
             | (Request::Push { .. }, Response::Pushed { .. })
             | (Request::Flush, Response::Flushed { .. })
     );
