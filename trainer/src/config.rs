@@ -39,7 +39,8 @@ pub enum DenseKind {
 pub enum FeedbackMode {
     /// Pushes coarser than f16 (bf16, int8). f16 keeps 11 significant bits of the loss-scaled gradients: on the
     /// demo data its residuals changed the test AUC by less than run-to-run noise while their store (one
-    /// random memory access per pushed row into tens of MB) took ~8% of the CPU (BENCHMARKS.md).
+    /// random memory access per pushed row into tens of MB) took 8% of the CPU samples in a whole-system profile
+    /// (BENCHMARKS.md).
     Auto,
     /// Every lossy push encoding, f16 included.
     #[value(alias = "true")]
