@@ -259,7 +259,7 @@ impl Shard {
                 epoch,
                 encoding,
                 tables,
-            } => self.pull(epoch, encoding, &tables, payload),
+            } => self.pull(epoch, encoding, &tables, payload, false),
             Request::Push {
                 epoch,
                 encoding,
@@ -272,7 +272,7 @@ impl Shard {
                 epoch,
                 encoding,
                 tables,
-            } => self.pull_with_state(epoch, encoding, &tables, payload),
+            } => self.pull(epoch, encoding, &tables, payload, true),
         };
         result.unwrap_or_else(|r| {
             metrics::counter!(m::REQUEST_ERRORS_TOTAL, "code" => format!("{:?}", r.code))
@@ -398,49 +398,18 @@ impl Shard {
         Ok((layout, all_ids))
     }
 
+    /// A pull; `with_state` ([`Request::PullWithState`]) appends each row's optimizer state after the rows.
     fn pull(
         &self,
         epoch: u64,
         encoding: Encoding,
         tables: &[TableCount],
         payload: &[u8],
+        with_state: bool,
     ) -> Result<Reply, Refusal> {
         let (layout, all_ids) = self.pull_ids(epoch, tables, payload)?;
         let mut out = Vec::with_capacity(layout.pull_response_bytes(encoding));
-        let mut rows = Vec::new();
-        let mut start = 0;
-        for t in tables {
-            let n = t.count as usize;
-            let ids = &all_ids[start..start + n];
-            start += n;
-            self.check_ownership(t.table, ids)?;
-            rows.clear();
-            rows.resize(n * t.dim as usize, 0.0);
-            self.engine.gather(t.table, ids, &mut rows)?;
-            codec::encode_rows(&rows, t.dim as usize, encoding, &mut out);
-        }
-        metrics::counter!(m::ROWS_PULLED_TOTAL).increment(layout.ids as u64);
-        Ok(Reply {
-            header: Response::Pulled {
-                encoding,
-                tables: tables.to_vec(),
-            },
-            payload: out,
-        })
-    }
-
-    /// A pull answered with each row's optimizer state after the rows ([`Request::PullWithState`]).
-    fn pull_with_state(
-        &self,
-        epoch: u64,
-        encoding: Encoding,
-        tables: &[TableCount],
-        payload: &[u8],
-    ) -> Result<Reply, Refusal> {
-        let (layout, all_ids) = self.pull_ids(epoch, tables, payload)?;
-        let mut out = Vec::with_capacity(layout.pull_response_bytes(encoding));
-        let mut state = Vec::new();
-        let mut state_lens = Vec::with_capacity(tables.len());
+        let (mut state, mut state_lens) = (Vec::new(), Vec::new());
         let (mut full, mut rows) = (Vec::new(), Vec::new());
         let mut start = 0;
         for t in tables {
@@ -448,26 +417,37 @@ impl Shard {
             let ids = &all_ids[start..start + n];
             start += n;
             self.check_ownership(t.table, ids)?;
-            let row_len = self.engine.table(t.table)?.row_len();
-            full.clear();
-            full.resize(n * row_len, 0.0);
-            self.engine.gather_with_state(t.table, ids, &mut full)?;
             rows.clear();
-            for row in full.chunks_exact(row_len) {
-                rows.extend_from_slice(&row[..dim]);
-                state.extend(row[dim..].iter().flat_map(|v| v.to_le_bytes()));
+            if with_state {
+                let row_len = self.engine.table(t.table)?.row_len();
+                full.clear();
+                full.resize(n * row_len, 0.0);
+                self.engine.gather_with_state(t.table, ids, &mut full)?;
+                for row in full.chunks_exact(row_len) {
+                    rows.extend_from_slice(&row[..dim]);
+                    state.extend(row[dim..].iter().flat_map(|v| v.to_le_bytes()));
+                }
+                state_lens.push((row_len - dim) as u32);
+            } else {
+                rows.resize(n * dim, 0.0);
+                self.engine.gather(t.table, ids, &mut rows)?;
             }
             codec::encode_rows(&rows, dim, encoding, &mut out);
-            state_lens.push((row_len - dim) as u32);
         }
         out.extend_from_slice(&state);
         metrics::counter!(m::ROWS_PULLED_TOTAL).increment(layout.ids as u64);
-        Ok(Reply {
-            header: Response::PulledWithState {
+        let tables = tables.to_vec();
+        let header = if with_state {
+            Response::PulledWithState {
                 encoding,
-                tables: tables.to_vec(),
+                tables,
                 state_lens,
-            },
+            }
+        } else {
+            Response::Pulled { encoding, tables }
+        };
+        Ok(Reply {
+            header,
             payload: out,
         })
     }
