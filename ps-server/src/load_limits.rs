@@ -123,14 +123,29 @@ impl LoadLimits {
     }
 }
 
-/// Bytes of the response payload `req` asks for: a pull's rows as its header describes them (0 for other
-/// requests, and for headers whose counts overflow, which the handler refuses).
+/// Bytes of the response payload `req` asks for: a pull's rows as its header describes them, plus an upper
+/// bound of the optimizer state for a pull with state (0 for other requests, and for headers whose counts
+/// overflow, which the handler refuses).
 pub fn response_bytes(req: &Request) -> usize {
     match req {
         Request::Pull {
             encoding, tables, ..
         } => PayloadLayout::of(tables)
             .map(|l| l.pull_response_bytes(*encoding))
+            .unwrap_or(0),
+        // Rows, then at most the largest optimizer state (Adam's `2 x dim + 1` f32) per row: the tables are not
+        // looked up here, so this bounds the response from above.
+        Request::PullWithState {
+            encoding, tables, ..
+        } => PayloadLayout::of(tables)
+            .map(|l| {
+                let state: usize = tables
+                    .iter()
+                    .map(|t| (t.count as usize).saturating_mul(2 * t.dim as usize + 1))
+                    .fold(0, usize::saturating_add);
+                l.pull_response_bytes(*encoding)
+                    .saturating_add(state.saturating_mul(4))
+            })
             .unwrap_or(0),
         _ => 0,
     }
@@ -171,6 +186,30 @@ mod tests {
         // Larger than the pool: takes all of it rather than waiting forever.
         drop(_second);
         let _big = a.request(1000).await;
+    }
+
+    #[test]
+    fn response_bytes_count_rows_and_bound_the_state() {
+        use protocol::{Encoding, TableCount};
+        let tables = vec![TableCount {
+            table: 0,
+            count: 10,
+            dim: 16,
+        }];
+        let pull = Request::Pull {
+            epoch: 1,
+            encoding: Encoding::F32,
+            tables: tables.clone(),
+        };
+        assert_eq!(response_bytes(&pull), 10 * 16 * 4);
+        let with_state = Request::PullWithState {
+            epoch: 1,
+            encoding: Encoding::F32,
+            tables,
+        };
+        // Rows plus Adam's 33 f32 of state per row, the largest any optimizer keeps.
+        assert_eq!(response_bytes(&with_state), 10 * 16 * 4 + 10 * 33 * 4);
+        assert_eq!(response_bytes(&Request::Flush), 0);
     }
 
     #[test]

@@ -309,11 +309,11 @@ fn kind(req: &Request) -> &'static str {
     match req {
         Request::Hello { .. } => "hello",
         Request::RegisterTables { .. } => "register",
-        Request::Pull { .. } => "pull",
+        // A pull with state is a pull (dashboards and alerts select kind="pull").
+        Request::Pull { .. } | Request::PullWithState { .. } => "pull",
         Request::Push { .. } => "push",
         Request::Flush => "flush",
         Request::Checkpoint { .. } => "checkpoint",
-        Request::PullWithState { .. } => "pull_state",
     }
 }
 
