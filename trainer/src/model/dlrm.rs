@@ -195,15 +195,8 @@ impl Dlrm {
         // Sum the chunks' gradient parts and step, block by block in one pass.
         self.opt.begin_step();
         let chunks = &self.chunks[..n];
-        let layers = self
-            .bottom
-            .layers_mut()
-            .iter_mut()
-            .chain(self.top.layers_mut().iter_mut());
-        let mut offset = 0;
-        for (slot, (param, grad)) in layers.flat_map(|l| l.params_and_grads_mut()).enumerate() {
-            let base = offset;
-            offset += param.len();
+        for (slot, (base, param, grad)) in flat_params(&mut self.bottom, &mut self.top).enumerate()
+        {
             self.opt.update_with(slot, param, grad, |at, g| {
                 chunk::sum_into(g, chunks, base + at)
             });
@@ -333,18 +326,27 @@ impl Dlrm {
     /// Sets every layer's gradients to the sum of the first `n` chunks' parts, in chunk order.
     fn reduce_grads(&mut self, n: usize) {
         let chunks = &self.chunks[..n];
-        let layers = self
-            .bottom
-            .layers_mut()
-            .iter_mut()
-            .chain(self.top.layers_mut().iter_mut());
-        let mut offset = 0;
-        for layer in layers {
-            let (wg, bg) = layer.grads_mut();
-            for g in [wg, bg] {
-                chunk::sum_parts(g, chunks, offset);
-                offset += g.len();
-            }
+        for (base, _, grad) in flat_params(&mut self.bottom, &mut self.top) {
+            chunk::sum_parts(grad, chunks, base);
         }
     }
+}
+
+/// Every dense parameter tensor with its gradient, bottom then top layers, weight then bias, each with its
+/// offset in the chunks' flat gradient parts.
+fn flat_params<'a>(
+    bottom: &'a mut Mlp,
+    top: &'a mut Mlp,
+) -> impl Iterator<Item = (usize, &'a mut [f32], &'a mut [f32])> {
+    let layers = bottom
+        .layers_mut()
+        .iter_mut()
+        .chain(top.layers_mut().iter_mut());
+    layers
+        .flat_map(|l| l.params_and_grads_mut())
+        .scan(0, |offset, (param, grad)| {
+            let base = *offset;
+            *offset += param.len();
+            Some((base, param, grad))
+        })
 }

@@ -2,7 +2,7 @@
 
 use rayon::prelude::*;
 
-use super::matmul::{matmul, matmul_on, Op};
+use super::matmul::{matmul_on, Op};
 use super::rng::Rng;
 use super::simd::multiversion;
 
@@ -161,30 +161,8 @@ impl Linear {
         assert_eq!(y.len(), batch * n_out, "linear backward: y");
         assert_eq!(dy.len(), batch * n_out, "linear backward: dy");
         self.mask_and_bias_grad(batch, y, dy);
-        matmul(
-            n_out,
-            n_in,
-            batch,
-            &mut self.weight_grad,
-            false,
-            dy,
-            Op::T,
-            x,
-            Op::N,
-        );
-        if let Some(dx) = dx {
-            matmul(
-                batch,
-                n_in,
-                n_out,
-                dx,
-                false,
-                dy,
-                Op::N,
-                &self.weight,
-                Op::N,
-            );
-        }
+        let dims = (batch, n_in, n_out);
+        products_backward(true, dims, &self.weight, x, dy, dx, &mut self.weight_grad);
     }
 
     /// Backward pass over one chunk of rows into caller-owned gradients, for the data-parallel step:
@@ -208,32 +186,8 @@ impl Linear {
         assert_eq!(y.len(), batch * n_out, "linear backward: y");
         assert_eq!(dy.len(), batch * n_out, "linear backward: dy");
         mask_sum_rows(y, dy, bias_grad, self.relu);
-        matmul_on(
-            parallel,
-            n_out,
-            n_in,
-            batch,
-            weight_grad,
-            false,
-            dy,
-            Op::T,
-            x,
-            Op::N,
-        );
-        if let Some(dx) = dx {
-            matmul_on(
-                parallel,
-                batch,
-                n_in,
-                n_out,
-                dx,
-                false,
-                dy,
-                Op::N,
-                &self.weight,
-                Op::N,
-            );
-        }
+        let dims = (batch, n_in, n_out);
+        products_backward(parallel, dims, &self.weight, x, dy, dx, weight_grad);
     }
 
     /// Parameters with their gradients, both writable (for an update that computes the gradient on the fly).
@@ -242,11 +196,6 @@ impl Linear {
             (&mut self.weight, &mut self.weight_grad),
             (&mut self.bias, &mut self.bias_grad),
         ]
-    }
-
-    /// The weight and bias gradients, to be written by a caller that computed them elsewhere.
-    pub(crate) fn grads_mut(&mut self) -> (&mut [f32], &mut [f32]) {
-        (&mut self.weight_grad, &mut self.bias_grad)
     }
 
     /// Zeroes `dy` where the ReLU was inactive (`y <= 0`) and sums `dy` over the batch into the bias
@@ -273,6 +222,45 @@ impl Linear {
                 *g += s;
             }
         }
+    }
+}
+
+/// The backward products of a layer of `weight` (`[out x in]`), `dims = (batch, in, out)`: `weight_grad =
+/// dyᵀ x` and, when given, `dx = dy W`; split over the current rayon pool only when `parallel`.
+fn products_backward(
+    parallel: bool,
+    (batch, n_in, n_out): (usize, usize, usize),
+    weight: &[f32],
+    x: &[f32],
+    dy: &[f32],
+    dx: Option<&mut [f32]>,
+    weight_grad: &mut [f32],
+) {
+    matmul_on(
+        parallel,
+        n_out,
+        n_in,
+        batch,
+        weight_grad,
+        false,
+        dy,
+        Op::T,
+        x,
+        Op::N,
+    );
+    if let Some(dx) = dx {
+        matmul_on(
+            parallel,
+            batch,
+            n_in,
+            n_out,
+            dx,
+            false,
+            dy,
+            Op::N,
+            weight,
+            Op::N,
+        );
     }
 }
 

@@ -20,13 +20,8 @@ pub(crate) enum Op {
     T,
 }
 
-/// `c[m x n] = op(a) · op(b)`, or `c += op(a) · op(b)` when `accumulate`.
-///
-/// All matrices are row-major. `a` is stored `[m x k]` (`Op::N`) or `[k x m]` (`Op::T`); `b` is stored
-/// `[k x n]` (`Op::N`) or `[n x k]` (`Op::T`).
-///
-/// # Panics
-/// If a slice length does not match its shape (an internal bug: callers slice their buffers first).
+/// [`matmul_on`] split over the pool when big enough (tests and benchmarks).
+#[cfg(test)]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn matmul(
     m: usize,
@@ -42,8 +37,15 @@ pub(crate) fn matmul(
     matmul_on(true, m, n, k, c, accumulate, a, op_a, b, op_b);
 }
 
-/// [`matmul`], split over the current rayon pool only when `parallel` (and the product is big enough).
-/// The result does not depend on the split: `gemm` divides rows and columns, never the inner dimension.
+/// `c[m x n] = op(a) · op(b)`, or `c += op(a) · op(b)` when `accumulate`.
+///
+/// All matrices are row-major. `a` is stored `[m x k]` (`Op::N`) or `[k x m]` (`Op::T`); `b` is stored
+/// `[k x n]` (`Op::N`) or `[n x k]` (`Op::T`). Split over the current rayon pool only when `parallel` (and the
+/// product is big enough); the result does not depend on the split: `gemm` divides rows and columns, never the
+/// inner dimension.
+///
+/// # Panics
+/// If a slice length does not match its shape (an internal bug: callers slice their buffers first).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn matmul_on(
     parallel: bool,
