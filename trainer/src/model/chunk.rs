@@ -13,6 +13,7 @@
 
 use rayon::prelude::*;
 
+use super::amx;
 use super::ensure_len;
 use super::interaction::Interaction;
 use super::linear::Linear;
@@ -69,6 +70,8 @@ pub(crate) struct ChunkBuffers {
     pub(crate) grads: Vec<f32>,
     /// Sum (not mean) of this chunk's losses.
     pub(crate) loss: f64,
+    /// Packed operands of the bf16 products.
+    scratch: amx::Scratch,
 }
 
 impl ChunkBuffers {
@@ -81,14 +84,15 @@ impl ChunkBuffers {
         dense: &[f32],
         emb: &[f32],
     ) -> &[f32] {
-        mlp_forward(net.bottom, parallel, rows, dense, &mut self.bottom);
+        let scratch = &mut self.scratch;
+        mlp_forward(net.bottom, parallel, rows, dense, &mut self.bottom, scratch);
         let z = last_rows(&self.bottom, net.bottom, rows);
         let w = net.interaction.out_dim();
         ensure_len(&mut self.inter_out, rows * w);
         let inter_out = &mut self.inter_out[..rows * w];
         net.interaction
             .forward_on(parallel, rows, z, emb, inter_out);
-        mlp_forward(net.top, parallel, rows, inter_out, &mut self.top);
+        mlp_forward(net.top, parallel, rows, inter_out, &mut self.top, scratch);
         last_rows(&self.top, net.top, rows)
     }
 
@@ -136,6 +140,7 @@ impl ChunkBuffers {
             &mut self.top_grad,
             Some(&mut *inter_grad),
             top_grads,
+            &mut self.scratch,
         );
 
         grow_layers(&mut self.bottom_grad, net.bottom, rows);
@@ -159,6 +164,7 @@ impl ChunkBuffers {
             &mut self.bottom_grad,
             None,
             bottom_grads,
+            &mut self.scratch,
         );
     }
 }
@@ -182,7 +188,14 @@ fn grow_layers(bufs: &mut Vec<Vec<f32>>, layers: &[Linear], rows: usize) {
 }
 
 /// Forward through `layers` from `x[rows x in]`; layer `i`'s output goes to `out[i]`.
-fn mlp_forward(layers: &[Linear], parallel: bool, rows: usize, x: &[f32], out: &mut Vec<Vec<f32>>) {
+fn mlp_forward(
+    layers: &[Linear],
+    parallel: bool,
+    rows: usize,
+    x: &[f32],
+    out: &mut Vec<Vec<f32>>,
+    scratch: &mut amx::Scratch,
+) {
     grow_layers(out, layers, rows);
     for (i, layer) in layers.iter().enumerate() {
         let (before, rest) = out.split_at_mut(i);
@@ -191,12 +204,8 @@ fn mlp_forward(layers: &[Linear], parallel: bool, rows: usize, x: &[f32], out: &
         } else {
             &before[i - 1][..rows * layer.in_dim()]
         };
-        layer.forward_on(
-            parallel,
-            rows,
-            input,
-            &mut rest[0][..rows * layer.out_dim()],
-        );
+        let y = &mut rest[0][..rows * layer.out_dim()];
+        layer.forward_chunk(parallel, rows, input, y, scratch);
     }
 }
 
@@ -212,6 +221,7 @@ fn mlp_backward(
     dout: &mut [Vec<f32>],
     mut dx: Option<&mut [f32]>,
     grads: &mut [f32],
+    scratch: &mut amx::Scratch,
 ) {
     let mut end = grads.len();
     for i in (0..layers.len()).rev() {
@@ -224,11 +234,12 @@ fn mlp_backward(
         let dy = &mut drest[0][..rows * n_out];
         let y = &out[i][..rows * n_out];
         if i == 0 {
-            layer.backward_into(parallel, rows, x, y, dy, dx.as_deref_mut(), wg, bg);
+            let dx = dx.as_deref_mut();
+            layer.backward_into(parallel, rows, x, y, dy, dx, wg, bg, scratch);
         } else {
             let input = &out[i - 1][..rows * n_in];
             let dprev = &mut dbefore[i - 1][..rows * n_in];
-            layer.backward_into(parallel, rows, input, y, dy, Some(dprev), wg, bg);
+            layer.backward_into(parallel, rows, input, y, dy, Some(dprev), wg, bg, scratch);
         }
     }
 }

@@ -9,7 +9,7 @@ use super::loss::sigmoid;
 use super::mlp::Mlp;
 use super::optim::{DenseOptimizer, OptimizerState};
 use super::rng::Rng;
-use super::{check_len, ensure_len, ModelError};
+use super::{check_len, ensure_len, ModelError, Precision};
 
 /// The DLRM dense model with its optimizer state and all step buffers.
 ///
@@ -31,6 +31,8 @@ pub struct Dlrm {
     chunk_rows: usize,
     /// `σ(logit)`: `[batch]`.
     probs: Vec<f32>,
+    /// Arithmetic of the matrix products.
+    precision: Precision,
 }
 
 impl Dlrm {
@@ -70,7 +72,48 @@ impl Dlrm {
             chunks: Vec::new(),
             chunk_rows: chunk::CHUNK_ROWS,
             probs: Vec::new(),
+            precision: Precision::F32,
         })
+    }
+
+    /// Sets the arithmetic of the matrix products ([`Precision::F32`] by default).
+    ///
+    /// # Errors
+    /// [`ModelError::Bf16Unavailable`] for bf16 on a machine without AMX-BF16.
+    pub fn set_precision(&mut self, precision: Precision) -> Result<(), ModelError> {
+        if precision == Precision::Bf16 && !super::bf16_available() {
+            return Err(ModelError::Bf16Unavailable);
+        }
+        self.precision = precision;
+        if precision == Precision::F32 {
+            for layer in self.layers_mut() {
+                layer.unpack();
+            }
+        }
+        Ok(())
+    }
+
+    /// The arithmetic of the matrix products.
+    pub fn precision(&self) -> Precision {
+        self.precision
+    }
+
+    /// Every layer, bottom then top.
+    fn layers_mut(&mut self) -> impl Iterator<Item = &mut super::Linear> {
+        self.bottom
+            .layers_mut()
+            .iter_mut()
+            .chain(self.top.layers_mut().iter_mut())
+    }
+
+    /// In bf16, packs the current weights for the AMX products (before every pass: the optimizer, a
+    /// checkpoint or the parameter servers may have changed them).
+    fn prepare(&mut self) {
+        if self.precision == Precision::Bf16 {
+            let layers: Vec<&mut super::Linear> =
+                self.layers_mut().filter(|l| l.suits_bf16()).collect();
+            layers.into_par_iter().for_each(|l| l.pack_bf16());
+        }
     }
 
     /// Sets the target rows per chunk (for measurements; results depend on it in the last bits).
@@ -152,6 +195,7 @@ impl Dlrm {
         if batch == 0 {
             return Ok(&[]);
         }
+        self.prepare();
         let (n, rows) = chunk::split(batch, self.chunk_rows);
         self.grow_chunks(n);
         let parallel = n < rayon::current_num_threads();
@@ -235,6 +279,7 @@ impl Dlrm {
         if batch == 0 {
             return Err(ModelError::EmptyBatch);
         }
+        self.prepare();
         let (n, rows) = chunk::split(batch, self.chunk_rows);
         self.grow_chunks(n);
         ensure_len(&mut self.probs, batch);

@@ -2,6 +2,7 @@
 
 use rayon::prelude::*;
 
+use super::amx;
 use super::matmul::{matmul_on, Op};
 use super::rng::Rng;
 use super::simd::multiversion;
@@ -29,6 +30,18 @@ pub struct Linear {
     bias_grad: Vec<f32>,
     /// Per-chunk partial bias sums of the parallel backward pass, `[chunks x out]`.
     partial: Vec<f32>,
+    /// The weight rounded to bf16 and packed for the AMX products, when the model runs in bf16 (see
+    /// [`pack_bf16`](Self::pack_bf16)); `None` runs the f32 products.
+    packed: Option<PackedWeight>,
+}
+
+/// A layer's weight packed for the AMX products (`amx`): refreshed after every change of the weight.
+#[derive(Debug, Clone, Default)]
+struct PackedWeight {
+    /// `Wᵀ` (`[in x out]`) in the VNNI layout: the `b` operand of the forward product `x Wᵀ`.
+    forward: Vec<u16>,
+    /// `W` (`[out x in]`) in the VNNI layout: the `b` operand of the input gradient `dy W`.
+    backward: Vec<u16>,
 }
 
 impl Linear {
@@ -64,7 +77,34 @@ impl Linear {
             weight,
             bias,
             partial: Vec::new(),
+            packed: None,
         }
+    }
+
+    /// Whether bf16 AMX products suit this layer: all but the narrowest outputs (the logit layer, `out < 16`,
+    /// would waste most of a tile and costs little in f32).
+    pub(crate) fn suits_bf16(&self) -> bool {
+        self.out_dim >= 16
+    }
+
+    /// Packs the current weight for the bf16 AMX products; until [`unpack`](Self::unpack), the chunk passes
+    /// ([`forward_chunk`](Self::forward_chunk), [`backward_into`](Self::backward_into)) run in bf16.
+    /// Call again after every change of the weight.
+    ///
+    /// # Panics
+    /// If AMX is not [`available`](amx::available) (the model checks before choosing bf16).
+    pub(crate) fn pack_bf16(&mut self) {
+        let (n_in, n_out) = (self.in_dim, self.out_dim);
+        let packed = self.packed.get_or_insert_with(PackedWeight::default);
+        amx::ensure_len(&mut packed.forward, amx::pad(n_in) * amx::pad(n_out));
+        amx::pack_b_transposed(&self.weight, n_out, n_in, &mut packed.forward);
+        amx::ensure_len(&mut packed.backward, amx::pad(n_out) * amx::pad(n_in));
+        amx::pack_b(&self.weight, n_out, n_in, &mut packed.backward);
+    }
+
+    /// Back to f32 products.
+    pub(crate) fn unpack(&mut self) {
+        self.packed = None;
     }
 
     /// Input width.
@@ -143,6 +183,27 @@ impl Linear {
         }
     }
 
+    /// [`forward_on`](Self::forward_on) for one chunk of rows: in bf16 on AMX tiles when the weight is packed
+    /// (then on the calling thread, with `scratch` for the packed input), else in f32.
+    pub(crate) fn forward_chunk(
+        &self,
+        parallel: bool,
+        batch: usize,
+        x: &[f32],
+        y: &mut [f32],
+        scratch: &mut amx::Scratch,
+    ) {
+        let Some(packed) = &self.packed else {
+            return self.forward_on(parallel, batch, x, y);
+        };
+        let (n_in, n_out) = (self.in_dim, self.out_dim);
+        assert_eq!(y.len(), batch * n_out, "linear forward: y");
+        amx::ensure_len(&mut scratch.a, amx::pad(batch) * amx::pad(n_in));
+        amx::pack_rows(x, batch, n_in, &mut scratch.a);
+        amx::gemm(batch, n_out, n_in, &scratch.a, &packed.forward, y, n_out);
+        bias_act_rows(y, &self.bias, self.relu);
+    }
+
     /// Backward pass. `x` and `y` are the forward input and output; `dy` is `d loss / d y` and is
     /// overwritten with the gradient before the activation. Sets the weight and bias gradients, and writes
     /// `d loss / d x` into `dx` when given.
@@ -169,7 +230,9 @@ impl Linear {
     /// like [`backward`](Self::backward), but writes the weight and bias gradients of these rows into
     /// `weight_grad` (`[out x in]`) and `bias_grad` (`[out]`), reads the layer only, and splits the matrix
     /// products over the current rayon pool only when `parallel` (the bias sum always runs on the calling
-    /// thread, rows in order, so the result does not depend on the pool).
+    /// thread, rows in order, so the result does not depend on the pool). When the weight is packed
+    /// ([`pack_bf16`](Self::pack_bf16)) the products run in bf16 on AMX tiles, on the calling thread, with
+    /// `scratch` for the packed operands.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn backward_into(
         &self,
@@ -181,13 +244,44 @@ impl Linear {
         dx: Option<&mut [f32]>,
         weight_grad: &mut [f32],
         bias_grad: &mut [f32],
+        scratch: &mut amx::Scratch,
     ) {
         let (n_in, n_out) = (self.in_dim, self.out_dim);
         assert_eq!(y.len(), batch * n_out, "linear backward: y");
         assert_eq!(dy.len(), batch * n_out, "linear backward: dy");
         mask_sum_rows(y, dy, bias_grad, self.relu);
-        let dims = (batch, n_in, n_out);
-        products_backward(parallel, dims, &self.weight, x, dy, dx, weight_grad);
+        let Some(packed) = &self.packed else {
+            let dims = (batch, n_in, n_out);
+            return products_backward(parallel, dims, &self.weight, x, dy, dx, weight_grad);
+        };
+        assert_eq!(x.len(), batch * n_in, "linear backward: x");
+        assert_eq!(
+            weight_grad.len(),
+            n_out * n_in,
+            "linear backward: weight_grad"
+        );
+        let (bp, ip, op) = (amx::pad(batch), amx::pad(n_in), amx::pad(n_out));
+        // weight_grad = dyᵀ x: a = dyᵀ [out x batch], b = x [batch x in].
+        amx::ensure_len(&mut scratch.a, op * bp.max(ip));
+        amx::ensure_len(&mut scratch.b, bp * ip);
+        amx::pack_cols(dy, batch, n_out, &mut scratch.a);
+        amx::pack_b(x, batch, n_in, &mut scratch.b);
+        amx::gemm(
+            n_out,
+            n_in,
+            batch,
+            &scratch.a,
+            &scratch.b,
+            weight_grad,
+            n_in,
+        );
+        if let Some(dx) = dx {
+            // dx = dy W: a = dy [batch x out], b = W [out x in] (packed once per step).
+            assert_eq!(dx.len(), batch * n_in, "linear backward: dx");
+            amx::ensure_len(&mut scratch.a, bp * op);
+            amx::pack_rows(dy, batch, n_out, &mut scratch.a);
+            amx::gemm(batch, n_in, n_out, &scratch.a, &packed.backward, dx, n_in);
+        }
     }
 
     /// Parameters with their gradients, both writable (for an update that computes the gradient on the fly).
@@ -359,6 +453,69 @@ mod tests {
     #[test]
     fn gradients_with_relu() {
         grad_check(true, 6, 4, 9);
+    }
+
+    #[test]
+    fn bf16_products_are_exact_on_bf16_inputs() {
+        if !amx::available() {
+            eprintln!("skipped: no AMX-BF16 on this machine");
+            return;
+        }
+        // Inputs already representable in bf16: the AMX path then differs from f32 only in the order of
+        // the f32 sums. Odd sizes exercise every padding.
+        let round = |v: &mut Vec<f32>| {
+            for x in v.iter_mut() {
+                *x = f32::from_bits((amx::bf16(*x) as u32) << 16);
+            }
+        };
+        for (batch, n_in, n_out, relu) in
+            [(45, 37, 19, true), (70, 13, 64, false), (33, 100, 16, true)]
+        {
+            let mut rng = Rng::new(batch as u64);
+            let mut f32_layer = Linear::init(n_in, n_out, relu, &mut rng);
+            round(&mut f32_layer.weight);
+            let mut bf16_layer = f32_layer.clone();
+            bf16_layer.pack_bf16();
+            let mut x = rand_vec(&mut rng, batch * n_in, 1.0);
+            round(&mut x);
+            let mut dy0 = rand_vec(&mut rng, batch * n_out, 1.0);
+            round(&mut dy0);
+            let mut scratch = amx::Scratch::default();
+            let run = |layer: &Linear, scratch: &mut amx::Scratch| {
+                let mut y = vec![0.0; batch * n_out];
+                layer.forward_chunk(false, batch, &x, &mut y, scratch);
+                // Without a ReLU mask in the way, dy is the (bf16-exact) dy0.
+                let (mut dy, mut dx) = (dy0.clone(), vec![0.0; batch * n_in]);
+                let (mut wg, mut bg) = (vec![0.0; n_in * n_out], vec![0.0; n_out]);
+                let y_for_mask = vec![1.0; batch * n_out];
+                layer.backward_into(
+                    false,
+                    batch,
+                    &x,
+                    &y_for_mask,
+                    &mut dy,
+                    Some(&mut dx),
+                    &mut wg,
+                    &mut bg,
+                    scratch,
+                );
+                (y, dx, wg, bg)
+            };
+            let want = run(&f32_layer, &mut scratch);
+            let got = run(&bf16_layer, &mut scratch);
+            let close = |what: &str, a: &[f32], b: &[f32]| {
+                for (i, (&a, &b)) in a.iter().zip(b).enumerate() {
+                    assert!(
+                        (a - b).abs() <= 1e-5 * (1.0 + b.abs()),
+                        "{batch}x{n_in}x{n_out} {what}[{i}]: {a} vs {b}"
+                    );
+                }
+            };
+            close("y", &got.0, &want.0);
+            close("dx", &got.1, &want.1);
+            close("weight_grad", &got.2, &want.2);
+            assert_eq!(got.3, want.3, "bias_grad");
+        }
     }
 
     #[test]

@@ -25,6 +25,7 @@
 //!   bigger batch arrives.
 //! - Weights are stored like PyTorch's `nn.Linear`: `[out x in]` row-major, then the bias `[out]`.
 
+mod amx;
 mod chunk;
 pub mod config;
 pub mod dlrm;
@@ -78,6 +79,29 @@ pub enum ModelError {
     /// `train_step` was called with zero samples; the mean loss is undefined.
     #[error("empty batch: train_step needs at least one sample")]
     EmptyBatch,
+    /// bf16 products were asked for on a machine without AMX-BF16.
+    #[error(
+        "dense precision bf16 needs AMX-BF16 tiles (Intel Xeon Sapphire Rapids or later) and a Linux kernel \
+         that grants them (5.16+); this machine has none: use f32"
+    )]
+    Bf16Unavailable,
+}
+
+/// Arithmetic of the dense layers' matrix products.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Precision {
+    /// f32 everywhere (the `gemm` crate's kernels).
+    #[default]
+    F32,
+    /// Mixed precision: the products' inputs (activations, their gradients, and the weights) are rounded
+    /// to bf16 and multiplied on AMX tiles with f32 accumulation; the master weights, optimizer, bias,
+    /// ReLU, interaction and loss stay f32 (`amx`).
+    Bf16,
+}
+
+/// Whether this machine can run [`Precision::Bf16`].
+pub fn bf16_available() -> bool {
+    amx::available()
 }
 
 /// Returns [`ModelError::Length`] unless `len == expected`.

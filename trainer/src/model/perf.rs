@@ -77,24 +77,35 @@ fn train_step_throughput() {
         .collect();
     let mut emb_grad = vec![0.0; emb.len()];
     let flops = cfg.flops_per_sample() * BATCH as f64;
+    // `DENSE_PERF_PRECISION=f32` or `bf16` picks one (default: both, bf16 only with AMX).
+    let want = std::env::var("DENSE_PERF_PRECISION").unwrap_or_default();
+    let mut precisions = Vec::new();
+    if want != "bf16" {
+        precisions.push(Precision::F32);
+    }
+    if want != "f32" && bf16_available() {
+        precisions.push(Precision::Bf16);
+    }
     for threads in thread_counts() {
-        on_threads(threads, || {
-            let opt = DenseOptimizer::Adagrad {
-                lr: 0.01,
-                eps: 1e-8,
-                initial_accumulator: 0.0,
-            };
-            let mut model = Dlrm::new(cfg.clone(), opt, 0).unwrap();
-            let t = best_time(5, 10, || {
-                model
-                    .train_step(BATCH, &dense, &emb, &labels, &mut emb_grad)
-                    .unwrap();
-            });
-            let tp = best_time(5, 10, || {
-                model.predict(BATCH, &dense, &emb).unwrap();
-            });
-            println!(
-                "threads {threads}: train_step {:.2} ms = {:.0} samples/s, {:.0} GFLOP/s (main-thread CPU {:.2} ms); \
+        for &precision in &precisions {
+            on_threads(threads, || {
+                let opt = DenseOptimizer::Adagrad {
+                    lr: 0.01,
+                    eps: 1e-8,
+                    initial_accumulator: 0.0,
+                };
+                let mut model = Dlrm::new(cfg.clone(), opt, 0).unwrap();
+                model.set_precision(precision).unwrap();
+                let t = best_time(5, 10, || {
+                    model
+                        .train_step(BATCH, &dense, &emb, &labels, &mut emb_grad)
+                        .unwrap();
+                });
+                let tp = best_time(5, 10, || {
+                    model.predict(BATCH, &dense, &emb).unwrap();
+                });
+                println!(
+                "{precision:?} threads {threads}: train_step {:.2} ms = {:.0} samples/s, {:.0} GFLOP/s (main-thread CPU {:.2} ms); \
                  predict {:.2} ms = {:.0} samples/s",
                 t.0 * 1e3,
                 BATCH as f64 / t.0,
@@ -103,7 +114,8 @@ fn train_step_throughput() {
                 tp.0 * 1e3,
                 BATCH as f64 / tp.0
             );
-        });
+            });
+        }
     }
 }
 
