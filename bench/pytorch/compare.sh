@@ -7,7 +7,8 @@
 # Usage: bench/pytorch/compare.sh [OUT_DIR]
 #   env: ROWS (training rows, default 1000000), TEST_ROWS (100000), OPTIMIZERS ("sgd adagrad"),
 #        THREADS (PyTorch threads, default 2), PYTHON (an interpreter with torch and numpy; default python3),
-#        TRAINER_ARGS (extra flags for `trainer demo`)
+#        TRAINER_ARGS (extra flags for `trainer demo`, e.g. "--dense-precision bf16"),
+#        PYTORCH_ARGS (extra flags for dlrm_reference.py, e.g. "--bf16")
 #
 # PyTorch is optional. Without it the script says how to install it and exits 0 ("skipped"):
 #   python3 -m venv /var/tmp/torch-venv && /var/tmp/torch-venv/bin/pip install torch numpy
@@ -28,7 +29,7 @@ ROWS=${ROWS:-1000000}
 TEST_ROWS=${TEST_ROWS:-100000}
 DATA=data/demo
 cargo build --release -q -p trainer -p ps-server -p bench --bins
-B=target/release
+B=${CARGO_TARGET_DIR:-target}/release
 for opt in ${OPTIMIZERS:-sgd adagrad}; do
     echo "== ours, --optimizer $opt" >&2
     # The demo generates the data on its first run (reused afterwards) and names the files as below.
@@ -37,12 +38,13 @@ for opt in ${OPTIMIZERS:-sgd adagrad}; do
     echo "== pytorch, --optimizer $opt" >&2
     "$PY" bench/pytorch/dlrm_reference.py --train "$DATA/train-$ROWS-s1-t7.tsv" \
         --test "$DATA/test-$TEST_ROWS-s2-t7.tsv" --optimizer "$opt" --threads "${THREADS:-2}" \
-        --json "$OUT/pytorch-$opt.json" >&2
+        --json "$OUT/pytorch-$opt.json" ${PYTORCH_ARGS:-} >&2
 done
 python3 - "$OUT" ${OPTIMIZERS:-sgd adagrad} <<'PY'
 import json, os, sys
 out, opts = sys.argv[1], sys.argv[2:]
 print(f"\nresults in {out}")
+print(f"ours: trainer demo {os.environ.get('TRAINER_ARGS', '')}; pytorch: dlrm_reference.py {os.environ.get('PYTORCH_ARGS', '')}")
 print("| optimizer (emb / dense) | ours samples/s | pytorch samples/s | ratio | ours AUC | pytorch AUC | AUC diff | ours logloss | pytorch logloss |")
 print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
 for o in opts:

@@ -25,11 +25,15 @@ Same optimizers, same hyper-parameters as the trainer's defaults (trainer/src/co
   g is the gradient of the batch's mean loss, as the trainer pushes it (loss-scaled on the wire, unscaled on
   the server).
 
+--bf16 runs the forward passes under torch.autocast("cpu", dtype=torch.bfloat16): PyTorch's own CPU mixed
+precision (oneDNN runs the linear layers in bf16, on AMX tiles where the CPU has them), to compare with the
+trainer's --dense-precision bf16. The default is f32, as the trainer's default.
+
 Only the training loop is timed (data is parsed and moved into tensors first); samples/s is one pass over the
 training file at --batch-size. Test AUC is exact (ties get average ranks), logloss is mean binary cross-entropy.
 
 Usage: dlrm_reference.py --train data/demo/train-1000000-s1-t7.tsv --test data/demo/test-100000-s2-t7.tsv
-       [--optimizer sgd|adagrad] [--dense-optimizer sgd|adagrad|adam] [--threads 2] [--json out.json]
+       [--optimizer sgd|adagrad] [--dense-optimizer sgd|adagrad|adam] [--threads 2] [--bf16] [--json out.json]
 """
 
 import argparse
@@ -175,8 +179,10 @@ def main():
     ap.add_argument("--emb-init-scale", type=float, default=0.05)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=42)
+    ap.add_argument("--bf16", action="store_true", help="forward passes under CPU bf16 autocast")
     ap.add_argument("--json", help="write the summary here")
     a = ap.parse_args()
+    autocast = lambda: torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.bf16)
 
     torch.set_num_threads(a.threads)
     dense_kind = a.dense_optimizer or ("adam" if a.optimizer == "adagrad" else "sgd")
@@ -218,7 +224,9 @@ def main():
     for s in range(0, n, b):
         dense_opt.zero_grad(set_to_none=True)
         emb_opt.zero_grad()
-        loss = loss_fn(model(dtr_t[s : s + b], str_t[s : s + b]), ytr_t[s : s + b])
+        with autocast():
+            logit = model(dtr_t[s : s + b], str_t[s : s + b])
+        loss = loss_fn(logit.float(), ytr_t[s : s + b])
         loss.backward()
         dense_opt.step()
         emb_opt.step()
@@ -227,18 +235,19 @@ def main():
 
     tail = losses[-max(1, len(losses) // 10) :]
     train_loss = sum(l * k for l, k in tail) / sum(k for _, k in tail)
-    with torch.no_grad():
+    with torch.no_grad(), autocast():
         logits = torch.cat(
             [
                 model(torch.from_numpy(dte[s : s + 8192]), torch.from_numpy(ste[s : s + 8192]))
                 for s in range(0, len(yte), 8192)
             ]
-        ).double()
+        ).float().double()
     p = torch.sigmoid(logits).clamp(1e-7, 1 - 1e-7).numpy()
     logloss = float(-np.mean(yte * np.log(p) + (1 - yte) * np.log(1 - p)))
     summary = {
         "framework": f"pytorch {torch.__version__}",
         "threads": a.threads,
+        "precision": "bf16 autocast" if a.bf16 else "f32",
         "optimizer": a.optimizer,
         "dense_optimizer": dense_kind,
         "batch_size": b,

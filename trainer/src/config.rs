@@ -33,6 +33,31 @@ pub enum DenseKind {
     Adam,
 }
 
+/// Arithmetic of the dense layers' matrix products.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DensePrecision {
+    /// bf16 where the CPU has AMX-BF16 tiles, else f32.
+    Auto,
+    /// f32 everywhere.
+    F32,
+    /// Mixed precision: products on bf16 inputs with f32 sums (AMX tiles); master weights, optimizer,
+    /// interaction and loss in f32. Fails on CPUs without AMX-BF16.
+    Bf16,
+}
+
+impl DensePrecision {
+    /// The model precision this setting picks on this machine.
+    pub fn resolve(self) -> crate::model::Precision {
+        use crate::model::{bf16_available, Precision};
+        match self {
+            DensePrecision::Auto if bf16_available() => Precision::Bf16,
+            DensePrecision::Auto | DensePrecision::F32 => Precision::F32,
+            DensePrecision::Bf16 => Precision::Bf16,
+        }
+    }
+}
+
 /// Which lossy pushes keep a quantization residual for the row's next push (error feedback).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -125,6 +150,11 @@ pub struct ModelArgs {
     /// lack only other trainers' recent updates (trainer/src/replay.rs).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub replay_own_updates: bool,
+    /// Arithmetic of the dense layers' matrix products: f32, bf16 (inputs rounded to bf16, f32 sums, on
+    /// AMX tiles: about 2x faster steps on Sapphire Rapids; see BENCHMARKS.md for its AUC), or auto (bf16
+    /// where the CPU has AMX, else f32).
+    #[arg(long, value_enum, default_value_t = DensePrecision::F32)]
+    pub dense_precision: DensePrecision,
     /// Seed of the dense parameters and of the embedding initializers.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,

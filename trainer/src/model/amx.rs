@@ -99,6 +99,7 @@ fn detect() -> bool {
 
 /// f32 -> bf16, round to nearest even (what `vcvtne2ps2bf16` does; NaN stays NaN). The reference for
 /// tests and the scalar tails.
+#[cfg(test)]
 pub(crate) fn bf16(x: f32) -> u16 {
     let u = x.to_bits();
     if x.is_nan() {
@@ -117,17 +118,13 @@ pub(crate) fn f32_of(x: u16) -> f32 {
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Scratch {
     /// The `a` operand.
-    pub(crate) a: Vec<u16>,
+    pub(crate) a: Buf,
     /// The `b` operand.
-    pub(crate) b: Vec<u16>,
+    pub(crate) b: Buf,
 }
 
-/// Grows `buf` to at least `len` elements (never shrinks; contents are overwritten by the packers).
-pub(crate) fn ensure_len(buf: &mut Vec<u16>, len: usize) {
-    if buf.len() < len {
-        buf.resize(len, 0);
-    }
-}
+/// Packed bf16 operands start on a cache line (see `aligned`).
+pub(crate) type Buf = super::aligned::Aligned<u16>;
 
 /// Packs `src` (`[m x k]` row-major f32) into `dst[..pad(m) * pad(k)]` as bf16 rows, zero padded: the `a`
 /// operand of `src · b`.
@@ -194,6 +191,10 @@ pub(crate) fn gemm(m: usize, n: usize, k: usize, a: &[u16], b: &[u16], c: &mut [
     assert!(a.len() >= mp * kp, "gemm: a");
     assert!(b.len() >= kp * np, "gemm: b");
     assert!(ldc >= n, "gemm: ldc");
+    debug_assert!(
+        (a.as_ptr() as usize).is_multiple_of(64) && (b.as_ptr() as usize).is_multiple_of(64),
+        "gemm: packed operands must start on a cache line (use `Buf`)"
+    );
     if m == 0 || n == 0 {
         return;
     }
@@ -445,6 +446,30 @@ mod x86 {
         }
     }
 
+    /// A 32 x 32 f32 block on a 64-byte boundary.
+    #[repr(C, align(64))]
+    struct Block([f32; BLOCK * BLOCK]);
+
+    /// Copies the first `rows` rows and `cols` columns of `blk` to `c` at `at`, rows `ldc` apart.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn copy_block(blk: &Block, rows: usize, cols: usize, c: &mut [f32], at: usize, ldc: usize) {
+        let (m0, m1) = (lanes(cols), lanes(cols.saturating_sub(16)));
+        for r in 0..rows {
+            let dst = &mut c[at + r * ldc..][..cols];
+            let src = &blk.0[r * BLOCK..];
+            // SAFETY: the masks cover `dst[..cols]` only; `src` has 32 elements.
+            unsafe {
+                let v0 = _mm512_loadu_ps(src.as_ptr());
+                let v1 = _mm512_loadu_ps(src.as_ptr().add(16));
+                _mm512_mask_storeu_ps(dst.as_mut_ptr(), m0, v0);
+                if m1 != 0 {
+                    _mm512_mask_storeu_ps(dst.as_mut_ptr().add(16), m1, v1);
+                }
+            }
+        }
+    }
+
     pub(super) unsafe fn gemm(
         m: usize,
         n: usize,
@@ -456,10 +481,13 @@ mod x86 {
     ) {
         let (mp, np) = (pad(m), pad(n));
         let cfg = TileConfig::new();
-        let mut edge = [0f32; BLOCK * BLOCK];
+        let mut edge = Block([0.0; BLOCK * BLOCK]);
         // Elements from one row (or column) tile to the next: a whole strip along k.
         let strip = kp / BLOCK * TILE_ELEMS;
         let steps = kp / BLOCK;
+        // Tile stores straight into `c` when its rows are whole cache lines; otherwise (a misaligned row
+        // splits every 64-byte tile row over two lines, 2x slower for short k) through an aligned block.
+        let aligned = (c.as_ptr() as usize).is_multiple_of(64) && ldc.is_multiple_of(16);
         // SAFETY: see `super::gemm`.
         unsafe {
             asm!("ldtilecfg [{0}]", in(reg) cfg.0.as_ptr(), options(nostack, readonly));
@@ -469,15 +497,13 @@ mod x86 {
                 for j in (0..np).step_by(BLOCK) {
                     let b1 = b.as_ptr().add(j / 16 * strip);
                     let b2 = b1.add(strip);
-                    if i + BLOCK <= m && j + BLOCK <= n {
+                    if aligned && i + BLOCK <= m && j + BLOCK <= n {
                         let c_blk = c.as_mut_ptr().add(i * ldc + j);
                         block(a1, a2, b1, b2, steps, c_blk, ldc * 4);
                     } else {
-                        block(a1, a2, b1, b2, steps, edge.as_mut_ptr(), BLOCK * 4);
-                        let w = BLOCK.min(n - j);
-                        for r in 0..BLOCK.min(m - i) {
-                            c[(i + r) * ldc + j..][..w].copy_from_slice(&edge[r * BLOCK..][..w]);
-                        }
+                        block(a1, a2, b1, b2, steps, edge.0.as_mut_ptr(), BLOCK * 4);
+                        let (rows, cols) = (BLOCK.min(m - i), BLOCK.min(n - j));
+                        copy_block(&edge, rows, cols, c, i * ldc + j, ldc);
                     }
                 }
             }
@@ -556,20 +582,26 @@ mod tests {
         let bt = transpose(&b, k, n);
         // Every way of packing each operand gives the same product.
         for a_kind in 0..2 {
-            let mut pa = vec![0xffff; mp * kp];
+            let mut pa_buf = Buf::default();
+            let pa = pa_buf.get(mp * kp);
+            pa.fill(0xffff);
             match a_kind {
-                0 => pack_rows(&a, m, k, &mut pa),
-                _ => pack_cols(&at, k, m, &mut pa),
+                0 => pack_rows(&a, m, k, pa),
+                _ => pack_cols(&at, k, m, pa),
             }
+            let pa = &*pa;
             for b_kind in 0..2 {
-                let mut pb = vec![0xffff; kp * np];
+                let mut pb_buf = Buf::default();
+                let pb = pb_buf.get(kp * np);
+                pb.fill(0xffff);
                 match b_kind {
-                    0 => pack_b(&b, k, n, &mut pb),
-                    _ => pack_b_transposed(&bt, n, k, &mut pb),
+                    0 => pack_b(&b, k, n, pb),
+                    _ => pack_b_transposed(&bt, n, k, pb),
                 }
+                let pb = &*pb;
                 let ldc = n + 3;
                 let mut c = vec![f32::NAN; m * ldc];
-                gemm(m, n, k, &pa, &pb, &mut c, ldc);
+                gemm(m, n, k, pa, pb, &mut c, ldc);
                 for i in 0..m {
                     for j in 0..n {
                         let (got, want) = (c[i * ldc + j] as f64, want[i * n + j]);
@@ -648,6 +680,12 @@ mod perf {
         best
     }
 
+    /// The u16 buffer as f32 (for an aligned `c`).
+    fn bytemuck_f32(x: &mut [u16]) -> &mut [f32] {
+        // SAFETY: `Buf` storage is 64-byte aligned; two u16 per f32; every bit pattern is an f32.
+        unsafe { std::slice::from_raw_parts_mut(x.as_mut_ptr().cast(), x.len() / 2) }
+    }
+
     #[test]
     #[ignore = "timing; run by hand in release"]
     fn shapes() {
@@ -664,18 +702,24 @@ mod perf {
         ] {
             let a: Vec<f32> = (0..m * k).map(|i| (i % 7) as f32 - 3.0).collect();
             let b: Vec<f32> = (0..k * n).map(|i| (i % 5) as f32 - 2.0).collect();
-            let mut pa = vec![0u16; pad(m) * pad(k)];
-            let mut pb = vec![0u16; pad(k) * pad(n)];
-            let mut c = vec![0f32; m * n];
-            let t_rows = time(|| pack_rows(&a, m, k, &mut pa));
-            let t_cols = time(|| pack_cols(&a, k, m, &mut pa));
-            let t_b = time(|| pack_b(&b, k, n, &mut pb));
-            let t_gemm = time(|| gemm(m, n, k, &pa, &pb, &mut c, n));
+            let (mut pa, mut pb) = (Buf::default(), Buf::default());
+            pa.get(pad(m) * pad(k));
+            pb.get(pad(k) * pad(n));
+            // An aligned `c`, as the model's activation buffers are not necessarily.
+            let mut c = Buf::default();
+            let c: &mut [f32] = bytemuck_f32(c.get(2 * m * n + 32));
+            let t_rows = time(|| pack_rows(&a, m, k, pa.get(pad(m) * pad(k))));
+            let t_cols = time(|| pack_cols(&a, k, m, pa.get(pad(m) * pad(k))));
+            let t_b = time(|| pack_b(&b, k, n, pb.get(pad(k) * pad(n))));
+            let t_gemm = time(|| gemm(m, n, k, &pa, &pb, c, n));
+            let t_unaligned = time(|| gemm(m, n, k, &pa, &pb, &mut c[1..], n));
             let flops = 2.0 * (m * n * k) as f64;
             println!(
-                "{m}x{n}x{k}: gemm {:.1} us = {:.0} GFLOP/s; pack_rows {:.1} us, pack_cols {:.1} us, pack_b {:.1} us",
+                "{m}x{n}x{k}: gemm {:.1} us = {:.0} GFLOP/s ({:.0} GFLOP/s into an unaligned c); \
+                 pack_rows {:.1} us, pack_cols {:.1} us, pack_b {:.1} us",
                 t_gemm * 1e6,
                 flops / t_gemm / 1e9,
+                flops / t_unaligned / 1e9,
                 t_rows * 1e6,
                 t_cols * 1e6,
                 t_b * 1e6

@@ -13,6 +13,7 @@
 
 use rayon::prelude::*;
 
+use super::aligned::Aligned;
 use super::amx;
 use super::ensure_len;
 use super::interaction::Interaction;
@@ -55,17 +56,17 @@ pub(crate) struct Net<'a> {
 #[derive(Debug, Clone, Default)]
 pub(crate) struct ChunkBuffers {
     /// Per bottom layer: its output `[rows x out]`.
-    bottom: Vec<Vec<f32>>,
+    bottom: Vec<Aligned<f32>>,
     /// Per bottom layer: `d loss / d output`.
-    bottom_grad: Vec<Vec<f32>>,
+    bottom_grad: Vec<Aligned<f32>>,
     /// Per top layer: its output.
-    top: Vec<Vec<f32>>,
+    top: Vec<Aligned<f32>>,
     /// Per top layer: `d loss / d output`.
-    top_grad: Vec<Vec<f32>>,
+    top_grad: Vec<Aligned<f32>>,
     /// Interaction output `[rows x interaction_dim]`, the top MLP's input.
-    inter_out: Vec<f32>,
+    inter_out: Aligned<f32>,
     /// `d loss / d inter_out`.
-    inter_grad: Vec<f32>,
+    inter_grad: Aligned<f32>,
     /// This chunk's part of every parameter gradient, flat, in [`Dlrm::params`](super::Dlrm::params) order.
     pub(crate) grads: Vec<f32>,
     /// Sum (not mean) of this chunk's losses.
@@ -88,7 +89,7 @@ impl ChunkBuffers {
         mlp_forward(net.bottom, parallel, rows, dense, &mut self.bottom, scratch);
         let z = last_rows(&self.bottom, net.bottom, rows);
         let w = net.interaction.out_dim();
-        ensure_len(&mut self.inter_out, rows * w);
+        self.inter_out.grow(rows * w);
         let inter_out = &mut self.inter_out[..rows * w];
         net.interaction
             .forward_on(parallel, rows, z, emb, inter_out);
@@ -129,7 +130,7 @@ impl ChunkBuffers {
             scale,
         );
         let w = net.interaction.out_dim();
-        ensure_len(&mut self.inter_grad, rows * w);
+        self.inter_grad.grow(rows * w);
         let inter_grad = &mut self.inter_grad[..rows * w];
         mlp_backward(
             net.top,
@@ -174,16 +175,16 @@ fn num_params(layer: &Linear) -> usize {
 }
 
 /// The last layer's output for `rows` rows: `[rows x layers[last].out_dim()]`.
-fn last_rows<'a>(out: &'a [Vec<f32>], layers: &[Linear], rows: usize) -> &'a [f32] {
+fn last_rows<'a>(out: &'a [Aligned<f32>], layers: &[Linear], rows: usize) -> &'a [f32] {
     let n = layers.len();
     &out[n - 1][..rows * layers[n - 1].out_dim()]
 }
 
 /// One buffer per layer, each at least `rows * out_dim` long.
-fn grow_layers(bufs: &mut Vec<Vec<f32>>, layers: &[Linear], rows: usize) {
-    bufs.resize_with(layers.len(), Vec::new);
+fn grow_layers(bufs: &mut Vec<Aligned<f32>>, layers: &[Linear], rows: usize) {
+    bufs.resize_with(layers.len(), Aligned::default);
     for (buf, layer) in bufs.iter_mut().zip(layers) {
-        ensure_len(buf, rows * layer.out_dim());
+        buf.grow(rows * layer.out_dim());
     }
 }
 
@@ -193,7 +194,7 @@ fn mlp_forward(
     parallel: bool,
     rows: usize,
     x: &[f32],
-    out: &mut Vec<Vec<f32>>,
+    out: &mut Vec<Aligned<f32>>,
     scratch: &mut amx::Scratch,
 ) {
     grow_layers(out, layers, rows);
@@ -217,8 +218,8 @@ fn mlp_backward(
     parallel: bool,
     rows: usize,
     x: &[f32],
-    out: &[Vec<f32>],
-    dout: &mut [Vec<f32>],
+    out: &[Aligned<f32>],
+    dout: &mut [Aligned<f32>],
     mut dx: Option<&mut [f32]>,
     grads: &mut [f32],
     scratch: &mut amx::Scratch,

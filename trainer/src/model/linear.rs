@@ -39,9 +39,9 @@ pub struct Linear {
 #[derive(Debug, Clone, Default)]
 struct PackedWeight {
     /// `Wᵀ` (`[in x out]`) in the VNNI layout: the `b` operand of the forward product `x Wᵀ`.
-    forward: Vec<u16>,
+    forward: amx::Buf,
     /// `W` (`[out x in]`) in the VNNI layout: the `b` operand of the input gradient `dy W`.
-    backward: Vec<u16>,
+    backward: amx::Buf,
 }
 
 impl Linear {
@@ -96,10 +96,9 @@ impl Linear {
     pub(crate) fn pack_bf16(&mut self) {
         let (n_in, n_out) = (self.in_dim, self.out_dim);
         let packed = self.packed.get_or_insert_with(PackedWeight::default);
-        amx::ensure_len(&mut packed.forward, amx::pad(n_in) * amx::pad(n_out));
-        amx::pack_b_transposed(&self.weight, n_out, n_in, &mut packed.forward);
-        amx::ensure_len(&mut packed.backward, amx::pad(n_out) * amx::pad(n_in));
-        amx::pack_b(&self.weight, n_out, n_in, &mut packed.backward);
+        let len = amx::pad(n_in) * amx::pad(n_out);
+        amx::pack_b_transposed(&self.weight, n_out, n_in, packed.forward.get(len));
+        amx::pack_b(&self.weight, n_out, n_in, packed.backward.get(len));
     }
 
     /// Back to f32 products.
@@ -198,9 +197,9 @@ impl Linear {
         };
         let (n_in, n_out) = (self.in_dim, self.out_dim);
         assert_eq!(y.len(), batch * n_out, "linear forward: y");
-        amx::ensure_len(&mut scratch.a, amx::pad(batch) * amx::pad(n_in));
-        amx::pack_rows(x, batch, n_in, &mut scratch.a);
-        amx::gemm(batch, n_out, n_in, &scratch.a, &packed.forward, y, n_out);
+        let a = scratch.a.get(amx::pad(batch) * amx::pad(n_in));
+        amx::pack_rows(x, batch, n_in, a);
+        amx::gemm(batch, n_out, n_in, a, &packed.forward, y, n_out);
         bias_act_rows(y, &self.bias, self.relu);
     }
 
@@ -262,25 +261,17 @@ impl Linear {
         );
         let (bp, ip, op) = (amx::pad(batch), amx::pad(n_in), amx::pad(n_out));
         // weight_grad = dyᵀ x: a = dyᵀ [out x batch], b = x [batch x in].
-        amx::ensure_len(&mut scratch.a, op * bp.max(ip));
-        amx::ensure_len(&mut scratch.b, bp * ip);
-        amx::pack_cols(dy, batch, n_out, &mut scratch.a);
-        amx::pack_b(x, batch, n_in, &mut scratch.b);
-        amx::gemm(
-            n_out,
-            n_in,
-            batch,
-            &scratch.a,
-            &scratch.b,
-            weight_grad,
-            n_in,
-        );
+        let a = scratch.a.get(op * bp);
+        let b = scratch.b.get(bp * ip);
+        amx::pack_cols(dy, batch, n_out, a);
+        amx::pack_b(x, batch, n_in, b);
+        amx::gemm(n_out, n_in, batch, a, b, weight_grad, n_in);
         if let Some(dx) = dx {
             // dx = dy W: a = dy [batch x out], b = W [out x in] (packed once per step).
             assert_eq!(dx.len(), batch * n_in, "linear backward: dx");
-            amx::ensure_len(&mut scratch.a, bp * op);
-            amx::pack_rows(dy, batch, n_out, &mut scratch.a);
-            amx::gemm(batch, n_in, n_out, &scratch.a, &packed.backward, dx, n_in);
+            let a = scratch.a.get(bp * op);
+            amx::pack_rows(dy, batch, n_out, a);
+            amx::gemm(batch, n_in, n_out, a, &packed.backward, dx, n_in);
         }
     }
 

@@ -25,6 +25,7 @@
 //!   bigger batch arrives.
 //! - Weights are stored like PyTorch's `nn.Linear`: `[out x in]` row-major, then the bias `[out]`.
 
+mod aligned;
 mod amx;
 mod chunk;
 pub mod config;

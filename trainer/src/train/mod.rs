@@ -95,8 +95,13 @@ impl Trainer {
             .map_err(anyhow::Error::msg)
             .context("invalid model config")?;
         let dlrm = args.dlrm();
-        let model =
+        let mut model =
             Dlrm::new(dlrm.clone(), args.dense_optimizer(), args.seed).context("build DLRM")?;
+        let precision = args.dense_precision.resolve();
+        model
+            .set_precision(precision)
+            .context("--dense-precision")?;
+        tracing::info!(?precision, "dense precision");
         let codecs = args
             .table_codecs(dlrm.num_sparse)
             .map_err(anyhow::Error::msg)?;
