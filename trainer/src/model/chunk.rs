@@ -15,7 +15,6 @@ use rayon::prelude::*;
 
 use super::aligned::Aligned;
 use super::amx;
-use super::ensure_len;
 use super::interaction::Interaction;
 use super::linear::Linear;
 use super::loss::bce_sum;
@@ -67,8 +66,10 @@ pub(crate) struct ChunkBuffers {
     inter_out: Aligned<f32>,
     /// `d loss / d inter_out`.
     inter_grad: Aligned<f32>,
-    /// This chunk's part of every parameter gradient, flat, in [`Dlrm::params`](super::Dlrm::params) order.
-    pub(crate) grads: Vec<f32>,
+    /// This chunk's part of every parameter gradient, flat, in [`Dlrm::params`](super::Dlrm::params) order,
+    /// each tensor starting on a cache line ([`slot`]: the bf16 products store weight-gradient tiles
+    /// straight into it).
+    pub(crate) grads: Aligned<f32>,
     /// Sum (not mean) of this chunk's losses.
     pub(crate) loss: f64,
     /// Packed operands of the bf16 products.
@@ -116,7 +117,7 @@ impl ChunkBuffers {
         self.forward(net, parallel, rows, dense, emb);
         let bottom_params: usize = net.bottom.iter().map(num_params).sum();
         let top_params: usize = net.top.iter().map(num_params).sum();
-        ensure_len(&mut self.grads, bottom_params + top_params);
+        self.grads.grow(bottom_params + top_params);
         let (bottom_grads, top_grads) =
             self.grads[..bottom_params + top_params].split_at_mut(bottom_params);
 
@@ -170,8 +171,14 @@ impl ChunkBuffers {
     }
 }
 
+/// Room for one tensor of `len` elements in the chunks' flat gradients: whole cache lines.
+pub(crate) fn slot(len: usize) -> usize {
+    len.next_multiple_of(16)
+}
+
+/// Room for a layer's gradients in the chunks' flat gradients.
 fn num_params(layer: &Linear) -> usize {
-    layer.weight().len() + layer.bias().len()
+    slot(layer.weight().len()) + slot(layer.bias().len())
 }
 
 /// The last layer's output for `rows` rows: `[rows x layers[last].out_dim()]`.
@@ -228,8 +235,9 @@ fn mlp_backward(
     for i in (0..layers.len()).rev() {
         let layer = &layers[i];
         let (n_in, n_out) = (layer.in_dim(), layer.out_dim());
-        let start = end - n_in * n_out - n_out;
-        let (wg, bg) = grads[start..end].split_at_mut(n_in * n_out);
+        let start = end - slot(n_in * n_out) - slot(n_out);
+        let (wg, bg) = grads[start..end].split_at_mut(slot(n_in * n_out));
+        let (wg, bg) = (&mut wg[..n_in * n_out], &mut bg[..n_out]);
         end = start;
         let (dbefore, drest) = dout.split_at_mut(i);
         let dy = &mut drest[0][..rows * n_out];

@@ -391,7 +391,7 @@ fn flat_params<'a>(
         .flat_map(|l| l.params_and_grads_mut())
         .scan(0, |offset, (param, grad)| {
             let base = *offset;
-            *offset += param.len();
+            *offset += chunk::slot(param.len());
             Some((base, param, grad))
         })
 }
