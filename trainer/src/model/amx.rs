@@ -215,6 +215,7 @@ mod x86 {
     use std::arch::asm;
     use std::arch::x86_64::*;
 
+    use super::super::simd::transpose16;
     use super::{a_at, b_at, pad, BLOCK, TILE_ELEMS};
 
     /// 16 bf16 pairs from rows `r0` and `r1` (16 f32 each): `[r0[0], r1[0], r0[1], r1[1], ...]`.
@@ -228,36 +229,6 @@ mod x86 {
             4, 19, 3, 18, 2, 17, 1, 16, 0,
         );
         _mm512_permutexvar_epi16(idx, both)
-    }
-
-    /// Transposes a 16 x 16 matrix of 32-bit lanes held in 16 registers (row `r` in `m[r]`).
-    #[inline]
-    #[target_feature(enable = "avx512f")]
-    fn transpose16(m: &mut [__m512i; 16]) {
-        let mut t = [_mm512_setzero_si512(); 16];
-        for i in 0..8 {
-            t[2 * i] = _mm512_unpacklo_epi32(m[2 * i], m[2 * i + 1]);
-            t[2 * i + 1] = _mm512_unpackhi_epi32(m[2 * i], m[2 * i + 1]);
-        }
-        // u[4g + c] holds, per 128-bit lane l, column 4l + c of rows 4g..4g + 4.
-        let mut u = [_mm512_setzero_si512(); 16];
-        for g in 0..4 {
-            let (t0, t1, t2, t3) = (t[4 * g], t[4 * g + 1], t[4 * g + 2], t[4 * g + 3]);
-            u[4 * g] = _mm512_unpacklo_epi64(t0, t2);
-            u[4 * g + 1] = _mm512_unpackhi_epi64(t0, t2);
-            u[4 * g + 2] = _mm512_unpacklo_epi64(t1, t3);
-            u[4 * g + 3] = _mm512_unpackhi_epi64(t1, t3);
-        }
-        for c in 0..4 {
-            let v = _mm512_shuffle_i32x4::<0x88>(u[c], u[4 + c]);
-            let w = _mm512_shuffle_i32x4::<0xdd>(u[c], u[4 + c]);
-            let x = _mm512_shuffle_i32x4::<0x88>(u[8 + c], u[12 + c]);
-            let y = _mm512_shuffle_i32x4::<0xdd>(u[8 + c], u[12 + c]);
-            m[c] = _mm512_shuffle_i32x4::<0x88>(v, x);
-            m[8 + c] = _mm512_shuffle_i32x4::<0xdd>(v, x);
-            m[4 + c] = _mm512_shuffle_i32x4::<0x88>(w, y);
-            m[12 + c] = _mm512_shuffle_i32x4::<0xdd>(w, y);
-        }
     }
 
     /// A mask of the first `len.min(16)` lanes.

@@ -74,6 +74,38 @@ macro_rules! multiversion {
 }
 pub(crate) use multiversion;
 
+/// Transposes a 16 x 16 matrix of 32-bit lanes held in 16 registers (row `r` in `m[r]`).
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx512f")]
+pub(crate) fn transpose16(m: &mut [std::arch::x86_64::__m512i; 16]) {
+    use std::arch::x86_64::*;
+    let mut t = [_mm512_setzero_si512(); 16];
+    for i in 0..8 {
+        t[2 * i] = _mm512_unpacklo_epi32(m[2 * i], m[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_epi32(m[2 * i], m[2 * i + 1]);
+    }
+    // u[4g + c] holds, per 128-bit lane l, column 4l + c of rows 4g..4g + 4.
+    let mut u = [_mm512_setzero_si512(); 16];
+    for g in 0..4 {
+        let (t0, t1, t2, t3) = (t[4 * g], t[4 * g + 1], t[4 * g + 2], t[4 * g + 3]);
+        u[4 * g] = _mm512_unpacklo_epi64(t0, t2);
+        u[4 * g + 1] = _mm512_unpackhi_epi64(t0, t2);
+        u[4 * g + 2] = _mm512_unpacklo_epi64(t1, t3);
+        u[4 * g + 3] = _mm512_unpackhi_epi64(t1, t3);
+    }
+    for c in 0..4 {
+        let v = _mm512_shuffle_i32x4::<0x88>(u[c], u[4 + c]);
+        let w = _mm512_shuffle_i32x4::<0xdd>(u[c], u[4 + c]);
+        let x = _mm512_shuffle_i32x4::<0x88>(u[8 + c], u[12 + c]);
+        let y = _mm512_shuffle_i32x4::<0xdd>(u[8 + c], u[12 + c]);
+        m[c] = _mm512_shuffle_i32x4::<0x88>(v, x);
+        m[8 + c] = _mm512_shuffle_i32x4::<0xdd>(v, x);
+        m[4 + c] = _mm512_shuffle_i32x4::<0x88>(w, y);
+        m[12 + c] = _mm512_shuffle_i32x4::<0xdd>(w, y);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
