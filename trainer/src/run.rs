@@ -202,7 +202,7 @@ pub async fn train_and_evaluate(
         ..ReaderConfig::new(inputs.test.iter().cloned(), model.eval_batch_size)
     });
     eprintln!(
-        "training: rank {} of {}, {} servers, batch {}, dense {:?} lr {} ({}), embeddings {:?} lr {}, {} on the wire, staleness bound {}",
+        "training: rank {} of {}, {} servers, batch {}, dense {:?} lr {} ({}, {} products), embeddings {:?} lr {}, {} on the wire, staleness bound {}",
         inputs.rank,
         inputs.world,
         client.num_servers(),
@@ -210,6 +210,7 @@ pub async fn train_and_evaluate(
         model.dense_kind(),
         model.dense_lr(),
         if dense_on_ps { "on the servers" } else { "on the trainer" },
+        model.dense_precision.resolve(),
         model.optimizer,
         model.emb_lr(),
         model.encoding,

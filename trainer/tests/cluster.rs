@@ -72,6 +72,61 @@ fn demo_with_given_files_trains_through_two_servers() {
 }
 
 #[test]
+fn demo_trains_with_bf16_dense_products_or_refuses_them_clearly() {
+    let dir = tempfile::tempdir().unwrap();
+    let train = dir.path().join("train.tsv");
+    let test = dir.path().join("test.tsv");
+    generate(30_000, 1, &train);
+    generate(5_000, 2, &test);
+    let args = [
+        "--servers",
+        "2",
+        "--batch-size",
+        "512",
+        "--dense-optimizer",
+        "adagrad",
+        "--lr",
+        "0.005",
+        "--emb-lr",
+        "0.05",
+        "--dense-precision",
+        "bf16",
+    ];
+    // Without AMX (or with it disabled) bf16 is refused at start-up, naming the flag and the reason.
+    let out = trainer()
+        .env(trainer::cluster::PS_SERVER_ENV, "self")
+        .env(trainer::model::AMX_DISABLE_ENV, "1")
+        .arg("demo")
+        .args(args)
+        .arg("--train")
+        .arg(&train)
+        .arg("--test")
+        .arg(&test)
+        .arg("--data-dir")
+        .arg(dir.path().join("refused"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "bf16 without AMX was accepted: {stderr}"
+    );
+    assert!(
+        stderr.contains("--dense-precision") && stderr.contains("needs AMX-BF16"),
+        "unclear error: {stderr}"
+    );
+    if !trainer::model::bf16_available() {
+        eprintln!("no AMX-BF16 here: only the refusal was tested");
+        return;
+    }
+    // With AMX: the products run in bf16, and the model learns as in f32 (the AUC bound of the f32 test).
+    let (s, stderr) = support::run_demo(dir.path(), &train, &test, &args);
+    assert!(stderr.contains("bf16 products"), "{stderr}");
+    let auc = s["auc"].as_f64().unwrap();
+    assert!(auc > AUC_BOUND, "bf16 test AUC {auc}; output:\n{stderr}");
+}
+
+#[test]
 fn train_by_hand_against_running_servers() {
     let dir = tempfile::tempdir().unwrap();
     let train = dir.path().join("train.tsv.gz");

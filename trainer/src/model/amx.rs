@@ -53,11 +53,18 @@ pub(crate) fn pad(x: usize) -> usize {
     x.div_ceil(BLOCK) * BLOCK
 }
 
+/// Set (to anything but `0` or empty) to act as if the CPU had no AMX: for operators who want f32 under
+/// `--dense-precision auto`, and for testing the error path on AMX machines.
+pub const DISABLE_ENV: &str = "TRAINER_DISABLE_AMX";
+
 /// Whether this process can run the AMX kernels: the CPU has AMX-TILE, AMX-BF16, AVX512-BF16 (and
-/// AVX512-F/BW), and the kernel granted the tile data state. Checked once.
+/// AVX512-F/BW), the kernel granted the tile data state, and [`DISABLE_ENV`] is not set. Checked once.
 pub fn available() -> bool {
     static AVAILABLE: OnceLock<bool> = OnceLock::new();
-    *AVAILABLE.get_or_init(detect)
+    *AVAILABLE.get_or_init(|| {
+        let disabled = std::env::var(DISABLE_ENV).is_ok_and(|v| !v.is_empty() && v != "0");
+        !disabled && detect()
+    })
 }
 
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]

@@ -39,6 +39,7 @@ pub mod optim;
 mod rng;
 mod simd;
 
+pub use amx::DISABLE_ENV as AMX_DISABLE_ENV;
 pub use config::DlrmConfig;
 pub use dlrm::Dlrm;
 pub use interaction::Interaction;
@@ -83,7 +84,7 @@ pub enum ModelError {
     /// bf16 products were asked for on a machine without AMX-BF16.
     #[error(
         "dense precision bf16 needs AMX-BF16 tiles (Intel Xeon Sapphire Rapids or later) and a Linux kernel \
-         that grants them (5.16+); this machine has none: use f32"
+         that grants them (5.16+); this machine has none (or TRAINER_DISABLE_AMX is set): use f32 or auto"
     )]
     Bf16Unavailable,
 }
@@ -100,7 +101,17 @@ pub enum Precision {
     Bf16,
 }
 
-/// Whether this machine can run [`Precision::Bf16`].
+impl std::fmt::Display for Precision {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Precision::F32 => "f32",
+            Precision::Bf16 => "bf16",
+        })
+    }
+}
+
+/// Whether this machine can run [`Precision::Bf16`] (AMX-BF16, and the `TRAINER_DISABLE_AMX` environment
+/// variable unset).
 pub fn bf16_available() -> bool {
     amx::available()
 }
