@@ -444,20 +444,29 @@ impl Plan {
     /// Sums the model's embedding gradients `[batch x tables x dim]` per unique id into `out[t]`
     /// (`[unique_t x dim]`), multiplied by `scale`.
     pub fn reduce_gradients(&self, emb_grad: &[f32], scale: f32, out: &mut Vec<Vec<f32>>) {
+        use rayon::prelude::*;
         let (tables, dim) = (self.unique.len(), self.dim);
         out.resize_with(tables, Vec::new);
-        for (t, inverse) in self.inverse.iter().enumerate() {
-            let acc = &mut out[t];
-            acc.clear();
-            acc.resize(self.unique[t].len() * dim, 0.0);
-            for (i, &u) in inverse.iter().enumerate() {
-                let u = u as usize;
-                let src = &emb_grad[(i * tables + t) * dim..][..dim];
-                for (a, g) in acc[u * dim..(u + 1) * dim].iter_mut().zip(src) {
-                    *a += g * scale;
+        // Tables are independent: split over the rayon pool (idle between dense steps; this runs on the
+        // training loop's critical path). Each table's sum keeps its order, so the result does not depend
+        // on the pool.
+        let per_table = out[..tables]
+            .par_iter_mut()
+            .zip(self.inverse.par_iter())
+            .zip(self.unique.par_iter());
+        per_table
+            .enumerate()
+            .for_each(|(t, ((acc, inverse), unique))| {
+                acc.clear();
+                acc.resize(unique.len() * dim, 0.0);
+                for (i, &u) in inverse.iter().enumerate() {
+                    let u = u as usize;
+                    let src = &emb_grad[(i * tables + t) * dim..][..dim];
+                    for (a, g) in acc[u * dim..(u + 1) * dim].iter_mut().zip(src) {
+                        *a += g * scale;
+                    }
                 }
-            }
-        }
+            });
     }
 
     /// Header counts and payload (ids, then encoded gradient rows) of the push for server `s`, every table in

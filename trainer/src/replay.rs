@@ -33,7 +33,6 @@ use crate::plan::Plan;
 pub struct Replayer {
     /// `tables[t]`: table `t`'s optimizer and gradient regularizer.
     tables: Vec<(OptimizerConfig, Regularizer)>,
-    grad: Vec<f32>,
 }
 
 impl Replayer {
@@ -47,10 +46,7 @@ impl Replayer {
                 (cfg.optimizer, Regularizer::of(&cfg))
             })
             .collect();
-        Replayer {
-            tables,
-            grad: Vec::new(),
-        }
+        Replayer { tables }
     }
 
     /// f32s of optimizer state per row of table `t` (0 for SGD, 1 for row-wise Adagrad).
@@ -71,20 +67,26 @@ impl Replayer {
         grads: &[Vec<f32>],
         scale: f32,
     ) -> usize {
+        use rayon::prelude::*;
         let dim = target.dim();
         debug_assert_eq!(pushed.dim(), dim);
         // The servers multiply by the inverse (and skip a scale of 1): the same f32 arithmetic here.
         let inv = 1.0 / scale;
-        self.grad.resize(dim, 0.0);
-        let mut updated = 0;
         let tables = target.tables().min(pushed.tables()).min(self.tables.len());
-        for t in 0..tables {
-            let (opt, reg) = self.tables[t];
+        // Tables are independent: split over the rayon pool (this runs on the training loop's critical
+        // path, between dense steps).
+        let per_table = rows[..tables]
+            .par_iter_mut()
+            .zip(state[..tables].par_iter_mut())
+            .zip(self.tables[..tables].par_iter());
+        let updated = per_table.enumerate().map(|(t, ((w, st), &(opt, reg)))| {
             let len = opt.state_len(dim);
-            let (w, st, g) = (&mut rows[t], &mut state[t], &grads[t]);
+            let g = &grads[t];
             if w.len() < target.unique(t).len() * dim || st.len() < target.unique(t).len() * len {
-                continue;
+                return 0;
             }
+            let mut grad = vec![0.0f32; dim];
+            let mut updated = 0;
             for s in 0..target.servers().min(pushed.servers()) {
                 let (pa, ka) = target.share(s, t);
                 let (pb, kb) = pushed.share(s, t);
@@ -95,16 +97,16 @@ impl Replayer {
                     if x == y {
                         let (a, b) = (pa[i] as usize, pb[j] as usize);
                         let src = &g[b * dim..(b + 1) * dim];
-                        for (d, &x) in self.grad.iter_mut().zip(src) {
+                        for (d, &x) in grad.iter_mut().zip(src) {
                             *d = if scale != 1.0 { x * inv } else { x };
                         }
-                        if self.grad.iter().all(|x| x.is_finite()) {
+                        if grad.iter().all(|x| x.is_finite()) {
                             optimizer::update(
                                 &opt,
                                 reg,
                                 &mut w[a * dim..(a + 1) * dim],
                                 &mut st[a * len..(a + 1) * len],
-                                &self.grad,
+                                &grad,
                             );
                             updated += 1;
                         }
@@ -113,7 +115,9 @@ impl Replayer {
                     j += usize::from(y <= x);
                 }
             }
-        }
+            updated
+        });
+        let updated = updated.sum();
         updated
     }
 }

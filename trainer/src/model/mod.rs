@@ -14,11 +14,13 @@
 //! - [`interaction`]: [`Interaction`], DLRM's pairwise dot interaction.
 //! - [`loss`]: numerically stable sigmoid + binary cross-entropy on logits.
 //! - [`optim`]: [`DenseOptimizer`] (SGD, Adagrad, Adam) and its state.
+//! - `amx`: bf16 matrix products on AMX tiles ([`Precision::Bf16`]); `aligned`: cache-line aligned buffers.
 //!
 //! # Design decisions
-//! - Every matrix product goes through the `gemm` crate (runtime AVX-512 dispatch), row-major, via one
-//!   wrapper (`matmul`). `Dlrm` cuts the batch into chunks of rows that run in parallel on the *current*
-//!   rayon pool, each through the whole network on one thread (`chunk`); the chunks' gradients are summed
+//! - In f32 every matrix product goes through the `gemm` crate (runtime AVX-512 dispatch), row-major, via one
+//!   wrapper (`matmul`). In bf16 ([`Dlrm::set_precision`]) the products of layers with 16 or more outputs run
+//!   on AMX tiles instead (`amx`): each step packs the weights once, each product packs its activations.
+//! - `Dlrm` cuts the batch into chunks of rows that run in parallel on the *current* rayon pool, each through the whole network on one thread (`chunk`); the chunks' gradients are summed
 //!   in a fixed order, so results do not depend on the pool. The optimizer loops are split over the pool
 //!   too: run `train_step` inside `ThreadPool::install` to bound the threads.
 //! - No allocation per step: activation and gradient buffers live in the structs and only grow when a
