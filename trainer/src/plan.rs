@@ -131,6 +131,24 @@ pub struct PushScratch {
     rows: Vec<f32>,
 }
 
+/// `dst.copy_from_slice(src)`, as a fixed-size move for the common dimensions (a `memmove` call per 64-byte
+/// row otherwise: 53k calls per batch of 2048 x 26).
+#[inline(always)]
+fn copy_row(dst: &mut [f32], src: &[f32]) {
+    fn fixed<const N: usize>(dst: &mut [f32], src: &[f32]) -> bool {
+        match (<&mut [f32; N]>::try_from(dst), <&[f32; N]>::try_from(src)) {
+            (Ok(d), Ok(s)) => {
+                *d = *s;
+                true
+            }
+            _ => false,
+        }
+    }
+    if !(fixed::<16>(dst, src) || fixed::<32>(dst, src) || fixed::<8>(dst, src)) {
+        dst.copy_from_slice(src);
+    }
+}
+
 impl Plan {
     /// Plans a batch: `sparse[t]` holds the ids of table `t` for every sample (all of equal length).
     pub fn build(&mut self, sparse: &[Vec<u64>], dim: usize, map: &ShardMap) {
@@ -429,16 +447,28 @@ impl Plan {
 
     /// Expands per-unique rows into the model's input `[batch x tables x dim]`.
     pub fn gather_embeddings(&self, unique_rows: &[Vec<f32>], out: &mut Vec<f32>) {
+        use rayon::prelude::*;
         let (b, tables, dim) = (self.batch, self.unique.len(), self.dim);
         out.resize(b * tables * dim, 0.0);
-        for (t, inverse) in self.inverse.iter().enumerate() {
-            let rows = &unique_rows[t];
-            for (i, &u) in inverse.iter().enumerate() {
-                let u = u as usize;
-                let at = (i * tables + t) * dim;
-                out[at..at + dim].copy_from_slice(&rows[u * dim..(u + 1) * dim]);
-            }
+        if tables == 0 || dim == 0 {
+            return;
         }
+        // Sample by sample, so the output is written in order; split over the rayon pool (this runs on the
+        // training loop's critical path, between dense steps).
+        const SAMPLES: usize = 256;
+        let width = tables * dim;
+        out[..b * width]
+            .par_chunks_mut(SAMPLES * width)
+            .enumerate()
+            .for_each(|(c, part)| {
+                for (k, sample) in part.chunks_exact_mut(width).enumerate() {
+                    let i = c * SAMPLES + k;
+                    for (t, dst) in sample.chunks_exact_mut(dim).enumerate() {
+                        let u = self.inverse[t][i] as usize;
+                        copy_row(dst, &unique_rows[t][u * dim..(u + 1) * dim]);
+                    }
+                }
+            });
     }
 
     /// Sums the model's embedding gradients `[batch x tables x dim]` per unique id into `out[t]`
