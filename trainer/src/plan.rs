@@ -149,6 +149,31 @@ fn copy_row(dst: &mut [f32], src: &[f32]) {
     }
 }
 
+/// `dst += src * scale`, with fixed-size loops for the common dimensions (vectorized; a runtime-length loop
+/// of 16 was not).
+#[inline(always)]
+fn add_scaled_row(dst: &mut [f32], src: &[f32], scale: f32) {
+    fn fixed<const N: usize>(dst: &mut [f32], src: &[f32], scale: f32) -> bool {
+        match (<&mut [f32; N]>::try_from(dst), <&[f32; N]>::try_from(src)) {
+            (Ok(d), Ok(s)) => {
+                for (a, g) in d.iter_mut().zip(s) {
+                    *a += g * scale;
+                }
+                true
+            }
+            _ => false,
+        }
+    }
+    if !(fixed::<16>(dst, src, scale)
+        || fixed::<32>(dst, src, scale)
+        || fixed::<8>(dst, src, scale))
+    {
+        for (a, g) in dst.iter_mut().zip(src) {
+            *a += g * scale;
+        }
+    }
+}
+
 impl Plan {
     /// Plans a batch: `sparse[t]` holds the ids of table `t` for every sample (all of equal length).
     pub fn build(&mut self, sparse: &[Vec<u64>], dim: usize, map: &ShardMap) {
@@ -492,9 +517,7 @@ impl Plan {
                 for (i, &u) in inverse.iter().enumerate() {
                     let u = u as usize;
                     let src = &emb_grad[(i * tables + t) * dim..][..dim];
-                    for (a, g) in acc[u * dim..(u + 1) * dim].iter_mut().zip(src) {
-                        *a += g * scale;
-                    }
+                    add_scaled_row(&mut acc[u * dim..(u + 1) * dim], src, scale);
                 }
             });
     }

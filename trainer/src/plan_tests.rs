@@ -159,3 +159,47 @@ fn short_reply_is_an_error() {
         .unwrap_err();
     assert!(err.to_string().contains("12 bytes, expected 16"), "{err}");
 }
+
+#[test]
+fn gather_and_reduce_match_a_naive_loop_for_specialized_and_generic_dims() {
+    // Dims 16 (fixed-size moves), 5 (generic); 300 samples span two parallel chunks of the gather.
+    let map = ShardMap::new(2);
+    for dim in [16usize, 5] {
+        let batch = 300;
+        let sparse: Vec<Vec<u64>> = (0..3u64)
+            .map(|t| (0..batch as u64).map(|i| (i * 7 + t) % 41).collect())
+            .collect();
+        let mut plan = Plan::default();
+        plan.build(&sparse, dim, &map);
+        let unique_rows: Vec<Vec<f32>> = (0..3)
+            .map(|t| {
+                (0..plan.unique(t).len() * dim)
+                    .map(|k| (k * 3 + t) as f32 * 0.25)
+                    .collect()
+            })
+            .collect();
+        let mut emb = Vec::new();
+        plan.gather_embeddings(&unique_rows, &mut emb);
+        let grad: Vec<f32> = (0..batch * 3 * dim)
+            .map(|k| (k % 97) as f32 - 48.0)
+            .collect();
+        let mut sums = Vec::new();
+        plan.reduce_gradients(&grad, 0.5, &mut sums);
+        for t in 0..3 {
+            let mut want = vec![0.0f32; plan.unique(t).len() * dim];
+            for (i, &id) in sparse[t].iter().enumerate() {
+                let u = plan.unique(t).iter().position(|&x| x == id).unwrap();
+                let row = &emb[(i * 3 + t) * dim..][..dim];
+                assert_eq!(
+                    row,
+                    &unique_rows[t][u * dim..(u + 1) * dim],
+                    "dim {dim} t {t} i {i}"
+                );
+                for e in 0..dim {
+                    want[u * dim + e] += grad[(i * 3 + t) * dim + e] * 0.5;
+                }
+            }
+            assert_eq!(sums[t], want, "dim {dim} table {t}");
+        }
+    }
+}
