@@ -569,6 +569,22 @@ mod tests {
     }
 
     #[test]
+    fn dense_precision_parses_and_the_k8s_model_config_picks_auto() {
+        assert_eq!(ModelArgs::default().dense_precision, DensePrecision::F32);
+        let k8s: ModelArgs = toml::from_str(include_str!("../../k8s/base/model.toml")).unwrap();
+        assert_eq!(k8s.dense_precision, DensePrecision::Auto);
+        for (text, want) in [("f32", DensePrecision::F32), ("bf16", DensePrecision::Bf16)] {
+            let m: ModelArgs = toml::from_str(&format!("dense-precision = \"{text}\"")).unwrap();
+            assert_eq!(m.dense_precision, want);
+        }
+        let err = toml::from_str::<ModelArgs>("dense-precision = \"fp8\"").unwrap_err();
+        assert!(err.to_string().contains("fp8"), "{err}");
+        assert_eq!(DensePrecision::F32.resolve(), crate::model::Precision::F32);
+        let auto = DensePrecision::Auto.resolve();
+        assert_eq!(auto == crate::model::Precision::Bf16, crate::model::bf16_available());
+    }
+
+    #[test]
     fn error_feedback_auto_skips_f16_and_old_bool_configs_still_parse() {
         let f16 = ModelArgs::default();
         assert_eq!(f16.error_feedback, FeedbackMode::Auto);
