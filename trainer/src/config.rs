@@ -581,7 +581,10 @@ mod tests {
         assert!(err.to_string().contains("fp8"), "{err}");
         assert_eq!(DensePrecision::F32.resolve(), crate::model::Precision::F32);
         let auto = DensePrecision::Auto.resolve();
-        assert_eq!(auto == crate::model::Precision::Bf16, crate::model::bf16_available());
+        assert_eq!(
+            auto == crate::model::Precision::Bf16,
+            crate::model::bf16_available()
+        );
     }
 
     #[test]

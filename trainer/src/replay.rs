@@ -117,8 +117,7 @@ impl Replayer {
             }
             updated
         });
-        let updated = updated.sum();
-        updated
+        updated.sum()
     }
 }
 

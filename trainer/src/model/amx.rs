@@ -230,7 +230,8 @@ mod x86 {
     #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
     fn interleave(r0: __m512, r1: __m512) -> __m512i {
         // cvtne2ps_pbh(a, b): the low 16 bf16 come from b, the high 16 from a.
-        let both: __m512i = unsafe { std::mem::transmute(_mm512_cvtne2ps_pbh(r1, r0)) };
+        let both: __m512i =
+            unsafe { std::mem::transmute::<__m512bh, __m512i>(_mm512_cvtne2ps_pbh(r1, r0)) };
         let idx = _mm512_set_epi16(
             31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6, 21, 5, 20,
             4, 19, 3, 18, 2, 17, 1, 16, 0,
@@ -282,7 +283,9 @@ mod x86 {
                 let lo = load(src, at, len);
                 let hi = load(src, at + 16, len.saturating_sub(16));
                 // SAFETY: a plain bit cast of 32 bf16.
-                let v: __m512i = unsafe { std::mem::transmute(_mm512_cvtne2ps_pbh(hi, lo)) };
+                let v: __m512i = unsafe {
+                    std::mem::transmute::<__m512bh, __m512i>(_mm512_cvtne2ps_pbh(hi, lo))
+                };
                 store(dst, a_at(i, p, kp), v);
             }
         }
@@ -340,7 +343,9 @@ mod x86 {
                     let lo = load(src, j * k + p0, len);
                     let hi = load(src, j * k + p0 + 16, len.saturating_sub(16));
                     // SAFETY: a plain bit cast of 32 bf16.
-                    *row = unsafe { std::mem::transmute(_mm512_cvtne2ps_pbh(hi, lo)) };
+                    *row = unsafe {
+                        std::mem::transmute::<__m512bh, __m512i>(_mm512_cvtne2ps_pbh(hi, lo))
+                    };
                 }
                 transpose16(&mut rows);
                 for (q, &row) in rows.iter().enumerate() {
