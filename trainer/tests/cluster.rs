@@ -26,6 +26,21 @@ fn start_servers(run_dir: &Path, extra: &[String]) -> LocalCluster {
 // above chance so a broken pull, push or gradient path does.
 const AUC_BOUND: f64 = 0.62;
 
+/// The configuration the AUC bound was measured with: two servers, batch 512, dense Adagrad lr 0.005,
+/// row-wise Adagrad lr 0.05.
+const BOUND_ARGS: &[&str] = &[
+    "--servers",
+    "2",
+    "--batch-size",
+    "512",
+    "--dense-optimizer",
+    "adagrad",
+    "--lr",
+    "0.005",
+    "--emb-lr",
+    "0.05",
+];
+
 #[test]
 fn demo_with_given_files_trains_through_two_servers() {
     let dir = tempfile::tempdir().unwrap();
@@ -33,25 +48,8 @@ fn demo_with_given_files_trains_through_two_servers() {
     let test = dir.path().join("test.tsv");
     generate(60_000, 1, &train);
     let oracle = generate(10_000, 2, &test);
-    let (s, stderr) = support::run_demo(
-        dir.path(),
-        &train,
-        &test,
-        &[
-            "--servers",
-            "2",
-            "--batch-size",
-            "512",
-            "--dense-optimizer",
-            "adagrad",
-            "--lr",
-            "0.005",
-            "--emb-lr",
-            "0.05",
-            "--progress-secs",
-            "1",
-        ],
-    );
+    let args = [BOUND_ARGS, &["--progress-secs", "1"]].concat();
+    let (s, stderr) = support::run_demo(dir.path(), &train, &test, &args);
     assert_eq!(s["samples"], 60_000);
     assert_eq!(s["test_samples"], 10_000);
     let auc = s["auc"].as_f64().unwrap();
@@ -78,26 +76,13 @@ fn demo_trains_with_bf16_dense_products_or_refuses_them_clearly() {
     let test = dir.path().join("test.tsv");
     generate(30_000, 1, &train);
     generate(5_000, 2, &test);
-    let args = [
-        "--servers",
-        "2",
-        "--batch-size",
-        "512",
-        "--dense-optimizer",
-        "adagrad",
-        "--lr",
-        "0.005",
-        "--emb-lr",
-        "0.05",
-        "--dense-precision",
-        "bf16",
-    ];
+    let args = [BOUND_ARGS, &["--dense-precision", "bf16"]].concat();
     // Without AMX (or with it disabled) bf16 is refused at start-up, naming the flag and the reason.
     let out = trainer()
         .env(trainer::cluster::PS_SERVER_ENV, "self")
         .env(trainer::model::AMX_DISABLE_ENV, "1")
         .arg("demo")
-        .args(args)
+        .args(&args)
         .arg("--train")
         .arg(&train)
         .arg("--test")
