@@ -5,6 +5,7 @@ use rayon::prelude::*;
 use super::chunk::{self, ChunkBuffers, Net};
 use super::config::DlrmConfig;
 use super::interaction::Interaction;
+use super::linear::Linear;
 use super::loss::sigmoid;
 use super::mlp::Mlp;
 use super::optim::{DenseOptimizer, OptimizerState};
@@ -86,7 +87,7 @@ impl Dlrm {
         }
         self.precision = precision;
         if precision == Precision::F32 {
-            for layer in self.layers_mut() {
+            for layer in layers_mut(&mut self.bottom, &mut self.top) {
                 layer.unpack();
             }
         }
@@ -98,21 +99,15 @@ impl Dlrm {
         self.precision
     }
 
-    /// Every layer, bottom then top.
-    fn layers_mut(&mut self) -> impl Iterator<Item = &mut super::Linear> {
-        self.bottom
-            .layers_mut()
-            .iter_mut()
-            .chain(self.top.layers_mut().iter_mut())
-    }
-
     /// In bf16, packs the current weights for the AMX products (before every pass: the optimizer, a
     /// checkpoint or the parameter servers may have changed them).
     fn prepare(&mut self) {
         if self.precision == Precision::Bf16 {
-            let layers: Vec<&mut super::Linear> =
-                self.layers_mut().filter(|l| l.suits_bf16()).collect();
-            layers.into_par_iter().for_each(|l| l.pack_bf16());
+            let top = self.top.layers_mut().par_iter_mut();
+            let layers = self.bottom.layers_mut().par_iter_mut().chain(top);
+            layers
+                .filter(|l| l.suits_bf16())
+                .for_each(|l| l.pack_bf16());
         }
     }
 
@@ -171,11 +166,7 @@ impl Dlrm {
                 });
             }
         }
-        let layers = self
-            .bottom
-            .layers_mut()
-            .iter_mut()
-            .chain(self.top.layers_mut().iter_mut());
+        let layers = layers_mut(&mut self.bottom, &mut self.top);
         let dsts = layers.flat_map(|l| l.params_and_grads().map(|(p, _)| p));
         for (dst, src) in dsts.zip(params) {
             dst.copy_from_slice(src);
@@ -322,11 +313,7 @@ impl Dlrm {
     /// One optimizer step with the gradients of the last [`forward_backward`](Self::forward_backward).
     pub fn apply_gradients(&mut self) {
         self.opt.begin_step();
-        let layers = self
-            .bottom
-            .layers_mut()
-            .iter_mut()
-            .chain(self.top.layers_mut().iter_mut());
+        let layers = layers_mut(&mut self.bottom, &mut self.top);
         for (slot, (param, grad)) in layers.flat_map(|l| l.params_and_grads()).enumerate() {
             self.opt.update(slot, param, grad);
         }
@@ -377,17 +364,21 @@ impl Dlrm {
     }
 }
 
+/// Every layer, bottom then top.
+fn layers_mut<'a>(bottom: &'a mut Mlp, top: &'a mut Mlp) -> impl Iterator<Item = &'a mut Linear> {
+    bottom
+        .layers_mut()
+        .iter_mut()
+        .chain(top.layers_mut().iter_mut())
+}
+
 /// Every dense parameter tensor with its gradient, bottom then top layers, weight then bias, each with its
 /// offset in the chunks' flat gradient parts.
 fn flat_params<'a>(
     bottom: &'a mut Mlp,
     top: &'a mut Mlp,
 ) -> impl Iterator<Item = (usize, &'a mut [f32], &'a mut [f32])> {
-    let layers = bottom
-        .layers_mut()
-        .iter_mut()
-        .chain(top.layers_mut().iter_mut());
-    layers
+    layers_mut(bottom, top)
         .flat_map(|l| l.params_and_grads_mut())
         .scan(0, |offset, (param, grad)| {
             let base = *offset;
