@@ -10,7 +10,8 @@
 #        TRAINER_ARGS (extra flags for `trainer demo`, e.g. "--dense-precision bf16"),
 #        PYTORCH_ARGS (extra flags for dlrm_reference.py, e.g. "--bf16"),
 #        OURS_INPUT (columnar, the default: ours reads `trainer preprocess` shards, as PyTorch parses before timing;
-#        or tsv)
+#        or tsv), REPEAT (rounds, default 1: each round runs ours then PyTorch for every optimizer, so the two
+#        alternate and a drift of the host's speed hits both; the summary gives each round's ratio and the median)
 #
 # PyTorch is optional. Without it the script says how to install it and exits 0 ("skipped"):
 #   python3 -m venv /var/tmp/torch-venv && /var/tmp/torch-venv/bin/pip install torch numpy
@@ -48,27 +49,38 @@ if [ "${OURS_INPUT:-columnar}" != tsv ]; then
         $B/trainer preprocess --input "$TRAIN_TSV" --out "$TRAIN" >&2
     fi
 fi
-for opt in ${OPTIMIZERS:-sgd adagrad}; do
-    echo "== ours, --optimizer $opt" >&2
-    $B/trainer demo --data-dir "$DATA" --train "$TRAIN" --test "$TEST_TSV" --optimizer "$opt" \
-        --summary-json "$OUT/ours-$opt.json" ${TRAINER_ARGS:-} >&2
-    echo "== pytorch, --optimizer $opt" >&2
-    "$PY" bench/pytorch/dlrm_reference.py --train "$TRAIN_TSV" --test "$TEST_TSV" --optimizer "$opt" \
-        --threads "${THREADS:-2}" --json "$OUT/pytorch-$opt.json" ${PYTORCH_ARGS:-} >&2
+REPEAT=${REPEAT:-1}
+for r in $(seq 1 "$REPEAT"); do
+    for opt in ${OPTIMIZERS:-sgd adagrad}; do
+        echo "== round $r of $REPEAT: ours, --optimizer $opt" >&2
+        $B/trainer demo --data-dir "$DATA" --train "$TRAIN" --test "$TEST_TSV" --optimizer "$opt" \
+            --summary-json "$OUT/ours-$opt-$r.json" ${TRAINER_ARGS:-} >&2
+        echo "== round $r of $REPEAT: pytorch, --optimizer $opt" >&2
+        "$PY" bench/pytorch/dlrm_reference.py --train "$TRAIN_TSV" --test "$TEST_TSV" --optimizer "$opt" \
+            --threads "${THREADS:-2}" --json "$OUT/pytorch-$opt-$r.json" ${PYTORCH_ARGS:-} >&2
+    done
 done
-python3 - "$OUT" ${OPTIMIZERS:-sgd adagrad} <<'PY'
-import json, os, sys
-out, opts = sys.argv[1], sys.argv[2:]
+python3 - "$OUT" "$REPEAT" ${OPTIMIZERS:-sgd adagrad} <<'PY'
+import json, os, statistics, sys
+out, repeat, opts = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
 print(f"\nresults in {out}")
 print(f"ours: trainer demo {os.environ.get('TRAINER_ARGS', '')} ({os.environ.get('OURS_INPUT', 'columnar')} input); "
-      f"pytorch: dlrm_reference.py {os.environ.get('PYTORCH_ARGS', '')}")
-print("| optimizer (emb / dense) | ours samples/s | pytorch samples/s | ratio | ours AUC | pytorch AUC | AUC diff | ours logloss | pytorch logloss |")
-print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+      f"pytorch: dlrm_reference.py {os.environ.get('PYTORCH_ARGS', '')}; {repeat} round(s), ours and pytorch alternating")
+print("| optimizer (emb / dense) | round | ours samples/s | pytorch samples/s | ratio | ours AUC | pytorch AUC | AUC diff | ours logloss | pytorch logloss |")
+print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+summary = []
 for o in opts:
-    a = json.load(open(os.path.join(out, f"ours-{o}.json")))
-    p = json.load(open(os.path.join(out, f"pytorch-{o}.json")))
-    dense = p["dense_optimizer"]
-    print(f"| {o} / {dense} | {a['samples_per_sec']:,.0f} | {p['samples_per_sec']:,.0f} | "
-          f"{a['samples_per_sec'] / p['samples_per_sec']:.2f}x | {a['auc']:.4f} | {p['auc']:.4f} | "
-          f"{a['auc'] - p['auc']:+.4f} | {a['logloss']:.4f} | {p['logloss']:.4f} |")
+    ratios = []
+    for r in range(1, repeat + 1):
+        a = json.load(open(os.path.join(out, f"ours-{o}-{r}.json")))
+        p = json.load(open(os.path.join(out, f"pytorch-{o}-{r}.json")))
+        dense = p["dense_optimizer"]
+        ratio = a["samples_per_sec"] / p["samples_per_sec"]
+        ratios.append(ratio)
+        print(f"| {o} / {dense} | {r} | {a['samples_per_sec']:,.0f} | {p['samples_per_sec']:,.0f} | "
+              f"{ratio:.2f}x | {a['auc']:.4f} | {p['auc']:.4f} | "
+              f"{a['auc'] - p['auc']:+.4f} | {a['logloss']:.4f} | {p['logloss']:.4f} |")
+    summary.append(f"{o}: median ratio {statistics.median(ratios):.2f}x over {repeat} round(s) "
+                   f"(min {min(ratios):.2f}x, max {max(ratios):.2f}x)")
+print("\n".join(summary))
 PY
