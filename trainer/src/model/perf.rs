@@ -222,7 +222,8 @@ fn gemm_shapes() {
 
 /// Train steps with several chunk sizes, interleaved in one process so that they see the same load:
 /// median over `DENSE_PERF_ROUNDS` (default 15) rounds of 3 steps each, for the target rows per chunk in
-/// `DENSE_PERF_CHUNKS` (default `256,512,1024,2048`; 2048 is one chunk, split per product as before).
+/// `DENSE_PERF_CHUNKS` (default `256,512,1024,2048`; 2048 is one chunk, split per product as before);
+/// `DENSE_PERF_PRECISION=bf16` for the AMX products.
 #[test]
 #[ignore = "timing; run by hand in release"]
 fn chunk_sizes() {
@@ -252,6 +253,9 @@ fn chunk_sizes() {
                 .map(|&rows| {
                     let mut m = Dlrm::new(cfg.clone(), opt, 0).unwrap();
                     m.set_chunk_rows(rows);
+                    if std::env::var("DENSE_PERF_PRECISION").as_deref() == Ok("bf16") {
+                        m.set_precision(Precision::Bf16).unwrap();
+                    }
                     m.train_step(BATCH, &dense, &emb, &labels, &mut emb_grad)
                         .unwrap();
                     m
