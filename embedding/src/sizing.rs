@@ -122,19 +122,35 @@ fn bitset_bytes(r: usize) -> usize {
 pub fn table_memory(rows: u64, row_len: usize, stamps: bool) -> MemoryEstimate {
     let row_len = row_len.max(1);
     let stripes = STRIPES as u64;
-    let (base, extra) = ((rows / stripes) as usize, rows % stripes);
     let mut est = MemoryEstimate {
         total_bytes: TABLE_FIXED as u64,
         arena_bytes: 0,
         index_bytes: 0,
         bitset_bytes: 0,
     };
-    // `extra` stripes hold one row more than the others.
-    for (r, n) in [(base, stripes - extra), (base + 1, extra)] {
-        est.arena_bytes += n * arena_bytes(r, row_len, stamps) as u64;
-        est.index_bytes += n * index_bytes(r) as u64;
-        est.bitset_bytes += n * bitset_bytes(r) as u64;
-    }
+    // Rows hash onto the stripes, so a stripe's count is binomial (mean `rows / STRIPES`) rather than the
+    // mean itself, and the growth rules are steps: near a step, stripes just over it cost a doubling that the
+    // mean misses. Each piece is the expectation over that count (5-point Gauss-Hermite rule on the normal
+    // approximation), times the stripes.
+    let mean = rows as f64 / stripes as f64;
+    let sd = (mean * (1.0 - 1.0 / stripes as f64)).sqrt();
+    let expect = |f: &dyn Fn(usize) -> usize| -> u64 {
+        const RULE: [(f64, f64); 5] = [
+            (0.0, 8.0 / 15.0),
+            (-1.355_626_179_974_266, 0.222_075_922_005_612_8),
+            (1.355_626_179_974_266, 0.222_075_922_005_612_8),
+            (-2.856_970_013_872_806, 0.011_257_411_327_720_69),
+            (2.856_970_013_872_806, 0.011_257_411_327_720_69),
+        ];
+        let e: f64 = RULE
+            .iter()
+            .map(|&(z, w)| w * f((mean + z * sd).round().max(0.0) as usize) as f64)
+            .sum();
+        (e * stripes as f64).round() as u64
+    };
+    est.arena_bytes = expect(&|r| arena_bytes(r, row_len, stamps));
+    est.index_bytes = expect(&index_bytes);
+    est.bitset_bytes = expect(&bitset_bytes);
     est.total_bytes += est.arena_bytes + est.index_bytes + est.bitset_bytes;
     est
 }

@@ -13,7 +13,7 @@
 //! - An entry is `0` (empty) or `tag << slot_bits | (slot + 1)`, where `slot_bits` is the width of the bucket
 //!   count (slots are always below it, see [`Index::insert`]) and the tag is the low `32 - slot_bits` bits of
 //!   `h`: a probe compares tags first and reads the row's id from the arena (a cache miss) only on a tag
-//!   match. At 156k rows per stripe (10M rows in 64 stripes) tags have 13 bits.
+//!   match. At 625k rows per stripe (10M rows in 16 stripes) tags have 12 bits.
 //! - Linear probing: a lookup scans forward from the home bucket to an empty entry, 16 entries per cache line.
 //!   Removal shifts later entries of the run back (no tombstones), so lookups never slow down with churn.
 //!
