@@ -48,7 +48,7 @@ use crate::store::Store;
 /// A call groups its ids by stripe and prefetches within a group, so more stripes mean smaller groups and less
 /// of each lookup's cache misses overlapped. A trainer's request at batch 2048 brings ~260 unique ids per table
 /// to a server: ~4 per stripe at 64 stripes, 16 at 16. `ps-bench --in-process --distribution uniform --vocab
-/// 300000 --ids-per-table 258 --pool-batches 1000 --populate` (rows far out of cache), rows/s each way: 4.8-5.1M
+/// 300000 --ids-per-table 258 --pool-batches 1000 --populate` (rows far out of cache), rows/s each way: 4.8-5.3M
 /// at 64 stripes, 6.4-7.1M with the group warm-up of `lookup_each`, 11.0-11.3M with that and 16 stripes. 16
 /// locks per table still let a server's workers apply different parts of a table at once.
 pub const STRIPES: usize = 16;
