@@ -151,7 +151,9 @@ impl Stripe {
     /// Calls `f(stripe, i, slot)` for each `i` in `group` (indices into `ids`), in order, with the slot of
     /// `ids[i]` if it has a row (as found just before the call). A lookup in a table larger than the cache
     /// waits on two or three cache misses in turn (index entry, id, row), so the index entries of the ids
-    /// [`PREFETCH`] x 2 ahead and the likely rows of those [`PREFETCH`] ahead are prefetched first.
+    /// [`PREFETCH`] x 2 ahead and the likely rows of those [`PREFETCH`] ahead are prefetched first. The group's
+    /// first ids are prefetched together before the first lookup: a call's ids spread over all the stripes,
+    /// so a group often has fewer ids than the prefetch distance.
     #[inline]
     fn lookup_each(
         &mut self,
@@ -159,30 +161,38 @@ impl Stripe {
         group: &[usize],
         mut f: impl FnMut(&mut Stripe, usize, Option<usize>),
     ) {
-        // Start the group's first lookups together: a call's ids spread over all the stripes, so a group
-        // often has fewer ids than the prefetch distance, and without this its lookups each waited on their
-        // misses one after the other.
         for &j in group.iter().take(2 * PREFETCH) {
-            self.index.prefetch(hash(ids[j]));
+            self.prefetch_entry(ids[j]);
         }
         for &j in group.iter().take(PREFETCH) {
-            if let Some(slot) = self.index.candidate(hash(ids[j])) {
-                self.arena.prefetch(slot);
-            }
+            self.prefetch_row(ids[j]);
         }
         for k in 0..group.len() {
             if let Some(&j) = group.get(k + 2 * PREFETCH) {
-                self.index.prefetch(hash(ids[j]));
+                self.prefetch_entry(ids[j]);
             }
             if let Some(&j) = group.get(k + PREFETCH) {
-                if let Some(slot) = self.index.candidate(hash(ids[j])) {
-                    self.arena.prefetch(slot);
-                }
+                self.prefetch_row(ids[j]);
             }
             let i = group[k];
             let id = ids[i];
             let slot = self.find(id, hash(id));
             f(self, i, slot);
+        }
+    }
+
+    /// Hints the CPU to load the index entry where a lookup of `id` starts.
+    #[inline]
+    fn prefetch_entry(&self, id: u64) {
+        self.index.prefetch(hash(id));
+    }
+
+    /// Hints the CPU to load the id and row of the slot `id` most likely has (its index entry should be in
+    /// cache already, see [`Stripe::prefetch_entry`]).
+    #[inline]
+    fn prefetch_row(&self, id: u64) {
+        if let Some(slot) = self.index.candidate(hash(id)) {
+            self.arena.prefetch(slot);
         }
     }
 
