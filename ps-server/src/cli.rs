@@ -230,12 +230,23 @@ pub async fn termination_signal() {
     }
 }
 
-/// Installs the log subscriber (RUST_LOG, default `info`), writing to stderr.
+/// Whether log lines carry ANSI colour codes: only on a terminal, and never when `NO_COLOR` is set to a
+/// non-empty value (<https://no-color.org>), so logs written to a file or a pipe stay plain text.
+pub fn use_color(stderr_is_terminal: bool, no_color: Option<&std::ffi::OsStr>) -> bool {
+    stderr_is_terminal && no_color.is_none_or(|v| v.is_empty())
+}
+
+/// Installs the log subscriber (RUST_LOG, default `info`), writing to stderr, coloured only on a terminal
+/// ([`use_color`]).
 pub fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(use_color(
+            std::io::IsTerminal::is_terminal(&std::io::stderr()),
+            std::env::var_os("NO_COLOR").as_deref(),
+        ))
         .with_writer(std::io::stderr)
         .try_init();
 }
@@ -366,5 +377,20 @@ pub fn main(args: impl IntoIterator<Item = OsString>) -> i32 {
             eprintln!("ps-server: error: {e:#}");
             1
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::use_color;
+    use std::ffi::OsStr;
+
+    #[test]
+    fn colour_only_on_a_terminal_without_no_color() {
+        assert!(use_color(true, None));
+        assert!(use_color(true, Some(OsStr::new(""))));
+        assert!(!use_color(true, Some(OsStr::new("1"))));
+        assert!(!use_color(false, None));
+        assert!(!use_color(false, Some(OsStr::new("1"))));
     }
 }

@@ -353,3 +353,42 @@ fn parse_rate() {
         );
     }
 }
+
+#[test]
+fn issue15_input_without_a_usable_row_is_an_error_with_its_counts() {
+    let dir = tempfile::tempdir().unwrap();
+    let blank = write(&dir.path().join("blank"), "\n\n");
+    let bad = write(&dir.path().join("bad"), "x\ty\n\n");
+    let err = read(ReaderConfig::new([&blank, &bad], 4)).unwrap_err();
+    match &err {
+        ReadError::NoRows {
+            paths,
+            lines,
+            bad_lines,
+            empty_lines,
+            first_errors,
+            ..
+        } => {
+            assert_eq!(paths, &[blank.clone(), bad.clone()]);
+            assert_eq!((*lines, *bad_lines, *empty_lines), (4, 1, 3));
+            assert!(first_errors[0].starts_with(&format!("{}:1:", bad.display())));
+        }
+        other => panic!("{other:?}"),
+    }
+    let message = err.to_string();
+    assert!(message.contains("no usable rows"), "{message}");
+    assert!(message.contains("1 malformed"), "{message}");
+    // read_all (the evaluation path) says the same; a rank with no line of its own too.
+    assert!(matches!(
+        read_all(&ReaderConfig::new([&blank], 4)),
+        Err(ReadError::NoRows { .. })
+    ));
+    let one = write(&dir.path().join("one"), &lines(0..1));
+    let rank1 = ReaderConfig {
+        rank: 1,
+        world: 2,
+        ..ReaderConfig::new([&one], 4)
+    };
+    let err = read(rank1).unwrap_err();
+    assert!(err.to_string().contains("(rank 1 of 2)"), "{err}");
+}

@@ -151,6 +151,30 @@ pub enum ReadError {
         /// The first bad lines, as in [`ReadStats::first_errors`].
         first_errors: Vec<String>,
     },
+    /// Every file was read to its end and not one row could be used (empty, blank, malformed or binary
+    /// input): training on nothing must not look like a success.
+    #[error(
+        "no usable rows in {}{}: {lines} lines read, {bad_lines} malformed, {empty_lines} empty; first malformed: {}",
+        Paths(paths),
+        RankOf(*rank, *world),
+        FirstError(first_errors)
+    )]
+    NoRows {
+        /// The files read, in order.
+        paths: Vec<PathBuf>,
+        /// This reader's rank and the number of ranks splitting the lines.
+        rank: usize,
+        /// See `rank`.
+        world: usize,
+        /// Lines assigned to this rank.
+        lines: u64,
+        /// Lines that did not parse.
+        bad_lines: u64,
+        /// Empty lines.
+        empty_lines: u64,
+        /// The first bad lines, as in [`ReadStats::first_errors`].
+        first_errors: Vec<String>,
+    },
     /// The reader thread could not be started.
     #[error("cannot start the reader thread: {0}")]
     Spawn(io::Error),
@@ -165,6 +189,33 @@ struct FirstError<'a>(&'a [String]);
 impl fmt::Display for FirstError<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.0.first().map_or("(none recorded)", String::as_str))
+    }
+}
+
+/// Formats a list of paths, comma-separated.
+struct Paths<'a>(&'a [PathBuf]);
+
+impl fmt::Display for Paths<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, path) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str(", ")?;
+            }
+            write!(f, "{}", path.display())?;
+        }
+        Ok(())
+    }
+}
+
+/// Formats " (rank r of W)" when the input is split among several trainers, nothing otherwise.
+struct RankOf(usize, usize);
+
+impl fmt::Display for RankOf {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RankOf(_, 1) => Ok(()),
+            RankOf(rank, world) => write!(f, " (rank {rank} of {world})"),
+        }
     }
 }
 
@@ -290,7 +341,8 @@ impl<'a> Pipeline<'a> {
     }
 
     /// Reads `files` in order, handing each full batch, then the last short one, to `emit`, which returns
-    /// `false` to stop. Returns early (and `Ok`) when stopped.
+    /// `false` to stop. Returns early (and `Ok`) when stopped; fails with [`ReadError::NoRows`] when the
+    /// files, read to their end, held no usable row.
     fn run(
         &mut self,
         files: &[PathBuf],
@@ -305,6 +357,18 @@ impl<'a> Pipeline<'a> {
             if !go_on {
                 return Ok(());
             }
+        }
+        if self.stats.rows == 0 {
+            let s = &self.stats;
+            return Err(ReadError::NoRows {
+                paths: files.to_vec(),
+                rank: self.cfg.rank,
+                world: self.cfg.world,
+                lines: s.lines,
+                bad_lines: s.bad_lines,
+                empty_lines: s.empty_lines,
+                first_errors: s.first_errors.clone(),
+            });
         }
         if !batch.is_empty() {
             emit(batch, &self.stats);

@@ -7,7 +7,7 @@
 //! `DLRMCOL\0` (memory-mapped, see [`super::columnar`]), anything else is plain text.
 
 use std::fs::{self, File};
-use std::io::{self, BufRead, BufReader, Read, Seek, SeekFrom};
+use std::io::{self, BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 
 use flate2::bufread::MultiGzDecoder;
@@ -76,21 +76,28 @@ pub(crate) fn open(path: &Path) -> Result<Input, ReadError> {
         .take(MAGIC.len() as u64)
         .read_to_end(&mut head)
         .map_err(open_err)?;
-    file.seek(SeekFrom::Start(0)).map_err(open_err)?;
-    let inner: Box<dyn Read + Send> = if head.starts_with(&[0x1f, 0x8b]) {
-        Box::new(MultiGzDecoder::new(BufReader::with_capacity(
-            BUF_SIZE, file,
-        )))
-    } else if head.starts_with(&[0x28, 0xb5, 0x2f, 0xfd]) {
-        let buffered = BufReader::with_capacity(BUF_SIZE, file);
-        Box::new(zstd::stream::read::Decoder::with_buffer(buffered).map_err(open_err)?)
-    } else if Shard::is_shard(&head) {
+    if Shard::is_shard(&head) {
         // SAFETY: the map is read-only and private to this reader; a shard changed or truncated by another
         // process while mapped is outside the contract (shards are written once, then renamed into place).
         let map = unsafe { Mmap::map(&file) }.map_err(open_err)?;
         return Ok(Input::Columnar(map));
+    }
+    // The bytes already read go in front of the rest instead of seeking back, so a pipe or FIFO (which
+    // cannot seek) reads like a file.
+    let (gzip, zstd) = (
+        head.starts_with(&[0x1f, 0x8b]),
+        head.starts_with(&[0x28, 0xb5, 0x2f, 0xfd]),
+    );
+    let stream = io::Cursor::new(head).chain(file);
+    let inner: Box<dyn Read + Send> = if gzip {
+        Box::new(MultiGzDecoder::new(BufReader::with_capacity(
+            BUF_SIZE, stream,
+        )))
+    } else if zstd {
+        let buffered = BufReader::with_capacity(BUF_SIZE, stream);
+        Box::new(zstd::stream::read::Decoder::with_buffer(buffered).map_err(open_err)?)
     } else {
-        Box::new(file)
+        Box::new(stream) // LineReader buffers it
     };
     Ok(Input::Text(LineReader::new(inner)))
 }
