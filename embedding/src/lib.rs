@@ -20,11 +20,13 @@
 //! - [`table`](Table): [`Table`], lock-striped rows with a compact index, dirty bits, admission and TTL.
 //!   `table_budget.rs`: the capacity tier (memory budget, CLOCK eviction, batched read-back).
 //! - [`batch`](DirtyBatch): [`DirtyBatch`], rows encoded for the store.
-//! - [`store`](Store): the [`Store`] trait; [`MemStore`] and [`RocksStore`] implement it.
+//! - [`store`](Store): the [`Store`] trait; [`MemStore`] and `RocksStore` implement it.
+//! - [`spec`]: [`spec::TableSpec`], the plain description of a table that travels on the wire, and its
+//!   conversion to and from [`TableConfig`].
 //! - [`engine`](Engine): [`Engine`], the tables of one server: registration, recovery, flushing, expiry.
 //! - [`error`](EmbeddingError): [`EmbeddingError`], [`StoreError`].
-//! - [`snapshot`]: [`Engine::checkpoint`] (a consistent RocksDB checkpoint plus `manifest.json`),
-//!   [`Snapshot`] to read one back, [`PushGuard`] to keep a multi-table push out of half a checkpoint.
+//! - `snapshot`: `Engine::checkpoint` (a consistent RocksDB checkpoint plus `manifest.json`),
+//!   `Snapshot` to read one back, `PushGuard` to keep a multi-table push out of half a checkpoint.
 //! - [`sizing`]: memory and disk of a table of R rows from the layout above, without building it.
 //!
 //! With a memory budget ([`Engine::open_with_budget`]), [`Engine::enforce_budget`] evicts cold rows (CLOCK) to
@@ -33,6 +35,12 @@
 //! # Not here yet
 //! Last-touched times and admission
 //! counts are not persisted: recovered rows restart their TTL, and the sketch restarts empty.
+
+//!
+//! # Features
+//! - `rocksdb` (default): `RocksStore`, snapshots (`Engine::checkpoint`, `Snapshot`) and `MemStore`
+//!   checkpoints, which write a RocksDB. A trainer replaying its own pushes needs only the optimizers and
+//!   leaves it off, so it links no RocksDB (`cargo tree -p trainer -e normal`).
 
 #![warn(missing_docs)]
 
@@ -45,9 +53,12 @@ mod error;
 pub mod init;
 mod mem_store;
 pub mod optimizer;
+#[cfg(feature = "rocksdb")]
 mod rocks_store;
 pub mod sizing;
+#[cfg(feature = "rocksdb")]
 pub mod snapshot;
+pub mod spec;
 mod store;
 mod table;
 
@@ -68,7 +79,9 @@ pub use engine::{
 };
 pub use error::{EmbeddingError, StoreError};
 pub use mem_store::MemStore;
+#[cfg(feature = "rocksdb")]
 pub use rocks_store::RocksStore;
+#[cfg(feature = "rocksdb")]
 pub use snapshot::{PushGuard, Snapshot, SnapshotError};
 pub use store::{GetFn, ScanFn, Store};
 pub use table::{ApplyStats, GatherStats, Table, STRIPES};

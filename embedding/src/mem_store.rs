@@ -178,34 +178,45 @@ impl Store for MemStore {
                 detail: "directory already exists".into(),
             });
         }
-        let inner = self.inner.read();
-        let db = crate::RocksStore::open(dir)?;
-        for (key, value) in &inner.meta {
-            db.put_meta(key, value)?;
-        }
-        let mut batch = DirtyBatch::new();
-        for (&table, rows) in &inner.tables {
-            db.ensure_table(table)?;
-            for (&id, value) in rows {
-                if batch.len() >= crate::FLUSH_BATCH_ROWS || batch.row_bytes() != value.len() {
-                    if !batch.is_empty() {
-                        db.write_rows(table, &batch, false)?;
-                    }
-                    batch.reset(value.len());
-                }
-                batch.push_bytes(id, value);
-            }
-            if !batch.is_empty() {
-                db.write_rows(table, &batch, false)?;
-            }
-            batch.reset(0);
-        }
-        db.flush()
+        #[cfg(not(feature = "rocksdb"))]
+        return Err(StoreError::Backend {
+            op: format!("checkpoint {}", dir.display()),
+            detail: "this build has no RocksDB (embedding's `rocksdb` feature is off)".into(),
+        });
+        #[cfg(feature = "rocksdb")]
+        checkpoint_to_rocksdb(&self.inner.read(), dir)
     }
 
     fn flush(&self) -> Result<(), StoreError> {
         Ok(())
     }
+}
+
+/// [`MemStore`]'s checkpoint: its contents written into a fresh RocksDB database at `dir`.
+#[cfg(feature = "rocksdb")]
+fn checkpoint_to_rocksdb(inner: &Inner, dir: &std::path::Path) -> Result<(), StoreError> {
+    let db = crate::RocksStore::open(dir)?;
+    for (key, value) in &inner.meta {
+        db.put_meta(key, value)?;
+    }
+    let mut batch = DirtyBatch::new();
+    for (&table, rows) in &inner.tables {
+        db.ensure_table(table)?;
+        for (&id, value) in rows {
+            if batch.len() >= crate::FLUSH_BATCH_ROWS || batch.row_bytes() != value.len() {
+                if !batch.is_empty() {
+                    db.write_rows(table, &batch, false)?;
+                }
+                batch.reset(value.len());
+            }
+            batch.push_bytes(id, value);
+        }
+        if !batch.is_empty() {
+            db.write_rows(table, &batch, false)?;
+        }
+        batch.reset(0);
+    }
+    db.flush()
 }
 
 #[cfg(test)]

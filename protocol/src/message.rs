@@ -19,6 +19,8 @@
 
 use serde::{Deserialize, Serialize};
 
+pub use embedding::spec::{InitSpec, OptimizerSpec, TableSpec};
+
 use crate::codec::Encoding;
 use crate::error::{ErrorCode, ProtocolError};
 
@@ -31,112 +33,6 @@ pub struct TableCount {
     pub count: u32,
     /// Row dimension the sender assumes; the server checks it against the table.
     pub dim: u32,
-}
-
-/// The server-side optimizer of a table.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-pub enum OptimizerSpec {
-    /// `w -= lr * g`.
-    Sgd {
-        /// Learning rate.
-        lr: f32,
-    },
-    /// Row-wise Adagrad: one accumulator per row, `acc += mean(g^2)`, `w -= lr * g / (sqrt(acc) + eps)`.
-    RowAdagrad {
-        /// Learning rate.
-        lr: f32,
-        /// Added to the root of the accumulator.
-        eps: f32,
-        /// Accumulator of a new row.
-        initial_accumulator: f32,
-    },
-    // Variants below were added after the first release; bincode numbers variants by position, so new ones go
-    // last. `weight_decay` (L2, `g += weight_decay * w`, 0 = off) and `clip_norm` (scale the row gradient to
-    // L2 norm <= clip_norm before decay, 0 = off) mean the same in every variant.
-    /// Adam with a per-row step count (bias correction uses each row's own step).
-    Adam {
-        /// Learning rate.
-        lr: f32,
-        /// Decay of the first moment, in `[0, 1)`.
-        beta1: f32,
-        /// Decay of the second moment, in `[0, 1)`.
-        beta2: f32,
-        /// Added to the root of the bias-corrected second moment.
-        eps: f32,
-        /// L2 weight decay added to the gradient; 0 is off.
-        weight_decay: f32,
-        /// Largest L2 norm of a gradient row; 0 is off.
-        clip_norm: f32,
-    },
-    /// FTRL-Proximal (McMahan et al. 2013), per coordinate.
-    Ftrl {
-        /// Learning rate `alpha`.
-        alpha: f32,
-        /// Learning-rate offset `beta`.
-        beta: f32,
-        /// L1 strength.
-        l1: f32,
-        /// L2 strength (of the FTRL objective, separate from `weight_decay`).
-        l2: f32,
-        /// L2 weight decay added to the gradient; 0 is off.
-        weight_decay: f32,
-        /// Largest L2 norm of a gradient row; 0 is off.
-        clip_norm: f32,
-    },
-    /// [`OptimizerSpec::Sgd`] with weight decay and/or gradient clipping.
-    SgdRegularized {
-        /// Learning rate.
-        lr: f32,
-        /// L2 weight decay added to the gradient; 0 is off.
-        weight_decay: f32,
-        /// Largest L2 norm of a gradient row; 0 is off.
-        clip_norm: f32,
-    },
-    /// [`OptimizerSpec::RowAdagrad`] with weight decay and/or gradient clipping.
-    RowAdagradRegularized {
-        /// Learning rate.
-        lr: f32,
-        /// Added to the root of the accumulator.
-        eps: f32,
-        /// Accumulator of a new row.
-        initial_accumulator: f32,
-        /// L2 weight decay added to the gradient; 0 is off.
-        weight_decay: f32,
-        /// Largest L2 norm of a gradient row; 0 is off.
-        clip_norm: f32,
-    },
-}
-
-/// How a new row is initialized (deterministically from the table seed and the id).
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-pub enum InitSpec {
-    /// Uniform in `[-scale, scale]`.
-    Uniform {
-        /// Half-width.
-        scale: f32,
-    },
-    /// Normal with mean 0.
-    Normal {
-        /// Standard deviation.
-        std: f32,
-    },
-}
-
-/// Everything a server needs to create a table.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct TableSpec {
-    /// Table id (the trainer uses the categorical feature index).
-    pub id: u32,
-    /// Human-readable name, e.g. `C5`.
-    pub name: String,
-    /// Row dimension.
-    pub dim: u32,
-    /// Server-side optimizer.
-    pub optimizer: OptimizerSpec,
-    /// Row initializer.
-    pub init: InitSpec,
-    /// Initializer seed.
-    pub seed: u64,
 }
 
 /// A request header.

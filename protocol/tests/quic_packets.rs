@@ -113,11 +113,16 @@ fn loopback_uses_large_packets_from_the_handshake_and_multi_mb_frames_arrive_int
         let path = conn.stats().path;
         eprintln!("loopback path after 48 MB: {path:?}");
         assert_eq!(path.current_mtu, LOOPBACK_MTU);
-        // Were full batches refused by the kernel, more than half the packets would be lost (measured: 3,200 of
-        // 5,500, 755 congestion events, 44 s); full socket buffers on a busy machine lose a few percent.
+        // A full batch the kernel refuses is lost every time it is sent: the connection stalls, or loses packets
+        // in hundreds of congestion events (measured: 3,200 of 5,500 packets, 755 events, 44 s). A busy machine
+        // loses packets too, when the receiver falls behind and its socket buffer fills: up to 16% of them here
+        // with one core kept busy, so the share of lost packets depends on the machine's load. Each such burst
+        // is one congestion event that cuts the window by 30%, so a few of them bring it under the socket
+        // buffer (a dozen even for a 24 MB window and Linux's default 208 KiB buffer cap): count events.
         assert!(
-            path.lost_packets * 5 < path.sent_packets,
-            "lost {} of {} packets: {path:?}",
+            path.congestion_events < 50,
+            "{} congestion events, lost {} of {} packets: {path:?}",
+            path.congestion_events,
             path.lost_packets,
             path.sent_packets
         );

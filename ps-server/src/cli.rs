@@ -219,38 +219,6 @@ impl ServeArgs {
     }
 }
 
-/// Resolves when SIGTERM or SIGINT arrives.
-pub async fn termination_signal() {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate()).expect("install SIGTERM handler");
-    let mut int = signal(SignalKind::interrupt()).expect("install SIGINT handler");
-    tokio::select! {
-        _ = term.recv() => tracing::info!("SIGTERM received"),
-        _ = int.recv() => tracing::info!("SIGINT received"),
-    }
-}
-
-/// Whether log lines carry ANSI colour codes: only on a terminal, and never when `NO_COLOR` is set to a
-/// non-empty value (<https://no-color.org>), so logs written to a file or a pipe stay plain text.
-pub fn use_color(stderr_is_terminal: bool, no_color: Option<&std::ffi::OsStr>) -> bool {
-    stderr_is_terminal && no_color.is_none_or(|v| v.is_empty())
-}
-
-/// Installs the log subscriber (RUST_LOG, default `info`), writing to stderr, coloured only on a terminal
-/// ([`use_color`]).
-pub fn init_logging() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(use_color(
-            std::io::IsTerminal::is_terminal(&std::io::stderr()),
-            std::env::var_os("NO_COLOR").as_deref(),
-        ))
-        .with_writer(std::io::stderr)
-        .try_init();
-}
-
 fn run_restore(a: RestoreArgs) -> anyhow::Result<()> {
     let stats = crate::restore::restore(&a.from, a.num_shards, a.shard_index, &a.data_dir)
         .with_context(|| {
@@ -347,7 +315,7 @@ fn run_cli(cli: Cli) -> anyhow::Result<()> {
         .thread_name("ps-worker")
         .build()
         .context("start tokio runtime")?;
-    runtime.block_on(crate::server::run(cfg, termination_signal(), |bound| {
+    runtime.block_on(crate::server::run(cfg, ops::shutdown::signal(), |bound| {
         // One machine-readable line on stdout, so launchers using port 0 learn the ports.
         let addr = |key: &str, a: Option<std::net::SocketAddr>| {
             a.map(|a| format!(" {key}={a}")).unwrap_or_default()
@@ -363,7 +331,7 @@ fn run_cli(cli: Cli) -> anyhow::Result<()> {
 
 /// Entry point of the binary: parses `args`, runs, and returns the process exit code.
 pub fn main(args: impl IntoIterator<Item = OsString>) -> i32 {
-    init_logging();
+    ops::logging::init();
     let cli = match Cli::try_parse_from(args) {
         Ok(cli) => cli,
         Err(e) => {
@@ -377,20 +345,5 @@ pub fn main(args: impl IntoIterator<Item = OsString>) -> i32 {
             eprintln!("ps-server: error: {e:#}");
             1
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::use_color;
-    use std::ffi::OsStr;
-
-    #[test]
-    fn colour_only_on_a_terminal_without_no_color() {
-        assert!(use_color(true, None));
-        assert!(use_color(true, Some(OsStr::new(""))));
-        assert!(!use_color(true, Some(OsStr::new("1"))));
-        assert!(!use_color(false, None));
-        assert!(!use_color(false, Some(OsStr::new("1"))));
     }
 }

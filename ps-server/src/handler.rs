@@ -5,13 +5,13 @@
 //! A push is validated whole before any row is applied: a bad table or dimension anywhere in it leaves every
 //! table untouched.
 
-use embedding::{EmbeddingError, Engine, InitConfig, InitKind, OptimizerConfig, TableConfig};
+use embedding::spec::{table_config, table_spec};
+use embedding::{EmbeddingError, Engine};
 use protocol::codec;
 use protocol::ids::get_sections;
 use protocol::message::PayloadLayout;
 use protocol::{
-    Encoding, ErrorCode, InitSpec, OptimizerSpec, Request, Response, ShardMap, TableCount,
-    TableSpec, PROTOCOL_VERSION,
+    Encoding, ErrorCode, Request, Response, ShardMap, TableCount, TableSpec, PROTOCOL_VERSION,
 };
 
 use crate::config::Durability;
@@ -71,168 +71,6 @@ impl From<protocol::ProtocolError> for Refusal {
     fn from(e: protocol::ProtocolError) -> Refusal {
         refuse(ErrorCode::BadRequest, e.to_string())
     }
-}
-
-/// Converts a wire table spec into the storage engine's config. Admission and TTL are not on the wire yet:
-/// tables registered over the wire have neither.
-pub fn table_config(spec: &TableSpec) -> TableConfig {
-    let (optimizer, weight_decay, clip_norm) = match spec.optimizer {
-        OptimizerSpec::Sgd { lr } => (OptimizerConfig::Sgd { lr }, 0.0, 0.0),
-        OptimizerSpec::SgdRegularized {
-            lr,
-            weight_decay,
-            clip_norm,
-        } => (OptimizerConfig::Sgd { lr }, weight_decay, clip_norm),
-        OptimizerSpec::RowAdagrad {
-            lr,
-            eps,
-            initial_accumulator,
-        } => (
-            OptimizerConfig::RowAdagrad {
-                lr,
-                eps,
-                initial_accumulator,
-            },
-            0.0,
-            0.0,
-        ),
-        OptimizerSpec::RowAdagradRegularized {
-            lr,
-            eps,
-            initial_accumulator,
-            weight_decay,
-            clip_norm,
-        } => (
-            OptimizerConfig::RowAdagrad {
-                lr,
-                eps,
-                initial_accumulator,
-            },
-            weight_decay,
-            clip_norm,
-        ),
-        OptimizerSpec::Adam {
-            lr,
-            beta1,
-            beta2,
-            eps,
-            weight_decay,
-            clip_norm,
-        } => (
-            OptimizerConfig::Adam {
-                lr,
-                beta1,
-                beta2,
-                eps,
-            },
-            weight_decay,
-            clip_norm,
-        ),
-        OptimizerSpec::Ftrl {
-            alpha,
-            beta,
-            l1,
-            l2,
-            weight_decay,
-            clip_norm,
-        } => (
-            OptimizerConfig::Ftrl {
-                alpha,
-                beta,
-                l1,
-                l2,
-            },
-            weight_decay,
-            clip_norm,
-        ),
-    };
-    TableConfig {
-        optimizer,
-        init: match spec.init {
-            InitSpec::Uniform { scale } => InitConfig::uniform(scale),
-            InitSpec::Normal { std } => InitConfig::normal(std),
-        },
-        seed: spec.seed,
-        weight_decay,
-        clip_norm,
-        ..TableConfig::new(spec.id, spec.name.clone(), spec.dim as usize)
-    }
-}
-
-/// Converts the engine's config back into a wire spec: `None` for configs the wire cannot describe
-/// (element-wise Adagrad, admission, TTL). SGD and row-wise Adagrad without weight decay and clipping use their
-/// original variants, so older clients still read them.
-pub fn table_spec(cfg: &TableConfig) -> Option<TableSpec> {
-    if cfg.admission.is_some() || cfg.ttl_secs.is_some() {
-        return None;
-    }
-    let (weight_decay, clip_norm) = (cfg.weight_decay, cfg.clip_norm);
-    let plain = weight_decay == 0.0 && clip_norm == 0.0;
-    Some(TableSpec {
-        id: cfg.id,
-        name: cfg.name.clone(),
-        dim: cfg.dim as u32,
-        optimizer: match cfg.optimizer {
-            OptimizerConfig::Sgd { lr } if plain => OptimizerSpec::Sgd { lr },
-            OptimizerConfig::Sgd { lr } => OptimizerSpec::SgdRegularized {
-                lr,
-                weight_decay,
-                clip_norm,
-            },
-            OptimizerConfig::RowAdagrad {
-                lr,
-                eps,
-                initial_accumulator,
-            } if plain => OptimizerSpec::RowAdagrad {
-                lr,
-                eps,
-                initial_accumulator,
-            },
-            OptimizerConfig::RowAdagrad {
-                lr,
-                eps,
-                initial_accumulator,
-            } => OptimizerSpec::RowAdagradRegularized {
-                lr,
-                eps,
-                initial_accumulator,
-                weight_decay,
-                clip_norm,
-            },
-            OptimizerConfig::Adam {
-                lr,
-                beta1,
-                beta2,
-                eps,
-            } => OptimizerSpec::Adam {
-                lr,
-                beta1,
-                beta2,
-                eps,
-                weight_decay,
-                clip_norm,
-            },
-            OptimizerConfig::Ftrl {
-                alpha,
-                beta,
-                l1,
-                l2,
-            } => OptimizerSpec::Ftrl {
-                alpha,
-                beta,
-                l1,
-                l2,
-                weight_decay,
-                clip_norm,
-            },
-            OptimizerConfig::Adagrad { .. } => return None,
-        },
-        init: match cfg.init.kind {
-            InitKind::Uniform { scale } => InitSpec::Uniform { scale },
-            InitKind::Normal { std } => InitSpec::Normal { std },
-        },
-        seed: cfg.seed,
-    })
 }
 
 /// Refuses bytes after the last id section of a pull.

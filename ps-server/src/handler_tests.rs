@@ -3,6 +3,7 @@
 use super::*;
 use embedding::MemStore;
 use protocol::message::put_ids;
+use protocol::{InitSpec, OptimizerSpec, TableSpec};
 use std::sync::Arc;
 
 fn spec(id: u32, dim: u32) -> TableSpec {
@@ -224,96 +225,6 @@ fn conflicting_registration_refused() {
     ));
     assert_eq!(code, ErrorCode::TableConflict);
     assert!(msg.contains("table 1"), "{msg}");
-}
-
-#[test]
-fn spec_config_round_trip() {
-    let s = TableSpec {
-        optimizer: OptimizerSpec::RowAdagrad {
-            lr: 0.1,
-            eps: 1e-8,
-            initial_accumulator: 0.0,
-        },
-        init: InitSpec::Normal { std: 0.5 },
-        ..spec(3, 16)
-    };
-    assert_eq!(table_spec(&table_config(&s)), Some(s));
-}
-
-#[test]
-fn spec_config_round_trip_of_every_optimizer() {
-    let specs = [
-        OptimizerSpec::Sgd { lr: 0.5 },
-        OptimizerSpec::SgdRegularized {
-            lr: 0.5,
-            weight_decay: 1e-4,
-            clip_norm: 0.0,
-        },
-        OptimizerSpec::RowAdagradRegularized {
-            lr: 0.1,
-            eps: 1e-8,
-            initial_accumulator: 0.0,
-            weight_decay: 0.0,
-            clip_norm: 10.0,
-        },
-        OptimizerSpec::Adam {
-            lr: 0.001,
-            beta1: 0.9,
-            beta2: 0.999,
-            eps: 1e-8,
-            weight_decay: 0.01,
-            clip_norm: 1.0,
-        },
-        OptimizerSpec::Ftrl {
-            alpha: 0.05,
-            beta: 1.0,
-            l1: 0.1,
-            l2: 0.01,
-            weight_decay: 0.0,
-            clip_norm: 0.0,
-        },
-    ];
-    for optimizer in specs {
-        let s = TableSpec {
-            optimizer,
-            ..spec(3, 16)
-        };
-        let cfg = table_config(&s);
-        cfg.validate().unwrap();
-        assert_eq!(table_spec(&cfg), Some(s), "{optimizer:?}");
-    }
-}
-
-#[test]
-fn spec_config_carries_weight_decay_and_clipping() {
-    let s = TableSpec {
-        optimizer: OptimizerSpec::Adam {
-            lr: 0.001,
-            beta1: 0.9,
-            beta2: 0.999,
-            eps: 1e-8,
-            weight_decay: 0.01,
-            clip_norm: 2.0,
-        },
-        ..spec(3, 16)
-    };
-    let cfg = table_config(&s);
-    assert_eq!((cfg.weight_decay, cfg.clip_norm), (0.01, 2.0));
-    assert_eq!(cfg.state_len(), 33);
-    // SGD and row-wise Adagrad without regularization keep their original wire variants.
-    let mut cfg = table_config(&spec(3, 16));
-    assert!(matches!(
-        table_spec(&cfg).unwrap().optimizer,
-        OptimizerSpec::Sgd { .. }
-    ));
-    cfg.clip_norm = 1.0;
-    assert!(matches!(
-        table_spec(&cfg).unwrap().optimizer,
-        OptimizerSpec::SgdRegularized { clip_norm, .. } if clip_norm == 1.0
-    ));
-    // Configs the wire cannot describe are left out.
-    cfg.ttl_secs = Some(60);
-    assert_eq!(table_spec(&cfg), None);
 }
 
 #[test]

@@ -12,8 +12,6 @@
 //!   eviction.
 //! - [`write_health`]: whether storage writes work; pushes are refused while they fail.
 //! - [`load_limits`]: admission control of connections and in-flight bytes (overload).
-//! - [`local`]: local server processes on loopback ([`local::LocalCluster`]) for demos, benches and tests.
-//! - [`http`]: `/metrics`, `/healthz`, `/readyz` (also used by the trainer).
 //! - [`metrics`]: metric names and descriptions.
 //! - [`cli`]: the binary's command line.
 #![warn(missing_docs)]
@@ -22,9 +20,7 @@ pub mod checkpoint;
 pub mod cli;
 pub mod config;
 pub mod handler;
-pub mod http;
 pub mod load_limits;
-pub mod local;
 pub mod metrics;
 pub mod plan;
 pub mod restore;

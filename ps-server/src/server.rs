@@ -20,10 +20,10 @@ use tokio_util::task::TaskTracker;
 
 use crate::config::{Durability, ServerConfig, ServerTransport};
 use crate::handler::Shard;
-use crate::http::{self, Health};
 use crate::load_limits::{self, Admitted, LoadLimits};
 use crate::metrics as m;
 use crate::writeback;
+use ops::http::{self, Health};
 
 /// Addresses a started server listens on (useful with port 0).
 #[derive(Debug, Clone, Copy)]

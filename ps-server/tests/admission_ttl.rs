@@ -5,7 +5,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{client, http_get, pull, push, sigterm_and_wait, start, table};
+use common::{client, http_get, metric, pull, push, sigterm_and_wait, start, table};
 
 /// The value of an unlabelled counter in a /metrics page (0 if absent).
 fn counter(metrics: &str, name: &str) -> u64 {
@@ -59,8 +59,43 @@ async fn rows_untouched_past_the_ttl_are_deleted_from_memory_and_rocksdb() {
     let dir = tempfile::tempdir().unwrap();
     let (data, tls) = (dir.path().join("data"), dir.path().join("tls"));
     protocol::tls::init_dev_certs(&tls, &[]).unwrap();
-    // TTL 2 s: a row pushed at second S expires at the first pass at S + 2 or later, so the pull right after
-    // the push still sees it.
+    let ids = [5u64, 6, 7];
+    // The table gets a TTL of 2 s when registered. This first server runs one expiry pass, at start-up, and
+    // the next an hour later: once that pass is done, the pushed rows stay until they are in RocksDB, however
+    // long the pushes and the flush take.
+    let s = start(
+        &data,
+        &tls,
+        &[
+            "--row-ttl-secs",
+            "2",
+            "--expire-interval-secs",
+            "3600",
+            "--flush-interval-secs",
+            "3600",
+        ],
+    );
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while metric(&s, "ps_expire_duration_seconds_count") < 1.0 {
+        assert!(Instant::now() < deadline, "no expiry pass at start-up");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let c = client(&s, &tls).await;
+    c.register_tables(&[table()]).await.unwrap();
+    let init = pull(&c, &[5, 6, 7, 8]).await.unwrap();
+    assert_eq!(push(&c, &ids, &[0.25f32; 24]).await, (3, 0));
+    assert_ne!(pull(&c, &ids).await.unwrap(), init[..96]);
+    assert_eq!(c.flush().await.unwrap(), 3);
+    let metrics = http_get(s.metrics, "/metrics");
+    assert!(
+        metrics.contains("ps_rows_on_disk{table=\"C3\"} 3"),
+        "{metrics}"
+    );
+    c.close().await;
+    sigterm_and_wait(s);
+
+    // Expiry passes every 0.2 s: the recovered rows' TTL starts at the first (at start-up); a row pushed at
+    // second S expires at the first pass at S + 2 or later.
     let flags = [
         "--row-ttl-secs",
         "2",
@@ -71,36 +106,32 @@ async fn rows_untouched_past_the_ttl_are_deleted_from_memory_and_rocksdb() {
     ];
     let s = start(&data, &tls, &flags);
     let c = client(&s, &tls).await;
-    c.register_tables(&[table()]).await.unwrap();
-    let ids = [5u64, 6, 7];
-    let init = pull(&c, &ids).await.unwrap();
-    assert_eq!(push(&c, &ids, &[0.25f32; 24]).await, (3, 0));
-    assert_ne!(pull(&c, &ids).await.unwrap(), init);
-    // In RocksDB before they expire.
-    assert_eq!(c.flush().await.unwrap(), 3);
     let metrics = http_get(s.metrics, "/metrics");
+    assert_eq!(counter(&metrics, "ps_rows_recovered_total"), 3, "{metrics}");
     assert!(
         metrics.contains("ps_rows_on_disk{table=\"C3\"} 3"),
         "{metrics}"
     );
+    // A row pushed to this server (stamped by the push), in memory only: it must expire too, and not come
+    // back through the shutdown write-back.
+    assert_eq!(push(&c, &[8], &[0.25f32; 8]).await, (1, 0));
 
+    // The expiry pass counts the deleted rows before it refreshes the row gauges: wait for both.
     let deadline = Instant::now() + Duration::from_secs(15);
     let metrics = loop {
         let metrics = http_get(s.metrics, "/metrics");
-        if counter(&metrics, "ps_rows_expired_total") >= 3 {
+        if counter(&metrics, "ps_rows_expired_total") >= 4
+            && metrics.contains("ps_rows_in_memory{table=\"C3\"} 0")
+        {
             break metrics;
         }
         assert!(Instant::now() < deadline, "rows never expired: {metrics}");
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
-    assert_eq!(counter(&metrics, "ps_rows_expired_total"), 3, "{metrics}");
-    assert!(
-        metrics.contains("ps_rows_in_memory{table=\"C3\"} 0"),
-        "{metrics}"
-    );
+    assert_eq!(counter(&metrics, "ps_rows_expired_total"), 4, "{metrics}");
     assert!(metrics.contains("# HELP ps_rows_expired_total"));
     assert_eq!(
-        pull(&c, &ids).await.unwrap(),
+        pull(&c, &[5, 6, 7, 8]).await.unwrap(),
         init,
         "expired rows read as new"
     );
@@ -112,7 +143,7 @@ async fn rows_untouched_past_the_ttl_are_deleted_from_memory_and_rocksdb() {
     let c = client(&s, &tls).await;
     let metrics = http_get(s.metrics, "/metrics");
     assert_eq!(counter(&metrics, "ps_rows_recovered_total"), 0, "{metrics}");
-    assert_eq!(pull(&c, &ids).await.unwrap(), init);
+    assert_eq!(pull(&c, &[5, 6, 7, 8]).await.unwrap(), init);
     c.close().await;
     sigterm_and_wait(s);
 }

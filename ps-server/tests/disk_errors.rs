@@ -109,7 +109,12 @@ async fn check_refusing(s: &Server, c: &PsClient) {
 /// Removes the fault file and waits for the server to accept pushes again.
 async fn recover(s: &Server, c: &PsClient, fail: &Path) {
     std::fs::remove_file(fail).unwrap();
-    wait_for("/readyz to recover", || readyz(s).contains(" 200 "));
+    // The recovery clears the failing state (readiness), then the gauge, then counts itself: wait for the
+    // last of these, so the others are in place too.
+    wait_for("the recovery to be counted", || {
+        metric(s, "ps_storage_recoveries_total") >= 1.0
+    });
+    assert!(readyz(s).contains(" 200 "));
     assert_eq!(metric(s, "ps_storage_writes_failing"), 0.0);
     assert_eq!(metric(s, "ps_storage_recoveries_total"), 1.0);
     assert_eq!(push_ones(c).await.unwrap(), (3, 0));
@@ -158,7 +163,10 @@ async fn periodic_write_back_failure_refuses_pushes_and_recovers() {
     std::fs::write(&fail, b"").unwrap();
     // Accepted in memory; the next write-back of these dirty rows fails.
     assert_eq!(push_ones(&c).await.unwrap(), (3, 0));
-    wait_for("the write-back to fail", || readyz(&s).contains(" 503 "));
+    // A failure sets the failing state (readiness), then its reason, then the gauge: wait for the last.
+    wait_for("the write-back to fail", || {
+        metric(&s, "ps_storage_writes_failing") == 1.0
+    });
     check_refusing(&s, &c).await;
     assert_eq!(rows(&c).await, [-1.0; 3]);
 

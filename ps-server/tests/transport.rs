@@ -6,8 +6,9 @@
 mod common;
 
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use protocol::message::put_ids;
@@ -187,19 +188,30 @@ fn server_killed_mid_request(transport: Transport) {
         let c = Arc::new(connect(&s, &tls, transport, timeout).await);
         let ids: Arc<Vec<u64>> = Arc::new((0..50_000u64).collect());
         pull_f32(&c, &ids).await.unwrap();
+        let answered = Arc::new(AtomicU64::new(0));
         let tasks: Vec<_> = (0..8)
             .map(|_| {
-                let (c, ids) = (c.clone(), ids.clone());
+                let (c, ids, answered) = (c.clone(), ids.clone(), answered.clone());
                 tokio::spawn(async move {
                     loop {
                         if let Err(e) = pull_f32(&c, &ids).await {
                             return e;
                         }
+                        answered.fetch_add(1, Ordering::Relaxed);
                     }
                 })
             })
             .collect();
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        // Pulls are under way (as many answered as there are tasks) before the kill; a task that already
+        // failed (its pull timed out on a slow machine) is checked like the others below.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while answered.load(Ordering::Relaxed) < 8 && !tasks.iter().any(|t| t.is_finished()) {
+            assert!(
+                Instant::now() < deadline,
+                "{transport}: pulls not under way"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
         common::sigkill_and_wait(s);
         for t in tasks {
             // The request timeout bounds each request; far past it means a hang.

@@ -28,12 +28,6 @@ enum Command {
     Train(Box<TrainArgs>),
     /// Turn Criteo TSV/CSV (plain, gzip, zstd) into columnar shards that `train` reads memory-mapped.
     Preprocess(PreprocessArgs),
-    /// Run a parameter server in this process (used when the ps-server binary is not installed alongside).
-    #[command(hide = true, disable_help_flag = true)]
-    PsServer {
-        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
-        args: Vec<OsString>,
-    },
 }
 
 #[derive(Debug, clap::Args)]
@@ -104,14 +98,14 @@ pub fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 
 /// Installs the metrics recorder and serves /metrics on `addr`; returns the bound address.
 pub async fn serve_metrics(addr: SocketAddr) -> anyhow::Result<SocketAddr> {
-    let handle = ps_server::http::install_recorder(crate::metrics::LATENCY_BUCKETS);
+    let handle = ops::http::install_recorder(crate::metrics::LATENCY_BUCKETS);
     crate::metrics::describe();
-    let (listener, bound) = ps_server::http::bind(addr)
+    let (listener, bound) = ops::http::bind(addr)
         .await
         .with_context(|| format!("bind trainer metrics listener {addr}"))?;
-    let health = std::sync::Arc::new(ps_server::http::Health::default());
+    let health = std::sync::Arc::new(ops::http::Health::default());
     health.set_ready(true);
-    tokio::spawn(ps_server::http::serve(
+    tokio::spawn(ops::http::serve(
         listener,
         handle,
         health,
@@ -122,11 +116,6 @@ pub async fn serve_metrics(addr: SocketAddr) -> anyhow::Result<SocketAddr> {
 
 fn run_cli(cli: Cli) -> anyhow::Result<i32> {
     match cli.command {
-        Command::PsServer { args } => {
-            let mut full = vec![OsString::from("ps-server")];
-            full.extend(args);
-            Ok(ps_server::cli::main(full))
-        }
         Command::Preprocess(args) => {
             print!("{}", preprocess(&args)?.render());
             Ok(0)
@@ -168,7 +157,7 @@ fn run_cli(cli: Cli) -> anyhow::Result<i32> {
 
 /// Entry point of the binary: parses `args`, runs, and returns the exit code.
 pub fn main(args: impl IntoIterator<Item = OsString>) -> i32 {
-    ps_server::cli::init_logging();
+    ops::logging::init();
     let cli = match Cli::try_parse_from(args) {
         Ok(cli) => cli,
         Err(e) => {

@@ -9,8 +9,6 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use clap::Args;
 
-use crate::cluster;
-
 mod multi;
 use crate::config::{ClusterArgs, ModelArgs};
 use crate::run::{self, Inputs, JobArgs, Summary};
@@ -185,7 +183,7 @@ pub fn run_demo(args: DemoArgs) -> anyhow::Result<Summary> {
         args.servers,
         run_dir.display()
     );
-    let cluster = cluster::start(args.servers, &run_dir, &[])?;
+    let cluster = ops::local_cluster::LocalCluster::start(args.servers, &run_dir, &[])?;
     for (i, (q, m)) in cluster.quic.iter().zip(&cluster.metrics).enumerate() {
         eprintln!("  ps-server {i}: quic {q}, metrics http://{m}/metrics");
     }

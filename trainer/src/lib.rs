@@ -12,7 +12,6 @@
 //! - [`eval`]: exact AUC and logloss.
 //! - [`run`]: one job end to end and its [`run::Summary`].
 //! - [`demo`]: `trainer demo`: data, local servers, training, summary.
-//! - [`cluster`]: local `ps-server` processes on loopback.
 //! - [`config`]: model, optimizer and cluster flags.
 //! - [`metrics`]: metric names and descriptions.
 //! - [`preprocess`]: `trainer preprocess`: text input into columnar shards.
@@ -20,7 +19,6 @@
 
 pub mod checkpoint;
 pub mod cli;
-pub mod cluster;
 pub mod config;
 pub mod criteo;
 pub mod demo;

@@ -37,12 +37,12 @@ pub struct Replayer {
 
 impl Replayer {
     /// The replayer of the embedding tables `specs` (table `t` of a plan is `specs[t]`), as the servers
-    /// configure them ([`ps_server::handler::table_config`]).
+    /// configure them ([`embedding::spec::table_config`]).
     pub fn new(specs: &[TableSpec]) -> Replayer {
         let tables = specs
             .iter()
             .map(|s| {
-                let cfg = ps_server::handler::table_config(s);
+                let cfg = embedding::spec::table_config(s);
                 (cfg.optimizer, Regularizer::of(&cfg))
             })
             .collect();
@@ -171,7 +171,7 @@ mod tests {
             let map = ShardMap::new(3);
             let tables: Vec<Table> = specs
                 .iter()
-                .map(|s| Table::new(ps_server::handler::table_config(s)).unwrap())
+                .map(|s| Table::new(embedding::spec::table_config(s)).unwrap())
                 .collect();
             let configs: Vec<TableConfig> = tables.iter().map(|t| t.config().clone()).collect();
             let mut replayer = Replayer::new(&specs);

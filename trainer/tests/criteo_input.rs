@@ -269,7 +269,13 @@ fn dropping_the_reader_early_does_not_hang() {
                 ..ReaderConfig::new([&path], batch_size)
             };
             let reader = BatchReader::spawn(cfg).unwrap();
-            std::thread::sleep(Duration::from_millis(20));
+            // Two batches handed over: the first fills the channel, the send of the second blocks (the stats
+            // are updated before each send).
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while reader.stats().rows < 2 * batch_size as u64 {
+                assert!(Instant::now() < deadline, "{:?}", reader.stats());
+                std::thread::sleep(Duration::from_millis(1));
+            }
             drop(reader);
             // Partly consumed.
             let mut reader = BatchReader::spawn(ReaderConfig::new([&path], batch_size)).unwrap();

@@ -3,7 +3,7 @@
 //! Batches of ids (per table, uniform or Zipf, deduplicated like the trainer) are generated before the run
 //! ([`workload`]) and cycled through by `--concurrency` workers, each with one batch in flight: a pull, a push,
 //! or a pull then a push (a training step without the compute). The load goes to a cluster over QUIC
-//! ([`quic`], through `protocol::PsClient`; local `ps-server` processes from [`cluster`] or a running cluster)
+//! ([`quic`], through `protocol::PsClient`; local `ps-server` processes from `ops::local_cluster` or a running cluster)
 //! or straight to an `embedding::Engine` over a `MemStore` ([`inproc`], the upper limit without network and
 //! codec). Requests that start before the warm-up ends or finish after the measured window are not counted.
 //!
@@ -12,10 +12,8 @@
 //! - [`workload`]: id sampling, batches, per-server payloads.
 //! - [`stats`]: latency samples and percentiles.
 //! - [`report`]: the JSON and text report.
-//! - [`cluster`]: local `ps-server` processes.
 //! - [`quic`], [`inproc`]: the two drivers.
 
-pub mod cluster;
 pub mod config;
 pub mod inproc;
 pub mod quic;
@@ -26,6 +24,9 @@ pub mod workload;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use ops::local_cluster::LocalCluster;
 
 pub use config::{LoadArgs, LoadConfig, Target};
 pub use report::Report;
@@ -39,8 +40,12 @@ pub fn run(cfg: &LoadConfig) -> anyhow::Result<Report> {
         Target::InProcess => inproc::run(cfg),
         Target::Cluster { addrs, tls_dir } => quic::run(cfg, addrs.clone(), tls_dir.clone()),
         Target::Local(n) => {
-            let cluster = cluster::LocalCluster::start(*n)?;
-            let report = quic::run(cfg, cluster.quic.clone(), cluster.tls_dir().to_path_buf());
+            let dir = tempfile::Builder::new()
+                .prefix("ps-bench-")
+                .tempdir()
+                .context("create a temporary directory")?;
+            let cluster = LocalCluster::start(*n, dir.path(), &[])?;
+            let report = quic::run(cfg, cluster.quic.clone(), cluster.tls_dir.clone());
             // Stop the servers whatever the run's outcome; report the run's error first.
             let stopped = cluster.shutdown(Duration::from_secs(60));
             let report = report?;

@@ -29,6 +29,18 @@ pub fn start(data: &Path, tls: &Path, extra: &[&str]) -> Server {
 
 /// Like [`start`] as shard `index` of `num`.
 pub fn start_shard(data: &Path, tls: &Path, index: u32, num: u32, extra: &[&str]) -> Server {
+    spawn(data, tls, index, num, extra, &[])
+}
+
+/// [`start_shard`] with extra environment variables for the server process.
+fn spawn(
+    data: &Path,
+    tls: &Path,
+    index: u32,
+    num: u32,
+    extra: &[&str],
+    env: &[(&str, &Path)],
+) -> Server {
     let mut child = Command::new(env!("CARGO_BIN_EXE_ps-server"))
         .args([
             "--listen",
@@ -43,6 +55,7 @@ pub fn start_shard(data: &Path, tls: &Path, index: u32, num: u32, extra: &[&str]
         .args(["--shard-index", &index.to_string()])
         .args(["--num-shards", &num.to_string()])
         .args(extra)
+        .envs(env.iter().copied())
         .stdout(Stdio::piped())
         .spawn()
         .expect("spawn ps-server");
@@ -172,20 +185,10 @@ pub fn dirs_with_foreign_client(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
     (data, tls, foreign)
 }
 
-/// [`start`] with extra environment variables for the server process (e.g. fault injection).
+/// [`start`] with extra environment variables for the server process (e.g. fault injection). Set on the
+/// command only: a server that another test starts meanwhile does not inherit them.
 pub fn start_with_env(data: &Path, tls: &Path, extra: &[&str], env: &[(&str, &Path)]) -> Server {
-    // The server inherits this process's environment; set only for the spawn, under a lock, so that tests
-    // running in parallel do not see each other's variables.
-    static ENV: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    let _guard = ENV.lock().unwrap_or_else(|e| e.into_inner());
-    for (k, v) in env {
-        std::env::set_var(k, v);
-    }
-    let s = start(data, tls, extra);
-    for (k, _) in env {
-        std::env::remove_var(k);
-    }
-    s
+    spawn(data, tls, 0, 1, extra, env)
 }
 
 /// A client of the one server that gives up on transient failures after `retry_for` (zero: no retries).

@@ -1,10 +1,13 @@
-//! Local parameter-server processes on loopback, for demos, load generators and tests.
+//! Local parameter-server processes on loopback, for the demo, load generators, the Python helper and tests.
 //!
-//! Each server is a real process (whatever `command` starts: the `ps-server` binary, or a binary that runs
-//! [`crate::cli::main`]) with its own RocksDB directory, free ports (port 0, read back from the server's
-//! "ps-server ready quic=.. metrics=.." line) and logs in `<run-dir>/ps-<i>.log`. [`LocalCluster::shutdown`]
-//! sends SIGTERM and checks that every server exits cleanly; dropping the cluster kills what is left.
+//! Each server is a real `ps-server` process ([`ps_server_binary`], or whatever command the caller gives)
+//! with its own RocksDB directory, free ports (port 0, read back from the server's
+//! "ps-server ready quic=.. metrics=.." line) and logs in `<run-dir>/ps-<i>.log`; the dev CA and certificates
+//! come from the binary's own `certs init`. [`LocalCluster::shutdown`] sends SIGTERM and checks that every
+//! server exits cleanly; dropping the cluster kills what is left. This module starts the binary: it does not
+//! link the server, so a trainer using it carries no server code and no RocksDB.
 
+use std::ffi::OsString;
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -12,6 +15,38 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
+
+/// Environment variable naming the `ps-server` binary to start; unset, [`ps_server_binary`] looks beside
+/// the running executable.
+pub const PS_SERVER_ENV: &str = "PSTRAIN_PS_SERVER";
+
+/// The `ps-server` binary: [`PS_SERVER_ENV`] if set, else `ps-server` in the running executable's directory
+/// or its parent (a test binary runs from `target/<profile>/deps/`, the binaries sit in `target/<profile>/`).
+pub fn ps_server_binary() -> anyhow::Result<PathBuf> {
+    if let Some(path) = std::env::var_os(PS_SERVER_ENV) {
+        let path = PathBuf::from(path);
+        if !path.is_file() {
+            bail!("{PS_SERVER_ENV}={} is not a file", path.display());
+        }
+        return Ok(path);
+    }
+    let exe = std::env::current_exe().context("locate the running binary")?;
+    let dir = exe
+        .parent()
+        .context("the running binary has no directory")?;
+    let candidates = [Some(dir), dir.parent()];
+    for dir in candidates.into_iter().flatten() {
+        let path = dir.join("ps-server");
+        if path.is_file() {
+            return Ok(path);
+        }
+    }
+    bail!(
+        "ps-server binary not found beside {}: build it with `cargo build --release -p ps-server` (or \
+         `cargo build --release --workspace --bins`), or name it in {PS_SERVER_ENV}",
+        exe.display()
+    )
+}
 
 /// A running set of local servers.
 pub struct LocalCluster {
@@ -25,9 +60,15 @@ pub struct LocalCluster {
 }
 
 impl LocalCluster {
-    /// Starts `n` servers under `run_dir` (created; TLS material generated into `run_dir/tls`), with `extra`
-    /// flags for every server, and waits until each reports ready. `command` builds the command that runs one
-    /// server (the flags are appended to it).
+    /// Starts `n` [`ps_server_binary`] processes under `run_dir`: see [`LocalCluster::start_with`].
+    pub fn start(n: usize, run_dir: &Path, extra: &[String]) -> anyhow::Result<LocalCluster> {
+        let bin = ps_server_binary()?;
+        LocalCluster::start_with(&|| Ok(Command::new(&bin)), n, run_dir, extra)
+    }
+
+    /// Starts `n` servers under `run_dir` (created; a dev CA and certificates in `run_dir/tls`, made by the
+    /// command's `certs init`), with `extra` flags for every server, and waits until each reports ready.
+    /// `command` builds the command that runs one server (the flags are appended to it).
     pub fn start_with(
         command: &dyn Fn() -> anyhow::Result<Command>,
         n: usize,
@@ -37,7 +78,20 @@ impl LocalCluster {
         std::fs::create_dir_all(run_dir)
             .with_context(|| format!("create run dir {}", run_dir.display()))?;
         let tls_dir = run_dir.join("tls");
-        protocol::tls::init_dev_certs(&tls_dir, &[]).context("create dev certificates")?;
+        let mut certs = command()?;
+        let out = certs
+            .args([OsString::from("certs"), "init".into(), "--tls-dir".into()])
+            .arg(&tls_dir)
+            .output()
+            .context("run ps-server certs init")?;
+        if !out.status.success() {
+            bail!(
+                "ps-server certs init --tls-dir {} failed ({}): {}",
+                tls_dir.display(),
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
         let mut cluster = LocalCluster {
             children: Vec::new(),
             quic: Vec::new(),

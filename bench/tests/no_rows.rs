@@ -11,7 +11,6 @@ use support::{generate, trainer};
 /// Runs `trainer demo` on `train` and `test` with one server; returns its output.
 fn demo(dir: &Path, train: &Path, test: &Path) -> Output {
     trainer()
-        .env(trainer::cluster::PS_SERVER_ENV, "self")
         .env("NO_COLOR", "1")
         .args(["demo", "--servers", "1", "--batch-size", "256"])
         .arg("--train")

@@ -3,20 +3,12 @@
 use std::path::Path;
 use std::time::Duration;
 
-use trainer::cluster::LocalCluster;
-
 mod support;
 use support::{generate, summary, trainer};
 
-/// Two servers, each a `trainer ps-server` process (the same server code as the `ps-server` binary, which
-/// this package's tests cannot name).
-fn start_servers(run_dir: &Path, extra: &[String]) -> LocalCluster {
-    let command = || {
-        let mut c = trainer();
-        c.arg("ps-server");
-        Ok(c)
-    };
-    LocalCluster::start_with(&command, 2, run_dir, extra).unwrap()
+/// Two `ps-server` processes.
+fn start_servers(run_dir: &Path, extra: &[String]) -> ops::local_cluster::LocalCluster {
+    support::start_servers(2, run_dir, extra)
 }
 
 // The AUC bound: three runs of this configuration (60k training rows, batch 512, dense Adagrad lr 0.005,
@@ -48,7 +40,9 @@ fn demo_with_given_files_trains_through_two_servers() {
     let test = dir.path().join("test.tsv");
     generate(60_000, 1, &train);
     let oracle = generate(10_000, 2, &test);
-    let args = [BOUND_ARGS, &["--progress-secs", "1"]].concat();
+    // A progress line after every batch: with a longer interval, a machine that trains the 60k rows faster
+    // than the interval would print none.
+    let args = [BOUND_ARGS, &["--progress-secs", "0.000001"]].concat();
     let (s, stderr) = support::run_demo(dir.path(), &train, &test, &args);
     assert_eq!(s["samples"], 60_000);
     assert_eq!(s["test_samples"], 10_000);
@@ -79,7 +73,6 @@ fn demo_trains_with_bf16_dense_products_or_refuses_them_clearly() {
     let args = [BOUND_ARGS, &["--dense-precision", "bf16"]].concat();
     // Without AMX (or with it disabled) bf16 is refused at start-up, naming the flag and the reason.
     let out = trainer()
-        .env(trainer::cluster::PS_SERVER_ENV, "self")
         .env(trainer::model::AMX_DISABLE_ENV, "1")
         .arg("demo")
         .args(&args)

@@ -1,4 +1,5 @@
-//! Helpers shared by the trainer's process tests: generated Criteo data and `trainer demo` runs.
+//! Helpers shared by the end-to-end process tests: generated Criteo data, the workspace's binaries, `trainer
+//! demo` runs, local clusters of `ps-server` processes.
 // Each test target uses its own subset.
 #![allow(dead_code)]
 
@@ -24,9 +25,26 @@ pub fn generate(rows: u64, seed: u64, path: &Path) -> PathBuf {
     oracle
 }
 
-/// The trainer binary of this package.
+/// The trainer binary, told to start the workspace's `ps-server` binary for its demo clusters.
 pub fn trainer() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_trainer"))
+    let mut cmd = bench::bins::command("trainer");
+    cmd.env(
+        ops::local_cluster::PS_SERVER_ENV,
+        bench::bins::path("ps-server"),
+    );
+    cmd
+}
+
+/// Starts `n` real `ps-server` processes under `run_dir` with `extra` flags (data directories
+/// `run_dir/ps-<i>`, which may hold a restored snapshot already).
+pub fn start_servers(
+    n: usize,
+    run_dir: &Path,
+    extra: &[String],
+) -> ops::local_cluster::LocalCluster {
+    let bin = bench::bins::path("ps-server");
+    ops::local_cluster::LocalCluster::start_with(&|| Ok(Command::new(&bin)), n, run_dir, extra)
+        .unwrap()
 }
 
 /// Reads a summary JSON.
@@ -44,8 +62,6 @@ pub fn run_demo(
 ) -> (serde_json::Value, String) {
     let json = dir.join("summary.json");
     let out = trainer()
-        // The ps-server binary beside the trainer may be stale when only this package was rebuilt.
-        .env(trainer::cluster::PS_SERVER_ENV, "self")
         .arg("demo")
         .args(args)
         .arg("--train")

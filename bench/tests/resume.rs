@@ -1,6 +1,5 @@
 //! Checkpoint and resume in synchronous mode (k = 0), with real server processes on loopback: a run stopped
-//! at a checkpoint and resumed on servers restored from the checkpoint's snapshot (`ps_server::restore`, what
-//! `ps-server restore` runs) ends with the parameters and test predictions of an uninterrupted run. Also here,
+//! at a checkpoint and resumed on servers restored from the checkpoint's snapshot (by `ps-server restore`) ends with the parameters and test predictions of an uninterrupted run. Also here,
 //! since it needs the same deterministic synchronous runs: a staleness warm-up that covers the whole run trains
 //! exactly like k = 0.
 
@@ -11,21 +10,16 @@ use std::time::Duration;
 mod support;
 use support::generate;
 
-use trainer::cluster::LocalCluster;
+use ops::local_cluster::LocalCluster;
 use trainer::config::{ModelArgs, OptimizerKind};
 use trainer::criteo::ReaderConfig;
 use trainer::eval::EvalReport;
 use trainer::train::{Event, PassOptions, Trainer};
 
-/// Two `trainer ps-server` processes under `run_dir` (data directories `run_dir/ps-<i>`, which may hold a
-/// restored snapshot already).
+/// Two `ps-server` processes under `run_dir` (data directories `run_dir/ps-<i>`, which may hold a restored
+/// snapshot already).
 fn start_servers(run_dir: &Path) -> LocalCluster {
-    let command = || {
-        let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_trainer"));
-        c.arg("ps-server");
-        Ok(c)
-    };
-    LocalCluster::start_with(&command, 2, run_dir, &[]).unwrap()
+    support::start_servers(2, run_dir, &[])
 }
 
 fn model_args() -> ModelArgs {
@@ -137,8 +131,20 @@ async fn resume_from_checkpoint_matches_an_uninterrupted_run() {
     // Restore the servers from the snapshot into fresh data directories, and resume.
     let c_dir = dir.path().join("c");
     for i in 0..2u32 {
-        ps_server::restore::restore(&ckpt.join("ps"), 2, i, &c_dir.join(format!("ps-{i}")))
+        let out = bench::bins::command("ps-server")
+            .arg("restore")
+            .arg("--from")
+            .arg(ckpt.join("ps"))
+            .args(["--num-shards", "2", "--shard-index", &i.to_string()])
+            .arg("--data-dir")
+            .arg(c_dir.join(format!("ps-{i}")))
+            .output()
             .unwrap();
+        assert!(
+            out.status.success(),
+            "ps-server restore: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
     let c = start_servers(&c_dir);
     let (resumed, _) = run(&c, &train, &test, PassOptions::default(), Some(&ckpt)).await;

@@ -1,0 +1,18 @@
+//! Process plumbing that every binary of the project shares, and nothing else: it holds no domain logic
+//! (DESIGN.md, "Crates and their one job each": `ops`).
+//!
+//! # Layout
+//! - [`http`]: `/metrics` (Prometheus text format), `/healthz` and `/readyz` on a port of their own
+//!   ([`http::serve`], [`http::Health`], [`http::install_recorder`]).
+//! - [`logging`]: the `tracing` subscriber every binary installs ([`logging::init`]): `RUST_LOG`, stderr,
+//!   colour only on a terminal.
+//! - [`shutdown`]: the future that resolves on SIGTERM or SIGINT ([`shutdown::signal`]), passed into each
+//!   binary's `run`.
+//! - [`local_cluster`]: `ps-server` processes on loopback ([`local_cluster::LocalCluster`]) for the demo, load
+//!   generators, the Python helper and tests; it starts the binary, it does not link the server.
+#![warn(missing_docs)]
+
+pub mod http;
+pub mod local_cluster;
+pub mod logging;
+pub mod shutdown;
