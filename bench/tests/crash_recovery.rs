@@ -1,4 +1,4 @@
-//! Crash recovery with real processes on loopback (issue 7): two parameter servers (`trainer ps-server`, the
+//! Crash recovery with real processes: two `ps-server` processes, a trainer and an auditor; a server SIGKILLed
 //! same code as the `ps-server` binary), a `trainer train` job, and an auditor (`bench::audit`, in this
 //! process) that pushes `+1` increments to counter rows on both servers and logs every acknowledged push.
 //! Mid-training, server 0 is killed with SIGKILL and restarted on the same port and data directory. Then:

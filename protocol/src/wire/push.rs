@@ -1,0 +1,92 @@
+//! `Push`: apply gradients. The payload is the id sections of every table of the header (as a pull's,
+//! [`super::pull::IdSections`]), then the gradient rows of every table in header order, in the request's
+//! [`Encoding`], multiplied by the request's `grad_scale`. The `Pushed` reply has no payload.
+//!
+//! | side | call |
+//! | --- | --- |
+//! | client | [`IdSections::table`] per table, then encode each table's rows onto `payload`, then [`request`] |
+//! | server | [`decode`]: every id and the rows' bytes, checked for length, before anything is applied |
+
+use crate::codec::Encoding;
+use crate::error::ProtocolError;
+use crate::message::{check_len, Request, TableCount};
+
+use super::pull::{decode_sections, IdSections};
+
+/// The header of a push of `sections` (id sections followed by their rows), checked: the rows must have the
+/// length the counts and `encoding` announce, and `grad_scale` must be finite and > 0.
+pub fn request(
+    epoch: u64,
+    encoding: Encoding,
+    grad_scale: f32,
+    sections: &IdSections,
+) -> Result<Request, ProtocolError> {
+    check_grad_scale(grad_scale)?;
+    let layout = crate::message::PayloadLayout::of(&sections.counts)?;
+    check_len(
+        "push rows",
+        sections.payload.len() - sections.ids_len(),
+        layout.rows_bytes(encoding),
+    )?;
+    Ok(Request::Push {
+        epoch,
+        encoding,
+        grad_scale,
+        tables: sections.counts.clone(),
+    })
+}
+
+/// Refuses a gradient scale that is not finite and > 0 (the server divides by it).
+pub fn check_grad_scale(grad_scale: f32) -> Result<(), ProtocolError> {
+    if !(grad_scale.is_finite() && grad_scale > 0.0) {
+        return Err(ProtocolError::BadPayload(format!(
+            "grad_scale = {grad_scale}, expected a finite number > 0"
+        )));
+    }
+    Ok(())
+}
+
+/// Decodes a push: every id into `ids` (cleared first) and the rows' bytes, whose length must match the
+/// header; a malformed section or a wrong length refuses the whole push before any row is applied.
+pub fn decode<'a>(
+    tables: &[TableCount],
+    encoding: Encoding,
+    payload: &'a [u8],
+    ids: &mut Vec<u64>,
+) -> Result<&'a [u8], ProtocolError> {
+    let (layout, used) = decode_sections("push", tables, payload, ids)?;
+    let rows = &payload[used..];
+    check_len("push rows", rows.len(), layout.rows_bytes(encoding))?;
+    Ok(rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::codec::{decode_rows, encode_rows};
+    use crate::ids::IdCoding;
+
+    #[test]
+    fn push_round_trip_and_length_checks() {
+        let mut s = IdSections::new();
+        s.table(1, 2, IdCoding::Plain, &[4, 8]);
+        s.table(2, 2, IdCoding::Plain, &[3]);
+        encode_rows(&[1.0, 2.0, 3.0, 4.0], 2, Encoding::F32, &mut s.payload);
+        assert!(request(0, Encoding::F32, 1.0, &s).is_err(), "table 2's row is missing");
+        encode_rows(&[5.0, 6.0], 2, Encoding::F32, &mut s.payload);
+        let req = request(7, Encoding::F32, 2.0, &s).unwrap();
+        assert!(matches!(req, Request::Push { epoch: 7, grad_scale: 2.0, .. }));
+        for bad in [0.0, -1.0, f32::NAN, f32::INFINITY] {
+            let err = request(7, Encoding::F32, bad, &s).unwrap_err();
+            assert!(err.to_string().contains("grad_scale"), "{err}");
+        }
+        let mut ids = Vec::new();
+        let rows = decode(&s.counts, Encoding::F32, &s.payload, &mut ids).unwrap();
+        assert_eq!(ids, [4, 8, 3]);
+        let mut back = vec![0.0; 6];
+        decode_rows(rows, 2, Encoding::F32, &mut back).unwrap();
+        assert_eq!(back, [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+        let err = decode(&s.counts, Encoding::F32, &s.payload[..s.payload.len() - 1], &mut ids);
+        assert!(err.unwrap_err().to_string().contains("push rows"));
+    }
+}
