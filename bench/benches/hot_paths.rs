@@ -7,10 +7,11 @@
 use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use protocol::feedback::{FeedbackConfig, ResidualStore};
-use protocol::ids::{self, IdCoding};
-use protocol::topk::TopK;
-use protocol::{codec, Encoding, ShardMap};
+use protocol::compression::codec;
+use protocol::compression::topk::TopK;
+use protocol::wire::ids::{self, IdCoding};
+use protocol::{Encoding, ShardMap};
+use trainer::feedback::{FeedbackConfig, ResidualStore};
 
 const DIM: usize = 16;
 const IDS: usize = 27_000;

@@ -1,5 +1,5 @@
-//! Crash recovery with real processes: two `ps-server` processes, a trainer and an auditor; a server SIGKILLed
-//! same code as the `ps-server` binary), a `trainer train` job, and an auditor (`bench::audit`, in this
+//! Crash recovery with real processes on loopback (issue 7): two `ps-server` processes, a `trainer train`
+//! job, and an auditor (`bench::audit`, in this
 //! process) that pushes `+1` increments to counter rows on both servers and logs every acknowledged push.
 //! Mid-training, server 0 is killed with SIGKILL and restarted on the same port and data directory. Then:
 //!
@@ -188,7 +188,7 @@ fn train_kill_restart(flags: &[&str], write_backs: bool) -> Outcome {
     let dir = tempfile::tempdir().unwrap();
     let test = dir.path().join("test.tsv");
     generate(4_000, 12, &test);
-    protocol::tls::init_dev_certs(&dir.path().join("tls"), &[]).unwrap();
+    protocol::transport::tls::init_dev_certs(&dir.path().join("tls"), &[]).unwrap();
     let (s0, a0, m0) = start_server(dir.path(), 0, flags);
     let (s1, a1, _) = start_server(dir.path(), 1, flags);
 

@@ -74,7 +74,7 @@ fn local_cluster_run_writes_a_json_report() {
     let v = run_json(&args, &json);
     check_keys(&v, "quic");
     // f16 dim 16: a pull moves 32 row bytes per row and a push 32, plus the delta-varint id sections (about 1.5
-    // bytes per id each way, protocol::ids) and frame headers; raw u64 ids would make it over 80.
+    // bytes per id each way, protocol::wire::ids) and frame headers; raw u64 ids would make it over 80.
     let per_row = v["wire_bytes_per_pulled_row"].as_f64().unwrap();
     assert!((64.0..76.0).contains(&per_row), "{per_row}");
 }

@@ -1,7 +1,7 @@
 //! [`PsClient`]: a trainer's connections to every parameter server, over QUIC or TCP ([`Transport`]).
 //!
 //! One connection per server; every request opens its own bidirectional stream (QUIC) or carries its own
-//! stream id (TCP, [`crate::mux`]), so any number of requests can be in flight on one connection without
+//! stream id (TCP, [`crate::transport::mux`]), so any number of requests can be in flight on one connection without
 //! head-of-line blocking between them. A request that fails with a
 //! transient error (connection lost, server restarting) is retried after reconnecting, with exponential backoff,
 //! until `retry_for` has passed. Retried pushes are at-least-once: a push whose acknowledgement was lost may be
@@ -14,12 +14,13 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
-use crate::codec::Encoding;
+use crate::compression::codec::Encoding;
 use crate::error::ProtocolError;
-use crate::message::{check_len, PayloadLayout, Request, Response, TableCount, TableSpec};
 use crate::routing::ShardMap;
+use crate::transport::tls;
 use crate::transport::{Conn, Dialer, Transport};
-use crate::{tls, PROTOCOL_VERSION};
+use crate::wire::message::{Request, Response, TableCount, TableSpec};
+use crate::{wire, PROTOCOL_VERSION};
 
 /// How to reach the cluster.
 #[derive(Debug, Clone)]
@@ -47,7 +48,7 @@ impl PsClientConfig {
             servers,
             tls_dir,
             server_name: tls::DEFAULT_SERVER_NAME.into(),
-            max_frame: crate::frame::DEFAULT_MAX_FRAME,
+            max_frame: crate::wire::frame::DEFAULT_MAX_FRAME,
             request_timeout: Duration::from_secs(30),
             retry_for: Duration::from_secs(20),
             transport: Transport::Quic,
@@ -366,8 +367,8 @@ impl PsClient {
         Ok(())
     }
 
-    /// Pulls rows from server `server`: `ids` holds the ids of every table of `tables` in order (u64 LE, see
-    /// [`crate::message::put_ids`]). Returns the encoded rows, checked for length.
+    /// Pulls rows from server `server`: `ids` holds one id section per table of `tables`, in order
+    /// ([`wire::pull::IdSections`]). Returns the encoded rows, checked for length.
     pub async fn pull(
         &self,
         server: usize,
@@ -375,27 +376,20 @@ impl PsClient {
         tables: Vec<TableCount>,
         ids: Bytes,
     ) -> Result<Bytes, ProtocolError> {
-        let layout = PayloadLayout::of(&tables)?;
-        let req = Request::Pull {
-            epoch: self.shard_map.epoch,
-            encoding,
-            tables,
-        };
+        let req = wire::pull::request(self.shard_map.epoch, encoding, tables);
         let (resp, rows) = self.call(server, &req, ids).await?;
-        match resp {
-            Response::Pulled { encoding: e, .. } if e == encoding => {
-                check_len(
-                    "pull response",
-                    rows.len(),
-                    layout.pull_response_bytes(encoding),
-                )?;
+        match (resp, &req) {
+            (Response::Pulled { encoding: e, .. }, Request::Pull { tables, .. })
+                if e == encoding =>
+            {
+                wire::pull::check_rows(tables, encoding, &rows)?;
                 Ok(rows)
             }
-            other => Err(self.unexpected(server, &other, "Pulled")),
+            (other, _) => Err(self.unexpected(server, &other, "Pulled")),
         }
     }
 
-    /// Pulls rows and their optimizer state from server `server` (see [`Request::PullWithState`]). Returns the
+    /// Pulls rows and their optimizer state from server `server` (see [`wire::pull_with_state`]). Returns the
     /// encoded rows, the state (f32 LE, `count x state_len` per table) and the state length of each table,
     /// checked for length.
     pub async fn pull_with_state(
@@ -405,12 +399,7 @@ impl PsClient {
         tables: Vec<TableCount>,
         ids: Bytes,
     ) -> Result<PulledState, ProtocolError> {
-        let layout = PayloadLayout::of(&tables)?;
-        let req = Request::PullWithState {
-            epoch: self.shard_map.epoch,
-            encoding,
-            tables: tables.clone(),
-        };
+        let req = wire::pull_with_state::request(self.shard_map.epoch, encoding, tables.clone());
         let (resp, payload) = self.call(server, &req, ids).await?;
         match resp {
             Response::PulledWithState {
@@ -418,13 +407,9 @@ impl PsClient {
                 tables: got,
                 state_lens,
             } if e == encoding && got == tables => {
-                let rows = layout.pull_response_bytes(encoding);
-                let state = PayloadLayout::state_bytes(&tables, &state_lens)?;
-                check_len(
-                    "pull response with state",
-                    payload.len(),
-                    rows.saturating_add(state),
-                )?;
+                let (rows, _) =
+                    wire::pull_with_state::split_reply(&tables, encoding, &state_lens, &payload)?;
+                let rows = rows.len();
                 Ok(PulledState {
                     rows: payload.slice(..rows),
                     state: payload.slice(rows..),

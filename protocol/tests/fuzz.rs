@@ -1,4 +1,4 @@
-//! A structured fuzzer of the frame decoder ([`protocol::frame`]), deterministic from a seed.
+//! A structured fuzzer of the frame decoder ([`protocol::wire::frame`]), deterministic from a seed.
 //!
 //! Inputs: random bytes, valid frames of random requests and responses, and those frames mutated (truncated,
 //! bit-flipped, bytes overwritten, inserted or deleted, length fields replaced by boundary values, magic
@@ -11,7 +11,7 @@
 //!
 //! CI runs a few thousand inputs; `FUZZ_ITERS=1000000 FUZZ_SEED=n` runs more (BENCHMARKS.md records a run).
 
-use protocol::frame::{self, decode_frame, decode_header, encode_frame, MAGIC, PREFIX_LEN};
+use protocol::wire::frame::{self, decode_frame, decode_header, encode_frame, MAGIC, PREFIX_LEN};
 use protocol::{
     Encoding, ErrorCode, InitSpec, OptimizerSpec, ProtocolError, Request, Response, TableCount,
     TableSpec,

@@ -1,4 +1,4 @@
-//! Packet sizes of the QUIC endpoints (`protocol::endpoint`): loopback connections use large packets from the
+//! Packet sizes of the QUIC endpoints (`protocol::transport::endpoint`): loopback connections use large packets from the
 //! handshake on, other paths discover them, and multi-MB frames cross either intact. Real quinn endpoints and
 //! TLS on 127.0.0.1.
 
@@ -7,8 +7,8 @@ use std::path::Path;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use protocol::endpoint::{self, PathKind, LOOPBACK_MTU, NETWORK_MAX_MTU};
-use protocol::{stream, tls};
+use protocol::transport::endpoint::{self, PathKind, LOOPBACK_MTU, NETWORK_MAX_MTU};
+use protocol::transport::{stream, tls};
 
 const MAX_FRAME: u64 = 64 << 20;
 

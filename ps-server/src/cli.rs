@@ -270,7 +270,7 @@ fn run_cli(cli: Cli) -> anyhow::Result<()> {
     if let Some(Command::Certs { action }) = cli.command {
         return match action {
             CertsAction::Init { tls_dir, names } => {
-                protocol::tls::init_dev_certs(&tls_dir, &names)
+                protocol::transport::tls::init_dev_certs(&tls_dir, &names)
                     .with_context(|| format!("create certificates in {}", tls_dir.display()))?;
                 println!("certificates in {}", tls_dir.display());
                 Ok(())
@@ -281,10 +281,10 @@ fn run_cli(cli: Cli) -> anyhow::Result<()> {
                 names,
             } => {
                 let role = match role {
-                    RoleArg::Server => protocol::tls::Role::Server,
-                    RoleArg::Client => protocol::tls::Role::Client,
+                    RoleArg::Server => protocol::transport::tls::Role::Server,
+                    RoleArg::Client => protocol::transport::tls::Role::Client,
                 };
-                protocol::tls::issue(&tls_dir, role, &names)
+                protocol::transport::tls::issue(&tls_dir, role, &names)
                     .with_context(|| format!("issue certificate in {}", tls_dir.display()))?;
                 println!(
                     "issued {role:?} certificate for {names:?} in {}",
@@ -307,7 +307,7 @@ fn run_cli(cli: Cli) -> anyhow::Result<()> {
     }
     let cfg = file.overlay(flags).validate()?;
     if args.dev_certs {
-        protocol::tls::init_dev_certs(&cfg.tls_dir, &[])
+        protocol::transport::tls::init_dev_certs(&cfg.tls_dir, &[])
             .with_context(|| format!("create dev certificates in {}", cfg.tls_dir.display()))?;
     }
     let runtime = tokio::runtime::Builder::new_multi_thread()

@@ -184,7 +184,7 @@ impl FileConfig {
         };
         let max_frame = self
             .max_frame_bytes
-            .unwrap_or(protocol::frame::DEFAULT_MAX_FRAME);
+            .unwrap_or(protocol::wire::frame::DEFAULT_MAX_FRAME);
         if max_frame < 1024 {
             return Err(ConfigError::Invalid(format!(
                 "max-frame-bytes = {max_frame}, expected at least 1024"

@@ -7,9 +7,8 @@
 
 use embedding::spec::{table_config, table_spec};
 use embedding::{EmbeddingError, Engine};
-use protocol::codec;
-use protocol::ids::get_sections;
-use protocol::message::PayloadLayout;
+use protocol::compression::codec;
+use protocol::wire::{self, message::PayloadLayout};
 use protocol::{
     Encoding, ErrorCode, Request, Response, ShardMap, TableCount, TableSpec, PROTOCOL_VERSION,
 };
@@ -71,20 +70,6 @@ impl From<protocol::ProtocolError> for Refusal {
     fn from(e: protocol::ProtocolError) -> Refusal {
         refuse(ErrorCode::BadRequest, e.to_string())
     }
-}
-
-/// Refuses bytes after the last id section of a pull.
-fn check_trailing(what: &str, len: usize, used: usize) -> Result<(), Refusal> {
-    if used != len {
-        return Err(refuse(
-            ErrorCode::BadRequest,
-            format!(
-                "{what}: {} trailing bytes after the id sections",
-                len - used
-            ),
-        ));
-    }
-    Ok(())
 }
 
 impl Shard {
@@ -224,15 +209,8 @@ impl Shard {
     ) -> Result<(PayloadLayout, Vec<u64>), Refusal> {
         self.check_epoch(epoch)?;
         self.check_tables(tables)?;
-        let layout = PayloadLayout::of(tables)?;
         let mut all_ids = Vec::new();
-        let used = get_sections(
-            payload,
-            tables.iter().map(|t| t.count as usize),
-            &mut all_ids,
-        )
-        .map_err(|e| refuse(ErrorCode::BadRequest, format!("pull: {e}")))?;
-        check_trailing("pull", payload.len(), used)?;
+        let layout = wire::pull::decode(tables, payload, &mut all_ids)?;
         Ok((layout, all_ids))
     }
 
@@ -263,7 +241,7 @@ impl Shard {
                 self.engine.gather_with_state(t.table, ids, &mut full)?;
                 for row in full.chunks_exact(row_len) {
                     rows.extend_from_slice(&row[..dim]);
-                    state.extend(row[dim..].iter().flat_map(|v| v.to_le_bytes()));
+                    wire::pull_with_state::put_state(&row[dim..], &mut state);
                 }
                 state_lens.push((row_len - dim) as u32);
             } else {
@@ -307,24 +285,12 @@ impl Shard {
                 ),
             ));
         }
-        if !(grad_scale.is_finite() && grad_scale > 0.0) {
-            return Err(refuse(
-                ErrorCode::BadRequest,
-                format!("grad_scale = {grad_scale}, expected a finite number > 0"),
-            ));
-        }
+        wire::push::check_grad_scale(grad_scale)?;
         self.check_tables(tables)?;
-        let layout = PayloadLayout::of(tables)?;
-        // Ownership of every id (and every id section) is checked before any row changes.
+        // Every id section and the rows' length are checked, then ownership of every id, before any row
+        // changes.
         let mut all_ids = Vec::new();
-        let used = get_sections(
-            payload,
-            tables.iter().map(|t| t.count as usize),
-            &mut all_ids,
-        )
-        .map_err(|e| refuse(ErrorCode::BadRequest, format!("push: {e}")))?;
-        let grad_bytes = &payload[used..];
-        protocol::message::check_len("push rows", grad_bytes.len(), layout.rows_bytes(encoding))?;
+        let grad_bytes = wire::push::decode(tables, encoding, payload, &mut all_ids)?;
         let mut start = 0;
         for t in tables {
             self.check_ownership(t.table, &all_ids[start..start + t.count as usize])?;

@@ -2,7 +2,7 @@
 
 use super::*;
 use embedding::MemStore;
-use protocol::message::put_ids;
+use protocol::wire::message::put_ids;
 use protocol::{InitSpec, OptimizerSpec, TableSpec};
 use std::sync::Arc;
 
@@ -105,7 +105,7 @@ fn rows(r: Reply, n: usize) -> Vec<f32> {
 #[test]
 fn push_then_pull_applies_sgd() {
     let s = shard(1, 0);
-    // Duplicate ids in one push are refused (protocol::ids): the sender sums them first.
+    // Duplicate ids in one push are refused (protocol::wire::ids): the sender sums them first.
     let r = push(
         &s,
         &[(1, 4, &[7, 7], &[1.0, 2.0, 3.0, 4.0, 1.0, 1.0, 1.0, 1.0])],
@@ -383,7 +383,7 @@ fn sync_push_is_stored_before_the_reply_and_a_store_error_is_a_storage_refusal()
 
 #[test]
 fn int8_rows_and_unmixed_id_sections_round_trip() {
-    use protocol::ids::{put_ids as put_section, sort_for_wire, IdCoding};
+    use protocol::wire::ids::{put_ids as put_section, sort_for_wire, IdCoding};
     let s = shard(1, 0);
     let mut ids = vec![protocol::routing::mix64(5), protocol::routing::mix64(6), 11];
     sort_for_wire(IdCoding::Unmixed, &mut ids);

@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use protocol::message::PayloadLayout;
+use protocol::wire::message::PayloadLayout;
 use protocol::Request;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
@@ -151,7 +151,7 @@ pub fn response_bytes(req: &Request) -> usize {
     }
 }
 
-/// The QUIC transport of a server: the shared tuning ([`protocol::endpoint::transport_config`]) with the
+/// The QUIC transport of a server: the shared tuning ([`protocol::transport::endpoint::transport_config`]) with the
 /// per-connection limits of this module.
 pub fn server_transport(
     max_streams_per_connection: u32,
@@ -162,7 +162,7 @@ pub fn server_transport(
     // unread, and if they could fill the connection window, the admitted request on the same connection could
     // never receive the rest of its body (a flow-control deadlock). Config validation keeps the share >= 4 KiB.
     let stream_window = (window / max_streams_per_connection.max(1)).max(4096);
-    let mut t = protocol::endpoint::transport_config();
+    let mut t = protocol::transport::endpoint::transport_config();
     t.max_concurrent_bidi_streams(max_streams_per_connection.into())
         .stream_receive_window(stream_window.into())
         .receive_window(window.into());

@@ -1,7 +1,7 @@
 //! The serving loop: accept QUIC and TCP connections, one task per request, graceful shutdown.
 //!
 //! Thin by design: read a frame, call [`Shard::handle`], write the reply. QUIC requests arrive one per stream;
-//! TCP requests arrive multiplexed on one connection ([`protocol::tcp`]); both go through [`answer`]. Shutdown (SIGTERM, or the future
+//! TCP requests arrive multiplexed on one connection ([`protocol::transport::tcp`]); both go through [`answer`]. Shutdown (SIGTERM, or the future
 //! passed to [`run`]): readiness goes false, new connections and streams are refused, in-flight requests are
 //! drained (bounded by the drain timeout), dirty rows are flushed (not with `durability = "none"`), RocksDB
 //! is closed, and `run` returns.
@@ -14,7 +14,8 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use bytes::Bytes;
 use embedding::{Engine, RocksStore};
-use protocol::{stream, tcp, ErrorCode, ProtocolError, Request, Response, ShardMap};
+use protocol::transport::{stream, tcp};
+use protocol::{ErrorCode, ProtocolError, Request, Response, ShardMap};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -88,22 +89,29 @@ pub async fn run(
              never use this outside development"
         );
     }
-    let tls = protocol::tls::rustls_server_config(&cfg.tls_dir, !cfg.insecure_dev)
+    let tls = protocol::transport::tls::rustls_server_config(&cfg.tls_dir, !cfg.insecure_dev)
         .context("load TLS material")?;
-    let mut limited = protocol::tls::quic_server_config(tls.clone()).context("QUIC TLS config")?;
+    let mut limited =
+        protocol::transport::tls::quic_server_config(tls.clone()).context("QUIC TLS config")?;
     // Stable across restarts of this server (same key, same address, same shard), so clients of the previous
-    // process get a stateless reset instead of waiting for their idle timeout (protocol::endpoint).
-    let reset_secret = std::fs::read(cfg.tls_dir.join(protocol::tls::files::SERVER_KEY))
-        .ok()
-        .map(|mut key| {
-            key.extend_from_slice(format!("{} {}", cfg.listen, cfg.shard_index).as_bytes());
-            key
-        });
+    // process get a stateless reset instead of waiting for their idle timeout (protocol::transport::endpoint).
+    let reset_secret = std::fs::read(
+        cfg.tls_dir
+            .join(protocol::transport::tls::files::SERVER_KEY),
+    )
+    .ok()
+    .map(|mut key| {
+        key.extend_from_slice(format!("{} {}", cfg.listen, cfg.shard_index).as_bytes());
+        key
+    });
     let (endpoint, tcp_listener) = bind(cfg.listen, cfg.transport, tls, reset_secret.as_deref())?;
     // Per-connection limits of admission control (crate::load_limits) on top of the shared transport tuning.
     let mut transport =
         load_limits::server_transport(cfg.max_streams_per_connection, cfg.connection_window_bytes);
-    protocol::endpoint::tune_path(&mut transport, protocol::endpoint::PathKind::of(cfg.listen));
+    protocol::transport::endpoint::tune_path(
+        &mut transport,
+        protocol::transport::endpoint::PathKind::of(cfg.listen),
+    );
     limited.transport_config(Arc::new(transport));
     if let Some(e) = &endpoint {
         e.set_server_config(Some(limited));
@@ -349,7 +357,7 @@ async fn read_admitted(
     max_frame: u64,
     admission: &LoadLimits,
 ) -> (Result<(Request, Bytes), ProtocolError>, Option<Admitted>) {
-    use protocol::frame::{decode_header, parse_prefix, PREFIX_LEN};
+    use protocol::wire::frame::{decode_header, parse_prefix, PREFIX_LEN};
     let truncated = |e: quinn::ReadExactError, expected: usize| match e {
         quinn::ReadExactError::FinishedEarly(got) => ProtocolError::Truncated { got, expected },
         other => ProtocolError::Read(other),
@@ -384,7 +392,7 @@ async fn admit_response(
         return Ok(frame);
     };
     let bytes = load_limits::response_bytes(req);
-    if (bytes + protocol::frame::PREFIX_LEN) as u64 > max_frame {
+    if (bytes + protocol::wire::frame::PREFIX_LEN) as u64 > max_frame {
         let code = ErrorCode::FrameTooLarge;
         metrics::counter!(m::REQUEST_ERRORS_TOTAL, "code" => format!("{code:?}")).increment(1);
         return Err(Answer {
@@ -417,7 +425,7 @@ impl Answer {
     /// Counts the request once its reply is sent.
     fn record(&self, start: Instant) {
         metrics::counter!(m::BYTES_SENT_TOTAL)
-            .increment((protocol::frame::PREFIX_LEN + self.payload.len()) as u64);
+            .increment((protocol::wire::frame::PREFIX_LEN + self.payload.len()) as u64);
         if let Some(kind) = self.kind {
             metrics::counter!(m::REQUESTS_TOTAL, "kind" => kind).increment(1);
             metrics::histogram!(m::REQUEST_SECONDS, "kind" => kind)
@@ -456,7 +464,7 @@ fn answer(
     };
     let kind = kind(&req);
     metrics::counter!(m::BYTES_RECEIVED_TOTAL)
-        .increment((protocol::frame::PREFIX_LEN + payload.len()) as u64);
+        .increment((protocol::wire::frame::PREFIX_LEN + payload.len()) as u64);
     let reply = match req {
         // Flushes touch the disk: keep them off the async workers.
         Request::Flush => tokio::task::block_in_place(|| shard.handle(Request::Flush, &[])),
@@ -556,12 +564,17 @@ fn bind(
     tls: quinn::rustls::ServerConfig,
     reset_secret: Option<&[u8]>,
 ) -> anyhow::Result<(Option<quinn::Endpoint>, Option<tcp::Listener>)> {
-    let quic_tls = protocol::tls::quic_server_config(tls.clone()).context("QUIC TLS config")?;
+    let quic_tls =
+        protocol::transport::tls::quic_server_config(tls.clone()).context("QUIC TLS config")?;
     for attempt in 0.. {
         let endpoint = if transport.quic() {
             Some(
-                protocol::endpoint::server_with_reset_secret(addr, quic_tls.clone(), reset_secret)
-                    .context("start QUIC endpoint")?,
+                protocol::transport::endpoint::server_with_reset_secret(
+                    addr,
+                    quic_tls.clone(),
+                    reset_secret,
+                )
+                .context("start QUIC endpoint")?,
             )
         } else {
             None

@@ -19,7 +19,7 @@ fn counter(metrics: &str, name: &str) -> u64 {
 async fn ids_pushed_fewer_than_k_times_read_as_the_initializer() {
     let dir = tempfile::tempdir().unwrap();
     let (data, tls) = (dir.path().join("data"), dir.path().join("tls"));
-    protocol::tls::init_dev_certs(&tls, &[]).unwrap();
+    protocol::transport::tls::init_dev_certs(&tls, &[]).unwrap();
     let s = start(&data, &tls, &["--admission-min-count", "3"]);
     let c = client(&s, &tls).await;
     c.register_tables(&[table()]).await.unwrap();
@@ -58,7 +58,7 @@ async fn ids_pushed_fewer_than_k_times_read_as_the_initializer() {
 async fn rows_untouched_past_the_ttl_are_deleted_from_memory_and_rocksdb() {
     let dir = tempfile::tempdir().unwrap();
     let (data, tls) = (dir.path().join("data"), dir.path().join("tls"));
-    protocol::tls::init_dev_certs(&tls, &[]).unwrap();
+    protocol::transport::tls::init_dev_certs(&tls, &[]).unwrap();
     let ids = [5u64, 6, 7];
     // The table gets a TTL of 2 s when registered. This first server runs one expiry pass, at start-up, and
     // the next an hour later: once that pass is done, the pushed rows stay until they are in RocksDB, however

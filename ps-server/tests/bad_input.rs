@@ -12,9 +12,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use common::{counter_table, error_code, raw_connection, raw_request, sigterm_and_wait, start};
-use protocol::frame::{encode_frame, MAGIC, PREFIX_LEN};
-use protocol::message::put_ids;
-use protocol::{codec, Encoding, ErrorCode, PsClient, Request, Response, TableCount};
+use protocol::compression::codec;
+use protocol::wire::frame::{encode_frame, MAGIC, PREFIX_LEN};
+use protocol::wire::message::put_ids;
+use protocol::{Encoding, ErrorCode, PsClient, Request, Response, TableCount};
 
 const TABLE: u32 = 5;
 const DIM: u32 = 4;
@@ -100,7 +101,7 @@ async fn check_served(c: &PsClient, round: &mut u32, what: &str) {
 async fn bad_input_gets_typed_errors_while_other_clients_keep_being_served() {
     let dir = tempfile::tempdir().unwrap();
     let (data, tls) = (dir.path().join("data"), dir.path().join("tls"));
-    protocol::tls::init_dev_certs(&tls, &[]).unwrap();
+    protocol::transport::tls::init_dev_certs(&tls, &[]).unwrap();
     // A 1 MiB frame cap keeps the oversized cases small.
     let s = start(&data, &tls, &["--max-frame-bytes", "1048576"]);
     let good = common::client(&s, &tls).await;
@@ -216,7 +217,11 @@ async fn bad_input_gets_typed_errors_while_other_clients_keep_being_served() {
 
     // Duplicate ids in one push: refused whole (the sender must sum them), nothing applied.
     let mut payload = Vec::new();
-    protocol::ids::put_ids(protocol::ids::IdCoding::Plain, &[30, 30], &mut payload);
+    protocol::wire::ids::put_ids(
+        protocol::wire::ids::IdCoding::Plain,
+        &[30, 30],
+        &mut payload,
+    );
     codec::encode(&[1.0; 8], Encoding::F32, &mut payload);
     let req = Request::Push {
         epoch: 1,

@@ -10,8 +10,9 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::{counter_table, http_get, metric, sigterm_and_wait, start, start_with_env, Server};
-use protocol::message::put_ids;
-use protocol::{codec, Encoding, ErrorCode, ProtocolError, PsClient, TableCount};
+use protocol::compression::codec;
+use protocol::wire::message::put_ids;
+use protocol::{Encoding, ErrorCode, ProtocolError, PsClient, TableCount};
 
 const TABLE: u32 = 6;
 const DIM: u32 = 4;
@@ -72,7 +73,7 @@ fn readyz(s: &Server) -> String {
 /// Starts a server with the fault injector pointed at `fail`, and a client that does not retry.
 async fn setup(dir: &Path, flags: &[&str]) -> (Server, PsClient) {
     let (data, tls, fail) = (dir.join("data"), dir.join("tls"), dir.join("fail"));
-    protocol::tls::init_dev_certs(&tls, &[]).unwrap();
+    protocol::transport::tls::init_dev_certs(&tls, &[]).unwrap();
     let s = start_with_env(
         &data,
         &tls,

@@ -30,7 +30,7 @@ async fn push(c: &PsClient, ids: &[u64], salt: usize) {
 async fn push_kill_restart(flags: &[&str], kill: bool) -> (Bytes, Bytes, Bytes) {
     let dir = tempfile::tempdir().unwrap();
     let (data, tls) = (dir.path().join("data"), dir.path().join("tls"));
-    protocol::tls::init_dev_certs(&tls, &[]).unwrap();
+    protocol::transport::tls::init_dev_certs(&tls, &[]).unwrap();
     let s = start(&data, &tls, flags);
     let c = client(&s, &tls).await;
     c.register_tables(&[table()]).await.unwrap();

@@ -16,11 +16,12 @@
 use std::sync::Arc;
 
 use embedding::{Engine, MemStore};
-use protocol::frame::{decode_frame, encode_frame};
-use protocol::ids::{get_sections, put_ids, sort_for_wire, IdCoding};
-use protocol::message::PayloadLayout;
+use protocol::compression::codec;
+use protocol::wire::frame::{decode_frame, encode_frame};
+use protocol::wire::ids::{get_sections, put_ids, sort_for_wire, IdCoding};
+use protocol::wire::message::PayloadLayout;
 use protocol::{
-    codec, Encoding, InitSpec, OptimizerSpec, Request, Response, ShardMap, TableCount, TableSpec,
+    Encoding, InitSpec, OptimizerSpec, Request, Response, ShardMap, TableCount, TableSpec,
 };
 use ps_server::config::Durability;
 use ps_server::handler::{Reply, Shard};

@@ -21,7 +21,7 @@ fn counter(metrics: &str, name: &str) -> f64 {
 async fn issue3_rows_past_the_memory_budget_are_evicted_and_read_back() {
     let dir = tempfile::tempdir().unwrap();
     let (data, tls) = (dir.path().join("data"), dir.path().join("tls"));
-    protocol::tls::init_dev_certs(&tls, &[]).unwrap();
+    protocol::transport::tls::init_dev_certs(&tls, &[]).unwrap();
     let budget = [
         "--memory-budget-rows",
         "100",

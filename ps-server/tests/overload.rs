@@ -10,8 +10,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{counter_table, metric, proc_status_kib, sigterm_and_wait, start};
-use protocol::message::put_ids;
-use protocol::{codec, Encoding, PsClient, PsClientConfig, TableCount};
+use protocol::compression::codec;
+use protocol::wire::message::put_ids;
+use protocol::{Encoding, PsClient, PsClientConfig, TableCount};
 
 const TABLE: u32 = 8;
 const DIM: u32 = 64;
@@ -36,7 +37,7 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
 async fn many_clients_are_throttled_with_bounded_memory_and_nothing_lost() {
     let dir = tempfile::tempdir().unwrap();
     let (data, tls) = (dir.path().join("data"), dir.path().join("tls"));
-    protocol::tls::init_dev_certs(&tls, &[]).unwrap();
+    protocol::transport::tls::init_dev_certs(&tls, &[]).unwrap();
     let max_connections = CLIENTS + 1;
     let max_connections = max_connections.to_string();
     let mut flags = vec![

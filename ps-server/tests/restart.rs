@@ -7,14 +7,14 @@ use std::time::Duration;
 use common::{
     client, dirs_with_foreign_client, http_get, pull, push, sigterm_and_wait, start, table,
 };
-use protocol::message::put_ids;
+use protocol::wire::message::put_ids;
 use protocol::{Encoding, ErrorCode, ProtocolError, PsClient, PsClientConfig, TableCount};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rows_survive_sigterm_and_restart_bit_for_bit() {
     let dir = tempfile::tempdir().unwrap();
     let (data, tls) = (dir.path().join("data"), dir.path().join("tls"));
-    protocol::tls::init_dev_certs(&tls, &[]).unwrap();
+    protocol::transport::tls::init_dev_certs(&tls, &[]).unwrap();
     // A long flush interval: only the shutdown write-back can have saved the rows.
     let s = start(&data, &tls, &["--flush-interval-secs", "3600"]);
     let c = client(&s, &tls).await;
@@ -62,7 +62,7 @@ async fn rows_survive_sigterm_and_restart_bit_for_bit() {
 async fn oversized_frame_and_unknown_table_get_typed_errors() {
     let dir = tempfile::tempdir().unwrap();
     let (data, tls) = (dir.path().join("data"), dir.path().join("tls"));
-    protocol::tls::init_dev_certs(&tls, &[]).unwrap();
+    protocol::transport::tls::init_dev_certs(&tls, &[]).unwrap();
     let s = start(&data, &tls, &["--max-frame-bytes", "4096"]);
     let c = client(&s, &tls).await;
     c.register_tables(&[table()]).await.unwrap();

@@ -10,8 +10,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{counter_table, sigterm_and_wait, start};
-use protocol::message::put_ids;
-use protocol::{codec, Encoding, PsClient, TableCount};
+use protocol::compression::codec;
+use protocol::wire::message::put_ids;
+use protocol::{Encoding, PsClient, TableCount};
 
 const TABLE: u32 = 7;
 const DIM: u32 = 4;
@@ -29,7 +30,7 @@ fn counts() -> Vec<TableCount> {
 async fn sigterm_during_pushes_loses_no_acknowledged_update() {
     let dir = tempfile::tempdir().unwrap();
     let (data, tls) = (dir.path().join("data"), dir.path().join("tls"));
-    protocol::tls::init_dev_certs(&tls, &[]).unwrap();
+    protocol::transport::tls::init_dev_certs(&tls, &[]).unwrap();
     // Periodic durability with a long interval: what survives is what the shutdown drains and writes back.
     let s = start(&data, &tls, &["--flush-interval-secs", "3600"]);
     let setup = common::client(&s, &tls).await;

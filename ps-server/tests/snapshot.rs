@@ -8,9 +8,10 @@ use std::path::Path;
 use std::process::Command;
 
 use common::{http_get, sigterm_and_wait, table, Server};
-use protocol::message::put_ids;
+use protocol::compression::codec;
+use protocol::wire::message::put_ids;
 use protocol::{
-    codec, Encoding, ErrorCode, ProtocolError, PsClient, PsClientConfig, ShardMap, TableCount,
+    Encoding, ErrorCode, ProtocolError, PsClient, PsClientConfig, ShardMap, TableCount,
 };
 
 /// Starts `ps-server` as shard `index` of `num` on `data` (free ports, no periodic flush during the test).
@@ -110,7 +111,7 @@ fn restore_cmd(from: &Path, num: u32, index: u32, out: &Path) -> std::process::O
 async fn checkpoint_of_two_servers_restores_onto_three() {
     let dir = tempfile::tempdir().unwrap();
     let (tls, snap) = (dir.path().join("tls"), dir.path().join("snap"));
-    protocol::tls::init_dev_certs(&tls, &[]).unwrap();
+    protocol::transport::tls::init_dev_certs(&tls, &[]).unwrap();
     let two: Vec<Server> = (0..2)
         .map(|i| start_shard(&dir.path().join(format!("data-{i}")), &tls, i, 2))
         .collect();

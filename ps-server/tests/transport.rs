@@ -11,9 +11,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use protocol::message::put_ids;
+use protocol::compression::codec;
+use protocol::wire::message::put_ids;
 use protocol::{
-    codec, Encoding, InitSpec, OptimizerSpec, ProtocolError, PsClient, PsClientConfig, TableCount,
+    Encoding, InitSpec, OptimizerSpec, ProtocolError, PsClient, PsClientConfig, TableCount,
     TableSpec, Transport,
 };
 
@@ -79,7 +80,7 @@ fn runtime() -> tokio::runtime::Runtime {
 
 fn start(dir: &Path) -> (common::Server, std::path::PathBuf) {
     let (data, tls) = (dir.join("data"), dir.join("tls"));
-    protocol::tls::init_dev_certs(&tls, &[]).unwrap();
+    protocol::transport::tls::init_dev_certs(&tls, &[]).unwrap();
     let s = common::start(
         &data,
         &tls,

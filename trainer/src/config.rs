@@ -247,12 +247,12 @@ impl ModelArgs {
     pub fn residual_store(
         &self,
         codecs: &crate::plan::TableCodecs,
-    ) -> Option<protocol::feedback::ResidualStore> {
+    ) -> Option<crate::feedback::ResidualStore> {
         let used = codecs.push.iter().any(|&e| codecs.feedback_for(e));
         (self.error_feedback != FeedbackMode::Off && used).then(|| {
-            protocol::feedback::ResidualStore::new(
+            crate::feedback::ResidualStore::new(
                 self.emb_dim,
-                protocol::feedback::FeedbackConfig {
+                crate::feedback::FeedbackConfig {
                     max_age_steps: self.residual_max_age,
                     max_rows: self.residual_max_rows,
                 },
@@ -409,7 +409,7 @@ pub struct ClusterArgs {
     #[arg(long, env = "TRAINER_TLS_DIR")]
     pub tls_dir: PathBuf,
     /// Name the servers' certificates carry (the TLS server name sent to every server).
-    #[arg(long, default_value = protocol::tls::DEFAULT_SERVER_NAME, env = "TRAINER_SERVER_NAME")]
+    #[arg(long, default_value = protocol::transport::tls::DEFAULT_SERVER_NAME, env = "TRAINER_SERVER_NAME")]
     pub server_name: String,
     /// Seconds to keep retrying `--ps` names that do not resolve yet (DNS records of pods appear as they
     /// start) [default: 0 = one attempt].

@@ -190,7 +190,7 @@ pub fn run_demo(args: DemoArgs) -> anyhow::Result<Summary> {
     let cluster_args = ClusterArgs {
         ps: cluster.quic.iter().map(|a| a.to_string()).collect(),
         tls_dir: cluster.tls_dir.clone(),
-        server_name: protocol::tls::DEFAULT_SERVER_NAME.into(),
+        server_name: protocol::transport::tls::DEFAULT_SERVER_NAME.into(),
         resolve_timeout_secs: 0.0,
         transport: protocol::Transport::default(),
     };

@@ -36,9 +36,8 @@
 use bytes::Bytes;
 use std::collections::VecDeque;
 
-use protocol::{
-    codec, Encoding, InitSpec, OptimizerSpec, ProtocolError, ShardMap, TableCount, TableSpec,
-};
+use protocol::compression::codec;
+use protocol::{Encoding, InitSpec, OptimizerSpec, ProtocolError, ShardMap, TableCount, TableSpec};
 
 use crate::model::Dlrm;
 
@@ -97,7 +96,7 @@ struct ServerRows {
     /// Row ids owned by the server, ascending.
     rows: Vec<u64>,
     /// The pull and push id section: those ids, then this rank's counter row on the server
-    /// ([`protocol::message::put_ids`]).
+    /// ([`id_section`]).
     ids: Bytes,
     /// How many of this trainer's pushes the last pull from this server held.
     seen: u64,
@@ -128,6 +127,19 @@ pub struct DenseSync {
     norms: Vec<(f32, u32)>,
 }
 
+/// The id section of dense rows `ids` (ascending, the counter row last), as pulls and pushes of the dense
+/// table carry it ([`protocol::wire::pull::IdSections`]).
+fn id_section(ids: &[u64]) -> Bytes {
+    let mut sections = protocol::wire::pull::IdSections::new();
+    sections.table(
+        DENSE_TABLE,
+        DENSE_ROW_DIM as u32,
+        protocol::wire::ids::IdCoding::Plain,
+        ids,
+    );
+    Bytes::from(sections.payload)
+}
+
 impl DenseSync {
     /// The layout of `model`'s parameters on the servers of `map` for trainer `rank`; `model` must hold its
     /// initial parameters.
@@ -151,10 +163,8 @@ impl DenseSync {
         }
         servers.retain(|s| !s.rows.is_empty());
         for s in &mut servers {
-            let mut ids = Vec::with_capacity(s.rows.len() * 8);
             let with_counter: Vec<u64> = s.rows.iter().copied().chain([s.counter]).collect();
-            protocol::message::put_ids(&with_counter, &mut ids);
-            s.ids = Bytes::from(ids);
+            s.ids = id_section(&with_counter);
         }
         let mut flat = vec![0.0; rows as usize * DENSE_ROW_DIM];
         flat[..total].copy_from_slice(&initial);
@@ -238,7 +248,8 @@ impl DenseSync {
             let expected = Encoding::F32
                 .rows_bytes(s.rows.len() + 1, n)
                 .unwrap_or(usize::MAX);
-            protocol::message::check_len("dense rows", bytes.len(), expected).map_err(reply)?;
+            protocol::wire::message::check_len("dense rows", bytes.len(), expected)
+                .map_err(reply)?;
             self.decoded.resize(n, 0.0);
             codec::decode(bytes, Encoding::F32, &mut self.decoded).map_err(reply)?;
             let counter = self.decoded[n - DENSE_ROW_DIM];
@@ -325,9 +336,7 @@ impl DenseSync {
                             .collect();
                         let with_counter: Vec<u64> =
                             rows.iter().copied().chain([s.counter]).collect();
-                        let mut ids = Vec::with_capacity(with_counter.len() * 8);
-                        protocol::message::put_ids(&with_counter, &mut ids);
-                        (rows.into(), Bytes::from(ids))
+                        (rows.into(), id_section(&with_counter))
                     }
                 };
                 let mut payload =
@@ -425,7 +434,7 @@ mod tests {
     impl FakeServer {
         fn ids(payload: &[u8], n: usize) -> (Vec<u64>, usize) {
             let mut ids = Vec::new();
-            let used = protocol::ids::get_ids(payload, n, &mut ids).unwrap();
+            let used = protocol::wire::ids::get_ids(payload, n, &mut ids).unwrap();
             (ids, used)
         }
 

@@ -8,6 +8,7 @@
 //! - [`pipeline`]: the parse and plan stages, each on its own thread behind a bounded queue.
 //! - [`train`]: the pipelined training and evaluation loops ([`train::Trainer`]): pull ahead, compute, push.
 //! - [`dense_sync`]: dense parameters on the parameter servers, for several trainers.
+//! - [`feedback`]: error feedback for lossy gradient pushes ([`feedback::ResidualStore`]): sender state.
 //! - [`checkpoint`]: trainer checkpoints (dense parameters, optimizer state, data position, step).
 //! - [`eval`]: exact AUC and logloss.
 //! - [`run`]: one job end to end and its [`run::Summary`].
@@ -25,6 +26,7 @@ pub mod demo;
 pub mod dense_sync;
 pub mod eval;
 pub mod exchange;
+pub mod feedback;
 pub mod metrics;
 pub mod model;
 pub mod pipeline;

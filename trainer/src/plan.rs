@@ -7,18 +7,20 @@
 //!
 //! With per-table encodings ([`TableCodecs`]) a server gets one request per distinct encoding instead:
 //! [`Plan::pull_requests`] -> [`Plan::scatter_part`] per reply, and [`Plan::push_requests`], which also runs
-//! error feedback for lossy push encodings ([`protocol::feedback`]).
+//! error feedback for lossy push encodings ([`crate::feedback`]).
 //!
 //! On the wire each table's ids are sorted and delta + varint coded as [`IdCoding::Unmixed`] sections (the
-//! feature ids are a splitmix64 mix, whose pre-images within a feature differ little: [`protocol::ids`]);
+//! feature ids are a splitmix64 mix, whose pre-images within a feature differ little: [`protocol::wire::ids`]);
 //! [`Plan::build`] sorts each server's share of a table into that order once, and rows travel in it.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
-use protocol::codec;
-use protocol::feedback::ResidualStore;
-use protocol::ids::{self, IdCoding};
+use crate::feedback::ResidualStore;
+use protocol::compression::codec;
+use protocol::wire::ids::IdCoding;
+use protocol::wire::pull::IdSections;
+use protocol::wire::pull_with_state::get_state;
 use protocol::{Encoding, ProtocolError, ShardMap, TableCount};
 
 /// How ids travel (see the module docs).
@@ -249,11 +251,11 @@ impl Plan {
 
     /// Header counts and id payload of the pull for server `s` (tables with no ids are left out).
     pub fn pull_request(&self, server: usize) -> (Vec<TableCount>, Vec<u8>) {
-        let (mut counts, mut payload, mut scratch) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut sections, mut scratch) = (IdSections::new(), Vec::new());
         for t in 0..self.unique.len() {
-            self.put_table_ids(server, t, &mut counts, &mut payload, &mut scratch);
+            self.put_table_ids(server, t, &mut sections, &mut scratch);
         }
-        (counts, payload)
+        (sections.counts, sections.payload)
     }
 
     /// Appends table `t`'s count and id section for server `s`, if it has ids there.
@@ -261,22 +263,13 @@ impl Plan {
         &self,
         server: usize,
         t: usize,
-        counts: &mut Vec<TableCount>,
-        payload: &mut Vec<u8>,
+        sections: &mut IdSections,
         scratch: &mut Vec<u64>,
     ) {
         let positions = &self.by_server[server][t];
-        if positions.is_empty() {
-            return;
-        }
-        counts.push(TableCount {
-            table: t as u32,
-            count: positions.len() as u32,
-            dim: self.dim as u32,
-        });
         scratch.clear();
         scratch.extend(positions.iter().map(|&p| self.unique[t][p as usize]));
-        ids::put_ids(ID_CODING, scratch, payload);
+        sections.table(t as u32, self.dim as u32, ID_CODING, scratch);
     }
 
     /// The distinct encodings of `list` over the tables, in first-seen order.
@@ -302,14 +295,17 @@ impl Plan {
         let mut out = Vec::new();
         for encoding in self.encodings(codecs, false) {
             for server in 0..self.by_server.len() {
-                let (mut counts, mut payload) = (Vec::new(), Vec::new());
+                let mut sections = IdSections::new();
                 let mut scratch = std::mem::take(&mut self.ids_scratch);
                 for t in 0..self.unique.len() {
                     if codecs.pull_of(t) == encoding {
-                        self.put_table_ids(server, t, &mut counts, &mut payload, &mut scratch);
+                        self.put_table_ids(server, t, &mut sections, &mut scratch);
                     }
                 }
                 self.ids_scratch = scratch;
+                let IdSections {
+                    counts, payload, ..
+                } = sections;
                 if !counts.is_empty() {
                     self.pull_parts.push((server, encoding, counts.clone()));
                     out.push(PartRequest {
@@ -362,8 +358,8 @@ impl Plan {
                 "no pull request {i} in this batch"
             )));
         };
-        let expected = protocol::message::PayloadLayout::state_bytes(counts, state_lens)?;
-        protocol::message::check_len("pulled optimizer state", state.len(), expected)?;
+        let expected = protocol::wire::message::PayloadLayout::state_bytes(counts, state_lens)?;
+        protocol::wire::message::check_len("pulled optimizer state", state.len(), expected)?;
         unique_state.resize_with(self.unique.len(), Vec::new);
         let mut at = 0;
         for (c, &len) in counts.iter().zip(state_lens) {
@@ -372,12 +368,7 @@ impl Plan {
             dst.resize(self.unique[t].len() * len, 0.0);
             for &p in &self.by_server[*server][t] {
                 let p = p as usize;
-                for (d, b) in dst[p * len..(p + 1) * len]
-                    .iter_mut()
-                    .zip(state[at..at + 4 * len].chunks_exact(4))
-                {
-                    *d = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-                }
+                get_state(&state[at..at + 4 * len], &mut dst[p * len..(p + 1) * len]);
                 at += 4 * len;
             }
         }
@@ -412,7 +403,7 @@ impl Plan {
             }
             expected += n * width;
         }
-        protocol::message::check_len("pulled rows", rows.len(), expected)?;
+        protocol::wire::message::check_len("pulled rows", rows.len(), expected)?;
         let mut at = 0;
         for c in counts {
             let t = c.table as usize;
@@ -575,11 +566,16 @@ impl Plan {
         scratch: &mut PushScratch,
     ) -> (Vec<TableCount>, Vec<u8>) {
         let dim = self.dim;
-        let mut counts = Vec::new();
-        let mut payload = Vec::new();
+        let mut sections = IdSections::new();
         for &t in tables {
-            self.put_table_ids(server, t, &mut counts, &mut payload, &mut scratch.ids);
+            self.put_table_ids(server, t, &mut sections, &mut scratch.ids);
         }
+        let IdSections {
+            counts,
+            mut payload,
+            ..
+        } = sections;
+        // The rows follow the id sections, table by table in header order (protocol::wire::push).
         for c in &counts {
             let t = c.table as usize;
             let positions = &self.by_server[server][t];

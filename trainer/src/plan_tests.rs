@@ -5,8 +5,7 @@ use super::*;
 /// Serves a pull as if the row of id x were [x mod 1000, -(x mod 1000)], in `enc`.
 fn serve(counts: &[TableCount], ids: &[u8], enc: Encoding) -> Vec<u8> {
     let mut all = Vec::new();
-    let used = ids::get_sections(ids, counts.iter().map(|c| c.count as usize), &mut all).unwrap();
-    assert_eq!(used, ids.len());
+    protocol::wire::pull::decode(counts, ids, &mut all).unwrap();
     let mut rows = Vec::new();
     for id in all {
         let x = (id % 1000) as f32;
@@ -53,12 +52,12 @@ fn dedup_route_gather_reduce_round_trip() {
         let (counts, payload) = plan.push_request(s, &sums, Encoding::F32);
         let n: usize = counts.iter().map(|c| c.count as usize).sum();
         let mut ids = Vec::new();
-        let used =
-            ids::get_sections(&payload, counts.iter().map(|c| c.count as usize), &mut ids).unwrap();
-        assert_eq!(payload.len() - used, n * 2 * 4);
+        let rows =
+            protocol::wire::push::decode(&counts, Encoding::F32, &payload, &mut ids).unwrap();
+        assert_eq!(rows.len(), n * 2 * 4);
         // Each row travels with its id: the gradient of id 9 is [2, 202] * 2.
         let mut g = vec![0.0; n * 2];
-        codec::decode_rows(&payload[used..], 2, Encoding::F32, &mut g).unwrap();
+        codec::decode_rows(rows, 2, Encoding::F32, &mut g).unwrap();
         let mut k = 0;
         for c in &counts {
             for _ in 0..c.count {
@@ -136,7 +135,7 @@ fn per_table_encodings_split_requests_and_round_trip() {
                 .collect()
         })
         .collect();
-    let mut store = ResidualStore::new(2, protocol::feedback::FeedbackConfig::default());
+    let mut store = ResidualStore::new(2, crate::feedback::FeedbackConfig::default());
     let mut scratch = crate::plan::PushScratch::default();
     let pushes = plan.push_requests(&codecs, &grads, 8.0, Some(&mut store), &mut scratch);
     assert_eq!(pushes.len(), 4);

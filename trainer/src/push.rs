@@ -14,8 +14,8 @@
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
+use crate::feedback::ResidualStore;
 use crossbeam_channel::{Receiver, Sender};
-use protocol::feedback::ResidualStore;
 use tokio::sync::oneshot;
 
 use crate::plan::{PartRequest, Plan, PushScratch, TableCodecs};
@@ -153,7 +153,7 @@ impl Drop for PushEncoder {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use protocol::feedback::FeedbackConfig;
+    use crate::feedback::FeedbackConfig;
     use protocol::{Encoding, ShardMap};
 
     fn plan(ids: &[u64], tables: usize) -> Plan {

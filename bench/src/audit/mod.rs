@@ -19,8 +19,8 @@ pub mod log;
 pub mod pusher;
 pub mod verify;
 
-use protocol::message::{InitSpec, OptimizerSpec, TableSpec};
 use protocol::routing::{mix64, ShardMap};
+use protocol::wire::message::{InitSpec, OptimizerSpec, TableSpec};
 
 pub use log::{Ack, AckLog, AuditError, LogHeader};
 pub use pusher::{PushConfig, PushTotals};
@@ -76,7 +76,7 @@ impl AuditRows {
                 }
             }
         }
-        // Requests carry ids in ascending order (protocol::ids).
+        // Requests carry ids in ascending order (protocol::wire::ids).
         per_server.iter_mut().for_each(|ids| ids.sort_unstable());
         Ok(AuditRows { per_server })
     }

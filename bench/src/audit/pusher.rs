@@ -8,8 +8,10 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
-use protocol::message::put_ids;
-use protocol::{codec, Encoding, PsClient, TableCount};
+use protocol::compression::codec;
+use protocol::wire::ids::IdCoding;
+use protocol::wire::pull::IdSections;
+use protocol::{Encoding, PsClient};
 
 use super::{Ack, AckLog, AuditError, AuditRows, AUDIT_TABLE_ID};
 
@@ -86,16 +88,17 @@ async fn push_to(
             m => m,
         };
         rows.select(server, mask, &mut ids);
-        let mut payload = Vec::with_capacity(ids.len() * 12);
-        put_ids(&ids, &mut payload);
-        codec::encode(&vec![-1.0f32; ids.len()], Encoding::F32, &mut payload);
-        let counts = vec![TableCount {
-            table: AUDIT_TABLE_ID,
-            count: ids.len() as u32,
-            dim: 1,
-        }];
+        let mut push = IdSections::new();
+        push.table(AUDIT_TABLE_ID, 1, IdCoding::Plain, &ids);
+        codec::encode(&vec![-1.0f32; ids.len()], Encoding::F32, &mut push.payload);
         match client
-            .push(server, Encoding::F32, 1.0, counts, Bytes::from(payload))
+            .push(
+                server,
+                Encoding::F32,
+                1.0,
+                push.counts,
+                Bytes::from(push.payload),
+            )
             .await
         {
             Ok((applied, _)) if applied == ids.len() as u64 => {

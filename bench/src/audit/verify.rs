@@ -2,8 +2,10 @@
 //! f32). `lost_acked` sums `max(0, acked - found)` over the rows, `duplicates` sums `max(0, found - acked)`.
 
 use bytes::Bytes;
-use protocol::message::put_ids;
-use protocol::{codec, Encoding, ProtocolError, PsClient, TableCount};
+use protocol::compression::codec;
+use protocol::wire::ids::IdCoding;
+use protocol::wire::pull::IdSections;
+use protocol::{Encoding, ProtocolError, PsClient};
 use serde::Serialize;
 
 use super::{Ack, AuditRows, AUDIT_TABLE_ID};
@@ -88,15 +90,10 @@ pub async fn pull_counters(
 ) -> Result<Vec<Vec<f32>>, ProtocolError> {
     let mut out = Vec::with_capacity(rows.num_servers());
     for (s, ids) in rows.per_server.iter().enumerate() {
-        let mut payload = Vec::with_capacity(ids.len() * 8);
-        put_ids(ids, &mut payload);
-        let counts = vec![TableCount {
-            table: AUDIT_TABLE_ID,
-            count: ids.len() as u32,
-            dim: 1,
-        }];
+        let mut pull = IdSections::new();
+        pull.table(AUDIT_TABLE_ID, 1, IdCoding::Plain, ids);
         let bytes = client
-            .pull(s, Encoding::F32, counts, Bytes::from(payload))
+            .pull(s, Encoding::F32, pull.counts, Bytes::from(pull.payload))
             .await?;
         let mut values = vec![0.0f32; ids.len()];
         codec::decode(&bytes, Encoding::F32, &mut values)?;

@@ -57,7 +57,7 @@ struct Common {
     #[arg(long)]
     tls_dir: PathBuf,
     /// Name the servers' certificates carry.
-    #[arg(long, default_value = protocol::tls::DEFAULT_SERVER_NAME)]
+    #[arg(long, default_value = protocol::transport::tls::DEFAULT_SERVER_NAME)]
     server_name: String,
     /// The acknowledgement log (appended to by `run`, read by `verify`).
     #[arg(long)]

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::Context;
-use protocol::frame::encode_head;
+use protocol::wire::frame::encode_head;
 use protocol::{InitSpec, OptimizerSpec, PsClient, PsClientConfig, Request, Response, TableSpec};
 use rayon::prelude::*;
 

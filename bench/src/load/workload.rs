@@ -5,8 +5,10 @@
 //! shards, as the trainer's feature-salted ids do. A batch is a function of (seed, batch index) only.
 
 use bytes::Bytes;
-use protocol::ids::{put_ids, IdCoding};
-use protocol::{codec, Encoding, ShardMap, TableCount};
+use protocol::compression::codec;
+use protocol::wire::ids::IdCoding;
+use protocol::wire::pull::IdSections;
+use protocol::{Encoding, ShardMap, TableCount};
 
 use crate::gen::rng::{mix64, Rng};
 use crate::gen::zipf::Zipf;
@@ -121,8 +123,7 @@ pub fn plan(
     grads: &[f32],
 ) -> Vec<ServerRequests> {
     let servers = map.num_servers as usize;
-    let mut counts = vec![Vec::new(); servers];
-    let mut pulls: Vec<Vec<u8>> = vec![Vec::new(); servers];
+    let mut sections = vec![IdSections::new(); servers];
     let mut rows: Vec<Vec<f32>> = vec![Vec::new(); servers];
     let mut groups = Vec::new();
     let mut keyed: Vec<(u64, u32)> = Vec::new();
@@ -133,11 +134,6 @@ pub fn plan(
             if positions.is_empty() {
                 continue;
             }
-            counts[s].push(TableCount {
-                table: t as u32,
-                count: positions.len() as u32,
-                dim: dim as u32,
-            });
             // Wire order: ascending pre-images.
             keyed.clear();
             keyed.extend(
@@ -148,7 +144,7 @@ pub fn plan(
             keyed.sort_unstable();
             ids.clear();
             ids.extend(keyed.iter().map(|&(_, p)| unique[p as usize]));
-            put_ids(IdCoding::Unmixed, &ids, &mut pulls[s]);
+            sections[s].table(t as u32, dim as u32, IdCoding::Unmixed, &ids);
             // Gradient of a row: its position in the table's unique list picks a row of the block.
             for &(_, p) in &keyed {
                 let at = (p as usize * dim) % grads.len().max(1);
@@ -158,15 +154,16 @@ pub fn plan(
     }
     (0..servers)
         .map(|s| {
-            let pull = std::mem::take(&mut pulls[s]);
+            let IdSections {
+                counts, payload, ..
+            } = std::mem::take(&mut sections[s]);
+            let pull = payload;
+            // The push: the same id sections, then the rows (protocol::wire::push).
             let mut push = pull.clone();
             codec::encode_rows(&rows[s], dim, encoding, &mut push);
-            let n = counts[s]
-                .iter()
-                .map(|c: &TableCount| c.count as usize)
-                .sum();
+            let n = counts.iter().map(|c: &TableCount| c.count as usize).sum();
             ServerRequests {
-                counts: std::mem::take(&mut counts[s]),
+                counts,
                 pull_ids: Bytes::from(pull),
                 push_payload: Bytes::from(push),
                 rows: n,
@@ -234,16 +231,23 @@ mod tests {
         assert_eq!(reqs.len(), 3);
         assert_eq!(reqs.iter().map(|r| r.rows).sum::<usize>(), b.rows());
         for (s, r) in reqs.iter().enumerate() {
-            let layout = protocol::message::PayloadLayout::of(&r.counts).unwrap();
+            let layout = protocol::wire::message::PayloadLayout::of(&r.counts).unwrap();
             assert_eq!(layout.ids, r.rows);
             let mut ids = Vec::new();
-            let used = protocol::ids::get_sections(
-                &r.pull_ids,
-                r.counts.iter().map(|c| c.count as usize),
-                &mut ids,
+            protocol::wire::pull::decode(&r.counts, &r.pull_ids, &mut ids).unwrap();
+            let used = r.pull_ids.len();
+            let mut push_ids = Vec::new();
+            let rows = protocol::wire::push::decode(
+                &r.counts,
+                Encoding::F16,
+                &r.push_payload,
+                &mut push_ids,
             )
             .unwrap();
-            assert_eq!(used, r.pull_ids.len());
+            assert_eq!(
+                (push_ids.as_slice(), rows.len()),
+                (ids.as_slice(), layout.rows_bytes(Encoding::F16))
+            );
             assert_eq!(
                 r.push_payload.len(),
                 used + layout.rows_bytes(Encoding::F16)

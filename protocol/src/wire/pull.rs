@@ -6,16 +6,16 @@
 //! | --- | --- |
 //! | client, request | [`IdSections::table`] per table, then [`request`] |
 //! | server, request | [`decode`]: every id, or an error before anything is read |
-//! | server, reply | rows encoded in header order ([`crate::codec::encode_rows`]) |
+//! | server, reply | rows encoded in header order ([`crate::compression::codec::encode_rows`]) |
 //! | client, reply | [`check_rows`], then decode table by table |
 //!
 //! Push requests start with the same id sections ([`super::push`]); the pull that also returns optimizer
 //! state has its own reply layout ([`super::pull_with_state`]).
 
-use crate::codec::Encoding;
+use crate::compression::codec::Encoding;
 use crate::error::ProtocolError;
-use crate::ids::{get_sections, put_ids, IdCoding};
-use crate::message::{check_len, PayloadLayout, Request, TableCount};
+use crate::wire::ids::{get_sections, put_ids, IdCoding};
+use crate::wire::message::{check_len, PayloadLayout, Request, TableCount};
 
 /// The id part of a pull or a push: a header count per table and its id section, in the same order.
 ///
@@ -54,7 +54,7 @@ impl IdSections {
     }
 
     /// Appends table `table`'s ids (of rows of `dim` elements), which must be strictly ascending in
-    /// `coding`'s wire order ([`crate::ids::sort_for_wire`]); a table with no ids is left out. Every table
+    /// `coding`'s wire order ([`crate::wire::ids::sort_for_wire`]); a table with no ids is left out. Every table
     /// goes in before any row.
     pub fn table(&mut self, table: u32, dim: u32, coding: IdCoding, ids: &[u64]) {
         if ids.is_empty() {
@@ -136,7 +136,7 @@ mod tests {
         s.table(4, 16, IdCoding::Plain, &[]);
         s.table(7, 8, IdCoding::Unmixed, &{
             let mut v = vec![10u64, 20, 30];
-            crate::ids::sort_for_wire(IdCoding::Unmixed, &mut v);
+            crate::wire::ids::sort_for_wire(IdCoding::Unmixed, &mut v);
             v
         });
         assert_eq!(s.counts.len(), 2, "a table without ids is left out");

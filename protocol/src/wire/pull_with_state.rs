@@ -10,9 +10,9 @@
 //! | server | [`super::pull::decode`]; rows, then [`put_state`] per row |
 //! | client, reply | [`split_reply`], then [`get_state`] per row |
 
-use crate::codec::Encoding;
+use crate::compression::codec::Encoding;
 use crate::error::ProtocolError;
-use crate::message::{check_len, PayloadLayout, Request, TableCount};
+use crate::wire::message::{check_len, PayloadLayout, Request, TableCount};
 
 /// The header of a pull with state of `counts`' tables, rows answered in `encoding`.
 pub fn request(epoch: u64, encoding: Encoding, counts: Vec<TableCount>) -> Request {

@@ -7,9 +7,9 @@
 //! | client | [`IdSections::table`] per table, then encode each table's rows onto `payload`, then [`request`] |
 //! | server | [`decode`]: every id and the rows' bytes, checked for length, before anything is applied |
 
-use crate::codec::Encoding;
+use crate::compression::codec::Encoding;
 use crate::error::ProtocolError;
-use crate::message::{check_len, Request, TableCount};
+use crate::wire::message::{check_len, Request, TableCount};
 
 use super::pull::{decode_sections, IdSections};
 
@@ -22,7 +22,7 @@ pub fn request(
     sections: &IdSections,
 ) -> Result<Request, ProtocolError> {
     check_grad_scale(grad_scale)?;
-    let layout = crate::message::PayloadLayout::of(&sections.counts)?;
+    let layout = crate::wire::message::PayloadLayout::of(&sections.counts)?;
     check_len(
         "push rows",
         sections.payload.len() - sections.ids_len(),
@@ -63,8 +63,8 @@ pub fn decode<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::codec::{decode_rows, encode_rows};
-    use crate::ids::IdCoding;
+    use crate::compression::codec::{decode_rows, encode_rows};
+    use crate::wire::ids::IdCoding;
 
     #[test]
     fn push_round_trip_and_length_checks() {
@@ -72,10 +72,20 @@ mod tests {
         s.table(1, 2, IdCoding::Plain, &[4, 8]);
         s.table(2, 2, IdCoding::Plain, &[3]);
         encode_rows(&[1.0, 2.0, 3.0, 4.0], 2, Encoding::F32, &mut s.payload);
-        assert!(request(0, Encoding::F32, 1.0, &s).is_err(), "table 2's row is missing");
+        assert!(
+            request(0, Encoding::F32, 1.0, &s).is_err(),
+            "table 2's row is missing"
+        );
         encode_rows(&[5.0, 6.0], 2, Encoding::F32, &mut s.payload);
         let req = request(7, Encoding::F32, 2.0, &s).unwrap();
-        assert!(matches!(req, Request::Push { epoch: 7, grad_scale: 2.0, .. }));
+        assert!(matches!(
+            req,
+            Request::Push {
+                epoch: 7,
+                grad_scale: 2.0,
+                ..
+            }
+        ));
         for bad in [0.0, -1.0, f32::NAN, f32::INFINITY] {
             let err = request(7, Encoding::F32, bad, &s).unwrap_err();
             assert!(err.to_string().contains("grad_scale"), "{err}");
@@ -86,7 +96,12 @@ mod tests {
         let mut back = vec![0.0; 6];
         decode_rows(rows, 2, Encoding::F32, &mut back).unwrap();
         assert_eq!(back, [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
-        let err = decode(&s.counts, Encoding::F32, &s.payload[..s.payload.len() - 1], &mut ids);
+        let err = decode(
+            &s.counts,
+            Encoding::F32,
+            &s.payload[..s.payload.len() - 1],
+            &mut ids,
+        );
         assert!(err.unwrap_err().to_string().contains("push rows"));
     }
 }

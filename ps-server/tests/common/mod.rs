@@ -8,9 +8,10 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use protocol::message::put_ids;
+use protocol::compression::codec;
+use protocol::wire::message::put_ids;
 use protocol::{
-    codec, Encoding, InitSpec, OptimizerSpec, ProtocolError, PsClient, PsClientConfig, TableCount,
+    Encoding, InitSpec, OptimizerSpec, ProtocolError, PsClient, PsClientConfig, TableCount,
     TableSpec,
 };
 
@@ -179,8 +180,8 @@ pub async fn push(c: &PsClient, ids: &[u64], grads: &[f32]) -> (u64, u64) {
 /// the cluster CA but whose client certificate another CA signed.
 pub fn dirs_with_foreign_client(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
     let (data, tls, foreign) = (dir.join("data"), dir.join("tls"), dir.join("foreign"));
-    protocol::tls::init_dev_certs(&tls, &[]).unwrap();
-    protocol::tls::init_dev_certs(&foreign, &[]).unwrap();
+    protocol::transport::tls::init_dev_certs(&tls, &[]).unwrap();
+    protocol::transport::tls::init_dev_certs(&foreign, &[]).unwrap();
     std::fs::copy(tls.join("ca.pem"), foreign.join("ca.pem")).unwrap();
     (data, tls, foreign)
 }
@@ -200,10 +201,10 @@ pub async fn client_retrying_for(s: &Server, tls: &Path, retry_for: Duration) ->
 
 /// A bare QUIC connection to the server with the cluster's client certificate, for writing raw bytes.
 pub async fn raw_connection(s: &Server, tls: &Path) -> (quinn::Endpoint, quinn::Connection) {
-    let cfg = protocol::tls::client_config(tls).unwrap();
-    let endpoint = protocol::endpoint::client(s.quic, cfg).unwrap();
+    let cfg = protocol::transport::tls::client_config(tls).unwrap();
+    let endpoint = protocol::transport::endpoint::client(s.quic, cfg).unwrap();
     let conn = endpoint
-        .connect(s.quic, protocol::tls::DEFAULT_SERVER_NAME)
+        .connect(s.quic, protocol::transport::tls::DEFAULT_SERVER_NAME)
         .unwrap()
         .await
         .unwrap();
@@ -219,7 +220,8 @@ pub async fn raw_request(
     // The server may refuse early and stop reading: a failed write still leaves its answer to read.
     let _ = send.write_all(bytes).await;
     let _ = send.finish();
-    protocol::stream::read_frame(&mut recv, protocol::frame::DEFAULT_MAX_FRAME).await
+    protocol::transport::stream::read_frame(&mut recv, protocol::wire::frame::DEFAULT_MAX_FRAME)
+        .await
 }
 
 /// The typed error of a raw answer (panics on anything else).

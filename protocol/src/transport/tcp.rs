@@ -1,7 +1,7 @@
 //! The TCP transport: TLS 1.3 over TCP (tokio-rustls, the same mutual-TLS certificates and ALPN as QUIC), one
 //! connection per server, many requests in flight on it.
 //!
-//! Frames are those of [`crate::frame`], cut into chunks and interleaved by [`crate::mux`], so a small request
+//! Frames are those of [`crate::wire::frame`], cut into chunks and interleaved by [`crate::transport::mux`], so a small request
 //! is not stuck behind a multi-MB one on the same connection (TCP's own head-of-line blocking on packet loss
 //! remains). Each connection has a reader task (reassembles frames, hands each to whoever waits for it) and a
 //! writer task (chunks queued frames round-robin and writes them in batches of up to [`WRITE_BATCH`] bytes, so
@@ -23,9 +23,9 @@ use tokio::task::JoinHandle;
 use tokio_rustls::{TlsAcceptor, TlsConnector};
 
 use crate::error::ProtocolError;
-use crate::frame;
-use crate::message::{Request, Response};
-use crate::mux::{self, Demux, Event, Outgoing, Scheduler, CHUNK_MAX};
+use crate::transport::mux::{self, Demux, Event, Outgoing, Scheduler, CHUNK_MAX};
+use crate::wire::frame;
+use crate::wire::message::{Request, Response};
 
 /// Bytes of chunks gathered before one write (then encrypted into full 16 KiB TLS records).
 pub const WRITE_BATCH: usize = 256 << 10;
@@ -101,7 +101,7 @@ pub struct Dialer {
 }
 
 impl Dialer {
-    /// A dialer presenting the client certificate of `tls` (see [`crate::tls::rustls_client_config`]).
+    /// A dialer presenting the client certificate of `tls` (see [`crate::transport::tls::rustls_client_config`]).
     pub fn new(tls: rustls::ClientConfig) -> Dialer {
         Dialer {
             connector: TlsConnector::from(Arc::new(tls)),
@@ -295,7 +295,7 @@ pub struct Listener {
 }
 
 impl Listener {
-    /// Wraps a bound (non-blocking or not) standard listener; `tls` from [`crate::tls::rustls_server_config`].
+    /// Wraps a bound (non-blocking or not) standard listener; `tls` from [`crate::transport::tls::rustls_server_config`].
     pub fn from_std(
         listener: std::net::TcpListener,
         tls: rustls::ServerConfig,

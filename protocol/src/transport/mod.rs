@@ -1,6 +1,20 @@
 //! The transport a client reaches servers over, behind one interface: QUIC (one stream per request) or TLS over
-//! TCP (requests multiplexed by id on one connection, [`crate::tcp`]). Both carry the same frames
-//! ([`crate::frame`]) under the same mutual-TLS certificates; [`crate::PsClient`] does not care which.
+//! TCP (requests multiplexed by id on one connection, [`crate::transport::tcp`]). Both carry the same frames
+//! ([`crate::wire::frame`]) under the same mutual-TLS certificates; [`crate::PsClient`] does not care which.
+//!
+//! - [`tls`]: a development CA and certificates (rcgen), rustls configs with mutual authentication.
+//! - [`endpoint`]: QUIC endpoint set-up (socket buffers, transport tuning).
+//! - [`gso`]: a quinn UDP socket that splits GSO batches larger than one UDP datagram.
+//! - [`stream`]: reading and writing one frame on a QUIC stream.
+//! - [`mux`]: sans-IO chunking of many frames over one byte stream (the TCP transport).
+//! - [`tcp`]: TLS over TCP: client connections and the server's listener, requests multiplexed by id.
+
+pub mod endpoint;
+pub mod gso;
+pub mod mux;
+pub mod stream;
+pub mod tcp;
+pub mod tls;
 
 use std::fmt;
 use std::net::SocketAddr;
@@ -12,8 +26,7 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
 use crate::error::ProtocolError;
-use crate::message::{Request, Response};
-use crate::{stream, tcp, tls};
+use crate::wire::message::{Request, Response};
 
 /// Which transport a client uses.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -73,9 +86,10 @@ impl Dialer {
         tls_dir: &Path,
     ) -> Result<Dialer, ProtocolError> {
         Ok(match transport {
-            Transport::Quic => {
-                Dialer::Quic(crate::endpoint::client(peer, tls::client_config(tls_dir)?)?)
-            }
+            Transport::Quic => Dialer::Quic(crate::transport::endpoint::client(
+                peer,
+                tls::client_config(tls_dir)?,
+            )?),
             Transport::Tcp => Dialer::Tcp(tcp::Dialer::new(tls::rustls_client_config(tls_dir)?)),
         })
     }

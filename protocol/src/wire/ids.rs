@@ -245,7 +245,7 @@ pub fn get_ids(bytes: &[u8], count: usize, out: &mut Vec<u64>) -> Result<usize, 
 }
 
 /// Reads one section of `count` strictly ascending values written by [`put_values`], as [`get_ids`] does.
-/// Used for the indices of top-k gradient chunks ([`crate::topk`]).
+/// Used for the indices of top-k gradient chunks ([`crate::compression::topk`]).
 pub fn get_values(bytes: &[u8], count: usize, out: &mut Vec<u64>) -> Result<usize, IdError> {
     match bytes.first() {
         Some(&b) if b != IdCoding::Plain as u8 => Err(IdError::UnknownCoding(b)),

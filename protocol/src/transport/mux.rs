@@ -2,7 +2,7 @@
 //!
 //! QUIC gives every request its own stream; TCP gives one ordered byte stream. To keep many requests in flight
 //! on one TCP connection without a large frame blocking the small ones queued behind it, every frame of
-//! [`crate::frame`] travels as one or more *chunks*, and the sender interleaves the chunks of all frames it has
+//! [`crate::wire::frame`] travels as one or more *chunks*, and the sender interleaves the chunks of all frames it has
 //! queued, round-robin:
 //!
 //! ```text
@@ -18,7 +18,7 @@ use std::collections::{HashMap, VecDeque};
 use bytes::{Buf, Bytes, BytesMut};
 
 use crate::error::ProtocolError;
-use crate::frame::{self, PREFIX_LEN};
+use crate::wire::frame::{self, PREFIX_LEN};
 
 /// Bytes of a chunk header.
 pub const CHUNK_HEADER_LEN: usize = 8;
@@ -286,7 +286,7 @@ pub fn split_frame<H: serde::de::DeserializeOwned>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::message::Request;
+    use crate::wire::message::Request;
     use crate::Encoding;
 
     fn frame_of(n: usize) -> (Bytes, Bytes) {

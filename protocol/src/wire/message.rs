@@ -1,9 +1,9 @@
 //! Request and response headers, and the layout of their payloads.
 //!
-//! Every request travels on its own bidirectional QUIC stream: the client writes one frame ([`crate::frame`]) and
+//! Every request travels on its own bidirectional QUIC stream: the client writes one frame ([`crate::wire::frame`]) and
 //! finishes its side; the server answers with one frame. Headers carry kinds and counts; payloads carry ids
-//! (one id section per table: ascending, delta + varint coded, see [`crate::ids`]) and rows (in the request's
-//! [`Encoding`], see [`crate::codec`]) for each table in header order.
+//! (one id section per table: ascending, delta + varint coded, see [`crate::wire::ids`]) and rows (in the request's
+//! [`Encoding`], see [`crate::compression::codec`]) for each table in header order.
 //!
 //! | request | payload | response | payload |
 //! | --- | --- | --- | --- |
@@ -21,7 +21,7 @@ use serde::{Deserialize, Serialize};
 
 pub use embedding::spec::{InitSpec, OptimizerSpec, TableSpec};
 
-use crate::codec::Encoding;
+use crate::compression::codec::Encoding;
 use crate::error::{ErrorCode, ProtocolError};
 
 /// A table's share of a pull or push: its id, how many ids, and the row dimension.
@@ -176,11 +176,11 @@ impl Response {
     }
 }
 
-/// Appends one [`crate::ids::IdCoding::Plain`] id section of `ids`, which must be strictly ascending (one call
-/// per table, for hand-written requests and tests; the trainer and ps-bench use [`crate::ids::put_ids`] with
-/// [`crate::ids::IdCoding::Unmixed`]).
+/// Appends one [`crate::wire::ids::IdCoding::Plain`] id section of `ids`, which must be strictly ascending (one call
+/// per table, for hand-written requests and tests; the trainer and ps-bench use [`crate::wire::ids::put_ids`] with
+/// [`crate::wire::ids::IdCoding::Unmixed`]).
 pub fn put_ids(ids: &[u64], out: &mut Vec<u8>) {
-    crate::ids::put_ids(crate::ids::IdCoding::Plain, ids, out)
+    crate::wire::ids::put_ids(crate::wire::ids::IdCoding::Plain, ids, out)
 }
 
 /// Sizes of a pull or push payload laid out as the module docs say.
@@ -268,11 +268,11 @@ mod tests {
         assert_eq!(bytes.len(), 1 + 1 + 1 + 9 + 10);
         let mut back = Vec::new();
         assert_eq!(
-            crate::ids::get_ids(&bytes, 4, &mut back).unwrap(),
+            crate::wire::ids::get_ids(&bytes, 4, &mut back).unwrap(),
             bytes.len()
         );
         assert_eq!(back, ids);
-        assert!(crate::ids::get_ids(&bytes[..7], 4, &mut back).is_err());
+        assert!(crate::wire::ids::get_ids(&bytes[..7], 4, &mut back).is_err());
     }
 
     #[test]

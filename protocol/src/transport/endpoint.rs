@@ -11,7 +11,7 @@
 //! path that carries less only loses probes. Two things made larger packets stall connections in quinn 0.11,
 //! and both are handled here: the congestion window starts at 14,720 bytes whatever the MTU, so a first
 //! packet of 16 KiB never fitted ([`tune_path`] scales the initial window with the MTU); and a GSO batch of
-//! 10 such packets exceeds one UDP datagram and was dropped silently (`EMSGSIZE`), which [`crate::gso`]
+//! 10 such packets exceeds one UDP datagram and was dropped silently (`EMSGSIZE`), which [`crate::transport::gso`]
 //! avoids by splitting batches.
 
 use std::net::SocketAddr;
@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::error::ProtocolError;
-use crate::gso::SplitGso;
+use crate::transport::gso::SplitGso;
 
 /// Socket send and receive buffer size requested from the kernel.
 pub const SOCKET_BUFFER_BYTES: usize = 8 << 20;
@@ -37,9 +37,9 @@ pub const MAX_UDP_PAYLOAD: u16 = if LOOPBACK_MTU > NETWORK_MAX_MTU {
     NETWORK_MAX_MTU
 };
 
-// Endpoints accept every packet size used, and a packet fits one `sendmsg` (crate::gso).
+// Endpoints accept every packet size used, and a packet fits one `sendmsg` (crate::transport::gso).
 const _: () = assert!(LOOPBACK_MTU <= MAX_UDP_PAYLOAD && NETWORK_MAX_MTU <= MAX_UDP_PAYLOAD);
-const _: () = assert!(MAX_UDP_PAYLOAD as usize <= crate::gso::MAX_BATCH_BYTES);
+const _: () = assert!(MAX_UDP_PAYLOAD as usize <= crate::transport::gso::MAX_BATCH_BYTES);
 
 /// Initial congestion window, in packets of the initial MTU (quinn's default is 14,720 bytes, about 10 packets
 /// of 1,452 bytes, which is less than one loopback packet).
@@ -126,7 +126,7 @@ fn endpoint_config(mut config: quinn::EndpointConfig) -> quinn::EndpointConfig {
     config
 }
 
-/// A quinn endpoint on `socket` whose oversized GSO batches are split ([`crate::gso`]).
+/// A quinn endpoint on `socket` whose oversized GSO batches are split ([`crate::transport::gso`]).
 fn endpoint(
     config: quinn::EndpointConfig,
     server: Option<quinn::ServerConfig>,

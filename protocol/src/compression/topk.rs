@@ -6,12 +6,12 @@
 //! 2018, "Sparsified SGD with memory"; Lin et al. 2018, "Deep gradient compression").
 //!
 //! Wire chunk ([`TopK::compress`], read back by [`decode_chunk`]): a varint `n` (entries sent), then the `n`
-//! indices ascending as an id section ([`crate::ids::put_values`]), then the `n` values as one row of
+//! indices ascending as an id section ([`crate::wire::ids::put_values`]), then the `n` values as one row of
 //! [`Encoding`] `enc` (for int8: one scale for the chunk).
 
-use crate::codec::{decode_rows, encode_rows, Encoding};
+use crate::compression::codec::{decode_rows, encode_rows, Encoding};
 use crate::error::ProtocolError;
-use crate::ids::{get_values, put_values, put_varint};
+use crate::wire::ids::{get_values, put_values, put_varint};
 
 /// A top-k compressor for one dense gradient vector of fixed length. Call [`TopK::compress`] once per step.
 #[derive(Debug, Clone)]

@@ -156,7 +156,7 @@ pub fn decode_frame<H: DeserializeOwned>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::message::{Request, TableCount};
+    use crate::wire::message::{Request, TableCount};
     use crate::Encoding;
 
     fn sample() -> Request {

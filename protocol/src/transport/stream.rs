@@ -1,11 +1,11 @@
-//! One frame on a QUIC stream: the thin I/O shell around [`crate::frame`].
+//! One frame on a QUIC stream: the thin I/O shell around [`crate::wire::frame`].
 
 use bytes::{Bytes, BytesMut};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::error::ProtocolError;
-use crate::frame::{self, PREFIX_LEN};
+use crate::wire::frame::{self, PREFIX_LEN};
 
 /// Writes one frame (header then payload) and finishes the sending side. The payload is handed to QUIC as
 /// it is (no copy); a small one is appended to the header so the frame goes out as one chunk.

@@ -1,0 +1,17 @@
+//! What travels: framing, request and response headers, id sections, and one file per request type holding
+//! its payload layout, encode and decode together, used alike by the client, the server, the trainer and the
+//! load generators.
+//!
+//! - [`frame`]: sans-IO framing: a fixed 12-byte prefix, a bincode header, then raw bulk bytes.
+//! - [`message`]: request and response headers ([`message::Request`], [`message::Response`]), payload sizes.
+//! - [`ids`]: id sections: ascending ids, delta + varint coded.
+//! - [`pull`]: `Pull` (and the id sections every pull and push starts with, [`pull::IdSections`]).
+//! - [`pull_with_state`]: `PullWithState`, rows followed by their optimizer state.
+//! - [`push`]: `Push`, id sections followed by gradient rows.
+
+pub mod frame;
+pub mod ids;
+pub mod message;
+pub mod pull;
+pub mod pull_with_state;
+pub mod push;
