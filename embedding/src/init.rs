@@ -12,13 +12,46 @@ use crate::optimizer;
 /// Golden-ratio increment of splitmix64.
 const GOLDEN: u64 = 0x9E37_79B9_7F4A_7C15;
 
-/// The splitmix64 finalizer of `z + golden`: a fast, well-mixing bijection on `u64` (Steele et al., 2014).
+/// The splitmix64 finalizer (Steele et al., 2014): a bijection on `u64` with good avalanche. The one copy
+/// in the workspace: shard routing and wire id coding (`protocol::routing::mix64`) and the data generator use
+/// it too.
+#[inline]
+pub fn mix64(mut x: u64) -> u64 {
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
+}
+
+/// The inverse of [`mix64`]: `mix64(unmix64(x)) == x` for every `x`.
+#[inline]
+pub fn unmix64(x: u64) -> u64 {
+    // Inverses of the finalizer's odd multipliers modulo 2^64.
+    const INV1: u64 = inverse(0xbf58_476d_1ce4_e5b9);
+    const INV2: u64 = inverse(0x94d0_49bb_1331_11eb);
+    let mut z = x;
+    z ^= (z >> 31) ^ (z >> 62);
+    z = z.wrapping_mul(INV2);
+    z ^= (z >> 27) ^ (z >> 54);
+    z = z.wrapping_mul(INV1);
+    z ^ (z >> 30) ^ (z >> 60)
+}
+
+/// The multiplicative inverse of an odd `a` modulo 2^64 (Newton's iteration doubles the correct bits each
+/// step, starting from 3 correct bits since `a * a == 1 mod 8`).
+const fn inverse(a: u64) -> u64 {
+    let mut x = a;
+    let mut i = 0;
+    while i < 5 {
+        x = x.wrapping_mul(2u64.wrapping_sub(a.wrapping_mul(x)));
+        i += 1;
+    }
+    x
+}
+
+/// The splitmix64 step: [`mix64`] of `z + golden`.
 #[inline]
 pub fn splitmix64(z: u64) -> u64 {
-    let mut z = z.wrapping_add(GOLDEN);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
+    mix64(z.wrapping_add(GOLDEN))
 }
 
 /// The key from which the row's element stream is drawn.
@@ -71,6 +104,24 @@ pub fn fill_row(cfg: &TableConfig, id: u64, row: &mut [f32]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn unmix64_inverts_mix64() {
+        assert_eq!(
+            0xbf58_476d_1ce4_e5b9u64.wrapping_mul(inverse(0xbf58_476d_1ce4_e5b9)),
+            1
+        );
+        assert_eq!(
+            0x94d0_49bb_1331_11ebu64.wrapping_mul(inverse(0x94d0_49bb_1331_11eb)),
+            1
+        );
+        let mut x = 1u64;
+        for _ in 0..1000 {
+            assert_eq!(mix64(unmix64(x)), x);
+            assert_eq!(unmix64(mix64(x)), x);
+            x = splitmix64(x);
+        }
+    }
     use crate::config::InitConfig;
 
     #[test]

@@ -71,13 +71,8 @@ impl ShardMap {
 /// Salt so that routing is independent of any other use of `mix64` on the same ids (e.g. lock striping).
 const ROUTING_SALT: u64 = 0x9e37_79b9_7f4a_7c15;
 
-/// The splitmix64 finalizer: a bijection on u64 with good avalanche.
-#[inline]
-pub fn mix64(mut x: u64) -> u64 {
-    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    x ^ (x >> 31)
-}
+/// The splitmix64 finalizer, a bijection on u64 with good avalanche (defined once, in `embedding::init`).
+pub use embedding::init::mix64;
 
 #[cfg(test)]
 mod tests {

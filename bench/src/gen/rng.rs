@@ -4,13 +4,8 @@
 //! Neither depends on the platform, the thread count or another crate's version, so output bytes stay fixed
 //! for given seeds.
 
-/// SplitMix64 finalizer: a bijective mix of all 64 input bits.
-#[inline]
-pub fn mix64(mut x: u64) -> u64 {
-    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    x ^ (x >> 31)
-}
+/// SplitMix64 finalizer: a bijective mix of all 64 input bits (defined once, in `embedding::init`).
+pub use embedding::init::mix64;
 
 /// Hash of three words, e.g. (seed, feature, value). Each word passes through the mixer in turn, so swapping
 /// arguments gives unrelated outputs.

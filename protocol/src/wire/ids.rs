@@ -116,26 +116,7 @@ impl From<IdError> for ProtocolError {
 /// The inverse of the splitmix64 finalizer ([`crate::routing::mix64`]): `mix64(wire_key(id)) == id`.
 #[inline]
 pub fn wire_key(id: u64) -> u64 {
-    // Inverses of the finalizer's odd multipliers modulo 2^64.
-    const INV1: u64 = inverse(0xbf58_476d_1ce4_e5b9);
-    const INV2: u64 = inverse(0x94d0_49bb_1331_11eb);
-    let mut z = id;
-    z ^= (z >> 31) ^ (z >> 62);
-    z = z.wrapping_mul(INV2);
-    z ^= (z >> 27) ^ (z >> 54);
-    z = z.wrapping_mul(INV1);
-    z ^ (z >> 30) ^ (z >> 60)
-}
-
-/// The multiplicative inverse of an odd `a` modulo 2^64 (Newton's iteration doubles the correct bits).
-const fn inverse(a: u64) -> u64 {
-    let mut x = a; // correct to 3 bits for odd a
-    let mut i = 0;
-    while i < 5 {
-        x = x.wrapping_mul(2u64.wrapping_sub(a.wrapping_mul(x)));
-        i += 1;
-    }
-    x
+    embedding::init::unmix64(id)
 }
 
 /// Appends `v` as an LEB128 varint.

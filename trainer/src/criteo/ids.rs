@@ -17,8 +17,6 @@
 
 /// The splitmix64 increment (2^64 / golden ratio); adding it keeps feature 0's empty token away from id 0.
 const GOLDEN: u64 = 0x9e37_79b9_7f4a_7c15;
-const MUL1: u64 = 0xbf58_476d_1ce4_e5b9;
-const MUL2: u64 = 0x94d0_49bb_1331_11eb;
 
 /// The largest feature index plus one: the feature occupies the key's top 31 bits.
 pub const MAX_FEATURES: usize = 1 << 31;
@@ -62,45 +60,18 @@ pub fn decode_feature_id(id: u64) -> Option<(usize, Option<u32>)> {
 /// splitmix64: a permutation of `u64`.
 #[inline]
 fn mix(key: u64) -> u64 {
-    let mut z = key.wrapping_add(GOLDEN);
-    z = (z ^ (z >> 30)).wrapping_mul(MUL1);
-    z = (z ^ (z >> 27)).wrapping_mul(MUL2);
-    z ^ (z >> 31)
+    embedding::init::splitmix64(key)
 }
 
-/// The inverse of [`mix`], step by step in reverse order.
+/// The inverse of [`mix`].
 fn unmix(id: u64) -> u64 {
-    let mut z = id;
-    z ^= (z >> 31) ^ (z >> 62);
-    z = z.wrapping_mul(inverse(MUL2));
-    z ^= (z >> 27) ^ (z >> 54);
-    z = z.wrapping_mul(inverse(MUL1));
-    z ^= (z >> 30) ^ (z >> 60);
-    z.wrapping_sub(GOLDEN)
-}
-
-/// The multiplicative inverse of odd `a` modulo 2^64 (Newton's iteration doubles the correct bits each step,
-/// starting from 3 correct bits since `a * a == 1 mod 8`).
-const fn inverse(a: u64) -> u64 {
-    let mut x = a;
-    let mut i = 0;
-    while i < 5 {
-        x = x.wrapping_mul(2u64.wrapping_sub(a.wrapping_mul(x)));
-        i += 1;
-    }
-    x
+    embedding::init::unmix64(id).wrapping_sub(GOLDEN)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
-
-    #[test]
-    fn inverses_are_inverses() {
-        assert_eq!(MUL1.wrapping_mul(inverse(MUL1)), 1);
-        assert_eq!(MUL2.wrapping_mul(inverse(MUL2)), 1);
-    }
 
     /// Pinned ids (computed by an independent Python splitmix64; `(0, None)` is splitmix64's well-known first
     /// output for seed 0): if this test fails, every trained embedding table would be keyed differently.
