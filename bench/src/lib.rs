@@ -12,14 +12,12 @@
 //!   - [`gen::sink`]: plain and single-member parallel gzip output.
 //!   - [`gen::rng`]: hashes and the seeded generator.
 //! - [`audit`]: `ps-audit`, counting acknowledged updates against the servers' counters (crash tests).
-//! - [`auc`]: exact ROC AUC for checking the teacher.
 //! - [`bins`]: the workspace's binaries (`trainer`, `ps-server`, ...) for the end-to-end tests in `tests/`,
 //!   which need several of them.
 //! - [`load`]: `ps-bench`, the parameter-server load generator (QUIC against a cluster, or an in-process
 //!   engine), with its workload, latency percentiles and report.
 #![warn(missing_docs)]
 
-pub mod auc;
 pub mod audit;
 pub mod bins;
 pub mod gen;

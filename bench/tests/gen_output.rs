@@ -1,7 +1,8 @@
 //! Properties of generated files, checked through the library on in-memory sinks.
 
-use bench::auc::auc;
+mod support;
 use bench::gen::{Encoding, Generator, Sink, Summary};
+use support::auc;
 
 /// Generates `rows` rows on a pool of `threads` threads; returns (data, oracle, summary).
 fn generate(

@@ -8,9 +8,10 @@
 
 use std::collections::HashMap;
 
-use bench::auc::auc;
+mod support;
 use bench::gen::schema::{NUM_CAT, NUM_INT};
 use bench::gen::{Generator, Row, CHUNK_ROWS};
+use support::auc;
 
 const FIELDS: usize = NUM_CAT + NUM_INT;
 const DIM: usize = 16;
