@@ -8,10 +8,10 @@ use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use protocol::compression::codec;
-use protocol::compression::topk::TopK;
+use protocol::compression::topk::RowTopK;
 use protocol::wire::ids::{self, IdCoding};
 use protocol::{Encoding, ShardMap};
-use trainer::feedback::{FeedbackConfig, ResidualStore};
+use trainer::step::feedback::{FeedbackConfig, ResidualStore};
 
 const DIM: usize = 16;
 const IDS: usize = 27_000;
@@ -141,19 +141,20 @@ fn codecs(c: &mut Criterion) {
     });
     g.finish();
 
-    // Top-k with error feedback of a dense gradient the size of DLRM's dense layers (~0.5M), 1% sent.
-    let n = 500_000;
-    let grad: Vec<f32> = (0..n)
+    // Row-wise top-k with error feedback of a dense delta the size of DLRM's dense layers (~0.5M values,
+    // rows of 64 as in the servers' dense table), 1% of the rows sent (`--dense-push-fraction 0.01`).
+    let (rows, row_dim) = (8192, 64);
+    let delta: Vec<f32> = (0..rows * row_dim)
         .map(|i| ((i * 7919 % 1000) as f32 - 500.0) * 1e-4)
         .collect();
-    let mut t = TopK::new(n, n / 100);
+    let mut t = RowTopK::new(rows, row_dim, rows / 100);
+    let mut work = delta.clone();
     let mut g = c.benchmark_group("topk");
-    g.throughput(Throughput::Elements(n as u64));
-    let mut out = Vec::new();
-    g.bench_function("compress_1pct_f16", |b| {
+    g.throughput(Throughput::Elements(delta.len() as u64));
+    g.bench_function("rows_1pct", |b| {
         b.iter(|| {
-            out.clear();
-            t.compress(black_box(&grad), Encoding::F16, &mut out);
+            work.copy_from_slice(&delta);
+            black_box(t.sparsify(black_box(&mut work)));
         })
     });
     g.finish();

@@ -10,7 +10,7 @@ use clap::{Parser, Subcommand};
 use crate::config::{ClusterArgs, ModelArgs};
 use crate::demo::{run_demo, DemoArgs};
 use crate::preprocess::{preprocess, PreprocessArgs};
-use crate::run::{self, Inputs, JobArgs};
+use crate::run::{self, runtime, serve_metrics, Inputs, JobArgs};
 
 /// Trains DLRM on Criteo-format click logs against parameter servers.
 #[derive(Debug, Parser)]
@@ -85,33 +85,6 @@ pub fn pin_to_cpus(cpus: &[usize]) -> anyhow::Result<()> {
         }
     }
     Ok(())
-}
-
-/// The tokio runtime the trainer runs on.
-pub fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .thread_name("trainer-io")
-        .build()
-        .context("start tokio runtime")
-}
-
-/// Installs the metrics recorder and serves /metrics on `addr`; returns the bound address.
-pub async fn serve_metrics(addr: SocketAddr) -> anyhow::Result<SocketAddr> {
-    let handle = ops::http::install_recorder(crate::metrics::LATENCY_BUCKETS);
-    crate::metrics::describe();
-    let (listener, bound) = ops::http::bind(addr)
-        .await
-        .with_context(|| format!("bind trainer metrics listener {addr}"))?;
-    let health = std::sync::Arc::new(ops::http::Health::default());
-    health.set_ready(true);
-    tokio::spawn(ops::http::serve(
-        listener,
-        handle,
-        health,
-        std::future::pending(),
-    ));
-    Ok(bound)
 }
 
 fn run_cli(cli: Cli) -> anyhow::Result<i32> {

@@ -7,8 +7,58 @@ use std::time::Duration;
 use clap::{Args, ValueEnum};
 use serde::{Deserialize, Serialize};
 
-use crate::model::{DenseOptimizer, DlrmConfig};
+use crate::model::{DenseOptimizer, DlrmConfig, ModelError};
 use protocol::{Encoding, InitSpec, OptimizerSpec, TableSpec};
+
+/// A trainer setting that cannot work, or a config file that cannot be read; each message names the setting
+/// or file and the value at fault.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// A numeric setting out of its range: "lr = NaN, expected a finite number > 0".
+    #[error("{name} = {value}, expected {expected}")]
+    OutOfRange {
+        /// The flag's name (kebab-case, as on the command line and in TOML).
+        name: &'static str,
+        /// The value given.
+        value: String,
+        /// What the setting accepts.
+        expected: &'static str,
+    },
+    /// A `--table-encoding` entry that does not parse or names an unknown table.
+    #[error("table-encoding {entry:?}: {problem}")]
+    TableEncoding {
+        /// The entry as given.
+        entry: String,
+        /// What is wrong with it.
+        problem: String,
+    },
+    /// The model's sizes or dense optimizer are invalid.
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    /// `--config` names a file that cannot be read.
+    #[error("read config {}: {source}", path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// `--config` names a file that is not valid TOML of [`ModelArgs`] fields.
+    #[error("parse config {}: {source}", path.display())]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// The cause, with the line and the field.
+        source: toml::de::Error,
+    },
+}
+
+impl ConfigError {
+    /// Whether the message contains `needle` (tests check that errors name what was wrong).
+    pub fn mentions(&self, needle: &str) -> bool {
+        self.to_string().contains(needle)
+    }
+}
 
 /// The optimizer of the embedding rows (applied on the servers); it also picks the dense optimizer's default.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Deserialize, Serialize)]
@@ -205,30 +255,35 @@ impl ModelArgs {
 
     /// Per-table pull and push encodings for `num_sparse` tables named `C1..`: `--pull-encoding` and
     /// `--push-encoding` (both defaulting to `--encoding`), then the `--table-encoding` overrides.
-    pub fn table_codecs(&self, num_sparse: usize) -> Result<crate::plan::TableCodecs, String> {
-        let mut codecs = crate::plan::TableCodecs::uniform(
+    pub fn table_codecs(
+        &self,
+        num_sparse: usize,
+    ) -> Result<crate::step::plan::TableCodecs, ConfigError> {
+        let mut codecs = crate::step::plan::TableCodecs::uniform(
             num_sparse,
             self.pull_encoding.unwrap_or(self.encoding),
             self.push_encoding.unwrap_or(self.encoding),
         );
         for entry in self.table_encoding.iter().filter(|e| !e.trim().is_empty()) {
-            let (name, value) = entry.split_once('=').ok_or_else(|| {
-                format!("table-encoding {entry:?}: expected NAME=ENC or NAME=PULL/PUSH")
-            })?;
+            let bad = |problem: String| ConfigError::TableEncoding {
+                entry: entry.clone(),
+                problem,
+            };
+            let (name, value) = entry
+                .split_once('=')
+                .ok_or_else(|| bad("expected NAME=ENC or NAME=PULL/PUSH".into()))?;
             let name = name.trim();
             let t = name
                 .strip_prefix('C')
                 .and_then(|n| n.parse::<usize>().ok())
                 .filter(|&n| (1..=num_sparse).contains(&n))
                 .ok_or_else(|| {
-                    format!("table-encoding {entry:?}: unknown table {name:?}, expected C1..C{num_sparse}")
+                    bad(format!(
+                        "unknown table {name:?}, expected C1..C{num_sparse}"
+                    ))
                 })?
                 - 1;
-            let parse = |v: &str| {
-                v.trim()
-                    .parse::<Encoding>()
-                    .map_err(|e| format!("table-encoding {entry:?}: {e}"))
-            };
+            let parse = |v: &str| v.trim().parse::<Encoding>().map_err(|e| bad(e.to_string()));
             let (pull, push) = match value.split_once('/') {
                 Some((a, b)) => (parse(a)?, parse(b)?),
                 None => (parse(value)?, parse(value)?),
@@ -246,13 +301,13 @@ impl ModelArgs {
     /// is on.
     pub fn residual_store(
         &self,
-        codecs: &crate::plan::TableCodecs,
-    ) -> Option<crate::feedback::ResidualStore> {
+        codecs: &crate::step::plan::TableCodecs,
+    ) -> Option<crate::step::feedback::ResidualStore> {
         let used = codecs.push.iter().any(|&e| codecs.feedback_for(e));
         (self.error_feedback != FeedbackMode::Off && used).then(|| {
-            crate::feedback::ResidualStore::new(
+            crate::step::feedback::ResidualStore::new(
                 self.emb_dim,
-                crate::feedback::FeedbackConfig {
+                crate::step::feedback::FeedbackConfig {
                     max_age_steps: self.residual_max_age,
                     max_rows: self.residual_max_rows,
                 },
@@ -275,42 +330,58 @@ impl Default for ModelArgs {
 
 impl ModelArgs {
     /// Checks the values that clap cannot.
-    pub fn validate(&self) -> Result<(), String> {
-        let positive = |name: &str, v: f32| {
-            if v.is_finite() && v > 0.0 {
-                Ok(())
-            } else {
-                Err(format!("{name} = {v}, expected a finite number > 0"))
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        fn check(
+            ok: bool,
+            name: &'static str,
+            value: impl ToString,
+            expected: &'static str,
+        ) -> Result<(), ConfigError> {
+            if ok {
+                return Ok(());
             }
-        };
+            let value = value.to_string();
+            Err(ConfigError::OutOfRange {
+                name,
+                value,
+                expected,
+            })
+        }
+        let positive =
+            |name, v: f32| check(v.is_finite() && v > 0.0, name, v, "a finite number > 0");
         positive("lr", self.dense_lr())?;
         positive("emb-lr", self.emb_lr())?;
-        if !(self.emb_init_scale.is_finite() && self.emb_init_scale >= 0.0) {
-            return Err(format!(
-                "emb-init-scale = {}, expected a finite number >= 0",
-                self.emb_init_scale
-            ));
+        let scale = self.emb_init_scale;
+        check(
+            scale.is_finite() && scale >= 0.0,
+            "emb-init-scale",
+            scale,
+            "a finite number >= 0",
+        )?;
+        for (name, v) in [
+            ("batch-size", self.batch_size),
+            ("eval-batch-size", self.eval_batch_size),
+        ] {
+            check(v > 0, name, v, "at least 1")?;
         }
-        if self.batch_size == 0 || self.eval_batch_size == 0 {
-            return Err("batch-size and eval-batch-size must be at least 1".into());
-        }
-        if !(self.progress_secs.is_finite() && self.progress_secs > 0.0) {
-            return Err(format!(
-                "progress-secs = {}, expected > 0",
-                self.progress_secs
-            ));
-        }
+        let secs = self.progress_secs;
+        check(
+            secs.is_finite() && secs > 0.0,
+            "progress-secs",
+            secs,
+            "a finite number > 0",
+        )?;
         self.table_codecs(self.dlrm().num_sparse)?;
-        if !(self.dense_push_fraction > 0.0 && self.dense_push_fraction <= 1.0) {
-            return Err(format!(
-                "dense-push-fraction = {}, expected a number in (0, 1]",
-                self.dense_push_fraction
-            ));
-        }
-        if self.residual_max_age == 0 {
-            return Err("residual-max-age = 0, expected at least 1".into());
-        }
-        self.dlrm().validate().map_err(|e| e.to_string())
+        let f = self.dense_push_fraction;
+        check(
+            f > 0.0 && f <= 1.0,
+            "dense-push-fraction",
+            f,
+            "a number in (0, 1]",
+        )?;
+        let age = self.residual_max_age;
+        check(age > 0, "residual-max-age", age, "at least 1")?;
+        Ok(self.dlrm().validate()?)
     }
 
     /// The dense model's sizes.
@@ -463,167 +534,16 @@ pub async fn resolve_servers(
 }
 
 /// Reads a TOML file of [`ModelArgs`] fields (kebab-case), for `--config`.
-pub fn load_model_file(path: &Path) -> Result<ModelArgs, String> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| format!("read config {}: {e}", path.display()))?;
-    toml::from_str(&text).map_err(|e| format!("parse config {}: {e}", path.display()))
+pub fn load_model_file(path: &Path) -> Result<ModelArgs, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        path: path.to_owned(),
+        source,
+    })?;
+    toml::from_str(&text).map_err(|source| ConfigError::Parse {
+        path: path.to_owned(),
+        source,
+    })
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn defaults_are_valid_and_match_the_issue() {
-        let m = ModelArgs::default();
-        m.validate().unwrap();
-        assert_eq!(m.dlrm().interaction_dim(), 367);
-        assert_eq!(m.table_specs(26).len(), 26);
-        assert_eq!(m.batch_size, 2048);
-        assert_eq!((m.staleness_bound(1), m.staleness_bound(2)), (2, 0));
-        let explicit: ModelArgs = toml::from_str("max-in-flight = 3").unwrap();
-        assert_eq!(
-            (explicit.staleness_bound(1), explicit.staleness_bound(4)),
-            (3, 3)
-        );
-        for bad in [0.0, -0.5, 1.5, f32::NAN] {
-            let m = ModelArgs {
-                dense_push_fraction: bad,
-                ..ModelArgs::default()
-            };
-            let err = m.validate().unwrap_err();
-            assert!(err.contains("dense-push-fraction"), "{bad}: {err}");
-        }
-    }
-
-    #[test]
-    fn bad_values_named() {
-        let m = ModelArgs {
-            lr: Some(f32::NAN),
-            ..ModelArgs::default()
-        };
-        assert!(m.validate().unwrap_err().contains("lr = NaN"));
-        let m = ModelArgs {
-            bottom_mlp: vec![512, 8],
-            ..ModelArgs::default()
-        };
-        assert!(m.validate().is_err());
-        let err = toml::from_str::<ModelArgs>("batch-sise = 3")
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("batch-sise"), "{err}");
-        let m: ModelArgs = toml::from_str("batch-size = 3\noptimizer = \"sgd\"").unwrap();
-        assert_eq!((m.batch_size, m.optimizer), (3, OptimizerKind::Sgd));
-    }
-
-    #[tokio::test]
-    async fn ps_entries_resolve_or_name_the_entry() {
-        let entries = vec!["127.0.0.1:7000".to_string(), "localhost:7001".to_string()];
-        let addrs = resolve_servers(&entries, Duration::ZERO).await.unwrap();
-        assert_eq!(addrs[0], "127.0.0.1:7000".parse().unwrap());
-        assert_eq!(addrs[1].port(), 7001);
-        assert!(addrs[1].ip().is_loopback());
-        for bad in ["no-such-host.invalid:7000", "localhost"] {
-            let err = resolve_servers(&[bad.to_string()], Duration::ZERO)
-                .await
-                .unwrap_err();
-            assert!(err.contains(bad), "{err}");
-        }
-    }
-
-    #[test]
-    fn per_table_encodings_parse_and_bad_entries_are_named() {
-        let m = ModelArgs {
-            pull_encoding: Some(Encoding::F16),
-            push_encoding: Some(Encoding::Int8),
-            table_encoding: vec!["C3=f32".into(), "C26=bf16/f16".into()],
-            ..ModelArgs::default()
-        };
-        m.validate().unwrap();
-        let c = m.table_codecs(26).unwrap();
-        assert_eq!((c.pull[0], c.push[0]), (Encoding::F16, Encoding::Int8));
-        assert_eq!((c.pull[2], c.push[2]), (Encoding::F32, Encoding::F32));
-        assert_eq!((c.pull[25], c.push[25]), (Encoding::Bf16, Encoding::F16));
-        assert!(m.residual_store(&c).is_some());
-        for (bad, named) in [
-            ("C27=f16", "C27"),
-            ("C3", "NAME=ENC"),
-            ("C3=f8", "f8"),
-            ("X1=f16", "X1"),
-        ] {
-            let m = ModelArgs {
-                table_encoding: vec![bad.into()],
-                ..ModelArgs::default()
-            };
-            let err = m.validate().unwrap_err();
-            assert!(err.contains(named), "{bad}: {err}");
-        }
-        let m: ModelArgs =
-            toml::from_str("push-encoding = \"int8\"\ntable-encoding = [\"C1=f32\"]").unwrap();
-        assert_eq!(m.table_codecs(26).unwrap().push[1], Encoding::Int8);
-        let off = ModelArgs {
-            encoding: Encoding::F32,
-            ..ModelArgs::default()
-        };
-        assert!(off.residual_store(&off.table_codecs(26).unwrap()).is_none());
-    }
-
-    #[test]
-    fn dense_precision_parses_and_the_k8s_model_config_picks_auto() {
-        assert_eq!(ModelArgs::default().dense_precision, DensePrecision::F32);
-        let k8s: ModelArgs = toml::from_str(include_str!("../../k8s/base/model.toml")).unwrap();
-        assert_eq!(k8s.dense_precision, DensePrecision::Auto);
-        for (text, want) in [("f32", DensePrecision::F32), ("bf16", DensePrecision::Bf16)] {
-            let m: ModelArgs = toml::from_str(&format!("dense-precision = \"{text}\"")).unwrap();
-            assert_eq!(m.dense_precision, want);
-        }
-        let err = toml::from_str::<ModelArgs>("dense-precision = \"fp8\"").unwrap_err();
-        assert!(err.to_string().contains("fp8"), "{err}");
-        assert_eq!(DensePrecision::F32.resolve(), crate::model::Precision::F32);
-        let auto = DensePrecision::Auto.resolve();
-        assert_eq!(
-            auto == crate::model::Precision::Bf16,
-            crate::model::bf16_available()
-        );
-    }
-
-    #[test]
-    fn error_feedback_auto_skips_f16_and_old_bool_configs_still_parse() {
-        let f16 = ModelArgs::default();
-        assert_eq!(f16.error_feedback, FeedbackMode::Auto);
-        let c = f16.table_codecs(26).unwrap();
-        assert!(!c.feedback_for(Encoding::F16) && c.feedback_for(Encoding::Int8));
-        assert!(f16.residual_store(&c).is_none(), "auto: no store for f16");
-        let mixed = ModelArgs {
-            table_encoding: vec!["C2=f16/int8".into()],
-            ..ModelArgs::default()
-        };
-        assert!(mixed
-            .residual_store(&mixed.table_codecs(26).unwrap())
-            .is_some());
-        for (text, mode) in [
-            ("error-feedback = true", FeedbackMode::On),
-            ("error-feedback = false", FeedbackMode::Off),
-            ("error-feedback = \"auto\"", FeedbackMode::Auto),
-            ("error-feedback = \"on\"", FeedbackMode::On),
-        ] {
-            let m: ModelArgs = toml::from_str(text).unwrap();
-            assert_eq!(m.error_feedback, mode, "{text}");
-        }
-        let on: ModelArgs = toml::from_str("error-feedback = true").unwrap();
-        let c = on.table_codecs(26).unwrap();
-        assert!(c.feedback_for(Encoding::F16) && on.residual_store(&c).is_some());
-        let err = toml::from_str::<ModelArgs>("error-feedback = \"maybe\"").unwrap_err();
-        assert!(err.to_string().contains("maybe"), "{err}");
-        use clap::Parser;
-        #[derive(Parser)]
-        struct Cli {
-            #[command(flatten)]
-            m: ModelArgs,
-        }
-        for (flag, mode) in [("true", FeedbackMode::On), ("false", FeedbackMode::Off)] {
-            let cli = Cli::parse_from(["x", "--error-feedback", flag]);
-            assert_eq!(cli.m.error_feedback, mode, "{flag}");
-        }
-    }
-}
+mod tests;

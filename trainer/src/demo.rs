@@ -128,10 +128,7 @@ fn generate(
 
 /// Runs the demo; returns the summary (already printed).
 pub fn run_demo(args: DemoArgs) -> anyhow::Result<Summary> {
-    args.model
-        .validate()
-        .map_err(anyhow::Error::msg)
-        .context("invalid model flags")?;
+    args.model.validate().context("invalid model flags")?;
     if args.servers == 0 {
         bail!("--servers 0: at least one parameter server is needed");
     }
@@ -200,7 +197,7 @@ pub fn run_demo(args: DemoArgs) -> anyhow::Result<Summary> {
         rank: 0,
         world: 1,
     };
-    let runtime = crate::cli::runtime()?;
+    let runtime = crate::run::runtime()?;
     let mut summary = if args.trainers > 1 || args.pin_trainers {
         let summary = multi::run(&args, &cluster_args, &inputs, &run_dir)?;
         runtime.block_on(async {
@@ -214,7 +211,7 @@ pub fn run_demo(args: DemoArgs) -> anyhow::Result<Summary> {
         })?
     } else {
         runtime.block_on(async {
-            let addr = crate::cli::serve_metrics(args.metrics_listen).await?;
+            let addr = crate::run::serve_metrics(args.metrics_listen).await?;
             eprintln!("  trainer: metrics http://{addr}/metrics");
             run::train_and_evaluate(&cluster_args, &args.model, &inputs, &args.job).await
         })?

@@ -3,12 +3,11 @@
 //!
 //! # Layout
 //! - [`criteo`]: Criteo TSV/CSV parsing, columnar shards, feature-id hashing, batched reading on its own thread.
-//! - [`plan`]: per-batch planning: dedup, routing, payloads, gather and gradient reduction (no I/O).
 //! - [`model`]: the DLRM dense model (MLPs, dot interaction, loss) and its optimizers.
-//! - [`pipeline`]: the parse and plan stages, each on its own thread behind a bounded queue.
-//! - [`train`]: the pipelined training and evaluation loops ([`train::Trainer`]): pull ahead, compute, push.
-//! - [`dense_sync`]: dense parameters on the parameter servers, for several trainers.
-//! - [`feedback`]: error feedback for lossy gradient pushes ([`feedback::ResidualStore`]): sender state.
+//! - [`step`]: the stages of one training step in data-path order: pipeline (parse, plan threads), plan,
+//!   exchange (pull), replay, push (with error feedback), dense sync.
+//! - [`train`]: the pipelined training and evaluation loops ([`train::Trainer`]) driving the step's stages:
+//!   pull ahead under the staleness gate, compute, push.
 //! - [`checkpoint`]: trainer checkpoints (dense parameters, optimizer state, data position, step).
 //! - [`eval`]: exact AUC and logloss.
 //! - [`run`]: one job end to end and its [`run::Summary`].
@@ -18,21 +17,17 @@
 //! - [`preprocess`]: `trainer preprocess`: text input into columnar shards.
 //! - [`cli`]: the binary's command line.
 
+#![warn(missing_docs)]
+
 pub mod checkpoint;
 pub mod cli;
 pub mod config;
 pub mod criteo;
 pub mod demo;
-pub mod dense_sync;
 pub mod eval;
-pub mod exchange;
-pub mod feedback;
 pub mod metrics;
 pub mod model;
-pub mod pipeline;
-pub mod plan;
 pub mod preprocess;
-pub mod push;
-pub mod replay;
 pub mod run;
+pub mod step;
 pub mod train;

@@ -1,6 +1,7 @@
 //! One training job end to end, shared by `trainer train` and `trainer demo`: connect, train one pass with
 //! progress lines, evaluate, and summarize.
 
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -344,5 +345,32 @@ pub fn oracle_auc(data: &Path, oracle: &Path) -> anyhow::Result<Option<f64>> {
 
 /// Loads model settings from a TOML file.
 pub fn load_model(path: &Path) -> anyhow::Result<ModelArgs> {
-    crate::config::load_model_file(path).map_err(anyhow::Error::msg)
+    Ok(crate::config::load_model_file(path)?)
+}
+
+/// The tokio runtime the trainer runs on.
+pub fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("trainer-io")
+        .build()
+        .context("start tokio runtime")
+}
+
+/// Installs the metrics recorder and serves /metrics on `addr`; returns the bound address.
+pub async fn serve_metrics(addr: SocketAddr) -> anyhow::Result<SocketAddr> {
+    let handle = ops::http::install_recorder(crate::metrics::LATENCY_BUCKETS);
+    crate::metrics::describe();
+    let (listener, bound) = ops::http::bind(addr)
+        .await
+        .with_context(|| format!("bind trainer metrics listener {addr}"))?;
+    let health = std::sync::Arc::new(ops::http::Health::default());
+    health.set_ready(true);
+    tokio::spawn(ops::http::serve(
+        listener,
+        handle,
+        health,
+        std::future::pending(),
+    ));
+    Ok(bound)
 }

@@ -8,7 +8,10 @@
 //! - [`pull`]: `Pull` (and the id sections every pull and push starts with, [`pull::IdSections`]).
 //! - [`pull_with_state`]: `PullWithState`, rows followed by their optimizer state.
 //! - [`push`]: `Push`, id sections followed by gradient rows.
+//! - [`dense`]: the dense table: a model's dense parameters as rows of one reserved table, pulled and pushed
+//!   with `Pull` and `Push`.
 
+pub mod dense;
 pub mod frame;
 pub mod ids;
 pub mod message;

@@ -16,6 +16,7 @@
 //! - [`columnar`]: the preprocessed shard format: [`columnar::write_shard`], and [`Shard`] to check and
 //!   decode one (sans-IO).
 //! - `source` (private): directory expansion, gzip/zstd/shard detection, line splitting without copies.
+//! - [`error`]: [`ReadError`], why reading failed.
 //! - [`reader`]: [`BatchReader`], parsing ahead on its own thread over a bounded channel, with the rank split
 //!   and the error budget; [`read_all`] for small evaluation sets.
 //!
@@ -34,6 +35,7 @@
 
 pub mod batch;
 pub mod columnar;
+pub mod error;
 pub mod ids;
 pub mod parse;
 pub mod reader;
@@ -41,10 +43,11 @@ mod source;
 
 pub use batch::Batch;
 pub use columnar::{ColumnarError, Shard};
+pub use error::ReadError;
 pub use ids::{decode_feature_id, feature_id};
 pub use parse::{
     parse_csv_line, parse_line, LineKind, ParseError, Row, TextFormat, NUM_DENSE, NUM_FIELDS,
     NUM_SPARSE,
 };
-pub use reader::{read_all, BatchReader, ReadError, ReadStats, ReaderConfig};
+pub use reader::{read_all, BatchReader, ReadStats, ReaderConfig};
 pub use source::input_files;

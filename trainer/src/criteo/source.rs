@@ -15,7 +15,7 @@ use memchr::memchr;
 use memmap2::Mmap;
 
 use super::columnar::{Shard, MAGIC};
-use super::reader::ReadError;
+use super::error::ReadError;
 
 /// Read buffer size, both for the file and for decompressed text.
 const BUF_SIZE: usize = 1 << 20;

@@ -1,7 +1,7 @@
 //! The training and evaluation loops against the parameter servers.
 //!
 //! Stages (DESIGN.md, "One training step"), each behind a bounded queue: parse (reader thread) -> plan (dedup
-//! ids per table, group by server; plan thread, [`crate::pipeline`]) -> pull (one request per server, in
+//! ids per table, group by server; plan thread, [`crate::step::pipeline`]) -> pull (one request per server, in
 //! parallel, up to `k` batches ahead of compute) -> compute (dense forward/backward and optimizer step) -> push
 //! (gradients summed per unique id, one request per server, not awaited).
 //!
@@ -11,7 +11,7 @@
 //! pulls of batches `t+1 ..= t+k` are in flight. `k = 0` is synchronous and deterministic: every push is
 //! acknowledged before the next pull is sent.
 //!
-//! With dense parameters on the servers (several trainers, [`crate::dense_sync`]), each batch's pull also
+//! With dense parameters on the servers (several trainers, [`crate::step::dense_sync`]), each batch's pull also
 //! fetches the dense parameters and its push carries the step's dense parameter change, under the same gate.
 //!
 //! Gradients are pushed loss-scaled: the model returns `d(mean loss)/d row`, which is multiplied by the batch
@@ -25,28 +25,26 @@ use std::time::Instant;
 
 use anyhow::{bail, Context};
 use protocol::{Encoding, PsClient, ShardMap};
-use tokio::task::JoinSet;
 
 use crate::checkpoint::{self as ckpt, Checkpoint, CheckpointMeta};
 use crate::config::ModelArgs;
 use crate::criteo::{Batch, BatchReader, ReaderConfig};
-use crate::dense_sync::DenseSync;
 use crate::eval::{EvalReport, Evaluator};
-use crate::exchange::pull_all;
 use crate::metrics as m;
 use crate::model::Dlrm;
-use crate::pipeline::PlanStage;
-use crate::plan::{Plan, TableCodecs};
-use crate::push::{PushEncoder, PushRecord, SharedResiduals};
-use crate::replay::Replayer;
+use crate::step::dense_sync::DenseSync;
+use crate::step::exchange::pull_all;
+use crate::step::plan::{Plan, TableCodecs};
+use crate::step::push::SharedResiduals;
+use crate::step::replay::Replayer;
 
-use report::tail_mean;
 pub use report::{Event, PassOptions, Progress, TrainReport};
 
+mod pass;
 mod report;
 mod stages;
 
-use stages::{drain, AckPrefix, PushResult, Stage};
+use stages::Stage;
 
 /// A DLRM trainer connected to a parameter-server cluster.
 pub struct Trainer {
@@ -83,7 +81,7 @@ impl Trainer {
     }
 
     /// Like [`new`](Self::new) for rank `rank` of `world`; with `dense_on_ps` the dense parameters live on the
-    /// servers ([`crate::dense_sync`]), which several trainers need.
+    /// servers ([`crate::step::dense_sync`]), which several trainers need.
     pub async fn with_ranks(
         client: Arc<PsClient>,
         args: ModelArgs,
@@ -91,9 +89,7 @@ impl Trainer {
         world: usize,
         dense_on_ps: bool,
     ) -> anyhow::Result<Trainer> {
-        args.validate()
-            .map_err(anyhow::Error::msg)
-            .context("invalid model config")?;
+        args.validate().context("invalid model config")?;
         let dlrm = args.dlrm();
         let mut model =
             Dlrm::new(dlrm.clone(), args.dense_optimizer(), args.seed).context("build DLRM")?;
@@ -102,9 +98,7 @@ impl Trainer {
             .set_precision(precision)
             .context("--dense-precision")?;
         tracing::info!(?precision, "dense precision");
-        let codecs = args
-            .table_codecs(dlrm.num_sparse)
-            .map_err(anyhow::Error::msg)?;
+        let codecs = args.table_codecs(dlrm.num_sparse)?;
         let residuals = Arc::new(std::sync::Mutex::new(args.residual_store(&codecs)));
         let mut specs = args.table_specs(dlrm.num_sparse);
         let replayer = args.replay_own_updates.then(|| Replayer::new(&specs));
@@ -189,7 +183,7 @@ impl Trainer {
     }
 
     /// Forward, backward and the dense optimizer step (also with dense parameters on the servers, which
-    /// receive the step's delta: [`crate::dense_sync`]); returns the loss.
+    /// receive the step's delta: [`crate::step::dense_sync`]); returns the loss.
     fn compute(&mut self, batch: &Batch) -> anyhow::Result<f32> {
         let b = batch.len;
         self.emb_grad.resize(self.emb.len(), 0.0);
@@ -207,173 +201,6 @@ impl Trainer {
             );
         }
         Ok(loss)
-    }
-
-    /// One pass over `reader_cfg`'s data (from the data position of a resumed checkpoint), with the periodic
-    /// work of `opts`; `on_event` hears progress, evaluations and checkpoints.
-    pub async fn train_pass(
-        &mut self,
-        reader_cfg: ReaderConfig,
-        opts: &PassOptions,
-        mut on_event: impl FnMut(Event),
-    ) -> anyhow::Result<TrainReport> {
-        let k = self.args.staleness_bound(self.world) as u64;
-        let reader = BatchReader::spawn(reader_cfg).context("open training data")?;
-        let mut stage_in = PlanStage::spawn(
-            reader,
-            self.args.emb_dim,
-            self.map,
-            k as usize + 1,
-            self.step,
-        )
-        .context("start the plan thread")?;
-        let encoder = PushEncoder::spawn(
-            self.codecs.clone(),
-            self.residuals.clone(),
-            stage_in.recycler(),
-        )
-        .context("start the push thread")?;
-        let (acks, acked_rx) = AckPrefix::new();
-        let mut pushes: JoinSet<PushResult> = JoinSet::new();
-        let mut ahead: VecDeque<Stage> = VecDeque::new();
-        // The last `k` pushes, for replay on the rows of batches pulled before them.
-        let mut in_flight: VecDeque<(u64, Arc<PushRecord>)> = VecDeque::new();
-        let mut issued = 0u64;
-        let mut exhausted = false;
-        let begin = Instant::now();
-        let mut paused = std::time::Duration::ZERO;
-        let (mut samples, mut batches, mut rejected) = (0u64, 0u64, 0u64);
-        let (mut window_loss, mut window_samples) = (0.0f64, 0u64);
-        let mut last_report = Instant::now();
-        let mut losses: Vec<(u64, f32)> = Vec::new();
-        let mut evals = Vec::new();
-        let at_limit = |step: u64| opts.max_steps > 0 && step >= opts.max_steps;
-
-        loop {
-            // Pull stage: keep the batch to compute next plus `k` more in flight.
-            while !exhausted
-                && (ahead.len() as u64) <= k
-                && !at_limit(self.step + ahead.len() as u64)
-            {
-                match tokio::task::block_in_place(|| stage_in.next_planned()) {
-                    None => exhausted = true,
-                    Some(planned) => {
-                        let p = planned.context("read training data")?;
-                        // The batch's step in the job decides whether it is still in the warm-up.
-                        let warm =
-                            self.step + ahead.len() as u64 >= self.args.staleness_warmup_steps;
-                        let gate = Some((acked_rx.clone(), issued, if warm { k } else { 0 }));
-                        ahead.push_back(self.start(p.batch, p.plan, gate));
-                        issued += 1;
-                    }
-                }
-            }
-            let Some(mut stage) = ahead.pop_front() else {
-                break;
-            };
-            self.receive(&mut stage, &in_flight).await?;
-            let loss = self.compute(&stage.batch)?;
-            let Stage {
-                batch, plan, index, ..
-            } = stage;
-            let b = batch.len;
-            let record = encoder.record(plan, &self.emb_grad, b as f32);
-            // With replay, the rows of a batch pulled before this push must not hold it: the push waits
-            // until every such pull is answered (crate::replay).
-            let waits: Vec<_> = match self.replayer {
-                Some(_) => ahead
-                    .iter()
-                    .filter(|s| s.replay && s.needed.is_some_and(|n| n <= index))
-                    .map(|s| s.replied.clone())
-                    .collect(),
-                None => Vec::new(),
-            };
-            let push = self.send_push(&encoder, record.clone(), waits);
-            if self.replayer.is_some() && k > 0 {
-                in_flight.push_back((index, record));
-                if in_flight.len() as u64 > k {
-                    in_flight.pop_front();
-                }
-            }
-            metrics::gauge!(m::PUSHES_IN_FLIGHT).increment(1.0);
-            let acks = acks.clone();
-            pushes.spawn(async move {
-                let r = push.await;
-                metrics::gauge!(m::PUSHES_IN_FLIGHT).decrement(1.0);
-                // Counted even when it failed, so no pull waits forever; the loop reports the failure.
-                acks.ack(index);
-                r
-            });
-            while let Some(r) = pushes.try_join_next() {
-                rejected += r.expect("push task panicked").context("push gradients")?.1;
-            }
-            self.step += 1;
-            self.samples += b as u64;
-            samples += b as u64;
-            batches += 1;
-            losses.push((b as u64, loss));
-            window_loss += loss as f64 * b as f64;
-            window_samples += b as u64;
-            metrics::counter!(m::SAMPLES_TOTAL).increment(b as u64);
-            metrics::gauge!(m::STEP).set(self.step as f64);
-            metrics::counter!(m::BATCHES_TOTAL).increment(1);
-            if last_report.elapsed() >= self.args.progress_interval() {
-                let secs = last_report.elapsed().as_secs_f64();
-                let p = Progress {
-                    samples,
-                    seconds: (begin.elapsed() - paused).as_secs_f64(),
-                    samples_per_sec: window_samples as f64 / secs,
-                    loss: window_loss / window_samples.max(1) as f64,
-                };
-                metrics::gauge!(m::SAMPLES_PER_SECOND).set(p.samples_per_sec);
-                metrics::gauge!(m::LOSS).set(p.loss);
-                on_event(Event::Progress(p));
-                last_report = Instant::now();
-                (window_loss, window_samples) = (0.0, 0);
-            }
-            let eval_now = opts.eval_every > 0 && self.step.is_multiple_of(opts.eval_every);
-            let ckpt_now =
-                opts.checkpoint_every > 0 && self.step.is_multiple_of(opts.checkpoint_every);
-            if let (true, Some(cfg)) = (eval_now, &opts.eval_data) {
-                let t = Instant::now();
-                let report = self.evaluate(cfg.clone()).await?;
-                evals.push((self.step, report));
-                on_event(Event::Eval {
-                    step: self.step,
-                    report,
-                });
-                paused += t.elapsed();
-                last_report = Instant::now();
-            }
-            if let (true, Some(dir)) = (ckpt_now, &opts.checkpoint_dir) {
-                let t = Instant::now();
-                rejected += drain(&mut pushes).await?;
-                on_event(self.checkpoint(dir).await?);
-                paused += t.elapsed();
-                last_report = Instant::now();
-            }
-        }
-        rejected += drain(&mut pushes).await?;
-        let seconds = (begin.elapsed() - paused).as_secs_f64();
-        drop(ahead);
-        drop(in_flight);
-        let read = stage_in.finish();
-        metrics::counter!(m::BAD_LINES_TOTAL).increment(read.bad_lines);
-        let just_written =
-            opts.checkpoint_every > 0 && self.step.is_multiple_of(opts.checkpoint_every);
-        if let (Some(dir), false) = (&opts.checkpoint_dir, just_written && batches > 0) {
-            on_event(self.checkpoint(dir).await?);
-        }
-        Ok(TrainReport {
-            samples,
-            batches,
-            seconds,
-            final_loss: tail_mean(&losses, samples / 10),
-            mean_loss: tail_mean(&losses, samples),
-            rejected_nonfinite: rejected,
-            read,
-            evals,
-        })
     }
 
     /// Writes this rank's checkpoint into `dir` (every push must be acknowledged); rank 0 also has the

@@ -13,11 +13,11 @@ use tokio::task::{JoinHandle, JoinSet};
 
 use super::Trainer;
 use crate::criteo::Batch;
-use crate::dense_sync::DenseSync;
-use crate::exchange::{pull_all, pull_parts, push_all, PartReplies, Replies};
 use crate::metrics as m;
-use crate::plan::Plan;
-use crate::push::{PushEncoder, PushRecord};
+use crate::step::dense_sync::DenseSync;
+use crate::step::exchange::{pull_all, pull_parts, push_all, PartReplies, Replies};
+use crate::step::plan::Plan;
+use crate::step::push::{PushEncoder, PushRecord};
 
 type PullResult = Result<(PartReplies, Option<Replies>), ProtocolError>;
 pub(super) type PushResult = anyhow::Result<(u64, u64)>;

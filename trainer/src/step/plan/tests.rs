@@ -135,8 +135,8 @@ fn per_table_encodings_split_requests_and_round_trip() {
                 .collect()
         })
         .collect();
-    let mut store = ResidualStore::new(2, crate::feedback::FeedbackConfig::default());
-    let mut scratch = crate::plan::PushScratch::default();
+    let mut store = ResidualStore::new(2, crate::step::feedback::FeedbackConfig::default());
+    let mut scratch = crate::step::plan::PushScratch::default();
     let pushes = plan.push_requests(&codecs, &grads, 8.0, Some(&mut store), &mut scratch);
     assert_eq!(pushes.len(), 4);
     let rows: usize = pushes

@@ -26,7 +26,7 @@ use embedding::optimizer::{self, Regularizer};
 use embedding::OptimizerConfig;
 use protocol::TableSpec;
 
-use crate::plan::Plan;
+use crate::step::plan::Plan;
 
 /// The optimizers of the embedding tables, to replay updates with.
 #[derive(Debug, Clone)]

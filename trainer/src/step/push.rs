@@ -5,7 +5,7 @@
 //! Jobs are encoded strictly in submission order (one thread, one FIFO queue), which error feedback needs: a
 //! row's residual from batch `t` must be added to its push of batch `t + 1`. The training loop sums the
 //! gradients per unique id itself ([`PushEncoder::record`]: it keeps the last few sums to replay on stale
-//! rows, [`crate::replay`]) and hands the shared [`PushRecord`] over; when the record is dropped the plan goes
+//! rows, [`crate::step::replay`]) and hands the shared [`PushRecord`] over; when the record is dropped the plan goes
 //! back to the plan stage and the gradient buffers to a pool, so steady state allocates neither.
 //!
 //! The residual store lives behind a mutex shared with the trainer, which locks it only between passes and
@@ -14,11 +14,11 @@
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
-use crate::feedback::ResidualStore;
+use crate::step::feedback::ResidualStore;
 use crossbeam_channel::{Receiver, Sender};
 use tokio::sync::oneshot;
 
-use crate::plan::{PartRequest, Plan, PushScratch, TableCodecs};
+use crate::step::plan::{PartRequest, Plan, PushScratch, TableCodecs};
 
 /// A batch's push, encoded.
 pub struct EncodedPush {
@@ -32,7 +32,7 @@ pub struct EncodedPush {
 
 /// A computed batch's push before encoding: its plan and its gradients summed per unique id. Shared between
 /// the encoder and the training loop, which keeps the last few to replay on stale pulled rows
-/// ([`crate::replay`]); when the last holder drops it, the plan goes back to the plan stage and the gradient
+/// ([`crate::step::replay`]); when the last holder drops it, the plan goes back to the plan stage and the gradient
 /// buffers back to the encoder's pool.
 pub struct PushRecord {
     /// The batch's plan.
@@ -153,7 +153,7 @@ impl Drop for PushEncoder {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::feedback::FeedbackConfig;
+    use crate::step::feedback::FeedbackConfig;
     use protocol::{Encoding, ShardMap};
 
     fn plan(ids: &[u64], tables: usize) -> Plan {

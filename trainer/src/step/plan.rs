@@ -7,7 +7,7 @@
 //!
 //! With per-table encodings ([`TableCodecs`]) a server gets one request per distinct encoding instead:
 //! [`Plan::pull_requests`] -> [`Plan::scatter_part`] per reply, and [`Plan::push_requests`], which also runs
-//! error feedback for lossy push encodings ([`crate::feedback`]).
+//! error feedback for lossy push encodings ([`crate::step::feedback`]).
 //!
 //! On the wire each table's ids are sorted and delta + varint coded as [`IdCoding::Unmixed`] sections (the
 //! feature ids are a splitmix64 mix, whose pre-images within a feature differ little: [`protocol::wire::ids`]);
@@ -16,60 +16,19 @@
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
-use crate::feedback::ResidualStore;
+use crate::step::feedback::ResidualStore;
 use protocol::compression::codec;
 use protocol::wire::ids::IdCoding;
 use protocol::wire::pull::IdSections;
 use protocol::wire::pull_with_state::get_state;
 use protocol::{Encoding, ProtocolError, ShardMap, TableCount};
 
+mod codecs;
+
+pub use codecs::TableCodecs;
+
 /// How ids travel (see the module docs).
 const ID_CODING: IdCoding = IdCoding::Unmixed;
-
-/// Row encodings per table: of pulled rows and of pushed gradients.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TableCodecs {
-    /// `pull[t]`: encoding of table `t`'s pulled rows.
-    pub pull: Vec<Encoding>,
-    /// `push[t]`: encoding of table `t`'s pushed gradients.
-    pub push: Vec<Encoding>,
-    /// Push encodings sent without error feedback even when a residual store is given.
-    pub no_feedback: Vec<Encoding>,
-}
-
-impl TableCodecs {
-    /// The same encodings for `tables` tables.
-    pub fn uniform(tables: usize, pull: Encoding, push: Encoding) -> TableCodecs {
-        TableCodecs {
-            pull: vec![pull; tables],
-            push: vec![push; tables],
-            no_feedback: Vec::new(),
-        }
-    }
-
-    fn get(list: &[Encoding], t: usize) -> Encoding {
-        list.get(t)
-            .or(list.last())
-            .copied()
-            .unwrap_or(Encoding::F32)
-    }
-
-    /// Pull encoding of table `t` (the last entry for tables past the list).
-    pub fn pull_of(&self, t: usize) -> Encoding {
-        Self::get(&self.pull, t)
-    }
-
-    /// Push encoding of table `t` (the last entry for tables past the list).
-    pub fn push_of(&self, t: usize) -> Encoding {
-        Self::get(&self.push, t)
-    }
-
-    /// Whether pushes in `encoding` carry error feedback (given a residual store): lossy and not listed in
-    /// `no_feedback`.
-    pub fn feedback_for(&self, encoding: Encoding) -> bool {
-        encoding.is_lossy() && !self.no_feedback.contains(&encoding)
-    }
-}
 
 /// One request of a batch for one server: the tables of one encoding.
 #[derive(Debug, Clone)]
@@ -116,7 +75,7 @@ pub struct Plan {
     /// `by_server[s][t]`: positions in `unique[t]` owned by server `s`, in wire order.
     by_server: Vec<Vec<Vec<u32>>>,
     /// `keys[s][t][k]`: the wire-order key of `unique[t][by_server[s][t][k]]` (ascending), which lets two
-    /// plans find their common ids by merging ([`crate::replay`]).
+    /// plans find their common ids by merging ([`crate::step::replay`]).
     keys: Vec<Vec<Vec<u64>>>,
     seen: IdMap,
     /// The parts of the last [`Plan::pull_requests`]: (server, encoding, counts).
@@ -605,5 +564,4 @@ impl Plan {
 }
 
 #[cfg(test)]
-#[path = "plan_tests.rs"]
 mod tests;

@@ -13,7 +13,7 @@ use crossbeam_channel::{Receiver, Sender};
 use protocol::ShardMap;
 
 use crate::criteo::{Batch, BatchReader, ReadError, ReadStats};
-use crate::plan::Plan;
+use crate::step::plan::Plan;
 
 /// A parsed and planned batch.
 pub struct Planned {

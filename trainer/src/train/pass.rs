@@ -1,0 +1,309 @@
+//! One training pass ([`Trainer::train_pass`]), in the steps of its loop: fill the pull window, receive a
+//! batch's rows and compute it, send its push, count it, and the periodic work (progress lines, evaluations,
+//! checkpoints).
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+use super::report::tail_mean;
+use super::stages::{drain, AckPrefix, PushResult, Stage};
+use super::{Event, PassOptions, Progress, TrainReport, Trainer};
+use crate::criteo::{BatchReader, ReaderConfig};
+use crate::eval::EvalReport;
+use crate::metrics as m;
+use crate::step::pipeline::PlanStage;
+use crate::step::push::{PushEncoder, PushRecord};
+
+/// The batches of a pass on their way: the stage threads, the pull window and the pushes in flight.
+struct Window {
+    stage_in: PlanStage,
+    encoder: PushEncoder,
+    acks: Arc<AckPrefix>,
+    acked_rx: watch::Receiver<u64>,
+    pushes: JoinSet<PushResult>,
+    /// Batches whose pulls are in flight, the next to compute first.
+    ahead: VecDeque<Stage>,
+    /// The last `k` pushes, for replay on the rows of batches pulled before them.
+    in_flight: VecDeque<(u64, Arc<PushRecord>)>,
+    /// Batches of the pass whose pulls were sent.
+    issued: u64,
+    /// The data ran out.
+    exhausted: bool,
+    /// The staleness bound.
+    k: u64,
+}
+
+impl Window {
+    /// Collects the pushes that finished; returns how many gradient values the servers rejected.
+    fn reap(&mut self) -> anyhow::Result<u64> {
+        let mut rejected = 0;
+        while let Some(r) = self.pushes.try_join_next() {
+            rejected += r.expect("push task panicked").context("push gradients")?.1;
+        }
+        Ok(rejected)
+    }
+}
+
+/// What a pass has done so far, for its progress lines and its report.
+struct Tally {
+    begin: Instant,
+    /// Time spent in evaluations and checkpoints, left out of the pass's seconds.
+    paused: Duration,
+    samples: u64,
+    batches: u64,
+    rejected: u64,
+    /// Loss sum and samples since the last progress line.
+    window_loss: f64,
+    window_samples: u64,
+    last_report: Instant,
+    losses: Vec<(u64, f32)>,
+    evals: Vec<(u64, EvalReport)>,
+}
+
+impl Tally {
+    fn new() -> Tally {
+        Tally {
+            begin: Instant::now(),
+            paused: Duration::ZERO,
+            samples: 0,
+            batches: 0,
+            rejected: 0,
+            window_loss: 0.0,
+            window_samples: 0,
+            last_report: Instant::now(),
+            losses: Vec::new(),
+            evals: Vec::new(),
+        }
+    }
+}
+
+impl Trainer {
+    /// One pass over `reader_cfg`'s data (from the data position of a resumed checkpoint), with the periodic
+    /// work of `opts`; `on_event` hears progress, evaluations and checkpoints.
+    pub async fn train_pass(
+        &mut self,
+        reader_cfg: ReaderConfig,
+        opts: &PassOptions,
+        mut on_event: impl FnMut(Event),
+    ) -> anyhow::Result<TrainReport> {
+        let mut w = self.open_window(reader_cfg)?;
+        let mut tally = Tally::new();
+        loop {
+            self.fill(&mut w, opts)?;
+            let Some(stage) = w.ahead.pop_front() else {
+                break;
+            };
+            let (b, loss) = self.train_batch(&mut w, stage).await?;
+            tally.rejected += w.reap()?;
+            self.count(&mut tally, b, loss, &mut on_event);
+            self.periodic(&mut w, &mut tally, opts, &mut on_event)
+                .await?;
+        }
+        self.finish_pass(w, tally, opts, &mut on_event).await
+    }
+
+    /// Starts the pass's parse, plan and push-encoder threads.
+    fn open_window(&mut self, reader_cfg: ReaderConfig) -> anyhow::Result<Window> {
+        let k = self.args.staleness_bound(self.world) as u64;
+        let reader = BatchReader::spawn(reader_cfg).context("open training data")?;
+        let stage_in = PlanStage::spawn(
+            reader,
+            self.args.emb_dim,
+            self.map,
+            k as usize + 1,
+            self.step,
+        )
+        .context("start the plan thread")?;
+        let encoder = PushEncoder::spawn(
+            self.codecs.clone(),
+            self.residuals.clone(),
+            stage_in.recycler(),
+        )
+        .context("start the push thread")?;
+        let (acks, acked_rx) = AckPrefix::new();
+        Ok(Window {
+            stage_in,
+            encoder,
+            acks,
+            acked_rx,
+            pushes: JoinSet::new(),
+            ahead: VecDeque::new(),
+            in_flight: VecDeque::new(),
+            issued: 0,
+            exhausted: false,
+            k,
+        })
+    }
+
+    /// The pull stage: keeps the batch to compute next plus `k` more in flight (fewer at the end of the data
+    /// or at `opts.max_steps`).
+    fn fill(&mut self, w: &mut Window, opts: &PassOptions) -> anyhow::Result<()> {
+        let at_limit = |step: u64| opts.max_steps > 0 && step >= opts.max_steps;
+        while !w.exhausted
+            && (w.ahead.len() as u64) <= w.k
+            && !at_limit(self.step + w.ahead.len() as u64)
+        {
+            match tokio::task::block_in_place(|| w.stage_in.next_planned()) {
+                None => w.exhausted = true,
+                Some(planned) => {
+                    let p = planned.context("read training data")?;
+                    // The batch's step in the job decides whether it is still in the warm-up.
+                    let warm = self.step + w.ahead.len() as u64 >= self.args.staleness_warmup_steps;
+                    let gate = Some((w.acked_rx.clone(), w.issued, if warm { w.k } else { 0 }));
+                    let stage = self.start(p.batch, p.plan, gate);
+                    w.ahead.push_back(stage);
+                    w.issued += 1;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Receives a batch's rows, computes it and sends its push (not awaited); returns its size and loss.
+    async fn train_batch(
+        &mut self,
+        w: &mut Window,
+        mut stage: Stage,
+    ) -> anyhow::Result<(usize, f32)> {
+        self.receive(&mut stage, &w.in_flight).await?;
+        let loss = self.compute(&stage.batch)?;
+        let Stage {
+            batch, plan, index, ..
+        } = stage;
+        let b = batch.len;
+        let record = w.encoder.record(plan, &self.emb_grad, b as f32);
+        // With replay, the rows of a batch pulled before this push must not hold it: the push waits
+        // until every such pull is answered (crate::step::replay).
+        let waits: Vec<_> = match self.replayer {
+            Some(_) => w
+                .ahead
+                .iter()
+                .filter(|s| s.replay && s.needed.is_some_and(|n| n <= index))
+                .map(|s| s.replied.clone())
+                .collect(),
+            None => Vec::new(),
+        };
+        let push = self.send_push(&w.encoder, record.clone(), waits);
+        if self.replayer.is_some() && w.k > 0 {
+            w.in_flight.push_back((index, record));
+            if w.in_flight.len() as u64 > w.k {
+                w.in_flight.pop_front();
+            }
+        }
+        metrics::gauge!(m::PUSHES_IN_FLIGHT).increment(1.0);
+        let acks = w.acks.clone();
+        w.pushes.spawn(async move {
+            let r = push.await;
+            metrics::gauge!(m::PUSHES_IN_FLIGHT).decrement(1.0);
+            // Counted even when it failed, so no pull waits forever; the loop reports the failure.
+            acks.ack(index);
+            r
+        });
+        Ok((b, loss))
+    }
+
+    /// Counts a trained batch, and reports progress once per `--progress-secs`.
+    fn count(&mut self, t: &mut Tally, b: usize, loss: f32, on_event: &mut impl FnMut(Event)) {
+        self.step += 1;
+        self.samples += b as u64;
+        t.samples += b as u64;
+        t.batches += 1;
+        t.losses.push((b as u64, loss));
+        t.window_loss += loss as f64 * b as f64;
+        t.window_samples += b as u64;
+        metrics::counter!(m::SAMPLES_TOTAL).increment(b as u64);
+        metrics::gauge!(m::STEP).set(self.step as f64);
+        metrics::counter!(m::BATCHES_TOTAL).increment(1);
+        if t.last_report.elapsed() >= self.args.progress_interval() {
+            let secs = t.last_report.elapsed().as_secs_f64();
+            let p = Progress {
+                samples: t.samples,
+                seconds: (t.begin.elapsed() - t.paused).as_secs_f64(),
+                samples_per_sec: t.window_samples as f64 / secs,
+                loss: t.window_loss / t.window_samples.max(1) as f64,
+            };
+            metrics::gauge!(m::SAMPLES_PER_SECOND).set(p.samples_per_sec);
+            metrics::gauge!(m::LOSS).set(p.loss);
+            on_event(Event::Progress(p));
+            t.last_report = Instant::now();
+            (t.window_loss, t.window_samples) = (0.0, 0);
+        }
+    }
+
+    /// The evaluation and checkpoint due at this step, if any (their time is left out of the pass's).
+    async fn periodic(
+        &mut self,
+        w: &mut Window,
+        t: &mut Tally,
+        opts: &PassOptions,
+        on_event: &mut impl FnMut(Event),
+    ) -> anyhow::Result<()> {
+        let eval_now = opts.eval_every > 0 && self.step.is_multiple_of(opts.eval_every);
+        let ckpt_now = opts.checkpoint_every > 0 && self.step.is_multiple_of(opts.checkpoint_every);
+        if let (true, Some(cfg)) = (eval_now, &opts.eval_data) {
+            let started = Instant::now();
+            let report = self.evaluate(cfg.clone()).await?;
+            t.evals.push((self.step, report));
+            on_event(Event::Eval {
+                step: self.step,
+                report,
+            });
+            t.paused += started.elapsed();
+            t.last_report = Instant::now();
+        }
+        if let (true, Some(dir)) = (ckpt_now, &opts.checkpoint_dir) {
+            let started = Instant::now();
+            t.rejected += drain(&mut w.pushes).await?;
+            on_event(self.checkpoint(dir).await?);
+            t.paused += started.elapsed();
+            t.last_report = Instant::now();
+        }
+        Ok(())
+    }
+
+    /// Waits for the last pushes, stops the stage threads, writes the final checkpoint (unless this step's
+    /// periodic one was just written) and reports the pass.
+    async fn finish_pass(
+        &mut self,
+        w: Window,
+        t: Tally,
+        opts: &PassOptions,
+        on_event: &mut impl FnMut(Event),
+    ) -> anyhow::Result<TrainReport> {
+        let Window {
+            stage_in,
+            encoder,
+            mut pushes,
+            ahead,
+            in_flight,
+            ..
+        } = w;
+        let rejected = t.rejected + drain(&mut pushes).await?;
+        let seconds = (t.begin.elapsed() - t.paused).as_secs_f64();
+        drop(ahead);
+        drop(in_flight);
+        let read = stage_in.finish();
+        metrics::counter!(m::BAD_LINES_TOTAL).increment(read.bad_lines);
+        let just_written =
+            opts.checkpoint_every > 0 && self.step.is_multiple_of(opts.checkpoint_every);
+        if let (Some(dir), false) = (&opts.checkpoint_dir, just_written && t.batches > 0) {
+            on_event(self.checkpoint(dir).await?);
+        }
+        drop(encoder);
+        Ok(TrainReport {
+            samples: t.samples,
+            batches: t.batches,
+            seconds,
+            final_loss: tail_mean(&t.losses, t.samples / 10),
+            mean_loss: tail_mean(&t.losses, t.samples),
+            rejected_nonfinite: rejected,
+            read,
+            evals: t.evals,
+        })
+    }
+}
