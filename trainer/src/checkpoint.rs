@@ -51,6 +51,15 @@ pub enum CheckpointError {
         /// What differs.
         reason: String,
     },
+    /// The checkpoint directory's path is not UTF-8, so it cannot be sent to the servers.
+    #[error("checkpoint directory {} is not UTF-8", path.display())]
+    NotUtf8 {
+        /// The directory.
+        path: PathBuf,
+    },
+    /// A server failed to snapshot its tables.
+    #[error("snapshot the parameter servers: {0}")]
+    PsSnapshot(#[source] protocol::ProtocolError),
 }
 
 /// What a checkpoint records besides the tensors.
@@ -103,16 +112,22 @@ pub struct Checkpoint {
 /// `dir/ps.tmp` (`dir` made absolute: the servers resolve it on their own file system, which must be the
 /// trainer's or shared storage). [`commit_ps_snapshot`] then moves it to `dir/ps`. Every push must be
 /// acknowledged before the call for the snapshot to hold exactly `step` batches.
-pub async fn ps_snapshot(client: &protocol::PsClient, dir: &Path, step: u64) -> anyhow::Result<()> {
-    use anyhow::Context;
+pub async fn ps_snapshot(
+    client: &protocol::PsClient,
+    dir: &Path,
+    step: u64,
+) -> Result<(), CheckpointError> {
     std::fs::create_dir_all(dir).map_err(io(dir))?;
     let dir = dir.canonicalize().map_err(io(dir))?;
     let tmp = dir.join(format!("{PS_SNAPSHOT_DIR}.tmp"));
     remove_dir_if_present(&tmp)?;
     let target = tmp
         .to_str()
-        .with_context(|| format!("checkpoint directory {} is not UTF-8", tmp.display()))?;
-    client.checkpoint(target, step).await?;
+        .ok_or_else(|| CheckpointError::NotUtf8 { path: tmp.clone() })?;
+    client
+        .checkpoint(target, step)
+        .await
+        .map_err(CheckpointError::PsSnapshot)?;
     Ok(())
 }
 

@@ -23,7 +23,6 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Instant;
 
-use anyhow::{bail, Context};
 use protocol::{Encoding, PsClient, ShardMap};
 
 use crate::checkpoint::{self as ckpt, Checkpoint, CheckpointMeta};
@@ -38,8 +37,10 @@ use crate::step::plan::{Plan, TableCodecs};
 use crate::step::push::SharedResiduals;
 use crate::step::replay::Replayer;
 
+pub use error::{Result, TrainError};
 pub use report::{Event, PassOptions, Progress, TrainReport};
 
+mod error;
 mod pass;
 mod report;
 mod stages;
@@ -76,7 +77,7 @@ pub struct Trainer {
 impl Trainer {
     /// Registers the embedding tables on every server and builds the dense model (rank 0 of 1, dense
     /// parameters on the trainer).
-    pub async fn new(client: Arc<PsClient>, args: ModelArgs) -> anyhow::Result<Trainer> {
+    pub async fn new(client: Arc<PsClient>, args: ModelArgs) -> Result<Trainer> {
         Self::with_ranks(client, args, 0, 1, false).await
     }
 
@@ -88,15 +89,15 @@ impl Trainer {
         rank: usize,
         world: usize,
         dense_on_ps: bool,
-    ) -> anyhow::Result<Trainer> {
-        args.validate().context("invalid model config")?;
+    ) -> Result<Trainer> {
+        args.validate()?;
         let dlrm = args.dlrm();
-        let mut model =
-            Dlrm::new(dlrm.clone(), args.dense_optimizer(), args.seed).context("build DLRM")?;
+        let mut model = Dlrm::new(dlrm.clone(), args.dense_optimizer(), args.seed)
+            .map_err(TrainError::model("build DLRM"))?;
         let precision = args.dense_precision.resolve();
         model
             .set_precision(precision)
-            .context("--dense-precision")?;
+            .map_err(TrainError::model("--dense-precision"))?;
         tracing::info!(?precision, "dense precision");
         let codecs = args.table_codecs(dlrm.num_sparse)?;
         let residuals = Arc::new(std::sync::Mutex::new(args.residual_store(&codecs)));
@@ -110,7 +111,7 @@ impl Trainer {
         client
             .register_tables(&specs)
             .await
-            .context("register embedding tables")?;
+            .map_err(TrainError::servers("register embedding tables"))?;
         Ok(Trainer {
             map,
             client,
@@ -144,18 +145,18 @@ impl Trainer {
 
     /// Restores the checkpoint of this rank from `dir`: dense parameters and optimizer state, step and data
     /// position. The servers must hold the matching state (still running, or restored from `dir/ps`).
-    pub fn resume(&mut self, dir: &std::path::Path) -> anyhow::Result<CheckpointMeta> {
+    pub fn resume(&mut self, dir: &std::path::Path) -> Result<CheckpointMeta> {
         let ckpt = Checkpoint::read(dir, self.rank)?;
         ckpt.check_job(dir, self.rank, self.world, self.args.batch_size)?;
         ckpt.restore_into(&mut self.model, dir)?;
         let mut residuals = self.residuals.lock().unwrap_or_else(|p| p.into_inner());
         match (residuals.as_mut(), ckpt.residuals.is_empty()) {
-            (Some(store), false) => store.import(&ckpt.residuals).with_context(|| {
-                format!(
-                    "error-feedback residuals in {}",
-                    ckpt::file_path(dir, self.rank).display()
-                )
-            })?,
+            (Some(store), false) => store
+                .import(&ckpt.residuals)
+                .map_err(|source| TrainError::Residuals {
+                    path: ckpt::file_path(dir, self.rank),
+                    source,
+                })?,
             (None, false) => tracing::warn!(
                 "the checkpoint holds error-feedback residuals but error feedback is off: they are dropped"
             ),
@@ -171,20 +172,20 @@ impl Trainer {
     }
 
     /// Pulls the dense parameters from the servers now (with dense parameters on the servers; else a no-op).
-    pub async fn refresh_dense(&mut self) -> anyhow::Result<()> {
+    pub async fn refresh_dense(&mut self) -> Result<()> {
         let Some(dense) = &mut self.dense else {
             return Ok(());
         };
         let replies = pull_all(&self.client, Encoding::F32, dense.pull_requests())
             .await
-            .context("pull dense parameters")?;
+            .map_err(TrainError::servers("pull dense parameters"))?;
         dense.apply_pulled(&replies, &mut self.model)?;
         Ok(())
     }
 
     /// Forward, backward and the dense optimizer step (also with dense parameters on the servers, which
     /// receive the step's delta: [`crate::step::dense_sync`]); returns the loss.
-    fn compute(&mut self, batch: &Batch) -> anyhow::Result<f32> {
+    fn compute(&mut self, batch: &Batch) -> Result<f32> {
         let b = batch.len;
         self.emb_grad.resize(self.emb.len(), 0.0);
         let started = Instant::now();
@@ -192,28 +193,26 @@ impl Trainer {
         let loss = tokio::task::block_in_place(|| {
             model.train_step(b, &batch.dense, emb, &batch.labels, emb_grad)
         })
-        .context("train step")?;
+        .map_err(TrainError::model("train step"))?;
         metrics::histogram!(m::COMPUTE_SECONDS).record(started.elapsed().as_secs_f64());
         if !loss.is_finite() {
-            bail!(
-                "training loss became {loss} at step {}: lower --lr",
-                self.step
-            );
+            return Err(TrainError::NonFiniteLoss {
+                loss,
+                step: self.step,
+            });
         }
         Ok(loss)
     }
 
     /// Writes this rank's checkpoint into `dir` (every push must be acknowledged); rank 0 also has the
     /// servers snapshot their tables into `dir/ps`.
-    async fn checkpoint(&mut self, dir: &std::path::Path) -> anyhow::Result<Event> {
+    async fn checkpoint(&mut self, dir: &std::path::Path) -> Result<Event> {
         let started = Instant::now();
         // Rank 0 snapshots the servers (the cut is exact with one trainer in synchronous mode: every push
         // of this rank is acknowledged; other ranks' pushes may straddle it).
         let ps_snapshot = self.rank == 0;
         if ps_snapshot {
-            ckpt::ps_snapshot(&self.client, dir, self.step)
-                .await
-                .context("snapshot the parameter servers")?;
+            ckpt::ps_snapshot(&self.client, dir, self.step).await?;
             tokio::task::block_in_place(|| ckpt::commit_ps_snapshot(dir))?;
         }
         let meta = CheckpointMeta {
@@ -247,7 +246,7 @@ impl Trainer {
             if ps_snapshot {
                 ckpt::finish_ps_snapshot(&dir2)?;
             }
-            anyhow::Ok(path)
+            Ok::<_, TrainError>(path)
         })?;
         metrics::counter!(m::CHECKPOINTS_TOTAL).increment(1);
         metrics::histogram!(m::CHECKPOINT_SECONDS).record(started.elapsed().as_secs_f64());
@@ -260,8 +259,9 @@ impl Trainer {
 
     /// Predicts every row of `reader_cfg`'s data (pulling rows, pushing nothing) and scores the predictions;
     /// exports AUC, logloss and calibration as metrics.
-    pub async fn evaluate(&mut self, reader_cfg: ReaderConfig) -> anyhow::Result<EvalReport> {
-        let mut reader = BatchReader::spawn(reader_cfg).context("open test data")?;
+    pub async fn evaluate(&mut self, reader_cfg: ReaderConfig) -> Result<EvalReport> {
+        let mut reader =
+            BatchReader::spawn(reader_cfg).map_err(TrainError::data("open test data"))?;
         let mut evaluator = Evaluator::new();
         let mut next = self.next_eval_stage(&mut reader)?;
         while let Some(mut stage) = next.take() {
@@ -270,7 +270,7 @@ impl Trainer {
             let b = stage.batch.len;
             let (model, emb, batch) = (&mut self.model, &self.emb, &stage.batch);
             let probs = tokio::task::block_in_place(|| model.predict(b, &batch.dense, emb))
-                .context("predict")?;
+                .map_err(TrainError::model("predict"))?;
             evaluator.push(probs, &batch.labels);
             self.free_plans.push(stage.plan);
         }
@@ -279,12 +279,12 @@ impl Trainer {
         Ok(report)
     }
 
-    fn next_eval_stage(&mut self, reader: &mut BatchReader) -> anyhow::Result<Option<Stage>> {
+    fn next_eval_stage(&mut self, reader: &mut BatchReader) -> Result<Option<Stage>> {
         let batch = match tokio::task::block_in_place(|| reader.next()) {
             None => return Ok(None),
             Some(Ok(b)) if b.len == 0 => return Ok(None),
             Some(Ok(b)) => b,
-            Some(Err(e)) => return Err(e).context("read test data"),
+            Some(Err(e)) => return Err(TrainError::data("read test data")(e)),
         };
         let mut plan = self.free_plans.pop().unwrap_or_default();
         plan.build(&batch.sparse, self.args.emb_dim, &self.map);

@@ -6,13 +6,12 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::Context;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 use super::report::tail_mean;
 use super::stages::{drain, AckPrefix, PushResult, Stage};
-use super::{Event, PassOptions, Progress, TrainReport, Trainer};
+use super::{Event, PassOptions, Progress, Result, TrainError, TrainReport, Trainer};
 use crate::criteo::{BatchReader, ReaderConfig};
 use crate::eval::EvalReport;
 use crate::metrics as m;
@@ -40,10 +39,10 @@ struct Window {
 
 impl Window {
     /// Collects the pushes that finished; returns how many gradient values the servers rejected.
-    fn reap(&mut self) -> anyhow::Result<u64> {
+    fn reap(&mut self) -> Result<u64> {
         let mut rejected = 0;
         while let Some(r) = self.pushes.try_join_next() {
-            rejected += r.expect("push task panicked").context("push gradients")?.1;
+            rejected += r.map_err(|_| TrainError::Stopped("push task"))??.1;
         }
         Ok(rejected)
     }
@@ -90,7 +89,7 @@ impl Trainer {
         reader_cfg: ReaderConfig,
         opts: &PassOptions,
         mut on_event: impl FnMut(Event),
-    ) -> anyhow::Result<TrainReport> {
+    ) -> Result<TrainReport> {
         let mut w = self.open_window(reader_cfg)?;
         let mut tally = Tally::new();
         loop {
@@ -108,9 +107,10 @@ impl Trainer {
     }
 
     /// Starts the pass's parse, plan and push-encoder threads.
-    fn open_window(&mut self, reader_cfg: ReaderConfig) -> anyhow::Result<Window> {
+    fn open_window(&mut self, reader_cfg: ReaderConfig) -> Result<Window> {
         let k = self.args.staleness_bound(self.world) as u64;
-        let reader = BatchReader::spawn(reader_cfg).context("open training data")?;
+        let reader =
+            BatchReader::spawn(reader_cfg).map_err(TrainError::data("open training data"))?;
         let stage_in = PlanStage::spawn(
             reader,
             self.args.emb_dim,
@@ -118,13 +118,13 @@ impl Trainer {
             k as usize + 1,
             self.step,
         )
-        .context("start the plan thread")?;
+        .map_err(TrainError::thread("plan"))?;
         let encoder = PushEncoder::spawn(
             self.codecs.clone(),
             self.residuals.clone(),
             stage_in.recycler(),
         )
-        .context("start the push thread")?;
+        .map_err(TrainError::thread("push"))?;
         let (acks, acked_rx) = AckPrefix::new();
         Ok(Window {
             stage_in,
@@ -142,7 +142,7 @@ impl Trainer {
 
     /// The pull stage: keeps the batch to compute next plus `k` more in flight (fewer at the end of the data
     /// or at `opts.max_steps`).
-    fn fill(&mut self, w: &mut Window, opts: &PassOptions) -> anyhow::Result<()> {
+    fn fill(&mut self, w: &mut Window, opts: &PassOptions) -> Result<()> {
         let at_limit = |step: u64| opts.max_steps > 0 && step >= opts.max_steps;
         while !w.exhausted
             && (w.ahead.len() as u64) <= w.k
@@ -151,7 +151,7 @@ impl Trainer {
             match tokio::task::block_in_place(|| w.stage_in.next_planned()) {
                 None => w.exhausted = true,
                 Some(planned) => {
-                    let p = planned.context("read training data")?;
+                    let p = planned.map_err(TrainError::data("read training data"))?;
                     // The batch's step in the job decides whether it is still in the warm-up.
                     let warm = self.step + w.ahead.len() as u64 >= self.args.staleness_warmup_steps;
                     let gate = Some((w.acked_rx.clone(), w.issued, if warm { w.k } else { 0 }));
@@ -165,11 +165,7 @@ impl Trainer {
     }
 
     /// Receives a batch's rows, computes it and sends its push (not awaited); returns its size and loss.
-    async fn train_batch(
-        &mut self,
-        w: &mut Window,
-        mut stage: Stage,
-    ) -> anyhow::Result<(usize, f32)> {
+    async fn train_batch(&mut self, w: &mut Window, mut stage: Stage) -> Result<(usize, f32)> {
         self.receive(&mut stage, &w.in_flight).await?;
         let loss = self.compute(&stage.batch)?;
         let Stage {
@@ -242,7 +238,7 @@ impl Trainer {
         t: &mut Tally,
         opts: &PassOptions,
         on_event: &mut impl FnMut(Event),
-    ) -> anyhow::Result<()> {
+    ) -> Result<()> {
         let eval_now = opts.eval_every > 0 && self.step.is_multiple_of(opts.eval_every);
         let ckpt_now = opts.checkpoint_every > 0 && self.step.is_multiple_of(opts.checkpoint_every);
         if let (true, Some(cfg)) = (eval_now, &opts.eval_data) {
@@ -274,7 +270,7 @@ impl Trainer {
         t: Tally,
         opts: &PassOptions,
         on_event: &mut impl FnMut(Event),
-    ) -> anyhow::Result<TrainReport> {
+    ) -> Result<TrainReport> {
         let Window {
             stage_in,
             encoder,

@@ -5,13 +5,12 @@ use std::collections::{BTreeSet, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use anyhow::Context;
 use bytes::Bytes;
 use protocol::{Encoding, ProtocolError};
 use tokio::sync::watch;
 use tokio::task::{JoinHandle, JoinSet};
 
-use super::Trainer;
+use super::{Result, TrainError, Trainer};
 use crate::criteo::Batch;
 use crate::metrics as m;
 use crate::step::dense_sync::DenseSync;
@@ -20,7 +19,7 @@ use crate::step::plan::Plan;
 use crate::step::push::{PushEncoder, PushRecord};
 
 type PullResult = Result<(PartReplies, Option<Replies>), ProtocolError>;
-pub(super) type PushResult = anyhow::Result<(u64, u64)>;
+pub(super) type PushResult = Result<(u64, u64)>;
 
 /// A batch whose pulls are in flight.
 pub(super) struct Stage {
@@ -130,23 +129,23 @@ impl Trainer {
         &mut self,
         stage: &mut Stage,
         in_flight: &VecDeque<(u64, Arc<PushRecord>)>,
-    ) -> anyhow::Result<()> {
+    ) -> Result<()> {
         let (replies, dense) = (&mut stage.pull)
             .await
-            .context("pull task")?
-            .context("pull embedding rows")?;
+            .map_err(|_| TrainError::Stopped("pull task"))?
+            .map_err(TrainError::servers("pull embedding rows"))?;
         for (i, reply) in replies {
             let s = stage.plan.part_server(i);
             let from = || format!("rows from server {}", self.client.addr(s));
             stage
                 .plan
                 .scatter_part_at(i, &reply.rows, &mut self.unique_rows)
-                .with_context(from)?;
+                .map_err(TrainError::servers(from()))?;
             if stage.replay {
                 stage
                     .plan
                     .scatter_state_at(i, &reply.state, &reply.state_lens, &mut self.unique_state)
-                    .with_context(from)?;
+                    .map_err(TrainError::servers(from()))?;
             }
         }
         if let (true, Some(replayer), Some(needed)) =
@@ -207,7 +206,9 @@ impl Trainer {
                 // An error means the pull task ended without answering: nothing to wait for.
                 let _ = w.wait_for(|&answered| answered).await;
             }
-            let encoded = encoded.await.context("the push encoder thread stopped")?;
+            let encoded = encoded
+                .await
+                .map_err(|_| TrainError::Stopped("push encoder thread"))?;
             metrics::counter!(m::ROWS_PUSHED_TOTAL).increment(encoded.rows);
             metrics::counter!(m::WIRE_BYTES_SENT_TOTAL).increment(encoded.bytes);
             metrics::counter!(m::RAW_BYTES_SENT_TOTAL).increment(encoded.rows * raw_row_bytes);
@@ -226,7 +227,9 @@ impl Trainer {
                 .collect();
             requests.extend(dense);
             let started = Instant::now();
-            let done = push_all(&client, requests).await?;
+            let done = push_all(&client, requests)
+                .await
+                .map_err(TrainError::servers("push gradients"))?;
             metrics::histogram!(m::PUSH_SECONDS).record(started.elapsed().as_secs_f64());
             Ok(done)
         }
@@ -234,10 +237,10 @@ impl Trainer {
 }
 
 /// Waits for every push in flight; returns the rows rejected as non-finite.
-pub(super) async fn drain(pushes: &mut JoinSet<PushResult>) -> anyhow::Result<u64> {
+pub(super) async fn drain(pushes: &mut JoinSet<PushResult>) -> Result<u64> {
     let mut rejected = 0;
     while let Some(r) = pushes.join_next().await {
-        rejected += r.expect("push task panicked").context("push gradients")?.1;
+        rejected += r.map_err(|_| TrainError::Stopped("push task"))??.1;
     }
     Ok(rejected)
 }
