@@ -238,7 +238,7 @@ async fn staleness_warmup_over_the_whole_run_is_synchronous() {
 }
 
 /// With f32 rows on the wire, one trainer at k = 4 that replays its own pushes in flight on the rows it pulls
-/// trains bit for bit like k = 0 (the pushes a pull holds are exact: trainer/src/replay.rs); without replay
+/// trains bit for bit like k = 0 (the pushes a pull holds are exact: trainer/src/step/replay.rs); without replay
 /// it does not.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replaying_own_updates_makes_asynchronous_training_exact() {

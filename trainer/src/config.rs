@@ -197,7 +197,7 @@ pub struct ModelArgs {
     pub staleness_warmup_steps: u64,
     /// With pushes in flight (`--max-in-flight` > 0), apply this trainer's own unacknowledged updates to the
     /// rows it pulls, with the tables' optimizers (rows are pulled with their optimizer state): the rows then
-    /// lack only other trainers' recent updates (trainer/src/replay.rs).
+    /// lack only other trainers' recent updates (trainer/src/step/replay.rs).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub replay_own_updates: bool,
     /// Arithmetic of the dense layers' matrix products: f32, bf16 (inputs rounded to bf16, f32 sums, on

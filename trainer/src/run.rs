@@ -12,7 +12,7 @@ use serde::Serialize;
 use crate::config::{ClusterArgs, ModelArgs};
 use crate::criteo::ReaderConfig;
 use crate::eval::EvalReport;
-use crate::train::{Event, PassOptions, Trainer};
+use crate::train::{Event, PassOptions, TrainReport, Trainer};
 
 /// Job flags beyond the model: periodic evaluation, checkpoints and resume, dense placement, an early stop.
 #[derive(Debug, Clone, Default, clap::Args)]
@@ -202,6 +202,35 @@ pub async fn train_and_evaluate(
         max_bad_lines: model.max_bad_lines,
         ..ReaderConfig::new(inputs.test.iter().cloned(), model.eval_batch_size)
     });
+    print_job(&client, model, inputs, dense_on_ps);
+    let opts = PassOptions {
+        eval_every: if inputs.rank == 0 { job.eval_every } else { 0 },
+        eval_data: eval_cfg.clone(),
+        checkpoint_dir: job.checkpoint_dir.clone(),
+        checkpoint_every: job.checkpoint_every,
+        max_steps: job.max_steps,
+    };
+    let report = trainer.train_pass(reader, &opts, print_event).await?;
+    if report.read.bad_lines > 0 {
+        eprintln!(
+            "skipped {} malformed lines; first: {:?}",
+            report.read.bad_lines, report.read.first_errors
+        );
+    }
+    let mut summary = Summary::of_pass(&report, trainer.step());
+    if let (Some(cfg), 0, false) = (eval_cfg, inputs.rank, job.skip_final_eval) {
+        eprintln!("evaluating on {:?}", inputs.test);
+        trainer.refresh_dense().await?;
+        let eval = trainer.evaluate(cfg).await?;
+        eprintln!("eval at step {} (final): {}", trainer.step(), eval.render());
+        summary.apply_eval(trainer.step(), &eval);
+    }
+    client.close().await;
+    Ok(summary)
+}
+
+/// Prints a job's settings, once at its start.
+fn print_job(client: &PsClient, model: &ModelArgs, inputs: &Inputs, dense_on_ps: bool) {
     eprintln!(
         "training: rank {} of {}, {} servers, batch {}, dense {:?} lr {} ({}, {} products), embeddings {:?} lr {}, {} on the wire, staleness bound {}",
         inputs.rank,
@@ -217,70 +246,56 @@ pub async fn train_and_evaluate(
         model.encoding,
         model.staleness_bound(inputs.world)
     );
-    let opts = PassOptions {
-        eval_every: if inputs.rank == 0 { job.eval_every } else { 0 },
-        eval_data: eval_cfg.clone(),
-        checkpoint_dir: job.checkpoint_dir.clone(),
-        checkpoint_every: job.checkpoint_every,
-        max_steps: job.max_steps,
-    };
-    let report = trainer
-        .train_pass(reader, &opts, |e| match e {
-            Event::Progress(p) => eprintln!(
-                "[{:>6.1}s] rows {:>9}  samples/s {:>8.0}  loss {:.4}",
-                p.seconds, p.samples, p.samples_per_sec, p.loss
-            ),
-            Event::Eval { step, report } => eprintln!("eval at step {step}: {}", report.render()),
-            Event::Checkpoint {
-                step,
-                path,
-                ps_snapshot,
-            } => eprintln!(
-                "checkpoint at step {step}: {}{}",
-                path.display(),
-                if ps_snapshot {
-                    " (with the servers' snapshot)"
-                } else {
-                    ""
-                }
-            ),
-        })
-        .await?;
-    if report.read.bad_lines > 0 {
-        eprintln!(
-            "skipped {} malformed lines; first: {:?}",
-            report.read.bad_lines, report.read.first_errors
-        );
+}
+
+/// Prints a pass's progress lines, evaluations and checkpoints.
+fn print_event(e: Event) {
+    match e {
+        Event::Progress(p) => eprintln!(
+            "[{:>6.1}s] rows {:>9}  samples/s {:>8.0}  loss {:.4}",
+            p.seconds, p.samples, p.samples_per_sec, p.loss
+        ),
+        Event::Eval { step, report } => eprintln!("eval at step {step}: {}", report.render()),
+        Event::Checkpoint {
+            step,
+            path,
+            ps_snapshot,
+        } => eprintln!(
+            "checkpoint at step {step}: {}{}",
+            path.display(),
+            if ps_snapshot {
+                " (with the servers' snapshot)"
+            } else {
+                ""
+            }
+        ),
     }
-    let mut summary = Summary {
-        samples: report.samples,
-        seconds: report.seconds,
-        samples_per_sec: report.samples as f64 / report.seconds.max(1e-9),
-        train_loss: report.final_loss,
-        auc: None,
-        logloss: None,
-        oracle_auc: None,
-        test_samples: 0,
-        calibration: None,
-        bad_lines: report.read.bad_lines,
-        rejected_nonfinite: report.rejected_nonfinite,
-        step: trainer.step(),
-        trainers: 1,
-        evals: report
-            .evals
-            .iter()
-            .map(|(step, r)| EvalPoint::new(*step, r))
-            .collect(),
-    };
-    if let (Some(cfg), 0, false) = (eval_cfg, inputs.rank, job.skip_final_eval) {
-        eprintln!("evaluating on {:?}", inputs.test);
-        trainer.refresh_dense().await?;
-        let eval = trainer.evaluate(cfg).await?;
-        eprintln!("eval at step {} (final): {}", trainer.step(), eval.render());
-        summary.apply_eval(trainer.step(), &eval);
+}
+
+impl Summary {
+    /// The summary of one trainer's pass that ended at `step`, before the final evaluation.
+    fn of_pass(report: &TrainReport, step: u64) -> Summary {
+        Summary {
+            samples: report.samples,
+            seconds: report.seconds,
+            samples_per_sec: report.samples as f64 / report.seconds.max(1e-9),
+            train_loss: report.final_loss,
+            auc: None,
+            logloss: None,
+            oracle_auc: None,
+            test_samples: 0,
+            calibration: None,
+            bad_lines: report.read.bad_lines,
+            rejected_nonfinite: report.rejected_nonfinite,
+            step,
+            trainers: 1,
+            evals: report
+                .evals
+                .iter()
+                .map(|(step, r)| EvalPoint::new(*step, r))
+                .collect(),
+        }
     }
-    client.close().await;
-    Ok(summary)
 }
 
 /// Evaluates the model the servers hold (dense parameters on the servers, as several trainers leave them) on

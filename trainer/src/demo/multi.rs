@@ -35,44 +35,9 @@ pub fn run(
     let model_toml = run_dir.join("model.toml");
     let text = toml::to_string(&args.model).context("write the model config")?;
     std::fs::write(&model_toml, text).with_context(|| format!("write {}", model_toml.display()))?;
-    let cpus = std::thread::available_parallelism().map_or(1, |c| c.get());
     let mut children = Children(Vec::new());
     for rank in 0..n {
-        let mut cmd = Command::new(&exe);
-        cmd.arg("train")
-            .arg("--ps")
-            .arg(cluster.ps.join(","))
-            .arg("--tls-dir")
-            .arg(&cluster.tls_dir)
-            .arg("--train")
-            .args(&inputs.train)
-            .args(["--rank", &rank.to_string(), "--world", &n.to_string()])
-            .arg("--config")
-            .arg(&model_toml)
-            .arg("--summary-json")
-            .arg(run_dir.join(format!("summary-rank{rank}.json")))
-            .arg("--skip-final-eval");
-        if rank == 0 && args.job.eval_every > 0 {
-            cmd.arg("--test")
-                .args(&inputs.test)
-                .args(["--eval-every", &args.job.eval_every.to_string()]);
-        }
-        if let Some(dir) = &args.job.checkpoint_dir {
-            cmd.arg("--checkpoint-dir")
-                .arg(dir)
-                .args(["--checkpoint-every", &args.job.checkpoint_every.to_string()]);
-        }
-        if let Some(dir) = &args.job.resume {
-            cmd.arg("--resume").arg(dir);
-        }
-        if args.job.max_steps > 0 {
-            cmd.args(["--max-steps", &args.job.max_steps.to_string()]);
-        }
-        // Always: the demo evaluates the model the servers hold once every trainer is done.
-        cmd.arg("--dense-on-ps");
-        if args.pin_trainers {
-            cmd.args(["--cpus", &(rank % cpus).to_string()]);
-        }
+        let mut cmd = trainer_command(&exe, args, cluster, inputs, run_dir, &model_toml, rank);
         let child = cmd
             .spawn()
             .with_context(|| format!("start trainer rank {rank}"))?;
@@ -88,6 +53,68 @@ pub fn run(
             bail!("trainer rank {rank} failed ({status})");
         }
     }
+    let mut c = combine(run_dir, n)?;
+    c.samples_per_sec = c.samples as f64 / c.seconds.max(1e-9);
+    eprintln!(
+        "{n} trainers: {} samples in {:.2} s (slowest trainer) = {:.0} samples/s combined",
+        c.samples, c.seconds, c.samples_per_sec
+    );
+    Ok(c)
+}
+
+/// The command line of trainer `rank` of the demo's `args.trainers`.
+fn trainer_command(
+    exe: &Path,
+    args: &DemoArgs,
+    cluster: &ClusterArgs,
+    inputs: &Inputs,
+    run_dir: &Path,
+    model_toml: &Path,
+    rank: usize,
+) -> Command {
+    let n = args.trainers;
+    let cpus = std::thread::available_parallelism().map_or(1, |c| c.get());
+    let mut cmd = Command::new(exe);
+    cmd.arg("train")
+        .arg("--ps")
+        .arg(cluster.ps.join(","))
+        .arg("--tls-dir")
+        .arg(&cluster.tls_dir)
+        .arg("--train")
+        .args(&inputs.train)
+        .args(["--rank", &rank.to_string(), "--world", &n.to_string()])
+        .arg("--config")
+        .arg(model_toml)
+        .arg("--summary-json")
+        .arg(run_dir.join(format!("summary-rank{rank}.json")))
+        .arg("--skip-final-eval");
+    if rank == 0 && args.job.eval_every > 0 {
+        cmd.arg("--test")
+            .args(&inputs.test)
+            .args(["--eval-every", &args.job.eval_every.to_string()]);
+    }
+    if let Some(dir) = &args.job.checkpoint_dir {
+        cmd.arg("--checkpoint-dir")
+            .arg(dir)
+            .args(["--checkpoint-every", &args.job.checkpoint_every.to_string()]);
+    }
+    if let Some(dir) = &args.job.resume {
+        cmd.arg("--resume").arg(dir);
+    }
+    if args.job.max_steps > 0 {
+        cmd.args(["--max-steps", &args.job.max_steps.to_string()]);
+    }
+    // Always: the demo evaluates the model the servers hold once every trainer is done.
+    cmd.arg("--dense-on-ps");
+    if args.pin_trainers {
+        cmd.args(["--cpus", &(rank % cpus).to_string()]);
+    }
+    cmd
+}
+
+/// The trainers' summaries (`summary-rankN.json` in `run_dir`) as one: samples, steps and bad lines summed,
+/// the slowest trainer's seconds, the mean training loss, rank 0's evaluations.
+fn combine(run_dir: &Path, n: usize) -> anyhow::Result<Summary> {
     let mut combined: Option<Summary> = None;
     for rank in 0..n {
         let path = run_dir.join(format!("summary-rank{rank}.json"));
@@ -127,11 +154,5 @@ pub fn run(
         c.step += part.step;
         c.trainers += 1;
     }
-    let mut c = combined.context("no trainer summaries")?;
-    c.samples_per_sec = c.samples as f64 / c.seconds.max(1e-9);
-    eprintln!(
-        "{n} trainers: {} samples in {:.2} s (slowest trainer) = {:.0} samples/s combined",
-        c.samples, c.seconds, c.samples_per_sec
-    );
-    Ok(c)
+    combined.context("no trainer summaries")
 }
