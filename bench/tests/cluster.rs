@@ -1,15 +1,9 @@
 //! End to end with real processes on loopback: two parameter servers, a trainer, generated Criteo data.
 
-use std::path::Path;
 use std::time::Duration;
 
 mod support;
 use support::{generate, summary, trainer};
-
-/// Two `ps-server` processes.
-fn start_servers(run_dir: &Path, extra: &[String]) -> ops::local_cluster::LocalCluster {
-    support::start_servers(2, run_dir, extra)
-}
 
 // The AUC bound: three runs of this configuration (60k training rows, batch 512, dense Adagrad lr 0.005,
 // row-wise Adagrad lr 0.05 on the servers, two servers) reached test AUCs of 0.704, 0.708 and 0.711, with an
@@ -117,7 +111,8 @@ fn train_by_hand_against_running_servers() {
     let mut lines: Vec<&str> = good.lines().take(2).collect();
     lines.insert(1, "1\t12\tnot-a-number");
     std::fs::write(&extra, lines.join("\n") + "\n").unwrap();
-    let cluster = start_servers(
+    let cluster = support::start_servers(
+        2,
         &dir.path().join("run"),
         &["--flush-interval-secs".into(), "1".into()],
     );
@@ -167,7 +162,7 @@ fn wrong_server_order_is_refused_with_a_clear_error() {
     let dir = tempfile::tempdir().unwrap();
     let train = dir.path().join("train.tsv");
     generate(100, 5, &train);
-    let cluster = start_servers(&dir.path().join("run"), &[]);
+    let cluster = support::start_servers(2, &dir.path().join("run"), &[]);
     let ps = format!("{},{}", cluster.quic[1], cluster.quic[0]);
     let out = trainer()
         .args(["train", "--ps", &ps])

@@ -16,12 +16,6 @@ use trainer::criteo::ReaderConfig;
 use trainer::eval::EvalReport;
 use trainer::train::{Event, PassOptions, Trainer};
 
-/// Two `ps-server` processes under `run_dir` (data directories `run_dir/ps-<i>`, which may hold a restored
-/// snapshot already).
-fn start_servers(run_dir: &Path) -> LocalCluster {
-    support::start_servers(2, run_dir, &[])
-}
-
 fn model_args() -> ModelArgs {
     ModelArgs {
         batch_size: 256,
@@ -96,13 +90,13 @@ async fn resume_from_checkpoint_matches_an_uninterrupted_run() {
     let ckpt: PathBuf = dir.path().join("ckpt");
 
     // Uninterrupted: 10 steps.
-    let a = start_servers(&dir.path().join("a"));
+    let a = support::start_servers(2, &dir.path().join("a"), &[]);
     let (whole, _) = run(&a, &train, &test, PassOptions::default(), None).await;
     a.shutdown(Duration::from_secs(30)).unwrap();
     assert_eq!(whole.step, 10);
 
     // Interrupted: checkpoints at steps 3 and 6, stop at 6; the servers go away.
-    let b = start_servers(&dir.path().join("b"));
+    let b = support::start_servers(2, &dir.path().join("b"), &[]);
     let opts = PassOptions {
         checkpoint_dir: Some(ckpt.clone()),
         checkpoint_every: 3,
@@ -146,7 +140,7 @@ async fn resume_from_checkpoint_matches_an_uninterrupted_run() {
             String::from_utf8_lossy(&out.stderr)
         );
     }
-    let c = start_servers(&c_dir);
+    let c = support::start_servers(2, &c_dir, &[]);
     let (resumed, _) = run(&c, &train, &test, PassOptions::default(), Some(&ckpt)).await;
     c.shutdown(Duration::from_secs(30)).unwrap();
 
@@ -167,7 +161,7 @@ async fn resume_refuses_a_checkpoint_of_another_job() {
     let train = dir.path().join("train.tsv");
     generate(512, 13, &train);
     let ckpt = dir.path().join("ckpt");
-    let a = start_servers(&dir.path().join("a"));
+    let a = support::start_servers(2, &dir.path().join("a"), &[]);
     let client = connect(&a).await;
     let mut t = Trainer::new(client.clone(), model_args()).await.unwrap();
     let opts = PassOptions {
@@ -198,7 +192,7 @@ async fn resume_refuses_a_checkpoint_of_another_job() {
 
 /// Trains `args` from scratch on fresh servers under `dir/name` and evaluates.
 async fn fresh_run(dir: &Path, name: &str, train: &Path, test: &Path, args: ModelArgs) -> Outcome {
-    let cluster = start_servers(&dir.join(name));
+    let cluster = support::start_servers(2, &dir.join(name), &[]);
     let opts = PassOptions::default();
     let (o, _) = run_with(&cluster, train, test, opts, None, args).await;
     cluster.shutdown(Duration::from_secs(30)).unwrap();
