@@ -1,4 +1,4 @@
-//! A structured fuzzer of the request handler ([`ps_server::handler::Shard::handle`]), sans-IO and deterministic
+//! A structured fuzzer of the request handler ([`ps_server::shard::Shard::handle`]), sans-IO and deterministic
 //! from a seed.
 //!
 //! Inputs: valid pulls and pushes against registered tables (owned and foreign ids), the same with mutated
@@ -24,7 +24,8 @@ use protocol::{
     Encoding, InitSpec, OptimizerSpec, Request, Response, ShardMap, TableCount, TableSpec,
 };
 use ps_server::config::Durability;
-use ps_server::handler::{Reply, Shard};
+use ps_server::handler::Reply;
+use ps_server::shard::Shard;
 
 /// splitmix64.
 struct Rng(u64);
@@ -74,6 +75,9 @@ impl Rng {
         }
     }
 }
+
+/// The time (Unix seconds) of the first input; each later input is a second later.
+const START: u64 = 1_700_000_000;
 
 /// The tables every fuzzed shard starts with: (id, dim).
 const TABLES: [(u32, u32); 4] = [(1, 4), (2, 2), (3, 8), (4, 3)];
@@ -155,7 +159,7 @@ fn new_shard(num_servers: u32, durability: Durability) -> Shard {
         writes: Default::default(),
     };
     let tables = TABLES.iter().map(|&(id, dim)| base_spec(id, dim)).collect();
-    let r = shard.handle(Request::RegisterTables { tables }, &[]);
+    let r = shard.handle(Request::RegisterTables { tables }, &[], START);
     assert!(matches!(r.header, Response::Registered { .. }));
     shard
 }
@@ -476,7 +480,8 @@ fn request_handler_survives_structured_fuzzing() {
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             let before =
                 matches!(req, Request::Push { .. }).then(|| snapshot(shard, &req, &payload));
-            let reply = shard.handle(req.clone(), &payload);
+            // One second per input, from a fixed start: TTL stamps are deterministic too.
+            let reply = shard.handle(req.clone(), &payload, START + i);
             if let (Response::Error { message, .. }, true) = (&reply.header, debug) {
                 eprintln!("{message}");
             }
