@@ -3,19 +3,8 @@
 use super::*;
 use embedding::{Engine, MemStore};
 use protocol::wire::message::put_ids;
-use protocol::{InitSpec, OptimizerSpec, ShardMap, TableSpec};
+use protocol::{OptimizerSpec, ShardMap, TableSpec};
 use std::sync::Arc;
-
-fn spec(id: u32, dim: u32) -> TableSpec {
-    TableSpec {
-        id,
-        name: format!("C{id}"),
-        dim,
-        optimizer: OptimizerSpec::Sgd { lr: 1.0 },
-        init: InitSpec::Uniform { scale: 0.0 },
-        seed: 1,
-    }
-}
 
 /// The time every request of these tests is handled at (Unix seconds), unless a test passes another.
 const NOW: u64 = 1_000_000;
@@ -30,7 +19,7 @@ fn shard(num_servers: u32, index: u32) -> Shard {
     };
     let r = s.handle(
         Request::RegisterTables {
-            tables: vec![spec(1, 4), spec(2, 2)],
+            tables: vec![TableSpec::counter(1, 4), TableSpec::counter(2, 2)],
         },
         &[],
         NOW,
@@ -153,7 +142,7 @@ fn pushed_rows_are_stamped_with_the_time_passed_in() {
     s.engine.set_table_policy(None, Some(10));
     let r = s.handle(
         Request::RegisterTables {
-            tables: vec![spec(1, 4)],
+            tables: vec![TableSpec::counter(1, 4)],
         },
         &[],
         NOW,
@@ -269,7 +258,7 @@ fn conflicting_registration_refused() {
     let s = shard(1, 0);
     let (code, msg) = error_of(s.handle(
         Request::RegisterTables {
-            tables: vec![spec(1, 8)],
+            tables: vec![TableSpec::counter(1, 8)],
         },
         &[],
         NOW,
@@ -290,7 +279,7 @@ fn register_adam_table_over_the_wire() {
             weight_decay: 0.0,
             clip_norm: 0.0,
         },
-        ..spec(7, 4)
+        ..TableSpec::counter(7, 4)
     };
     let reply = s.handle(
         Request::RegisterTables {
@@ -390,7 +379,7 @@ fn sync_push_is_stored_before_the_reply_and_a_store_error_is_a_storage_refusal()
     };
     let r = s.handle(
         Request::RegisterTables {
-            tables: vec![spec(1, 4), spec(2, 2)],
+            tables: vec![TableSpec::counter(1, 4), TableSpec::counter(2, 2)],
         },
         &[],
         NOW,
@@ -535,7 +524,7 @@ fn unsorted_ids_and_short_sections_refused() {
 #[test]
 fn pull_with_state_returns_each_rows_accumulator_after_the_rows() {
     let s = shard(1, 0);
-    let mut adagrad = spec(3, 2);
+    let mut adagrad = TableSpec::counter(3, 2);
     adagrad.optimizer = OptimizerSpec::RowAdagrad {
         lr: 0.1,
         eps: 1e-8,
