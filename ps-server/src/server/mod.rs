@@ -1,13 +1,13 @@
 //! The serving loop: accept QUIC and TCP connections, one task per request, graceful shutdown.
 //!
-//! Thin by design: read a frame and the clock, call [`Shard::handle`], write the reply ([`connection`]). QUIC
-//! requests arrive one per stream; TCP requests arrive multiplexed on one connection
+//! Thin by design: read a frame and the clock, call [`Shard::handle`], write the reply (module `connection`).
+//! QUIC requests arrive one per stream; TCP requests arrive multiplexed on one connection
 //! ([`protocol::transport::tcp`]). Shutdown (SIGTERM, or the future passed to [`run`]): readiness goes false,
 //! new connections and streams are refused, in-flight requests are drained (bounded by the drain timeout),
 //! dirty rows are flushed (not with `durability = "none"`), RocksDB is closed, and `run` returns.
 //!
-//! [`run`] in steps: [`open_shard`] (RocksDB, recovery), [`listen::Endpoints::bind`] and the HTTP listener,
-//! the background tasks ([`tasks`]), [`accept_loop`] until shutdown, then [`shut_down`].
+//! [`run`] in steps: `open_shard` (RocksDB, recovery), `listen::Endpoints::bind` and the HTTP listener, the
+//! background tasks (module `tasks`), `accept_loop` until shutdown, then `shut_down`.
 
 mod connection;
 mod listen;
