@@ -117,6 +117,23 @@ pub struct TableSpec {
     pub seed: u64,
 }
 
+impl TableSpec {
+    /// A table whose rows count what was pushed to them: named `C<id>`, SGD with learning rate 1, every row
+    /// starting at zero (seed 1, which zero rows do not use). A push subtracts its gradients exactly (sums of
+    /// small integers are exact in f32), so tests, audits and dense-delta tables can read back what was
+    /// applied. Other settings by struct update: `TableSpec { optimizer, ..TableSpec::counter(id, dim) }`.
+    pub fn counter(id: u32, dim: u32) -> TableSpec {
+        TableSpec {
+            id,
+            name: format!("C{id}"),
+            dim,
+            optimizer: OptimizerSpec::Sgd { lr: 1.0 },
+            init: InitSpec::Uniform { scale: 0.0 },
+            seed: 1,
+        }
+    }
+}
+
 /// Converts a wire table spec into the storage engine's config. Admission and TTL are not on the wire yet:
 /// tables registered over the wire have neither.
 pub fn table_config(spec: &TableSpec) -> TableConfig {
@@ -283,15 +300,14 @@ pub fn table_spec(cfg: &TableConfig) -> Option<TableSpec> {
 mod tests {
     use super::*;
 
-    fn spec(id: u32, dim: u32) -> TableSpec {
-        TableSpec {
-            id,
-            name: format!("C{id}"),
-            dim,
-            optimizer: OptimizerSpec::Sgd { lr: 1.0 },
-            init: InitSpec::Uniform { scale: 0.0 },
-            seed: 1,
-        }
+    #[test]
+    fn counter_table_subtracts_pushes_exactly() {
+        let cfg = table_config(&TableSpec::counter(4, 2));
+        cfg.validate().unwrap();
+        assert_eq!((cfg.id, cfg.name.as_str(), cfg.dim), (4, "C4", 2));
+        let mut row = [1f32; 2];
+        crate::init::fill_row(&cfg, 99, &mut row);
+        assert_eq!(row, [0.0; 2]);
     }
 
     #[test]
@@ -303,7 +319,7 @@ mod tests {
                 initial_accumulator: 0.0,
             },
             init: InitSpec::Normal { std: 0.5 },
-            ..spec(3, 16)
+            ..TableSpec::counter(3, 16)
         };
         assert_eq!(table_spec(&table_config(&s)), Some(s));
     }
@@ -344,7 +360,7 @@ mod tests {
         for optimizer in specs {
             let s = TableSpec {
                 optimizer,
-                ..spec(3, 16)
+                ..TableSpec::counter(3, 16)
             };
             let cfg = table_config(&s);
             cfg.validate().unwrap();
@@ -363,13 +379,13 @@ mod tests {
                 weight_decay: 0.01,
                 clip_norm: 2.0,
             },
-            ..spec(3, 16)
+            ..TableSpec::counter(3, 16)
         };
         let cfg = table_config(&s);
         assert_eq!((cfg.weight_decay, cfg.clip_norm), (0.01, 2.0));
         assert_eq!(cfg.state_len(), 33);
         // SGD and row-wise Adagrad without regularization keep their original wire variants.
-        let mut cfg = table_config(&spec(3, 16));
+        let mut cfg = table_config(&TableSpec::counter(3, 16));
         assert!(matches!(
             table_spec(&cfg).unwrap().optimizer,
             OptimizerSpec::Sgd { .. }

@@ -17,60 +17,33 @@ use protocol::{
     TableSpec,
 };
 
-/// splitmix64: tiny, fast and good enough to drive a fuzzer reproducibly.
-struct Rng(u64);
+/// The fuzzer's generator: splitmix64, tiny, fast and good enough to drive a fuzzer reproducibly.
+type Rng = embedding::init::SplitMix64;
 
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        embedding::init::mix64(self.0)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-    fn chance(&mut self, one_in: u64) -> bool {
-        self.below(one_in) == 0
-    }
-    fn bytes(&mut self, n: usize) -> Vec<u8> {
-        (0..n).map(|_| self.next() as u8).collect()
-    }
-    /// A u32 biased towards boundary values.
-    fn u32_edgy(&mut self) -> u32 {
-        const EDGES: [u32; 9] = [
-            0,
-            1,
-            7,
-            8,
-            255,
-            frame::MAX_HEADER_LEN,
-            frame::MAX_HEADER_LEN + 1,
-            u32::MAX - 1,
-            u32::MAX,
-        ];
-        if self.chance(2) {
-            EDGES[self.below(EDGES.len() as u64) as usize]
-        } else {
-            self.next() as u32 >> self.below(32)
-        }
-    }
-    fn f32_edgy(&mut self) -> f32 {
-        const EDGES: [f32; 8] = [
-            0.0,
-            -0.0,
-            1.0,
-            -1.0,
-            f32::NAN,
-            f32::INFINITY,
-            f32::NEG_INFINITY,
-            f32::MIN_POSITIVE,
-        ];
-        if self.chance(2) {
-            EDGES[self.below(EDGES.len() as u64) as usize]
-        } else {
-            f32::from_bits(self.next() as u32)
-        }
-    }
-}
+/// `u32` values a fuzzed field should hit often: small counts, the header cap and its neighbour, the top.
+const U32_EDGES: [u32; 9] = [
+    0,
+    1,
+    7,
+    8,
+    255,
+    frame::MAX_HEADER_LEN,
+    frame::MAX_HEADER_LEN + 1,
+    u32::MAX - 1,
+    u32::MAX,
+];
+
+/// `f32` values a fuzzed field should hit often: signed zeros and ones, NaN, infinities, the smallest normal.
+const F32_EDGES: [f32; 8] = [
+    0.0,
+    -0.0,
+    1.0,
+    -1.0,
+    f32::NAN,
+    f32::INFINITY,
+    f32::NEG_INFINITY,
+    f32::MIN_POSITIVE,
+];
 
 fn encoding(r: &mut Rng) -> Encoding {
     [Encoding::F32, Encoding::F16, Encoding::Bf16, Encoding::Int8][r.below(4) as usize]
@@ -79,93 +52,97 @@ fn encoding(r: &mut Rng) -> Encoding {
 fn counts(r: &mut Rng) -> Vec<TableCount> {
     (0..r.below(5))
         .map(|_| TableCount {
-            table: r.u32_edgy(),
-            count: r.u32_edgy(),
-            dim: r.u32_edgy(),
+            table: r.u32_or_edge(&U32_EDGES),
+            count: r.u32_or_edge(&U32_EDGES),
+            dim: r.u32_or_edge(&U32_EDGES),
         })
         .collect()
 }
 
 fn spec(r: &mut Rng) -> TableSpec {
     let optimizer = match r.below(6) {
-        0 => OptimizerSpec::Sgd { lr: r.f32_edgy() },
+        0 => OptimizerSpec::Sgd {
+            lr: r.f32_or_edge(&F32_EDGES),
+        },
         1 => OptimizerSpec::RowAdagrad {
-            lr: r.f32_edgy(),
-            eps: r.f32_edgy(),
-            initial_accumulator: r.f32_edgy(),
+            lr: r.f32_or_edge(&F32_EDGES),
+            eps: r.f32_or_edge(&F32_EDGES),
+            initial_accumulator: r.f32_or_edge(&F32_EDGES),
         },
         2 => OptimizerSpec::Adam {
-            lr: r.f32_edgy(),
-            beta1: r.f32_edgy(),
-            beta2: r.f32_edgy(),
-            eps: r.f32_edgy(),
-            weight_decay: r.f32_edgy(),
-            clip_norm: r.f32_edgy(),
+            lr: r.f32_or_edge(&F32_EDGES),
+            beta1: r.f32_or_edge(&F32_EDGES),
+            beta2: r.f32_or_edge(&F32_EDGES),
+            eps: r.f32_or_edge(&F32_EDGES),
+            weight_decay: r.f32_or_edge(&F32_EDGES),
+            clip_norm: r.f32_or_edge(&F32_EDGES),
         },
         3 => OptimizerSpec::Ftrl {
-            alpha: r.f32_edgy(),
-            beta: r.f32_edgy(),
-            l1: r.f32_edgy(),
-            l2: r.f32_edgy(),
-            weight_decay: r.f32_edgy(),
-            clip_norm: r.f32_edgy(),
+            alpha: r.f32_or_edge(&F32_EDGES),
+            beta: r.f32_or_edge(&F32_EDGES),
+            l1: r.f32_or_edge(&F32_EDGES),
+            l2: r.f32_or_edge(&F32_EDGES),
+            weight_decay: r.f32_or_edge(&F32_EDGES),
+            clip_norm: r.f32_or_edge(&F32_EDGES),
         },
         4 => OptimizerSpec::SgdRegularized {
-            lr: r.f32_edgy(),
-            weight_decay: r.f32_edgy(),
-            clip_norm: r.f32_edgy(),
+            lr: r.f32_or_edge(&F32_EDGES),
+            weight_decay: r.f32_or_edge(&F32_EDGES),
+            clip_norm: r.f32_or_edge(&F32_EDGES),
         },
         _ => OptimizerSpec::RowAdagradRegularized {
-            lr: r.f32_edgy(),
-            eps: r.f32_edgy(),
-            initial_accumulator: r.f32_edgy(),
-            weight_decay: r.f32_edgy(),
-            clip_norm: r.f32_edgy(),
+            lr: r.f32_or_edge(&F32_EDGES),
+            eps: r.f32_or_edge(&F32_EDGES),
+            initial_accumulator: r.f32_or_edge(&F32_EDGES),
+            weight_decay: r.f32_or_edge(&F32_EDGES),
+            clip_norm: r.f32_or_edge(&F32_EDGES),
         },
     };
     let name_len = r.below(12) as usize;
     TableSpec {
-        id: r.u32_edgy(),
+        id: r.u32_or_edge(&U32_EDGES),
         name: String::from_utf8_lossy(&r.bytes(name_len)).into_owned(),
-        dim: r.u32_edgy(),
+        dim: r.u32_or_edge(&U32_EDGES),
         optimizer,
         init: if r.chance(2) {
             InitSpec::Uniform {
-                scale: r.f32_edgy(),
+                scale: r.f32_or_edge(&F32_EDGES),
             }
         } else {
-            InitSpec::Normal { std: r.f32_edgy() }
+            InitSpec::Normal {
+                std: r.f32_or_edge(&F32_EDGES),
+            }
         },
-        seed: r.next(),
+        seed: r.next_u64(),
     }
 }
 
 fn request(r: &mut Rng) -> Request {
     match r.below(7) {
         6 => Request::PullWithState {
-            epoch: r.next() >> r.below(64),
+            epoch: r.next_u64() >> r.below(64),
             encoding: encoding(r),
             tables: counts(r),
         },
         5 => Request::Checkpoint {
             dir: "d".repeat(r.below(20) as usize),
-            step: r.next(),
+            step: r.next_u64(),
         },
         0 => Request::Hello {
-            version: r.u32_edgy(),
+            version: r.u32_or_edge(&U32_EDGES),
         },
         1 => Request::RegisterTables {
             tables: (0..r.below(3)).map(|_| spec(r)).collect(),
         },
         2 => Request::Pull {
-            epoch: r.next() >> r.below(64),
+            epoch: r.next_u64() >> r.below(64),
             encoding: encoding(r),
             tables: counts(r),
         },
         3 => Request::Push {
-            epoch: r.next() >> r.below(64),
+            epoch: r.next_u64() >> r.below(64),
             encoding: encoding(r),
-            grad_scale: r.f32_edgy(),
+            grad_scale: r.f32_or_edge(&F32_EDGES),
             tables: counts(r),
         },
         _ => Request::Flush,
@@ -184,10 +161,10 @@ fn response(r: &mut Rng) -> Response {
         5 => Response::PulledWithState {
             encoding: encoding(r),
             tables: counts(r),
-            state_lens: (0..r.below(3)).map(|_| r.u32_edgy()).collect(),
+            state_lens: (0..r.below(3)).map(|_| r.u32_or_edge(&U32_EDGES)).collect(),
         },
         4 => Response::Checkpointed {
-            rows: r.next(),
+            rows: r.next_u64(),
             dir: "d".repeat(r.below(20) as usize),
         },
         0 => Response::Pulled {
@@ -195,14 +172,14 @@ fn response(r: &mut Rng) -> Response {
             tables: counts(r),
         },
         1 => Response::Pushed {
-            rows: r.next(),
-            rejected_nonfinite: r.next() >> 40,
+            rows: r.next_u64(),
+            rejected_nonfinite: r.next_u64() >> 40,
         },
         2 => Response::Hello {
-            shard_index: r.u32_edgy(),
-            num_shards: r.u32_edgy(),
-            epoch: r.next(),
-            routing: r.next(),
+            shard_index: r.u32_or_edge(&U32_EDGES),
+            num_shards: r.u32_or_edge(&U32_EDGES),
+            epoch: r.next_u64(),
+            routing: r.next_u64(),
             tables: (0..r.below(2)).map(|_| spec(r)).collect(),
         },
         _ => Response::Error {
@@ -242,7 +219,7 @@ fn mutate(r: &mut Rng, mut buf: Vec<u8>) -> Vec<u8> {
             }
             2 if !buf.is_empty() => {
                 let at = r.below(buf.len() as u64) as usize;
-                buf[at] = r.next() as u8;
+                buf[at] = r.next_u64() as u8;
             }
             3 => {
                 let at = r.below(buf.len() as u64 + 1) as usize;
@@ -258,13 +235,13 @@ fn mutate(r: &mut Rng, mut buf: Vec<u8>) -> Vec<u8> {
             5 if buf.len() >= PREFIX_LEN => {
                 // Replace a length field by a boundary value.
                 let field = if r.chance(2) { 4 } else { 8 };
-                buf[field..field + 4].copy_from_slice(&r.u32_edgy().to_le_bytes());
+                buf[field..field + 4].copy_from_slice(&r.u32_or_edge(&U32_EDGES).to_le_bytes());
             }
             6 if buf.len() >= 4 => {
                 // Magic variants: another version of ours, or nearby garbage.
                 let magic: [u8; 4] = match r.below(3) {
                     0 => *b"PS02",
-                    1 => [b'P', b'S', r.next() as u8, r.next() as u8],
+                    1 => [b'P', b'S', r.next_u64() as u8, r.next_u64() as u8],
                     _ => (MAGIC ^ (1 << r.below(32))).to_le_bytes(),
                 };
                 buf[..4].copy_from_slice(&magic);
@@ -291,12 +268,12 @@ fn random_prefix_frame(r: &mut Rng) -> Vec<u8> {
     let header_len = if r.chance(2) {
         r.below(64) as u32
     } else {
-        r.u32_edgy()
+        r.u32_or_edge(&U32_EDGES)
     };
     let payload_len = if r.chance(2) {
         r.below(64) as u32
     } else {
-        r.u32_edgy()
+        r.u32_or_edge(&U32_EDGES)
     };
     buf.extend_from_slice(&header_len.to_le_bytes());
     buf.extend_from_slice(&payload_len.to_le_bytes());
@@ -387,7 +364,7 @@ fn seed() -> u64 {
 #[test]
 fn frame_decoder_survives_structured_fuzzing() {
     let (n, seed) = (iters(200_000), seed());
-    let mut r = Rng(seed);
+    let mut r = Rng::new(seed);
     let started = std::time::Instant::now();
     let mut outcomes = [0u64; 3]; // none, some, err
     for i in 0..n {
@@ -424,7 +401,7 @@ fn frame_decoder_survives_structured_fuzzing() {
 
 #[test]
 fn every_strict_prefix_of_a_valid_frame_needs_more_bytes() {
-    let mut r = Rng(seed() ^ 1);
+    let mut r = Rng::new(seed() ^ 1);
     for _ in 0..iters(200_000) / 100 {
         let f = valid_frame(&mut r);
         for cut in 0..f.len() {

@@ -2,15 +2,13 @@
 //! [`embedding::Engine::checkpoint`] (layout and consistency: `embedding::snapshot`).
 //!
 //! Blocking (a write-back, a memtable flush, hard links and fsyncs): the QUIC loop runs it on a blocking
-//! thread, like a flush.
+//! thread, like a flush. Called through [`crate::shard::Shard::checkpoint`].
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use embedding::snapshot::{shard_dir, Manifest, ShardInfo};
-use embedding::SnapshotError;
+use embedding::{Engine, SnapshotError};
 use protocol::ShardMap;
-
-use crate::handler::Shard;
 
 /// The manifest's description of a server's place in `map`.
 pub fn shard_info(map: &ShardMap, index: u32) -> ShardInfo {
@@ -23,18 +21,16 @@ pub fn shard_info(map: &ShardMap, index: u32) -> ShardInfo {
     }
 }
 
-/// Writes a snapshot of `shard` into `dir/shard-<index>-of-<num_shards>/`; returns its manifest and that
-/// directory.
+/// Writes a snapshot of `engine`, the shard `info` describes, into `dir/shard-<index>-of-<num_shards>/`, its
+/// manifest created at Unix time `now`; returns the manifest and that directory.
 pub fn checkpoint(
-    shard: &Shard,
+    engine: &Engine,
+    info: ShardInfo,
     dir: &Path,
     step: u64,
-) -> Result<(Manifest, std::path::PathBuf), SnapshotError> {
-    let info = shard_info(&shard.shard_map, shard.shard_index);
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    let manifest = shard.engine.checkpoint(dir, step, info, now)?;
-    crate::writeback::update_gauges(&shard.engine);
+    now: u64,
+) -> Result<(Manifest, PathBuf), SnapshotError> {
+    let manifest = engine.checkpoint(dir, step, info, now)?;
+    crate::writeback::update_gauges(engine);
     Ok((manifest, shard_dir(dir, info.index, info.num_shards)))
 }

@@ -159,8 +159,62 @@ impl FileConfig {
         self
     }
 
-    /// Applies defaults and checks every field.
+    /// Applies defaults and checks every field (the first invalid field, in the order below, is reported).
     pub fn validate(self) -> Result<ServerConfig, ConfigError> {
+        let (shard_index, num_shards) = self.shard_position()?;
+        let max_frame = self
+            .max_frame_bytes
+            .unwrap_or(protocol::wire::frame::DEFAULT_MAX_FRAME);
+        if max_frame < 1024 {
+            return Err(ConfigError::Invalid(format!(
+                "max-frame-bytes = {max_frame}, expected at least 1024"
+            )));
+        }
+        let admission = self.admission()?;
+        let row_ttl_secs = self.row_ttl()?;
+        let expire_interval = secs("expire-interval-secs", self.expire_interval_secs, 60.0)?;
+        if expire_interval.is_zero() {
+            return Err(ConfigError::Invalid(
+                "expire-interval-secs = 0, expected a number of seconds > 0".into(),
+            ));
+        }
+        if self.memory_budget_rows == Some(0) {
+            return Err(ConfigError::Invalid(
+                "memory-budget-rows = 0, expected at least 1 (omit it for no budget)".into(),
+            ));
+        }
+        let limits = self.load_limits()?;
+        Ok(ServerConfig {
+            max_inflight_bytes: limits.max_inflight_bytes,
+            max_connections: limits.max_connections,
+            max_streams_per_connection: limits.max_streams_per_connection,
+            connection_window_bytes: limits.connection_window_bytes,
+            memory_budget_rows: self.memory_budget_rows,
+            durability: self.durability.unwrap_or_default(),
+            insecure_dev: self.insecure_dev.unwrap_or(false),
+            admission,
+            row_ttl_secs,
+            expire_interval,
+            transport: self.transport.unwrap_or_default(),
+            listen: self
+                .listen
+                .unwrap_or_else(|| "127.0.0.1:7000".parse().expect("valid")),
+            metrics_listen: self
+                .metrics_listen
+                .unwrap_or_else(|| "127.0.0.1:9100".parse().expect("valid")),
+            data_dir: self.data_dir.ok_or(ConfigError::Missing("data-dir"))?,
+            shard_index,
+            num_shards,
+            epoch: self.epoch.unwrap_or(1),
+            tls_dir: self.tls_dir.ok_or(ConfigError::Missing("tls-dir"))?,
+            max_frame,
+            flush_interval: secs("flush-interval-secs", self.flush_interval_secs, 30.0)?,
+            drain_timeout: secs("drain-timeout-secs", self.drain_timeout_secs, 20.0)?,
+        })
+    }
+
+    /// `(shard_index, num_shards)` with defaults `(0, 1)`; the index must lie below the count.
+    fn shard_position(&self) -> Result<(u32, u32), ConfigError> {
         let num_shards = self.num_shards.unwrap_or(1);
         let shard_index = self.shard_index.unwrap_or(0);
         if num_shards == 0 {
@@ -173,70 +227,45 @@ impl FileConfig {
                 "shard-index = {shard_index}, expected less than num-shards = {num_shards}"
             )));
         }
-        let secs = |name: &str, v: Option<f64>, default: f64| -> Result<Duration, ConfigError> {
-            let v = v.unwrap_or(default);
-            if !v.is_finite() || v < 0.0 {
-                return Err(ConfigError::Invalid(format!(
-                    "{name} = {v}, expected a number of seconds >= 0"
-                )));
-            }
-            Ok(Duration::from_secs_f64(v))
-        };
-        let max_frame = self
-            .max_frame_bytes
-            .unwrap_or(protocol::wire::frame::DEFAULT_MAX_FRAME);
-        if max_frame < 1024 {
+        Ok((shard_index, num_shards))
+    }
+
+    /// The admission filter: none with `admission-min-count` 0 (the default), else a sketch of the configured
+    /// width.
+    fn admission(&self) -> Result<Option<embedding::AdmissionConfig>, ConfigError> {
+        let min_count = self.admission_min_count.unwrap_or(0);
+        if min_count == 0 {
+            return Ok(None);
+        }
+        let width = self.admission_sketch_width.unwrap_or(DEFAULT_SKETCH_WIDTH);
+        if !(1..=embedding::MAX_SKETCH_WIDTH).contains(&width) {
             return Err(ConfigError::Invalid(format!(
-                "max-frame-bytes = {max_frame}, expected at least 1024"
+                "admission-sketch-width = {width}, expected 1..={}",
+                embedding::MAX_SKETCH_WIDTH
             )));
         }
-        let admission = match self.admission_min_count.unwrap_or(0) {
-            0 => None,
-            min_count => {
-                let width = self.admission_sketch_width.unwrap_or(DEFAULT_SKETCH_WIDTH);
-                if !(1..=embedding::MAX_SKETCH_WIDTH).contains(&width) {
-                    return Err(ConfigError::Invalid(format!(
-                        "admission-sketch-width = {width}, expected 1..={}",
-                        embedding::MAX_SKETCH_WIDTH
-                    )));
-                }
-                Some(embedding::AdmissionConfig {
-                    min_count,
-                    width,
-                    depth: SKETCH_DEPTH,
-                })
-            }
-        };
-        let row_ttl_secs = match self.row_ttl_secs.unwrap_or(0) {
-            0 => None,
-            t if t > u64::from(u32::MAX) => {
-                return Err(ConfigError::Invalid(format!(
-                    "row-ttl-secs = {t}, expected at most {} (0 = off)",
-                    u32::MAX
-                )))
-            }
-            t => Some(t),
-        };
-        let expire_interval = secs("expire-interval-secs", self.expire_interval_secs, 60.0)?;
-        if expire_interval.is_zero() {
-            return Err(ConfigError::Invalid(
-                "expire-interval-secs = 0, expected a number of seconds > 0".into(),
-            ));
+        Ok(Some(embedding::AdmissionConfig {
+            min_count,
+            width,
+            depth: SKETCH_DEPTH,
+        }))
+    }
+
+    /// The row TTL in seconds: none with 0 (the default); at most `u32::MAX` (the width of a row's stamp).
+    fn row_ttl(&self) -> Result<Option<u64>, ConfigError> {
+        match self.row_ttl_secs.unwrap_or(0) {
+            0 => Ok(None),
+            t if t > u64::from(u32::MAX) => Err(ConfigError::Invalid(format!(
+                "row-ttl-secs = {t}, expected at most {} (0 = off)",
+                u32::MAX
+            ))),
+            t => Ok(Some(t)),
         }
-        if self.memory_budget_rows == Some(0) {
-            return Err(ConfigError::Invalid(
-                "memory-budget-rows = 0, expected at least 1 (omit it for no budget)".into(),
-            ));
-        }
-        let at_least = |name: &str, v: Option<u64>, default: u64, min: u64| {
-            let v = v.unwrap_or(default);
-            if v < min {
-                return Err(ConfigError::Invalid(format!(
-                    "{name} = {v}, expected at least {min}"
-                )));
-            }
-            Ok(v)
-        };
+    }
+
+    /// The load limits ([`crate::load_limits`]) with their defaults and lower bounds; the connection window
+    /// must hold 4 KiB per stream.
+    fn load_limits(&self) -> Result<LoadLimitSettings, ConfigError> {
         let max_inflight_bytes = at_least(
             "max-inflight-bytes",
             self.max_inflight_bytes,
@@ -262,34 +291,43 @@ impl FileConfig {
                  (max-streams-per-connection = {max_streams_per_connection})"
             )));
         }
-        Ok(ServerConfig {
+        Ok(LoadLimitSettings {
             max_inflight_bytes,
             max_connections,
             max_streams_per_connection,
             connection_window_bytes,
-            memory_budget_rows: self.memory_budget_rows,
-            durability: self.durability.unwrap_or_default(),
-            insecure_dev: self.insecure_dev.unwrap_or(false),
-            admission,
-            row_ttl_secs,
-            expire_interval,
-            transport: self.transport.unwrap_or_default(),
-            listen: self
-                .listen
-                .unwrap_or_else(|| "127.0.0.1:7000".parse().expect("valid")),
-            metrics_listen: self
-                .metrics_listen
-                .unwrap_or_else(|| "127.0.0.1:9100".parse().expect("valid")),
-            data_dir: self.data_dir.ok_or(ConfigError::Missing("data-dir"))?,
-            shard_index,
-            num_shards,
-            epoch: self.epoch.unwrap_or(1),
-            tls_dir: self.tls_dir.ok_or(ConfigError::Missing("tls-dir"))?,
-            max_frame,
-            flush_interval: secs("flush-interval-secs", self.flush_interval_secs, 30.0)?,
-            drain_timeout: secs("drain-timeout-secs", self.drain_timeout_secs, 20.0)?,
         })
     }
+}
+
+/// The validated load limits, as [`ServerConfig`] holds them.
+struct LoadLimitSettings {
+    max_inflight_bytes: u64,
+    max_connections: usize,
+    max_streams_per_connection: u32,
+    connection_window_bytes: u64,
+}
+
+/// `v` seconds (default `default`) as a duration; refuses negative and non-finite values, naming `name`.
+fn secs(name: &str, v: Option<f64>, default: f64) -> Result<Duration, ConfigError> {
+    let v = v.unwrap_or(default);
+    if !v.is_finite() || v < 0.0 {
+        return Err(ConfigError::Invalid(format!(
+            "{name} = {v}, expected a number of seconds >= 0"
+        )));
+    }
+    Ok(Duration::from_secs_f64(v))
+}
+
+/// `v` (default `default`); refuses values below `min`, naming `name`.
+fn at_least(name: &str, v: Option<u64>, default: u64, min: u64) -> Result<u64, ConfigError> {
+    let v = v.unwrap_or(default);
+    if v < min {
+        return Err(ConfigError::Invalid(format!(
+            "{name} = {v}, expected at least {min}"
+        )));
+    }
+    Ok(v)
 }
 
 /// The shard index a StatefulSet pod carries in its name: the trailing `-<ordinal>` of `hostname`

@@ -1,34 +1,22 @@
-//! Request handling without sockets: a decoded request and its payload in, a response and its payload out.
+//! Request handling without sockets or clock: a decoded request, its payload and the time in, a response and
+//! its payload out.
 //!
-//! The QUIC loop ([`crate::server`]) only reads a frame, calls [`Shard::handle`] and writes the reply, so every
-//! rule here (epoch, shard ownership, table and dimension checks, payload lengths) is tested without a network.
+//! The QUIC loop ([`crate::server`]) only reads a frame and the clock, calls [`Shard::handle`] and writes the
+//! reply, so every rule here (epoch, shard ownership, table and dimension checks, payload lengths, TTL stamps)
+//! is tested without a network and at fixed times. The shard's state and its storage operations are in
+//! [`crate::shard`]; this module adds only the handling of requests to it.
 //! A push is validated whole before any row is applied: a bad table or dimension anywhere in it leaves every
 //! table untouched.
 
 use embedding::spec::{table_config, table_spec};
-use embedding::{EmbeddingError, Engine};
+use embedding::EmbeddingError;
 use protocol::compression::codec;
 use protocol::wire::{self, message::PayloadLayout};
-use protocol::{
-    Encoding, ErrorCode, Request, Response, ShardMap, TableCount, TableSpec, PROTOCOL_VERSION,
-};
+use protocol::{Encoding, ErrorCode, Request, Response, TableCount, TableSpec, PROTOCOL_VERSION};
 
 use crate::config::Durability;
 use crate::metrics as m;
-
-/// One server's shard: its storage engine and its place in the shard map.
-pub struct Shard {
-    /// The tables.
-    pub engine: Engine,
-    /// The cluster's shard map.
-    pub shard_map: ShardMap,
-    /// This server's index in the map.
-    pub shard_index: u32,
-    /// When pushed rows reach the store; with [`Durability::Sync`], a push is persisted before its reply.
-    pub durability: Durability,
-    /// Whether storage writes work; while they fail, pushes are refused ([`crate::write_health`]).
-    pub writes: crate::write_health::WriteHealth,
-}
+use crate::shard::Shard;
 
 /// A response header with its payload.
 #[derive(Debug)]
@@ -73,8 +61,10 @@ impl From<protocol::ProtocolError> for Refusal {
 }
 
 impl Shard {
-    /// Handles one request. Never panics on peer input: every problem becomes a [`Response::Error`].
-    pub fn handle(&self, req: Request, payload: &[u8]) -> Reply {
+    /// Handles one request at Unix time `now` (seconds): pushed rows are stamped with it for TTL expiry, and a
+    /// checkpoint's manifest records it. Never panics on peer input: every problem becomes a
+    /// [`Response::Error`].
+    pub fn handle(&self, req: Request, payload: &[u8], now: u64) -> Reply {
         let result = match req {
             Request::Hello { version } => self.hello(version),
             Request::RegisterTables { tables } => self.register(&tables),
@@ -88,9 +78,9 @@ impl Shard {
                 encoding,
                 grad_scale,
                 tables,
-            } => self.push(epoch, encoding, grad_scale, &tables, payload),
+            } => self.push(epoch, encoding, grad_scale, &tables, payload, now),
             Request::Flush => self.flush(),
-            Request::Checkpoint { dir, step } => self.checkpoint(&dir, step),
+            Request::Checkpoint { dir, step } => self.checkpoint_request(&dir, step, now),
             Request::PullWithState {
                 epoch,
                 encoding,
@@ -268,6 +258,7 @@ impl Shard {
         })
     }
 
+    /// A push, its rows stamped with `now` (Unix seconds) for TTL expiry.
     fn push(
         &self,
         epoch: u64,
@@ -275,6 +266,7 @@ impl Shard {
         grad_scale: f32,
         tables: &[TableCount],
         payload: &[u8],
+        now: u64,
     ) -> Result<Reply, Refusal> {
         self.check_epoch(epoch)?;
         if let Some(failure) = self.writes.failure() {
@@ -299,8 +291,6 @@ impl Shard {
         let (mut id_at, mut grad_at) = (0usize, 0usize);
         let mut grads = Vec::new();
         let (mut applied, mut rejected, mut not_admitted) = (0u64, 0u64, 0u64);
-        // Rows are stamped with Unix seconds for TTL expiry (the timer expires with the same clock).
-        let now = crate::writeback::unix_secs();
         // One guard for all tables: a checkpoint holds all of this push or none of it.
         let guard = self.engine.begin_push();
         for t in tables {
@@ -348,7 +338,7 @@ impl Shard {
 
     /// Writes the rows of a push, already applied, with a synced store write ([`Durability::Sync`]). On a store
     /// error the push is refused with `Storage`, though its rows were applied in memory: they stay dirty, and
-    /// the timer's write-back retries them.
+    /// the timer's write-back retries them ([`Shard::persist_synced`]).
     fn persist_push(&self, tables: &[TableCount], all_ids: &[u64]) -> Result<(), Refusal> {
         let mut parts = Vec::with_capacity(tables.len());
         let mut start = 0;
@@ -357,25 +347,12 @@ impl Shard {
             parts.push((t.table, &all_ids[start..start + n]));
             start += n;
         }
-        let began = std::time::Instant::now();
-        match self.engine.persist(&parts, true) {
-            Ok(stats) => {
-                metrics::histogram!(m::SYNC_PUSH_WRITE_SECONDS)
-                    .record(began.elapsed().as_secs_f64());
-                metrics::counter!(m::SYNC_PUSH_ROWS_TOTAL).increment(stats.rows as u64);
-                self.writes.record_success();
-                Ok(())
-            }
-            Err(e) => {
-                metrics::counter!(m::WRITEBACK_ERRORS_TOTAL).increment(1);
-                self.writes.record_failure("synced write of a push", &e);
-                tracing::error!(error = %e, "synced write of a push failed; its rows stay dirty");
-                Err(e.into())
-            }
-        }
+        self.persist_synced(&parts)?;
+        Ok(())
     }
 
-    fn checkpoint(&self, dir: &str, step: u64) -> Result<Reply, Refusal> {
+    /// A checkpoint into `dir`, its manifest created at `now`.
+    fn checkpoint_request(&self, dir: &str, step: u64, now: u64) -> Result<Reply, Refusal> {
         let path = std::path::Path::new(dir);
         if !path.is_absolute()
             || path
@@ -387,7 +364,7 @@ impl Shard {
                 format!("checkpoint directory {dir:?}: expected an absolute path without '..'"),
             ));
         }
-        match crate::checkpoint::checkpoint(self, path, step) {
+        match self.checkpoint(path, step, now) {
             Ok((manifest, written)) => Ok(Reply {
                 header: Response::Checkpointed {
                     rows: manifest.rows(),
@@ -404,9 +381,7 @@ impl Shard {
     }
 
     fn flush(&self) -> Result<Reply, Refusal> {
-        let stats = crate::writeback::flush(&self.engine)
-            .inspect(|_| self.writes.record_success())
-            .inspect_err(|e| self.writes.record_failure("flush", e))?;
+        let stats = self.write_back("flush")?;
         Ok(Reply {
             header: Response::Flushed {
                 rows: stats.rows as u64,

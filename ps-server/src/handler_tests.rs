@@ -1,21 +1,13 @@
-//! Tests of [`super::Shard::handle`]: every refusal and the push/pull arithmetic, without sockets.
+//! Tests of [`super::Shard::handle`]: every refusal and the push/pull arithmetic, without sockets, at fixed times.
 
 use super::*;
-use embedding::MemStore;
+use embedding::{Engine, MemStore};
 use protocol::wire::message::put_ids;
-use protocol::{InitSpec, OptimizerSpec, TableSpec};
+use protocol::{OptimizerSpec, ShardMap, TableSpec};
 use std::sync::Arc;
 
-fn spec(id: u32, dim: u32) -> TableSpec {
-    TableSpec {
-        id,
-        name: format!("C{id}"),
-        dim,
-        optimizer: OptimizerSpec::Sgd { lr: 1.0 },
-        init: InitSpec::Uniform { scale: 0.0 },
-        seed: 1,
-    }
-}
+/// The time every request of these tests is handled at (Unix seconds), unless a test passes another.
+const NOW: u64 = 1_000_000;
 
 fn shard(num_servers: u32, index: u32) -> Shard {
     let s = Shard {
@@ -27,9 +19,10 @@ fn shard(num_servers: u32, index: u32) -> Shard {
     };
     let r = s.handle(
         Request::RegisterTables {
-            tables: vec![spec(1, 4), spec(2, 2)],
+            tables: vec![TableSpec::counter(1, 4), TableSpec::counter(2, 2)],
         },
         &[],
+        NOW,
     );
     assert!(
         matches!(r.header, Response::Registered { tables: 2 }),
@@ -61,10 +54,15 @@ fn pull(s: &Shard, table: u32, dim: u32, ids: &[u64]) -> Reply {
             tables,
         },
         &payload,
+        NOW,
     )
 }
 
 fn push(s: &Shard, tables: &[(u32, u32, &[u64], &[f32])]) -> Reply {
+    push_at(s, tables, NOW)
+}
+
+fn push_at(s: &Shard, tables: &[(u32, u32, &[u64], &[f32])], now: u64) -> Reply {
     let mut payload = Vec::new();
     for (_, _, ids, _) in tables {
         put_ids(ids, &mut payload);
@@ -88,6 +86,7 @@ fn push(s: &Shard, tables: &[(u32, u32, &[u64], &[f32])]) -> Reply {
             tables: counts,
         },
         &payload,
+        now,
     )
 }
 
@@ -132,6 +131,44 @@ fn push_then_pull_applies_sgd() {
 }
 
 #[test]
+fn pushed_rows_are_stamped_with_the_time_passed_in() {
+    let s = Shard {
+        engine: Engine::open(Arc::new(MemStore::new())).unwrap(),
+        shard_map: ShardMap::new(1),
+        shard_index: 0,
+        durability: Durability::Periodic,
+        writes: Default::default(),
+    };
+    s.engine.set_table_policy(None, Some(10));
+    let r = s.handle(
+        Request::RegisterTables {
+            tables: vec![TableSpec::counter(1, 4)],
+        },
+        &[],
+        NOW,
+    );
+    assert!(matches!(r.header, Response::Registered { tables: 1 }));
+    // Times far from the wall clock: the stamps can only come from `now`.
+    let t0 = 1_234_567_000;
+    for (id, at) in [(5, t0), (6, t0 + 5)] {
+        let r = push_at(&s, &[(1, 4, &[id], &[1.0; 4])], at);
+        assert!(
+            matches!(r.header, Response::Pushed { rows: 1, .. }),
+            "{:?}",
+            r.header
+        );
+    }
+    let table = s.engine.table(1).unwrap();
+    assert_eq!(table.clock(), t0 + 5);
+    // A TTL of 10 s: row 5 (stamped t0) expires at t0 + 10, row 6 (stamped t0 + 5) at t0 + 15.
+    assert!(table.expired(t0 + 9).is_empty());
+    assert_eq!(table.expired(t0 + 10), vec![5]);
+    let mut both = table.expired(t0 + 15);
+    both.sort_unstable();
+    assert_eq!(both, vec![5, 6]);
+}
+
+#[test]
 fn unknown_table_wrong_dim_wrong_epoch_bad_length() {
     let s = shard(1, 0);
     let (code, msg) = error_of(pull(&s, 42, 4, &[1]));
@@ -152,6 +189,7 @@ fn unknown_table_wrong_dim_wrong_epoch_bad_length() {
             tables: tables.clone(),
         },
         &[0; 8],
+        NOW,
     ));
     assert_eq!(code, ErrorCode::WrongEpoch);
     assert!(msg.contains("request epoch 9"), "{msg}");
@@ -162,13 +200,14 @@ fn unknown_table_wrong_dim_wrong_epoch_bad_length() {
             tables,
         },
         &[0; 5],
+        NOW,
     ));
     assert_eq!(code, ErrorCode::BadRequest);
     assert!(
         msg.contains("3 trailing bytes after the id sections"),
         "{msg}"
     );
-    let (code, _) = error_of(s.handle(Request::Hello { version: 99 }, &[]));
+    let (code, _) = error_of(s.handle(Request::Hello { version: 99 }, &[], NOW));
     assert_eq!(code, ErrorCode::UnsupportedVersion);
 }
 
@@ -219,9 +258,10 @@ fn conflicting_registration_refused() {
     let s = shard(1, 0);
     let (code, msg) = error_of(s.handle(
         Request::RegisterTables {
-            tables: vec![spec(1, 8)],
+            tables: vec![TableSpec::counter(1, 8)],
         },
         &[],
+        NOW,
     ));
     assert_eq!(code, ErrorCode::TableConflict);
     assert!(msg.contains("table 1"), "{msg}");
@@ -239,13 +279,14 @@ fn register_adam_table_over_the_wire() {
             weight_decay: 0.0,
             clip_norm: 0.0,
         },
-        ..spec(7, 4)
+        ..TableSpec::counter(7, 4)
     };
     let reply = s.handle(
         Request::RegisterTables {
             tables: vec![spec.clone()],
         },
         &[],
+        NOW,
     );
     assert!(
         !matches!(reply.header, Response::Error { .. }),
@@ -338,9 +379,10 @@ fn sync_push_is_stored_before_the_reply_and_a_store_error_is_a_storage_refusal()
     };
     let r = s.handle(
         Request::RegisterTables {
-            tables: vec![spec(1, 4), spec(2, 2)],
+            tables: vec![TableSpec::counter(1, 4), TableSpec::counter(2, 2)],
         },
         &[],
+        NOW,
     );
     assert!(matches!(r.header, Response::Registered { tables: 2 }));
     let stored = |table: u32, ids: &[u64]| {
@@ -404,6 +446,7 @@ fn int8_rows_and_unmixed_id_sections_round_trip() {
             tables: counts.clone(),
         },
         &payload,
+        NOW,
     );
     assert!(
         matches!(r.header, Response::Pushed { rows: 3, .. }),
@@ -419,6 +462,7 @@ fn int8_rows_and_unmixed_id_sections_round_trip() {
             tables: counts,
         },
         &pull,
+        NOW,
     );
     assert_eq!(r.payload.len(), 3 * (4 + 4));
     let mut back = vec![0.0; 12];
@@ -450,6 +494,7 @@ fn unsorted_ids_and_short_sections_refused() {
             }],
         },
         &[0, 1, 1],
+        NOW,
     );
     let (code, msg) = error_of(r);
     assert_eq!(code, ErrorCode::BadRequest);
@@ -470,6 +515,7 @@ fn unsorted_ids_and_short_sections_refused() {
             }],
         },
         &payload,
+        NOW,
     );
     let (_, msg) = error_of(r);
     assert!(msg.contains("15 bytes, expected 16"), "{msg}");
@@ -478,7 +524,7 @@ fn unsorted_ids_and_short_sections_refused() {
 #[test]
 fn pull_with_state_returns_each_rows_accumulator_after_the_rows() {
     let s = shard(1, 0);
-    let mut adagrad = spec(3, 2);
+    let mut adagrad = TableSpec::counter(3, 2);
     adagrad.optimizer = OptimizerSpec::RowAdagrad {
         lr: 0.1,
         eps: 1e-8,
@@ -489,6 +535,7 @@ fn pull_with_state_returns_each_rows_accumulator_after_the_rows() {
             tables: vec![adagrad],
         },
         &[],
+        NOW,
     );
     assert!(matches!(r.header, Response::Registered { .. }), "{r:?}");
     assert!(matches!(
@@ -510,6 +557,7 @@ fn pull_with_state_returns_each_rows_accumulator_after_the_rows() {
                 tables,
             },
             &payload,
+            NOW,
         )
     };
     // Row 7 was pushed (acc 0.5 + mean(9, 16)); row 9 is new (the initial accumulator).

@@ -2,18 +2,22 @@
 //! over HTTP. It does not compute models (DESIGN.md, "Crates").
 //!
 //! # Layout
+//! Listed bottom-up: each module uses only modules listed above it (`use crate::X` never goes both ways).
+//! - [`metrics`]: metric names and descriptions.
 //! - [`config`]: the typed config (TOML + flags + env) and its validation.
-//! - [`handler`]: request handling without sockets ([`handler::Shard::handle`]).
-//! - [`server`]: the QUIC loop and graceful shutdown ([`server::run`]).
+//! - [`load_limits`]: admission control of connections and in-flight bytes (overload).
+//! - [`write_health`]: whether storage writes work; pushes are refused while they fail.
+//! - [`writeback`]: dirty-row write-back to RocksDB, memory-budget eviction and TTL expiry, each an engine call
+//!   with its metrics.
 //! - [`checkpoint`]: the server side of a checkpoint request (a snapshot of every table).
 //! - [`restore`]: `ps-server restore`, re-routing the snapshots of N servers onto shard I of M.
 //! - [`plan`]: `ps-server plan`, memory, disk and servers for a table from the engine's row layout.
-//! - [`writeback`]: dirty-row write-back to RocksDB on a timer, on request and at shutdown; memory-budget
-//!   eviction.
-//! - [`write_health`]: whether storage writes work; pushes are refused while they fail.
-//! - [`load_limits`]: admission control of connections and in-flight bytes (overload).
-//! - [`metrics`]: metric names and descriptions.
-//! - [`cli`]: the binary's command line.
+//! - [`shard`]: [`shard::Shard`], one server's shard (engine, place in the shard map, durability, write
+//!   health) and its storage operations; uses `write_health`, `writeback` and `checkpoint`.
+//! - [`handler`]: request handling without sockets or clock ([`shard::Shard::handle`], given `now`).
+//! - [`server`]: the QUIC/TCP loop, the background timers and graceful shutdown ([`server::run`]); the one
+//!   reader of the wall clock for the handler and the timers ([`server::unix_secs`]).
+//! - [`cli`]: the binary's command line (uses `server`, `restore`, `plan`).
 #![warn(missing_docs)]
 
 pub mod checkpoint;
@@ -25,5 +29,6 @@ pub mod metrics;
 pub mod plan;
 pub mod restore;
 pub mod server;
+pub mod shard;
 pub mod write_health;
 pub mod writeback;

@@ -79,6 +79,14 @@ pub const LATENCY_BUCKETS: &[f64] = &[
 /// Registers HELP text and units for every metric. Call after the recorder is installed: a `describe_*` call
 /// made before goes to the no-op recorder and is lost (no `# HELP` lines; `promtool check metrics` refuses).
 pub fn describe() {
+    describe_requests();
+    describe_rows();
+    describe_writes();
+    describe_load();
+}
+
+/// Requests and their bytes, rows pulled and pushed, open connections.
+fn describe_requests() {
     describe_counter!(REQUESTS_TOTAL, "Requests served, by kind.");
     describe_counter!(REQUEST_ERRORS_TOTAL, "Error responses, by code.");
     describe_histogram!(
@@ -97,20 +105,20 @@ pub fn describe() {
         "Gradient rows dropped by frequency admission (id pushed fewer than admission-min-count times)."
     );
     describe_counter!(
-        ROWS_EXPIRED_TOTAL,
-        "Rows deleted from memory and RocksDB by TTL expiry."
-    );
-    describe_histogram!(
-        EXPIRE_SECONDS,
-        Unit::Seconds,
-        "Duration of one expiry pass over the tables with a TTL."
-    );
-    describe_counter!(
         BYTES_RECEIVED_TOTAL,
         Unit::Bytes,
         "Request frame bytes received."
     );
     describe_counter!(BYTES_SENT_TOTAL, Unit::Bytes, "Response frame bytes sent.");
+    describe_gauge!(CONNECTIONS, "Open QUIC connections.");
+}
+
+/// Rows in memory and on disk: recovery, expiry, eviction and read-back.
+fn describe_rows() {
+    describe_counter!(
+        ROWS_RECOVERED_TOTAL,
+        "Rows recovered from RocksDB at start."
+    );
     describe_gauge!(ROWS_IN_MEMORY, "Rows held in memory, by table.");
     describe_gauge!(
         ROWS_ON_DISK,
@@ -121,6 +129,36 @@ pub fn describe() {
         Unit::Bytes,
         "Bytes of row arenas and id indexes."
     );
+    describe_counter!(
+        ROWS_EXPIRED_TOTAL,
+        "Rows deleted from memory and RocksDB by TTL expiry."
+    );
+    describe_histogram!(
+        EXPIRE_SECONDS,
+        Unit::Seconds,
+        "Duration of one expiry pass over the tables with a TTL."
+    );
+    describe_counter!(
+        EVICTIONS_TOTAL,
+        "Rows evicted from memory to RocksDB by the memory budget."
+    );
+    describe_counter!(
+        EVICTION_WRITES_TOTAL,
+        "Dirty rows written to RocksDB before their eviction."
+    );
+    describe_counter!(
+        READBACK_ROWS_TOTAL,
+        "Evicted rows read back from RocksDB on a miss."
+    );
+    describe_histogram!(
+        READBACK_SECONDS,
+        Unit::Seconds,
+        "Duration of one batched read-back (multi-get) from RocksDB."
+    );
+}
+
+/// Writes to RocksDB: write-back, synced pushes, and failing storage.
+fn describe_writes() {
     describe_counter!(WRITEBACK_ROWS_TOTAL, "Dirty rows written back to RocksDB.");
     describe_counter!(
         WRITEBACK_BATCHES_TOTAL,
@@ -144,28 +182,6 @@ pub fn describe() {
         SYNC_PUSH_ROWS_TOTAL,
         "Rows written by synced push writes (durability = sync)."
     );
-    describe_gauge!(CONNECTIONS, "Open QUIC connections.");
-    describe_counter!(
-        EVICTIONS_TOTAL,
-        "Rows evicted from memory to RocksDB by the memory budget."
-    );
-    describe_counter!(
-        EVICTION_WRITES_TOTAL,
-        "Dirty rows written to RocksDB before their eviction."
-    );
-    describe_counter!(
-        READBACK_ROWS_TOTAL,
-        "Evicted rows read back from RocksDB on a miss."
-    );
-    describe_histogram!(
-        READBACK_SECONDS,
-        Unit::Seconds,
-        "Duration of one batched read-back (multi-get) from RocksDB."
-    );
-    describe_counter!(
-        ROWS_RECOVERED_TOTAL,
-        "Rows recovered from RocksDB at start."
-    );
     describe_gauge!(
         STORAGE_WRITES_FAILING,
         "1 while storage writes fail and pushes are refused, else 0."
@@ -174,6 +190,10 @@ pub fn describe() {
         STORAGE_RECOVERIES_TOTAL,
         "Times storage became writable again after failing writes."
     );
+}
+
+/// Load limits ([`crate::load_limits`]).
+fn describe_load() {
     describe_gauge!(
         INFLIGHT_BYTES,
         Unit::Bytes,

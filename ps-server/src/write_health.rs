@@ -9,16 +9,15 @@
 //! update the server acknowledges but cannot make durable, so in `sync` it would break the durability promise
 //! and in `periodic` it would grow the loss bound without limit. Refusing makes the fault visible to trainers.
 //!
-//! Recovery: while refusing, the write-back timer probes every [`PROBE_PERIOD`]: it writes every dirty row back
-//! (not with `durability = "none"`) and then a small synced metadata write ([`PROBE_KEY`]). The first probe
-//! that succeeds clears the state, and pushes are accepted again. Any later successful write-back clears it too.
+//! Recovery: while refusing, the write-back timer probes every [`PROBE_PERIOD`]
+//! ([`crate::shard::Shard::probe_writes`]): it writes every dirty row back (not with `durability = "none"`) and
+//! then a small synced metadata write ([`PROBE_KEY`]). The first probe that succeeds clears the state, and
+//! pushes are accepted again. Any later successful write-back clears it too.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use crate::config::Durability;
-use crate::handler::Shard;
 use crate::metrics as m;
 
 /// How often a write-refusing server retries a write to find out whether storage works again.
@@ -74,32 +73,6 @@ impl WriteHealth {
     pub fn failure(&self) -> Option<String> {
         self.is_failing()
             .then(|| self.reason.lock().expect("not poisoned").clone())
-    }
-}
-
-/// Tries the writes a failing server needs to work again: the write-back of every dirty row (not with
-/// `durability = "none"`), then a synced metadata write. Records the outcome in `shard.writes`.
-pub fn probe(shard: &Shard) {
-    let result = (|| -> Result<(), embedding::EmbeddingError> {
-        if shard.durability != Durability::None {
-            crate::writeback::flush(&shard.engine)?;
-        }
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or(0);
-        shard
-            .engine
-            .store()
-            .put_meta(PROBE_KEY, &now.to_le_bytes())?;
-        Ok(())
-    })();
-    match result {
-        Ok(()) => shard.writes.record_success(),
-        Err(e) => {
-            tracing::debug!(error = %e, "storage write probe failed");
-            shard.writes.record_failure("write probe", &e);
-        }
     }
 }
 

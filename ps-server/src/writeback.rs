@@ -1,21 +1,20 @@
-//! Write-back of dirty rows to RocksDB: on a timer, on a flush request, and at shutdown; with a memory budget,
-//! eviction of cold rows on a short timer, and the timing of read-backs ([`MeteredStore`]).
+//! Write-back of dirty rows to RocksDB (on a timer, on a flush request, and at shutdown), eviction of cold rows
+//! under a memory budget, expiry of rows past their TTL, and the timing of read-backs ([`MeteredStore`]): each
+//! an engine call with its metrics. The timers that call them run in [`crate::server`]; what a failed write
+//! means for the server is recorded by [`crate::shard::Shard`].
 //!
 //! Rows are written in WriteBatches by [`embedding::Engine::flush_dirty`]; losses after a crash are bounded by
 //! the timer's interval (DESIGN.md, "RocksDB"). That is [`crate::config::Durability::Periodic`], the default;
 //! `none` turns the timer and the shutdown write-back off (loss bound: everything), and `sync` additionally
-//! writes each push's rows with a synced write before acknowledging it ([`crate::handler`]).
+//! writes each push's rows with a synced write before acknowledging it ([`crate::shard::Shard::persist_synced`]).
 
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use embedding::{
     DirtyBatch, EmbeddingError, Engine, EvictStats, ExpireStats, FlushStats, GetFn, ScanFn, Store,
     StoreError,
 };
-use tokio_util::sync::CancellationToken;
 
-use crate::handler::Shard;
 use crate::metrics as m;
 
 /// Writes every dirty row now, recording metrics, and refreshes the memory gauges.
@@ -149,88 +148,4 @@ pub fn expire(engine: &Engine, now_secs: u64) -> Result<ExpireStats, EmbeddingEr
     }
     update_gauges(engine);
     result
-}
-
-/// Seconds since the Unix epoch: the clock of TTL stamps (pushes are stamped with it, see
-/// [`crate::handler`]).
-pub fn unix_secs() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
-}
-
-/// Runs [`expire`] every `interval` (and once at the start, which starts the TTL of recovered rows) until
-/// `stop` is cancelled.
-pub async fn run_expiry_timer(shard: Arc<Shard>, interval: Duration, stop: CancellationToken) {
-    let mut tick = tokio::time::interval(interval);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = stop.cancelled() => return,
-            _ = tick.tick() => {}
-        }
-        let shard = shard.clone();
-        let _ = tokio::task::spawn_blocking(move || expire(&shard.engine, unix_secs())).await;
-    }
-}
-
-/// Period of the memory-budget check when the server has a budget: a check under budget costs a few atomic
-/// loads, and a short period bounds how far pushes grow a table past its budget.
-pub const BUDGET_CHECK_PERIOD: Duration = Duration::from_millis(200);
-
-/// Evicts rows over the memory budget every [`BUDGET_CHECK_PERIOD`] until `stop` is cancelled.
-pub async fn run_budget_timer(shard: Arc<Shard>, stop: CancellationToken) {
-    let mut tick = tokio::time::interval(BUDGET_CHECK_PERIOD);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = stop.cancelled() => return,
-            _ = tick.tick() => {}
-        }
-        if shard.engine.rows_over_budget() == 0 {
-            continue;
-        }
-        let shard = shard.clone();
-        let _ = tokio::task::spawn_blocking(move || {
-            enforce_budget(&shard.engine)
-                .inspect_err(|e| shard.writes.record_failure("eviction", e))
-        })
-        .await;
-    }
-}
-
-/// Flushes every `interval` until `stop` is cancelled. A zero interval only refreshes gauges.
-pub async fn run_timer(shard: Arc<Shard>, interval: Duration, stop: CancellationToken) {
-    let period = if interval.is_zero() {
-        Duration::from_secs(5)
-    } else {
-        interval
-    };
-    let mut tick = tokio::time::interval(period);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    tick.tick().await;
-    loop {
-        tokio::select! {
-            _ = stop.cancelled() => return,
-            _ = tick.tick() => {}
-            // While storage writes fail, probe sooner than the write-back period (crate::write_health).
-            _ = shard.writes.failed() => {}
-            _ = tokio::time::sleep(crate::write_health::PROBE_PERIOD), if shard.writes.is_failing() => {}
-        }
-        let shard = shard.clone();
-        let flush_now = !interval.is_zero();
-        let _ = tokio::task::spawn_blocking(move || {
-            if shard.writes.is_failing() {
-                crate::write_health::probe(&shard);
-            } else if flush_now {
-                match flush(&shard.engine) {
-                    Ok(_) => shard.writes.record_success(),
-                    Err(e) => shard.writes.record_failure("write-back", &e),
-                }
-            } else {
-                update_gauges(&shard.engine);
-            }
-        })
-        .await;
-    }
 }

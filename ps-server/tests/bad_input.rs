@@ -108,205 +108,43 @@ async fn bad_input_gets_typed_errors_while_other_clients_keep_being_served() {
     good.register_tables(&[counter_table(TABLE, DIM)])
         .await
         .unwrap();
-
-    // A pusher that runs during every bad input; each acknowledged push must be applied.
-    let pusher = common::client(&s, &tls).await;
-    let stop = Arc::new(AtomicBool::new(false));
-    let acked = Arc::new(AtomicU64::new(0));
-    let background = {
-        let (stop, acked) = (stop.clone(), acked.clone());
-        tokio::spawn(async move {
-            while !stop.load(Ordering::SeqCst) {
-                push_ones(&pusher, &[100, 101]).await.unwrap();
-                acked.fetch_add(1, Ordering::SeqCst);
-            }
-            pusher.close().await;
-        })
-    };
+    let pusher = Pusher::start(common::client(&s, &tls).await);
 
     let (_endpoint, bad) = raw_connection(&s, &tls).await;
     let mut round = 0;
     check_served(&good, &mut round, "start").await;
-
-    // Oversized: announced by the prefix alone (refused before any body byte is read) ...
-    let mut prefix = Vec::new();
-    prefix.extend_from_slice(&MAGIC.to_le_bytes());
-    prefix.extend_from_slice(&16u32.to_le_bytes());
-    prefix.extend_from_slice(&(64u32 << 20).to_le_bytes());
-    let (code, msg) = error_code(raw_request(&bad, &prefix).await);
-    assert_eq!(code, ErrorCode::FrameTooLarge, "{msg}");
-    assert!(msg.contains("exceeds the cap of 1048576 bytes"), "{msg}");
+    announced_oversized_frame(&bad).await;
     check_served(&good, &mut round, "an announced oversized frame").await;
-    // ... and actually sent: 2 MiB of gradients.
-    let ids: Vec<u64> = (0..131_072).collect();
-    let big = push_frame(&ids, DIM, &vec![1.0; ids.len() * DIM as usize], 1.0);
-    let (code, msg) = error_code(raw_request(&bad, &big).await);
-    assert_eq!(code, ErrorCode::FrameTooLarge, "{msg}");
+    sent_oversized_frame(&bad).await;
     check_served(&good, &mut round, "a sent oversized frame").await;
-    // A pull whose response would exceed the cap (80k rows x 16 bytes), though its request is small.
-    let ids: Vec<u64> = (0..80_000).collect();
-    let (code, msg) = error_code(raw_request(&bad, &pull_frame(TABLE, &ids, DIM)).await);
-    assert_eq!(code, ErrorCode::FrameTooLarge, "{msg}");
-    assert!(msg.contains("pull response of 1280000 bytes"), "{msg}");
+    pull_with_oversized_response(&bad).await;
     check_served(&good, &mut round, "a pull with an oversized response").await;
-
-    // Truncated: half a frame, then the stream is finished.
-    let frame = push_frame(&[1, 2], DIM, &[1.0; 8], 1.0);
-    let (code, msg) = error_code(raw_request(&bad, &frame[..frame.len() / 2]).await);
-    assert_eq!(code, ErrorCode::BadRequest, "{msg}");
-    assert!(msg.contains("truncated frame"), "{msg}");
-    let (code, msg) = error_code(raw_request(&bad, &frame[..PREFIX_LEN - 3]).await);
-    assert_eq!(code, ErrorCode::BadRequest, "{msg}");
-    assert!(msg.contains("truncated frame"), "{msg}");
+    truncated_frames(&bad).await;
     check_served(&good, &mut round, "a truncated frame").await;
-
-    // Wrong protocol version: in the frame prefix, and in Hello.
-    let mut v2 = push_frame(&[1], DIM, &[1.0; 4], 1.0);
-    v2[..4].copy_from_slice(b"PS02");
-    let (code, msg) = error_code(raw_request(&bad, &v2).await);
-    assert_eq!(code, ErrorCode::UnsupportedVersion, "{msg}");
-    assert!(msg.contains("\"02\""), "{msg}");
-    let version = protocol::PROTOCOL_VERSION + 1;
-    let hello = encode_frame(&Request::Hello { version }, &[]).unwrap();
-    let (code, msg) = error_code(raw_request(&bad, &hello).await);
-    assert_eq!(code, ErrorCode::UnsupportedVersion, "{msg}");
-    assert!(
-        msg.contains(&format!("protocol version {version}")),
-        "{msg}"
-    );
-    let (code, msg) = error_code(raw_request(&bad, b"GET / HTTP/1.1\r\n\r\n").await);
-    assert_eq!(code, ErrorCode::BadRequest, "{msg}");
-    assert!(msg.contains("bad frame magic"), "{msg}");
+    wrong_versions(&bad).await;
     check_served(&good, &mut round, "wrong versions").await;
-
-    // Unknown table, wrong dimension.
-    let (code, msg) = error_code(raw_request(&bad, &pull_frame(99, &[1], DIM)).await);
-    assert_eq!(code, ErrorCode::UnknownTable, "{msg}");
-    assert!(msg.contains("unknown table 99"), "{msg}");
-    let (code, msg) = error_code(raw_request(&bad, &push_frame(&[1], 8, &[1.0; 8], 1.0)).await);
-    assert_eq!(code, ErrorCode::WrongDimension, "{msg}");
-    assert!(msg.contains("request dim 8, table dim 4"), "{msg}");
+    unknown_table_and_wrong_dimension(&bad).await;
     check_served(&good, &mut round, "unknown table and wrong dimension").await;
-
-    // NaN and infinite gradients: those rows are skipped (and counted), the finite row is applied.
-    let mut grads = vec![1.0; 12];
-    grads[1] = f32::NAN;
-    grads[6] = f32::INFINITY;
-    let answer = raw_request(&bad, &push_frame(&[20, 21, 22], DIM, &grads, 1.0)).await;
-    assert!(
-        matches!(
-            answer,
-            Ok((
-                Response::Pushed {
-                    rows: 1,
-                    rejected_nonfinite: 2
-                },
-                _
-            ))
-        ),
-        "{answer:?}"
-    );
-    let rows = pull_rows(&good, &[20, 21, 22]).await;
-    assert_eq!(rows, [[0.0; 4], [0.0; 4], [-1.0; 4]].concat());
-    // A non-finite loss scale refuses the whole push.
-    let (code, msg) =
-        error_code(raw_request(&bad, &push_frame(&[20], DIM, &[1.0; 4], f32::NAN)).await);
-    assert_eq!(code, ErrorCode::BadRequest, "{msg}");
-    assert!(msg.contains("grad_scale = NaN"), "{msg}");
+    nonfinite_gradients(&bad, &good).await;
     check_served(&good, &mut round, "non-finite gradients").await;
-
-    // Duplicate ids in one push: refused whole (the sender must sum them), nothing applied.
-    let mut payload = Vec::new();
-    protocol::wire::ids::put_ids(
-        protocol::wire::ids::IdCoding::Plain,
-        &[30, 30],
-        &mut payload,
-    );
-    codec::encode(&[1.0; 8], Encoding::F32, &mut payload);
-    let req = Request::Push {
-        epoch: 1,
-        encoding: Encoding::F32,
-        grad_scale: 1.0,
-        tables: counts(2, DIM),
-    };
-    let (code, msg) = error_code(raw_request(&bad, &encode_frame(&req, &payload).unwrap()).await);
-    assert_eq!(code, ErrorCode::BadRequest, "{msg}");
-    assert!(msg.contains("duplicate id 30"), "{msg}");
-    assert_eq!(pull_rows(&good, &[30]).await, [0.0; 4]);
+    duplicate_ids(&bad, &good).await;
     check_served(&good, &mut round, "duplicate ids").await;
-
-    // Empty batches: no tables, or a table with zero ids.
-    let empty = Request::Push {
-        epoch: 1,
-        encoding: Encoding::F32,
-        grad_scale: 1.0,
-        tables: vec![],
-    };
-    let answer = raw_request(&bad, &encode_frame(&empty, &[]).unwrap()).await;
-    assert!(
-        matches!(
-            answer,
-            Ok((
-                Response::Pushed {
-                    rows: 0,
-                    rejected_nonfinite: 0
-                },
-                _
-            ))
-        ),
-        "{answer:?}"
-    );
-    let answer = raw_request(&bad, &push_frame(&[], DIM, &[], 1.0)).await;
-    assert!(
-        matches!(answer, Ok((Response::Pushed { rows: 0, .. }, _))),
-        "{answer:?}"
-    );
-    let answer = raw_request(&bad, &pull_frame(TABLE, &[], DIM)).await;
-    match answer {
-        Ok((Response::Pulled { .. }, rows)) => assert!(rows.is_empty()),
-        other => panic!("{other:?}"),
-    }
+    empty_batches(&bad).await;
     check_served(&good, &mut round, "empty batches").await;
-
-    // Random bytes, many streams at once on the bad connection.
-    let mut junk = Vec::new();
-    for i in 0..64u64 {
-        let bytes: Vec<u8> = (0..(i * 37 % 300))
-            .map(|j| (protocol::routing::mix64(i * 1000 + j) & 0xff) as u8)
-            .collect();
-        junk.push(tokio::spawn({
-            let bad = bad.clone();
-            async move { raw_request(&bad, &bytes).await }
-        }));
-    }
-    for j in junk {
-        match j.await.unwrap() {
-            Ok((Response::Error { code, .. }, _)) => assert_eq!(code, ErrorCode::BadRequest),
-            other => panic!("junk answered {other:?}"),
-        }
-    }
+    random_bytes(&bad).await;
     check_served(&good, &mut round, "random bytes").await;
 
     // The bad client's own connection still works for a good request.
-    let answer = raw_request(
-        &bad,
-        &encode_frame(
-            &Request::Hello {
-                version: protocol::PROTOCOL_VERSION,
-            },
-            &[],
-        )
-        .unwrap(),
-    )
-    .await;
+    let hello = Request::Hello {
+        version: protocol::PROTOCOL_VERSION,
+    };
+    let answer = raw_request(&bad, &encode_frame(&hello, &[]).unwrap()).await;
     assert!(
         matches!(answer, Ok((Response::Hello { .. }, _))),
         "{answer:?}"
     );
 
-    stop.store(true, Ordering::SeqCst);
-    background.await.unwrap();
-    let n = acked.load(Ordering::SeqCst);
+    let n = pusher.stop().await;
     assert!(n > 0);
     assert_eq!(
         pull_rows(&good, &[100, 101]).await,
@@ -329,4 +167,210 @@ async fn bad_input_gets_typed_errors_while_other_clients_keep_being_served() {
     good.close().await;
     drop(bad);
     sigterm_and_wait(s);
+}
+
+/// A client that pushes to rows 100 and 101 until stopped, counting acknowledged pushes; each must be applied.
+struct Pusher {
+    stop: Arc<AtomicBool>,
+    acked: Arc<AtomicU64>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Pusher {
+    fn start(client: PsClient) -> Pusher {
+        let stop = Arc::new(AtomicBool::new(false));
+        let acked = Arc::new(AtomicU64::new(0));
+        let task = {
+            let (stop, acked) = (stop.clone(), acked.clone());
+            tokio::spawn(async move {
+                while !stop.load(Ordering::SeqCst) {
+                    push_ones(&client, &[100, 101]).await.unwrap();
+                    acked.fetch_add(1, Ordering::SeqCst);
+                }
+                client.close().await;
+            })
+        };
+        Pusher { stop, acked, task }
+    }
+
+    /// Stops pushing; returns how many pushes were acknowledged.
+    async fn stop(self) -> u64 {
+        self.stop.store(true, Ordering::SeqCst);
+        self.task.await.unwrap();
+        self.acked.load(Ordering::SeqCst)
+    }
+}
+
+/// The error code and message `frame` is answered with.
+async fn refusal(bad: &quinn::Connection, frame: &[u8]) -> (ErrorCode, String) {
+    error_code(raw_request(bad, frame).await)
+}
+
+/// Oversized, announced by the prefix alone: refused before any body byte is read.
+async fn announced_oversized_frame(bad: &quinn::Connection) {
+    let mut prefix = Vec::new();
+    prefix.extend_from_slice(&MAGIC.to_le_bytes());
+    prefix.extend_from_slice(&16u32.to_le_bytes());
+    prefix.extend_from_slice(&(64u32 << 20).to_le_bytes());
+    let (code, msg) = refusal(bad, &prefix).await;
+    assert_eq!(code, ErrorCode::FrameTooLarge, "{msg}");
+    assert!(msg.contains("exceeds the cap of 1048576 bytes"), "{msg}");
+}
+
+/// Oversized and actually sent: 2 MiB of gradients.
+async fn sent_oversized_frame(bad: &quinn::Connection) {
+    let ids: Vec<u64> = (0..131_072).collect();
+    let big = push_frame(&ids, DIM, &vec![1.0; ids.len() * DIM as usize], 1.0);
+    let (code, msg) = refusal(bad, &big).await;
+    assert_eq!(code, ErrorCode::FrameTooLarge, "{msg}");
+}
+
+/// A pull whose response would exceed the cap (80k rows x 16 bytes), though its request is small.
+async fn pull_with_oversized_response(bad: &quinn::Connection) {
+    let ids: Vec<u64> = (0..80_000).collect();
+    let (code, msg) = refusal(bad, &pull_frame(TABLE, &ids, DIM)).await;
+    assert_eq!(code, ErrorCode::FrameTooLarge, "{msg}");
+    assert!(msg.contains("pull response of 1280000 bytes"), "{msg}");
+}
+
+/// Truncated: half a frame, or part of the prefix, then the stream is finished.
+async fn truncated_frames(bad: &quinn::Connection) {
+    let frame = push_frame(&[1, 2], DIM, &[1.0; 8], 1.0);
+    for part in [&frame[..frame.len() / 2], &frame[..PREFIX_LEN - 3]] {
+        let (code, msg) = refusal(bad, part).await;
+        assert_eq!(code, ErrorCode::BadRequest, "{msg}");
+        assert!(msg.contains("truncated frame"), "{msg}");
+    }
+}
+
+/// Wrong protocol version: in the frame prefix, and in Hello; and a frame that is not ours at all.
+async fn wrong_versions(bad: &quinn::Connection) {
+    let mut v2 = push_frame(&[1], DIM, &[1.0; 4], 1.0);
+    v2[..4].copy_from_slice(b"PS02");
+    let (code, msg) = refusal(bad, &v2).await;
+    assert_eq!(code, ErrorCode::UnsupportedVersion, "{msg}");
+    assert!(msg.contains("\"02\""), "{msg}");
+    let version = protocol::PROTOCOL_VERSION + 1;
+    let hello = encode_frame(&Request::Hello { version }, &[]).unwrap();
+    let (code, msg) = refusal(bad, &hello).await;
+    assert_eq!(code, ErrorCode::UnsupportedVersion, "{msg}");
+    assert!(
+        msg.contains(&format!("protocol version {version}")),
+        "{msg}"
+    );
+    let (code, msg) = refusal(bad, b"GET / HTTP/1.1\r\n\r\n").await;
+    assert_eq!(code, ErrorCode::BadRequest, "{msg}");
+    assert!(msg.contains("bad frame magic"), "{msg}");
+}
+
+/// Unknown table, wrong dimension.
+async fn unknown_table_and_wrong_dimension(bad: &quinn::Connection) {
+    let (code, msg) = refusal(bad, &pull_frame(99, &[1], DIM)).await;
+    assert_eq!(code, ErrorCode::UnknownTable, "{msg}");
+    assert!(msg.contains("unknown table 99"), "{msg}");
+    let (code, msg) = refusal(bad, &push_frame(&[1], 8, &[1.0; 8], 1.0)).await;
+    assert_eq!(code, ErrorCode::WrongDimension, "{msg}");
+    assert!(msg.contains("request dim 8, table dim 4"), "{msg}");
+}
+
+/// NaN and infinite gradients: those rows are skipped (and counted), the finite row is applied. A non-finite
+/// loss scale refuses the whole push.
+async fn nonfinite_gradients(bad: &quinn::Connection, good: &PsClient) {
+    let mut grads = vec![1.0; 12];
+    grads[1] = f32::NAN;
+    grads[6] = f32::INFINITY;
+    let answer = raw_request(bad, &push_frame(&[20, 21, 22], DIM, &grads, 1.0)).await;
+    assert!(
+        matches!(
+            answer,
+            Ok((
+                Response::Pushed {
+                    rows: 1,
+                    rejected_nonfinite: 2
+                },
+                _
+            ))
+        ),
+        "{answer:?}"
+    );
+    let rows = pull_rows(good, &[20, 21, 22]).await;
+    assert_eq!(rows, [[0.0; 4], [0.0; 4], [-1.0; 4]].concat());
+    let (code, msg) = refusal(bad, &push_frame(&[20], DIM, &[1.0; 4], f32::NAN)).await;
+    assert_eq!(code, ErrorCode::BadRequest, "{msg}");
+    assert!(msg.contains("grad_scale = NaN"), "{msg}");
+}
+
+/// Duplicate ids in one push: refused whole (the sender must sum them), nothing applied.
+async fn duplicate_ids(bad: &quinn::Connection, good: &PsClient) {
+    let mut payload = Vec::new();
+    protocol::wire::ids::put_ids(
+        protocol::wire::ids::IdCoding::Plain,
+        &[30, 30],
+        &mut payload,
+    );
+    codec::encode(&[1.0; 8], Encoding::F32, &mut payload);
+    let req = Request::Push {
+        epoch: 1,
+        encoding: Encoding::F32,
+        grad_scale: 1.0,
+        tables: counts(2, DIM),
+    };
+    let (code, msg) = refusal(bad, &encode_frame(&req, &payload).unwrap()).await;
+    assert_eq!(code, ErrorCode::BadRequest, "{msg}");
+    assert!(msg.contains("duplicate id 30"), "{msg}");
+    assert_eq!(pull_rows(good, &[30]).await, [0.0; 4]);
+}
+
+/// Empty batches: no tables, or a table with zero ids.
+async fn empty_batches(bad: &quinn::Connection) {
+    let empty = Request::Push {
+        epoch: 1,
+        encoding: Encoding::F32,
+        grad_scale: 1.0,
+        tables: vec![],
+    };
+    let answer = raw_request(bad, &encode_frame(&empty, &[]).unwrap()).await;
+    assert!(
+        matches!(
+            answer,
+            Ok((
+                Response::Pushed {
+                    rows: 0,
+                    rejected_nonfinite: 0
+                },
+                _
+            ))
+        ),
+        "{answer:?}"
+    );
+    let answer = raw_request(bad, &push_frame(&[], DIM, &[], 1.0)).await;
+    assert!(
+        matches!(answer, Ok((Response::Pushed { rows: 0, .. }, _))),
+        "{answer:?}"
+    );
+    let answer = raw_request(bad, &pull_frame(TABLE, &[], DIM)).await;
+    match answer {
+        Ok((Response::Pulled { .. }, rows)) => assert!(rows.is_empty()),
+        other => panic!("{other:?}"),
+    }
+}
+
+/// Random bytes, many streams at once on the bad connection.
+async fn random_bytes(bad: &quinn::Connection) {
+    let mut junk = Vec::new();
+    for i in 0..64u64 {
+        let bytes: Vec<u8> = (0..(i * 37 % 300))
+            .map(|j| (protocol::routing::mix64(i * 1000 + j) & 0xff) as u8)
+            .collect();
+        junk.push(tokio::spawn({
+            let bad = bad.clone();
+            async move { raw_request(&bad, &bytes).await }
+        }));
+    }
+    for j in junk {
+        match j.await.unwrap() {
+            Ok((Response::Error { code, .. }, _)) => assert_eq!(code, ErrorCode::BadRequest),
+            other => panic!("junk answered {other:?}"),
+        }
+    }
 }

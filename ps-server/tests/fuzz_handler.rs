@@ -1,4 +1,4 @@
-//! A structured fuzzer of the request handler ([`ps_server::handler::Shard::handle`]), sans-IO and deterministic
+//! A structured fuzzer of the request handler ([`ps_server::shard::Shard::handle`]), sans-IO and deterministic
 //! from a seed.
 //!
 //! Inputs: valid pulls and pushes against registered tables (owned and foreign ids), the same with mutated
@@ -24,56 +24,38 @@ use protocol::{
     Encoding, InitSpec, OptimizerSpec, Request, Response, ShardMap, TableCount, TableSpec,
 };
 use ps_server::config::Durability;
-use ps_server::handler::{Reply, Shard};
+use ps_server::handler::Reply;
+use ps_server::shard::Shard;
 
-/// splitmix64.
-struct Rng(u64);
+/// The fuzzer's generator: splitmix64, deterministic from the seed.
+type Rng = embedding::init::SplitMix64;
 
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        embedding::init::mix64(self.0)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-    fn chance(&mut self, one_in: u64) -> bool {
-        self.below(one_in) == 0
-    }
-    fn u32_edgy(&mut self) -> u32 {
-        const EDGES: [u32; 8] = [0, 1, 2, 4, 4096, 4097, u32::MAX - 1, u32::MAX];
-        if self.chance(2) {
-            EDGES[self.below(EDGES.len() as u64) as usize]
-        } else {
-            self.next() as u32 >> self.below(32)
-        }
-    }
-    fn f32_edgy(&mut self) -> f32 {
-        const EDGES: [f32; 8] = [
-            0.0,
-            -0.0,
-            1.0,
-            -1.0,
-            f32::NAN,
-            f32::INFINITY,
-            f32::NEG_INFINITY,
-            1e-30,
-        ];
-        if self.chance(2) {
-            EDGES[self.below(EDGES.len() as u64) as usize]
-        } else {
-            f32::from_bits(self.next() as u32)
-        }
-    }
-    /// A small gradient value, sometimes an edge case.
-    fn grad(&mut self) -> f32 {
-        if self.chance(50) {
-            self.f32_edgy()
-        } else {
-            (self.below(2001) as f32 - 1000.0) / 1000.0
-        }
+/// `u32` values a fuzzed field should hit often: zero, small counts, a page and one more, the top.
+const U32_EDGES: [u32; 8] = [0, 1, 2, 4, 4096, 4097, u32::MAX - 1, u32::MAX];
+
+/// `f32` values a fuzzed field should hit often: signed zeros and ones, NaN, infinities, a tiny value.
+const F32_EDGES: [f32; 8] = [
+    0.0,
+    -0.0,
+    1.0,
+    -1.0,
+    f32::NAN,
+    f32::INFINITY,
+    f32::NEG_INFINITY,
+    1e-30,
+];
+
+/// A small gradient value, sometimes an edge case.
+fn grad(r: &mut Rng) -> f32 {
+    if r.chance(50) {
+        r.f32_or_edge(&F32_EDGES)
+    } else {
+        (r.below(2001) as f32 - 1000.0) / 1000.0
     }
 }
+
+/// The time (Unix seconds) of the first input; each later input is a second later.
+const START: u64 = 1_700_000_000;
 
 /// The tables every fuzzed shard starts with: (id, dim).
 const TABLES: [(u32, u32); 4] = [(1, 4), (2, 2), (3, 8), (4, 3)];
@@ -119,29 +101,33 @@ fn random_spec(r: &mut Rng) -> TableSpec {
         s.id = r.below(40) as u32;
     }
     if r.chance(3) {
-        s.dim = r.u32_edgy();
+        s.dim = r.u32_or_edge(&U32_EDGES);
     }
     s.optimizer = match r.below(4) {
-        0 => OptimizerSpec::Sgd { lr: r.f32_edgy() },
+        0 => OptimizerSpec::Sgd {
+            lr: r.f32_or_edge(&F32_EDGES),
+        },
         1 => OptimizerSpec::RowAdagradRegularized {
-            lr: r.f32_edgy(),
-            eps: r.f32_edgy(),
-            initial_accumulator: r.f32_edgy(),
-            weight_decay: r.f32_edgy(),
-            clip_norm: r.f32_edgy(),
+            lr: r.f32_or_edge(&F32_EDGES),
+            eps: r.f32_or_edge(&F32_EDGES),
+            initial_accumulator: r.f32_or_edge(&F32_EDGES),
+            weight_decay: r.f32_or_edge(&F32_EDGES),
+            clip_norm: r.f32_or_edge(&F32_EDGES),
         },
         2 => OptimizerSpec::Adam {
-            lr: r.f32_edgy(),
-            beta1: r.f32_edgy(),
-            beta2: r.f32_edgy(),
-            eps: r.f32_edgy(),
-            weight_decay: r.f32_edgy(),
-            clip_norm: r.f32_edgy(),
+            lr: r.f32_or_edge(&F32_EDGES),
+            beta1: r.f32_or_edge(&F32_EDGES),
+            beta2: r.f32_or_edge(&F32_EDGES),
+            eps: r.f32_or_edge(&F32_EDGES),
+            weight_decay: r.f32_or_edge(&F32_EDGES),
+            clip_norm: r.f32_or_edge(&F32_EDGES),
         },
         _ => s.optimizer,
     };
     if r.chance(2) {
-        s.init = InitSpec::Normal { std: r.f32_edgy() };
+        s.init = InitSpec::Normal {
+            std: r.f32_or_edge(&F32_EDGES),
+        };
     }
     s
 }
@@ -155,7 +141,7 @@ fn new_shard(num_servers: u32, durability: Durability) -> Shard {
         writes: Default::default(),
     };
     let tables = TABLES.iter().map(|&(id, dim)| base_spec(id, dim)).collect();
-    let r = shard.handle(Request::RegisterTables { tables }, &[]);
+    let r = shard.handle(Request::RegisterTables { tables }, &[], START);
     assert!(matches!(r.header, Response::Registered { .. }));
     shard
 }
@@ -168,7 +154,11 @@ fn encoding(r: &mut Rng) -> Encoding {
 fn ids(r: &mut Rng, shard: &Shard, n: usize, coding: IdCoding) -> Vec<u64> {
     let mut out = Vec::with_capacity(n);
     while out.len() < n {
-        let id = if r.chance(4) { r.next() } else { r.below(1000) };
+        let id = if r.chance(4) {
+            r.next_u64()
+        } else {
+            r.below(1000)
+        };
         let owned = shard.shard_map.server_of(id) == shard.shard_index;
         if !out.contains(&id) && (owned || r.chance(2000)) {
             out.push(id);
@@ -219,11 +209,11 @@ fn valid(r: &mut Rng, shard: &Shard) -> (Request, Vec<u8>) {
         return (req, payload);
     }
     for c in &counts {
-        let grads: Vec<f32> = (0..c.count * c.dim).map(|_| r.grad()).collect();
+        let grads: Vec<f32> = (0..c.count * c.dim).map(|_| grad(r)).collect();
         codec::encode_rows(&grads, c.dim as usize, enc, &mut payload);
     }
     let grad_scale = match r.below(10) {
-        0 => r.f32_edgy(),
+        0 => r.f32_or_edge(&F32_EDGES),
         1 => 1024.0,
         _ => 1.0,
     };
@@ -241,9 +231,9 @@ fn valid(r: &mut Rng, shard: &Shard) -> (Request, Vec<u8>) {
 fn mutate_counts(r: &mut Rng, tables: &mut Vec<TableCount>) {
     if tables.is_empty() || r.chance(6) {
         tables.push(TableCount {
-            table: r.u32_edgy(),
-            count: r.u32_edgy(),
-            dim: r.u32_edgy(),
+            table: r.u32_or_edge(&U32_EDGES),
+            count: r.u32_or_edge(&U32_EDGES),
+            dim: r.u32_or_edge(&U32_EDGES),
         });
         return;
     }
@@ -254,13 +244,13 @@ fn mutate_counts(r: &mut Rng, tables: &mut Vec<TableCount>) {
             t.table = if r.chance(2) {
                 r.below(8) as u32
             } else {
-                r.u32_edgy()
+                r.u32_or_edge(&U32_EDGES)
             }
         }
         1 => t.count = t.count.wrapping_add(r.below(3) as u32).wrapping_sub(1),
-        2 => t.count = r.u32_edgy(),
+        2 => t.count = r.u32_or_edge(&U32_EDGES),
         3 => t.dim = t.dim.wrapping_add(r.below(3) as u32).wrapping_sub(1),
-        _ => t.dim = r.u32_edgy(),
+        _ => t.dim = r.u32_or_edge(&U32_EDGES),
     }
 }
 
@@ -275,7 +265,7 @@ fn mutate(r: &mut Rng, req: &mut Request, payload: &mut Vec<u8>) {
         1 => match req {
             Request::Pull { epoch, .. }
             | Request::PullWithState { epoch, .. }
-            | Request::Push { epoch, .. } => *epoch = r.next() % 3,
+            | Request::Push { epoch, .. } => *epoch = r.next_u64() % 3,
             _ => {}
         },
         2 => match req {
@@ -296,7 +286,7 @@ fn mutate(r: &mut Rng, req: &mut Request, payload: &mut Vec<u8>) {
         }
         _ => {
             let n = r.below(24) as usize;
-            payload.extend((0..n).map(|_| r.next() as u8));
+            payload.extend((0..n).map(|_| r.next_u64() as u8));
         }
     }
 }
@@ -306,7 +296,11 @@ fn input(r: &mut Rng, shard: &Shard) -> (Request, Vec<u8>) {
     match r.below(20) {
         0 => (
             Request::Hello {
-                version: if r.chance(2) { 1 } else { r.u32_edgy() },
+                version: if r.chance(2) {
+                    1
+                } else {
+                    r.u32_or_edge(&U32_EDGES)
+                },
             },
             Vec::new(),
         ),
@@ -460,7 +454,7 @@ fn seed() -> u64 {
 #[test]
 fn request_handler_survives_structured_fuzzing() {
     let (n, seed) = (iters(50_000), seed());
-    let mut r = Rng(seed);
+    let mut r = Rng::new(seed);
     // Two servers with periodic write-back (ownership checks), one with synced push writes.
     let shards = [
         new_shard(2, Durability::Periodic),
@@ -476,7 +470,8 @@ fn request_handler_survives_structured_fuzzing() {
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             let before =
                 matches!(req, Request::Push { .. }).then(|| snapshot(shard, &req, &payload));
-            let reply = shard.handle(req.clone(), &payload);
+            // One second per input, from a fixed start: TTL stamps are deterministic too.
+            let reply = shard.handle(req.clone(), &payload, START + i);
             if let (Response::Error { message, .. }, true) = (&reply.header, debug) {
                 eprintln!("{message}");
             }

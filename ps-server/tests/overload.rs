@@ -38,30 +38,8 @@ async fn many_clients_are_throttled_with_bounded_memory_and_nothing_lost() {
     let dir = tempfile::tempdir().unwrap();
     let (data, tls) = (dir.path().join("data"), dir.path().join("tls"));
     protocol::transport::tls::init_dev_certs(&tls, &[]).unwrap();
-    let max_connections = CLIENTS + 1;
-    let max_connections = max_connections.to_string();
-    let mut flags = vec![
-        "--max-inflight-bytes",
-        "4194304",
-        "--max-streams-per-connection",
-        "4",
-        "--connection-window-bytes",
-        "1048576",
-        "--max-connections",
-        &max_connections,
-    ];
-    let debug_drop = std::env::var("OVERLOAD_DROP").unwrap_or_default();
-    let pairs: Vec<[&str; 2]> = flags.chunks(2).map(|c| [c[0], c[1]]).collect();
-    flags = pairs
-        .into_iter()
-        .filter(|p| {
-            !debug_drop
-                .split(',')
-                .any(|d| !d.is_empty() && p[0].contains(d))
-        })
-        .flatten()
-        .collect();
-    let s = start(&data, &tls, &flags);
+    let max_connections = (CLIENTS + 1).to_string();
+    let s = start(&data, &tls, &server_flags(&max_connections));
     let pid = s.child.id();
     let setup = common::client(&s, &tls).await;
     setup
@@ -70,21 +48,7 @@ async fn many_clients_are_throttled_with_bounded_memory_and_nothing_lost() {
         .unwrap();
 
     let ids: Vec<u64> = (0..ROWS).collect();
-    let mut payload = Vec::new();
-    put_ids(&ids, &mut payload);
-    codec::encode(
-        &vec![1.0; (ROWS * DIM as u64) as usize],
-        Encoding::F32,
-        &mut payload,
-    );
-    let payload = bytes::Bytes::from(payload);
-    let push = |c: Arc<PsClient>, payload: bytes::Bytes| async move {
-        let start = Instant::now();
-        let r = c.push(0, Encoding::F32, 1.0, counts(), payload).await;
-        assert_eq!(r.unwrap(), (ROWS, 0), "push not acknowledged");
-        start.elapsed()
-    };
-
+    let payload = push_payload(&ids);
     // Latency on an idle server.
     let setup = Arc::new(setup);
     let mut idle = Vec::new();
@@ -95,24 +59,7 @@ async fn many_clients_are_throttled_with_bounded_memory_and_nothing_lost() {
     let rss_before = proc_status_kib(pid, "VmRSS");
 
     // Overload: 64 clients x 16 pushes in flight.
-    let connecting: Vec<_> = (0..CLIENTS)
-        .map(|_| {
-            let mut cfg = PsClientConfig::new(vec![s.quic], tls.clone());
-            cfg.retry_for = Duration::ZERO; // a retry could apply a push twice; none is needed
-            cfg.request_timeout = Duration::from_secs(60);
-            tokio::spawn(PsClient::connect(cfg))
-        })
-        .collect();
-    let mut clients = Vec::new();
-    for c in connecting {
-        clients.push(Arc::new(c.await.unwrap().unwrap()));
-    }
-    // One connection past the cap is refused while the others are open.
-    let mut extra = PsClientConfig::new(vec![s.quic], tls.clone());
-    extra.retry_for = Duration::ZERO;
-    let refused = PsClient::connect(extra).await;
-    assert!(refused.is_err(), "connection past max-connections accepted");
-
+    let clients = connect_clients(&s, &tls).await;
     let started = Instant::now();
     let mut tasks = Vec::new();
     for c in &clients {
@@ -146,14 +93,7 @@ async fn many_clients_are_throttled_with_bounded_memory_and_nothing_lost() {
 
     // Nothing lost, nothing applied twice: every row is minus the number of acknowledged pushes.
     let acked = (8 + CLIENTS * IN_FLIGHT) as f32;
-    let mut pull = Vec::new();
-    put_ids(&ids, &mut pull);
-    let rows = setup
-        .pull(0, Encoding::F32, counts(), pull.into())
-        .await
-        .unwrap();
-    let mut values = vec![0.0f32; rows.len() / 4];
-    codec::decode(&rows, Encoding::F32, &mut values).unwrap();
+    let values = pull_rows(&setup, &ids).await;
     assert!(values.iter().all(|&v| v == -acked), "rows are not -{acked}");
 
     // Memory bound: the limits allow 64 x 1 MiB of unread window plus 2 x 4 MiB being handled; the 256 MiB
@@ -173,4 +113,85 @@ async fn many_clients_are_throttled_with_bounded_memory_and_nothing_lost() {
         c.await.unwrap();
     }
     sigterm_and_wait(s);
+}
+
+/// The server's load limits, minus the flags named in `OVERLOAD_DROP` (comma-separated parts of flag names),
+/// for finding out which limit bounds the memory.
+fn server_flags(max_connections: &str) -> Vec<&str> {
+    let flags = [
+        "--max-inflight-bytes",
+        "4194304",
+        "--max-streams-per-connection",
+        "4",
+        "--connection-window-bytes",
+        "1048576",
+        "--max-connections",
+        max_connections,
+    ];
+    let debug_drop = std::env::var("OVERLOAD_DROP").unwrap_or_default();
+    flags
+        .chunks(2)
+        .filter(|p| {
+            !debug_drop
+                .split(',')
+                .any(|d| !d.is_empty() && p[0].contains(d))
+        })
+        .flatten()
+        .copied()
+        .collect()
+}
+
+/// A push of gradient 1 to every row of `ids`.
+fn push_payload(ids: &[u64]) -> bytes::Bytes {
+    let mut payload = Vec::new();
+    put_ids(ids, &mut payload);
+    codec::encode(
+        &vec![1.0; ids.len() * DIM as usize],
+        Encoding::F32,
+        &mut payload,
+    );
+    bytes::Bytes::from(payload)
+}
+
+/// Pushes `payload`, which must be acknowledged with every row applied; returns the latency.
+async fn push(c: Arc<PsClient>, payload: bytes::Bytes) -> Duration {
+    let start = Instant::now();
+    let r = c.push(0, Encoding::F32, 1.0, counts(), payload).await;
+    assert_eq!(r.unwrap(), (ROWS, 0), "push not acknowledged");
+    start.elapsed()
+}
+
+/// Connects [`CLIENTS`] clients at once, then checks that one connection past the cap is refused while they
+/// are open.
+async fn connect_clients(s: &common::Server, tls: &std::path::Path) -> Vec<Arc<PsClient>> {
+    let connecting: Vec<_> = (0..CLIENTS)
+        .map(|_| {
+            let mut cfg = PsClientConfig::new(vec![s.quic], tls.to_path_buf());
+            cfg.retry_for = Duration::ZERO; // a retry could apply a push twice; none is needed
+            cfg.request_timeout = Duration::from_secs(60);
+            tokio::spawn(PsClient::connect(cfg))
+        })
+        .collect();
+    let mut clients = Vec::new();
+    for c in connecting {
+        clients.push(Arc::new(c.await.unwrap().unwrap()));
+    }
+    let mut extra = PsClientConfig::new(vec![s.quic], tls.to_path_buf());
+    extra.retry_for = Duration::ZERO;
+    let refused = PsClient::connect(extra).await;
+    assert!(refused.is_err(), "connection past max-connections accepted");
+    clients
+}
+
+/// The rows of `ids`, flattened.
+async fn pull_rows(c: &PsClient, ids: &[u64]) -> Vec<f32> {
+    let mut pull = Vec::new();
+    put_ids(ids, &mut pull);
+    let rows = c
+        .pull(0, Encoding::F32, counts(), pull.into())
+        .await
+        .unwrap();
+    let mut values = vec![0.0f32; rows.len() / 4];
+    codec::decode(&rows, Encoding::F32, &mut values).unwrap();
+    values
 }

@@ -126,6 +126,42 @@ async fn checkpoint_of_two_servers_restores_onto_three() {
     let written = c.checkpoint(snap.to_str().unwrap(), 17).await.unwrap();
     assert_eq!(written.iter().map(|w| w.0).sum::<u64>(), 600, "{written:?}");
     assert!(written[1].1.ends_with("shard-1-of-2"), "{written:?}");
+    checkpoint_refusals(&c, &snap).await;
+    // Updates after the checkpoint are not in it.
+    push_all(&c, &ids, 2).await;
+    c.close().await;
+    for s in two {
+        sigterm_and_wait(s);
+    }
+
+    restore_onto_three(&snap, dir.path());
+    let three: Vec<Server> = (0..3)
+        .map(|i| start_shard(&dir.path().join(format!("new-{i}")), &tls, i, 3))
+        .collect();
+    let c = connect(&three, &tls).await;
+    assert_eq!(c.known_tables(), &[table()], "table config restored");
+    assert_eq!(c.shard_map(), ShardMap::new(3));
+    let got = pull_all(&c, &ids).await;
+    assert_eq!(got.len(), want.len());
+    for (id, row) in &want {
+        assert_eq!(
+            &got[id], row,
+            "id {id} differs after restore onto 3 servers"
+        );
+    }
+    // Each restored server recovered exactly its own rows.
+    let recovered: u64 = three.iter().map(rows_recovered).sum();
+    assert_eq!(recovered, 600);
+    c.close().await;
+    for s in three {
+        sigterm_and_wait(s);
+    }
+
+    restore_refusals(&snap, dir.path());
+}
+
+/// A checkpoint never overwrites a snapshot, and never lands relative to a server's working directory.
+async fn checkpoint_refusals(c: &PsClient, snap: &Path) {
     // Snapshots are never overwritten.
     match c.checkpoint(snap.to_str().unwrap(), 18).await {
         Err(ProtocolError::Remote {
@@ -147,15 +183,12 @@ async fn checkpoint_of_two_servers_restores_onto_three() {
         }) => assert!(message.contains("expected an absolute path"), "{message}"),
         other => panic!("relative checkpoint directory: {other:?}"),
     }
-    // Updates after the checkpoint are not in it.
-    push_all(&c, &ids, 2).await;
-    c.close().await;
-    for s in two {
-        sigterm_and_wait(s);
-    }
+}
 
+/// Restores the snapshot in `snap` onto 3 servers, into `dir/new-<i>`.
+fn restore_onto_three(snap: &Path, dir: &Path) {
     for i in 0..3 {
-        let out = restore_cmd(&snap, 3, i, &dir.path().join(format!("new-{i}")));
+        let out = restore_cmd(snap, 3, i, &dir.join(format!("new-{i}")));
         let stdout = String::from_utf8_lossy(&out.stdout);
         assert!(
             out.status.success(),
@@ -167,46 +200,27 @@ async fn checkpoint_of_two_servers_restores_onto_three() {
             "{stdout}"
         );
     }
-    let three: Vec<Server> = (0..3)
-        .map(|i| start_shard(&dir.path().join(format!("new-{i}")), &tls, i, 3))
-        .collect();
-    let c = connect(&three, &tls).await;
-    assert_eq!(c.known_tables(), &[table()], "table config restored");
-    assert_eq!(c.shard_map(), ShardMap::new(3));
-    let got = pull_all(&c, &ids).await;
-    assert_eq!(got.len(), want.len());
-    for (id, row) in &want {
-        assert_eq!(
-            &got[id], row,
-            "id {id} differs after restore onto 3 servers"
-        );
-    }
-    // Each restored server recovered exactly its own rows.
-    let recovered: u64 = three
-        .iter()
-        .map(|s| {
-            let m = http_get(s.metrics, "/metrics");
-            m.lines()
-                .find_map(|l| l.strip_prefix("ps_rows_recovered_total "))
-                .and_then(|v| v.trim().parse::<u64>().ok())
-                .unwrap_or_else(|| panic!("no ps_rows_recovered_total in {m}"))
-        })
-        .sum();
-    assert_eq!(recovered, 600);
-    c.close().await;
-    for s in three {
-        sigterm_and_wait(s);
-    }
+}
 
-    // The command refuses an output directory that is not empty, and a directory that is not a snapshot.
-    let out = restore_cmd(&snap, 3, 0, &dir.path().join("new-0"));
+/// `ps_rows_recovered_total` of server `s`.
+fn rows_recovered(s: &Server) -> u64 {
+    let m = http_get(s.metrics, "/metrics");
+    m.lines()
+        .find_map(|l| l.strip_prefix("ps_rows_recovered_total "))
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .unwrap_or_else(|| panic!("no ps_rows_recovered_total in {m}"))
+}
+
+/// The restore command refuses an output directory that is not empty, and a directory that is not a snapshot.
+fn restore_refusals(snap: &Path, dir: &Path) {
+    let out = restore_cmd(snap, 3, 0, &dir.join("new-0"));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(
         stderr.contains("new-0: exists and is not empty; restore into a new directory"),
         "{stderr}"
     );
-    let out = restore_cmd(&dir.path().join("tls"), 3, 0, &dir.path().join("new-9"));
+    let out = restore_cmd(&dir.join("tls"), 3, 0, &dir.join("new-9"));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(

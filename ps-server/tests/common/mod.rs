@@ -257,11 +257,7 @@ pub fn metric(s: &Server, name: &str) -> f64 {
 /// subtracted exactly (sums of small integers are exact in f32), so rows count what was applied.
 pub fn counter_table(id: u32, dim: u32) -> TableSpec {
     TableSpec {
-        id,
         name: format!("counter{id}"),
-        dim,
-        optimizer: OptimizerSpec::Sgd { lr: 1.0 },
-        init: InitSpec::Uniform { scale: 0.0 },
-        seed: 1,
+        ..TableSpec::counter(id, dim)
     }
 }

@@ -1,0 +1,321 @@
+//! One connection's requests: read a frame, admit its bytes, call [`Shard::handle`] with the time, write the
+//! reply. QUIC requests arrive one per stream ([`serve_connection`]); TCP requests arrive multiplexed on one
+//! connection ([`protocol::transport::tcp`], [`serve_tcp_connection`]); both go through [`answer`], which reads
+//! the wall clock once per request and passes it in.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use protocol::transport::{stream, tcp};
+use protocol::{ErrorCode, ProtocolError, Request, Response};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::config::Durability;
+use crate::load_limits::{self, Admitted, LoadLimits};
+use crate::metrics as m;
+use crate::shard::Shard;
+
+use super::listen::Accepted;
+
+/// Serves one accepted connection on its transport until it ends or the drain starts; logs why it ended.
+pub(super) async fn serve(
+    accepted: Accepted,
+    shard: Arc<Shard>,
+    tracker: TaskTracker,
+    draining: CancellationToken,
+    max_frame: u64,
+    admission: Arc<LoadLimits>,
+) {
+    let ended = match accepted {
+        Accepted::Quic(incoming) => {
+            serve_connection(*incoming, shard, tracker, draining, max_frame, admission)
+                .await
+                .map_err(|e| e.to_string())
+        }
+        Accepted::Tcp(handshake) => {
+            serve_tcp_connection(handshake, shard, tracker, draining, max_frame, admission)
+                .await
+                .map_err(|e| e.to_string())
+        }
+    };
+    if let Err(e) = ended {
+        tracing::debug!(error = %e, "connection ended");
+    }
+}
+
+/// Serves one QUIC connection: one task per request stream, tracked by `tracker`. On drain, stops accepting
+/// streams.
+async fn serve_connection(
+    incoming: quinn::Incoming,
+    shard: Arc<Shard>,
+    tracker: TaskTracker,
+    draining: CancellationToken,
+    max_frame: u64,
+    admission: Arc<LoadLimits>,
+) -> Result<(), quinn::ConnectionError> {
+    let conn = incoming.await?;
+    let _open = ConnectionGauge::new();
+    tracing::debug!(peer = %conn.remote_address(), "connection accepted");
+    loop {
+        let (send, recv) = tokio::select! {
+            _ = draining.cancelled() => return Ok(()),
+            stream = conn.accept_bi() => match stream {
+                Ok(s) => s,
+                Err(quinn::ConnectionError::ApplicationClosed(_)) | Err(quinn::ConnectionError::LocallyClosed) => return Ok(()),
+                Err(e) => return Err(e),
+            },
+        };
+        let shard = shard.clone();
+        let admission = admission.clone();
+        tracker.spawn(async move {
+            if let Err(e) = serve_request(send, recv, &shard, max_frame, &admission).await {
+                tracing::debug!(error = %e, "request stream failed");
+            }
+        });
+    }
+}
+
+/// Counts an open connection in [`m::CONNECTIONS`] while it lives.
+struct ConnectionGauge;
+impl ConnectionGauge {
+    fn new() -> ConnectionGauge {
+        metrics::gauge!(m::CONNECTIONS).increment(1.0);
+        ConnectionGauge
+    }
+}
+impl Drop for ConnectionGauge {
+    fn drop(&mut self) {
+        metrics::gauge!(m::CONNECTIONS).decrement(1.0);
+    }
+}
+
+/// The `kind` label of a request's metrics.
+fn kind(req: &Request) -> &'static str {
+    match req {
+        Request::Hello { .. } => "hello",
+        Request::RegisterTables { .. } => "register",
+        // A pull with state is a pull (dashboards and alerts select kind="pull").
+        Request::Pull { .. } | Request::PullWithState { .. } => "pull",
+        Request::Push { .. } => "push",
+        Request::Flush => "flush",
+        Request::Checkpoint { .. } => "checkpoint",
+    }
+}
+
+/// Serves one QUIC request stream: admission, the request, the reply, its metrics.
+async fn serve_request(
+    mut send: quinn::SendStream,
+    mut recv: quinn::RecvStream,
+    shard: &Shard,
+    max_frame: u64,
+    admission: &LoadLimits,
+) -> Result<(), ProtocolError> {
+    let start = Instant::now();
+    let (frame, mut admitted) = read_admitted(&mut recv, max_frame, admission).await;
+    if frame.is_err() {
+        // Refused before the whole request was read: the client may still be sending.
+        let _ = recv.stop(0u32.into());
+    }
+    let answer = match admit_response(frame, max_frame, admission, &mut admitted).await {
+        Ok(frame) => answer(shard, frame)?,
+        Err(refusal) => refusal,
+    };
+    stream::write_frame(&mut send, &answer.header, answer.payload.clone()).await?;
+    drop(admitted);
+    answer.record(start);
+    // Graceful shutdown waits for this task: wait until the client has the reply (acknowledged), so that
+    // closing the endpoint after the drain cannot discard the reply of a request that was applied.
+    let _ = send.stopped().await;
+    Ok(())
+}
+
+/// Reads one request frame, admitting its body's bytes ([`LoadLimits::request`]) before reading it.
+async fn read_admitted(
+    recv: &mut quinn::RecvStream,
+    max_frame: u64,
+    admission: &LoadLimits,
+) -> (Result<(Request, Bytes), ProtocolError>, Option<Admitted>) {
+    use protocol::wire::frame::{decode_header, parse_prefix, PREFIX_LEN};
+    let truncated = |e: quinn::ReadExactError, expected: usize| match e {
+        quinn::ReadExactError::FinishedEarly(got) => ProtocolError::Truncated { got, expected },
+        other => ProtocolError::Read(other),
+    };
+    let mut prefix = [0u8; PREFIX_LEN];
+    if let Err(e) = recv.read_exact(&mut prefix).await {
+        return (Err(truncated(e, PREFIX_LEN)), None);
+    }
+    let p = match parse_prefix(&prefix, max_frame) {
+        Ok(p) => p,
+        Err(e) => return (Err(e), None),
+    };
+    let admitted = admission.request(p.body_len()).await;
+    let body = match stream::read_body(recv, p.body_len()).await {
+        Ok(body) => body,
+        Err(e) => return (Err(e), Some(admitted)),
+    };
+    let frame = decode_header(&body[..p.header_len as usize])
+        .map(|h| (h, body.slice(p.header_len as usize..)));
+    (frame, Some(admitted))
+}
+
+/// Admits the response bytes of a decoded request ([`LoadLimits::response`]), or refuses a pull whose response
+/// would exceed the frame cap (no client could read it).
+async fn admit_response(
+    frame: Result<(Request, Bytes), ProtocolError>,
+    max_frame: u64,
+    admission: &LoadLimits,
+    admitted: &mut Option<Admitted>,
+) -> Result<Result<(Request, Bytes), ProtocolError>, Answer> {
+    let Ok((req, _)) = &frame else {
+        return Ok(frame);
+    };
+    let bytes = load_limits::response_bytes(req);
+    if (bytes + protocol::wire::frame::PREFIX_LEN) as u64 > max_frame {
+        let code = ErrorCode::FrameTooLarge;
+        metrics::counter!(m::REQUEST_ERRORS_TOTAL, "code" => format!("{code:?}")).increment(1);
+        return Err(Answer {
+            header: Response::Error {
+                code,
+                message: format!(
+                    "pull response of {bytes} bytes would exceed the frame cap of {max_frame} bytes: \
+                     pull fewer ids per request"
+                ),
+            },
+            payload: Bytes::new(),
+            kind: Some(kind(req)),
+        });
+    }
+    if let Some(admitted) = admitted {
+        admission.response(req, admitted).await;
+    }
+    Ok(frame)
+}
+
+/// A reply ready to send, with what the request metrics need.
+struct Answer {
+    header: Response,
+    payload: Bytes,
+    /// The request kind; `None` for a request refused before it was decoded.
+    kind: Option<&'static str>,
+}
+
+impl Answer {
+    /// Counts the request once its reply is sent.
+    fn record(&self, start: Instant) {
+        metrics::counter!(m::BYTES_SENT_TOTAL)
+            .increment((protocol::wire::frame::PREFIX_LEN + self.payload.len()) as u64);
+        if let Some(kind) = self.kind {
+            metrics::counter!(m::REQUESTS_TOTAL, "kind" => kind).increment(1);
+            metrics::histogram!(m::REQUEST_SECONDS, "kind" => kind)
+                .record(start.elapsed().as_secs_f64());
+        }
+    }
+}
+
+/// Answers one request, or the framing error that kept it from being read (a typed error reply). Errors that
+/// leave nothing to answer (the connection is gone) are returned.
+fn answer(
+    shard: &Shard,
+    frame: Result<(Request, Bytes), ProtocolError>,
+) -> Result<Answer, ProtocolError> {
+    let (req, payload) = match frame {
+        Ok(frame) => frame,
+        Err(e) => {
+            let code = match &e {
+                ProtocolError::FrameTooLarge { .. } => ErrorCode::FrameTooLarge,
+                ProtocolError::WrongVersion { .. } => ErrorCode::UnsupportedVersion,
+                ProtocolError::BadMagic { .. }
+                | ProtocolError::BadHeader(_)
+                | ProtocolError::Truncated { .. } => ErrorCode::BadRequest,
+                _ => return Err(e),
+            };
+            metrics::counter!(m::REQUEST_ERRORS_TOTAL, "code" => format!("{code:?}")).increment(1);
+            return Ok(Answer {
+                header: Response::Error {
+                    code,
+                    message: e.to_string(),
+                },
+                payload: Bytes::new(),
+                kind: None,
+            });
+        }
+    };
+    let kind = kind(&req);
+    metrics::counter!(m::BYTES_RECEIVED_TOTAL)
+        .increment((protocol::wire::frame::PREFIX_LEN + payload.len()) as u64);
+    // The handler reads no clock (STYLE.md, "Sans-IO cores"): the time of this request, read once.
+    let now = super::unix_secs();
+    let reply = match req {
+        // Flushes touch the disk: keep them off the async workers.
+        Request::Flush => tokio::task::block_in_place(|| shard.handle(Request::Flush, &[], now)),
+        // A checkpoint writes back, flushes memtables and fsyncs: off the async workers too.
+        req @ Request::Checkpoint { .. } => {
+            tokio::task::block_in_place(|| shard.handle(req, &[], now))
+        }
+        // With durability `sync`, a push waits for an fsync.
+        req @ Request::Push { .. } if shard.durability == Durability::Sync => {
+            tokio::task::block_in_place(|| shard.handle(req, &payload, now))
+        }
+        req => shard.handle(req, &payload, now),
+    };
+    Ok(Answer {
+        header: reply.header,
+        payload: Bytes::from(reply.payload),
+        kind: Some(kind),
+    })
+}
+
+/// Serves one TCP connection: requests multiplexed by id, one task each, answers queued on the connection's
+/// writer. On drain, stops reading and waits until the answers of requests already read are written.
+async fn serve_tcp_connection(
+    handshake: tcp::Handshake,
+    shard: Arc<Shard>,
+    tracker: TaskTracker,
+    draining: CancellationToken,
+    max_frame: u64,
+    admission: Arc<LoadLimits>,
+) -> Result<(), ProtocolError> {
+    let mut conn = handshake.finish(max_frame).await?;
+    let _open = ConnectionGauge::new();
+    tracing::debug!(peer = %conn.peer(), "tcp connection accepted");
+    loop {
+        let incoming = tokio::select! {
+            _ = draining.cancelled() => break,
+            next = conn.next() => match next? {
+                Some(incoming) => incoming,
+                None => break,
+            },
+        };
+        let shard = shard.clone();
+        let admission = admission.clone();
+        // Admitted before the next request is read: past the cap, the connection stops being read and TCP
+        // flow control holds the client back (the frame itself was read already).
+        let bytes = incoming.request.as_ref().map(|(_, p)| p.len()).unwrap_or(0);
+        let mut admitted = Some(admission.request(bytes).await);
+        tracker.spawn(async move {
+            let start = Instant::now();
+            let tcp::Incoming { request, reply } = incoming;
+            let request = match admit_response(request, max_frame, &admission, &mut admitted).await
+            {
+                Ok(request) => request,
+                Err(refusal) => {
+                    if let Err(e) = reply.send(&refusal.header, refusal.payload.clone()) {
+                        tracing::debug!(error = %e, "tcp request failed");
+                    }
+                    return;
+                }
+            };
+            let sent = answer(&shard, request).and_then(|a| {
+                reply.send(&a.header, a.payload.clone())?;
+                Ok(a)
+            });
+            match sent {
+                Ok(a) => a.record(start),
+                Err(e) => tracing::debug!(error = %e, "tcp request failed"),
+            }
+        });
+    }
+    conn.finish().await
+}
