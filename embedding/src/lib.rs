@@ -18,7 +18,7 @@
 //! - [`admission`]: the count-min sketch of frequency admission.
 //! - `arena`: chunked row storage of one stripe (private).
 //! - [`table`](Table): [`Table`], lock-striped rows with a compact index, dirty bits, admission and TTL.
-//!   `table_budget.rs`: the capacity tier (memory budget, CLOCK eviction, batched read-back).
+//!   `table/budget.rs`: the capacity tier (memory budget, CLOCK eviction, batched read-back).
 //! - [`batch`](DirtyBatch): [`DirtyBatch`], rows encoded for the store.
 //! - [`store`](Store): the [`Store`] trait; [`MemStore`] and `RocksStore` implement it.
 //! - [`spec`]: [`spec::TableSpec`], the plain description of a table that travels on the wire, and its
@@ -30,7 +30,7 @@
 //! - [`sizing`]: memory and disk of a table of R rows from the layout above, without building it.
 //!
 //! With a memory budget ([`Engine::open_with_budget`]), [`Engine::enforce_budget`] evicts cold rows (CLOCK) to
-//! the store and misses read them back with one batched [`Store::get_rows`] per call (`table_budget.rs`).
+//! the store and misses read them back with one batched [`Store::get_rows`] per call (`table/budget.rs`).
 //!
 //! # Not here yet
 //! Last-touched times and admission
