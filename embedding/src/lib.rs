@@ -17,6 +17,8 @@
 //!   FTRL-Proximal) after per-table clipping and weight decay ([`optimizer::Regularizer`]).
 //! - [`admission`]: the count-min sketch of frequency admission.
 //! - `arena`: chunked row storage of one stripe (private).
+//! - [`prefetch`]: the cache prefetch hint ([`prefetch::read`]) of the table's lookups and the trainer's
+//!   residual store.
 //! - [`table`](Table): [`Table`], lock-striped rows with a compact index, dirty bits, admission and TTL.
 //!   `table/budget.rs`: the capacity tier (memory budget, CLOCK eviction, batched read-back).
 //! - [`batch`](DirtyBatch): [`DirtyBatch`], rows encoded for the store.
@@ -53,6 +55,7 @@ mod error;
 pub mod init;
 mod mem_store;
 pub mod optimizer;
+pub mod prefetch;
 #[cfg(feature = "rocksdb")]
 mod rocks_store;
 pub mod sizing;
