@@ -43,6 +43,8 @@
 //! - `rocksdb` (default): `RocksStore`, snapshots (`Engine::checkpoint`, `Snapshot`) and `MemStore`
 //!   checkpoints, which write a RocksDB. A trainer replaying its own pushes needs only the optimizers and
 //!   leaves it off, so it links no RocksDB (`cargo tree -p trainer -e normal`).
+//! - `failpoints` (tests only): the `fail` crate's failpoints in the store's write paths (`failpoints`
+//!   module lists them), for tests that inject disk errors. Production builds leave it off and contain none.
 
 #![warn(missing_docs)]
 
@@ -52,6 +54,8 @@ mod batch;
 mod config;
 mod engine;
 mod error;
+#[cfg(feature = "failpoints")]
+pub mod failpoints;
 pub mod init;
 mod mem_store;
 pub mod optimizer;

@@ -14,11 +14,15 @@
 //! - [`load_limits`]: admission control of connections and in-flight bytes (overload).
 //! - [`metrics`]: metric names and descriptions.
 //! - [`cli`]: the binary's command line.
+//! - `failpoints` (feature `failpoints`, test builds only): failpoints from `FAILPOINTS` and from a file a
+//!   test rewrites while the server runs.
 #![warn(missing_docs)]
 
 pub mod checkpoint;
 pub mod cli;
 pub mod config;
+#[cfg(feature = "failpoints")]
+pub mod failpoints;
 pub mod handler;
 pub mod load_limits;
 pub mod metrics;
