@@ -113,8 +113,11 @@ impl std::ops::AddAssign for ApplyStats {
 /// The rows of one embedding table. Thread-safe: share it as `Arc<Table>`.
 #[derive(Debug)]
 pub struct Table {
+    /// The validated config.
     cfg: TableConfig,
+    /// f32s per stored row: `dim` weights, then the optimizer state.
     row_len: usize,
+    /// Clipping and weight decay applied to gradients before the optimizer.
     reg: Regularizer,
     /// Frequency admission, if configured.
     sketch: Option<Sketch>,
@@ -123,7 +126,9 @@ pub struct Table {
     /// The latest `now` passed to [`Table::apply_at`], [`Table::advance_clock`] or [`Table::expired`]: the
     /// time [`Table::apply`] stamps rows with.
     clock: AtomicU64,
+    /// The [`STRIPES`] stripes, each behind its own lock.
     stripes: Box<[Padded]>,
+    /// Rows in memory, over all stripes ([`Table::len`]).
     rows: AtomicUsize,
     /// Stripe where the next [`Table::take_dirty`] starts, so a bounded take does not favour stripe 0.
     dirty_cursor: AtomicUsize,
@@ -208,6 +213,7 @@ impl Table {
         self.len() == 0
     }
 
+    /// Checks that `len` f32s hold `ids` rows of `dim` weights; the error names `what` was passed.
     fn check_len(&self, what: &'static str, ids: usize, len: usize) -> Result<(), EmbeddingError> {
         let dim = self.cfg.dim;
         let expected = ids.saturating_mul(dim);
@@ -408,6 +414,7 @@ impl Table {
         Ok(stats)
     }
 
+    /// The error of stripe `stripe` holding `rows` rows, as many as its `u32` slot numbers address.
     fn full(&self, stripe: usize, rows: usize) -> EmbeddingError {
         EmbeddingError::TableFull {
             table: self.cfg.id,

@@ -17,9 +17,13 @@ const PREFETCH: usize = 8;
 /// One stripe's rows, index and dirty set.
 #[derive(Debug)]
 pub(super) struct Stripe {
-    pub(super) index: Index,
+    /// Id → slot of every live row, keyed through `arena`'s ids.
+    index: Index,
+    /// The rows (weights then optimizer state), their ids and, with a TTL, their last-touched stamps.
     pub(super) arena: Arena,
+    /// Dirty bits (1 per slot): rows updated since write-back last took them.
     pub(super) dirty: Vec<u64>,
+    /// Set bits in `dirty`.
     pub(super) dirty_count: usize,
     /// CLOCK reference bits (1 per slot), set by gathers and applies of tables with a memory budget.
     pub(super) refs: Vec<u64>,
@@ -32,6 +36,7 @@ pub(super) struct Stripe {
 #[repr(align(64))]
 pub(super) struct Padded(pub(super) Mutex<Stripe>);
 
+/// The hash of `id` that picks its stripe ([`stripe_of`]) and its place in the stripe's index.
 #[inline]
 pub(super) fn hash(id: u64) -> u64 {
     splitmix64(id)
@@ -45,6 +50,7 @@ pub(super) fn stripe_of(h: u64) -> usize {
 }
 
 impl Stripe {
+    /// An empty stripe for rows of `row_len` f32s, with a last-touched stamp per row if `stamps` (TTL).
     pub(super) fn new(row_len: usize, stamps: bool) -> Self {
         Stripe {
             index: Index::new(),
@@ -56,6 +62,7 @@ impl Stripe {
         }
     }
 
+    /// The slot of `id` (hash `h`), if it has a row here.
     #[inline]
     pub(super) fn find(&self, id: u64, h: u64) -> Option<usize> {
         let arena = &self.arena;
@@ -110,7 +117,8 @@ impl Stripe {
         }
     }
 
-    /// Adds a row for `id` (absent), filled by `fill`, and returns its slot.
+    /// Adds a row for `id` (absent), filled by `fill`, and returns its slot; `Err(rows held)` if the stripe's
+    /// `u32` slot numbers are used up.
     pub(super) fn insert(
         &mut self,
         id: u64,
@@ -145,6 +153,7 @@ impl Stripe {
         self.arena.remove(slot);
     }
 
+    /// Sets the dirty bit of `slot`, counting it if it was clear.
     #[inline]
     pub(super) fn mark_dirty(&mut self, slot: usize) {
         let (word, bit) = (slot / 64, 1u64 << (slot % 64));
@@ -160,6 +169,7 @@ impl Stripe {
         self.refs[slot / 64] |= 1u64 << (slot % 64);
     }
 
+    /// Whether `slot` was updated since write-back last took it.
     #[inline]
     pub(super) fn is_dirty(&self, slot: usize) -> bool {
         self.dirty[slot / 64] & (1u64 << (slot % 64)) != 0
@@ -184,6 +194,7 @@ impl Stripe {
         self.dirty_count -= taken;
     }
 
+    /// Heap bytes of the stripe: index buckets, arena, dirty and reference bits (capacity, not length).
     pub(super) fn allocated_bytes(&self) -> usize {
         self.index.allocation_size()
             + self.arena.allocated_bytes()
