@@ -4,9 +4,12 @@
 //!
 //! [`path`] finds `target/<profile>/<name>` from the running executable (a test binary runs from
 //! `target/<profile>/deps/`). Under cargo (`CARGO` is set), the first call also runs
-//! `cargo build --bins -p ps-server -p trainer -p bench` in the same profile, so that `cargo test -p bench`
-//! never runs a binary older than its sources; `cargo test --workspace` has built them already, and the call
-//! is a no-op check.
+//! `cargo build --bins -p ps-server -p trainer -p bench --features ps-server/failpoints` in the same profile, so
+//! that `cargo test -p bench` never runs a binary older than its sources; `cargo test --workspace` has built
+//! them already, and the call is a no-op check. The ps-server binary is built with its failpoints (inactive
+//! unless configured), as `cargo test` builds it for ps-server's own tests: they share
+//! `target/<profile>/ps-server`, and a build without failpoints would replace the binary that ps-server's
+//! failpoint tests (`ps-server/tests/disk_errors.rs`) run.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -37,6 +40,7 @@ fn ensure_built() -> Result<PathBuf, String> {
             let mut cmd = Command::new(cargo);
             cmd.args(["build", "--quiet", "--bins"]);
             cmd.args(["-p", "ps-server", "-p", "trainer", "-p", "bench"]);
+            cmd.args(["--features", "ps-server/failpoints"]);
             match dir.file_name().and_then(|n| n.to_str()) {
                 Some("debug") => {}
                 Some("release") => {

@@ -11,6 +11,8 @@
 //! expire (TTL) does not grow without bound. Tables with a TTL also keep a `u32` last-touched time per slot
 //! (4 bytes per row); other tables allocate nothing for it.
 
+use crate::prefetch;
+
 /// Target bytes of row data per chunk.
 const CHUNK_BYTES: usize = 64 * 1024;
 /// Smallest capacity, in rows, of a chunk's first allocation.
@@ -163,10 +165,10 @@ impl Arena {
     pub(crate) fn prefetch(&self, slot: usize) {
         let (c, r) = (slot >> self.shift, slot & (self.chunk_rows() - 1));
         if let Some(chunk) = self.chunks.get(c) {
-            prefetch(chunk.ids.as_ptr().wrapping_add(r));
+            prefetch::read(chunk.ids.as_ptr().wrapping_add(r));
             let row = chunk.rows.as_ptr().wrapping_add(r * self.row_len);
-            prefetch(row);
-            prefetch(row.wrapping_add(self.row_len - 1));
+            prefetch::read(row);
+            prefetch::read(row.wrapping_add(self.row_len - 1));
         }
     }
 
@@ -180,20 +182,6 @@ impl Arena {
                 .map(|c| c.ids.capacity() * 8 + c.rows.capacity() * 4 + c.stamps.capacity() * 4)
                 .sum::<usize>()
     }
-}
-
-/// Hints the CPU to load the cache line holding `p` (a no-op off x86-64). Never faults, whatever `p` is.
-#[inline(always)]
-pub(crate) fn prefetch<T>(p: *const T) {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: `prefetcht0` only needs SSE, which every x86-64 CPU has; it is a hint that never faults or reads
-    // into the program, whatever the address.
-    unsafe {
-        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-        _mm_prefetch::<_MM_HINT_T0>(p.cast::<i8>());
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = p;
 }
 
 #[cfg(test)]

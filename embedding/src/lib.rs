@@ -18,8 +18,10 @@
 //!   FTRL-Proximal) after per-table clipping and weight decay ([`optimizer::Regularizer`]).
 //! - [`admission`]: the count-min sketch of frequency admission.
 //! - `arena`: chunked row storage of one stripe (private).
+//! - [`prefetch`]: the cache prefetch hint ([`prefetch::read`]) of the table's lookups and the trainer's
+//!   residual store.
 //! - [`table`](Table): [`Table`], lock-striped rows with a compact index, dirty bits, admission and TTL.
-//!   `table_budget.rs`: the capacity tier (memory budget, CLOCK eviction, batched read-back).
+//!   `table/budget.rs`: the capacity tier (memory budget, CLOCK eviction, batched read-back).
 //! - [`batch`](DirtyBatch): [`DirtyBatch`], rows encoded for the store.
 //! - [`store`](Store): the [`Store`] trait; [`MemStore`] and `RocksStore` implement it.
 //! - [`spec`]: [`spec::TableSpec`], the plain description of a table that travels on the wire, and its
@@ -31,7 +33,7 @@
 //! - [`sizing`]: memory and disk of a table of R rows from the layout above, without building it.
 //!
 //! With a memory budget ([`Engine::open_with_budget`]), [`Engine::enforce_budget`] evicts cold rows (CLOCK) to
-//! the store and misses read them back with one batched [`Store::get_rows`] per call (`table_budget.rs`).
+//! the store and misses read them back with one batched [`Store::get_rows`] per call (`table/budget.rs`).
 //!
 //! # Not here yet
 //! Last-touched times and admission
@@ -42,6 +44,8 @@
 //! - `rocksdb` (default): `RocksStore`, snapshots (`Engine::checkpoint`, `Snapshot`) and `MemStore`
 //!   checkpoints, which write a RocksDB. A trainer replaying its own pushes needs only the optimizers and
 //!   leaves it off, so it links no RocksDB (`cargo tree -p trainer -e normal`).
+//! - `failpoints` (tests only): the `fail` crate's failpoints in the store's write paths (`failpoints`
+//!   module lists them), for tests that inject disk errors. Production builds leave it off and contain none.
 
 #![warn(missing_docs)]
 
@@ -51,9 +55,12 @@ mod batch;
 mod config;
 mod engine;
 mod error;
+#[cfg(feature = "failpoints")]
+pub mod failpoints;
 pub mod init;
 mod mem_store;
 pub mod optimizer;
+pub mod prefetch;
 #[cfg(feature = "rocksdb")]
 mod rocks_store;
 pub mod sizing;

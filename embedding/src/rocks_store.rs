@@ -31,15 +31,7 @@ pub struct RocksStore {
     path: PathBuf,
     /// Serializes column family creation (two `ensure_table` racing would both try to create it).
     create: Mutex<()>,
-    /// Fault injection for tests ([`FAULT_ENV`]): while this file exists, writes fail.
-    fault: Option<PathBuf>,
 }
-
-/// Environment variable naming a file: while that file exists, every write of a [`RocksStore`] opened with the
-/// variable set (rows, deletes, metadata, WAL syncs) fails with an injected "no space left on device" error,
-/// as a full disk would make RocksDB fail. For tests of how a server survives disk errors with a real process
-/// (`ps-server/tests/disk_errors.rs`); read once at open, and costing one branch per write when unset.
-pub const FAULT_ENV: &str = "PS_FAULT_FAIL_WRITES_IF_EXISTS";
 
 impl std::fmt::Debug for RocksStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -49,10 +41,18 @@ impl std::fmt::Debug for RocksStore {
     }
 }
 
-fn fault_file() -> Option<PathBuf> {
-    let file = std::env::var_os(FAULT_ENV).map(PathBuf::from)?;
-    tracing::warn!(file = %file.display(), "fault injection on: store writes fail while this file exists");
-    Some(file)
+/// The write failpoint ([`crate::failpoints::STORE_WRITE`]), evaluated before each write: configured
+/// `return`, the write fails with an injected I/O error naming `op`. Only in builds with the `failpoints`
+/// feature; the call sites are compiled out without it.
+#[cfg(feature = "failpoints")]
+fn fail_write(op: impl FnOnce() -> String) -> Result<(), StoreError> {
+    fail::fail_point!(crate::failpoints::STORE_WRITE, |arg| {
+        Err(StoreError::Backend {
+            op: op(),
+            detail: crate::failpoints::injected_detail(arg),
+        })
+    });
+    Ok(())
 }
 
 fn cf_name(table: u32) -> String {
@@ -109,7 +109,6 @@ impl RocksStore {
             db,
             path,
             create: Mutex::new(()),
-            fault: fault_file(),
         })
     }
 
@@ -129,22 +128,7 @@ impl RocksStore {
             db,
             path,
             create: Mutex::new(()),
-            fault: fault_file(),
         })
-    }
-
-    /// Fails with an injected error while the fault file ([`FAULT_ENV`]) exists.
-    fn check_fault(&self, op: impl FnOnce() -> String) -> Result<(), StoreError> {
-        match &self.fault {
-            Some(file) if file.exists() => Err(StoreError::Backend {
-                op: op(),
-                detail: format!(
-                    "IO error: No space left on device (injected fault: {} exists)",
-                    file.display()
-                ),
-            }),
-            _ => Ok(()),
-        }
     }
 
     /// The database directory.
@@ -188,7 +172,8 @@ impl Store for RocksStore {
     }
 
     fn write_rows(&self, table: u32, rows: &DirtyBatch, sync: bool) -> Result<(), StoreError> {
-        self.check_fault(|| format!("write_rows table {table}"))?;
+        #[cfg(feature = "failpoints")]
+        fail_write(|| format!("write_rows table {table}"))?;
         let cf = self.table_cf(table)?;
         let mut batch = WriteBatch::default();
         for (id, bytes) in rows.iter() {
@@ -202,7 +187,8 @@ impl Store for RocksStore {
     }
 
     fn write_tables(&self, tables: &[(u32, &DirtyBatch)], sync: bool) -> Result<(), StoreError> {
-        self.check_fault(|| "write_tables".into())?;
+        #[cfg(feature = "failpoints")]
+        fail_write(|| "write_tables".into())?;
         let mut batch = WriteBatch::default();
         for (table, rows) in tables {
             let cf = self.table_cf(*table)?;
@@ -219,7 +205,8 @@ impl Store for RocksStore {
     }
 
     fn delete_rows(&self, table: u32, ids: &[u64]) -> Result<(), StoreError> {
-        self.check_fault(|| format!("delete_rows table {table}"))?;
+        #[cfg(feature = "failpoints")]
+        fail_write(|| format!("delete_rows table {table}"))?;
         let cf = self.table_cf(table)?;
         let mut batch = WriteBatch::default();
         for id in ids {
@@ -254,7 +241,8 @@ impl Store for RocksStore {
     }
 
     fn put_meta(&self, key: &str, value: &[u8]) -> Result<(), StoreError> {
-        self.check_fault(|| format!("put_meta {key}"))?;
+        #[cfg(feature = "failpoints")]
+        fail_write(|| format!("put_meta {key}"))?;
         let cf = self.meta_cf()?;
         let mut wo = WriteOptions::default();
         // Metadata (table configs) is rare and must not be lost: write it synchronously.
@@ -309,7 +297,8 @@ impl Store for RocksStore {
     }
 
     fn flush(&self) -> Result<(), StoreError> {
-        self.check_fault(|| "flush".into())?;
+        #[cfg(feature = "failpoints")]
+        fail_write(|| "flush".into())?;
         // Rows are written with the WAL on; syncing the WAL makes every earlier write durable without forcing
         // a memtable flush.
         self.db.flush_wal(true).map_err(backend("flush"))
@@ -361,35 +350,6 @@ mod tests {
         assert!(names.contains(&"meta".to_owned()), "{names:?}");
         let s = RocksStore::open(dir.path()).unwrap();
         assert!(s.table_cf(7).is_ok());
-    }
-
-    #[test]
-    fn injected_write_faults_fail_writes_while_the_file_exists() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut s = RocksStore::open(dir.path().join("db")).unwrap();
-        s.ensure_table(1).unwrap();
-        let file = dir.path().join("fail");
-        s.fault = Some(file.clone());
-        let mut rows = DirtyBatch::new();
-        rows.reset(4);
-        rows.push_row(5, &[1.0]);
-        s.write_rows(1, &rows, false).unwrap();
-        std::fs::write(&file, b"").unwrap();
-        let e = s.write_rows(1, &rows, true).unwrap_err();
-        assert!(e.to_string().contains("write_rows table 1"), "{e}");
-        assert!(e.to_string().contains("No space left on device"), "{e}");
-        assert!(s.put_meta("k", b"v").is_err());
-        assert!(s.flush().is_err());
-        // Reads still work.
-        let mut found = 0;
-        s.get_rows(1, &[5], &mut |_, v| {
-            found += usize::from(v.is_some());
-            Ok(())
-        })
-        .unwrap();
-        assert_eq!(found, 1);
-        std::fs::remove_file(&file).unwrap();
-        s.write_rows(1, &rows, true).unwrap();
     }
 
     #[test]

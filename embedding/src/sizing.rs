@@ -6,7 +6,7 @@
 //! - the arena (`arena.rs`): chunks of `2^k` rows (the largest power of two with `2^k x row bytes <= 64 KiB`),
 //!   each row `row_len x 4` bytes of f32s plus its 8-byte id (plus a 4-byte stamp with a TTL); the last chunk
 //!   grows by doubling from 16 rows; the chunk list itself (72 bytes a chunk) by doubling;
-//! - the index (`table_index.rs`): 4-byte buckets, grown to `max(1.5 x, (len + 1) / 0.85 + 1)` buckets, at
+//! - the index (`table/index.rs`): 4-byte buckets, grown to `max(1.5 x, (len + 1) / 0.85 + 1)` buckets, at
 //!   least 16, whenever an insert would pass a load of 0.85;
 //! - two bitsets (dirty, CLOCK reference): one `u64` word per 64 slots each, grown by doubling.
 //!
@@ -28,7 +28,7 @@ const CHUNK_BYTES: usize = 64 * 1024;
 const MIN_CHUNK_ROWS: usize = 16;
 /// Size of an arena chunk header (three `Vec`s).
 const CHUNK_HEADER: usize = 72;
-/// Index load limit, `LOAD_NUM / LOAD_DEN` (`table_index.rs`).
+/// Index load limit, `LOAD_NUM / LOAD_DEN` (`table/index.rs`).
 const LOAD_NUM: usize = 17;
 const LOAD_DEN: usize = 20;
 /// Smallest index allocation, in buckets.

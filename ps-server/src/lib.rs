@@ -18,11 +18,15 @@
 //! - [`server`]: the QUIC/TCP loop, the background timers and graceful shutdown ([`server::run`]); the one
 //!   reader of the wall clock for the handler and the timers ([`server::unix_secs`]).
 //! - [`cli`]: the binary's command line (uses `server`, `restore`, `plan`).
+//! - `failpoints` (feature `failpoints`, test builds only): failpoints from `FAILPOINTS` and from a file a
+//!   test rewrites while the server runs.
 #![warn(missing_docs)]
 
 pub mod checkpoint;
 pub mod cli;
 pub mod config;
+#[cfg(feature = "failpoints")]
+pub mod failpoints;
 pub mod handler;
 pub mod load_limits;
 pub mod metrics;

@@ -1,8 +1,13 @@
-//! Disk errors against a real `ps-server` process: RocksDB writes fail (injected with
-//! `PS_FAULT_FAIL_WRITES_IF_EXISTS`, as a full disk fails them: "No space left on device") while a fault file
-//! exists. The failure surfaces as a `Storage` error and in metrics, the server refuses pushes naming the
-//! failed write, keeps serving pulls, reports it on `/readyz`, and accepts pushes again once a write succeeds
-//! (the write-back timer probes every second). Nothing acknowledged is lost across a restart.
+//! Disk errors against a real `ps-server` process: RocksDB writes fail while the test turns on the store's
+//! write failpoint (`embedding::failpoints::STORE_WRITE` configured `return`: "No space left on device", as a
+//! full disk fails them). The failure surfaces as a `Storage` error and in metrics, the server refuses pushes
+//! naming the failed write, keeps serving pulls, reports it on `/readyz`, and accepts pushes again once a write
+//! succeeds (the write-back timer probes every second). Nothing acknowledged is lost across a restart.
+//!
+//! The server under test is built with its `failpoints` feature (this package's dev-dependency on itself turns
+//! it on for `cargo test`). The test switches the fault through the failpoint file the server watches
+//! (`PS_FAILPOINTS_FILE`, `ps_server::failpoints`) and waits for the server's acknowledgement of each change.
+//! Against a server without failpoints the test fails: no acknowledgement comes, and no write fails.
 
 mod common;
 
@@ -10,9 +15,11 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::{counter_table, http_get, metric, sigterm_and_wait, start, start_with_env, Server};
+use embedding::failpoints::STORE_WRITE;
 use protocol::compression::codec;
 use protocol::wire::message::put_ids;
 use protocol::{Encoding, ErrorCode, ProtocolError, PsClient, TableCount};
+use ps_server::failpoints::{applied_path, FILE_ENV};
 
 const TABLE: u32 = 6;
 const DIM: u32 = 4;
@@ -70,16 +77,31 @@ fn readyz(s: &Server) -> String {
     http_get(s.metrics, "/readyz")
 }
 
-/// Starts a server with the fault injector pointed at `fail`, and a client that does not retry.
+/// Waits until the server acknowledges that it applied `text` from its failpoint file `fail`.
+fn wait_for_ack(fail: &Path, text: &str) {
+    let ack = applied_path(fail);
+    wait_for("the server to apply its failpoint file", || {
+        let got = std::fs::read_to_string(&ack).unwrap_or_default();
+        assert!(!got.starts_with("error:"), "{got}");
+        got == text
+    });
+}
+
+/// Makes every store write of the server fail, as on a full disk.
+fn fail_writes(fail: &Path) {
+    let text = format!("{STORE_WRITE}=return\n");
+    // Written beside and renamed, so the server never reads half of it.
+    let tmp = fail.with_extension("tmp");
+    std::fs::write(&tmp, &text).unwrap();
+    std::fs::rename(&tmp, fail).unwrap();
+    wait_for_ack(fail, &text);
+}
+
+/// Starts a server watching the failpoint file `fail` (absent: no fault), and a client that does not retry.
 async fn setup(dir: &Path, flags: &[&str]) -> (Server, PsClient) {
     let (data, tls, fail) = (dir.join("data"), dir.join("tls"), dir.join("fail"));
     protocol::transport::tls::init_dev_certs(&tls, &[]).unwrap();
-    let s = start_with_env(
-        &data,
-        &tls,
-        flags,
-        &[("PS_FAULT_FAIL_WRITES_IF_EXISTS", fail.as_path())], // embedding::rocks_store::FAULT_ENV
-    );
+    let s = start_with_env(&data, &tls, flags, &[(FILE_ENV, fail.as_path())]);
     let c = common::client_retrying_for(&s, &tls, Duration::ZERO).await;
     c.register_tables(&[counter_table(TABLE, DIM)])
         .await
@@ -107,9 +129,10 @@ async fn check_refusing(s: &Server, c: &PsClient) {
     assert!(metric(s, "ps_writeback_errors_total") >= 1.0);
 }
 
-/// Removes the fault file and waits for the server to accept pushes again.
+/// Removes the failpoint file (the fault goes) and waits for the server to accept pushes again.
 async fn recover(s: &Server, c: &PsClient, fail: &Path) {
     std::fs::remove_file(fail).unwrap();
+    wait_for_ack(fail, "");
     // The recovery clears the failing state (readiness), then the gauge, then counts itself: wait for the
     // last of these, so the others are in place too.
     wait_for("the recovery to be counted", || {
@@ -143,7 +166,7 @@ async fn sync_durability_refuses_pushes_while_writes_fail_and_recovers() {
     assert_eq!(rows(&c).await, [-1.0; 3]);
     assert!(readyz(&s).contains(" 200 "));
 
-    std::fs::write(&fail, b"").unwrap();
+    fail_writes(&fail);
     // The synced write of this push fails: not acknowledged. Its rows were applied in memory and stay dirty
     // (documented for durability sync), so the write-back after recovery stores them.
     let msg = storage_error(push_ones(&c).await);
@@ -161,7 +184,7 @@ async fn periodic_write_back_failure_refuses_pushes_and_recovers() {
     let dir = tempfile::tempdir().unwrap();
     let fail = dir.path().join("fail");
     let (s, c) = setup(dir.path(), &["--flush-interval-secs", "0.2"]).await;
-    std::fs::write(&fail, b"").unwrap();
+    fail_writes(&fail);
     // Accepted in memory; the next write-back of these dirty rows fails.
     assert_eq!(push_ones(&c).await.unwrap(), (3, 0));
     // A failure sets the failing state (readiness), then its reason, then the gauge: wait for the last.

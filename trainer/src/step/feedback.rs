@@ -155,7 +155,7 @@ impl Index {
 
     #[inline]
     fn prefetch(&self, h: u64) {
-        prefetch(self.entries.as_ptr().wrapping_add(self.home(h)));
+        embedding::prefetch::read(self.entries.as_ptr().wrapping_add(self.home(h)));
     }
 
     #[inline]
@@ -197,19 +197,6 @@ impl Index {
         self.entries.fill(VACANT);
         self.len = 0;
     }
-}
-
-#[inline]
-fn prefetch<T>(p: *const T) {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: `prefetcht0` needs only SSE, which every x86-64 CPU has; it is a hint that never faults, whatever
-    // the address, and reads nothing into the program.
-    unsafe {
-        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-        _mm_prefetch::<_MM_HINT_T0>(p.cast::<i8>());
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = p;
 }
 
 /// Residuals of lossy pushes, per (table, id). Call order: any number of [`ResidualStore::encode_rows`] per
@@ -324,7 +311,7 @@ impl ResidualStore {
             v_all.extend_from_slice(&grads[start * dim..end * dim]);
             for i in start..end {
                 if let Some(&s) = self.found.get(i + AHEAD).filter(|&&s| s != EMPTY) {
-                    prefetch(self.values.as_ptr().wrapping_add(s as usize * dim));
+                    embedding::prefetch::read(self.values.as_ptr().wrapping_add(s as usize * dim));
                 }
                 let s = self.found[i];
                 if s == EMPTY {

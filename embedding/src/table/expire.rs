@@ -3,7 +3,18 @@
 
 use std::sync::atomic::Ordering;
 
-use super::{group_by_stripe, hash, stamp_of, Table, STAMP_UNKNOWN};
+use super::stripe::{group_by_stripe, hash};
+use super::Table;
+
+/// Stamp of a row whose last touch is unknown (recovered from the store, which keeps no times): the next
+/// [`Table::expired`] sets it to its `now`, so recovered rows get a full TTL after a restart.
+pub(super) const STAMP_UNKNOWN: u32 = u32::MAX;
+
+/// The stamp of time `now` (seconds), saturating below [`STAMP_UNKNOWN`].
+#[inline]
+pub(super) fn stamp_of(now: u64) -> u32 {
+    now.min(u64::from(STAMP_UNKNOWN - 1)) as u32
+}
 
 impl Table {
     /// The TTL in seconds, if the table has one.

@@ -100,7 +100,7 @@ impl Index {
     pub(super) fn prefetch(&self, h: u64) {
         let cap = self.entries.len();
         if cap > 0 {
-            crate::arena::prefetch(self.entries.as_ptr().wrapping_add(Self::home(h, cap)));
+            crate::prefetch::read(self.entries.as_ptr().wrapping_add(Self::home(h, cap)));
         }
     }
 

@@ -1,14 +1,26 @@
 //! [`Table`]: the in-memory rows of one embedding table, lock-striped, with dirty tracking for write-back.
 //!
 //! # Layout
+//! - `mod.rs`: [`Table`], its constructors, pulls ([`Table::gather`]) and pushes ([`Table::apply`]),
+//!   recovery ([`Table::load_row`]).
+//! - `stripe.rs`: one stripe (arena, index, dirty and reference bits) and its prefetching lookup loop;
+//!   grouping a call's ids by stripe and taking each stripe lock once.
+//! - `index.rs`: a stripe's id → slot index (open addressing, `u32` entries with hash tags).
+//! - `dirty.rs`: write-back of dirty rows ([`Table::take_dirty`], [`Table::copy_rows`],
+//!   [`Table::mark_dirty`]).
+//! - `expire.rs`: last-touched stamps and TTL expiry ([`Table::expired`], [`Table::remove_expired`]).
+//! - `budget.rs`: the capacity tier (memory budget, CLOCK eviction, batched read-back).
+//! - `tests.rs`: unit tests of the whole table.
+//!
+//! # Stripes
 //! Ids are hashed once (splitmix64, since ids from the trainer are hashes already but a malicious or unlucky id
 //! set must not degrade the index) and the hash picks one of [`STRIPES`] stripes. Each stripe is a
 //! `parking_lot::Mutex` around:
-//! - an [`Arena`] of rows (`dim` weights then optimizer state, `row_len` f32s, no per-row allocation) and the id
-//!   of each slot;
-//! - an index ([`Index`], `table_index.rs`): an open-addressing table of `u32` slot numbers with hash tags,
-//!   keyed through the arena's ids. It costs 4.7 to 7.1 bytes per row where a `HashMap<u64, u32>` costs 19 to
-//!   38, which is what keeps memory under DESIGN.md's 1.25x of payload;
+//! - an [`Arena`](crate::arena::Arena) of rows (`dim` weights then optimizer state, `row_len` f32s, no per-row
+//!   allocation) and the id of each slot;
+//! - an index ([`Index`](index::Index), `index.rs`): an open-addressing table of `u32` slot numbers with hash
+//!   tags, keyed through the arena's ids. It costs 4.7 to 7.1 bytes per row where a `HashMap<u64, u32>` costs
+//!   19 to 38, which is what keeps memory under DESIGN.md's 1.25x of payload;
 //! - a dirty bitset (1 bit per slot) and its population count.
 //!
 //! # Admission and TTL
@@ -35,13 +47,24 @@ use std::sync::Arc;
 use parking_lot::{Mutex, RwLock};
 
 use crate::admission::Sketch;
-use crate::arena::Arena;
-use crate::batch::DirtyBatch;
 use crate::config::TableConfig;
 use crate::error::EmbeddingError;
-use crate::init::{self, splitmix64};
+use crate::init;
 use crate::optimizer::{self, Regularizer};
 use crate::store::Store;
+
+mod budget;
+mod dirty;
+mod expire;
+mod index;
+mod stripe;
+
+use budget::Tier;
+use expire::{stamp_of, STAMP_UNKNOWN};
+use stripe::{group_by_stripe, hash, stripe_of, Padded, Stripe};
+
+#[cfg(test)]
+mod tests;
 
 /// Number of lock stripes per table (a power of two, at most 64: a `u64` holds a set of stripes).
 ///
@@ -53,9 +76,6 @@ use crate::store::Store;
 /// locks per table still let a server's workers apply different parts of a table at once.
 pub const STRIPES: usize = 16;
 const _: () = assert!(STRIPES.is_power_of_two() && STRIPES <= 64);
-
-/// Lookahead of [`Stripe::lookup_each`], in ids: rows are prefetched this far ahead, index entries twice as far.
-const PREFETCH: usize = 8;
 
 /// What [`Table::apply`] did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -90,194 +110,14 @@ impl std::ops::AddAssign for ApplyStats {
     }
 }
 
-/// Stamp of a row whose last touch is unknown (recovered from the store, which keeps no times): the next
-/// [`Table::expired`] sets it to its `now`, so recovered rows get a full TTL after a restart.
-const STAMP_UNKNOWN: u32 = u32::MAX;
-
-/// The stamp of time `now` (seconds), saturating below [`STAMP_UNKNOWN`].
-#[inline]
-fn stamp_of(now: u64) -> u32 {
-    now.min(u64::from(STAMP_UNKNOWN - 1)) as u32
-}
-
-/// One stripe's rows, index and dirty set.
-#[derive(Debug)]
-struct Stripe {
-    index: Index,
-    arena: Arena,
-    dirty: Vec<u64>,
-    dirty_count: usize,
-    /// CLOCK reference bits (1 per slot), set by gathers and applies of tables with a memory budget.
-    refs: Vec<u64>,
-    /// The CLOCK hand: the next slot the eviction sweep looks at.
-    hand: usize,
-}
-
-/// A stripe on its own cache line(s), so neighbouring locks do not false-share.
-#[derive(Debug)]
-#[repr(align(64))]
-struct Padded(Mutex<Stripe>);
-
-#[inline]
-fn hash(id: u64) -> u64 {
-    splitmix64(id)
-}
-
-/// The stripe of a hash: bits 32..38, away from the high bits (home bucket) and low bits (tag) the [`Index`]
-/// takes, so ids sharing a stripe still spread over the stripe's index.
-#[inline]
-fn stripe_of(h: u64) -> usize {
-    (h >> 32) as usize & (STRIPES - 1)
-}
-
-impl Stripe {
-    fn new(row_len: usize, stamps: bool) -> Self {
-        Stripe {
-            index: Index::new(),
-            arena: Arena::new(row_len, stamps),
-            dirty: Vec::new(),
-            dirty_count: 0,
-            refs: Vec::new(),
-            hand: 0,
-        }
-    }
-
-    #[inline]
-    fn find(&self, id: u64, h: u64) -> Option<usize> {
-        let arena = &self.arena;
-        self.index.find(h, |slot| arena.id(slot) == id)
-    }
-
-    /// Calls `f(stripe, i, slot)` for each `i` in `group` (indices into `ids`), in order, with the slot of
-    /// `ids[i]` if it has a row (as found just before the call). A lookup in a table larger than the cache
-    /// waits on two or three cache misses in turn (index entry, id, row), so the index entries of the ids
-    /// [`PREFETCH`] x 2 ahead and the likely rows of those [`PREFETCH`] ahead are prefetched first. The group's
-    /// first ids are prefetched together before the first lookup: a call's ids spread over all the stripes,
-    /// so a group often has fewer ids than the prefetch distance.
-    #[inline]
-    fn lookup_each(
-        &mut self,
-        ids: &[u64],
-        group: &[usize],
-        mut f: impl FnMut(&mut Stripe, usize, Option<usize>),
-    ) {
-        for &j in group.iter().take(2 * PREFETCH) {
-            self.prefetch_entry(ids[j]);
-        }
-        for &j in group.iter().take(PREFETCH) {
-            self.prefetch_row(ids[j]);
-        }
-        for k in 0..group.len() {
-            if let Some(&j) = group.get(k + 2 * PREFETCH) {
-                self.prefetch_entry(ids[j]);
-            }
-            if let Some(&j) = group.get(k + PREFETCH) {
-                self.prefetch_row(ids[j]);
-            }
-            let i = group[k];
-            let id = ids[i];
-            let slot = self.find(id, hash(id));
-            f(self, i, slot);
-        }
-    }
-
-    /// Hints the CPU to load the index entry where a lookup of `id` starts.
-    #[inline]
-    fn prefetch_entry(&self, id: u64) {
-        self.index.prefetch(hash(id));
-    }
-
-    /// Hints the CPU to load the id and row of the slot `id` most likely has (its index entry should be in
-    /// cache already, see [`Stripe::prefetch_entry`]).
-    #[inline]
-    fn prefetch_row(&self, id: u64) {
-        if let Some(slot) = self.index.candidate(hash(id)) {
-            self.arena.prefetch(slot);
-        }
-    }
-
-    /// Adds a row for `id` (absent), filled by `fill`, and returns its slot.
-    fn insert(&mut self, id: u64, h: u64, fill: impl FnOnce(&mut [f32])) -> Result<usize, usize> {
-        if self.arena.len() >= u32::MAX as usize {
-            return Err(self.arena.len());
-        }
-        let (slot, row) = self.arena.push(id);
-        fill(row);
-        if slot / 64 >= self.dirty.len() {
-            self.dirty.push(0);
-            self.refs.push(0);
-        }
-        let arena = &self.arena;
-        self.index.insert(h, slot, |s| hash(arena.id(s)));
-        Ok(slot)
-    }
-
-    /// Removes the row in `slot` (of `id`, hash `h`): index entry, dirty bit, and the slot goes to the free list.
-    fn remove(&mut self, id: u64, h: u64, slot: usize) {
-        debug_assert_eq!(self.arena.id(slot), id);
-        let arena = &self.arena;
-        self.index.remove(h, slot, |s| hash(arena.id(s)));
-        let (word, bit) = (slot / 64, 1u64 << (slot % 64));
-        if self.dirty[word] & bit != 0 {
-            self.dirty[word] &= !bit;
-            self.dirty_count -= 1;
-        }
-        self.refs[word] &= !bit;
-        self.arena.remove(slot);
-    }
-
-    #[inline]
-    fn mark_dirty(&mut self, slot: usize) {
-        let (word, bit) = (slot / 64, 1u64 << (slot % 64));
-        if self.dirty[word] & bit == 0 {
-            self.dirty[word] |= bit;
-            self.dirty_count += 1;
-        }
-    }
-
-    /// Sets the CLOCK reference bit of `slot`.
-    #[inline]
-    fn set_ref(&mut self, slot: usize) {
-        self.refs[slot / 64] |= 1u64 << (slot % 64);
-    }
-
-    #[inline]
-    fn is_dirty(&self, slot: usize) -> bool {
-        self.dirty[slot / 64] & (1u64 << (slot % 64)) != 0
-    }
-
-    /// Moves up to `max` dirty rows into `out`, clearing their bits.
-    fn drain_dirty(&mut self, max: usize, out: &mut DirtyBatch) {
-        let mut taken = 0;
-        for w in 0..self.dirty.len() {
-            if taken == max {
-                break;
-            }
-            let mut word = self.dirty[w];
-            while word != 0 && taken < max {
-                let slot = w * 64 + word.trailing_zeros() as usize;
-                out.push_row(self.arena.id(slot), self.arena.row(slot));
-                word &= word - 1;
-                taken += 1;
-            }
-            self.dirty[w] = word;
-        }
-        self.dirty_count -= taken;
-    }
-
-    fn allocated_bytes(&self) -> usize {
-        self.index.allocation_size()
-            + self.arena.allocated_bytes()
-            + self.dirty.capacity() * 8
-            + self.refs.capacity() * 8
-    }
-}
-
 /// The rows of one embedding table. Thread-safe: share it as `Arc<Table>`.
 #[derive(Debug)]
 pub struct Table {
+    /// The validated config.
     cfg: TableConfig,
+    /// f32s per stored row: `dim` weights, then the optimizer state.
     row_len: usize,
+    /// Clipping and weight decay applied to gradients before the optimizer.
     reg: Regularizer,
     /// Frequency admission, if configured.
     sketch: Option<Sketch>,
@@ -286,7 +126,9 @@ pub struct Table {
     /// The latest `now` passed to [`Table::apply_at`], [`Table::advance_clock`] or [`Table::expired`]: the
     /// time [`Table::apply`] stamps rows with.
     clock: AtomicU64,
+    /// The [`STRIPES`] stripes, each behind its own lock.
     stripes: Box<[Padded]>,
+    /// Rows in memory, over all stripes ([`Table::len`]).
     rows: AtomicUsize,
     /// Stripe where the next [`Table::take_dirty`] starts, so a bounded take does not favour stripe 0.
     dirty_cursor: AtomicUsize,
@@ -371,6 +213,7 @@ impl Table {
         self.len() == 0
     }
 
+    /// Checks that `len` f32s hold `ids` rows of `dim` weights; the error names `what` was passed.
     fn check_len(&self, what: &'static str, ids: usize, len: usize) -> Result<(), EmbeddingError> {
         let dim = self.cfg.dim;
         let expected = ids.saturating_mul(dim);
@@ -571,35 +414,7 @@ impl Table {
         Ok(stats)
     }
 
-    /// Calls `f(stripe index, stripe, group)` for each non-empty group of `order`, taking each stripe lock
-    /// once. Busy stripes are skipped in a first pass (`try_lock`) and locked in a second, so calls that walk
-    /// the stripes in the same order do not queue behind each other stripe after stripe.
-    fn for_each_group(
-        &self,
-        order: &[usize],
-        bounds: &[usize; STRIPES + 1],
-        mut f: impl FnMut(usize, &mut Stripe, &[usize]) -> Result<(), EmbeddingError>,
-    ) -> Result<(), EmbeddingError> {
-        let mut deferred = 0u64;
-        for (s, padded) in self.stripes.iter().enumerate() {
-            let group = &order[bounds[s]..bounds[s + 1]];
-            if group.is_empty() {
-                continue;
-            }
-            match padded.0.try_lock() {
-                Some(mut stripe) => f(s, &mut stripe, group)?,
-                None => deferred |= 1 << s,
-            }
-        }
-        while deferred != 0 {
-            let s = deferred.trailing_zeros() as usize;
-            deferred &= deferred - 1;
-            let mut stripe = self.stripes[s].0.lock();
-            f(s, &mut stripe, &order[bounds[s]..bounds[s + 1]])?;
-        }
-        Ok(())
-    }
-
+    /// The error of stripe `stripe` holding `rows` rows, as many as its `u32` slot numbers address.
     fn full(&self, stripe: usize, rows: usize) -> EmbeddingError {
         EmbeddingError::TableFull {
             table: self.cfg.id,
@@ -650,73 +465,6 @@ impl Table {
         Ok(())
     }
 
-    /// Rows updated since they were last taken by [`Table::take_dirty`].
-    pub fn dirty_len(&self) -> usize {
-        self.stripes.iter().map(|p| p.0.lock().dirty_count).sum()
-    }
-
-    /// Moves up to `max_rows` dirty rows (id + full row as little-endian bytes) into `out`, which is emptied
-    /// first, and clears their dirty flags. Each stripe lock is held only while its rows are copied. Returns the
-    /// number of rows taken; 0 means nothing is dirty.
-    ///
-    /// Call order: take, write to the store, and on a failed write give the rows back with
-    /// [`Table::mark_dirty`]. Takes for one table must not run concurrently with each other if their writes
-    /// can reorder (the engine serializes flushes), or an older copy could overwrite a newer one in the store.
-    pub fn take_dirty(&self, max_rows: usize, out: &mut DirtyBatch) -> usize {
-        out.reset(self.row_len * 4);
-        let start = self.dirty_cursor.load(Ordering::Relaxed);
-        let mut last = start;
-        for k in 0..STRIPES {
-            if out.len() >= max_rows {
-                break;
-            }
-            let s = (start + k) % STRIPES;
-            last = s;
-            let mut stripe = self.stripes[s].0.lock();
-            if stripe.dirty_count > 0 {
-                stripe.drain_dirty(max_rows - out.len(), out);
-            }
-        }
-        self.dirty_cursor.store(last, Ordering::Relaxed);
-        out.len()
-    }
-
-    /// Appends the current full rows (weights then optimizer state) of those `ids` that are in memory to `out`,
-    /// which is emptied first, leaving dirty flags alone: for synchronous persistence of a push
-    /// ([`crate::Engine::persist`]). Each stripe lock is held only while its rows are copied. Returns the
-    /// number of `ids` not in memory (never created, or evicted to the store).
-    pub fn copy_rows(&self, ids: &[u64], out: &mut DirtyBatch) -> usize {
-        out.reset(self.row_len * 4);
-        let (order, bounds) = group_by_stripe(ids);
-        let mut missing = 0;
-        for s in 0..STRIPES {
-            let group = &order[bounds[s]..bounds[s + 1]];
-            if group.is_empty() {
-                continue;
-            }
-            let stripe = self.stripes[s].0.lock();
-            for &i in group {
-                let id = ids[i];
-                match stripe.find(id, hash(id)) {
-                    Some(slot) => out.push_row(id, stripe.arena.row(slot)),
-                    None => missing += 1,
-                }
-            }
-        }
-        missing
-    }
-
-    /// Marks the rows of `ids` dirty again (those that exist), e.g. after a failed store write.
-    pub fn mark_dirty(&self, ids: &[u64]) {
-        for &id in ids {
-            let h = hash(id);
-            let mut stripe = self.stripes[stripe_of(h)].0.lock();
-            if let Some(slot) = stripe.find(id, h) {
-                stripe.mark_dirty(slot);
-            }
-        }
-    }
-
     /// Estimated heap bytes: arena chunks (capacity), ids, TTL stamps, free lists, index buckets, dirty bits,
     /// stripe headers and the admission sketch.
     pub fn memory_bytes(&self) -> usize {
@@ -730,38 +478,3 @@ impl Table {
                 .sum::<usize>()
     }
 }
-
-/// Indices of `ids` ordered by stripe (stable), and the start of each stripe's group: stripe `s` owns
-/// `order[bounds[s]..bounds[s + 1]]`.
-fn group_by_stripe(ids: &[u64]) -> (Vec<usize>, [usize; STRIPES + 1]) {
-    let mut bounds = [0usize; STRIPES + 1];
-    let stripes: Vec<u8> = ids.iter().map(|&id| stripe_of(hash(id)) as u8).collect();
-    for &s in &stripes {
-        bounds[s as usize + 1] += 1;
-    }
-    for s in 0..STRIPES {
-        bounds[s + 1] += bounds[s];
-    }
-    let mut next = bounds;
-    let mut order = vec![0usize; ids.len()];
-    for (i, &s) in stripes.iter().enumerate() {
-        order[next[s as usize]] = i;
-        next[s as usize] += 1;
-    }
-    (order, bounds)
-}
-
-#[path = "table_expire.rs"]
-mod expire;
-
-#[path = "table_index.rs"]
-mod index;
-use index::Index;
-
-#[path = "table_budget.rs"]
-mod budget;
-use budget::Tier;
-
-#[cfg(test)]
-#[path = "table_tests.rs"]
-mod tests;

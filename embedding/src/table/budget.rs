@@ -27,7 +27,9 @@ use std::sync::Arc;
 
 use parking_lot::RwLock;
 
-use super::{group_by_stripe, hash, stripe_of, Table, STAMP_UNKNOWN, STRIPES};
+use super::expire::STAMP_UNKNOWN;
+use super::stripe::{group_by_stripe, hash, stripe_of};
+use super::{Table, STRIPES};
 use crate::batch::{self, DirtyBatch};
 use crate::error::{EmbeddingError, StoreError};
 use crate::store::Store;

@@ -3,6 +3,7 @@
 use std::sync::Arc;
 
 use super::*;
+use crate::batch::DirtyBatch;
 use crate::config::{InitConfig, OptimizerConfig};
 
 fn sgd(dim: usize, lr: f32) -> TableConfig {
