@@ -3,22 +3,30 @@
 //! One connection per server; every request opens its own bidirectional stream (QUIC) or carries its own
 //! stream id (TCP, [`crate::transport::mux`]), so any number of requests can be in flight on one connection without
 //! head-of-line blocking between them. A request that fails with a
-//! transient error (connection lost, server restarting) is retried after reconnecting, with exponential backoff,
-//! until `retry_for` has passed. Retried pushes are at-least-once: a push whose acknowledgement was lost may be
-//! applied twice.
+//! transient error (connection lost, server restarting) is retried after reconnecting, with exponential backoff
+//! ([`INITIAL_BACKOFF`] doubling up to [`MAX_BACKOFF`]), until `retry_for` has passed. Retried pushes are
+//! at-least-once: a push whose acknowledgement was lost may be applied twice. A request whose reply is overdue has
+//! its connection probed ([`PROBE_AFTER`], [`PROBE_TIMEOUT`]).
+//!
+//! The client is generic over how it reaches servers ([`Dialer`]); `PsClient` alone names the real transports
+//! ([`NetDialer`], built by [`PsClient::connect`]), and [`crate::transport::memory`] drives the same client
+//! in memory for tests ([`PsClient::connect_with`]).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
+// The tokio clock: the same as `std::time::Instant` in production, and the simulated one under tokio's paused
+// time, so the retry deadline advances with the timers the client sleeps on.
+use tokio::time::Instant;
 
 use crate::compression::codec::Encoding;
 use crate::error::ProtocolError;
 use crate::routing::ShardMap;
 use crate::transport::tls;
-use crate::transport::{Conn, Dialer, Transport};
+use crate::transport::{Connection, Dialer, NetDialer, Transport};
 use crate::wire::message::{Request, Response, TableCount, TableSpec};
 use crate::{wire, PROTOCOL_VERSION};
 
@@ -56,14 +64,14 @@ impl PsClientConfig {
     }
 }
 
-struct ServerConn {
+struct ServerConn<D: Dialer> {
     addr: SocketAddr,
-    dialer: Dialer,
-    conn: Mutex<Option<Conn>>,
+    dialer: D,
+    conn: Mutex<Option<D::Conn>>,
 }
 
-impl ServerConn {
-    async fn connection(&self, cfg: &PsClientConfig) -> Result<Conn, ProtocolError> {
+impl<D: Dialer> ServerConn<D> {
+    async fn connection(&self, cfg: &PsClientConfig) -> Result<D::Conn, ProtocolError> {
         if let Some(c) = self.conn.lock().expect("not poisoned").as_ref() {
             if c.close_reason(self.addr).is_none() {
                 return Ok(c.clone());
@@ -91,11 +99,17 @@ impl ServerConn {
 }
 
 /// How long a connection's handshake may take (a data-centre handshake takes milliseconds).
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(4);
-/// How long a request waits for its reply before its connection is probed (see [`call_watched`]).
-const PROBE_AFTER: Duration = Duration::from_secs(1);
-/// How long a probe may take before the connection is declared dead.
-const PROBE_TIMEOUT: Duration = Duration::from_secs(3);
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(4);
+/// How long a request waits for its reply before its connection is probed, and then between probes.
+pub const PROBE_AFTER: Duration = Duration::from_secs(1);
+/// How long a liveness probe may go unanswered, with nothing at all heard on the connection meanwhile, before
+/// the connection is declared dead and the request fails with a transient [`ProtocolError::Timeout`].
+pub const PROBE_TIMEOUT: Duration = Duration::from_secs(3);
+/// The wait before the first retry of a transient failure; each further retry waits twice as long as the one
+/// before, up to [`MAX_BACKOFF`].
+pub const INITIAL_BACKOFF: Duration = Duration::from_millis(20);
+/// The longest wait between two retries.
+pub const MAX_BACKOFF: Duration = Duration::from_secs(1);
 
 /// Sends one request on `conn`, and while its reply is outstanding, probes the connection every
 /// [`PROBE_AFTER`] with a `Hello` on the same connection. A server killed and restarted on the same port never
@@ -104,8 +118,8 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(3);
 /// timeout (30 s). A probe unanswered for [`PROBE_TIMEOUT`], while no datagram at all arrived on the connection
 /// (an overloaded but live server still acknowledges packets), fails the request with a transient
 /// [`ProtocolError::Timeout`], and the caller reconnects and retries it (a push at least once).
-async fn call_watched(
-    conn: &Conn,
+async fn call_watched<C: Connection>(
+    conn: &C,
     addr: SocketAddr,
     req: &Request,
     payload: &Bytes,
@@ -121,7 +135,7 @@ async fn call_watched(
             r = &mut call => return r,
             _ = tokio::time::sleep(PROBE_AFTER) => {}
         }
-        let heard = datagrams_received(conn);
+        let heard = conn.packets_received();
         let probe = tokio::time::timeout(PROBE_TIMEOUT, conn.call(addr, &hello, &empty));
         tokio::select! {
             r = &mut call => return r,
@@ -129,7 +143,7 @@ async fn call_watched(
                 Ok(Ok(_)) => {}
                 Ok(Err(e)) => return Err(e),
                 // A QUIC peer that still sends packets (acknowledgements) is alive, only slow: keep waiting.
-                Err(_) if datagrams_received(conn) != heard => {}
+                Err(_) if conn.packets_received() != heard => {}
                 Err(_) => {
                     tracing::warn!(server = %addr, "no answer to a liveness probe: connection presumed dead");
                     return Err(ProtocolError::Timeout {
@@ -142,19 +156,11 @@ async fn call_watched(
     }
 }
 
-/// UDP datagrams received on a QUIC connection so far (`None` over TCP, where a killed server's kernel resets
-/// the connection at once).
-fn datagrams_received(conn: &Conn) -> Option<u64> {
-    match conn {
-        Conn::Quic { conn, .. } => Some(conn.stats().udp_rx.datagrams),
-        _ => None,
-    }
-}
-
-/// Connections to every parameter server of a cluster.
-pub struct PsClient {
+/// Connections to every parameter server of a cluster, over the real transports ([`NetDialer`], the default) or
+/// any other [`Dialer`].
+pub struct PsClient<D: Dialer = NetDialer> {
     cfg: PsClientConfig,
-    servers: Vec<ServerConn>,
+    servers: Vec<ServerConn<D>>,
     shard_map: ShardMap,
     tables: Vec<TableSpec>,
 }
@@ -170,24 +176,52 @@ pub struct PulledState {
     pub state_lens: Vec<u32>,
 }
 
-impl PsClient {
-    /// Connects to every server, checks that server `i` serves shard `i` of `servers.len()` and that all agree
-    /// on the epoch.
+impl PsClient<NetDialer> {
+    /// Connects to every server over `cfg.transport`, checks that server `i` serves shard `i` of
+    /// `servers.len()` and that all agree on the epoch.
     pub async fn connect(cfg: PsClientConfig) -> Result<PsClient, ProtocolError> {
+        let dialers = cfg
+            .servers
+            .iter()
+            .map(|&addr| cfg.transport.dialer(addr, &cfg.tls_dir))
+            .collect::<Result<Vec<_>, _>>()?;
+        PsClient::connect_with(cfg, dialers).await
+    }
+}
+
+impl<D: Dialer> PsClient<D> {
+    /// [`PsClient::connect`] with a dialer per server: `dialers[i]` reaches `cfg.servers[i]` (whose address
+    /// then only names the server in errors and logs); `cfg.transport` and `cfg.tls_dir` are not used.
+    pub async fn connect_with(
+        cfg: PsClientConfig,
+        dialers: Vec<D>,
+    ) -> Result<PsClient<D>, ProtocolError> {
         if cfg.servers.is_empty() {
             return Err(ProtocolError::Connect {
                 server: "-".into(),
                 message: "no parameter server addresses given".into(),
             });
         }
-        let mut servers = Vec::with_capacity(cfg.servers.len());
-        for &addr in &cfg.servers {
-            servers.push(ServerConn {
-                addr,
-                dialer: Dialer::new(cfg.transport, addr, &cfg.tls_dir)?,
-                conn: Mutex::new(None),
+        if dialers.len() != cfg.servers.len() {
+            return Err(ProtocolError::Connect {
+                server: "-".into(),
+                message: format!(
+                    "{} dialers for {} server addresses",
+                    dialers.len(),
+                    cfg.servers.len()
+                ),
             });
         }
+        let servers = cfg
+            .servers
+            .iter()
+            .zip(dialers)
+            .map(|(&addr, dialer)| ServerConn {
+                addr,
+                dialer,
+                conn: Mutex::new(None),
+            })
+            .collect();
         let mut client = PsClient {
             shard_map: ShardMap::new(cfg.servers.len() as u32),
             cfg,
@@ -329,6 +363,10 @@ impl PsClient {
     /// Sends one request to server `server` and returns its response, retrying transient failures.
     /// A [`Response::Error`] with a transient code is retried too; other error responses are returned as
     /// responses for the caller to interpret.
+    ///
+    /// Retries wait [`INITIAL_BACKOFF`], then twice as long each time up to [`MAX_BACKOFF`]; a retry that would
+    /// start more than `retry_for` after the first attempt is not made, and the last attempt's result is
+    /// returned. A transient error drops the server's connection, so the retry dials a fresh one.
     pub async fn call(
         &self,
         server: usize,
@@ -336,7 +374,7 @@ impl PsClient {
         payload: Bytes,
     ) -> Result<(Response, Bytes), ProtocolError> {
         let start = Instant::now();
-        let mut backoff = Duration::from_millis(20);
+        let mut backoff = INITIAL_BACKOFF;
         loop {
             let result = self.call_once(server, req, &payload).await;
             let retry = match &result {
@@ -349,7 +387,7 @@ impl PsClient {
             }
             tracing::debug!(server = %self.servers[server].addr, ?backoff, "retrying request after a transient failure");
             tokio::time::sleep(backoff).await;
-            backoff = (backoff * 2).min(Duration::from_secs(1));
+            backoff = (backoff * 2).min(MAX_BACKOFF);
         }
     }
 

@@ -8,9 +8,13 @@
 //!   ([`wire::pull`], [`wire::pull_with_state`], [`wire::push`]) with its layout, encode and decode.
 //! - [`compression`]: row encodings ([`compression::codec`]: f32, f16, bf16, int8 with a per-row scale) and
 //!   top-k sparsification.
-//! - [`transport`]: how it travels: [`Transport`] (QUIC or TCP), TLS, QUIC endpoints, framing on streams.
+//! - [`transport`]: how it travels: the [`transport::Dialer`] and [`transport::Connection`] traits the client
+//!   is written against; [`Transport`] (QUIC or TCP, picked in configs) and the [`transport::NetDialer`] it
+//!   builds; TLS, QUIC endpoints, framing on streams; [`transport::memory`], an in-memory transport with
+//!   injected faults for tests under simulated time.
 //! - [`routing`]: stable id -> virtual shard -> server mapping ([`ShardMap`]).
-//! - [`client`]: [`PsClient`], the trainer's connection to every parameter server.
+//! - [`client`]: [`PsClient`], the trainer's connection to every parameter server: retries with backoff,
+//!   liveness probes of overdue requests.
 //! - [`error`]: [`ProtocolError`] and the typed [`ErrorCode`]s servers answer with.
 //!
 //! Table specs ([`TableSpec`]) are plain types defined beside the tables they describe (`embedding::spec`)

@@ -1,6 +1,16 @@
-//! The transport a client reaches servers over, behind one interface: QUIC (one stream per request) or TLS over
-//! TCP (requests multiplexed by id on one connection, [`crate::transport::tcp`]). Both carry the same frames
-//! ([`crate::wire::frame`]) under the same mutual-TLS certificates; [`crate::PsClient`] does not care which.
+//! How requests travel: the [`Dialer`] and [`Connection`] traits [`crate::PsClient`] is written against, and
+//! their implementations.
+//!
+//! [`Transport`] is what users pick in configs and flags: QUIC (one stream per request) or TLS over TCP (requests
+//! multiplexed by id on one connection, [`crate::transport::tcp`]). Both carry the same frames
+//! ([`crate::wire::frame`]) under the same mutual-TLS certificates; [`Transport::dialer`] builds a [`NetDialer`]
+//! for either. [`memory`] is a third implementation for tests: servers that are closures, with faults on
+//! command, so the client's retries and liveness probes run under tokio's paused time.
+//!
+//! The client is generic over its dialer (`PsClient<D: Dialer = NetDialer>`) rather than holding a
+//! `Box<dyn Dialer>`: a boxed trait object would have to box every request's future (an allocation per pull and
+//! per push on the hot path), while a type parameter keeps the call monomorphic. Between QUIC and TCP,
+//! [`NetDialer`] dispatches on an enum as before.
 //!
 //! - [`tls`]: a development CA and certificates (rcgen), rustls configs with mutual authentication.
 //! - [`endpoint`]: QUIC endpoint set-up (socket buffers, transport tuning).
@@ -8,25 +18,31 @@
 //! - [`stream`]: reading and writing one frame on a QUIC stream.
 //! - [`mux`]: sans-IO chunking of many frames over one byte stream (the TCP transport).
 //! - [`tcp`]: TLS over TCP: client connections and the server's listener, requests multiplexed by id.
+//! - [`net`]: [`NetDialer`] and [`NetConn`], the QUIC and TCP client sides behind the traits.
+//! - [`memory`]: the in-memory transport for tests.
 
 pub mod endpoint;
 pub mod gso;
+pub mod memory;
 pub mod mux;
+pub mod net;
 pub mod stream;
 pub mod tcp;
 pub mod tls;
 
 use std::fmt;
+use std::future::Future;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::str::FromStr;
-use std::sync::Arc;
 
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
 use crate::error::ProtocolError;
 use crate::wire::message::{Request, Response};
+
+pub use net::{NetConn, NetDialer};
 
 /// Which transport a client uses.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -40,6 +56,13 @@ pub enum Transport {
 }
 
 impl Transport {
+    /// A dialer for the server at `peer` over this transport, presenting the client certificate in `tls_dir`
+    /// (`ca.pem`, `client.pem`, `client.key`). QUIC binds one UDP endpoint per server, tuned for the path to
+    /// `peer` ([`endpoint::PathKind`]).
+    pub fn dialer(self, peer: SocketAddr, tls_dir: &Path) -> Result<NetDialer, ProtocolError> {
+        NetDialer::new(self, peer, tls_dir)
+    }
+
     /// The transport's name as written in configs and flags.
     pub fn name(self) -> &'static str {
         match self {
@@ -72,127 +95,54 @@ impl FromStr for Transport {
     }
 }
 
-/// Opens connections to one server.
-pub(crate) enum Dialer {
-    Quic(quinn::Endpoint),
-    Tcp(tcp::Dialer),
-}
+/// Opens connections to one server: what [`crate::PsClient`] needs from a transport besides the
+/// [`Connection`]s themselves. Implemented by [`NetDialer`] (QUIC, TCP) and [`memory::MemoryDialer`].
+///
+/// The client keeps at most one connection per server open: it dials when it has none, or when the one it has
+/// reports a [`Connection::close_reason`] or failed a request with a transient error.
+pub trait Dialer: Send + Sync + 'static {
+    /// An open connection to the server.
+    type Conn: Connection;
 
-impl Dialer {
-    /// A dialer for `peer` over `transport` with the client certificate in `tls_dir`.
-    pub(crate) fn new(
-        transport: Transport,
-        peer: SocketAddr,
-        tls_dir: &Path,
-    ) -> Result<Dialer, ProtocolError> {
-        Ok(match transport {
-            Transport::Quic => Dialer::Quic(crate::transport::endpoint::client(
-                peer,
-                tls::client_config(tls_dir)?,
-            )?),
-            Transport::Tcp => Dialer::Tcp(tcp::Dialer::new(tls::rustls_client_config(tls_dir)?)),
-        })
-    }
-
-    /// Connects and completes the handshake.
-    pub(crate) async fn connect(
+    /// Connects to `addr` and completes the handshake, checking that the server's certificate names
+    /// `server_name`; the connection refuses response frames over `max_frame` bytes. A failure is a transient
+    /// [`ProtocolError`] (the client retries it) unless the server can never be reached this way.
+    fn connect(
         &self,
         addr: SocketAddr,
         server_name: &str,
         max_frame: u64,
-    ) -> Result<Conn, ProtocolError> {
-        match self {
-            Dialer::Quic(endpoint) => {
-                let connecting =
-                    endpoint
-                        .connect(addr, server_name)
-                        .map_err(|e| ProtocolError::Connect {
-                            server: addr.to_string(),
-                            message: e.to_string(),
-                        })?;
-                let conn = connecting
-                    .await
-                    .map_err(|source| ProtocolError::Connection {
-                        server: addr.to_string(),
-                        source,
-                    })?;
-                Ok(Conn::Quic { conn, max_frame })
-            }
-            Dialer::Tcp(d) => Ok(Conn::Tcp(Arc::new(
-                d.connect(addr, server_name, max_frame).await?,
-            ))),
-        }
-    }
+    ) -> impl Future<Output = Result<Self::Conn, ProtocolError>> + Send;
 
-    /// Waits until every connection is closed (QUIC: the close handshake; TCP: nothing to wait for).
-    pub(crate) async fn wait_idle(&self) {
-        if let Dialer::Quic(endpoint) = self {
-            endpoint.wait_idle().await;
-        }
-    }
+    /// Waits until every connection this dialer opened has finished closing (QUIC: the close handshake), so a
+    /// process can exit without the server seeing a timeout instead of a close.
+    fn wait_idle(&self) -> impl Future<Output = ()> + Send;
 }
 
-/// One open connection to a server; cheap to clone.
-#[derive(Clone)]
-pub(crate) enum Conn {
-    Quic {
-        conn: quinn::Connection,
-        max_frame: u64,
-    },
-    Tcp(Arc<tcp::ClientConn>),
-}
-
-impl Conn {
-    /// Why the connection is closed, if it is.
-    pub(crate) fn close_reason(&self, server: SocketAddr) -> Option<ProtocolError> {
-        match self {
-            Conn::Quic { conn, .. } => {
-                conn.close_reason().map(|source| ProtocolError::Connection {
-                    server: server.to_string(),
-                    source,
-                })
-            }
-            Conn::Tcp(c) => c.close_reason(),
-        }
-    }
-
-    /// Sends one request and reads its response.
-    pub(crate) async fn call(
+/// One open connection to a server; cloning it is cheap and shares the connection. Any number of requests may
+/// be in flight on it at once.
+pub trait Connection: Clone + Send + Sync + 'static {
+    /// Sends one request frame (`req` then `payload`) and waits for its reply. `server` names the peer in
+    /// errors. Dropping the future abandons the request (the client does so on timeouts).
+    fn call(
         &self,
         server: SocketAddr,
         req: &Request,
         payload: &Bytes,
-    ) -> Result<(Response, Bytes), ProtocolError> {
-        match self {
-            Conn::Quic { conn, max_frame } => {
-                let (mut send, mut recv) =
-                    conn.open_bi()
-                        .await
-                        .map_err(|source| ProtocolError::Connection {
-                            server: server.to_string(),
-                            source,
-                        })?;
-                let written = stream::write_frame(&mut send, req, payload.clone()).await;
-                // A server that refuses a request early (e.g. an oversized frame) answers and stops reading,
-                // so a failed write may still have a response waiting.
-                match stream::read_frame::<Response>(&mut recv, *max_frame).await {
-                    Ok(reply) => Ok(reply),
-                    Err(read_err) => Err(written.err().unwrap_or(read_err)),
-                }
-            }
-            Conn::Tcp(c) => c.call(req, payload.clone()).await,
-        }
-    }
+    ) -> impl Future<Output = Result<(Response, Bytes), ProtocolError>> + Send;
 
-    /// Closes the connection.
-    pub(crate) fn close(&self) {
-        match self {
-            Conn::Quic { conn, .. } => conn.close(0u32.into(), b"bye"),
-            Conn::Tcp(c) => c.close(),
-        }
-    }
+    /// Why the connection is closed (named for `server`), or `None` while it is open.
+    fn close_reason(&self, server: SocketAddr) -> Option<ProtocolError>;
+
+    /// Packets of any kind (acknowledgements included) received from the peer so far, or `None` if the
+    /// transport has no such count. The client's liveness probe (see [`crate::client::PROBE_TIMEOUT`]) treats a
+    /// count that moved while a probe went unanswered as a live but busy peer, and an unchanged or absent count
+    /// as a dead connection.
+    fn packets_received(&self) -> Option<u64>;
+
+    /// Closes the connection; requests still in flight on it fail.
+    fn close(&self);
 }
-
 #[cfg(test)]
 mod tests {
     use super::*;
