@@ -20,7 +20,7 @@ pub mod pusher;
 pub mod verify;
 
 use protocol::routing::{mix64, ShardMap};
-use protocol::wire::message::{InitSpec, OptimizerSpec, TableSpec};
+use protocol::wire::message::TableSpec;
 
 pub use log::{Ack, AckLog, AuditError, LogHeader};
 pub use pusher::{PushConfig, PushTotals};
@@ -34,13 +34,11 @@ pub const MAX_ROWS_PER_SERVER: usize = 64;
 
 /// The audit table's spec, the same in every process: dimension 1, zero-initialized, SGD with learning rate 1.
 pub fn audit_table() -> TableSpec {
+    // Seed 0 as before `TableSpec::counter` existed: a server holding the table checks the spec matches.
     TableSpec {
-        id: AUDIT_TABLE_ID,
         name: "audit".into(),
-        dim: 1,
-        optimizer: OptimizerSpec::Sgd { lr: 1.0 },
-        init: InitSpec::Uniform { scale: 0.0 },
         seed: 0,
+        ..TableSpec::counter(AUDIT_TABLE_ID, 1)
     }
 }
 

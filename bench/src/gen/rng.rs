@@ -42,11 +42,8 @@ pub struct Rng {
 impl Rng {
     /// A generator whose whole stream is a function of `seed`.
     pub fn new(seed: u64) -> Self {
-        let mut x = seed;
-        let mut next = || {
-            x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
-            mix64(x)
-        };
+        let mut seeder = embedding::init::SplitMix64::new(seed);
+        let mut next = || seeder.next_u64();
         Rng {
             s: [next(), next(), next(), next()],
             spare_normal: None,

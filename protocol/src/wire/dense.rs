@@ -23,7 +23,7 @@ use crate::routing::ShardMap;
 use crate::wire::ids::IdCoding;
 use crate::wire::message::{check_len, TableCount};
 use crate::wire::pull::IdSections;
-use embedding::spec::{InitSpec, OptimizerSpec, TableSpec};
+use embedding::spec::TableSpec;
 
 /// The reserved table id of the dense parameters (embedding tables are numbered from 0 by feature).
 pub const DENSE_TABLE: u32 = 1_000_000;
@@ -36,13 +36,12 @@ pub const COUNTER_BASE: u64 = 1 << 32;
 
 /// The dense table's spec: SGD with learning rate 1 (the servers add the pushed deltas), rows starting at zero.
 pub fn table_spec() -> TableSpec {
+    // Seed 0 as before `TableSpec::counter` existed: servers (and checkpoints) holding the table check the
+    // spec matches.
     TableSpec {
-        id: DENSE_TABLE,
         name: "dense".into(),
-        dim: DENSE_ROW_DIM as u32,
-        optimizer: OptimizerSpec::Sgd { lr: 1.0 },
-        init: InitSpec::Uniform { scale: 0.0 },
         seed: 0,
+        ..TableSpec::counter(DENSE_TABLE, DENSE_ROW_DIM as u32)
     }
 }
 

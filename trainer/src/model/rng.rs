@@ -1,12 +1,13 @@
 //! A tiny deterministic PRNG for weight initialization.
 //!
-//! SplitMix64 (Steele, Lea, Flood 2014) for the bits and Box–Muller for normals. Self-written so that
-//! initial weights depend only on the seed, not on a crate version.
+//! SplitMix64 (Steele, Lea, Flood 2014; [`embedding::init::SplitMix64`], defined once in the workspace) for the
+//! bits and Box–Muller for normals. Self-written so that initial weights depend only on the seed, not on a
+//! crate version.
 
 /// SplitMix64 generator with a Box–Muller normal sampler.
 #[derive(Debug, Clone)]
 pub(crate) struct Rng {
-    state: u64,
+    bits: embedding::init::SplitMix64,
     /// Second Box–Muller value, kept for the next call.
     spare: Option<f64>,
 }
@@ -15,15 +16,14 @@ impl Rng {
     /// A generator whose whole output is determined by `seed`.
     pub(crate) fn new(seed: u64) -> Self {
         Self {
-            state: seed,
+            bits: embedding::init::SplitMix64::new(seed),
             spare: None,
         }
     }
 
     /// The next 64 random bits.
     pub(crate) fn next_u64(&mut self) -> u64 {
-        self.state = self.state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        embedding::init::mix64(self.state)
+        self.bits.next_u64()
     }
 
     /// Uniform in the open interval (0, 1): never 0, so `ln` is finite.
