@@ -108,25 +108,7 @@ impl Index {
     /// with hash `h`, for prefetching its row before [`Index::find`] confirms it.
     #[inline]
     pub(super) fn candidate(&self, h: u64) -> Option<usize> {
-        let cap = self.entries.len();
-        if cap == 0 {
-            return None;
-        }
-        let (mask, want) = (self.slot_mask(), self.tag(h));
-        let mut i = Self::home(h, cap);
-        loop {
-            let e = self.entries[i];
-            if e == 0 {
-                return None;
-            }
-            if e & !mask == want {
-                return Some((e & mask) as usize - 1);
-            }
-            i += 1;
-            if i == cap {
-                i = 0;
-            }
-        }
+        self.find(h, |_| true)
     }
 
     /// Adds `slot` (not in the index) under hash `h`; `hash_of(slot)` gives the hash of any slot already held,
