@@ -27,6 +27,7 @@ use parking_lot::{Mutex, RwLock};
 use crate::batch::{self, DirtyBatch};
 use crate::config::{AdmissionConfig, TableConfig};
 use crate::error::{EmbeddingError, StoreError};
+use crate::lease::Leases;
 use crate::store::Store;
 use crate::table::{ApplyStats, GatherStats, Table};
 
@@ -87,6 +88,8 @@ pub struct Engine {
     pub(crate) push_gate: RwLock<()>,
     /// Admission and TTL given to tables registered without their own ([`Engine::set_table_policy`]).
     policy: RwLock<(Option<AdmissionConfig>, Option<u64>)>,
+    /// Pins of prefetched rows ([`Engine::prefetch`], `lease.rs`).
+    pub(crate) leases: Leases,
 }
 
 impl std::fmt::Debug for Engine {
@@ -129,6 +132,7 @@ impl Engine {
             flush: Mutex::new(DirtyBatch::new()),
             push_gate: RwLock::new(()),
             policy: RwLock::new((None, None)),
+            leases: Leases::default(),
         })
     }
 
@@ -250,6 +254,11 @@ impl Engine {
     /// The memory budget of every table, in rows, if any.
     pub fn memory_budget_rows(&self) -> Option<u64> {
         self.budget
+    }
+
+    /// Whether some table has rows only in the store (evicted), so pulls and pushes may read the store.
+    pub fn spilled(&self) -> bool {
+        self.budget.is_some() && self.tables.read().values().any(|t| t.spilled())
     }
 
     /// Rows read back from the store over all tables since open.
@@ -375,6 +384,11 @@ impl Engine {
             );
         }
         Ok(stats)
+    }
+
+    /// Every table, by id.
+    pub(crate) fn tables_snapshot(&self) -> Vec<Arc<Table>> {
+        self.tables.read().values().cloned().collect()
     }
 
     /// Configs of all tables, by id.

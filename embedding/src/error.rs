@@ -107,6 +107,16 @@ pub enum EmbeddingError {
         /// Rows it holds.
         rows: usize,
     },
+    /// A prefetch asked for more distinct rows of a table than it may pin at once (half its memory budget).
+    #[error("prefetch of {ids} distinct ids for table {table} exceeds its pin limit of {limit} rows (half the memory budget); prefetch fewer batches ahead or raise the budget")]
+    PrefetchTooLarge {
+        /// The table.
+        table: u32,
+        /// Distinct ids asked for.
+        ids: usize,
+        /// The table's pin limit.
+        limit: usize,
+    },
     /// No table with this id is registered.
     #[error("unknown table {0}")]
     UnknownTable(u32),

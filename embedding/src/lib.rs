@@ -58,6 +58,7 @@ mod error;
 #[cfg(feature = "failpoints")]
 pub mod failpoints;
 pub mod init;
+mod lease;
 mod mem_store;
 pub mod optimizer;
 pub mod prefetch;
@@ -86,10 +87,11 @@ pub use engine::{
     Engine, EvictStats, ExpireStats, FlushStats, FLUSH_BATCH_ROWS, TABLE_META_PREFIX,
 };
 pub use error::{EmbeddingError, StoreError};
+pub use lease::LeaseStats;
 pub use mem_store::MemStore;
 #[cfg(feature = "rocksdb")]
-pub use rocks_store::RocksStore;
+pub use rocks_store::{RocksStore, RocksTuning, DEFAULT_BLOCK_CACHE_BYTES};
 #[cfg(feature = "rocksdb")]
 pub use snapshot::{PushGuard, Snapshot, SnapshotError};
 pub use store::{GetFn, ScanFn, Store};
-pub use table::{ApplyStats, GatherStats, Table, STRIPES};
+pub use table::{ApplyStats, GatherStats, PrefetchStats, Table, STRIPES};

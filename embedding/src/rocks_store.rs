@@ -7,13 +7,29 @@
 //! On open, the column families already in the directory are listed (`DB::list_cf`) and opened, so a reopened
 //! database knows its tables before any [`Store::ensure_table`]. Row values are random floats, so compression
 //! is off.
+//!
+//! # Tuning for the capacity tier ([`RocksTuning`])
+//! The tier reads and writes single rows of ~80 bytes (dim 16 + row-wise Adagrad) by key, never ranges, and
+//! many of its reads are for ids that were never written (rows created on first use): DESIGN.md's "RocksDB
+//! tuned for ~80-byte point reads". So, per column family, with [`RocksTuning::point_lookup`]:
+//! - one LRU block cache shared by every column family, sized by the server ([`RocksTuning::block_cache_bytes`]),
+//!   holding index and filter blocks too (L0's pinned), so a read of a cold row costs one block read;
+//! - whole-key bloom filters (10 bits per key, ~1% false positives) on every level, so a read of an id that was
+//!   never written (a new row) touches no data block, and a memtable bloom filter (whole key) so that reads
+//!   skip the memtables' skip lists for keys they do not hold;
+//! - 4 KiB data blocks (about 50 rows) with a hash index inside each block, so the key is found without a
+//!   binary search;
+//! - level compaction (RocksDB's default): lower read amplification than universal, and the tier reads at
+//!   least as often as it writes.
+//!
+//! The measured effect of each choice is in BENCHMARKS.md ("Ninth round").
 
 use std::path::{Path, PathBuf};
 
 use parking_lot::Mutex;
 use rocksdb::{
-    ColumnFamilyDescriptor, DBCompressionType, DBWithThreadMode, MultiThreaded, Options,
-    WriteBatch, WriteOptions,
+    BlockBasedOptions, Cache, ColumnFamilyDescriptor, DBCompressionType, DBWithThreadMode,
+    DataBlockIndexType, MultiThreaded, Options, WriteBatch, WriteOptions,
 };
 
 use crate::batch::DirtyBatch;
@@ -29,6 +45,10 @@ type Db = DBWithThreadMode<MultiThreaded>;
 pub struct RocksStore {
     db: Db,
     path: PathBuf,
+    /// Column family options (new tables get them too).
+    tuning: RocksTuning,
+    /// The block cache every column family shares.
+    cache: Cache,
     /// Serializes column family creation (two `ensure_table` racing would both try to create it).
     create: Mutex<()>,
 }
@@ -59,9 +79,46 @@ fn cf_name(table: u32) -> String {
     format!("t{table}")
 }
 
-fn cf_options() -> Options {
+/// How a [`RocksStore`] sets up its column families ("Tuning for the capacity tier").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RocksTuning {
+    /// Blooms, block cache, block hash index and memtable bloom for point reads; `false` keeps RocksDB's
+    /// defaults (for comparisons).
+    pub point_lookup: bool,
+    /// Bytes of the block cache all column families share.
+    pub block_cache_bytes: usize,
+}
+
+/// The block cache of a default [`RocksTuning`]: 64 MiB.
+pub const DEFAULT_BLOCK_CACHE_BYTES: usize = 64 << 20;
+
+impl Default for RocksTuning {
+    fn default() -> RocksTuning {
+        RocksTuning {
+            point_lookup: true,
+            block_cache_bytes: DEFAULT_BLOCK_CACHE_BYTES,
+        }
+    }
+}
+
+/// Column family options for `tuning`, sharing `cache`.
+fn cf_options(tuning: RocksTuning, cache: &Cache) -> Options {
     let mut o = Options::default();
     o.set_compression_type(DBCompressionType::None);
+    if tuning.point_lookup {
+        let mut t = BlockBasedOptions::default();
+        t.set_block_cache(cache);
+        t.set_block_size(4 << 10);
+        t.set_bloom_filter(10.0, false);
+        t.set_whole_key_filtering(true);
+        t.set_cache_index_and_filter_blocks(true);
+        t.set_pin_l0_filter_and_index_blocks_in_cache(true);
+        t.set_data_block_index_type(DataBlockIndexType::BinaryAndHash);
+        t.set_data_block_hash_ratio(0.75);
+        o.set_block_based_table_factory(&t);
+        o.set_memtable_prefix_bloom_ratio(0.02);
+        o.set_memtable_whole_key_filtering(true);
+    }
     o
 }
 
@@ -83,9 +140,18 @@ fn decode_key(table: u32, key: &[u8]) -> Result<u64, StoreError> {
 
 impl RocksStore {
     /// Opens (creating if missing) the database at `path` with every column family it already has, plus
-    /// `meta`.
+    /// `meta`, tuned with [`RocksTuning::default`].
     pub fn open(path: impl AsRef<Path>) -> Result<RocksStore, StoreError> {
+        RocksStore::open_tuned(path, RocksTuning::default())
+    }
+
+    /// [`RocksStore::open`] with column families set up by `tuning`.
+    pub fn open_tuned(
+        path: impl AsRef<Path>,
+        tuning: RocksTuning,
+    ) -> Result<RocksStore, StoreError> {
         let path = path.as_ref().to_path_buf();
+        let cache = Cache::new_lru_cache(tuning.block_cache_bytes);
         let mut opts = Options::default();
         opts.create_if_missing(true);
         opts.create_missing_column_families(true);
@@ -101,13 +167,15 @@ impl RocksStore {
         }
         let descriptors = names
             .iter()
-            .map(|n| ColumnFamilyDescriptor::new(n, cf_options()));
+            .map(|n| ColumnFamilyDescriptor::new(n, cf_options(tuning, &cache)));
         let db = Db::open_cf_descriptors(&opts, &path, descriptors)
             .map_err(backend(format!("open {}", path.display())))?;
-        tracing::info!(path = %path.display(), column_families = names.len(), "opened rocksdb");
+        tracing::info!(path = %path.display(), column_families = names.len(), ?tuning, "opened rocksdb");
         Ok(RocksStore {
             db,
             path,
+            tuning,
+            cache,
             create: Mutex::new(()),
         })
     }
@@ -117,16 +185,20 @@ impl RocksStore {
     pub fn open_read_only(path: impl AsRef<Path>) -> Result<RocksStore, StoreError> {
         let path = path.as_ref().to_path_buf();
         let opts = Options::default();
+        let tuning = RocksTuning::default();
+        let cache = Cache::new_lru_cache(tuning.block_cache_bytes);
         let names =
             Db::list_cf(&opts, &path).map_err(backend(format!("list_cf {}", path.display())))?;
         let descriptors = names
             .iter()
-            .map(|n| ColumnFamilyDescriptor::new(n, cf_options()));
+            .map(|n| ColumnFamilyDescriptor::new(n, cf_options(tuning, &cache)));
         let db = Db::open_cf_descriptors_read_only(&opts, &path, descriptors, false)
             .map_err(backend(format!("open read-only {}", path.display())))?;
         Ok(RocksStore {
             db,
             path,
+            tuning,
+            cache,
             create: Mutex::new(()),
         })
     }
@@ -164,7 +236,7 @@ impl Store for RocksStore {
         let _guard = self.create.lock();
         if self.db.cf_handle(&name).is_none() {
             self.db
-                .create_cf(&name, &cf_options())
+                .create_cf(&name, &cf_options(self.tuning, &self.cache))
                 .map_err(backend(format!("create column family {name}")))?;
             tracing::info!(table, "created column family");
         }
@@ -232,7 +304,9 @@ impl Store for RocksStore {
     fn get_rows(&self, table: u32, ids: &[u64], f: &mut GetFn<'_>) -> Result<(), StoreError> {
         let cf = self.table_cf(table)?;
         let keys: Vec<[u8; 8]> = ids.iter().map(|id| id.to_be_bytes()).collect();
-        let values = self.db.batched_multi_get_cf(&cf, &keys, false);
+        // Big-endian keys sort like the ids: ascending ids let RocksDB skip sorting the batch.
+        let sorted = ids.windows(2).all(|w| w[0] < w[1]);
+        let values = self.db.batched_multi_get_cf(&cf, &keys, sorted);
         for (i, value) in values.into_iter().enumerate() {
             let value = value.map_err(backend(format!("get_rows table {table}")))?;
             f(i, value.as_deref())?;

@@ -485,6 +485,28 @@ impl<D: Dialer> PsClient<D> {
         }
     }
 
+    /// Asks server `server` to bring the rows of `ids` (one id section per table of `tables`, as for
+    /// [`PsClient::pull`]) into memory and pin them under lease `(owner, lease)`, after releasing `owner`'s
+    /// leases numbered below `release_below` ([`wire::prefetch`]). Empty `tables` only release. Returns when
+    /// the rows are in memory, with the server's counts.
+    pub async fn prefetch(
+        &self,
+        server: usize,
+        owner: u64,
+        lease: u64,
+        release_below: u64,
+        tables: Vec<TableCount>,
+        ids: Bytes,
+    ) -> Result<wire::prefetch::PrefetchCounts, ProtocolError> {
+        let req =
+            wire::prefetch::request(self.shard_map.epoch, owner, lease, release_below, tables);
+        let (resp, _) = self.call(server, &req, ids).await?;
+        match resp {
+            Response::Prefetched { stats } => Ok(stats),
+            other => Err(self.unexpected(server, &other, "Prefetched")),
+        }
+    }
+
     /// Asks every server to write its dirty rows to storage; returns the rows written.
     pub async fn flush(&self) -> Result<u64, ProtocolError> {
         let mut total = 0;

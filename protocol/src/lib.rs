@@ -34,6 +34,7 @@ pub use error::{ErrorCode, ProtocolError};
 pub use routing::ShardMap;
 pub use transport::Transport;
 pub use wire::message::{InitSpec, OptimizerSpec, Request, Response, TableCount, TableSpec};
+pub use wire::prefetch::PrefetchCounts;
 
 /// ALPN protocol name; bumped when the wire format changes incompatibly.
 pub const ALPN: &[u8] = b"ps/1";

@@ -153,6 +153,16 @@ struct ServeArgs {
     /// [default: no budget].
     #[arg(long, env = "PS_MEMORY_BUDGET_ROWS")]
     memory_budget_rows: Option<u64>,
+    /// MiB of RocksDB block cache shared by every table [default: 64].
+    #[arg(long, env = "PS_BLOCK_CACHE_MIB")]
+    block_cache_mib: Option<u64>,
+    /// RocksDB column family setup: point-lookup (blooms, block hash index) or defaults [default:
+    /// point-lookup].
+    #[arg(long, env = "PS_ROCKSDB_TUNING", value_enum)]
+    rocksdb_tuning: Option<crate::config::RocksdbTuning>,
+    /// Seconds a prefetch's pins last at most when its trainer does not release them [default: 60].
+    #[arg(long, env = "PS_PREFETCH_PIN_SECS")]
+    prefetch_pin_secs: Option<u64>,
     /// When pushed rows reach RocksDB: none (memory only), periodic (every flush interval and at shutdown),
     /// sync (before each push is acknowledged) [default: periodic].
     #[arg(long, env = "PS_DURABILITY", value_enum)]
@@ -215,6 +225,9 @@ impl ServeArgs {
             max_connections: self.max_connections,
             max_streams_per_connection: self.max_streams_per_connection,
             connection_window_bytes: self.connection_window_bytes,
+            block_cache_mib: self.block_cache_mib,
+            rocksdb_tuning: self.rocksdb_tuning,
+            prefetch_pin_secs: self.prefetch_pin_secs,
         }
     }
 }

@@ -12,7 +12,9 @@ use embedding::spec::{table_config, table_spec};
 use embedding::EmbeddingError;
 use protocol::compression::codec;
 use protocol::wire::{self, message::PayloadLayout};
-use protocol::{Encoding, ErrorCode, Request, Response, TableCount, TableSpec, PROTOCOL_VERSION};
+use protocol::{
+    Encoding, ErrorCode, PrefetchCounts, Request, Response, TableCount, TableSpec, PROTOCOL_VERSION,
+};
 
 use crate::config::Durability;
 use crate::metrics as m;
@@ -44,6 +46,7 @@ impl From<EmbeddingError> for Refusal {
         let code = match &e {
             EmbeddingError::UnknownTable(_) => ErrorCode::UnknownTable,
             EmbeddingError::TableConflict { .. } => ErrorCode::TableConflict,
+            EmbeddingError::PrefetchTooLarge { .. } => ErrorCode::BadRequest,
             EmbeddingError::InvalidConfig { .. }
             | EmbeddingError::WrongLength { .. }
             | EmbeddingError::RowLength { .. } => ErrorCode::WrongDimension,
@@ -51,6 +54,19 @@ impl From<EmbeddingError> for Refusal {
             _ => ErrorCode::Internal,
         };
         refuse(code, e.to_string())
+    }
+}
+
+/// Counts a pull's rows on a table with a memory budget by where they came from ([`m::TIER_ROWS_TOTAL`]).
+fn record_tier(stats: &embedding::GatherStats) {
+    for (outcome, n) in [
+        ("hit", stats.rows_resident),
+        ("miss", stats.rows_read_back),
+        ("late", stats.rows_waited),
+    ] {
+        if n > 0 {
+            metrics::counter!(m::TIER_ROWS_TOTAL, "outcome" => outcome).increment(n as u64);
+        }
     }
 }
 
@@ -86,6 +102,13 @@ impl Shard {
                 encoding,
                 tables,
             } => self.pull(epoch, encoding, &tables, payload, true),
+            Request::Prefetch {
+                epoch,
+                owner,
+                lease,
+                release_below,
+                tables,
+            } => self.prefetch(epoch, (owner, lease, release_below), &tables, payload, now),
         };
         result.unwrap_or_else(|r| {
             metrics::counter!(m::REQUEST_ERRORS_TOTAL, "code" => format!("{:?}", r.code))
@@ -236,7 +259,8 @@ impl Shard {
                 state_lens.push((row_len - dim) as u32);
             } else {
                 rows.resize(n * dim, 0.0);
-                self.engine.gather(t.table, ids, &mut rows)?;
+                let stats = self.engine.gather_stats(t.table, ids, &mut rows)?;
+                record_tier(&stats);
             }
             codec::encode_rows(&rows, dim, encoding, &mut out);
         }
@@ -255,6 +279,62 @@ impl Shard {
         Ok(Reply {
             header,
             payload: out,
+        })
+    }
+
+    /// A prefetch ([`protocol::wire::prefetch`]) under `(owner, lease, release_below)`: every section, table and
+    /// id ownership is checked before any row is read or any lease released; pins end at `now` plus the
+    /// shard's pin deadline at the latest. Reads RocksDB: the server runs it on a blocking thread.
+    fn prefetch(
+        &self,
+        epoch: u64,
+        (owner, lease, release_below): (u64, u64, u64),
+        tables: &[TableCount],
+        payload: &[u8],
+        now: u64,
+    ) -> Result<Reply, Refusal> {
+        self.check_epoch(epoch)?;
+        self.check_tables(tables)?;
+        let mut all_ids = Vec::new();
+        wire::prefetch::decode(tables, payload, &mut all_ids)?;
+        let mut parts = Vec::with_capacity(tables.len());
+        let mut start = 0;
+        for t in tables {
+            let ids = &all_ids[start..start + t.count as usize];
+            self.check_ownership(t.table, ids)?;
+            parts.push((t.table, ids));
+            start += t.count as usize;
+        }
+        let stats =
+            self.engine
+                .prefetch(owner, lease, release_below, &parts, now, self.pin_secs)?;
+        let rows = stats.rows;
+        metrics::counter!(m::PREFETCH_REQUESTS_TOTAL).increment(1);
+        for (outcome, n) in [
+            ("resident", rows.resident),
+            ("read_back", rows.read_back),
+            ("waited", rows.waited),
+            ("absent", rows.absent),
+            ("untiered", rows.untiered),
+        ] {
+            if n > 0 {
+                metrics::counter!(m::PREFETCH_ROWS_TOTAL, "outcome" => outcome).increment(n as u64);
+            }
+        }
+        Ok(Reply {
+            header: Response::Prefetched {
+                stats: PrefetchCounts {
+                    resident: rows.resident as u64,
+                    read_back: rows.read_back as u64,
+                    waited: rows.waited as u64,
+                    absent: rows.absent as u64,
+                    pinned: rows.pinned as u64,
+                    over_pin_limit: rows.over_pin_limit as u64,
+                    untiered: rows.untiered as u64,
+                    released: stats.released as u64,
+                },
+            },
+            payload: Vec::new(),
         })
     }
 

@@ -16,6 +16,7 @@ fn shard(num_servers: u32, index: u32) -> Shard {
         shard_index: index,
         durability: Durability::Periodic,
         writes: Default::default(),
+        pin_secs: crate::config::DEFAULT_PIN_SECS,
     };
     let r = s.handle(
         Request::RegisterTables {
@@ -138,6 +139,7 @@ fn pushed_rows_are_stamped_with_the_time_passed_in() {
         shard_index: 0,
         durability: Durability::Periodic,
         writes: Default::default(),
+        pin_secs: crate::config::DEFAULT_PIN_SECS,
     };
     s.engine.set_table_policy(None, Some(10));
     let r = s.handle(
@@ -376,6 +378,7 @@ fn sync_push_is_stored_before_the_reply_and_a_store_error_is_a_storage_refusal()
         shard_index: 0,
         durability: Durability::Sync,
         writes: Default::default(),
+        pin_secs: crate::config::DEFAULT_PIN_SECS,
     };
     let r = s.handle(
         Request::RegisterTables {

@@ -57,6 +57,22 @@ pub const EVICTION_WRITES_TOTAL: &str = "ps_eviction_writes_total";
 pub const READBACK_ROWS_TOTAL: &str = "ps_readback_rows_total";
 /// Duration of one batched read-back (multi-get) from RocksDB.
 pub const READBACK_SECONDS: &str = "ps_readback_duration_seconds";
+/// Prefetch requests handled (lookahead into the capacity tier).
+pub const PREFETCH_REQUESTS_TOTAL: &str = "ps_prefetch_requests_total";
+/// Distinct rows of prefetches by outcome: `resident` (in memory already), `read_back` (read from RocksDB by
+/// the prefetch), `waited` (another request was reading it), `absent` (no row anywhere yet), `untiered` (a
+/// table without a budget).
+pub const PREFETCH_ROWS_TOTAL: &str = "ps_prefetch_rows_total";
+/// Rows pulled (without state) from tables with a memory budget, by outcome: `hit` (in memory), `miss` (read back
+/// from RocksDB by the request itself: no prefetch, or one that came too late to start), `late` (a prefetch
+/// was still reading it; the request waited for that read).
+pub const TIER_ROWS_TOTAL: &str = "ps_tier_rows_total";
+/// Rows pinned in memory by prefetches now.
+pub const PINNED_ROWS: &str = "ps_pinned_rows";
+/// Prefetch leases held now.
+pub const PREFETCH_LEASES: &str = "ps_prefetch_leases";
+/// Prefetch leases that reached their deadline unreleased (a batch never pulled, a trainer gone).
+pub const PREFETCH_LEASES_EXPIRED_TOTAL: &str = "ps_prefetch_leases_expired_total";
 /// Rows recovered from RocksDB at start.
 pub const ROWS_RECOVERED_TOTAL: &str = "ps_rows_recovered_total";
 /// 1 while storage writes fail and the server refuses pushes ([`crate::write_health`]), else 0.
@@ -154,6 +170,26 @@ fn describe_rows() {
         READBACK_SECONDS,
         Unit::Seconds,
         "Duration of one batched read-back (multi-get) from RocksDB."
+    );
+    describe_tier();
+}
+
+/// Lookahead prefetch into the capacity tier.
+fn describe_tier() {
+    describe_counter!(PREFETCH_REQUESTS_TOTAL, "Prefetch requests handled.");
+    describe_counter!(
+        PREFETCH_ROWS_TOTAL,
+        "Distinct rows of prefetches, by outcome (resident, read_back, waited, absent, untiered)."
+    );
+    describe_counter!(
+        TIER_ROWS_TOTAL,
+        "Rows pulled from tables with a memory budget, by outcome (hit, miss, late)."
+    );
+    describe_gauge!(PINNED_ROWS, "Rows pinned in memory by prefetches.");
+    describe_gauge!(PREFETCH_LEASES, "Prefetch leases held.");
+    describe_counter!(
+        PREFETCH_LEASES_EXPIRED_TOTAL,
+        "Prefetch leases released at their deadline, unreleased by their trainer."
     );
 }
 

@@ -34,6 +34,8 @@ pub struct Shard {
     pub durability: Durability,
     /// Whether storage writes work; while they fail, pushes are refused ([`crate::write_health`]).
     pub writes: WriteHealth,
+    /// Seconds a prefetch's pins last at most ([`crate::config::TierConfig::pin_secs`]).
+    pub pin_secs: u64,
 }
 
 impl Shard {

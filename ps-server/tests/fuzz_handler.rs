@@ -139,6 +139,7 @@ fn new_shard(num_servers: u32, durability: Durability) -> Shard {
         shard_index: 0,
         durability,
         writes: Default::default(),
+        pin_secs: ps_server::config::DEFAULT_PIN_SECS,
     };
     let tables = TABLES.iter().map(|&(id, dim)| base_spec(id, dim)).collect();
     let r = shard.handle(Request::RegisterTables { tables }, &[], START);

@@ -18,6 +18,16 @@
 //! Read-back holds the gate's read lock from the miss to the insert, so a stale copy read from the store can
 //! never be inserted after a newer one was evicted in between.
 //!
+//! # One read per row
+//! Rows being read back are registered in the tier's `loading` set for the duration of the store read. A
+//! caller that misses a row another caller is reading (a pull arriving while the prefetch of its batch is
+//! still reading) waits for that read instead of reading the row again ([`ReadBack::waited`]); every caller
+//! finishes its own reads before it waits, so waits cannot form a cycle.
+//!
+//! # Pins
+//! Rows a prefetch pinned (`pin.rs`) are never victims: the sweep passes over them like over a set reference
+//! bit, without clearing anything.
+//!
 //! TTL: read-back rows restart their TTL like recovered rows, and rows that live only in the store do not
 //! expire (expiry only looks at memory).
 
@@ -25,7 +35,7 @@ use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use parking_lot::RwLock;
+use parking_lot::{Condvar, Mutex, RwLock};
 
 use super::expire::STAMP_UNKNOWN;
 use super::stripe::{group_by_stripe, hash, stripe_of};
@@ -49,6 +59,64 @@ pub(super) struct Tier {
     pub(super) read_back: AtomicU64,
     /// Stripe where the next eviction sweep starts.
     pub(super) cursor: AtomicUsize,
+    /// Ids whose rows some caller is reading back from the store right now ("One read per row").
+    pub(super) loading: Mutex<HashSet<u64>>,
+    /// Signalled whenever ids leave `loading`.
+    pub(super) loaded: Condvar,
+    /// Pinned rows over all stripes (`pin.rs`).
+    pub(super) pinned: AtomicUsize,
+}
+
+impl Tier {
+    /// A tier keeping about `budget` rows in memory over `store`.
+    pub(super) fn new(budget: u64, store: Arc<dyn Store>) -> Tier {
+        Tier {
+            budget: budget.clamp(1, usize::MAX as u64) as usize,
+            store,
+            spilled: AtomicBool::new(false),
+            gate: RwLock::new(()),
+            read_back: AtomicU64::new(0),
+            cursor: AtomicUsize::new(0),
+            loading: Mutex::new(HashSet::new()),
+            loaded: Condvar::new(),
+            pinned: AtomicUsize::new(0),
+        }
+    }
+
+    /// Most rows pinned at once: half the budget, so eviction can always bring the table back to its
+    /// budget and pins never grow memory past it.
+    pub(super) fn pin_limit(&self) -> usize {
+        (self.budget / 2).max(1)
+    }
+}
+
+/// What one [`Table::read_back`] did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(super) struct ReadBack {
+    /// Rows this call read from the store and inserted.
+    pub(super) inserted: usize,
+    /// Rows another caller was reading back; this call waited for them.
+    pub(super) waited: usize,
+}
+
+/// Removes `ids` from the tier's loading set and wakes the waiters, also when a read fails or panics.
+struct Loading<'a> {
+    tier: &'a Tier,
+    ids: Vec<u64>,
+}
+
+impl Drop for Loading<'_> {
+    fn drop(&mut self) {
+        if self.ids.is_empty() {
+            return;
+        }
+        let mut loading = self.tier.loading.lock();
+        for id in &self.ids {
+            loading.remove(id);
+        }
+        drop(loading);
+        self.tier.loaded.notify_all();
+    }
 }
 
 impl std::fmt::Debug for Tier {
@@ -96,18 +164,60 @@ impl Table {
     }
 
     /// Reads the rows of `ids[i]` for `i` in `misses` from the store (one batched read) and inserts those found
-    /// and still absent, clean, with their reference bit set. Returns the rows inserted. The caller holds the
-    /// gate's read lock.
-    pub(super) fn read_back(&self, ids: &[u64], misses: &[usize]) -> Result<usize, EmbeddingError> {
+    /// and still absent, clean, with their reference bit set; rows another caller is reading back are waited
+    /// for, not read again ("One read per row"). The caller holds the gate's read lock.
+    pub(super) fn read_back(
+        &self,
+        ids: &[u64],
+        misses: &[usize],
+    ) -> Result<ReadBack, EmbeddingError> {
         let Some(tier) = &self.tier else {
-            return Ok(0);
+            return Ok(ReadBack::default());
         };
+        let mut wanted: Vec<u64> = misses.iter().map(|&i| ids[i]).collect();
+        wanted.sort_unstable();
+        wanted.dedup();
+        let mut theirs = Vec::new();
+        let mut mine = Loading {
+            tier,
+            ids: Vec::with_capacity(wanted.len()),
+        };
+        {
+            let mut loading = tier.loading.lock();
+            for id in wanted {
+                if loading.insert(id) {
+                    mine.ids.push(id);
+                } else {
+                    theirs.push(id);
+                }
+            }
+        }
+        let inserted = if mine.ids.is_empty() {
+            0
+        } else {
+            self.read_and_insert(tier, &mine.ids)?
+        };
+        drop(mine);
+        if !theirs.is_empty() {
+            let mut loading = tier.loading.lock();
+            while theirs.iter().any(|id| loading.contains(id)) {
+                tier.loaded.wait(&mut loading);
+            }
+        }
+        Ok(ReadBack {
+            inserted,
+            waited: theirs.len(),
+        })
+    }
+
+    /// The store read and the insert of [`Table::read_back`] for distinct `wanted` ids; returns the rows
+    /// inserted.
+    fn read_and_insert(&self, tier: &Tier, wanted: &[u64]) -> Result<usize, EmbeddingError> {
         let table = self.cfg.id;
         let row_len = self.row_len;
-        let wanted: Vec<u64> = misses.iter().map(|&i| ids[i]).collect();
         let mut rows = vec![0f32; wanted.len() * row_len];
         let mut found = vec![false; wanted.len()];
-        tier.store.get_rows(table, &wanted, &mut |k, value| {
+        tier.store.get_rows(table, wanted, &mut |k, value| {
             if let Some(bytes) = value {
                 if bytes.len() != row_len * 4 {
                     return Err(StoreError::CorruptValue {
@@ -122,7 +232,7 @@ impl Table {
             }
             Ok(())
         })?;
-        let (order, bounds) = group_by_stripe(&wanted);
+        let (order, bounds) = group_by_stripe(wanted);
         let mut inserted = 0;
         self.for_each_group(&order, &bounds, |s, stripe, group| {
             for &k in group {
@@ -227,7 +337,10 @@ impl Table {
                     stripe.hand = (slot + 1) % slots;
                     let id = stripe.arena.id(slot);
                     // A free slot keeps its old id, which the index maps elsewhere or nowhere.
-                    if stripe.find(id, hash(id)) != Some(slot) || picked.contains(&id) {
+                    if stripe.find(id, hash(id)) != Some(slot)
+                        || picked.contains(&id)
+                        || stripe.is_pinned(id)
+                    {
                         continue;
                     }
                     let (word, bit) = (slot / 64, 1u64 << (slot % 64));
@@ -273,7 +386,8 @@ impl Table {
                 let h = hash(id);
                 debug_assert_eq!(stripe_of(h), s);
                 if let Some(slot) = stripe.find(id, h) {
-                    if !stripe.is_dirty(slot) {
+                    // A victim pinned by a prefetch since its selection stays.
+                    if !stripe.is_dirty(slot) && !stripe.is_pinned(id) {
                         stripe.remove(id, h, slot);
                         removed += 1;
                     }

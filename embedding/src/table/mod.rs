@@ -10,6 +10,7 @@
 //!   [`Table::mark_dirty`]).
 //! - `expire.rs`: last-touched stamps and TTL expiry ([`Table::expired`], [`Table::remove_expired`]).
 //! - `budget.rs`: the capacity tier (memory budget, CLOCK eviction, batched read-back).
+//! - `pin.rs`: lookahead prefetch into the tier: read rows back ahead of their pull and pin them.
 //! - `tests.rs`: unit tests of the whole table.
 //!
 //! # Stripes
@@ -41,10 +42,10 @@
 //! Stripes found busy are visited again after the others.
 //! Initializer values for unseen ids in [`Table::gather`] are computed after the locks are released.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use parking_lot::{Mutex, RwLock};
+use parking_lot::Mutex;
 
 use crate::admission::Sketch;
 use crate::config::TableConfig;
@@ -57,10 +58,12 @@ mod budget;
 mod dirty;
 mod expire;
 mod index;
+mod pin;
 mod stripe;
 
 use budget::Tier;
 use expire::{stamp_of, STAMP_UNKNOWN};
+pub use pin::PrefetchStats;
 use stripe::{group_by_stripe, hash, stripe_of, Padded, Stripe};
 
 #[cfg(test)]
@@ -91,13 +94,20 @@ pub struct ApplyStats {
     pub rejected_admission: usize,
     /// Rows read back from the store (evicted earlier by the memory budget) before their update.
     pub rows_read_back: usize,
+    /// Rows another call (a prefetch) was reading back; this one waited for them instead of reading them.
+    pub rows_waited: usize,
 }
 
 /// What [`Table::gather_stats`] did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct GatherStats {
+    /// Rows found in memory, counted for tables with a memory budget only (the tier's hits).
+    pub rows_resident: usize,
     /// Rows read back from the store (evicted earlier by the memory budget) and kept in memory again.
     pub rows_read_back: usize,
+    /// Rows another call (a prefetch) was reading back; this one waited for them instead of reading them
+    /// (a late prefetch).
+    pub rows_waited: usize,
 }
 
 impl std::ops::AddAssign for ApplyStats {
@@ -107,6 +117,7 @@ impl std::ops::AddAssign for ApplyStats {
         self.rejected_nonfinite += o.rejected_nonfinite;
         self.rejected_admission += o.rejected_admission;
         self.rows_read_back += o.rows_read_back;
+        self.rows_waited += o.rows_waited;
     }
 }
 
@@ -172,14 +183,7 @@ impl Table {
             row_len,
             rows: AtomicUsize::new(0),
             dirty_cursor: AtomicUsize::new(0),
-            tier: budget.map(|(budget, store)| Tier {
-                budget: budget.clamp(1, usize::MAX as u64) as usize,
-                store,
-                spilled: AtomicBool::new(false),
-                gate: RwLock::new(()),
-                read_back: AtomicU64::new(0),
-                cursor: AtomicUsize::new(0),
-            }),
+            tier: budget.map(|(budget, store)| Tier::new(budget, store)),
         })
     }
 
@@ -294,8 +298,13 @@ impl Table {
             Ok(())
         })?;
         let mut stats = GatherStats::default();
+        if clock {
+            stats.rows_resident = ids.len() - misses.len();
+        }
         if !misses.is_empty() && self.spilled() {
-            stats.rows_read_back = self.read_back(ids, &misses)?;
+            let read = self.read_back(ids, &misses)?;
+            stats.rows_read_back = read.inserted;
+            stats.rows_waited = read.waited;
             misses = self.copy_found(ids, &misses, out, width)?;
         }
         for i in misses {
@@ -362,7 +371,9 @@ impl Table {
                 Ok(())
             })?;
             if !misses.is_empty() {
-                stats.rows_read_back = self.read_back(ids, &misses)?;
+                let read = self.read_back(ids, &misses)?;
+                stats.rows_read_back = read.inserted;
+                stats.rows_waited = read.waited;
             }
         }
         self.for_each_group(&order, &bounds, |s, stripe, group| {

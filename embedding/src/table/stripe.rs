@@ -2,6 +2,8 @@
 //! slots, and the lookup loop that prefetches ahead; plus grouping a call's ids by stripe and taking each stripe
 //! lock once (the "Locking" section of the table module).
 
+use std::collections::HashMap;
+
 use parking_lot::Mutex;
 
 use super::index::Index;
@@ -29,6 +31,9 @@ pub(super) struct Stripe {
     pub(super) refs: Vec<u64>,
     /// The CLOCK hand: the next slot the eviction sweep looks at.
     pub(super) hand: usize,
+    /// Pin counts of the rows prefetches pinned (`pin.rs`), by id so that a removed and reused slot never
+    /// inherits a pin; never victims of eviction.
+    pub(super) pins: HashMap<u64, u32>,
 }
 
 /// A stripe on its own cache line(s), so neighbouring locks do not false-share.
@@ -59,6 +64,7 @@ impl Stripe {
             dirty_count: 0,
             refs: Vec::new(),
             hand: 0,
+            pins: HashMap::new(),
         }
     }
 
@@ -161,6 +167,12 @@ impl Stripe {
             self.dirty[word] |= bit;
             self.dirty_count += 1;
         }
+    }
+
+    /// Whether a prefetch pinned the row of `id`.
+    #[inline]
+    pub(super) fn is_pinned(&self, id: u64) -> bool {
+        !self.pins.is_empty() && self.pins.contains_key(&id)
     }
 
     /// Sets the CLOCK reference bit of `slot`.

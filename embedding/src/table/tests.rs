@@ -53,6 +53,7 @@ fn apply_then_gather() {
             rejected_nonfinite: 0,
             rejected_admission: 0,
             rows_read_back: 0,
+            rows_waited: 0,
         }
     );
     let mut want = init_of(&cfg, 9);
@@ -136,6 +137,7 @@ fn nonfinite_gradient_rejected_and_row_unchanged() {
             rejected_nonfinite: 2,
             rejected_admission: 0,
             rows_read_back: 0,
+            rows_waited: 0,
         }
     );
     assert_eq!(bits(&t.row(1).unwrap()), bits(&before));

@@ -14,6 +14,7 @@
 //! | [`Request::Flush`] | none | [`Response::Flushed`] | none |
 //! | [`Request::Checkpoint`] | none | [`Response::Checkpointed`] | none |
 //! | [`Request::PullWithState`] | ids of table 0, ... | [`Response::PulledWithState`] | rows of table 0, ..., then optimizer state of table 0, ... (f32 LE) |
+//! | [`Request::Prefetch`] | ids of table 0, ids of table 1, ... | [`Response::Prefetched`] | none |
 //!
 //! Any request may be answered by [`Response::Error`].
 
@@ -92,6 +93,22 @@ pub enum Request {
         /// Per-table counts, in payload order.
         tables: Vec<TableCount>,
     },
+    /// Bring the rows of these ids into the server's memory and keep them there until their batch has
+    /// passed: lookahead prefetch into the capacity tier ([`crate::wire::prefetch`]). Nothing is returned
+    /// but counts.
+    Prefetch {
+        /// The client's shard-map epoch.
+        epoch: u64,
+        /// Who holds the lease: a number the client draws once (one trainer's pass).
+        owner: u64,
+        /// The lease's number within `owner` (a batch index); the ids stay pinned until a later prefetch of
+        /// `owner` releases it, or the server's pin deadline passes.
+        lease: u64,
+        /// Releases every lease of `owner` numbered below this (0 releases none) before pinning.
+        release_below: u64,
+        /// Per-table counts, in payload order (may be empty: a pure release).
+        tables: Vec<TableCount>,
+    },
 }
 
 /// A response header.
@@ -158,6 +175,11 @@ pub enum Response {
         /// f32s of optimizer state per row, per table (0 for SGD, 1 for row-wise Adagrad).
         state_lens: Vec<u32>,
     },
+    /// Answer to [`Request::Prefetch`], once the rows are in memory.
+    Prefetched {
+        /// What the server did.
+        stats: crate::wire::prefetch::PrefetchCounts,
+    },
 }
 
 impl Response {
@@ -172,6 +194,7 @@ impl Response {
             Response::Error { .. } => "Error",
             Response::Checkpointed { .. } => "Checkpointed",
             Response::PulledWithState { .. } => "PulledWithState",
+            Response::Prefetched { .. } => "Prefetched",
         }
     }
 }

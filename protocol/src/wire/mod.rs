@@ -8,6 +8,7 @@
 //! - [`pull`]: `Pull` (and the id sections every pull and push starts with, [`pull::IdSections`]).
 //! - [`pull_with_state`]: `PullWithState`, rows followed by their optimizer state.
 //! - [`push`]: `Push`, id sections followed by gradient rows.
+//! - [`prefetch`]: `Prefetch`, id sections of a batch ahead, pinned in the server's memory under a lease.
 //! - [`dense`]: the dense table: a model's dense parameters as rows of one reserved table, pulled and pushed
 //!   with `Pull` and `Push`.
 
@@ -15,6 +16,7 @@ pub mod dense;
 pub mod frame;
 pub mod ids;
 pub mod message;
+pub mod prefetch;
 pub mod pull;
 pub mod pull_with_state;
 pub mod push;

@@ -101,6 +101,7 @@ fn kind(req: &Request) -> &'static str {
         Request::Push { .. } => "push",
         Request::Flush => "flush",
         Request::Checkpoint { .. } => "checkpoint",
+        Request::Prefetch { .. } => "prefetch",
     }
 }
 
@@ -256,6 +257,16 @@ fn answer(
         }
         // With durability `sync`, a push waits for an fsync.
         req @ Request::Push { .. } if shard.durability == Durability::Sync => {
+            tokio::task::block_in_place(|| shard.handle(req, &payload, now))
+        }
+        // A prefetch reads RocksDB; so may pulls and pushes once a table has evicted rows (its read-backs, or
+        // waits for a prefetch's): off the async workers (DESIGN.md, "Tier with lookahead prefetch").
+        req @ Request::Prefetch { .. } => {
+            tokio::task::block_in_place(|| shard.handle(req, &payload, now))
+        }
+        req @ (Request::Pull { .. } | Request::PullWithState { .. } | Request::Push { .. })
+            if shard.engine.spilled() =>
+        {
             tokio::task::block_in_place(|| shard.handle(req, &payload, now))
         }
         req => shard.handle(req, &payload, now),

@@ -105,9 +105,10 @@ async fn open_shard(cfg: &ServerConfig) -> anyhow::Result<Arc<Shard>> {
     let db_path = cfg.data_dir.join("rocksdb");
     let opened = Instant::now();
     let budget = cfg.memory_budget_rows;
+    let tier = cfg.tier;
     let (shard_index, num_shards) = (cfg.shard_index, cfg.num_shards);
     let engine = tokio::task::spawn_blocking(move || -> anyhow::Result<Engine> {
-        let store = RocksStore::open(&db_path)
+        let store = RocksStore::open_tuned(&db_path, tier.rocks)
             .with_context(|| format!("open RocksDB at {}", db_path.display()))?;
         crate::restore::check_restored_shard(&store, shard_index, num_shards)?;
         Engine::open_with_budget(Arc::new(writeback::MeteredStore(store)), budget)
@@ -133,6 +134,7 @@ async fn open_shard(cfg: &ServerConfig) -> anyhow::Result<Arc<Shard>> {
         shard_index: cfg.shard_index,
         durability: cfg.durability,
         writes: Default::default(),
+        pin_secs: cfg.tier.pin_secs,
     }))
 }
 

@@ -11,6 +11,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::config::{Durability, ServerConfig};
+use crate::metrics as m;
 use crate::shard::Shard;
 use crate::write_health::PROBE_PERIOD;
 use crate::writeback;
@@ -98,8 +99,8 @@ async fn run_expiry_timer(shard: Arc<Shard>, interval: Duration, stop: Cancellat
 /// loads, and a short period bounds how far pushes grow a table past its budget.
 const BUDGET_CHECK_PERIOD: Duration = Duration::from_millis(200);
 
-/// Evicts rows over the memory budget ([`Shard::enforce_budget`]) every [`BUDGET_CHECK_PERIOD`] until `stop`
-/// is cancelled.
+/// Every [`BUDGET_CHECK_PERIOD`] until `stop` is cancelled: releases prefetch leases past their deadline,
+/// refreshes the pin gauges, and evicts rows over the memory budget ([`Shard::enforce_budget`]).
 async fn run_budget_timer(shard: Arc<Shard>, stop: CancellationToken) {
     let mut tick = tokio::time::interval(BUDGET_CHECK_PERIOD);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -108,6 +109,13 @@ async fn run_budget_timer(shard: Arc<Shard>, stop: CancellationToken) {
             _ = stop.cancelled() => return,
             _ = tick.tick() => {}
         }
+        let expired = shard.engine.expire_leases(super::unix_secs());
+        if expired > 0 {
+            metrics::counter!(m::PREFETCH_LEASES_EXPIRED_TOTAL).increment(expired as u64);
+            tracing::debug!(leases = expired, "prefetch leases expired unreleased");
+        }
+        metrics::gauge!(m::PINNED_ROWS).set(shard.engine.pinned_rows() as f64);
+        metrics::gauge!(m::PREFETCH_LEASES).set(shard.engine.leases() as f64);
         if shard.engine.rows_over_budget() == 0 {
             continue;
         }

@@ -69,6 +69,14 @@ pub struct FileConfig {
     pub max_streams_per_connection: Option<u32>,
     /// Unread bytes the server buffers per QUIC connection (flow-control window). Default 32 MiB.
     pub connection_window_bytes: Option<u64>,
+    /// MiB of RocksDB block cache, shared by every table (`crate::config::tier`). Default 64.
+    pub block_cache_mib: Option<u64>,
+    /// RocksDB column family setup: `point-lookup` (blooms, block hash index, memtable bloom: the capacity
+    /// tier's reads) or `defaults` (RocksDB's own, for comparisons). Default `point-lookup`.
+    pub rocksdb_tuning: Option<tier::RocksdbTuning>,
+    /// Seconds a prefetch's pins last at most when no later prefetch of its trainer releases them, >= 1.
+    /// Default 60.
+    pub prefetch_pin_secs: Option<u64>,
 }
 
 /// Which transports a server listens on; both use the `listen` address (UDP and TCP port of the same number).
@@ -154,7 +162,10 @@ impl FileConfig {
             max_inflight_bytes,
             max_connections,
             max_streams_per_connection,
-            connection_window_bytes
+            connection_window_bytes,
+            block_cache_mib,
+            rocksdb_tuning,
+            prefetch_pin_secs
         );
         self
     }
@@ -184,7 +195,9 @@ impl FileConfig {
             ));
         }
         let limits = self.load_limits()?;
+        let tier = self.tier()?;
         Ok(ServerConfig {
+            tier,
             max_inflight_bytes: limits.max_inflight_bytes,
             max_connections: limits.max_connections,
             max_streams_per_connection: limits.max_streams_per_connection,
@@ -399,6 +412,8 @@ pub struct ServerConfig {
     pub drain_timeout: Duration,
     /// Rows each table keeps in memory, if bounded.
     pub memory_budget_rows: Option<u64>,
+    /// RocksDB setup and prefetch pins: the capacity tier's settings.
+    pub tier: tier::TierConfig,
     /// When pushed rows reach RocksDB.
     pub durability: Durability,
     /// Accept clients without a CA-signed certificate (development only).
@@ -446,151 +461,9 @@ pub enum ConfigError {
     Invalid(String),
 }
 
+mod tier;
+
+pub use tier::{RocksdbTuning, TierConfig, DEFAULT_PIN_SECS};
+
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn toml_then_flags() {
-        let file: FileConfig = toml::from_str(
-            "listen = \"127.0.0.1:7100\"\ndata-dir = \"/d\"\ntls-dir = \"/t\"\nnum-shards = 2\nshard-index = 1\n",
-        )
-        .unwrap();
-        let flags = FileConfig {
-            listen: Some("127.0.0.1:7200".parse().unwrap()),
-            ..Default::default()
-        };
-        let cfg = file.overlay(flags).validate().unwrap();
-        assert_eq!(cfg.listen.port(), 7200);
-        assert_eq!((cfg.shard_index, cfg.num_shards), (1, 2));
-        assert_eq!(cfg.flush_interval, Duration::from_secs(30));
-    }
-
-    #[test]
-    fn admission_and_ttl() {
-        let base = || FileConfig {
-            data_dir: Some("/d".into()),
-            tls_dir: Some("/t".into()),
-            ..Default::default()
-        };
-        let off = base().validate().unwrap();
-        assert_eq!((off.admission, off.row_ttl_secs), (None, None));
-        assert_eq!(off.expire_interval, Duration::from_secs(60));
-        let file: FileConfig = toml::from_str(
-            "admission-min-count = 3\nrow-ttl-secs = 86400\nexpire-interval-secs = 0.5\n",
-        )
-        .unwrap();
-        let cfg = base().overlay(file).validate().unwrap();
-        assert_eq!(
-            cfg.admission,
-            Some(embedding::AdmissionConfig {
-                min_count: 3,
-                width: DEFAULT_SKETCH_WIDTH,
-                depth: SKETCH_DEPTH
-            })
-        );
-        assert_eq!(cfg.row_ttl_secs, Some(86400));
-        assert_eq!(cfg.expire_interval, Duration::from_millis(500));
-        let zero: FileConfig = toml::from_str("admission-min-count = 0\nrow-ttl-secs = 0").unwrap();
-        let cfg = base().overlay(zero).validate().unwrap();
-        assert_eq!((cfg.admission, cfg.row_ttl_secs), (None, None));
-        for (file, needle) in [
-            (
-                "admission-min-count = 2\nadmission-sketch-width = 0",
-                "admission-sketch-width = 0",
-            ),
-            ("row-ttl-secs = 4294967296", "row-ttl-secs = 4294967296"),
-            ("expire-interval-secs = 0", "expire-interval-secs = 0"),
-            ("expire-interval-secs = -1", "expire-interval-secs = -1"),
-        ] {
-            let f: FileConfig = toml::from_str(file).unwrap();
-            let err = base().overlay(f).validate().unwrap_err().to_string();
-            assert!(err.contains(needle), "{file}: {err}");
-        }
-    }
-
-    #[test]
-    fn bad_configs_name_the_field() {
-        let err = toml::from_str::<FileConfig>("lisen = \"x\"")
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("lisen"), "{err}");
-        let base = || FileConfig {
-            data_dir: Some("/d".into()),
-            tls_dir: Some("/t".into()),
-            ..Default::default()
-        };
-        let err = FileConfig {
-            shard_index: Some(2),
-            num_shards: Some(2),
-            ..base()
-        }
-        .validate()
-        .unwrap_err()
-        .to_string();
-        assert!(err.contains("shard-index = 2"), "{err}");
-        let err = FileConfig {
-            flush_interval_secs: Some(f64::NAN),
-            ..base()
-        }
-        .validate()
-        .unwrap_err()
-        .to_string();
-        assert!(err.contains("flush-interval-secs"), "{err}");
-        let err = FileConfig {
-            memory_budget_rows: Some(0),
-            ..base()
-        }
-        .validate()
-        .unwrap_err()
-        .to_string();
-        assert!(err.contains("memory-budget-rows = 0"), "{err}");
-        let cfg: FileConfig = toml::from_str("memory-budget-rows = 100").unwrap();
-        assert_eq!(
-            base().overlay(cfg).validate().unwrap().memory_budget_rows,
-            Some(100)
-        );
-        let err = FileConfig {
-            tls_dir: None,
-            ..base()
-        }
-        .validate()
-        .unwrap_err()
-        .to_string();
-        assert!(err.contains("tls-dir"), "{err}");
-    }
-
-    #[test]
-    fn durability_parses_and_a_bad_value_names_the_field() {
-        let base = || FileConfig {
-            data_dir: Some("/d".into()),
-            tls_dir: Some("/t".into()),
-            ..Default::default()
-        };
-        assert_eq!(base().validate().unwrap().durability, Durability::Periodic);
-        for (text, want) in [
-            ("none", Durability::None),
-            ("periodic", Durability::Periodic),
-            ("sync", Durability::Sync),
-        ] {
-            let file: FileConfig = toml::from_str(&format!("durability = \"{text}\"")).unwrap();
-            assert_eq!(base().overlay(file).validate().unwrap().durability, want);
-        }
-        let err = toml::from_str::<FileConfig>("durability = \"always\"")
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("durability"), "{err}");
-        assert!(err.contains("always"), "{err}");
-    }
-
-    #[test]
-    fn shard_index_from_pod_names() {
-        assert_eq!(shard_index_from_hostname("ps-0").unwrap(), 0);
-        assert_eq!(shard_index_from_hostname("pstrain-ps-12").unwrap(), 12);
-        assert_eq!(shard_index_from_hostname("ps-3.ps.ml.svc").unwrap(), 3);
-        for bad in ["ps", "ps-", "ps-x1", "ps-1a", "", "ps-99999999999"] {
-            let err = shard_index_from_hostname(bad).unwrap_err().to_string();
-            assert!(err.contains(&format!("{bad:?}")), "{err}");
-        }
-    }
-}
+mod tests;

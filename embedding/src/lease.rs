@@ -1,0 +1,183 @@
+//! Leases on prefetched rows ([`Engine::prefetch`]): who pinned which rows of which tables, until when.
+//!
+//! A lease is `(owner, number)`: an owner is one client's pass (a number it draws), the number a batch index.
+//! A prefetch first releases its owner's leases numbered below its `release_below` (the trainer sends the
+//! count of its acknowledged pushes: those batches' pulls and pushes have passed), then pins its rows under
+//! its own lease with a deadline. [`Engine::expire_leases`] (the server's budget timer) releases leases past
+//! their deadline, so a prefetch whose batch is never pulled, or whose trainer died, cannot pin memory
+//! forever. A second prefetch under the same lease (a retried request) replaces the first.
+//!
+//! Nothing here reads a clock: callers pass `now` in seconds (STYLE.md, "Sans-IO cores").
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use crate::engine::Engine;
+use crate::error::EmbeddingError;
+use crate::table::{PrefetchStats, Table};
+
+/// The rows one lease pinned, per table, and when it ends.
+struct Lease {
+    deadline: u64,
+    parts: Vec<(Arc<Table>, Vec<u64>)>,
+}
+
+impl Lease {
+    fn release(self) {
+        for (table, ids) in self.parts {
+            table.unpin(&ids);
+        }
+    }
+}
+
+/// The leases of one engine, by owner then number.
+#[derive(Default)]
+pub(crate) struct Leases {
+    by_owner: Mutex<HashMap<u64, BTreeMap<u64, Lease>>>,
+}
+
+/// What [`Engine::prefetch`] did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct LeaseStats {
+    /// Rows, summed over tables.
+    pub rows: PrefetchStats,
+    /// Leases released by `release_below` (and a replaced lease of the same number).
+    pub released: usize,
+}
+
+impl Leases {
+    /// Releases `owner`'s leases numbered below `below`; returns how many.
+    fn release_below(&self, owner: u64, below: u64) -> usize {
+        let released: Vec<Lease> = {
+            let mut map = self.by_owner.lock();
+            let Some(leases) = map.get_mut(&owner) else {
+                return 0;
+            };
+            let kept = leases.split_off(&below);
+            let released = std::mem::replace(leases, kept);
+            if leases.is_empty() {
+                map.remove(&owner);
+            }
+            released.into_values().collect()
+        };
+        let n = released.len();
+        released.into_iter().for_each(Lease::release);
+        n
+    }
+
+    /// Stores a lease, returning the one it replaces.
+    fn insert(&self, owner: u64, number: u64, lease: Lease) -> Option<Lease> {
+        self.by_owner
+            .lock()
+            .entry(owner)
+            .or_default()
+            .insert(number, lease)
+    }
+
+    /// Removes and releases every lease whose deadline is at or before `now`; returns how many.
+    fn expire(&self, now: u64) -> usize {
+        let expired: Vec<Lease> = {
+            let mut map = self.by_owner.lock();
+            let mut expired = Vec::new();
+            map.retain(|_, leases| {
+                let due: Vec<u64> = leases
+                    .iter()
+                    .filter(|(_, l)| l.deadline <= now)
+                    .map(|(&n, _)| n)
+                    .collect();
+                for n in due {
+                    expired.extend(leases.remove(&n));
+                }
+                !leases.is_empty()
+            });
+            expired
+        };
+        let n = expired.len();
+        expired.into_iter().for_each(Lease::release);
+        n
+    }
+
+    /// Leases held now.
+    fn len(&self) -> usize {
+        self.by_owner.lock().values().map(BTreeMap::len).sum()
+    }
+}
+
+impl Engine {
+    /// Lookahead prefetch ([`Table::prefetch`] on each table of `tables`, `(table, ids)` pairs): releases
+    /// `owner`'s leases numbered below `release_below`, reads back the rows that live only in the store and
+    /// pins the rows of every table under lease `(owner, lease)` until Unix time `now + pin_secs` at the
+    /// latest. Every table is checked (known, ids within its pin limit) before anything is read or
+    /// released. Blocks on store reads: call it off async workers.
+    pub fn prefetch(
+        &self,
+        owner: u64,
+        lease: u64,
+        release_below: u64,
+        tables: &[(u32, &[u64])],
+        now: u64,
+        pin_secs: u64,
+    ) -> Result<LeaseStats, EmbeddingError> {
+        let resolved = tables
+            .iter()
+            .map(|&(id, ids)| {
+                let table = self.table(id)?;
+                table.check_prefetch(ids)?;
+                Ok((table, ids))
+            })
+            .collect::<Result<Vec<_>, EmbeddingError>>()?;
+        let mut stats = LeaseStats {
+            released: self.leases.release_below(owner, release_below),
+            ..LeaseStats::default()
+        };
+        let mut parts = Vec::new();
+        let mut failure = None;
+        for (table, ids) in resolved {
+            let mut pinned = Vec::new();
+            match table.prefetch(ids, &mut pinned) {
+                Ok(s) => stats.rows += s,
+                Err(e) => {
+                    failure = Some(e);
+                    break;
+                }
+            }
+            if !pinned.is_empty() {
+                parts.push((table, pinned));
+            }
+        }
+        let lease_rows = Lease {
+            deadline: now.saturating_add(pin_secs),
+            parts,
+        };
+        if let Some(e) = failure {
+            // Nothing stays pinned by a failed prefetch.
+            lease_rows.release();
+            return Err(e);
+        }
+        if !lease_rows.parts.is_empty() {
+            if let Some(old) = self.leases.insert(owner, lease, lease_rows) {
+                old.release();
+                stats.released += 1;
+            }
+        }
+        Ok(stats)
+    }
+
+    /// Releases every lease whose deadline (set by [`Engine::prefetch`]) is at or before Unix time `now`;
+    /// returns how many.
+    pub fn expire_leases(&self, now: u64) -> usize {
+        self.leases.expire(now)
+    }
+
+    /// Prefetch leases held now.
+    pub fn leases(&self) -> usize {
+        self.leases.len()
+    }
+
+    /// Rows pinned by prefetches now, over all tables.
+    pub fn pinned_rows(&self) -> usize {
+        self.tables_snapshot().iter().map(|t| t.pinned_rows()).sum()
+    }
+}

@@ -1,0 +1,146 @@
+//! Tests of the server's config: file, overlay and validation.
+use super::*;
+
+#[test]
+fn toml_then_flags() {
+    let file: FileConfig = toml::from_str(
+        "listen = \"127.0.0.1:7100\"\ndata-dir = \"/d\"\ntls-dir = \"/t\"\nnum-shards = 2\nshard-index = 1\n",
+    )
+    .unwrap();
+    let flags = FileConfig {
+        listen: Some("127.0.0.1:7200".parse().unwrap()),
+        ..Default::default()
+    };
+    let cfg = file.overlay(flags).validate().unwrap();
+    assert_eq!(cfg.listen.port(), 7200);
+    assert_eq!((cfg.shard_index, cfg.num_shards), (1, 2));
+    assert_eq!(cfg.flush_interval, Duration::from_secs(30));
+}
+
+#[test]
+fn admission_and_ttl() {
+    let base = || FileConfig {
+        data_dir: Some("/d".into()),
+        tls_dir: Some("/t".into()),
+        ..Default::default()
+    };
+    let off = base().validate().unwrap();
+    assert_eq!((off.admission, off.row_ttl_secs), (None, None));
+    assert_eq!(off.expire_interval, Duration::from_secs(60));
+    let file: FileConfig = toml::from_str(
+        "admission-min-count = 3\nrow-ttl-secs = 86400\nexpire-interval-secs = 0.5\n",
+    )
+    .unwrap();
+    let cfg = base().overlay(file).validate().unwrap();
+    assert_eq!(
+        cfg.admission,
+        Some(embedding::AdmissionConfig {
+            min_count: 3,
+            width: DEFAULT_SKETCH_WIDTH,
+            depth: SKETCH_DEPTH
+        })
+    );
+    assert_eq!(cfg.row_ttl_secs, Some(86400));
+    assert_eq!(cfg.expire_interval, Duration::from_millis(500));
+    let zero: FileConfig = toml::from_str("admission-min-count = 0\nrow-ttl-secs = 0").unwrap();
+    let cfg = base().overlay(zero).validate().unwrap();
+    assert_eq!((cfg.admission, cfg.row_ttl_secs), (None, None));
+    for (file, needle) in [
+        (
+            "admission-min-count = 2\nadmission-sketch-width = 0",
+            "admission-sketch-width = 0",
+        ),
+        ("row-ttl-secs = 4294967296", "row-ttl-secs = 4294967296"),
+        ("expire-interval-secs = 0", "expire-interval-secs = 0"),
+        ("expire-interval-secs = -1", "expire-interval-secs = -1"),
+    ] {
+        let f: FileConfig = toml::from_str(file).unwrap();
+        let err = base().overlay(f).validate().unwrap_err().to_string();
+        assert!(err.contains(needle), "{file}: {err}");
+    }
+}
+
+#[test]
+fn bad_configs_name_the_field() {
+    let err = toml::from_str::<FileConfig>("lisen = \"x\"")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("lisen"), "{err}");
+    let base = || FileConfig {
+        data_dir: Some("/d".into()),
+        tls_dir: Some("/t".into()),
+        ..Default::default()
+    };
+    let err = FileConfig {
+        shard_index: Some(2),
+        num_shards: Some(2),
+        ..base()
+    }
+    .validate()
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("shard-index = 2"), "{err}");
+    let err = FileConfig {
+        flush_interval_secs: Some(f64::NAN),
+        ..base()
+    }
+    .validate()
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("flush-interval-secs"), "{err}");
+    let err = FileConfig {
+        memory_budget_rows: Some(0),
+        ..base()
+    }
+    .validate()
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("memory-budget-rows = 0"), "{err}");
+    let cfg: FileConfig = toml::from_str("memory-budget-rows = 100").unwrap();
+    assert_eq!(
+        base().overlay(cfg).validate().unwrap().memory_budget_rows,
+        Some(100)
+    );
+    let err = FileConfig {
+        tls_dir: None,
+        ..base()
+    }
+    .validate()
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("tls-dir"), "{err}");
+}
+
+#[test]
+fn durability_parses_and_a_bad_value_names_the_field() {
+    let base = || FileConfig {
+        data_dir: Some("/d".into()),
+        tls_dir: Some("/t".into()),
+        ..Default::default()
+    };
+    assert_eq!(base().validate().unwrap().durability, Durability::Periodic);
+    for (text, want) in [
+        ("none", Durability::None),
+        ("periodic", Durability::Periodic),
+        ("sync", Durability::Sync),
+    ] {
+        let file: FileConfig = toml::from_str(&format!("durability = \"{text}\"")).unwrap();
+        assert_eq!(base().overlay(file).validate().unwrap().durability, want);
+    }
+    let err = toml::from_str::<FileConfig>("durability = \"always\"")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("durability"), "{err}");
+    assert!(err.contains("always"), "{err}");
+}
+
+#[test]
+fn shard_index_from_pod_names() {
+    assert_eq!(shard_index_from_hostname("ps-0").unwrap(), 0);
+    assert_eq!(shard_index_from_hostname("pstrain-ps-12").unwrap(), 12);
+    assert_eq!(shard_index_from_hostname("ps-3.ps.ml.svc").unwrap(), 3);
+    for bad in ["ps", "ps-", "ps-x1", "ps-1a", "", "ps-99999999999"] {
+        let err = shard_index_from_hostname(bad).unwrap_err().to_string();
+        assert!(err.contains(&format!("{bad:?}")), "{err}");
+    }
+}
