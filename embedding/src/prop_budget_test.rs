@@ -1,5 +1,5 @@
-//! Property test of the capacity tier: random gather / apply / enforce-budget / flush / reopen sequences on an
-//! engine whose tables keep at most [`BUDGET`] rows in memory, against a `HashMap` model, compared bit for bit
+//! Property test of the capacity tier: random gather / apply / prefetch / lease expiry / enforce-budget / flush /
+//! reopen sequences on an engine whose tables keep at most [`BUDGET`] rows in memory, against a `HashMap` model, compared bit for bit
 //! (weights and optimizer state) after every step. A row is where the engine keeps it: in memory, or evicted
 //! to the store. Also: a table 5x over budget trains exactly like the model, and an `#[ignore]` measurement of
 //! hit ratio and gather speed at 1x, 2x and 5x over budget under a Zipf-like access pattern.
@@ -64,6 +64,19 @@ enum Op {
         ids: Vec<u64>,
         grads: Vec<f32>,
     },
+    /// A prefetch of one table's ids under lease `lease` of owner `owner % 2`, releasing that owner's leases
+    /// below `release_below`.
+    Prefetch {
+        table: usize,
+        ids: Vec<u64>,
+        owner: u64,
+        lease: u64,
+        release_below: u64,
+    },
+    /// Lease deadlines at `now` (prefetches pin until time 10).
+    ExpireLeases {
+        now: u64,
+    },
     Enforce,
     Flush,
     /// Flush, drop the engine, reopen (recovery loads at most the budget).
@@ -82,6 +95,9 @@ fn op() -> impl Strategy<Value = Op> {
                 let (ids, grads) = rows.into_iter().unzip::<_, _, Vec<u64>, Vec<Vec<f32>>>();
                 Op::Apply { table, ids, grads: grads.concat() }
             }),
+        3 => (0..TABLES, prop::collection::vec(id(), 0..7), 0u64..2, 0u64..6, 0u64..6)
+            .prop_map(|(table, ids, owner, lease, release_below)| Op::Prefetch { table, ids, owner, lease, release_below }),
+        1 => (0u64..20).prop_map(|now| Op::ExpireLeases { now }),
         3 => Just(Op::Enforce),
         1 => Just(Op::Flush),
         1 => Just(Op::Reopen),
@@ -211,10 +227,55 @@ fn run(store: impl Fn() -> Arc<dyn Store>, ops: Vec<Op>) -> Result<(), TestCaseE
                 e.apply(configs[table].id, &ids, &grads).unwrap();
                 model.apply(table, &ids, &grads);
             }
+            Op::Prefetch {
+                table,
+                ids,
+                owner,
+                lease,
+                release_below,
+            } => {
+                let t = e.table(configs[table].id).unwrap();
+                let mut distinct = ids.clone();
+                distinct.sort_unstable();
+                distinct.dedup();
+                let before = t.pinned_rows();
+                match e.prefetch(owner, lease, release_below, &[(t.id(), &ids)], 0, 10) {
+                    Ok(stats) => {
+                        prop_assert!(distinct.len() <= t.pin_limit());
+                        prop_assert_eq!(
+                            stats.rows.resident + stats.rows.read_back + stats.rows.waited,
+                            stats.rows.pinned + stats.rows.over_pin_limit
+                        );
+                        prop_assert_eq!(stats.rows.waited, 0, "no concurrent read here");
+                        // Every pinned id is in memory now.
+                        for id in &distinct {
+                            if model.live[table].contains_key(id) {
+                                prop_assert!(t.row(*id).is_some(), "prefetched id {} not in memory", id);
+                            }
+                        }
+                    }
+                    Err(crate::EmbeddingError::PrefetchTooLarge { ids: n, limit, .. }) => {
+                        prop_assert!(n > limit);
+                        prop_assert_eq!(t.pinned_rows(), before, "a refused prefetch pins nothing");
+                    }
+                    Err(other) => prop_assert!(false, "prefetch failed: {}", other),
+                }
+            }
+            Op::ExpireLeases { now } => {
+                e.expire_leases(now);
+                if now >= 10 {
+                    prop_assert_eq!(e.leases(), 0);
+                    prop_assert_eq!(e.pinned_rows(), 0, "expired leases leave no pin");
+                }
+            }
             Op::Enforce => {
+                let pinned = pinned_ids(e, &configs);
                 e.enforce_budget().unwrap();
                 for c in &configs {
                     prop_assert!(e.table(c.id).unwrap().len() as u64 <= BUDGET);
+                }
+                for (table, id) in pinned {
+                    prop_assert!(e.table(table).unwrap().row(id).is_some(), "pinned row {}/{} evicted", table, id);
                 }
             }
             Op::Flush => {
@@ -235,6 +296,16 @@ fn run(store: impl Fn() -> Arc<dyn Store>, ops: Vec<Op>) -> Result<(), TestCaseE
         check_rows(engine.as_ref().unwrap(), &model)?;
     }
     Ok(())
+}
+
+/// `(table, id)` of every pinned row (ids 0..30, the ones the strategy mostly draws, plus none other).
+fn pinned_ids(engine: &Engine, configs: &[TableConfig]) -> Vec<(u32, u64)> {
+    let mut out = Vec::new();
+    for c in configs {
+        let t = engine.table(c.id).unwrap();
+        out.extend((0..30).filter(|&id| t.is_pinned(id)).map(|id| (c.id, id)));
+    }
+    out
 }
 
 fn e_len(engine: &Engine, table: u32) -> usize {

@@ -65,6 +65,8 @@ pub(super) struct Tier {
     pub(super) loaded: Condvar,
     /// Pinned rows over all stripes (`pin.rs`).
     pub(super) pinned: AtomicUsize,
+    /// Callers waiting for another caller's read-back now.
+    pub(super) waiting: AtomicUsize,
 }
 
 impl Tier {
@@ -80,6 +82,7 @@ impl Tier {
             loading: Mutex::new(HashSet::new()),
             loaded: Condvar::new(),
             pinned: AtomicUsize::new(0),
+            waiting: AtomicUsize::new(0),
         }
     }
 
@@ -149,6 +152,13 @@ impl Table {
             .map_or(0, |t| t.read_back.load(Ordering::Relaxed))
     }
 
+    /// Callers waiting right now for rows another caller is reading back ("One read per row").
+    pub fn read_back_waiters(&self) -> usize {
+        self.tier
+            .as_ref()
+            .map_or(0, |t| t.waiting.load(Ordering::Relaxed))
+    }
+
     /// Rows in memory past the budget (0 without a budget).
     pub fn rows_over_budget(&self) -> usize {
         self.tier
@@ -200,9 +210,11 @@ impl Table {
         drop(mine);
         if !theirs.is_empty() {
             let mut loading = tier.loading.lock();
+            tier.waiting.fetch_add(1, Ordering::Relaxed);
             while theirs.iter().any(|id| loading.contains(id)) {
                 tier.loaded.wait(&mut loading);
             }
+            tier.waiting.fetch_sub(1, Ordering::Relaxed);
         }
         Ok(ReadBack {
             inserted,

@@ -8,7 +8,7 @@
 
 use std::sync::atomic::Ordering;
 
-use super::stripe::{group_by_stripe, hash};
+use super::stripe::{group_by_stripe, hash, stripe_of};
 use super::Table;
 use crate::error::EmbeddingError;
 
@@ -74,6 +74,11 @@ impl Table {
             });
         }
         Ok(())
+    }
+
+    /// Whether a prefetch pinned the row of `id`.
+    pub fn is_pinned(&self, id: u64) -> bool {
+        self.tier.is_some() && self.stripes[stripe_of(hash(id))].0.lock().is_pinned(id)
     }
 
     /// Brings the rows of `ids` that live only in the store into memory (one batched read, or a wait for a
