@@ -69,9 +69,7 @@ fn spilled(rows: u64) -> (Arc<HeldStore>, Engine) {
         hold: Mutex::new(None),
     });
     let engine = Engine::open_with_budget(store.clone(), Some(BUDGET)).unwrap();
-    engine
-        .register_table(TableConfig::new(1, "t", 2))
-        .unwrap();
+    engine.register_table(TableConfig::new(1, "t", 2)).unwrap();
     let ids: Vec<u64> = (0..rows).collect();
     engine.apply(1, &ids, &vec![0.5; ids.len() * 2]).unwrap();
     engine.enforce_budget().unwrap();
@@ -82,7 +80,10 @@ fn spilled(rows: u64) -> (Arc<HeldStore>, Engine) {
 /// Ids of table 1 that live only in the store.
 fn evicted(engine: &Engine, rows: u64, n: usize) -> Vec<u64> {
     let t = engine.table(1).unwrap();
-    (0..rows).filter(|&id| t.row(id).is_none()).take(n).collect()
+    (0..rows)
+        .filter(|&id| t.row(id).is_none())
+        .take(n)
+        .collect()
 }
 
 #[test]
@@ -187,10 +188,20 @@ fn bad_prefetches_are_refused_before_anything_is_pinned_or_released() {
     let many: Vec<u64> = (0..=BUDGET / 2).collect();
     let err = engine.prefetch(1, 1, 1, &[(1, &many)], 0, 60).unwrap_err();
     assert!(
-        matches!(err, EmbeddingError::PrefetchTooLarge { table: 1, ids: 51, limit: 50 }),
+        matches!(
+            err,
+            EmbeddingError::PrefetchTooLarge {
+                table: 1,
+                ids: 51,
+                limit: 50
+            }
+        ),
         "{err}"
     );
-    assert!(err.to_string().contains("51 distinct ids for table 1"), "{err}");
+    assert!(
+        err.to_string().contains("51 distinct ids for table 1"),
+        "{err}"
+    );
     // Duplicates count once: 50 distinct ids in 100 are within the limit.
     let dup: Vec<u64> = (0..BUDGET / 2).chain(0..BUDGET / 2).collect();
     assert!(engine.check_prefetch_of(1, &dup).is_ok());
@@ -201,10 +212,11 @@ fn bad_prefetches_are_refused_before_anything_is_pinned_or_released() {
 #[test]
 fn tables_without_a_budget_take_any_prefetch_and_do_nothing() {
     let engine = Engine::open(Arc::new(MemStore::new())).unwrap();
-    engine
-        .register_table(TableConfig::new(1, "t", 2))
-        .unwrap();
+    engine.register_table(TableConfig::new(1, "t", 2)).unwrap();
     let ids: Vec<u64> = (0..10_000).collect();
     let s = engine.prefetch(1, 0, 0, &[(1, &ids)], 0, 60).unwrap();
-    assert_eq!((s.rows.untiered, s.rows.pinned, engine.leases()), (10_000, 0, 0));
+    assert_eq!(
+        (s.rows.untiered, s.rows.pinned, engine.leases()),
+        (10_000, 0, 0)
+    );
 }

@@ -250,7 +250,11 @@ fn run(store: impl Fn() -> Arc<dyn Store>, ops: Vec<Op>) -> Result<(), TestCaseE
                         // Every pinned id is in memory now.
                         for id in &distinct {
                             if model.live[table].contains_key(id) {
-                                prop_assert!(t.row(*id).is_some(), "prefetched id {} not in memory", id);
+                                prop_assert!(
+                                    t.row(*id).is_some(),
+                                    "prefetched id {} not in memory",
+                                    id
+                                );
                             }
                         }
                     }
@@ -275,7 +279,12 @@ fn run(store: impl Fn() -> Arc<dyn Store>, ops: Vec<Op>) -> Result<(), TestCaseE
                     prop_assert!(e.table(c.id).unwrap().len() as u64 <= BUDGET);
                 }
                 for (table, id) in pinned {
-                    prop_assert!(e.table(table).unwrap().row(id).is_some(), "pinned row {}/{} evicted", table, id);
+                    prop_assert!(
+                        e.table(table).unwrap().row(id).is_some(),
+                        "pinned row {}/{} evicted",
+                        table,
+                        id
+                    );
                 }
             }
             Op::Flush => {

@@ -474,3 +474,7 @@ impl Shard {
 #[cfg(test)]
 #[path = "handler_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "handler_prefetch_tests.rs"]
+mod prefetch_tests;
