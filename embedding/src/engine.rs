@@ -237,7 +237,7 @@ impl Engine {
         table: u32,
         ids: &[u64],
         out: &mut [f32],
-    ) -> Result<(), EmbeddingError> {
+    ) -> Result<GatherStats, EmbeddingError> {
         self.table(table)?.gather_with_state(ids, out)
     }
 

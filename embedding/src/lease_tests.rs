@@ -163,14 +163,23 @@ fn pins_last_until_released_by_their_owner_or_their_deadline() {
 }
 
 #[test]
-fn a_retried_prefetch_replaces_its_lease_and_pins_do_not_stack() {
+fn a_retried_prefetch_keeps_or_replaces_its_lease_and_pins_do_not_stack() {
     let (_store, engine) = spilled(400);
     let t = engine.table(1).unwrap();
     let ids = evicted(&engine, 400, 8);
     engine.prefetch(9, 3, 0, &[(1, &ids)], 0, 60).unwrap();
+    // The retry finds the rows resident: it pins nothing more, and the first attempt's pins stay.
     let again = engine.prefetch(9, 3, 0, &[(1, &ids)], 0, 60).unwrap();
-    assert_eq!(again.released, 1, "the same lease replaced");
-    assert_eq!((again.rows.resident, t.pinned_rows()), (8, 8));
+    assert_eq!(
+        (again.released, again.rows.resident, again.rows.pinned),
+        (0, 8, 0)
+    );
+    assert_eq!((t.pinned_rows(), engine.leases()), (8, 1));
+    // A retry that does read rows back replaces the lease: pins never stack.
+    let more = evicted(&engine, 400, 4);
+    let third = engine.prefetch(9, 3, 0, &[(1, &more)], 0, 60).unwrap();
+    assert_eq!((third.released, third.rows.pinned), (1, 4));
+    assert_eq!((t.pinned_rows(), engine.leases()), (4, 1));
     engine.prefetch(9, 4, 4, &[], 0, 60).unwrap();
     assert_eq!((t.pinned_rows(), engine.leases()), (0, 0));
 }

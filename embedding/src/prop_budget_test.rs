@@ -242,10 +242,12 @@ fn run(store: impl Fn() -> Arc<dyn Store>, ops: Vec<Op>) -> Result<(), TestCaseE
                 match e.prefetch(owner, lease, release_below, &[(t.id(), &ids)], 0, 10) {
                     Ok(stats) => {
                         prop_assert!(distinct.len() <= t.pin_limit());
+                        let rows = stats.rows;
                         prop_assert_eq!(
-                            stats.rows.resident + stats.rows.read_back + stats.rows.waited,
-                            stats.rows.pinned + stats.rows.over_pin_limit
+                            rows.resident + rows.absent + rows.pinned + rows.over_pin_limit,
+                            distinct.len()
                         );
+                        prop_assert!(rows.pinned + rows.over_pin_limit <= rows.read_back);
                         prop_assert_eq!(stats.rows.waited, 0, "no concurrent read here");
                         // Every pinned id is in memory now.
                         for id in &distinct {

@@ -57,7 +57,7 @@ impl From<EmbeddingError> for Refusal {
     }
 }
 
-/// Counts a pull's rows on a table with a memory budget by where they came from ([`m::TIER_ROWS_TOTAL`]).
+/// Counts a pull's rows (with or without state) on a table with a memory budget by where they came from ([`m::TIER_ROWS_TOTAL`]).
 fn record_tier(stats: &embedding::GatherStats) {
     for (outcome, n) in [
         ("hit", stats.rows_resident),
@@ -251,7 +251,7 @@ impl Shard {
                 let row_len = self.engine.table(t.table)?.row_len();
                 full.clear();
                 full.resize(n * row_len, 0.0);
-                self.engine.gather_with_state(t.table, ids, &mut full)?;
+                record_tier(&self.engine.gather_with_state(t.table, ids, &mut full)?);
                 for row in full.chunks_exact(row_len) {
                     rows.extend_from_slice(&row[..dim]);
                     wire::pull_with_state::put_state(&row[dim..], &mut state);

@@ -90,7 +90,7 @@ fn prefetch_reads_back_and_pins_until_the_deadline() {
     };
     assert_eq!(
         (stats.read_back, stats.resident, stats.absent, stats.pinned),
-        (10, 5, 1, 15)
+        (10, 5, 1, 10)
     );
     assert!(evicted.iter().all(|&id| t.row(id).is_some()));
     // Pins end `pin_secs` after the request at the latest.

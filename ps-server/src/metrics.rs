@@ -63,7 +63,7 @@ pub const PREFETCH_REQUESTS_TOTAL: &str = "ps_prefetch_requests_total";
 /// the prefetch), `waited` (another request was reading it), `absent` (no row anywhere yet), `untiered` (a
 /// table without a budget).
 pub const PREFETCH_ROWS_TOTAL: &str = "ps_prefetch_rows_total";
-/// Rows pulled (without state) from tables with a memory budget, by outcome: `hit` (in memory), `miss` (read back
+/// Rows pulled (with or without state) from tables with a memory budget, by outcome: `hit` (in memory), `miss` (read back
 /// from RocksDB by the request itself: no prefetch, or one that came too late to start), `late` (a prefetch
 /// was still reading it; the request waited for that read).
 pub const TIER_ROWS_TOTAL: &str = "ps_tier_rows_total";

@@ -195,6 +195,13 @@ pub struct ModelArgs {
     /// 0.7783).
     #[arg(long, default_value_t = 100)]
     pub staleness_warmup_steps: u64,
+    /// Lookahead prefetch: send each batch's ids to the servers this many batches before its pull, so
+    /// servers whose tables spill to RocksDB (`ps-server --memory-budget-rows`) read the rows back while
+    /// earlier batches compute, and pin them until this trainer's push passes (0 = off). Servers without a
+    /// budget answer the first prefetch that they need none and are not asked again. Default picked by
+    /// measurement (BENCHMARKS.md, "Ninth round").
+    #[arg(long, default_value_t = 4)]
+    pub prefetch_distance: usize,
     /// With pushes in flight (`--max-in-flight` > 0), apply this trainer's own unacknowledged updates to the
     /// rows it pulls, with the tables' optimizers (rows are pulled with their optimizer state): the rows then
     /// lack only other trainers' recent updates (trainer/src/step/replay.rs).

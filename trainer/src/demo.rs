@@ -50,6 +50,11 @@ pub struct DemoArgs {
     /// servers). With 1, the demo trains in its own process.
     #[arg(long, default_value_t = 1)]
     pub trainers: usize,
+    /// Rows each table of each local server keeps in memory (`ps-server --memory-budget-rows`): past it, cold
+    /// rows spill to the server's RocksDB and are read back (and prefetched: `--prefetch-distance`) on demand
+    /// [default: no budget].
+    #[arg(long)]
+    pub server_memory_budget_rows: Option<u64>,
     /// Run the trainers as processes (even one) and pin trainer r to CPU r (modulo the CPUs), so each has one
     /// core and one compute thread; the servers are not pinned.
     #[arg(long)]
@@ -180,7 +185,11 @@ pub fn run_demo(args: DemoArgs) -> anyhow::Result<Summary> {
         args.servers,
         run_dir.display()
     );
-    let cluster = ops::local_cluster::LocalCluster::start(args.servers, &run_dir, &[])?;
+    let server_flags: Vec<String> = match args.server_memory_budget_rows {
+        Some(rows) => vec!["--memory-budget-rows".into(), rows.to_string()],
+        None => Vec::new(),
+    };
+    let cluster = ops::local_cluster::LocalCluster::start(args.servers, &run_dir, &server_flags)?;
     for (i, (q, m)) in cluster.quic.iter().zip(&cluster.metrics).enumerate() {
         eprintln!("  ps-server {i}: quic {q}, metrics http://{m}/metrics");
     }

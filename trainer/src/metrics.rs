@@ -28,6 +28,12 @@ pub const ROWS_REPLAYED_TOTAL: &str = "trainer_rows_replayed_total";
 pub const REPLAY_SECONDS: &str = "trainer_replay_duration_seconds";
 /// Pushes sent and not yet acknowledged.
 pub const PUSHES_IN_FLIGHT: &str = "trainer_pushes_in_flight";
+/// Prefetch requests sent (lookahead into the servers' capacity tier, `--prefetch-distance`).
+pub const PREFETCH_REQUESTS_TOTAL: &str = "trainer_prefetch_requests_total";
+/// Rows the servers read back from RocksDB for this trainer's prefetches.
+pub const PREFETCH_ROWS_READ_BACK_TOTAL: &str = "trainer_prefetch_rows_read_back_total";
+/// Prefetch requests that failed (the pull then reads its rows itself).
+pub const PREFETCH_ERRORS_TOTAL: &str = "trainer_prefetch_errors_total";
 /// Embedding rows pulled (unique per batch).
 pub const ROWS_PULLED_TOTAL: &str = "trainer_rows_pulled_total";
 /// Embedding gradient rows pushed (unique per batch).
@@ -119,6 +125,18 @@ pub fn describe() {
     describe_counter!(
         ROWS_PULLED_TOTAL,
         "Embedding rows pulled (unique per batch)."
+    );
+    describe_counter!(
+        PREFETCH_REQUESTS_TOTAL,
+        "Prefetch requests sent ahead of pulls (--prefetch-distance)."
+    );
+    describe_counter!(
+        PREFETCH_ROWS_READ_BACK_TOTAL,
+        "Rows the servers read back from RocksDB for this trainer's prefetches."
+    );
+    describe_counter!(
+        PREFETCH_ERRORS_TOTAL,
+        "Prefetch requests that failed (the pull then reads its rows itself)."
     );
     describe_counter!(
         ROWS_PUSHED_TOTAL,

@@ -24,6 +24,16 @@
 //! still reading) waits for that read instead of reading the row again ([`ReadBack::waited`]); every caller
 //! finishes its own reads before it waits, so waits cannot form a cycle.
 //!
+//! # Negative cache
+//! Most misses of a first pass over data are ids that never had a row: a prefetch, then the pull, then the
+//! push would each ask the store for them in vain. A read-back that finds no stored row records the id in its
+//! stripe's `absent` set (under the stripe lock, only if the row is still not in memory), and later misses of
+//! it skip the store. Creating or inserting the row removes it. A row reaches the store only from memory
+//! (write-back, eviction), so an id in the set has no stored row; the gate's read lock, held from the miss
+//! to the record, keeps an eviction from removing a row created meanwhile before the check. Each stripe's
+//! set is cleared when it reaches [`Tier::absent_cap`] (half the budget over all stripes), which bounds its
+//! memory to a fraction of the rows'.
+//!
 //! # Pins
 //! Rows a prefetch pinned (`pin.rs`) are never victims: the sweep passes over them like over a set reference
 //! bit, without clearing anything.
@@ -84,6 +94,11 @@ impl Tier {
             pinned: AtomicUsize::new(0),
             waiting: AtomicUsize::new(0),
         }
+    }
+
+    /// Most ids a stripe's negative cache holds before it is cleared: half the budget over all stripes.
+    pub(super) fn absent_cap(&self) -> usize {
+        (self.budget / 2 / super::STRIPES).max(64)
     }
 
     /// Most rows pinned at once: half the budget, so eviction can always bring the table back to its
@@ -246,11 +261,19 @@ impl Table {
         })?;
         let (order, bounds) = group_by_stripe(wanted);
         let mut inserted = 0;
+        let cap = tier.absent_cap();
         self.for_each_group(&order, &bounds, |s, stripe, group| {
             for &k in group {
                 let id = wanted[k];
                 let h = hash(id);
-                if !found[k] || stripe.find(id, h).is_some() {
+                if stripe.find(id, h).is_some() {
+                    continue;
+                }
+                if !found[k] {
+                    if stripe.absent.len() >= cap {
+                        stripe.absent.clear();
+                    }
+                    stripe.absent.insert(id);
                     continue;
                 }
                 let src = &rows[k * row_len..(k + 1) * row_len];

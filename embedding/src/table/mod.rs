@@ -257,7 +257,11 @@ impl Table {
     /// optimizer state, as [`Table::row_len`] counts them). Ids without a row get their initializer values
     /// and a new row's optimizer state; no row is created. A trainer replaying its own unacknowledged
     /// updates on pulled rows needs the state the server will apply them with.
-    pub fn gather_with_state(&self, ids: &[u64], out: &mut [f32]) -> Result<(), EmbeddingError> {
+    pub fn gather_with_state(
+        &self,
+        ids: &[u64],
+        out: &mut [f32],
+    ) -> Result<GatherStats, EmbeddingError> {
         let expected = ids.len().saturating_mul(self.row_len);
         if out.len() != expected {
             return Err(EmbeddingError::WrongLength {
@@ -269,7 +273,7 @@ impl Table {
                 dim: self.row_len,
             });
         }
-        self.gather_width(ids, out, self.row_len).map(|_| ())
+        self.gather_width(ids, out, self.row_len)
     }
 
     /// Copies the first `width` f32s of each row of `ids` into `out` (`ids.len() x width`): `dim` (weights)
@@ -284,7 +288,8 @@ impl Table {
         let _gate = self.tier.as_ref().map(|t| t.gate.read());
         let clock = self.tier.is_some();
         let (order, bounds) = group_by_stripe(ids);
-        let mut misses = Vec::new();
+        // Misses, and the misses that may have a stored row (not in the negative cache).
+        let (mut misses, mut to_read) = (Vec::new(), Vec::new());
         self.for_each_group(&order, &bounds, |_, stripe, group| {
             stripe.lookup_each(ids, group, |stripe, i, slot| match slot {
                 Some(slot) => {
@@ -293,7 +298,12 @@ impl Table {
                     }
                     out[i * dim..(i + 1) * dim].copy_from_slice(&stripe.arena.row(slot)[..dim])
                 }
-                None => misses.push(i),
+                None => {
+                    misses.push(i);
+                    if clock && !stripe.known_absent(ids[i]) {
+                        to_read.push(i);
+                    }
+                }
             });
             Ok(())
         })?;
@@ -301,11 +311,13 @@ impl Table {
         if clock {
             stats.rows_resident = ids.len() - misses.len();
         }
-        if !misses.is_empty() && self.spilled() {
-            let read = self.read_back(ids, &misses)?;
+        if !to_read.is_empty() && self.spilled() {
+            let read = self.read_back(ids, &to_read)?;
             stats.rows_read_back = read.inserted;
             stats.rows_waited = read.waited;
-            misses = self.copy_found(ids, &misses, out, width)?;
+            if read.inserted + read.waited > 0 {
+                misses = self.copy_found(ids, &misses, out, width)?;
+            }
         }
         for i in misses {
             let row = &mut out[i * width..(i + 1) * width];
@@ -363,11 +375,10 @@ impl Table {
             // Rows evicted to the store are read back before their update, not recreated.
             let mut misses = Vec::new();
             self.for_each_group(&order, &bounds, |_, stripe, group| {
-                misses.extend(
-                    group
-                        .iter()
-                        .filter(|&&i| stripe.find(ids[i], hash(ids[i])).is_none()),
-                );
+                misses.extend(group.iter().filter(|&&i| {
+                    let id = ids[i];
+                    stripe.find(id, hash(id)).is_none() && !stripe.known_absent(id)
+                }));
                 Ok(())
             })?;
             if !misses.is_empty() {

@@ -82,8 +82,11 @@ impl Table {
     }
 
     /// Brings the rows of `ids` that live only in the store into memory (one batched read, or a wait for a
-    /// read already under way) and pins every row of `ids` in memory, appending the pinned ids to `pinned`
-    /// (each distinct id once; release them with [`Table::unpin`]). A table without a memory budget does
+    /// read already under way) and pins them, appending the pinned ids to `pinned` (each distinct id once;
+    /// release them with [`Table::unpin`]). Rows already in memory get their CLOCK reference bit instead of a
+    /// pin (a second chance is enough for the few batches until their pull: a pin costs a hash-map entry per
+    /// row, and most of a batch's rows are resident); ids with no stored row are counted absent (and recorded
+    /// in the negative cache, so their pull and push skip the store). A table without a memory budget does
     /// nothing ([`PrefetchStats::untiered`]). More distinct ids than [`Table::pin_limit`] is a
     /// [`EmbeddingError::PrefetchTooLarge`], refused before anything is read.
     pub fn prefetch(
@@ -103,29 +106,35 @@ impl Table {
         let limit = tier.pin_limit();
         let _gate = tier.gate.read();
         let (order, bounds) = group_by_stripe(&uniq);
-        let mut misses = Vec::new();
+        let (mut to_read, mut known_absent) = (Vec::new(), 0);
         self.for_each_group(&order, &bounds, |_, stripe, group| {
-            stripe.lookup_each(&uniq, group, |_, i, slot| {
-                if slot.is_none() {
-                    misses.push(i);
-                }
+            stripe.lookup_each(&uniq, group, |stripe, i, slot| match slot {
+                // Resident rows only get their reference bit: a CLOCK sweep passes them once more.
+                Some(slot) => stripe.set_ref(slot),
+                None if stripe.known_absent(uniq[i]) => known_absent += 1,
+                None => to_read.push(i),
             });
             Ok(())
         })?;
-        stats.resident = uniq.len() - misses.len();
-        if !misses.is_empty() && self.spilled() {
-            let read = self.read_back(&uniq, &misses)?;
-            stats.read_back = read.inserted;
-            stats.waited = read.waited;
+        stats.resident = uniq.len() - to_read.len() - known_absent;
+        stats.absent = known_absent;
+        if to_read.is_empty() || !self.spilled() {
+            stats.absent += to_read.len();
+            return Ok(stats);
         }
+        let read = self.read_back(&uniq, &to_read)?;
+        stats.read_back = read.inserted;
+        stats.waited = read.waited;
+        // Pin the rows this prefetch brought in (or waited for): the ones eviction would find coldest.
+        let wanted: Vec<u64> = to_read.iter().map(|&i| uniq[i]).collect();
+        let (order, bounds) = group_by_stripe(&wanted);
         self.for_each_group(&order, &bounds, |_, stripe, group| {
-            for &i in group {
-                let id = uniq[i];
-                let Some(slot) = stripe.find(id, hash(id)) else {
+            for &k in group {
+                let id = wanted[k];
+                if stripe.find(id, hash(id)).is_none() {
                     stats.absent += 1;
                     continue;
-                };
-                stripe.set_ref(slot);
+                }
                 let count = stripe.pins.entry(id).or_insert(0);
                 if *count == 0 {
                     if tier.pinned.load(Ordering::Relaxed) >= limit {

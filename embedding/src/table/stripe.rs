@@ -2,7 +2,7 @@
 //! slots, and the lookup loop that prefetches ahead; plus grouping a call's ids by stripe and taking each stripe
 //! lock once (the "Locking" section of the table module).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use parking_lot::Mutex;
 
@@ -34,6 +34,9 @@ pub(super) struct Stripe {
     /// Pin counts of the rows prefetches pinned (`pin.rs`), by id so that a removed and reused slot never
     /// inherits a pin; never victims of eviction.
     pub(super) pins: HashMap<u64, u32>,
+    /// Ids known to have no row in the store either (a read-back found none since they were last in memory),
+    /// so their misses skip the store: the negative cache of the capacity tier (`budget.rs`).
+    pub(super) absent: HashSet<u64>,
 }
 
 /// A stripe on its own cache line(s), so neighbouring locks do not false-share.
@@ -65,6 +68,7 @@ impl Stripe {
             refs: Vec::new(),
             hand: 0,
             pins: HashMap::new(),
+            absent: HashSet::new(),
         }
     }
 
@@ -134,6 +138,9 @@ impl Stripe {
         if self.arena.len() >= u32::MAX as usize {
             return Err(self.arena.len());
         }
+        if !self.absent.is_empty() {
+            self.absent.remove(&id);
+        }
         let (slot, row) = self.arena.push(id);
         fill(row);
         if slot / 64 >= self.dirty.len() {
@@ -167,6 +174,12 @@ impl Stripe {
             self.dirty[word] |= bit;
             self.dirty_count += 1;
         }
+    }
+
+    /// Whether `id` is known to have no row in memory or in the store (`budget.rs`, "Negative cache").
+    #[inline]
+    pub(super) fn known_absent(&self, id: u64) -> bool {
+        !self.absent.is_empty() && self.absent.contains(&id)
     }
 
     /// Whether a prefetch pinned the row of `id`.

@@ -2,7 +2,8 @@
 //! them, with its staleness gate and evaluation, is [`crate::train`].
 //!
 //! # Layout (in the order a batch passes through)
-//! 1. [`pipeline`]: parse (reader thread) and plan (plan thread), each behind a bounded queue.
+//! 1. [`pipeline`]: parse (reader thread) and plan (plan thread), each behind a bounded queue; the plan
+//!    thread sends each planned batch's ids ahead to the servers ([`prefetch`]).
 //! 2. [`plan`]: per-batch planning without I/O: dedup ids per table, route unique ids to servers, build pull
 //!    payloads, then gather pulled rows into the model's layout and reduce gradients per unique id.
 //! 3. [`exchange`]: the batch's requests to the servers, in parallel: embedding pulls, dense pulls, pushes.
@@ -16,6 +17,8 @@
 pub mod pipeline;
 
 pub mod plan;
+
+pub mod prefetch;
 
 pub mod exchange;
 

@@ -1,5 +1,6 @@
 //! The first two stages of the training pipeline, each on a thread of its own behind a bounded queue:
-//! parse ([`BatchReader`]) -> plan (dedup ids per table, group by server: [`Plan::build`]). The training loop
+//! parse ([`BatchReader`]) -> plan (dedup ids per table, group by server: [`Plan::build`]; with a
+//! [`Prefetcher`], each planned batch's ids are sent ahead to the servers, the queue's depth ahead of its pull). The training loop
 //! ([`crate::train`]) takes planned batches from here and runs the remaining stages: pull (up to `k` batches
 //! ahead of compute), compute, push (asynchronous).
 //!
@@ -14,6 +15,7 @@ use protocol::ShardMap;
 
 use crate::criteo::{Batch, BatchReader, ReadError, ReadStats};
 use crate::step::plan::Plan;
+use crate::step::prefetch::Prefetcher;
 
 /// A parsed and planned batch.
 pub struct Planned {
@@ -35,12 +37,15 @@ pub struct PlanStage {
 impl PlanStage {
     /// Starts planning `reader`'s batches for rows of `dim` on the servers of `map`, at most `depth` planned
     /// batches waiting (at least 1), after discarding the first `skip` batches. An empty batch ends the data.
+    /// With `prefetch`, each planned batch is prefetched under its index in the pass (skipped batches not
+    /// counted).
     pub fn spawn(
         reader: BatchReader,
         dim: usize,
         map: ShardMap,
         depth: usize,
         skip: u64,
+        prefetch: Option<std::sync::Arc<Prefetcher>>,
     ) -> std::io::Result<PlanStage> {
         let (tx, rx) = crossbeam_channel::bounded(depth.max(1));
         let (recycle, recycled) = crossbeam_channel::unbounded::<Plan>();
@@ -55,6 +60,9 @@ impl PlanStage {
                         Ok(batch) => {
                             let mut plan = recycled.try_recv().unwrap_or_default();
                             plan.build(&batch.sparse, dim, &map);
+                            if let Some(p) = &prefetch {
+                                p.send(index - skip, &plan);
+                            }
                             Ok(Planned { index, batch, plan })
                         }
                         Err(e) => Err(e),
@@ -134,7 +142,7 @@ mod tests {
         std::fs::write(&path, lines(10)).unwrap();
         let map = ShardMap::new(2);
         let reader = BatchReader::spawn(ReaderConfig::new([&path], 3)).unwrap();
-        let mut stage = PlanStage::spawn(reader, 4, map, 1, 0).unwrap();
+        let mut stage = PlanStage::spawn(reader, 4, map, 1, 0, None).unwrap();
         let mut seen = Vec::new();
         while let Some(p) = stage.next_planned() {
             let p = p.unwrap();
@@ -147,7 +155,7 @@ mod tests {
         assert_eq!(stage.finish().rows, 10);
 
         let reader = BatchReader::spawn(ReaderConfig::new([&path], 3)).unwrap();
-        let mut stage = PlanStage::spawn(reader, 4, map, 2, 2).unwrap();
+        let mut stage = PlanStage::spawn(reader, 4, map, 2, 2, None).unwrap();
         let first = stage.next_planned().unwrap().unwrap();
         assert_eq!((first.index, first.batch.labels[0]), (2, 0.0));
         // Dropped early: the threads stop.

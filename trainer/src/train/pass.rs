@@ -16,11 +16,14 @@ use crate::criteo::{BatchReader, ReaderConfig};
 use crate::eval::EvalReport;
 use crate::metrics as m;
 use crate::step::pipeline::PlanStage;
+use crate::step::prefetch::Prefetcher;
 use crate::step::push::{PushEncoder, PushRecord};
 
 /// The batches of a pass on their way: the stage threads, the pull window and the pushes in flight.
 struct Window {
     stage_in: PlanStage,
+    /// Sends each planned batch ahead to the servers (`--prefetch-distance`).
+    prefetch: Option<Arc<Prefetcher>>,
     encoder: PushEncoder,
     acks: Arc<AckPrefix>,
     acked_rx: watch::Receiver<u64>,
@@ -111,12 +114,25 @@ impl Trainer {
         let k = self.args.staleness_bound(self.world) as u64;
         let reader =
             BatchReader::spawn(reader_cfg).map_err(TrainError::data("open training data"))?;
+        let (acks, acked_rx) = AckPrefix::new();
+        let distance = self.args.prefetch_distance;
+        let prefetch = (distance > 0).then(|| {
+            Arc::new(Prefetcher::new(
+                self.client.clone(),
+                tokio::runtime::Handle::current(),
+                Prefetcher::draw_owner(self.rank),
+                acked_rx.clone(),
+            ))
+        });
+        // The plan queue holds the batches between their prefetch and their pull.
+        let depth = (k as usize + 1).max(distance);
         let stage_in = PlanStage::spawn(
             reader,
             self.args.emb_dim,
             self.map,
-            k as usize + 1,
+            depth,
             self.step,
+            prefetch.clone(),
         )
         .map_err(TrainError::thread("plan"))?;
         let encoder = PushEncoder::spawn(
@@ -125,9 +141,9 @@ impl Trainer {
             stage_in.recycler(),
         )
         .map_err(TrainError::thread("push"))?;
-        let (acks, acked_rx) = AckPrefix::new();
         Ok(Window {
             stage_in,
+            prefetch,
             encoder,
             acks,
             acked_rx,
@@ -273,6 +289,7 @@ impl Trainer {
     ) -> Result<TrainReport> {
         let Window {
             stage_in,
+            prefetch,
             encoder,
             mut pushes,
             ahead,
@@ -284,6 +301,9 @@ impl Trainer {
         drop(ahead);
         drop(in_flight);
         let read = stage_in.finish();
+        if let Some(p) = prefetch {
+            p.finish().await;
+        }
         metrics::counter!(m::BAD_LINES_TOTAL).increment(read.bad_lines);
         let just_written =
             opts.checkpoint_every > 0 && self.step.is_multiple_of(opts.checkpoint_every);
