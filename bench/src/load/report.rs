@@ -139,7 +139,7 @@ impl Report {
             let tiered = self.prefetch_resident + self.prefetch_read_back + self.prefetch_waited;
             out += &format!(
                 "prefetch: distance {d}, {n} requests; rows resident {r}, read back {b}, waited {w}, absent {a}, \
-                 untiered {u}; pinned {p} (over pin limit {o}); resident share {share:.3}\n",
+                 untiered {u}; pinned {p} (over pin limit {o}); resident share {share}\n",
                 d = self.config.prefetch_distance,
                 n = self.prefetch_requests,
                 r = self.prefetch_resident,
@@ -149,7 +149,11 @@ impl Report {
                 u = self.prefetch_untiered,
                 p = self.prefetch_pinned,
                 o = self.prefetch_over_pin_limit,
-                share = self.prefetch_resident as f64 / tiered.max(1) as f64,
+                share = if tiered > 0 {
+                    format!("{:.3}", self.prefetch_resident as f64 / tiered as f64)
+                } else {
+                    "n/a (no budgeted table)".into()
+                },
             );
         }
         out
