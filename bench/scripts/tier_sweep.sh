@@ -7,7 +7,8 @@
 # configuration gets a fresh server and data directory (deleted after its run, so disk use stays at one
 # table set: V x 4 tables x ~100 bytes, 0.8 GB at the default V). Workload: 4 tables, dim 16, row-wise Adagrad,
 # f16, concurrency 4, each batch pulled then pushed; ids uniform or Zipf(ZIPF_S, default 1.1) over V ranks
-# per table (default 2,000,000). Budget per table = V / factor: factor 1 keeps every row in memory.
+# per table (default 2,000,000). Budget per table (--memory-budget-rows) = V / factor: factor 1 is a budget
+# that holds every row (the tier's bookkeeping without evictions); factor 0 starts the server with no budget.
 #
 # Per configuration, two ps-bench runs against the same server:
 #  1. the warm-up: `--populate-rows V` (every table holds exactly V rows, so factor F means F x the budget and
@@ -19,7 +20,7 @@
 #     /metrics. The server's counters move only while ps-bench sends load (connecting and building the batch
 #     pool send nothing), so their increase belongs to the measured seconds.
 # hit_ratio = hit / (hit + miss + late) of ps_tier_rows_total (pulled rows of budgeted tables: in memory, read
-# back by the pull, waited for a prefetch's read); 1.0 when no row was counted (factor 1 has no budget).
+# back by the pull, waited for a prefetch's read); 1.0 when no row was counted (factor 0: no budget).
 # readback_rows_s = increase of ps_readback_rows_total / SECONDS_RUN (read-backs by pulls, pushes and prefetches).
 #
 # Usage: bench/scripts/tier_sweep.sh [OUT_DIR]
@@ -86,7 +87,7 @@ start_server() {
 scrape() { curl -sf "http://$MADDR/metrics" >"$1"; }
 
 for factor in $FACTORS; do
-  budget=$((factor == 1 ? 0 : V / factor))
+  if [ "$factor" = 0 ]; then budget=0; else budget=$((V / factor)); fi
   for dist in $DISTS; do
     for prefetch in 0 "$P"; do
       name=f$factor-$dist-p$prefetch
