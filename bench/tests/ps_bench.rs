@@ -100,3 +100,49 @@ fn no_target_is_a_clear_error() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--local-cluster"), "{err}");
 }
+
+#[test]
+fn prefetch_and_populate_rows_against_a_local_cluster() {
+    let exe = Path::new(env!("CARGO_BIN_EXE_ps-bench"));
+    if !exe.with_file_name("ps-server").is_file() {
+        eprintln!("skipped: ps-server is missing (build it, e.g. `cargo build -p ps-server`)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("prefetch.json");
+    let mut args = vec!["--local-cluster", "1"];
+    args.extend_from_slice(SMALL);
+    args.extend_from_slice(&[
+        "--prefetch-distance",
+        "2",
+        "--populate-rows",
+        "3000",
+        "--vocab",
+        "3000",
+    ]);
+    let v = run_json(&args, &json);
+    check_keys(&v, "quic");
+    assert!(v["prefetch_requests"].as_u64().unwrap() > 0, "{v}");
+    // Local servers have no memory budget: every prefetched id is untiered, none read back or pinned.
+    assert!(v["prefetch_untiered"].as_u64().unwrap() > 0, "{v}");
+    for key in [
+        "prefetch_resident",
+        "prefetch_read_back",
+        "prefetch_waited",
+        "prefetch_absent",
+        "prefetch_pinned",
+    ] {
+        assert_eq!(v[key], 0, "{key} in {v}");
+    }
+}
+
+#[test]
+fn in_process_refuses_prefetch() {
+    let out = Command::new(env!("CARGO_BIN_EXE_ps-bench"))
+        .args(["--in-process", "--prefetch-distance", "1", "--seconds", "1"])
+        .output()
+        .expect("run ps-bench");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--prefetch-distance needs servers"), "{err}");
+}

@@ -43,9 +43,15 @@ pub fn push_hex8(buf: &mut Vec<u8>, x: u32) {
     buf.extend_from_slice(&out);
 }
 
-/// Appends one Criteo line (with its `\n`).
+/// Appends one Criteo line (with its `\n`), categoricals written as [`token`]s.
 #[inline]
 pub fn push_row(buf: &mut Vec<u8>, label: bool, row: &Row) {
+    push_row_with(buf, label, row, token);
+}
+
+/// Appends one Criteo line (with its `\n`), rank `r` of column `j` written as `token(j, r)`.
+#[inline]
+pub fn push_row_with(buf: &mut Vec<u8>, label: bool, row: &Row, token: impl Fn(usize, u64) -> u32) {
     buf.push(if label { b'1' } else { b'0' });
     for x in &row.ints {
         buf.push(b'\t');

@@ -1,9 +1,9 @@
 //! Synthetic Criteo-format data with a planted teacher (the `gen-criteo` binary).
 //!
 //! Rows follow the Criteo Kaggle `train.txt` layout (see [`mod@format`]): Zipf-distributed categoricals over
-//! Criteo-sized vocabularies, heavy-tailed integer counts and correlated missing fields ([`schema`]). Each
-//! label is drawn from the click probability of a [`Teacher`], which is also written to an optional oracle
-//! file so the best achievable AUC is known.
+//! Criteo-sized vocabularies (or larger ones, [`scale`]), heavy-tailed integer counts and correlated missing
+//! fields ([`schema`]). Each label is drawn from the click probability of a [`Teacher`], which is also written
+//! to an optional oracle file so the best achievable AUC is known.
 //!
 //! # Determinism
 //!
@@ -18,6 +18,7 @@
 
 pub mod format;
 pub mod rng;
+pub mod scale;
 pub mod schema;
 pub mod sink;
 pub mod teacher;
@@ -27,6 +28,7 @@ use std::io::{self, Write};
 
 use rayon::prelude::*;
 
+pub use scale::{ScaleError, VocabScale};
 pub use schema::{Row, RowSampler};
 pub use sink::{Encoding, Piece, Sink};
 pub use teacher::{LogitParts, Teacher};
@@ -110,6 +112,17 @@ impl Generator {
         }
     }
 
+    /// [`Generator::new`] with the large columns' vocabularies scaled ([`scale`]); the teacher is calibrated
+    /// on the scaled rows. `VocabScale::NONE` gives [`Generator::new`]'s output.
+    pub fn scaled(seed: u64, teacher_seed: u64, scale: VocabScale) -> Result<Self, ScaleError> {
+        let sampler = RowSampler::scaled(scale.validated()?);
+        Ok(Generator {
+            seed,
+            teacher: Teacher::calibrated_on(teacher_seed, &sampler),
+            sampler,
+        })
+    }
+
     /// The teacher that labels the rows.
     pub fn teacher(&self) -> &Teacher {
         &self.teacher
@@ -142,7 +155,7 @@ impl Generator {
             ..Chunk::default()
         };
         self.for_each_row(index, total_rows, |row, p, label| {
-            format::push_row(&mut chunk.data, label, row);
+            format::push_row_with(&mut chunk.data, label, row, |j, r| self.sampler.token(j, r));
             if with_oracle {
                 format::push_probability(&mut chunk.oracle, p);
             }

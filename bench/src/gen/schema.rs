@@ -6,6 +6,7 @@
 //! per-column rates, with the same groups of columns that go missing together.
 
 use super::rng::{hash3, Rng};
+use super::scale::{bijective_token, VocabScale};
 use super::zipf::Zipf;
 
 /// Integer columns `I1..I13`.
@@ -122,7 +123,7 @@ pub const CAT_MISSING: [f64; NUM_CAT] = [
 pub struct Row {
     /// `I1..I13`.
     pub ints: [Option<i64>; NUM_INT],
-    /// `C1..C26` as ranks in `1..=CAT_VOCAB[j]`.
+    /// `C1..C26` as ranks in `1..=CAT_VOCAB[j]` (scaled: `1..=VocabScale::vocab(j)`).
     pub cats: [Option<u64>; NUM_CAT],
 }
 
@@ -133,10 +134,12 @@ pub fn token(cat: usize, rank: u64) -> u32 {
     (hash3(0x43_52_49_54_45_4f, cat as u64, rank) >> 32) as u32
 }
 
-/// Samples rows from the fixed schema; holds one [`Zipf`] per categorical column.
+/// Samples rows from the fixed schema, or from its [`VocabScale`]d version; holds one [`Zipf`] per
+/// categorical column.
 #[derive(Debug, Clone)]
 pub struct RowSampler {
     zipf: Vec<Zipf>,
+    scale: VocabScale,
 }
 
 impl Default for RowSampler {
@@ -148,12 +151,32 @@ impl Default for RowSampler {
 impl RowSampler {
     /// A sampler for the tables above.
     pub fn new() -> Self {
-        let zipf = CAT_VOCAB
-            .iter()
-            .zip(CAT_ZIPF_EXPONENT)
-            .map(|(&n, s)| Zipf::new(n, s).expect("schema tables are valid"))
+        Self::scaled(VocabScale::NONE)
+    }
+
+    /// A sampler whose large columns are scaled (`scale` checked by [`VocabScale::validated`]; an unchecked
+    /// one panics if a vocabulary is 0 or an exponent invalid).
+    pub fn scaled(scale: VocabScale) -> Self {
+        let zipf = (0..NUM_CAT)
+            .map(|j| Zipf::new(scale.vocab(j), scale.exponent(j)).expect("valid vocabulary scale"))
             .collect();
-        RowSampler { zipf }
+        RowSampler { zipf, scale }
+    }
+
+    /// The scaling this sampler draws with.
+    pub fn scale(&self) -> VocabScale {
+        self.scale
+    }
+
+    /// The token written for rank `rank` of column `cat`: [`token`], or [`bijective_token`] on a scaled
+    /// column.
+    #[inline]
+    pub fn token(&self, cat: usize, rank: u64) -> u32 {
+        if self.scale.scales(cat) {
+            bijective_token(cat, rank)
+        } else {
+            token(cat, rank)
+        }
     }
 
     /// Overwrites `row` with a fresh sample.

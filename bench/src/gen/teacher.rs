@@ -121,8 +121,15 @@ pub struct Teacher {
 }
 
 impl Teacher {
-    /// Draws the teacher's parameters from `seed` and calibrates their scales and the bias.
+    /// Draws the teacher's parameters from `seed` and calibrates their scales and the bias on rows of the
+    /// schema ([`RowSampler::new`]).
     pub fn new(seed: u64) -> Self {
+        Self::calibrated_on(seed, &RowSampler::new())
+    }
+
+    /// Draws the teacher's parameters from `seed` and calibrates their scales and the bias on rows drawn by
+    /// `sampler` (the rows it will label).
+    pub fn calibrated_on(seed: u64, sampler: &RowSampler) -> Self {
         let mut params = Rng::new(hash3(seed, SALT_PARAM, 0));
         let mut cat_scale = [0.0; NUM_CAT];
         for s in &mut cat_scale {
@@ -176,7 +183,7 @@ impl Teacher {
             nonlinear,
             ln1p: (0..LN1P_TABLE).map(|x| (x as f64).ln_1p()).collect(),
         };
-        teacher.calibrate();
+        teacher.calibrate(sampler);
         teacher
     }
 
@@ -269,8 +276,7 @@ impl Teacher {
 
     /// Scales each kind of term to its [`TARGET_STD`] on sampled rows, then finds by bisection the bias at
     /// which their mean probability is [`TARGET_POSITIVE_RATE`].
-    fn calibrate(&mut self) {
-        let sampler = RowSampler::new();
+    fn calibrate(&mut self, sampler: &RowSampler) {
         let mut rng = Rng::new(hash3(self.seed, SALT_CALIBRATE, 0));
         let mut row = Row::default();
         let parts: Vec<LogitParts> = (0..CALIBRATION_ROWS)

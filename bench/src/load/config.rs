@@ -118,6 +118,16 @@ pub struct LoadArgs {
     /// mostly do) instead of initializing rows never pushed (a pull does not create rows).
     #[arg(long)]
     pub populate: bool,
+    /// Before measuring, push ranks `1..=N` of every table once (the ids the sampler draws from, see
+    /// `workload::table_id`), 4096 per table per request, so that every table holds exactly N rows (most of
+    /// them in RocksDB when N is above a server's `--memory-budget-rows`). At most `--vocab`.
+    #[arg(long)]
+    pub populate_rows: Option<u64>,
+    /// Send each worker's batch `j + P` as a prefetch (`protocol::wire::prefetch`) before pulling batch `j`,
+    /// off the worker's critical path, as a trainer planning ahead would; 0 = no prefetch. Network targets
+    /// only.
+    #[arg(long, default_value_t = 0)]
+    pub prefetch_distance: u64,
     /// Write the report as JSON here.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -183,6 +193,10 @@ pub struct LoadConfig {
     pub pool_batches: usize,
     /// Every pooled batch pushed once before the run.
     pub populate: bool,
+    /// Ranks `1..=N` of every table pushed once before the run (0 = none).
+    pub populate_rows: u64,
+    /// Prefetch distance in batches (0 = no prefetch).
+    pub prefetch_distance: u64,
     /// Progress line.
     #[serde(skip)]
     pub progress: bool,
@@ -240,6 +254,19 @@ impl LoadArgs {
         {
             bail!("--zipf-s must be positive, got {}", self.zipf_s);
         }
+        let populate_rows = self.populate_rows.unwrap_or(0);
+        if populate_rows > self.vocab {
+            bail!(
+                "--populate-rows {populate_rows} is above --vocab {}: the sampler never draws those ids",
+                self.vocab
+            );
+        }
+        if self.in_process && self.prefetch_distance > 0 {
+            bail!(
+                "--prefetch-distance needs servers: the in-process engine keeps every row in memory (a \
+                 MemStore, no capacity tier), so there is nothing to prefetch"
+            );
+        }
         let (target, servers) = match &where_to {
             Target::Cluster { addrs, .. } => ("cluster", addrs.len()),
             Target::Local(n) => ("local-cluster", *n),
@@ -264,6 +291,8 @@ impl LoadArgs {
             seed: self.seed,
             pool_batches: self.pool_batches,
             populate: self.populate,
+            populate_rows,
+            prefetch_distance: self.prefetch_distance,
             progress: !self.quiet,
             where_to,
         })

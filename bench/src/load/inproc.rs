@@ -11,6 +11,7 @@ use embedding::{Engine, InitConfig, MemStore, OptimizerConfig, TableConfig};
 use rayon::prelude::*;
 
 use super::config::{LoadConfig, Optimizer};
+use super::populate;
 use super::workload::{gradient_block, Batch, IdSampler};
 use super::{Progress, Report, Window, WorkerStats};
 
@@ -52,6 +53,24 @@ pub fn run(cfg: &LoadConfig) -> anyhow::Result<Report> {
         cfg.dim as usize,
         cfg.seed,
     ));
+    if cfg.populate_rows > 0 {
+        let t0 = Instant::now();
+        let dim = cfg.dim as usize;
+        let block = gradient_block(populate::CHUNK_RANKS as usize, dim, cfg.seed);
+        for i in 0..populate::chunks(cfg.populate_rows) {
+            let batch = populate::chunk(cfg.tables, cfg.populate_rows, i);
+            for (t, ids) in batch.unique.iter().enumerate() {
+                engine
+                    .apply(t as u32, ids, &block[..ids.len() * dim])
+                    .context("populate: apply ranks 1..=N")?;
+            }
+        }
+        eprintln!(
+            "ps-bench: populated {} rows per table in {:.1} s",
+            cfg.populate_rows,
+            t0.elapsed().as_secs_f64()
+        );
+    }
     if cfg.populate {
         let dim = cfg.dim as usize;
         for batch in pool.iter() {

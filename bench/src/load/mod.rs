@@ -10,12 +10,16 @@
 //! # Layout
 //! - [`config`]: flags and validation.
 //! - [`workload`]: id sampling, batches, per-server payloads.
+//! - [`populate`]: `--populate-rows`, every table filled to N rows before measuring.
+//! - [`prefetch`]: `--prefetch-distance`, lookahead prefetch as a trainer would send it.
 //! - [`stats`]: latency samples and percentiles.
 //! - [`report`]: the JSON and text report.
 //! - [`quic`], [`inproc`]: the two drivers.
 
 pub mod config;
 pub mod inproc;
+pub mod populate;
+pub mod prefetch;
 pub mod quic;
 pub mod report;
 pub mod stats;
@@ -31,6 +35,7 @@ use ops::local_cluster::LocalCluster;
 pub use config::{LoadArgs, LoadConfig, Target};
 pub use report::Report;
 
+use prefetch::PrefetchTotals;
 use report::Measured;
 use stats::Latencies;
 
@@ -104,6 +109,8 @@ pub struct WorkerStats {
     pub wire_bytes: u64,
     /// Batches whose every request counted.
     pub batches: u64,
+    /// Prefetches sent and what the servers did (the whole run).
+    pub prefetch: PrefetchTotals,
 }
 
 impl WorkerStats {
@@ -112,7 +119,9 @@ impl WorkerStats {
         let mut pull = Latencies::new();
         let mut push = Latencies::new();
         let (mut pull_rows, mut push_rows, mut wire_bytes, mut batches) = (0, 0, 0, 0);
+        let mut prefetch = PrefetchTotals::default();
         for w in workers {
+            prefetch.add(w.prefetch);
             pull.merge(w.pull);
             push.merge(w.push);
             pull_rows += w.pull_rows;
@@ -128,6 +137,7 @@ impl WorkerStats {
             batches,
             pull: pull.summary(),
             push: push.summary(),
+            prefetch,
         }
     }
 }

@@ -14,6 +14,8 @@ use protocol::{InitSpec, OptimizerSpec, PsClient, PsClientConfig, Request, Respo
 use rayon::prelude::*;
 
 use super::config::{LoadConfig, Optimizer};
+use super::populate;
+use super::prefetch::{self, Prefetcher};
 use super::workload::{gradient_block, plan, Batch, IdSampler, ServerRequests};
 use super::{Progress, Report, Window, WorkerStats};
 
@@ -130,6 +132,9 @@ async fn run_async(
         .collect::<anyhow::Result<_>>()?;
     let pool = Arc::new(pool);
     let client = Arc::new(client);
+    if cfg.populate_rows > 0 {
+        populate_rows(&client, cfg, &map).await?;
+    }
     if cfg.populate {
         for reqs in pool.iter() {
             phase(&client, cfg, reqs, true)
@@ -141,11 +146,20 @@ async fn run_async(
     let window = Window::starting_now(cfg);
     let (progress, ticker) = Progress::start(cfg.progress, window);
     let mut workers = Vec::new();
+    let run_base = prefetch::run_base();
     for w in 0..cfg.concurrency {
         let (client, pool, progress, cfg) =
             (client.clone(), pool.clone(), progress.clone(), cfg.clone());
+        let prefetcher = (cfg.prefetch_distance > 0).then(|| {
+            Prefetcher::new(
+                client.clone(),
+                prefetch::owner(run_base, w),
+                cfg.prefetch_distance,
+            )
+        });
+        let servers = addrs.len();
         workers.push(tokio::spawn(async move {
-            worker(w, &cfg, client, pool, window, progress).await
+            worker(w, &cfg, client, pool, window, progress, prefetcher, servers).await
         }));
     }
     let mut stats = Vec::new();
@@ -168,6 +182,58 @@ async fn run_async(
         cfg,
         WorkerStats::total(stats, &window),
     ))
+}
+
+/// `--populate-rows`: pushes ranks `1..=N` of every table ([`populate::chunk`]), `--concurrency` requests in
+/// flight, and prints how long it took.
+async fn populate_rows(
+    client: &Arc<PsClient>,
+    cfg: &LoadConfig,
+    map: &protocol::ShardMap,
+) -> anyhow::Result<()> {
+    let t0 = Instant::now();
+    let grads = Arc::new(gradient_block(
+        populate::CHUNK_RANKS as usize,
+        cfg.dim as usize,
+        cfg.seed,
+    ));
+    let mut tasks = tokio::task::JoinSet::new();
+    let chunks = populate::chunks(cfg.populate_rows);
+    let mut next = 0;
+    loop {
+        while next < chunks && tasks.len() < cfg.concurrency {
+            let (client, cfg, map, grads) = (client.clone(), cfg.clone(), *map, grads.clone());
+            let index = next;
+            tasks.spawn(async move {
+                let batch = populate::chunk(cfg.tables, cfg.populate_rows, index);
+                let reqs = plan(&batch, &map, cfg.dim as usize, cfg.codec, &grads);
+                for (s, r) in reqs.into_iter().enumerate() {
+                    if r.rows > 0 {
+                        client
+                            .push(s, cfg.codec, 1.0, r.counts, r.push_payload)
+                            .await
+                            .with_context(|| {
+                                format!("populate: push chunk {index} to server {s}")
+                            })?;
+                    }
+                }
+                Ok::<_, anyhow::Error>(())
+            });
+            next += 1;
+        }
+        match tasks.join_next().await {
+            Some(done) => done.context("populate task")??,
+            None => break,
+        }
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    let rows = cfg.populate_rows * u64::from(cfg.tables);
+    eprintln!(
+        "ps-bench: populated {} rows per table ({rows} rows) in {secs:.1} s ({:.0} rows/s)",
+        cfg.populate_rows,
+        rows as f64 / secs.max(1e-9)
+    );
+    Ok(())
 }
 
 /// Sends one phase (every server's pull, or every server's push) and waits for all of it. Returns per-request
@@ -209,6 +275,9 @@ async fn phase(
     Ok(out)
 }
 
+/// Worker `w`: its batches are pool batches `w`, `w + C`, `w + 2C`, ... (`C` = `--concurrency`), each
+/// pulled and pushed in turn; with a prefetcher, batch `j + P` is prefetched before batch `j` is pulled.
+#[allow(clippy::too_many_arguments)]
 async fn worker(
     w: usize,
     cfg: &LoadConfig,
@@ -216,12 +285,20 @@ async fn worker(
     pool: Arc<Vec<Vec<Prepared>>>,
     window: Window,
     progress: Arc<Progress>,
+    mut prefetcher: Option<Prefetcher>,
+    servers: usize,
 ) -> anyhow::Result<WorkerStats> {
     let mut st = WorkerStats::default();
-    let mut k = w;
+    let batch = |j: u64| &pool[(w + j as usize * cfg.concurrency) % pool.len()];
+    let mut j = 0u64;
     while Instant::now() < window.end {
-        let reqs = &pool[k % pool.len()];
-        k += cfg.concurrency;
+        if let Some(p) = &mut prefetcher {
+            // Batches run one after another: the `j` before this one have completed.
+            p.ahead_of(j, j, |k| batch(k).iter().map(|p| &p.req))
+                .await?;
+        }
+        let reqs = batch(j);
+        j += 1;
         let mut whole = true;
         for push in [false, true] {
             if (push && !cfg.mix.pushes()) || (!push && !cfg.mix.pulls()) {
@@ -251,6 +328,9 @@ async fn worker(
         if whole {
             st.batches += 1;
         }
+    }
+    if let Some(p) = prefetcher {
+        st.prefetch = p.finish(servers).await?;
     }
     Ok(st)
 }

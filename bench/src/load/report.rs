@@ -3,6 +3,7 @@
 use serde::Serialize;
 
 use super::config::LoadConfig;
+use super::prefetch::PrefetchTotals;
 use super::stats::Summary;
 
 /// Totals a run measured (after warm-up), before they become a [`Report`].
@@ -22,6 +23,8 @@ pub struct Measured {
     pub pull: Summary,
     /// Push latencies.
     pub push: Summary,
+    /// Prefetches (the whole run, warm-up included).
+    pub prefetch: PrefetchTotals,
 }
 
 /// What `ps-bench` prints and writes. Rows are distinct ids per batch (deduplicated like the trainer).
@@ -67,6 +70,24 @@ pub struct Report {
     pub wire_bytes_per_pulled_row: f64,
     /// `wire_bytes` per second, in MB (10^6 bytes).
     pub wire_mb_per_sec: f64,
+    /// Prefetch requests sent (`--prefetch-distance`; one per server with ids per batch), over the whole run,
+    /// warm-up included, like the `prefetch_*` row counts below (summed `protocol::PrefetchCounts`). Not
+    /// counted in `wire_bytes`.
+    pub prefetch_requests: u64,
+    /// Prefetched ids already in memory.
+    pub prefetch_resident: u64,
+    /// Prefetched rows read back from storage by the prefetch.
+    pub prefetch_read_back: u64,
+    /// Prefetched rows another request was reading back already.
+    pub prefetch_waited: u64,
+    /// Prefetched ids with no row anywhere.
+    pub prefetch_absent: u64,
+    /// Rows pinned by prefetches.
+    pub prefetch_pinned: u64,
+    /// Rows read back but not pinned (the pin limit was reached).
+    pub prefetch_over_pin_limit: u64,
+    /// Prefetched ids of tables without a memory budget.
+    pub prefetch_untiered: u64,
     /// The run's settings.
     pub config: LoadConfig,
 }
@@ -99,12 +120,46 @@ impl Report {
                 0.0
             },
             wire_mb_per_sec: m.wire_bytes as f64 / secs / 1e6,
+            prefetch_requests: m.prefetch.requests,
+            prefetch_resident: m.prefetch.counts.resident,
+            prefetch_read_back: m.prefetch.counts.read_back,
+            prefetch_waited: m.prefetch.counts.waited,
+            prefetch_absent: m.prefetch.counts.absent,
+            prefetch_pinned: m.prefetch.counts.pinned,
+            prefetch_over_pin_limit: m.prefetch.counts.over_pin_limit,
+            prefetch_untiered: m.prefetch.counts.untiered,
             config: config.clone(),
         }
     }
 
     /// Human-readable summary.
     pub fn text(&self) -> String {
+        let mut out = self.load_text();
+        if self.config.prefetch_distance > 0 {
+            let tiered = self.prefetch_resident + self.prefetch_read_back + self.prefetch_waited;
+            out += &format!(
+                "prefetch: distance {d}, {n} requests; rows resident {r}, read back {b}, waited {w}, absent {a}, \
+                 untiered {u}; pinned {p} (over pin limit {o}); resident share {share}\n",
+                d = self.config.prefetch_distance,
+                n = self.prefetch_requests,
+                r = self.prefetch_resident,
+                b = self.prefetch_read_back,
+                w = self.prefetch_waited,
+                a = self.prefetch_absent,
+                u = self.prefetch_untiered,
+                p = self.prefetch_pinned,
+                o = self.prefetch_over_pin_limit,
+                share = if tiered > 0 {
+                    format!("{:.3}", self.prefetch_resident as f64 / tiered as f64)
+                } else {
+                    "n/a (no budgeted table)".into()
+                },
+            );
+        }
+        out
+    }
+
+    fn load_text(&self) -> String {
         let c = &self.config;
         format!(
             "ps-bench: {transport} ({target}, {servers} server(s)), codec {codec}, {tables} tables x {ids} ids \
