@@ -364,6 +364,30 @@ fn sync_durability_loses_no_acknowledged_update_when_a_server_is_killed_mid_trai
     );
 }
 
+/// The same with a memory budget of 8 rows per table: the auditor's 16 counter rows per server and the
+/// trainer's rows are evicted to RocksDB and read back all along (the trainer's prefetches too, until a batch
+/// exceeds the pin limit of 4 rows and the server refuses them).
+#[test]
+fn sync_durability_with_a_memory_budget_loses_no_acknowledged_update_when_a_server_is_killed() {
+    let out = train_kill_restart(
+        &[
+            "--durability",
+            "sync",
+            "--flush-interval-secs",
+            "3600",
+            "--memory-budget-rows",
+            "8",
+        ],
+        false,
+    );
+    assert_eq!(
+        out.verdict.lost_acked,
+        0,
+        "acknowledged updates lost in sync durability with a memory budget: {}",
+        out.verdict.line()
+    );
+}
+
 #[test]
 fn periodic_durability_loses_at_most_the_last_interval_when_a_server_is_killed_mid_training() {
     let out = train_kill_restart(

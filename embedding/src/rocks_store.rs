@@ -19,6 +19,8 @@
 //!   skip the memtables' skip lists for keys they do not hold;
 //! - 4 KiB data blocks (about 50 rows) with a hash index inside each block, so the key is found without a
 //!   binary search;
+//! - memtables capped at [`WRITE_BUFFER_BYTES`] over all column families, so memory stays bounded with many
+//!   tables;
 //! - level compaction (RocksDB's default): lower read amplification than universal, and the tier reads at
 //!   least as often as it writes.
 //!
@@ -92,6 +94,11 @@ pub struct RocksTuning {
 /// The block cache of a default [`RocksTuning`]: 64 MiB.
 pub const DEFAULT_BLOCK_CACHE_BYTES: usize = 64 << 20;
 
+/// Memtable bytes of all column families together (RocksDB's `db_write_buffer_size`: past it the largest
+/// memtable is flushed). Without it each of a server's ~27 column families could hold 2 x 64 MiB of
+/// memtables.
+pub const WRITE_BUFFER_BYTES: usize = 256 << 20;
+
 impl Default for RocksTuning {
     fn default() -> RocksTuning {
         RocksTuning {
@@ -155,6 +162,7 @@ impl RocksStore {
         let mut opts = Options::default();
         opts.create_if_missing(true);
         opts.create_missing_column_families(true);
+        opts.set_db_write_buffer_size(WRITE_BUFFER_BYTES);
         let mut names = if path.join("CURRENT").exists() {
             Db::list_cf(&opts, &path).map_err(backend(format!("list_cf {}", path.display())))?
         } else {

@@ -52,6 +52,7 @@ fn main() {
         optimizer: PlanOptimizer::RowAdagrad,
         memory_budget: None,
         server_memory: 1 << 40,
+        block_cache_bytes: embedding::DEFAULT_BLOCK_CACHE_BYTES as u64,
     })
     .unwrap();
 

@@ -68,6 +68,9 @@ struct PlanArgs {
     /// RAM of one server (e.g. 16GiB); 80% of it goes to rows.
     #[arg(long, value_parser = crate::plan::parse_bytes, default_value = "16GiB")]
     server_memory: u64,
+    /// MiB of RocksDB block cache each server runs with (as `ps-server --block-cache-mib`).
+    #[arg(long, default_value_t = 64)]
+    block_cache_mib: u64,
 }
 
 #[derive(Debug, Subcommand)]
@@ -269,6 +272,7 @@ fn run_plan(a: PlanArgs) -> anyhow::Result<()> {
         optimizer: a.optimizer,
         memory_budget: a.memory_budget,
         server_memory: a.server_memory,
+        block_cache_bytes: a.block_cache_mib << 20,
     })?;
     println!("{plan}");
     Ok(())

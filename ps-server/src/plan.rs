@@ -20,6 +20,14 @@ use thiserror::Error;
 /// Share of a server's memory given to rows.
 pub const ROW_MEMORY_FRACTION: f64 = 0.8;
 
+/// Resident memory of an idle `ps-server` with no table (runtime, TLS, metrics): 21.6 MiB measured
+/// (BENCHMARKS.md, "Ninth round"), rounded up.
+pub const PROCESS_BASE_BYTES: u64 = 24 << 20;
+
+/// Bytes per id of a table's negative cache (`embedding` table/budget.rs: a `HashSet<u64>` at most half full
+/// of the budget): 8 bytes, a control byte, and load-factor slack.
+pub const NEGATIVE_CACHE_BYTES_PER_ID: u64 = 16;
+
 /// Optimizers, as named on the command line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum PlanOptimizer {
@@ -80,6 +88,8 @@ pub struct PlanInput {
     pub memory_budget: Option<u64>,
     /// RAM of one server, bytes.
     pub server_memory: u64,
+    /// RocksDB block cache of one server, bytes (`ps-server --block-cache-mib`).
+    pub block_cache_bytes: u64,
 }
 
 /// Why a plan cannot be made.
@@ -122,6 +132,9 @@ pub struct Plan {
     pub memory_per_server: u64,
     /// `--memory-budget-rows` to run each server with, if the budget keeps rows on disk.
     pub budget_rows_per_server: Option<u64>,
+    /// Predicted resident memory of one server holding this table: its rows in memory, RocksDB's block cache
+    /// and memtables, the negative cache (with a budget) and the process's base.
+    pub resident_per_server: u64,
 }
 
 /// Computes a plan.
@@ -180,6 +193,14 @@ pub fn plan(input: PlanInput) -> Result<Plan, PlanError> {
         )
     })?;
     let disk_per_row = disk_bytes_per_row(row_len);
+    let budget_rows_per_server =
+        (rows_in_memory < input.rows).then(|| rows_in_memory.div_ceil(servers as u64));
+    let memory_per_server = share(servers as u64);
+    let resident_per_server = memory_per_server
+        + input.block_cache_bytes
+        + embedding::WRITE_BUFFER_BYTES as u64
+        + budget_rows_per_server.map_or(0, |b| b / 2 * NEGATIVE_CACHE_BYTES_PER_ID)
+        + PROCESS_BASE_BYTES;
     Ok(Plan {
         input,
         row_len,
@@ -190,9 +211,9 @@ pub fn plan(input: PlanInput) -> Result<Plan, PlanError> {
         disk_total: (disk_per_row * input.rows as f64).ceil() as u64,
         rows_in_memory,
         servers,
-        memory_per_server: share(u64::from(servers)),
-        budget_rows_per_server: (rows_in_memory < input.rows)
-            .then(|| rows_in_memory.div_ceil(u64::from(servers))),
+        memory_per_server,
+        budget_rows_per_server,
+        resident_per_server,
     })
 }
 
@@ -324,6 +345,26 @@ impl fmt::Display for Plan {
         if let Some(rows) = self.budget_rows_per_server {
             write!(f, "\nrun each server with --memory-budget-rows {rows}")?;
         }
+        write!(
+            f,
+            "\npredicted resident memory per server: {} = rows {} + RocksDB block cache {} + memtables {} + \
+             negative cache {} + process {}",
+            human_bytes(self.resident_per_server),
+            human_bytes(self.memory_per_server),
+            human_bytes(i.block_cache_bytes),
+            human_bytes(embedding::WRITE_BUFFER_BYTES as u64),
+            human_bytes(
+                self.budget_rows_per_server
+                    .map_or(0, |b| b / 2 * NEGATIVE_CACHE_BYTES_PER_ID)
+            ),
+            human_bytes(PROCESS_BASE_BYTES)
+        )?;
+        if self.budget_rows_per_server.is_some() {
+            write!(
+                f,
+                " (plus the rows read back between two evictions, every 200 ms; prefetch pins stay within the budget)"
+            )?;
+        }
         Ok(())
     }
 }
@@ -339,6 +380,7 @@ mod tests {
             optimizer: PlanOptimizer::RowAdagrad,
             memory_budget: None,
             server_memory: 16 << 30,
+            block_cache_bytes: 64 << 20,
         }
     }
 
@@ -355,6 +397,15 @@ mod tests {
         assert_eq!(p.budget_rows_per_server, None);
         let text = p.to_string();
         assert!(text.contains("servers needed: 1"), "{text}");
+        // Rows plus block cache, memtables and the process; no negative cache without a budget.
+        assert_eq!(
+            p.resident_per_server,
+            p.memory_per_server + (64 << 20) + (256 << 20) + PROCESS_BASE_BYTES
+        );
+        assert!(
+            text.contains("predicted resident memory per server"),
+            "{text}"
+        );
     }
 
     #[test]

@@ -9,7 +9,8 @@
 //! prefix). [`Prefetcher::finish`] waits for the prefetches in flight and releases the rest.
 //!
 //! A prefetch is a hint: a failed one is logged and counted, and the pull then reads the rows itself. A server
-//! that answers that none of its tables has a memory budget is not asked again in this pass.
+//! that answers that none of its tables has a memory budget, or refuses a prefetch (a batch larger than its
+//! pin limit), is not asked again in this pass.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -30,7 +31,7 @@ pub struct Prefetcher {
     owner: u64,
     /// Pushes `0..n` of the pass are acknowledged: their leases may go.
     acked: watch::Receiver<u64>,
-    /// Per server: it has no table with a memory budget.
+    /// Per server: not asked again this pass (no table with a memory budget, or it refused a prefetch).
     untiered: Arc<Vec<AtomicBool>>,
     tasks: Mutex<JoinSet<()>>,
 }
@@ -98,7 +99,13 @@ impl Prefetcher {
                         }
                         Err(e) => {
                             metrics::counter!(m::PREFETCH_ERRORS_TOTAL).increment(1);
-                            tracing::warn!(server = s, lease, error = %e, "prefetch failed; the pull reads its rows itself");
+                            // A refusal (say, more rows than the server's pin limit) would repeat for every
+                            // batch: stop asking that server for this pass. A transient failure may not.
+                            let refused = !e.is_transient();
+                            if refused {
+                                untiered[s].store(true, Ordering::Relaxed);
+                            }
+                            tracing::warn!(server = s, lease, error = %e, stopped = refused, "prefetch failed; the pull reads its rows itself");
                         }
                     }
                 },
