@@ -7,7 +7,9 @@
 # configuration gets a fresh server and data directory (deleted after its run, so disk use stays at one
 # table set: V x 4 tables x ~100 bytes, 0.8 GB at the default V). Workload: 4 tables, dim 16, row-wise Adagrad,
 # f16, concurrency 4, each batch pulled then pushed; ids uniform or Zipf(ZIPF_S, default 1.1) over V ranks
-# per table (default 2,000,000). Budget per table (--memory-budget-rows) = V / factor: factor 1 is a budget
+# per table (default 500,000). The load cycles through POOL_BATCHES (default 1000) pre-drawn batches of 2048
+# ids per table: 2M draws per table, which touch ~98% of 500k uniform ids, so the over-budget factor is the
+# workload's (a pool drawing fewer ids than V would shrink the working set below V). Budget per table (--memory-budget-rows) = V / factor: factor 1 is a budget
 # that holds every row (the tier's bookkeeping without evictions); factor 0 starts the server with no budget.
 #
 # Per configuration, two ps-bench runs against the same server:
@@ -15,7 +17,8 @@
 #     no pull finds a missing row; `--populate` would only push the pooled batches' ids, about 63% of V for
 #     uniform draws, and fewer for Zipf, which leaves the over-budget factor unknown), then WARMUP seconds of
 #     the measured load itself (same flags), which moves the memory tier from "the last rows populated" to the
-#     workload's own working set;
+#     workload's own working set; then waits until eviction has brought the tables back to their budgets
+#     (ps_rows_over_budget at most 1% of the budgets), so the measured run starts at the budget;
 #  2. the measured run, SECONDS_RUN seconds with no warm-up of its own, between two scrapes of the server's
 #     /metrics. The server's counters move only while ps-bench sends load (connecting and building the batch
 #     pool send nothing), so their increase belongs to the measured seconds.
@@ -24,22 +27,22 @@
 # readback_rows_s = increase of ps_readback_rows_total / SECONDS_RUN (read-backs by pulls, pushes and prefetches).
 #
 # Usage: bench/scripts/tier_sweep.sh [OUT_DIR]
-#   env: V (2000000), FACTORS ("1 2 4 8"), DISTS ("uniform zipf"), PREFETCH (P, default 4; runs use 0 and P),
-#        SECONDS_RUN (10), WARMUP (2), ZIPF_S (1.1), POOL_BATCHES (256), SERVER_CPU, CLIENT_CPU,
+#   env: V (500000), FACTORS ("1 2 4 8"), DISTS ("uniform zipf"), PREFETCH (P, default 4; runs use 0 and P),
+#        SECONDS_RUN (10), WARMUP (2), ZIPF_S (1.1), POOL_BATCHES (1000), SERVER_CPU, CLIENT_CPU,
 #        SERVER_ARGS (extra ps-server flags), R (binaries; default $CARGO_TARGET_DIR/release, else target/release)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${1:-$(mktemp -d /var/tmp/tier-sweep.XXXXXX)}
 mkdir -p "$OUT"
 R=${R:-${CARGO_TARGET_DIR:-target}/release}
-V=${V:-2000000}
+V=${V:-500000}
 FACTORS=${FACTORS:-1 2 4 8}
 DISTS=${DISTS:-uniform zipf}
 P=${PREFETCH:-4}
 SECONDS_RUN=${SECONDS_RUN:-10}
 WARMUP=${WARMUP:-2}
 ZIPF_S=${ZIPF_S:-1.1}
-POOL=${POOL_BATCHES:-256}
+POOL=${POOL_BATCHES:-1000}
 PIN_S=(taskset -c "${SERVER_CPU:-0}")
 PIN_C=(taskset -c "${CLIENT_CPU:-1}")
 for b in ps-server ps-bench; do
@@ -97,6 +100,14 @@ for factor in $FACTORS; do
             --prefetch-distance "$prefetch" --quiet)
       "${PIN_C[@]}" "$R/ps-bench" "${load[@]}" --populate-rows "$V" --warmup-seconds 0 --seconds "$WARMUP" \
         --seed 2 >/dev/null 2>"$OUT/$name.warmup.log" || { cat "$OUT/$name.warmup.log" >&2; exit 1; }
+      if [ "$budget" -gt 0 ]; then
+        for _ in $(seq 1 3000); do
+          over=$(curl -sf "http://$MADDR/metrics" | awk '$1 == "ps_rows_over_budget" {print int($2)}')
+          [ -z "$over" ] && break  # a server without the gauge (older build): nothing to wait for
+          [ "$over" -le $((budget * 4 / 100)) ] && break
+          sleep 0.1
+        done
+      fi
       scrape "$OUT/$name.before.prom"
       "${PIN_C[@]}" "$R/ps-bench" "${load[@]}" --warmup-seconds 0 --seconds "$SECONDS_RUN" --seed 1 \
         --json "$OUT/$name.json" >/dev/null 2>"$OUT/$name.log" || { cat "$OUT/$name.log" >&2; exit 1; }

@@ -67,6 +67,8 @@ pub const PREFETCH_ROWS_TOTAL: &str = "ps_prefetch_rows_total";
 /// from RocksDB by the request itself: no prefetch, or one that came too late to start), `late` (a prefetch
 /// was still reading it; the request waited for that read).
 pub const TIER_ROWS_TOTAL: &str = "ps_tier_rows_total";
+/// Rows in memory past the tables' budgets now, summed (eviction brings it back to 0 every 200 ms).
+pub const ROWS_OVER_BUDGET: &str = "ps_rows_over_budget";
 /// Rows pinned in memory by prefetches now.
 pub const PINNED_ROWS: &str = "ps_pinned_rows";
 /// Prefetch leases held now.
@@ -186,6 +188,10 @@ fn describe_tier() {
         "Rows pulled from tables with a memory budget, by outcome (hit, miss, late)."
     );
     describe_gauge!(PINNED_ROWS, "Rows pinned in memory by prefetches.");
+    describe_gauge!(
+        ROWS_OVER_BUDGET,
+        "Rows in memory past the tables' memory budgets, summed (evicted every 200 ms)."
+    );
     describe_gauge!(PREFETCH_LEASES, "Prefetch leases held.");
     describe_counter!(
         PREFETCH_LEASES_EXPIRED_TOTAL,

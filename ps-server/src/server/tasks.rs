@@ -116,11 +116,17 @@ async fn run_budget_timer(shard: Arc<Shard>, stop: CancellationToken) {
         }
         metrics::gauge!(m::PINNED_ROWS).set(shard.engine.pinned_rows() as f64);
         metrics::gauge!(m::PREFETCH_LEASES).set(shard.engine.leases() as f64);
-        if shard.engine.rows_over_budget() == 0 {
+        let over = shard.engine.rows_over_budget();
+        metrics::gauge!(m::ROWS_OVER_BUDGET).set(over as f64);
+        if over == 0 {
             continue;
         }
         let shard = shard.clone();
-        let _ = tokio::task::spawn_blocking(move || shard.enforce_budget()).await;
+        let _ = tokio::task::spawn_blocking(move || {
+            let _ = shard.enforce_budget();
+            metrics::gauge!(m::ROWS_OVER_BUDGET).set(shard.engine.rows_over_budget() as f64);
+        })
+        .await;
     }
 }
 
