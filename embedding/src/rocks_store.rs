@@ -211,6 +211,15 @@ impl RocksStore {
         })
     }
 
+    /// Writes `table`'s memtables to SST files now (RocksDB does it on its own when they fill): for
+    /// measurements of reads from files rather than from memtables.
+    pub fn flush_table_memtables(&self, table: u32) -> Result<(), StoreError> {
+        let cf = self.table_cf(table)?;
+        self.db
+            .flush_cf(&cf)
+            .map_err(backend(format!("flush memtables of table {table}")))
+    }
+
     /// The database directory.
     pub fn path(&self) -> &Path {
         &self.path

@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# The capacity tier at scale (issue 17): one pass of DLRM (dim 16, row-wise Adagrad) over generated data whose
+# tables hold ROWS_DISTINCT-ish distinct rows in all, through SERVERS ps-servers whose memory budget keeps at
+# most a quarter of the rows in memory; the rest live only in RocksDB.
+#
+# The training data is never written to disk: gen-criteo streams it into the trainer's standard input
+# (`--vocab-scale` / `--scaled-zipf` spread the five largest columns so one pass touches many distinct ids;
+# bench/src/gen/scale.rs gives the distinct counts: 100M rows at --vocab-scale 40 --scaled-zipf 0.8 touch
+# about 239M rows over all tables, 150M rows about 322M). Only the test file and the servers' RocksDB
+# directories take disk: about 100 bytes per distinct row after compaction (`ps-server plan`), so check
+# `df` first (the script refuses to start with less than DISK_NEEDED_GB free).
+#
+# Prints one line:
+#   rows=N distinct_rows=D in_memory_share=F wall_s=W samples_per_s=S auc=A disk_bytes=B
+#   rss_trainer=R rss_server_max=R plan_resident_per_server=P rss_vs_plan=X
+# and keeps every log, the summary and the servers' last /metrics under OUT.
+#
+# Usage: bench/scripts/scale.sh [OUT]
+#   env: ROWS (training rows, 150000000), TEST_ROWS (200000), VOCAB_SCALE (40), SCALED_ZIPF (0.8),
+#        SERVERS (2), BUDGET (rows per table per server kept in memory, 5000000), BATCH (4096),
+#        DISK_NEEDED_GB (40), R (binaries; default $CARGO_TARGET_DIR/release, else target/release)
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${1:-$(mktemp -d /var/tmp/scale.XXXXXX)}
+mkdir -p "$OUT"
+R=${R:-${CARGO_TARGET_DIR:-target}/release}
+ROWS=${ROWS:-150000000}
+TEST_ROWS=${TEST_ROWS:-200000}
+VOCAB_SCALE=${VOCAB_SCALE:-40}
+SCALED_ZIPF=${SCALED_ZIPF:-0.8}
+SERVERS=${SERVERS:-2}
+BUDGET=${BUDGET:-5000000}
+BATCH=${BATCH:-4096}
+for b in ps-server trainer gen-criteo; do
+  [ -x "$R/$b" ] || { echo "missing $R/$b: cargo build --release --bins" >&2; exit 2; }
+done
+free_gb=$(df -BG --output=avail "$OUT" | tail -1 | tr -dc 0-9)
+df -h "$OUT" >&2
+if [ "$free_gb" -lt "${DISK_NEEDED_GB:-40}" ]; then
+  echo "only ${free_gb} GB free under $OUT, need ${DISK_NEEDED_GB:-40}: lower ROWS or set DISK_NEEDED_GB" >&2
+  exit 2
+fi
+
+gen=(--vocab-scale "$VOCAB_SCALE" --scaled-zipf "$SCALED_ZIPF" --teacher-seed 7)
+"$R/gen-criteo" --rows "$TEST_ROWS" --seed 2 "${gen[@]}" --out "$OUT/test.tsv" 2>"$OUT/gen-test.log"
+
+"$R/ps-server" certs init --tls-dir "$OUT/tls" >/dev/null
+pids=() ; ps=() ; metrics=()
+for i in $(seq 0 $((SERVERS - 1))); do
+  "$R/ps-server" --listen "127.0.0.1:$((7600 + i))" --metrics-listen "127.0.0.1:$((9600 + i))" \
+    --data-dir "$OUT/ps$i" --shard-index "$i" --num-shards "$SERVERS" --tls-dir "$OUT/tls" \
+    --memory-budget-rows "$BUDGET" >"$OUT/ps$i.log" 2>&1 &
+  pids+=($!) ; ps+=("127.0.0.1:$((7600 + i))") ; metrics+=("127.0.0.1:$((9600 + i))")
+done
+for m in "${metrics[@]}"; do
+  until curl -sf "http://$m/readyz" >/dev/null; do sleep 0.2; done
+done
+stop() { for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done; wait "${pids[@]}" 2>/dev/null || true; }
+trap stop EXIT
+
+start=$(date +%s.%N)
+"$R/gen-criteo" --rows "$ROWS" --seed 1 "${gen[@]}" --out /dev/stdout 2>"$OUT/gen-train.log" |
+  "$R/trainer" train --ps "$(IFS=,; echo "${ps[*]}")" --tls-dir "$OUT/tls" --train /dev/stdin --test "$OUT/test.tsv" \
+    --batch-size "$BATCH" --summary-json "$OUT/summary.json" >"$OUT/trainer.log" 2>&1 &
+trainer_pid=$!
+# The trainer is the pipeline's last process: its peak RSS is read while it runs (it exits at the end).
+rss_trainer=0
+while kill -0 "$trainer_pid" 2>/dev/null; do
+  tp=$(pgrep -n -x trainer || true)
+  if [ -n "$tp" ]; then
+    r=$(awk '/VmHWM/ {print $2}' "/proc/$tp/status" 2>/dev/null || echo 0)
+    [ "${r:-0}" -gt "$rss_trainer" ] && rss_trainer=$r
+  fi
+  sleep 1
+done
+wait "$trainer_pid"
+wall=$(echo "$(date +%s.%N) - $start" | bc)
+rss_server=0 ; distinct=0 ; in_memory=0
+for i in "${!pids[@]}"; do
+  r=$(awk '/VmHWM/ {print $2}' "/proc/${pids[$i]}/status")
+  [ "$r" -gt "$rss_server" ] && rss_server=$r
+  curl -sf "http://${metrics[$i]}/metrics" >"$OUT/ps$i.prom"
+done
+stop
+trap - EXIT
+disk=$(du -sb "$OUT"/ps* -d0 2>/dev/null | awk '$2 ~ /ps[0-9]+$/ {s += $1} END {print s}')
+python3 - "$OUT" "$ROWS" "$wall" "$disk" "$rss_trainer" "$rss_server" "$R" "$SERVERS" "$BUDGET" <<'PY'
+import json, re, subprocess, sys
+out, rows, wall, disk, rss_t, rss_s, r, servers, budget = sys.argv[1:]
+servers, budget = int(servers), int(budget)
+s = json.load(open(f"{out}/summary.json"))
+mem = disk_rows = 0.0
+for i in range(servers):
+    for line in open(f"{out}/ps{i}.prom"):
+        if line.startswith("ps_rows_in_memory{"):
+            mem += float(line.split()[-1])
+        if line.startswith("ps_rows_on_disk{"):
+            disk_rows += float(line.split()[-1])
+distinct = max(disk_rows, mem)
+# plan's prediction for one server: its share of the distinct rows, with the rows it held in memory as its
+# memory budget (plan's bytes per row in memory, about 84 at dim 16 with row-wise Adagrad).
+plan = subprocess.run([f"{r}/ps-server", "plan", "--rows", str(int(distinct / servers)), "--dim", "16",
+                       "--memory-budget", str(int(mem / servers * 84)), "--server-memory", "1TiB"],
+                      capture_output=True, text=True).stdout
+open(f"{out}/plan.txt", "w").write(plan)
+m = re.search(r"predicted resident memory per server: ([\d.]+) (\w+)", plan)
+unit = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
+pred = float(m.group(1)) * unit[m.group(2)] if m else float("nan")
+print(f"rows={rows} distinct_rows={distinct:.0f} in_memory_share={mem / distinct if distinct else 0:.3f} "
+      f"wall_s={float(wall):.0f} samples_per_s={s['samples_per_sec']:.0f} auc={s['auc']:.4f} disk_bytes={disk} "
+      f"rss_trainer={int(rss_t) * 1024} rss_server_max={int(rss_s) * 1024} plan_resident_per_server={pred:.0f} "
+      f"rss_vs_plan={int(rss_s) * 1024 / pred:.3f}")
+PY
