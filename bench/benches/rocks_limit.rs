@@ -101,7 +101,12 @@ fn limits(c: &mut Criterion) {
         };
         let dir = tempfile::tempdir().unwrap();
         let mem = store(&dir.path().join("mem"), tuning, false);
-        read(c, &format!("{label}/read_memtable"), &mem, &id_batches(false));
+        read(
+            c,
+            &format!("{label}/read_memtable"),
+            &mem,
+            &id_batches(false),
+        );
         let mut g = c.benchmark_group("rocks_limit");
         g.throughput(Throughput::Elements(BATCH as u64));
         let row = vec![0.5f32; ROW_LEN];

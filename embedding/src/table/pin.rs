@@ -15,7 +15,8 @@ use crate::error::EmbeddingError;
 /// What [`Table::prefetch`] did, in distinct ids.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct PrefetchStats {
-    /// Ids whose rows were in memory already.
+    /// Ids whose rows were in memory already (every id, duplicates included and not looked up, of a table
+    /// that never evicted a row).
     pub resident: usize,
     /// Rows this prefetch read back from the store.
     pub read_back: usize,
@@ -100,6 +101,12 @@ impl Table {
             return Ok(stats);
         };
         self.check_prefetch(ids)?;
+        if !self.spilled() {
+            // Nothing was ever evicted: every id is in memory or has no row at all, and nothing can be read
+            // back. Counted resident without looking them up (the lookups would cost as much as the pull's).
+            stats.resident = ids.len();
+            return Ok(stats);
+        }
         let mut uniq = ids.to_vec();
         uniq.sort_unstable();
         uniq.dedup();
@@ -118,7 +125,7 @@ impl Table {
         })?;
         stats.resident = uniq.len() - to_read.len() - known_absent;
         stats.absent = known_absent;
-        if to_read.is_empty() || !self.spilled() {
+        if to_read.is_empty() {
             stats.absent += to_read.len();
             return Ok(stats);
         }

@@ -21,7 +21,7 @@ use crate::wire::message::{PayloadLayout, Request, TableCount};
 /// What a server did for one prefetch.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PrefetchCounts {
-    /// Distinct ids already in memory.
+    /// Distinct ids already in memory (every id, uncounted, of a table that never evicted a row).
     pub resident: u64,
     /// Rows read back from storage into memory by this prefetch.
     pub read_back: u64,
