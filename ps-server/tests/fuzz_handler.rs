@@ -132,9 +132,11 @@ fn random_spec(r: &mut Rng) -> TableSpec {
     s
 }
 
-fn new_shard(num_servers: u32, durability: Durability) -> Shard {
+/// A shard of `num_servers`; with `budget`, its tables keep that many rows in memory (the capacity tier,
+/// exercised by prefetches, read-backs and the loop's evictions).
+fn new_shard(num_servers: u32, durability: Durability, budget: Option<u64>) -> Shard {
     let shard = Shard {
-        engine: Engine::open(Arc::new(MemStore::new())).unwrap(),
+        engine: Engine::open_with_budget(Arc::new(MemStore::new()), budget).unwrap(),
         shard_map: ShardMap::new(num_servers),
         shard_index: 0,
         durability,
@@ -194,7 +196,15 @@ fn valid(r: &mut Rng, shard: &Shard) -> (Request, Vec<u8>) {
         put_ids(coding, &ids, &mut payload);
     }
     if r.chance(2) {
-        let req = if r.chance(3) {
+        let req = if r.chance(4) {
+            Request::Prefetch {
+                epoch: 1,
+                owner: r.below(3),
+                lease: r.below(8),
+                release_below: r.below(9),
+                tables: counts,
+            }
+        } else if r.chance(3) {
             Request::PullWithState {
                 epoch: 1,
                 encoding: enc,
@@ -260,12 +270,14 @@ fn mutate(r: &mut Rng, req: &mut Request, payload: &mut Vec<u8>) {
         0 => match req {
             Request::Pull { tables, .. }
             | Request::PullWithState { tables, .. }
+            | Request::Prefetch { tables, .. }
             | Request::Push { tables, .. } => mutate_counts(r, tables),
             _ => {}
         },
         1 => match req {
             Request::Pull { epoch, .. }
             | Request::PullWithState { epoch, .. }
+            | Request::Prefetch { epoch, .. }
             | Request::Push { epoch, .. } => *epoch = r.next_u64() % 3,
             _ => {}
         },
@@ -371,6 +383,7 @@ fn check(shard: &Shard, req: &Request, payload: &[u8], reply: &Reply, before: Op
                 Response::PulledWithState { .. }
             )
             | (Request::Push { .. }, Response::Pushed { .. })
+            | (Request::Prefetch { .. }, Response::Prefetched { .. })
             | (Request::Flush, Response::Flushed { .. })
     );
     assert!(kind_ok, "reply {:?} to {req:?}", reply.header);
@@ -421,6 +434,18 @@ fn check(shard: &Shard, req: &Request, payload: &[u8], reply: &Reply, before: Op
                 layout.pull_response_bytes(*encoding) + state
             );
         }
+        (Response::Prefetched { stats }, Request::Prefetch { tables, .. }) => {
+            let ids = PayloadLayout::of(tables).unwrap().ids as u64;
+            assert!(
+                stats.resident
+                    + stats.absent
+                    + stats.pinned
+                    + stats.over_pin_limit
+                    + stats.untiered
+                    <= ids,
+                "{stats:?} for {ids} ids"
+            );
+        }
         (
             Response::Pushed {
                 rows,
@@ -456,17 +481,23 @@ fn seed() -> u64 {
 fn request_handler_survives_structured_fuzzing() {
     let (n, seed) = (iters(50_000), seed());
     let mut r = Rng::new(seed);
-    // Two servers with periodic write-back (ownership checks), one with synced push writes.
+    // Two servers with periodic write-back (ownership checks), one with synced push writes, one whose tables
+    // keep 16 rows in memory (evicted every 64 inputs, prefetch leases expired at the inputs' time).
     let shards = [
-        new_shard(2, Durability::Periodic),
-        new_shard(1, Durability::Sync),
+        new_shard(2, Durability::Periodic, None),
+        new_shard(1, Durability::Sync, None),
+        new_shard(1, Durability::Periodic, Some(16)),
     ];
     let debug = std::env::var("FUZZ_DEBUG").is_ok();
     let started = std::time::Instant::now();
     let mut errors = 0u64;
     let mut codes = std::collections::BTreeMap::new();
     for i in 0..n {
-        let shard = &shards[r.below(2) as usize];
+        if i % 64 == 0 {
+            shards[2].engine.enforce_budget().unwrap();
+            shards[2].engine.expire_leases(START + i);
+        }
+        let shard = &shards[r.below(3) as usize];
         let (req, payload) = input(&mut r, shard);
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             let before =
