@@ -171,11 +171,6 @@ impl Engine {
         self.leases.expire(now)
     }
 
-    /// [`Table::check_prefetch`] on table `table`: whether a prefetch of `ids` would be refused as too large.
-    pub fn check_prefetch_of(&self, table: u32, ids: &[u64]) -> Result<(), EmbeddingError> {
-        self.table(table)?.check_prefetch(ids)
-    }
-
     /// Prefetch leases held now.
     pub fn leases(&self) -> usize {
         self.leases.len()

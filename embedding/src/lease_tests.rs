@@ -213,7 +213,7 @@ fn bad_prefetches_are_refused_before_anything_is_pinned_or_released() {
     );
     // Duplicates count once: 50 distinct ids in 100 are within the limit.
     let dup: Vec<u64> = (0..BUDGET / 2).chain(0..BUDGET / 2).collect();
-    assert!(engine.check_prefetch_of(1, &dup).is_ok());
+    assert!(t.check_prefetch(&dup).is_ok());
     // Neither refusal released lease 0 or pinned anything.
     assert_eq!((t.pinned_rows(), engine.leases()), (5, 1));
 }
