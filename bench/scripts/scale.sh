@@ -10,9 +10,11 @@
 # directories take disk: about 100 bytes per distinct row after compaction (`ps-server plan`), so check
 # `df` first (the script refuses to start with less than DISK_NEEDED_GB free).
 #
-# Prints one line:
+# Prints two lines:
 #   rows=N distinct_rows=D in_memory_share=F wall_s=W samples_per_s=S auc=A disk_bytes=B
 #   rss_trainer=R rss_server_max=R plan_resident_per_server=P rss_vs_plan=X
+#   at_peak_rss: secs=T server=I rss=.. rows=.. memtables=.. block_cache=.. table_readers=.. other=..
+# (the second from the servers' memory gauges, sampled every 5 s into OUT/memory.tsv)
 # and keeps every log, the summary and the servers' last /metrics under OUT.
 #
 # Usage: bench/scripts/scale.sh [OUT]
@@ -64,13 +66,29 @@ start=$(date +%s.%N)
     --batch-size "$BATCH" --summary-json "$OUT/summary.json" >"$OUT/trainer.log" 2>&1 &
 trainer_pid=$!
 # The trainer is the pipeline's last process: its peak RSS is read while it runs (it exits at the end).
-rss_trainer=0
+# Every 5 s each server's memory gauges go to OUT/memory.tsv (seconds, server, then the gauges in the order of
+# the header), for the breakdown at the servers' peak.
+rss_trainer=0 ; tick=0
+printf 'secs\tserver\trss\trows\tmemtables\tblock_cache\ttable_readers\n' >"$OUT/memory.tsv"
 while kill -0 "$trainer_pid" 2>/dev/null; do
   tp=$(pgrep -n -x trainer || true)
   if [ -n "$tp" ]; then
     r=$(awk '/VmHWM/ {print $2}' "/proc/$tp/status" 2>/dev/null || echo 0)
     [ "${r:-0}" -gt "$rss_trainer" ] && rss_trainer=$r
   fi
+  if [ $((tick % 5)) -eq 0 ]; then
+    for i in "${!metrics[@]}"; do
+      curl -sf "http://${metrics[$i]}/metrics" | awk -v t="$tick" -v s="$i" '
+        /^ps_process_resident_bytes / {rss = $2}
+        /^ps_memory_bytes / {rows = $2}
+        /^ps_rocksdb_memory_bytes\{kind="memtables"\}/ {mt = $2}
+        /^ps_rocksdb_memory_bytes\{kind="block_cache"\}/ {bc = $2}
+        /^ps_rocksdb_memory_bytes\{kind="table_readers"\}/ {tr = $2}
+        END {if (rss != "") printf "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", t, s, rss, rows, mt, bc, tr}' \
+        >>"$OUT/memory.tsv" || true
+    done
+  fi
+  tick=$((tick + 1))
   sleep 1
 done
 wait "$trainer_pid"
@@ -110,4 +128,12 @@ print(f"rows={rows} distinct_rows={distinct:.0f} in_memory_share={mem / distinct
       f"wall_s={float(wall):.0f} samples_per_s={s['samples_per_sec']:.0f} auc={s['auc']:.4f} disk_bytes={disk} "
       f"rss_trainer={int(rss_t) * 1024} rss_server_max={int(rss_s) * 1024} plan_resident_per_server={pred:.0f} "
       f"rss_vs_plan={int(rss_s) * 1024 / pred:.3f}")
+# The servers' memory at the sample with the highest RSS (gauges refresh with each write-back).
+rows_tsv = [l.split("\t") for l in open(f"{out}/memory.tsv").read().splitlines()[1:]]
+rows_tsv = [[float(x or 0) for x in r] for r in rows_tsv if len(r) == 7]
+if rows_tsv:
+    t, srv, rss, rowb, mt, bc, tr = max(rows_tsv, key=lambda r: r[2])
+    mib = lambda b: f"{b / 2**20:.0f}MiB"
+    print(f"at_peak_rss: secs={t:.0f} server={srv:.0f} rss={mib(rss)} rows={mib(rowb)} memtables={mib(mt)} "
+          f"block_cache={mib(bc)} table_readers={mib(tr)} other={mib(rss - rowb - mt - bc - tr)}")
 PY

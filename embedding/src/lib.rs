@@ -93,5 +93,5 @@ pub use mem_store::MemStore;
 pub use rocks_store::{RocksStore, RocksTuning, DEFAULT_BLOCK_CACHE_BYTES, WRITE_BUFFER_BYTES};
 #[cfg(feature = "rocksdb")]
 pub use snapshot::{PushGuard, Snapshot, SnapshotError};
-pub use store::{GetFn, ScanFn, Store};
+pub use store::{GetFn, ScanFn, Store, StoreMemory};
 pub use table::{ApplyStats, GatherStats, PrefetchStats, Table, STRIPES};

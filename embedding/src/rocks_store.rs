@@ -36,7 +36,7 @@ use rocksdb::{
 
 use crate::batch::DirtyBatch;
 use crate::error::StoreError;
-use crate::store::{GetFn, ScanFn, Store};
+use crate::store::{GetFn, ScanFn, Store, StoreMemory};
 
 /// Column family holding metadata.
 const META_CF: &str = "meta";
@@ -51,8 +51,9 @@ pub struct RocksStore {
     tuning: RocksTuning,
     /// The block cache every column family shares.
     cache: Cache,
-    /// Serializes column family creation (two `ensure_table` racing would both try to create it).
-    create: Mutex<()>,
+    /// The column families' names; its lock serializes column family creation (two `ensure_table` racing
+    /// would both try to create it).
+    column_families: Mutex<Vec<String>>,
 }
 
 impl std::fmt::Debug for RocksStore {
@@ -184,7 +185,7 @@ impl RocksStore {
             path,
             tuning,
             cache,
-            create: Mutex::new(()),
+            column_families: Mutex::new(names),
         })
     }
 
@@ -207,7 +208,7 @@ impl RocksStore {
             path,
             tuning,
             cache,
-            create: Mutex::new(()),
+            column_families: Mutex::new(names),
         })
     }
 
@@ -250,12 +251,13 @@ impl Store for RocksStore {
         if self.db.cf_handle(&name).is_some() {
             return Ok(());
         }
-        let _guard = self.create.lock();
+        let mut names = self.column_families.lock();
         if self.db.cf_handle(&name).is_none() {
             self.db
                 .create_cf(&name, &cf_options(self.tuning, &self.cache))
                 .map_err(backend(format!("create column family {name}")))?;
             tracing::info!(table, "created column family");
+            names.push(name);
         }
         Ok(())
     }
@@ -378,6 +380,22 @@ impl Store for RocksStore {
             .property_int_value_cf(&cf, "rocksdb.estimate-num-keys")
             .map_err(backend(format!("estimate_rows table {table}")))?;
         Ok(n.unwrap_or(0))
+    }
+
+    fn memory_usage(&self) -> StoreMemory {
+        let mut m = StoreMemory {
+            block_cache: self.cache.get_usage() as u64,
+            ..StoreMemory::default()
+        };
+        for name in self.column_families.lock().iter() {
+            let Some(cf) = self.db.cf_handle(name) else {
+                continue;
+            };
+            let prop = |p: &str| self.db.property_int_value_cf(&cf, p).ok().flatten();
+            m.memtables += prop("rocksdb.cur-size-all-mem-tables").unwrap_or(0);
+            m.table_readers += prop("rocksdb.estimate-table-readers-mem").unwrap_or(0);
+        }
+        m
     }
 
     fn checkpoint(&self, dir: &Path) -> Result<(), StoreError> {

@@ -85,4 +85,21 @@ pub trait Store: Send + Sync {
     /// Rows of `table` in the store: exact for in-memory stores, RocksDB's estimate (`estimate-num-keys`,
     /// which counts overwritten keys until compaction) for RocksDB. For gauges, not for logic.
     fn estimate_rows(&self, table: u32) -> Result<u64, StoreError>;
+
+    /// Memory the store holds outside the tables' rows, for gauges and for checking `ps-server plan`. Stores
+    /// that keep nothing of their own (or cannot tell) keep this default: zeros.
+    fn memory_usage(&self) -> StoreMemory {
+        StoreMemory::default()
+    }
+}
+
+/// Memory of a [`Store`] ([`Store::memory_usage`]), bytes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StoreMemory {
+    /// Memtables, flushed or not (RocksDB's `cur-size-all-mem-tables`, over all column families).
+    pub memtables: u64,
+    /// Blocks in the block cache, index and filter blocks included.
+    pub block_cache: u64,
+    /// Table readers outside the block cache (`estimate-table-readers-mem`).
+    pub table_readers: u64,
 }

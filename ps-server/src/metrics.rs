@@ -34,6 +34,10 @@ pub const ROWS_IN_MEMORY: &str = "ps_rows_in_memory";
 pub const ROWS_ON_DISK: &str = "ps_rows_on_disk";
 /// Bytes of row arenas and indexes.
 pub const MEMORY_BYTES: &str = "ps_memory_bytes";
+/// Gauge: bytes RocksDB holds in memory, by `kind` (`memtables`, `block_cache`, `table_readers`).
+pub const ROCKSDB_MEMORY_BYTES: &str = "ps_rocksdb_memory_bytes";
+/// Gauge: the process's resident set size (`VmRSS`), bytes.
+pub const PROCESS_RESIDENT_BYTES: &str = "ps_process_resident_bytes";
 /// Rows written back to RocksDB.
 pub const WRITEBACK_ROWS_TOTAL: &str = "ps_writeback_rows_total";
 /// Write batches written to RocksDB.
@@ -145,7 +149,17 @@ fn describe_rows() {
     describe_gauge!(
         MEMORY_BYTES,
         Unit::Bytes,
-        "Bytes of row arenas and id indexes."
+        "Bytes of row arenas and id indexes, pins and negative caches."
+    );
+    describe_gauge!(
+        ROCKSDB_MEMORY_BYTES,
+        Unit::Bytes,
+        "Bytes RocksDB holds in memory, by kind: memtables, block_cache, table_readers."
+    );
+    describe_gauge!(
+        PROCESS_RESIDENT_BYTES,
+        Unit::Bytes,
+        "Resident set size of the process (VmRSS), refreshed with the row gauges."
     );
     describe_counter!(
         ROWS_EXPIRED_TOTAL,

@@ -12,7 +12,7 @@ use std::time::Instant;
 
 use embedding::{
     DirtyBatch, EmbeddingError, Engine, EvictStats, ExpireStats, FlushStats, GetFn, ScanFn, Store,
-    StoreError,
+    StoreError, StoreMemory,
 };
 
 use crate::metrics as m;
@@ -91,6 +91,9 @@ impl<S: Store> Store for MeteredStore<S> {
         metrics::counter!(m::READBACK_ROWS_TOTAL).increment(found);
         result
     }
+    fn memory_usage(&self) -> StoreMemory {
+        self.0.memory_usage()
+    }
     fn put_meta(&self, key: &str, value: &[u8]) -> Result<(), StoreError> {
         self.0.put_meta(key, value)
     }
@@ -122,6 +125,25 @@ pub fn update_gauges(engine: &Engine) {
         }
     }
     metrics::gauge!(m::MEMORY_BYTES).set(engine.memory_bytes() as f64);
+    let store = engine.store().memory_usage();
+    for (kind, bytes) in [
+        ("memtables", store.memtables),
+        ("block_cache", store.block_cache),
+        ("table_readers", store.table_readers),
+    ] {
+        metrics::gauge!(m::ROCKSDB_MEMORY_BYTES, "kind" => kind).set(bytes as f64);
+    }
+    if let Some(rss) = resident_bytes() {
+        metrics::gauge!(m::PROCESS_RESIDENT_BYTES).set(rss as f64);
+    }
+}
+
+/// The process's resident set size (`VmRSS` of `/proc/self/status`), `None` where there is no procfs.
+fn resident_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let kib = status.lines().find_map(|l| l.strip_prefix("VmRSS:"))?;
+    let kib: u64 = kib.trim().trim_end_matches("kB").trim().parse().ok()?;
+    Some(kib * 1024)
 }
 
 /// Deletes rows untouched for their table's TTL ([`Engine::expire`] at Unix time `now_secs`), recording

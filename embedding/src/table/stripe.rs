@@ -225,7 +225,18 @@ impl Stripe {
             + self.arena.allocated_bytes()
             + self.dirty.capacity() * 8
             + self.refs.capacity() * 8
+            + hash_set_bytes(self.absent.capacity(), 8)
+            + hash_set_bytes(self.pins.capacity(), 12)
     }
+}
+
+/// Heap bytes of a hashbrown table with room for `capacity` entries of `entry` bytes: buckets are the next
+/// power of two of `capacity x 8 / 7`, each with its entry and a control byte.
+fn hash_set_bytes(capacity: usize, entry: usize) -> usize {
+    if capacity == 0 {
+        return 0;
+    }
+    (capacity * 8 / 7).next_power_of_two() * (entry + 1)
 }
 
 impl Table {
