@@ -77,6 +77,8 @@ mod prop_budget_test;
 mod prop_test;
 #[cfg(test)]
 mod store_conformance;
+#[cfg(test)]
+mod tier_race_test;
 
 pub use batch::DirtyBatch;
 pub use config::{
