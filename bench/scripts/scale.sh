@@ -20,7 +20,9 @@
 # Usage: bench/scripts/scale.sh [OUT]
 #   env: ROWS (training rows, 150000000), TEST_ROWS (200000), VOCAB_SCALE (40), SCALED_ZIPF (0.8),
 #        SERVERS (2), BUDGET (rows per table per server kept in memory, 5000000), BATCH (4096),
-#        DISK_NEEDED_GB (40), R (binaries; default $CARGO_TARGET_DIR/release, else target/release)
+#        DISK_NEEDED_GB (40), R (binaries; default $CARGO_TARGET_DIR/release, else target/release),
+#        MAX_SECONDS (unset: stop feeding rows after that many seconds; the trainer then ends its pass over the
+#        rows it read, evaluates and writes its summary, and rows= reports the rows trained)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${1:-$(mktemp -d /var/tmp/scale.XXXXXX)}
@@ -76,6 +78,10 @@ while kill -0 "$trainer_pid" 2>/dev/null; do
     r=$(awk '/VmHWM/ {print $2}' "/proc/$tp/status" 2>/dev/null || echo 0)
     [ "${r:-0}" -gt "$rss_trainer" ] && rss_trainer=$r
   fi
+  if [ -n "${MAX_SECONDS:-}" ] && [ "$tick" -eq "$MAX_SECONDS" ]; then
+    echo "MAX_SECONDS=$MAX_SECONDS reached: no more rows" >&2
+    pkill -P $$ -x gen-criteo || true
+  fi
   if [ $((tick % 5)) -eq 0 ]; then
     for i in "${!metrics[@]}"; do
       curl -sf "http://${metrics[$i]}/metrics" | awk -v t="$tick" -v s="$i" '
@@ -124,7 +130,7 @@ open(f"{out}/plan.txt", "w").write(plan)
 m = re.search(r"predicted resident memory per server: ([\d.]+) (\w+)", plan)
 unit = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
 pred = float(m.group(1)) * unit[m.group(2)] if m else float("nan")
-print(f"rows={rows} distinct_rows={distinct:.0f} in_memory_share={mem / distinct if distinct else 0:.3f} "
+print(f"rows={s['samples']} distinct_rows={distinct:.0f} in_memory_share={mem / distinct if distinct else 0:.3f} "
       f"wall_s={float(wall):.0f} samples_per_s={s['samples_per_sec']:.0f} auc={s['auc']:.4f} disk_bytes={disk} "
       f"rss_trainer={int(rss_t) * 1024} rss_server_max={int(rss_s) * 1024} plan_resident_per_server={pred:.0f} "
       f"rss_vs_plan={int(rss_s) * 1024 / pred:.3f}")

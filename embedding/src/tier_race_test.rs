@@ -1,7 +1,8 @@
 //! The capacity tier under concurrency: pushes, pulls, prefetches and evictions race on a table far over its
-//! budget, and no update is lost and no pull goes back in time. The store reads run with the table's gate
-//! released (`table/budget.rs`, "The gate"); this is where a stale copy inserted after a newer one was
-//! evicted, a row recreated from the initializer, or a wrong "no stored row" record would show.
+//! budget, and no update is lost and no pull goes back in time (`table/budget.rs`: the gate, one read per
+//! row, the negative cache). A stale copy inserted after a newer one was evicted, a row recreated from the
+//! initializer, a wrong "no stored row" record, or a pull answered from the initializer would show here (the
+//! last one did: a pull whose read-back found its row already read back by another caller skipped the copy).
 //!
 //! SGD with learning rate 1 and gradient 1 from weights 0 makes every row's weight minus the number of pushes
 //! it received, exactly in f32; weights only decrease, so one thread's successive pulls of a row never

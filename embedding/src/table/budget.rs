@@ -15,18 +15,8 @@
 //!    since phase 1 is dirty again and stays). A clean row always has its current copy in the store, so no row
 //!    is lost.
 //!
-//! # The gate
-//! Calls that may read rows back (pull, push, prefetch) hold the gate's read lock from their miss to their
-//! last use of the rows; the removal of evicted rows takes its write lock. The store read itself (and the
-//! wait for another caller's read) runs with the gate released, so a removal waits only for short critical
-//! sections, never for a read from disk, and pulls never queue behind a removal that waits for a long
-//! prefetch (issue 17's pull p99). Released, the gate no longer orders the read against evictions; the
-//! loading set does: a row registered there is never removed by eviction ([`Table::remove_evicted`]), so a
-//! copy read from the store can never be inserted after a newer copy was evicted during the read, and a
-//! "no stored row" answer is never recorded for a row that was created and evicted meanwhile. Registration
-//! and deregistration happen under the gate, so the removal sees a consistent set. Rows another caller read
-//! back could be evicted between that caller's deregistration and the waiter's return to the gate; the
-//! waiter reads those again itself.
+//! Read-back holds the gate's read lock from the miss to the insert, so a stale copy read from the store can
+//! never be inserted after a newer one was evicted in between.
 //!
 //! # One read per row
 //! Rows being read back are registered in the tier's `loading` set for the duration of the store read. A
@@ -39,8 +29,9 @@
 //! push would each ask the store for them in vain. A read-back that finds no stored row records the id in its
 //! stripe's `absent` set (under the stripe lock, only if the row is still not in memory), and later misses of
 //! it skip the store. Creating or inserting the row removes it. A row reaches the store only from memory
-//! (write-back, eviction), so an id in the set has no stored row; the loading set keeps an eviction from
-//! removing a row created meanwhile before the check ("The gate"). Each stripe's set is cleared when it reaches [`Tier::absent_cap`] (half the budget over all stripes), which bounds its
+//! (write-back, eviction), so an id in the set has no stored row; the gate's read lock, held from the miss
+//! to the record, keeps an eviction from removing a row created meanwhile before the check. Each stripe's
+//! set is cleared when it reaches [`Tier::absent_cap`] (half the budget over all stripes), which bounds its
 //! memory to a fraction of the rows'.
 //!
 //! # Pins
@@ -54,7 +45,7 @@ use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use parking_lot::{Condvar, Mutex, RwLock, RwLockReadGuard};
+use parking_lot::{Condvar, Mutex, RwLock};
 
 use super::expire::STAMP_UNKNOWN;
 use super::stripe::{group_by_stripe, hash, stripe_of};
@@ -71,8 +62,8 @@ pub(super) struct Tier {
     /// Some rows live only in the store: misses must look there before the initializer. False until the first
     /// eviction (or a recovery that stopped at the budget), so tables that never evicted skip the store.
     pub(super) spilled: AtomicBool,
-    /// Read by calls that may read rows back (released during their store reads); written by the removal of
-    /// evicted rows ("The gate").
+    /// Read by calls that may read rows back (miss, store read, insert); written by the removal of evicted
+    /// rows. Without it a row read back from the store could be inserted after a newer copy was evicted again.
     pub(super) gate: RwLock<()>,
     /// Rows read back from the store, ever.
     pub(super) read_back: AtomicU64,
@@ -199,95 +190,56 @@ impl Table {
 
     /// Reads the rows of `ids[i]` for `i` in `misses` from the store (one batched read) and inserts those found
     /// and still absent, clean, with their reference bit set; rows another caller is reading back are waited
-    /// for, not read again ("One read per row"). The caller holds the gate's read lock `gate`, which this
-    /// releases during the store read and the wait ("The gate") and holds again on return.
+    /// for, not read again ("One read per row"). The caller holds the gate's read lock.
     pub(super) fn read_back(
         &self,
-        gate: &mut RwLockReadGuard<'_, ()>,
         ids: &[u64],
         misses: &[usize],
     ) -> Result<ReadBack, EmbeddingError> {
         let Some(tier) = &self.tier else {
             return Ok(ReadBack::default());
         };
-        let mut all: Vec<u64> = misses.iter().map(|&i| ids[i]).collect();
-        all.sort_unstable();
-        all.dedup();
-        let mut wanted = all.clone();
-        let mut result = ReadBack::default();
-        let mut first = true;
-        loop {
-            let mut theirs = Vec::new();
-            let mut mine = Loading {
-                tier,
-                ids: Vec::with_capacity(wanted.len()),
-            };
-            {
-                let mut loading = tier.loading.lock();
-                for &id in &wanted {
-                    if loading.insert(id) {
-                        mine.ids.push(id);
-                    } else {
-                        theirs.push(id);
-                    }
+        let mut wanted: Vec<u64> = misses.iter().map(|&i| ids[i]).collect();
+        wanted.sort_unstable();
+        wanted.dedup();
+        let mut theirs = Vec::new();
+        let mut mine = Loading {
+            tier,
+            ids: Vec::with_capacity(wanted.len()),
+        };
+        {
+            let mut loading = tier.loading.lock();
+            for id in wanted {
+                if loading.insert(id) {
+                    mine.ids.push(id);
+                } else {
+                    theirs.push(id);
                 }
-            }
-            if !mine.ids.is_empty() {
-                let (rows, found) =
-                    RwLockReadGuard::unlocked(gate, || self.read_rows(tier, &mine.ids))?;
-                result.inserted += self.insert_read(tier, &mine.ids, &rows, &found)?;
-            }
-            // Deregistered under the gate: eviction never sees these rows unprotected and still readable.
-            drop(mine);
-            if !theirs.is_empty() {
-                RwLockReadGuard::unlocked(gate, || {
-                    let mut loading = tier.loading.lock();
-                    tier.waiting.fetch_add(1, Ordering::Relaxed);
-                    while theirs.iter().any(|id| loading.contains(id)) {
-                        tier.loaded.wait(&mut loading);
-                    }
-                    tier.waiting.fetch_sub(1, Ordering::Relaxed);
-                });
-                if first {
-                    result.waited = theirs.len();
-                }
-            }
-            first = false;
-            // The gate was released (for the read or the wait): any row of the call not registered by this
-            // caller at that moment, inserted by it or by another caller, may have been evicted again. Those
-            // neither in memory nor known absent are read again; the caller returns only after a check with
-            // no release after it.
-            wanted = self.neither_resident_nor_absent(&all);
-            if wanted.is_empty() {
-                break;
             }
         }
-        Ok(result)
-    }
-
-    /// The ids of `ids` that are not in memory and not in the negative cache.
-    fn neither_resident_nor_absent(&self, ids: &[u64]) -> Vec<u64> {
-        let (order, bounds) = group_by_stripe(ids);
-        let mut out = Vec::new();
-        let _ = self.for_each_group(&order, &bounds, |_, stripe, group| {
-            for &k in group {
-                let id = ids[k];
-                if stripe.find(id, hash(id)).is_none() && !stripe.known_absent(id) {
-                    out.push(id);
-                }
+        let inserted = if mine.ids.is_empty() {
+            0
+        } else {
+            self.read_and_insert(tier, &mine.ids)?
+        };
+        drop(mine);
+        if !theirs.is_empty() {
+            let mut loading = tier.loading.lock();
+            tier.waiting.fetch_add(1, Ordering::Relaxed);
+            while theirs.iter().any(|id| loading.contains(id)) {
+                tier.loaded.wait(&mut loading);
             }
-            Ok(())
-        });
-        out
+            tier.waiting.fetch_sub(1, Ordering::Relaxed);
+        }
+        Ok(ReadBack {
+            inserted,
+            waited: theirs.len(),
+        })
     }
 
-    /// The store read of [`Table::read_back`] for distinct `wanted` ids: their rows (`wanted.len() x
-    /// row_len`) and which were found.
-    fn read_rows(
-        &self,
-        tier: &Tier,
-        wanted: &[u64],
-    ) -> Result<(Vec<f32>, Vec<bool>), EmbeddingError> {
+    /// The store read and the insert of [`Table::read_back`] for distinct `wanted` ids; returns the rows
+    /// inserted.
+    fn read_and_insert(&self, tier: &Tier, wanted: &[u64]) -> Result<usize, EmbeddingError> {
         let table = self.cfg.id;
         let row_len = self.row_len;
         let mut rows = vec![0f32; wanted.len() * row_len];
@@ -307,20 +259,6 @@ impl Table {
             }
             Ok(())
         })?;
-        Ok((rows, found))
-    }
-
-    /// The insert of [`Table::read_back`], under the gate: inserts the rows of `wanted` that were `found` and
-    /// are still not in memory; records the others, still not in memory, in the negative cache. Returns the
-    /// rows inserted.
-    fn insert_read(
-        &self,
-        tier: &Tier,
-        wanted: &[u64],
-        rows: &[f32],
-        found: &[bool],
-    ) -> Result<usize, EmbeddingError> {
-        let row_len = self.row_len;
         let (order, bounds) = group_by_stripe(wanted);
         let mut inserted = 0;
         let cap = tier.absent_cap();
@@ -470,18 +408,6 @@ impl Table {
             return 0;
         };
         let _gate = tier.gate.write();
-        // A victim some caller is reading back right now stays: that caller's store read may predate the
-        // eviction's write, and it must find the row in memory when it inserts ("The gate"). Registrations
-        // take the gate's read lock, so none starts before this write lock is released.
-        let victims: Vec<u64> = {
-            let loading = tier.loading.lock();
-            victims
-                .iter()
-                .copied()
-                .filter(|id| !loading.contains(id))
-                .collect()
-        };
-        let victims = &victims[..];
         let mut removed = 0;
         let (order, bounds) = group_by_stripe(victims);
         for (s, p) in self.stripes.iter().enumerate() {

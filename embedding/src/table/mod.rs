@@ -285,7 +285,7 @@ impl Table {
         width: usize,
     ) -> Result<GatherStats, EmbeddingError> {
         let dim = width;
-        let mut gate = self.tier.as_ref().map(|t| t.gate.read());
+        let _gate = self.tier.as_ref().map(|t| t.gate.read());
         let clock = self.tier.is_some();
         let (order, bounds) = group_by_stripe(ids);
         // Misses, and the misses that may have a stored row (not in the negative cache).
@@ -311,11 +311,8 @@ impl Table {
         if clock {
             stats.rows_resident = ids.len() - misses.len();
         }
-        if let Some(gate) = gate
-            .as_mut()
-            .filter(|_| !to_read.is_empty() && self.spilled())
-        {
-            let read = self.read_back(gate, ids, &to_read)?;
+        if !to_read.is_empty() && self.spilled() {
+            let read = self.read_back(ids, &to_read)?;
             stats.rows_read_back = read.inserted;
             stats.rows_waited = read.waited;
             // Also when this call inserted nothing: another caller may have read a row back between this
@@ -370,29 +367,24 @@ impl Table {
         self.advance_clock(now);
         let stamp = stamp_of(now);
         let dim = self.cfg.dim;
-        let mut gate = self.tier.as_ref().map(|t| t.gate.read());
+        let _gate = self.tier.as_ref().map(|t| t.gate.read());
         let clock = self.tier.is_some();
         let (order, bounds) = group_by_stripe(ids);
         let mut stats = ApplyStats::default();
-        if let Some(gate) = gate.as_mut().filter(|_| self.spilled()) {
-            // Rows evicted to the store are read back before their update, not recreated. The read releases
-            // the gate, so rows resident at the first look may have been evicted meanwhile: look again until
-            // every row is in memory or known to have no stored row, then update without releasing it.
-            loop {
-                let mut misses = Vec::new();
-                self.for_each_group(&order, &bounds, |_, stripe, group| {
-                    misses.extend(group.iter().filter(|&&i| {
-                        let id = ids[i];
-                        stripe.find(id, hash(id)).is_none() && !stripe.known_absent(id)
-                    }));
-                    Ok(())
-                })?;
-                if misses.is_empty() {
-                    break;
-                }
-                let read = self.read_back(gate, ids, &misses)?;
-                stats.rows_read_back += read.inserted;
-                stats.rows_waited += read.waited;
+        if self.spilled() {
+            // Rows evicted to the store are read back before their update, not recreated.
+            let mut misses = Vec::new();
+            self.for_each_group(&order, &bounds, |_, stripe, group| {
+                misses.extend(group.iter().filter(|&&i| {
+                    let id = ids[i];
+                    stripe.find(id, hash(id)).is_none() && !stripe.known_absent(id)
+                }));
+                Ok(())
+            })?;
+            if !misses.is_empty() {
+                let read = self.read_back(ids, &misses)?;
+                stats.rows_read_back = read.inserted;
+                stats.rows_waited = read.waited;
             }
         }
         self.for_each_group(&order, &bounds, |s, stripe, group| {

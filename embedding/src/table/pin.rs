@@ -111,7 +111,7 @@ impl Table {
         uniq.sort_unstable();
         uniq.dedup();
         let limit = tier.pin_limit();
-        let mut gate = tier.gate.read();
+        let _gate = tier.gate.read();
         let (order, bounds) = group_by_stripe(&uniq);
         let (mut to_read, mut known_absent) = (Vec::new(), 0);
         self.for_each_group(&order, &bounds, |_, stripe, group| {
@@ -129,7 +129,7 @@ impl Table {
             stats.absent += to_read.len();
             return Ok(stats);
         }
-        let read = self.read_back(&mut gate, &uniq, &to_read)?;
+        let read = self.read_back(&uniq, &to_read)?;
         stats.read_back = read.inserted;
         stats.waited = read.waited;
         // Pin the rows this prefetch brought in (or waited for): the ones eviction would find coldest.
