@@ -20,8 +20,8 @@ use thiserror::Error;
 /// Share of a server's memory given to rows.
 pub const ROW_MEMORY_FRACTION: f64 = 0.8;
 
-/// Resident memory of an idle `ps-server` with no table (runtime, TLS, metrics): 21.6 MiB measured
-/// (BENCHMARKS.md, "Ninth round"), rounded up.
+/// Resident memory of an idle `ps-server` with no table (runtime, TLS, metrics): 21.6 MiB measured with glibc
+/// (BENCHMARKS.md, "Ninth round"), 23.7 MiB with jemalloc ("Tenth round"), rounded up.
 pub const PROCESS_BASE_BYTES: u64 = 24 << 20;
 
 /// Bytes per id of a table's negative cache (`embedding` table/budget.rs: a `HashSet<u64>` at most half full
