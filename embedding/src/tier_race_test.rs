@@ -13,25 +13,24 @@ use std::sync::Arc;
 
 use crate::config::{InitConfig, OptimizerConfig, TableConfig};
 use crate::engine::Engine;
+use crate::init::SplitMix64;
 use crate::mem_store::MemStore;
 
 const IDS: u64 = 600;
 const BUDGET: u64 = 40;
 
-/// A small xorshift generator (deterministic per thread).
-struct Rng(u64);
+/// `n` ids, distinct or not, in `0..IDS`.
+fn draw_ids(rng: &mut SplitMix64, n: usize) -> Vec<u64> {
+    (0..n).map(|_| rng.below(IDS)).collect()
+}
 
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
+/// Sets its counter to `u64::MAX` when its thread ends, also by a panic, so the pushers (which run until the
+/// other threads did enough rounds) stop instead of waiting forever for a thread that failed.
+struct Finished(Arc<AtomicU64>);
 
-    /// `n` ids, distinct or not, in `0..IDS`.
-    fn ids(&mut self, n: usize) -> Vec<u64> {
-        (0..n).map(|_| self.next() % IDS).collect()
+impl Drop for Finished {
+    fn drop(&mut self) {
+        self.0.store(u64::MAX, Ordering::Relaxed);
     }
 }
 
@@ -58,7 +57,7 @@ fn racing_pushes_pulls_prefetches_and_evictions_lose_nothing() {
         .map(|t| {
             let (engine, pulls, evictions) = (engine.clone(), pulls.clone(), evictions.clone());
             std::thread::spawn(move || {
-                let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ (t + 1));
+                let mut rng = SplitMix64::new(t + 1);
                 let mut counts = vec![0u32; IDS as usize];
                 let mut done = 0;
                 while done < PUSHES
@@ -66,7 +65,7 @@ fn racing_pushes_pulls_prefetches_and_evictions_lose_nothing() {
                     || evictions.load(Ordering::Relaxed) < ROUNDS
                 {
                     done += 1;
-                    let ids = rng.ids(8);
+                    let ids = draw_ids(&mut rng, 8);
                     engine.apply(1, &ids, &vec![1.0; ids.len() * 2]).unwrap();
                     for &id in &ids {
                         counts[id as usize] += 1;
@@ -79,11 +78,12 @@ fn racing_pushes_pulls_prefetches_and_evictions_lose_nothing() {
     let puller = {
         let (engine, stop, pulls) = (engine.clone(), stop.clone(), pulls.clone());
         std::thread::spawn(move || {
-            let mut rng = Rng(77);
+            let _finished = Finished(pulls.clone());
+            let mut rng = SplitMix64::new(77);
             let mut seen = vec![f32::INFINITY; IDS as usize];
             let mut lease = 0;
             while !stop.load(Ordering::Relaxed) {
-                let ids = rng.ids(16);
+                let ids = draw_ids(&mut rng, 16);
                 lease += 1;
                 engine
                     .prefetch(3, lease, lease, &[(1, &ids)], 0, 60)
@@ -110,6 +110,7 @@ fn racing_pushes_pulls_prefetches_and_evictions_lose_nothing() {
     let evictor = {
         let (engine, stop, evictions) = (engine.clone(), stop.clone(), evictions.clone());
         std::thread::spawn(move || {
+            let _finished = Finished(evictions.clone());
             while !stop.load(Ordering::Relaxed) {
                 engine.enforce_budget().unwrap();
                 engine.expire_leases(u64::MAX);

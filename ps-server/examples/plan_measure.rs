@@ -11,12 +11,7 @@ use embedding::{Engine, RocksStore, TableConfig};
 use ps_server::plan::{plan, PlanInput, PlanOptimizer};
 
 fn rss_bytes() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .map_or(0, |kb| kb * 1024)
+    ps_server::writeback::resident_bytes().unwrap_or(0)
 }
 
 /// Bytes of every file under `dir` (what `du -sb` reports, without directory entries).

@@ -139,7 +139,7 @@ pub fn update_gauges(engine: &Engine) {
 }
 
 /// The process's resident set size (`VmRSS` of `/proc/self/status`), `None` where there is no procfs.
-fn resident_bytes() -> Option<u64> {
+pub fn resident_bytes() -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
     let kib = status.lines().find_map(|l| l.strip_prefix("VmRSS:"))?;
     let kib: u64 = kib.trim().trim_end_matches("kB").trim().parse().ok()?;
