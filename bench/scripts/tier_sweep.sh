@@ -29,7 +29,9 @@
 # Usage: bench/scripts/tier_sweep.sh [OUT_DIR]
 #   env: V (500000), FACTORS ("1 2 4 8"), DISTS ("uniform zipf"), PREFETCH (P, default 4; runs use 0 and P),
 #        SECONDS_RUN (10), WARMUP (2), ZIPF_S (1.1), POOL_BATCHES (1000), SERVER_CPU, CLIENT_CPU,
-#        SERVER_ARGS (extra ps-server flags), R (binaries; default $CARGO_TARGET_DIR/release, else target/release)
+#        SERVER_ARGS (extra ps-server flags), CONCURRENCY (batches in flight, 4), RATE_ARGS (extra ps-bench
+#        flags of the measured run, e.g. "--rate 15" for an open loop at 15 batches/s: p99 at a fixed offered
+#        load), R (binaries; default $CARGO_TARGET_DIR/release, else target/release)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${1:-$(mktemp -d /var/tmp/tier-sweep.XXXXXX)}
@@ -95,9 +97,11 @@ for factor in $FACTORS; do
     for prefetch in 0 "$P"; do
       name=f$factor-$dist-p$prefetch
       start_server "$budget"
-      load=(--ps "$ADDR" --tls-dir "$TLS" --tables 4 --dim 16 --optimizer row-adagrad --codec f16 --concurrency 4
+      load=(--ps "$ADDR" --tls-dir "$TLS" --tables 4 --dim 16 --optimizer row-adagrad --codec f16 --concurrency "${CONCURRENCY:-4}"
             --mix both --distribution "$dist" --zipf-s "$ZIPF_S" --vocab "$V" --pool-batches "$POOL"
             --prefetch-distance "$prefetch" --quiet)
+      # Extra flags of the measured run only (e.g. RATE_ARGS="--rate 15": open loop at a fixed offered load).
+      measured=(${RATE_ARGS:-})
       "${PIN_C[@]}" "$R/ps-bench" "${load[@]}" --populate-rows "$V" --warmup-seconds 0 --seconds "$WARMUP" \
         --seed 2 >/dev/null 2>"$OUT/$name.warmup.log" || { cat "$OUT/$name.warmup.log" >&2; exit 1; }
       if [ "$budget" -gt 0 ]; then
@@ -110,7 +114,7 @@ for factor in $FACTORS; do
       fi
       scrape "$OUT/$name.before.prom"
       "${PIN_C[@]}" "$R/ps-bench" "${load[@]}" --warmup-seconds 0 --seconds "$SECONDS_RUN" --seed 1 \
-        --json "$OUT/$name.json" >/dev/null 2>"$OUT/$name.log" || { cat "$OUT/$name.log" >&2; exit 1; }
+        "${measured[@]}" --json "$OUT/$name.json" >/dev/null 2>"$OUT/$name.log" || { cat "$OUT/$name.log" >&2; exit 1; }
       scrape "$OUT/$name.after.prom"
       stop_server
       python3 - "$OUT/$name" "$factor" "$dist" "$prefetch" "$SECONDS_RUN" <<'PY'

@@ -146,3 +146,46 @@ fn in_process_refuses_prefetch() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--prefetch-distance needs servers"), "{err}");
 }
+
+#[test]
+fn open_loop_never_starts_more_batches_than_its_schedule() {
+    let exe = Path::new(env!("CARGO_BIN_EXE_ps-bench"));
+    if !exe.with_file_name("ps-server").is_file() {
+        eprintln!("skipped: ps-server is missing (build it, e.g. `cargo build -p ps-server`)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("open.json");
+    // 10 batches/s over 2 measured seconds: batches scheduled in the window are at most 21, whatever the
+    // machine's speed (a closed loop of such small batches completes hundreds per second).
+    let mut args = vec!["--local-cluster", "1", "--rate", "10"];
+    args.extend_from_slice(SMALL);
+    let v = run_json(&args, &json);
+    check_keys(&v, "quic");
+    assert_eq!(v["config"]["rate"], 10.0);
+    let batches = v["batches"].as_u64().unwrap();
+    assert!((1..=21).contains(&batches), "{batches} batches in {v}");
+}
+
+#[test]
+fn bad_rates_are_refused() {
+    for (args, want) in [
+        (
+            &["--local-cluster", "1", "--rate=-1"][..],
+            "--rate must be >= 0",
+        ),
+        (&["--local-cluster", "1", "--rate", "NaN"][..], "got NaN"),
+        (
+            &["--in-process", "--rate", "5"][..],
+            "--rate (open loop) needs servers",
+        ),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_ps-bench"))
+            .args(args)
+            .output()
+            .expect("run ps-bench");
+        assert!(!out.status.success(), "{args:?} succeeded");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(want), "{args:?}: {err}");
+    }
+}

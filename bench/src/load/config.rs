@@ -128,6 +128,13 @@ pub struct LoadArgs {
     /// only.
     #[arg(long, default_value_t = 0)]
     pub prefetch_distance: u64,
+    /// Open loop: start batches on a fixed schedule of R batches per second over all workers (batch `i` of
+    /// the run at `i / R` seconds, worker `w` taking `w, w + C, ...`) instead of as soon as the previous one
+    /// finished, and measure each pull from its batch's scheduled start, so time spent behind schedule counts
+    /// (no coordinated omission). Latency at a fixed offered load, below the closed loop's maximum. 0 = closed
+    /// loop. Network targets only.
+    #[arg(long, default_value_t = 0.0)]
+    pub rate: f64,
     /// Write the report as JSON here.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -197,6 +204,8 @@ pub struct LoadConfig {
     pub populate_rows: u64,
     /// Prefetch distance in batches (0 = no prefetch).
     pub prefetch_distance: u64,
+    /// Offered batches per second, open loop (0 = closed loop).
+    pub rate: f64,
     /// Progress line.
     #[serde(skip)]
     pub progress: bool,
@@ -267,6 +276,14 @@ impl LoadArgs {
                  MemStore, no capacity tier), so there is nothing to prefetch"
             );
         }
+        if !(self.rate >= 0.0 && self.rate.is_finite()) {
+            bail!("--rate must be >= 0 batches per second, got {}", self.rate);
+        }
+        if self.in_process && self.rate > 0.0 {
+            bail!(
+                "--rate (open loop) needs servers: the in-process driver runs a closed loop only"
+            );
+        }
         let (target, servers) = match &where_to {
             Target::Cluster { addrs, .. } => ("cluster", addrs.len()),
             Target::Local(n) => ("local-cluster", *n),
@@ -293,6 +310,7 @@ impl LoadArgs {
             populate: self.populate,
             populate_rows,
             prefetch_distance: self.prefetch_distance,
+            rate: self.rate,
             progress: !self.quiet,
             where_to,
         })

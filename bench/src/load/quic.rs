@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use protocol::wire::frame::encode_head;
@@ -275,8 +275,17 @@ async fn phase(
     Ok(out)
 }
 
+/// With `--rate R`, when worker `w`'s batch `j` (the run's batch `w + j * C`) is due: `start + (w + j * C) / R`.
+fn schedule(cfg: &LoadConfig, window: Window, w: usize, j: u64) -> Option<Instant> {
+    (cfg.rate > 0.0).then(|| {
+        let i = w as u64 + j * cfg.concurrency as u64;
+        window.start + Duration::from_secs_f64(i as f64 / cfg.rate)
+    })
+}
+
 /// Worker `w`: its batches are pool batches `w`, `w + C`, `w + 2C`, ... (`C` = `--concurrency`), each
-/// pulled and pushed in turn; with a prefetcher, batch `j + P` is prefetched before batch `j` is pulled.
+/// pulled and pushed in turn (open loop: each at its [`schedule`]d time); with a prefetcher, batch `j + P` is
+/// prefetched before batch `j` is pulled.
 #[allow(clippy::too_many_arguments)]
 async fn worker(
     w: usize,
@@ -292,6 +301,14 @@ async fn worker(
     let batch = |j: u64| &pool[(w + j as usize * cfg.concurrency) % pool.len()];
     let mut j = 0u64;
     while Instant::now() < window.end {
+        // Open loop: this batch's scheduled start; the pull's latency runs from it.
+        let scheduled = schedule(cfg, window, w, j);
+        if let Some(at) = scheduled {
+            if at >= window.end {
+                break;
+            }
+            tokio::time::sleep_until(at.into()).await;
+        }
         if let Some(p) = &mut prefetcher {
             // Batches run one after another: the `j` before this one have completed.
             p.ahead_of(j, j, |k| batch(k).iter().map(|p| &p.req))
@@ -305,6 +322,11 @@ async fn worker(
                 continue;
             }
             for (t0, t1, rows, wire) in phase(&client, cfg, reqs, push).await? {
+                // Behind schedule, the pull also waited for its turn: count that wait.
+                let t0 = match scheduled {
+                    Some(at) if !push => t0.min(at),
+                    _ => t0,
+                };
                 let counter = if push {
                     &progress.pushed
                 } else {

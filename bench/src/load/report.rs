@@ -135,6 +135,14 @@ impl Report {
     /// Human-readable summary.
     pub fn text(&self) -> String {
         let mut out = self.load_text();
+        if self.config.rate > 0.0 {
+            out += &format!(
+                "open loop: offered {offered:.1} batches/s, completed {done:.1} batches/s (pull latency from each \
+                 batch's scheduled start)\n",
+                offered = self.config.rate,
+                done = self.batches as f64 / self.seconds.max(1e-9),
+            );
+        }
         if self.config.prefetch_distance > 0 {
             let tiered = self.prefetch_resident + self.prefetch_read_back + self.prefetch_waited;
             out += &format!(
