@@ -507,6 +507,22 @@ impl<D: Dialer> PsClient<D> {
         }
     }
 
+    /// Sends this trainer's contribution `values` (f32 LE, [`wire::reduce::encode_values`]) to one step of a
+    /// reduce group on server `server`, and waits for the sum over the group ([`wire::reduce`]).
+    pub async fn reduce(
+        &self,
+        server: usize,
+        header: wire::reduce::ReduceHeader,
+        values: Bytes,
+    ) -> Result<(wire::reduce::ReducedHeader, Bytes), ProtocolError> {
+        let req = wire::reduce::request(header);
+        let (resp, payload) = self.call(server, &req, values).await?;
+        match resp {
+            Response::Reduced { header } => Ok((header, payload)),
+            other => Err(self.unexpected(server, &other, "Reduced")),
+        }
+    }
+
     /// Asks every server to write its dirty rows to storage; returns the rows written.
     pub async fn flush(&self) -> Result<u64, ProtocolError> {
         let mut total = 0;

@@ -109,6 +109,11 @@ impl Shard {
                 release_below,
                 tables,
             } => self.prefetch(epoch, (owner, lease, release_below), &tables, payload, now),
+            // A reduce waits for the other trainers: the server loop answers it ([`crate::server`]).
+            Request::Reduce { .. } => Err(refuse(
+                ErrorCode::Internal,
+                "a reduce is answered by the server loop, not by Shard::handle",
+            )),
         };
         result.unwrap_or_else(|r| {
             metrics::counter!(m::REQUEST_ERRORS_TOTAL, "code" => format!("{:?}", r.code))

@@ -20,6 +20,7 @@ fn spilled_shard(num_servers: u32) -> Shard {
         durability: Durability::Periodic,
         writes: Default::default(),
         pin_secs: 30,
+        reducer: Default::default(),
     };
     let r = s.handle(
         Request::RegisterTables {

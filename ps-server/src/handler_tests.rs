@@ -17,6 +17,7 @@ fn shard(num_servers: u32, index: u32) -> Shard {
         durability: Durability::Periodic,
         writes: Default::default(),
         pin_secs: crate::config::DEFAULT_PIN_SECS,
+        reducer: Default::default(),
     };
     let r = s.handle(
         Request::RegisterTables {
@@ -140,6 +141,7 @@ fn pushed_rows_are_stamped_with_the_time_passed_in() {
         durability: Durability::Periodic,
         writes: Default::default(),
         pin_secs: crate::config::DEFAULT_PIN_SECS,
+        reducer: Default::default(),
     };
     s.engine.set_table_policy(None, Some(10));
     let r = s.handle(
@@ -379,6 +381,7 @@ fn sync_push_is_stored_before_the_reply_and_a_store_error_is_a_storage_refusal()
         durability: Durability::Sync,
         writes: Default::default(),
         pin_secs: crate::config::DEFAULT_PIN_SECS,
+        reducer: Default::default(),
     };
     let r = s.handle(
         Request::RegisterTables {

@@ -31,6 +31,7 @@ pub mod handler;
 pub mod load_limits;
 pub mod metrics;
 pub mod plan;
+pub mod reduce;
 pub mod restore;
 pub mod server;
 pub mod shard;

@@ -147,6 +147,8 @@ pub fn response_bytes(req: &Request) -> usize {
                     .saturating_add(state.saturating_mul(4))
             })
             .unwrap_or(0),
+        // The sums, as many values as the contribution.
+        Request::Reduce { header } => header.len as usize * 4,
         _ => 0,
     }
 }

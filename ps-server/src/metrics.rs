@@ -51,6 +51,10 @@ pub const WRITEBACK_ERRORS_TOTAL: &str = "ps_writeback_errors_total";
 pub const SYNC_PUSH_WRITE_SECONDS: &str = "ps_sync_push_write_duration_seconds";
 /// Rows written by synced push writes (`durability = "sync"`).
 pub const SYNC_PUSH_ROWS_TOTAL: &str = "ps_sync_push_rows_total";
+/// Seconds a reduce contribution waited for the other trainers of its step (hybrid dense mode).
+pub const REDUCE_WAIT_SECONDS: &str = "ps_reduce_wait_seconds";
+/// Ranks missing from reduce steps finalized at their deadline.
+pub const REDUCE_MISSING_TOTAL: &str = "ps_reduce_missing_total";
 /// Open QUIC connections.
 pub const CONNECTIONS: &str = "ps_connections";
 /// Rows evicted from memory to RocksDB by the memory budget.
@@ -110,6 +114,15 @@ pub fn describe() {
 /// Requests and their bytes, rows pulled and pushed, open connections.
 fn describe_requests() {
     describe_counter!(REQUESTS_TOTAL, "Requests served, by kind.");
+    describe_histogram!(
+        REDUCE_WAIT_SECONDS,
+        Unit::Seconds,
+        "Seconds a reduce contribution waited for the other trainers of its step."
+    );
+    describe_counter!(
+        REDUCE_MISSING_TOTAL,
+        "Ranks missing from reduce steps finalized at their deadline."
+    );
     describe_counter!(REQUEST_ERRORS_TOTAL, "Error responses, by code.");
     describe_histogram!(
         REQUEST_SECONDS,

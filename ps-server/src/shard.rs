@@ -36,6 +36,8 @@ pub struct Shard {
     pub writes: WriteHealth,
     /// Seconds a prefetch's pins last at most ([`crate::config::TierConfig::pin_secs`]).
     pub pin_secs: u64,
+    /// Sums of the trainers' reduce contributions (hybrid dense mode, [`crate::reduce`]).
+    pub reducer: crate::reduce::Reducer,
 }
 
 impl Shard {

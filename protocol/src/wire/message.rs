@@ -15,6 +15,7 @@
 //! | [`Request::Checkpoint`] | none | [`Response::Checkpointed`] | none |
 //! | [`Request::PullWithState`] | ids of table 0, ... | [`Response::PulledWithState`] | rows of table 0, ..., then optimizer state of table 0, ... (f32 LE) |
 //! | [`Request::Prefetch`] | ids of table 0, ids of table 1, ... | [`Response::Prefetched`] | none |
+//! | [`Request::Reduce`] | f32 LE values | [`Response::Reduced`] | f32 LE sums |
 //!
 //! Any request may be answered by [`Response::Error`].
 
@@ -109,6 +110,12 @@ pub enum Request {
         /// Per-table counts, in payload order (may be empty: a pure release).
         tables: Vec<TableCount>,
     },
+    /// Add this trainer's slice of a vector to the other trainers' of the same step, and answer with the sum
+    /// once every rank contributed (the hybrid dense mode's all-reduce, [`crate::wire::reduce`]).
+    Reduce {
+        /// Who, which step, how many values.
+        header: crate::wire::reduce::ReduceHeader,
+    },
 }
 
 /// A response header.
@@ -180,6 +187,11 @@ pub enum Response {
         /// What the server did.
         stats: crate::wire::prefetch::PrefetchCounts,
     },
+    /// Answer to [`Request::Reduce`]: the sums follow in the payload.
+    Reduced {
+        /// Samples, contributors and missing ranks of the sum.
+        header: crate::wire::reduce::ReducedHeader,
+    },
 }
 
 impl Response {
@@ -195,6 +207,7 @@ impl Response {
             Response::Checkpointed { .. } => "Checkpointed",
             Response::PulledWithState { .. } => "PulledWithState",
             Response::Prefetched { .. } => "Prefetched",
+            Response::Reduced { .. } => "Reduced",
         }
     }
 }

@@ -9,6 +9,7 @@
 //! - [`pull_with_state`]: `PullWithState`, rows followed by their optimizer state.
 //! - [`push`]: `Push`, id sections followed by gradient rows.
 //! - [`prefetch`]: `Prefetch`, id sections of a batch ahead, pinned in the server's memory under a lease.
+//! - [`reduce`]: `Reduce`, a vector summed over the trainers of a job, step by step (hybrid dense mode).
 //! - [`dense`]: the dense table: a model's dense parameters as rows of one reserved table, pulled and pushed
 //!   with `Pull` and `Push`.
 
@@ -20,3 +21,4 @@ pub mod prefetch;
 pub mod pull;
 pub mod pull_with_state;
 pub mod push;
+pub mod reduce;

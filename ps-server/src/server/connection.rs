@@ -102,6 +102,7 @@ fn kind(req: &Request) -> &'static str {
         Request::Flush => "flush",
         Request::Checkpoint { .. } => "checkpoint",
         Request::Prefetch { .. } => "prefetch",
+        Request::Reduce { .. } => "reduce",
     }
 }
 
@@ -120,7 +121,7 @@ async fn serve_request(
         let _ = recv.stop(0u32.into());
     }
     let answer = match admit_response(frame, max_frame, admission, &mut admitted).await {
-        Ok(frame) => answer(shard, frame)?,
+        Ok(frame) => answer(shard, frame).await?,
         Err(refusal) => refusal,
     };
     stream::write_frame(&mut send, &answer.header, answer.payload.clone()).await?;
@@ -217,7 +218,7 @@ impl Answer {
 
 /// Answers one request, or the framing error that kept it from being read (a typed error reply). Errors that
 /// leave nothing to answer (the connection is gone) are returned.
-fn answer(
+async fn answer(
     shard: &Shard,
     frame: Result<(Request, Bytes), ProtocolError>,
 ) -> Result<Answer, ProtocolError> {
@@ -249,6 +250,15 @@ fn answer(
     // The handler reads no clock (STYLE.md, "Sans-IO cores"): the time of this request, read once.
     let now = super::unix_secs();
     let reply = match req {
+        // A reduce waits for the other trainers of its step, asynchronously.
+        Request::Reduce { header } => {
+            let (header, payload) = super::reduce::answer(shard, header, &payload).await;
+            return Ok(Answer {
+                header,
+                payload,
+                kind: Some(kind),
+            });
+        }
         // Flushes touch the disk: keep them off the async workers.
         Request::Flush => tokio::task::block_in_place(|| shard.handle(Request::Flush, &[], now)),
         // A checkpoint writes back, flushes memtables and fsyncs: off the async workers too.
@@ -318,7 +328,7 @@ async fn serve_tcp_connection(
                     return;
                 }
             };
-            let sent = answer(&shard, request).and_then(|a| {
+            let sent = answer(&shard, request).await.and_then(|a| {
                 reply.send(&a.header, a.payload.clone())?;
                 Ok(a)
             });

@@ -11,6 +11,7 @@
 
 mod connection;
 mod listen;
+mod reduce;
 mod tasks;
 
 use std::future::Future;
@@ -135,6 +136,7 @@ async fn open_shard(cfg: &ServerConfig) -> anyhow::Result<Arc<Shard>> {
         durability: cfg.durability,
         writes: Default::default(),
         pin_secs: cfg.tier.pin_secs,
+        reducer: Default::default(),
     }))
 }
 

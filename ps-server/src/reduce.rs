@@ -1,0 +1,260 @@
+//! The server's side of `Reduce` ([`protocol::wire::reduce`]): sums of the trainers' contributions, per
+//! reduce group and step, without sockets or clock (the caller passes `now` in and waits on the returned
+//! channel; [`crate::server`] does the waiting).
+//!
+//! A step is finalized when every rank the group waits for has contributed, or by [`Reducer::expire`] at its
+//! deadline with whoever arrived. Finalized steps are kept ([`KEEP_STEPS`] per group) so that a retried or
+//! late contribution gets the same answer; groups idle for [`IDLE_GROUP`] are dropped (a job restarted later
+//! starts afresh).
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use protocol::wire::reduce::{ReduceHeader, ReducedHeader};
+use tokio::sync::watch;
+
+/// Finalized steps kept per group, for retries and late contributions.
+pub const KEEP_STEPS: u64 = 64;
+/// A group with no contribution for this long is dropped.
+pub const IDLE_GROUP: Duration = Duration::from_secs(60);
+
+/// A finalized step: the sums and who is in them.
+#[derive(Debug)]
+pub struct Outcome {
+    /// Samples, contributors, missing ranks.
+    pub header: ReducedHeader,
+    /// The sums.
+    pub sum: Vec<f32>,
+}
+
+/// What a contribution gets back: the answer, or a channel that will carry it (and the step's deadline, at
+/// which the caller calls [`Reducer::expire`]).
+pub enum Contribution {
+    /// The step is finalized.
+    Ready(Arc<Outcome>),
+    /// Wait for the other ranks until `deadline`.
+    Wait {
+        /// Turns `Some` when the step is finalized.
+        rx: watch::Receiver<Option<Arc<Outcome>>>,
+        /// When to finalize without the missing ranks.
+        deadline: Instant,
+    },
+}
+
+/// A contribution refused; the message names the offending value.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum ReduceError {
+    /// The header's world differs from the group's (another job with the same group number?).
+    #[error("reduce group {group} has world {expected}, this contribution says {got} (another job with the same --reduce-group?)")]
+    World {
+        /// The group.
+        group: u64,
+        /// The group's world.
+        expected: u32,
+        /// The contribution's.
+        got: u32,
+    },
+    /// The step's vector has another length.
+    #[error("reduce group {group} step {step}: {got} values, the step's first contribution had {expected}")]
+    Length {
+        /// The group.
+        group: u64,
+        /// The step.
+        step: u64,
+        /// Values in the step.
+        expected: u32,
+        /// Values in this contribution.
+        got: u32,
+    },
+    /// The step was finalized and dropped long ago.
+    #[error("reduce group {group} step {step} is older than the oldest step kept ({oldest})")]
+    TooOld {
+        /// The group.
+        group: u64,
+        /// The step.
+        step: u64,
+        /// The oldest step kept.
+        oldest: u64,
+    },
+    /// A value is NaN or infinite.
+    #[error("reduce group {group} step {step} rank {rank}: value {index} is {value} (not finite)")]
+    NonFinite {
+        /// The group.
+        group: u64,
+        /// The step.
+        step: u64,
+        /// The sender.
+        rank: u32,
+        /// Index of the first bad value.
+        index: usize,
+        /// The value.
+        value: f32,
+    },
+}
+
+struct Step {
+    sum: Vec<f32>,
+    samples: u64,
+    contributed: BTreeSet<u32>,
+    all_done: bool,
+    deadline: Instant,
+    tx: watch::Sender<Option<Arc<Outcome>>>,
+}
+
+impl Step {
+    fn outcome(&self) -> Option<Arc<Outcome>> {
+        self.tx.borrow().clone()
+    }
+}
+
+struct Group {
+    world: u32,
+    /// Ranks missing at the last finalized step and silent since: not waited for.
+    absent: BTreeSet<u32>,
+    steps: BTreeMap<u64, Step>,
+    /// Steps below this were dropped.
+    oldest: u64,
+    last_seen: Instant,
+}
+
+/// Every reduce group of this server.
+#[derive(Default)]
+pub struct Reducer {
+    groups: Mutex<HashMap<u64, Group>>,
+}
+
+impl Reducer {
+    /// Adds `values` (already length-checked against `h.len`) as rank `h.rank`'s contribution to step
+    /// `h.step` of group `h.group` at time `now`.
+    pub fn contribute(
+        &self,
+        h: &ReduceHeader,
+        values: &[f32],
+        now: Instant,
+    ) -> Result<Contribution, ReduceError> {
+        if let Some((index, &value)) = values.iter().enumerate().find(|(_, v)| !v.is_finite()) {
+            return Err(ReduceError::NonFinite {
+                group: h.group,
+                step: h.step,
+                rank: h.rank,
+                index,
+                value,
+            });
+        }
+        let mut groups = self.groups.lock().unwrap_or_else(|p| p.into_inner());
+        groups.retain(|_, g| now.saturating_duration_since(g.last_seen) < IDLE_GROUP);
+        let g = groups.entry(h.group).or_insert_with(|| Group {
+            world: h.world,
+            absent: BTreeSet::new(),
+            steps: BTreeMap::new(),
+            oldest: 0,
+            last_seen: now,
+        });
+        if g.world != h.world {
+            return Err(ReduceError::World {
+                group: h.group,
+                expected: g.world,
+                got: h.world,
+            });
+        }
+        if h.step < g.oldest {
+            return Err(ReduceError::TooOld {
+                group: h.group,
+                step: h.step,
+                oldest: g.oldest,
+            });
+        }
+        g.last_seen = now;
+        // A rank heard from again is waited for at the steps after this one.
+        g.absent.remove(&h.rank);
+        let step = g.steps.entry(h.step).or_insert_with(|| Step {
+            sum: vec![0.0; values.len()],
+            samples: 0,
+            contributed: BTreeSet::new(),
+            all_done: true,
+            deadline: now + Duration::from_millis(h.timeout_ms as u64),
+            tx: watch::channel(None).0,
+        });
+        if step.sum.len() != values.len() {
+            return Err(ReduceError::Length {
+                group: h.group,
+                step: h.step,
+                expected: step.sum.len() as u32,
+                got: values.len() as u32,
+            });
+        }
+        if let Some(done) = step.outcome() {
+            return Ok(Contribution::Ready(done));
+        }
+        if step.contributed.insert(h.rank) {
+            for (s, v) in step.sum.iter_mut().zip(values) {
+                *s += v;
+            }
+            step.samples += h.samples;
+            step.all_done &= h.done;
+        }
+        let waited: BTreeSet<u32> = (0..g.world).filter(|r| !g.absent.contains(r)).collect();
+        if waited.is_subset(&step.contributed) {
+            let done = finalize(g, h.step);
+            return Ok(Contribution::Ready(done));
+        }
+        let step = &g.steps[&h.step];
+        Ok(Contribution::Wait {
+            rx: step.tx.subscribe(),
+            deadline: step.deadline,
+        })
+    }
+
+    /// Finalizes step `step` of `group` with whoever contributed if its deadline has passed at `now`;
+    /// returns its outcome once finalized (`None`: not yet, or the group or step is gone).
+    pub fn expire(&self, group: u64, step: u64, now: Instant) -> Option<Arc<Outcome>> {
+        let mut groups = self.groups.lock().unwrap_or_else(|p| p.into_inner());
+        let g = groups.get_mut(&group)?;
+        let s = g.steps.get(&step)?;
+        if let Some(done) = s.outcome() {
+            return Some(done);
+        }
+        if now < s.deadline {
+            return None;
+        }
+        Some(finalize(g, step))
+    }
+
+    /// Groups held (for tests and metrics).
+    pub fn groups(&self) -> usize {
+        self.groups.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+}
+
+/// Finalizes `step` of `g` with its contributors: records its missing ranks as absent, wakes the waiters and
+/// drops steps older than [`KEEP_STEPS`] before it.
+fn finalize(g: &mut Group, step: u64) -> Arc<Outcome> {
+    let s = g.steps.get_mut(&step).expect("finalize a step that exists");
+    let missing: Vec<u32> = (0..g.world)
+        .filter(|r| !s.contributed.contains(r))
+        .collect();
+    let done = Arc::new(Outcome {
+        header: ReducedHeader {
+            samples: s.samples,
+            contributors: s.contributed.len() as u32,
+            missing: missing.clone(),
+            all_done: s.all_done,
+        },
+        sum: std::mem::take(&mut s.sum),
+    });
+    // Keep the length for the check of late contributions.
+    s.sum = vec![0.0; done.sum.len()];
+    s.tx.send_replace(Some(done.clone()));
+    if !missing.is_empty() {
+        metrics::counter!(crate::metrics::REDUCE_MISSING_TOTAL).increment(missing.len() as u64);
+    }
+    g.absent = missing.into_iter().collect();
+    let oldest = step.saturating_sub(KEEP_STEPS);
+    g.oldest = g.oldest.max(oldest);
+    g.steps = g.steps.split_off(&g.oldest);
+    done
+}
+
+#[cfg(test)]
+mod tests;
