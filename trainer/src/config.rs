@@ -251,6 +251,46 @@ pub struct ModelArgs {
     /// (top-k sparsification with error feedback). 1 sends every row.
     #[arg(long, default_value_t = 1.0)]
     pub dense_push_fraction: f32,
+    /// With several trainers: `hybrid` sums every trainer's dense gradients each step through the servers
+    /// before any trainer applies them (synchronous dense, identical dense replicas; embeddings stay
+    /// asynchronous under `--max-in-flight`), `async` keeps the dense parameters on the servers, each trainer
+    /// pushing its own updates (trainer/src/step/dense_sync.rs). One trainer ignores it.
+    #[arg(long, value_enum, default_value_t = DenseMode::Hybrid)]
+    pub dense_mode: DenseMode,
+    /// Hybrid mode: seconds a step's dense reduce waits for the other trainers before it goes on without the
+    /// missing ones (then `--on-missing-trainer` decides). At most 25.
+    #[arg(long, default_value_t = 20.0)]
+    pub reduce_timeout_secs: f64,
+    /// Hybrid mode: what a trainer does when a step's reduce was finalized without some trainer: `fail`
+    /// (stop the job, naming the missing ranks) or `continue` (go on with the others' gradients; the missing
+    /// trainer is not waited for again until it comes back).
+    #[arg(long, value_enum, default_value_t = OnMissing::Fail)]
+    pub on_missing_trainer: OnMissing,
+    /// Hybrid mode: the job's reduce group, the same for every trainer of the job and different for another
+    /// job on the same servers (default: derived from `--seed`, the world size and the batch size; `trainer
+    /// demo` draws one per run).
+    #[arg(long)]
+    pub reduce_group: Option<u64>,
+}
+
+/// How several trainers combine their dense updates (`--dense-mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DenseMode {
+    /// Dense gradients summed over the trainers every step (all-reduce through the servers).
+    Hybrid,
+    /// Each trainer pushes its own dense updates to the servers, asynchronously.
+    Async,
+}
+
+/// What a hybrid trainer does when a reduce step misses trainers (`--on-missing-trainer`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnMissing {
+    /// Stop with an error naming the missing ranks.
+    Fail,
+    /// Go on with the trainers that contributed.
+    Continue,
 }
 
 impl ModelArgs {
@@ -385,6 +425,13 @@ impl ModelArgs {
             "dense-push-fraction",
             f,
             "a number in (0, 1]",
+        )?;
+        let t = self.reduce_timeout_secs;
+        check(
+            t.is_finite() && t >= 0.001 && t <= 25.0,
+            "reduce-timeout-secs",
+            t,
+            "a number of seconds in [0.001, 25]",
         )?;
         let age = self.residual_max_age;
         check(age > 0, "residual-max-age", age, "at least 1")?;

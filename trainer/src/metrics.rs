@@ -7,6 +7,10 @@ use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
 
 /// Training samples processed.
 pub const SAMPLES_TOTAL: &str = "trainer_samples_total";
+/// Seconds per step spent in the hybrid mode's dense reduce (waiting for the other trainers included).
+pub const REDUCE_SECONDS: &str = "trainer_dense_reduce_duration_seconds";
+/// Trainer ranks missing from hybrid dense reduce steps (finalized without them).
+pub const REDUCE_MISSING_TOTAL: &str = "trainer_dense_reduce_missing_total";
 /// Training batches processed.
 pub const BATCHES_TOTAL: &str = "trainer_batches_total";
 /// Training throughput over the last progress interval.
@@ -84,6 +88,15 @@ pub const LATENCY_BUCKETS: &[f64] = &[
 /// made before goes to the no-op recorder and is lost (no `# HELP` lines; `promtool check metrics` refuses).
 pub fn describe() {
     describe_counter!(SAMPLES_TOTAL, "Training samples processed.");
+    describe_histogram!(
+        REDUCE_SECONDS,
+        Unit::Seconds,
+        "Seconds per step in the hybrid mode's dense reduce."
+    );
+    describe_counter!(
+        REDUCE_MISSING_TOTAL,
+        "Trainer ranks missing from hybrid dense reduce steps."
+    );
     describe_counter!(BATCHES_TOTAL, "Training batches processed.");
     describe_gauge!(
         SAMPLES_PER_SECOND,

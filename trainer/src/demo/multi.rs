@@ -33,7 +33,7 @@ pub fn run(
     let n = args.trainers;
     let exe = std::env::current_exe().context("locate the running binary")?;
     let model_toml = run_dir.join("model.toml");
-    let text = toml::to_string(&args.model).context("write the model config")?;
+    let text = toml::to_string(&trainer_model(args)).context("write the model config")?;
     std::fs::write(&model_toml, text).with_context(|| format!("write {}", model_toml.display()))?;
     let mut children = Children(Vec::new());
     for rank in 0..n {
@@ -60,6 +60,27 @@ pub fn run(
         c.samples, c.seconds, c.samples_per_sec
     );
     Ok(c)
+}
+
+/// The model config of every trainer: in the hybrid dense mode, `--batch-size` is the global batch, each of the
+/// N trainers taking `batch / N` (rounded up) so that N trainers take the steps of one at that batch
+/// (step::dense_reduce), and the run gets a reduce group of its own.
+fn trainer_model(args: &DemoArgs) -> crate::config::ModelArgs {
+    let mut model = args.model.clone();
+    let n = args.trainers.max(1);
+    if model.dense_mode == crate::config::DenseMode::Hybrid && n > 1 {
+        model.batch_size = model.batch_size.div_ceil(n);
+        let drawn = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64)
+            ^ ((std::process::id() as u64) << 32);
+        model.reduce_group.get_or_insert(drawn);
+        eprintln!(
+            "  hybrid dense mode: global batch {}, {} per trainer",
+            args.model.batch_size, model.batch_size
+        );
+    }
+    model
 }
 
 /// The command line of trainer `rank` of the demo's `args.trainers`.

@@ -329,6 +329,21 @@ impl Dlrm {
             .collect()
     }
 
+    /// Replaces the gradients of the last backward pass by `flat`, the concatenation of every tensor's
+    /// gradient in [`grads`](Self::grads) order (gradients combined over several trainers), for
+    /// [`apply_gradients`](Self::apply_gradients).
+    pub fn set_grads(&mut self, flat: &[f32]) -> Result<(), ModelError> {
+        check_len("dense gradients", flat.len(), self.num_params())?;
+        let mut at = 0;
+        for layer in layers_mut(&mut self.bottom, &mut self.top) {
+            for (_, grad) in layer.params_and_grads_mut() {
+                grad.copy_from_slice(&flat[at..at + grad.len()]);
+                at += grad.len();
+            }
+        }
+        Ok(())
+    }
+
     /// The dense optimizer's state (for checkpoints).
     pub fn optimizer_state(&self) -> &OptimizerState {
         &self.opt

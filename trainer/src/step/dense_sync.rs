@@ -234,6 +234,43 @@ impl DenseSync {
         Ok(())
     }
 
+    /// The hybrid mode's publication of the dense parameters (one trainer's, identical on every trainer) to the
+    /// servers, for evaluation and serving from the servers: from the servers' current sums (`replies` of
+    /// [`pull_requests`](Self::pull_requests)), the push requests that make them `model`'s parameters minus
+    /// the initial ones.
+    pub fn publish(
+        &mut self,
+        replies: &[(usize, Bytes)],
+        model: &Dlrm,
+    ) -> Result<Vec<(usize, Vec<TableCount>, Bytes)>, DenseSyncError> {
+        self.pending.clear();
+        for (server, bytes) in replies {
+            let Some(s) = self.servers.iter().find(|s| s.server == *server) else {
+                continue;
+            };
+            dense::decode_rows(bytes, s.rows.len() + 1, &mut self.decoded).map_err(|source| {
+                DenseSyncError::Reply {
+                    server: *server,
+                    source,
+                }
+            })?;
+            for (k, &row) in s.rows.iter().enumerate() {
+                let at = row as usize * DENSE_ROW_DIM;
+                let src = &self.decoded[k * DENSE_ROW_DIM..(k + 1) * DENSE_ROW_DIM];
+                for (i, (d, v)) in self.flat[at..at + DENSE_ROW_DIM]
+                    .iter_mut()
+                    .zip(src)
+                    .enumerate()
+                {
+                    *d = v + self.initial.get(at + i).copied().unwrap_or(0.0);
+                }
+            }
+        }
+        let requests = self.push_step(model);
+        self.pending.clear();
+        Ok(requests)
+    }
+
     /// Records the local optimizer step `model` just took (from the parameters [`apply_pulled`] gave it) and
     /// returns its push requests: `(server, table counts, ids then f32 rows of -delta, the counter's -1)`.
     ///

@@ -12,7 +12,8 @@
 //! 6. [`push`]: the push encoder thread: summed gradients into per-table encoded push requests, with
 //! 7. [`feedback`]: error feedback for lossy pushes ([`feedback::ResidualStore`], the sender's residuals).
 //! 8. [`dense_sync`]: the dense parameters on the servers, for several trainers (pulled with the rows,
-//!    pushed with the gradients).
+//!    pushed with the gradients), in the asynchronous dense mode; [`dense_reduce`]: the hybrid mode's
+//!    per-step sum of every trainer's dense gradients.
 
 pub mod pipeline;
 
@@ -29,3 +30,5 @@ pub mod push;
 pub mod feedback;
 
 pub mod dense_sync;
+
+pub mod dense_reduce;

@@ -73,6 +73,9 @@ pub enum TrainError {
     /// Dense parameters on the servers could not be used.
     #[error(transparent)]
     DenseSync(#[from] DenseSyncError),
+    /// The hybrid mode's dense reduce failed.
+    #[error(transparent)]
+    Reduce(#[from] crate::step::dense_reduce::ReduceError),
 }
 
 impl TrainError {

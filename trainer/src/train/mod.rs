@@ -31,6 +31,7 @@ use crate::criteo::{Batch, BatchReader, ReaderConfig};
 use crate::eval::{EvalReport, Evaluator};
 use crate::metrics as m;
 use crate::model::Dlrm;
+use crate::step::dense_reduce::{DenseReduce, StepOutcome};
 use crate::step::dense_sync::DenseSync;
 use crate::step::exchange::pull_all;
 use crate::step::plan::{Plan, TableCodecs};
@@ -54,6 +55,13 @@ pub struct Trainer {
     model: Dlrm,
     map: ShardMap,
     dense: Option<DenseSync>,
+    /// The hybrid dense mode's per-step gradient sum over the trainers ([`crate::step::dense_reduce`]).
+    reduce: Option<DenseReduce>,
+    /// Hybrid mode, rank 0: publishes the dense parameters to the servers' dense table (for evaluation and
+    /// checkpoints of the model the servers hold).
+    publish: Option<DenseSync>,
+    /// The next step of the dense reduce (batches, plus the zero steps of a trainer out of data).
+    reduce_step: u64,
     rank: usize,
     world: usize,
     /// Batches trained so far, including those of the run a checkpoint resumed.
@@ -104,10 +112,27 @@ impl Trainer {
         let mut specs = args.table_specs(dlrm.num_sparse);
         let replayer = args.replay_own_updates.then(|| Replayer::new(&specs));
         let map = client.shard_map();
-        let dense = dense_on_ps.then(|| {
+        let hybrid =
+            dense_on_ps && world > 1 && args.dense_mode == crate::config::DenseMode::Hybrid;
+        if dense_on_ps {
             specs.push(DenseSync::table_spec());
+        }
+        let dense = (dense_on_ps && !hybrid).then(|| {
             DenseSync::new(&model, &map, rank).with_push_fraction(args.dense_push_fraction)
         });
+        let reduce = hybrid.then(|| {
+            let group = args
+                .reduce_group
+                .unwrap_or_else(|| default_group(&args, world));
+            DenseReduce::new(
+                client.clone(),
+                &model,
+                (group, rank, world),
+                args.reduce_timeout_secs,
+                args.on_missing_trainer,
+            )
+        });
+        let publish = (hybrid && rank == 0).then(|| DenseSync::new(&model, &map, rank));
         client
             .register_tables(&specs)
             .await
@@ -118,6 +143,9 @@ impl Trainer {
             args,
             model,
             dense,
+            reduce,
+            publish,
+            reduce_step: 0,
             rank,
             world,
             step: 0,
@@ -167,6 +195,7 @@ impl Trainer {
             dense.set_residual(&ckpt.dense_residual)?;
         }
         self.step = ckpt.meta.step;
+        self.reduce_step = ckpt.meta.step;
         self.samples = ckpt.meta.samples;
         Ok(ckpt.meta)
     }
@@ -183,6 +212,41 @@ impl Trainer {
         Ok(())
     }
 
+    /// Hybrid mode, rank 0: makes the servers' dense table hold this trainer's dense parameters (every
+    /// trainer's are the same); else a no-op.
+    async fn publish_dense(&mut self) -> Result<()> {
+        let Some(publish) = &mut self.publish else {
+            return Ok(());
+        };
+        let replies = pull_all(&self.client, Encoding::F32, publish.pull_requests())
+            .await
+            .map_err(TrainError::servers("pull dense parameters to publish"))?;
+        let requests = publish
+            .publish(&replies, &self.model)?
+            .into_iter()
+            .map(|(s, counts, payload)| (s, Encoding::F32, 1.0, counts, payload))
+            .collect();
+        crate::step::exchange::push_all(&self.client, requests)
+            .await
+            .map_err(TrainError::servers("publish dense parameters"))?;
+        Ok(())
+    }
+
+    /// One step of the hybrid mode's dense reduce: this trainer's gradients of `samples` samples (0 and
+    /// `done` when it is out of data) summed with the other trainers', then the optimizer step.
+    async fn reduce_dense(&mut self, samples: u64, done: bool) -> Result<Option<StepOutcome>> {
+        let Some(reduce) = &mut self.reduce else {
+            return Ok(None);
+        };
+        let started = Instant::now();
+        let outcome = reduce
+            .step(self.reduce_step, &mut self.model, samples, done)
+            .await?;
+        self.reduce_step += 1;
+        metrics::histogram!(m::REDUCE_SECONDS).record(started.elapsed().as_secs_f64());
+        Ok(Some(outcome))
+    }
+
     /// Forward, backward and the dense optimizer step (also with dense parameters on the servers, which
     /// receive the step's delta: [`crate::step::dense_sync`]); returns the loss.
     fn compute(&mut self, batch: &Batch) -> Result<f32> {
@@ -190,8 +254,14 @@ impl Trainer {
         self.emb_grad.resize(self.emb.len(), 0.0);
         let started = Instant::now();
         let (model, emb, emb_grad) = (&mut self.model, &self.emb, &mut self.emb_grad);
+        // Hybrid mode: the optimizer step waits for the other trainers' gradients (train_batch).
+        let hybrid = self.reduce.is_some();
         let loss = tokio::task::block_in_place(|| {
-            model.train_step(b, &batch.dense, emb, &batch.labels, emb_grad)
+            if hybrid {
+                model.forward_backward(b, &batch.dense, emb, &batch.labels, emb_grad)
+            } else {
+                model.train_step(b, &batch.dense, emb, &batch.labels, emb_grad)
+            }
         })
         .map_err(TrainError::model("train step"))?;
         metrics::histogram!(m::COMPUTE_SECONDS).record(started.elapsed().as_secs_f64());
@@ -208,6 +278,7 @@ impl Trainer {
     /// servers snapshot their tables into `dir/ps`.
     async fn checkpoint(&mut self, dir: &std::path::Path) -> Result<Event> {
         let started = Instant::now();
+        self.publish_dense().await?;
         // Rank 0 snapshots the servers (the cut is exact with one trainer in synchronous mode: every push
         // of this rank is acknowledged; other ranks' pushes may straddle it).
         let ps_snapshot = self.rank == 0;
@@ -290,4 +361,12 @@ impl Trainer {
         plan.build(&batch.sparse, self.args.emb_dim, &self.map);
         Ok(Some(self.start(batch, plan, None)))
     }
+}
+
+/// The reduce group of a job that names none (`--reduce-group`): the same for every trainer of the job.
+fn default_group(args: &ModelArgs, world: usize) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    (args.seed, world, args.batch_size, args.emb_dim).hash(&mut h);
+    h.finish()
 }

@@ -106,6 +106,12 @@ impl Trainer {
             self.periodic(&mut w, &mut tally, opts, &mut on_event)
                 .await?;
         }
+        // Hybrid mode: take the steps the other trainers still have, contributing nothing.
+        while let Some(o) = self.reduce_dense(0, true).await? {
+            if o.all_done {
+                break;
+            }
+        }
         self.finish_pass(w, tally, opts, &mut on_event).await
     }
 
@@ -188,6 +194,11 @@ impl Trainer {
             batch, plan, index, ..
         } = stage;
         let b = batch.len;
+        if let Some(reduce) = &self.reduce {
+            // W trainers at batch B/W push what one trainer at batch B would (step::dense_reduce).
+            let s = reduce.embedding_scale();
+            self.emb_grad.iter_mut().for_each(|g| *g *= s);
+        }
         let record = w.encoder.record(plan, &self.emb_grad, b as f32);
         // With replay, the rows of a batch pulled before this push must not hold it: the push waits
         // until every such pull is answered (crate::step::replay).
@@ -216,6 +227,15 @@ impl Trainer {
             acks.ack(index);
             r
         });
+        if self.reduce.is_some() {
+            if w.k == 0 {
+                // Synchronous: once the reduce completes, every trainer's push of this step is applied, so the
+                // next pull sees all of them (as one trainer at the global batch would).
+                let mut acked = w.acked_rx.clone();
+                let _ = acked.wait_for(|&n| n > index).await;
+            }
+            self.reduce_dense(b as u64, false).await?;
+        }
         Ok((b, loss))
     }
 
@@ -297,6 +317,8 @@ impl Trainer {
             ..
         } = w;
         let rejected = t.rejected + drain(&mut pushes).await?;
+        // Hybrid mode: the servers' dense table gets the final model (rank 0; the demo evaluates it).
+        self.publish_dense().await?;
         let seconds = (t.begin.elapsed() - t.paused).as_secs_f64();
         drop(ahead);
         drop(in_flight);

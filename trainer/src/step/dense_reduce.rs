@@ -1,0 +1,218 @@
+//! The hybrid dense mode (`--dense-mode hybrid`, the default with several trainers): each step, every
+//! trainer's dense gradients are summed through the parameter servers before any trainer applies them, so all
+//! trainers hold the same dense parameters and take the same optimizer step, as one trainer would at the
+//! global batch; the embedding rows stay asynchronous under the staleness bound.
+//!
+//! A trainer sends `grad x samples` (its batch's mean gradient times its batch size: a sum over its samples),
+//! cut into one contiguous slice per server ([`protocol::wire::reduce::slices`]); each server adds one slice
+//! over the trainers ([`protocol::wire::reduce`]), and the trainer divides the sums by the total samples: the
+//! mean gradient over the global batch, whatever each trainer's batch size was.
+//!
+//! Global batch: W trainers at batch `B/W` take the steps of one trainer at batch `B` — the same mean dense
+//! gradient, and the embedding gradients scaled by `1/W` ([`DenseReduce::embedding_scale`]), so the
+//! learning rates of one trainer carry over unchanged.
+//!
+//! The end of the data: a trainer out of batches keeps contributing zeros (samples 0, `done`) so that its
+//! replica takes the same steps as the others', until a step's answer says every trainer is done.
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use protocol::wire::reduce::{self, ReduceHeader, ReducedHeader};
+use protocol::{ProtocolError, PsClient};
+use tokio::task::JoinSet;
+
+use crate::config::OnMissing;
+use crate::model::Dlrm;
+
+/// Errors of the dense reduce.
+#[derive(Debug, thiserror::Error)]
+pub enum ReduceError {
+    /// A server's request failed or was refused.
+    #[error("dense reduce of step {step} on server {server}: {source}")]
+    Server {
+        /// The step.
+        step: u64,
+        /// The server's index.
+        server: usize,
+        /// The cause.
+        source: ProtocolError,
+    },
+    /// The step was finalized without some trainers, and `--on-missing-trainer fail`.
+    #[error("dense reduce of step {step}: trainer rank(s) {missing:?} sent nothing within --reduce-timeout-secs (dead or stalled?); --on-missing-trainer continue goes on without them")]
+    Missing {
+        /// The step.
+        step: u64,
+        /// Ranks not in the sum.
+        missing: Vec<u32>,
+    },
+    /// Servers disagree on a step (one finalized it without a rank another had).
+    #[error("dense reduce of step {step}: servers disagree ({first} vs {other} samples)")]
+    Disagree {
+        /// The step.
+        step: u64,
+        /// Samples of the first server's answer.
+        first: u64,
+        /// Samples of another's.
+        other: u64,
+    },
+    /// The model refused the gradients (a size mismatch: a bug).
+    #[error("set the reduced dense gradients: {0}")]
+    Model(#[from] crate::model::ModelError),
+}
+
+/// What one step's reduce found.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepOutcome {
+    /// Samples over every contributor (0: nothing to apply).
+    pub samples: u64,
+    /// Every trainer is out of data: the last step.
+    pub all_done: bool,
+    /// Ranks not in the sum.
+    pub missing: Vec<u32>,
+}
+
+/// One trainer's side of the hybrid dense mode.
+pub struct DenseReduce {
+    client: Arc<PsClient>,
+    group: u64,
+    rank: u32,
+    world: u32,
+    timeout_ms: u32,
+    on_missing: OnMissing,
+    /// The slice of the flat gradient each server sums.
+    slices: Vec<Range<usize>>,
+    /// The flat gradient (a sum over this trainer's samples), then the mean over the global batch.
+    flat: Vec<f32>,
+}
+
+impl DenseReduce {
+    /// The reduce of `model`'s gradients for rank `rank` of `world` in group `group`.
+    pub fn new(
+        client: Arc<PsClient>,
+        model: &Dlrm,
+        (group, rank, world): (u64, usize, usize),
+        timeout_secs: f64,
+        on_missing: OnMissing,
+    ) -> DenseReduce {
+        let slices = reduce::slices(model.num_params(), client.num_servers());
+        DenseReduce {
+            client,
+            group,
+            rank: rank as u32,
+            world: world as u32,
+            timeout_ms: ((timeout_secs * 1000.0).round() as u32).clamp(1, reduce::MAX_TIMEOUT_MS),
+            on_missing,
+            slices,
+            flat: vec![0.0; model.num_params()],
+        }
+    }
+
+    /// The factor on a trainer's embedding gradients that makes W trainers at batch `B/W` push what one
+    /// trainer at batch `B` would (module docs).
+    pub fn embedding_scale(&self) -> f32 {
+        1.0 / self.world as f32
+    }
+
+    /// Sums step `step`'s dense gradients over the trainers and, if any trainer had samples, sets `model`'s
+    /// gradients to the mean over the global batch and takes the optimizer step. `samples` is this trainer's
+    /// batch (its gradients are those of its last backward pass), or 0 with `done` when it is out of data.
+    pub async fn step(
+        &mut self,
+        step: u64,
+        model: &mut Dlrm,
+        samples: u64,
+        done: bool,
+    ) -> Result<StepOutcome, ReduceError> {
+        if samples > 0 {
+            let mut at = 0;
+            for g in model.grads() {
+                for (d, v) in self.flat[at..at + g.len()].iter_mut().zip(g) {
+                    *d = v * samples as f32;
+                }
+                at += g.len();
+            }
+        } else {
+            self.flat.fill(0.0);
+        }
+        let mut set = JoinSet::new();
+        for (server, range) in self.slices.iter().enumerate() {
+            let header = ReduceHeader {
+                group: self.group,
+                step,
+                rank: self.rank,
+                world: self.world,
+                samples,
+                done,
+                timeout_ms: self.timeout_ms,
+                len: range.len() as u32,
+            };
+            let mut payload = Vec::new();
+            reduce::encode_values(&self.flat[range.clone()], &mut payload);
+            let client = self.client.clone();
+            set.spawn(async move {
+                let r = client.reduce(server, header, Bytes::from(payload)).await;
+                (server, r)
+            });
+        }
+        let mut first: Option<ReducedHeader> = None;
+        let mut values = Vec::new();
+        while let Some(joined) = set.join_next().await {
+            let (server, r) = joined.expect("reduce task panicked");
+            let (h, payload) = r.map_err(|source| ReduceError::Server {
+                step,
+                server,
+                source,
+            })?;
+            let range = self.slices[server].clone();
+            reduce::decode_values("reduced", &payload, range.len() as u32, &mut values).map_err(
+                |source| ReduceError::Server {
+                    step,
+                    server,
+                    source,
+                },
+            )?;
+            self.flat[range].copy_from_slice(&values);
+            match &first {
+                Some(f) if f.samples != h.samples => {
+                    return Err(ReduceError::Disagree {
+                        step,
+                        first: f.samples,
+                        other: h.samples,
+                    })
+                }
+                Some(_) => {}
+                None => first = Some(h),
+            }
+        }
+        let h = first.unwrap_or(ReducedHeader {
+            samples,
+            contributors: 1,
+            missing: Vec::new(),
+            all_done: done,
+        });
+        if !h.missing.is_empty() {
+            metrics::counter!(crate::metrics::REDUCE_MISSING_TOTAL)
+                .increment(h.missing.len() as u64);
+            if self.on_missing == OnMissing::Fail {
+                return Err(ReduceError::Missing {
+                    step,
+                    missing: h.missing,
+                });
+            }
+            tracing::warn!(step, missing = ?h.missing, "dense reduce went on without some trainers");
+        }
+        if h.samples > 0 {
+            let inv = 1.0 / h.samples as f32;
+            self.flat.iter_mut().for_each(|v| *v *= inv);
+            model.set_grads(&self.flat)?;
+            model.apply_gradients();
+        }
+        Ok(StepOutcome {
+            samples: h.samples,
+            all_done: h.all_done,
+            missing: h.missing,
+        })
+    }
+}
