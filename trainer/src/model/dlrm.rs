@@ -329,6 +329,14 @@ impl Dlrm {
             .collect()
     }
 
+    /// Adds `delta` to the output logit of every sample (the bias of the top MLP's last layer).
+    pub fn shift_output_bias(&mut self, delta: f32) {
+        if let Some(last) = self.top.layers_mut().last_mut() {
+            let [_, (bias, _)] = last.params_and_grads_mut();
+            bias.iter_mut().for_each(|b| *b += delta);
+        }
+    }
+
     /// Replaces the gradients of the last backward pass by `flat`, the concatenation of every tensor's
     /// gradient in [`grads`](Self::grads) order (gradients combined over several trainers), for
     /// [`apply_gradients`](Self::apply_gradients).

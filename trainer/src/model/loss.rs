@@ -70,9 +70,64 @@ pub(crate) fn bce_sum(
     total
 }
 
+/// The shift `d` of every logit that makes the mean prediction `mean(sigmoid(logit_i + d))` equal `rate`
+/// (clamped to [1e-4, 1 - 1e-4]), from the predictions `probs` (Newton's method on the logits; 0 for no
+/// predictions). The trainer's initial output bias: a random network starts far from the data's positive rate,
+/// and the dense optimizer's bounded steps take hundreds of steps to move the mean prediction there.
+pub fn logit_shift_to_rate(probs: &[f32], rate: f32) -> f32 {
+    if probs.is_empty() {
+        return 0.0;
+    }
+    let rate = rate.clamp(1e-4, 1.0 - 1e-4) as f64;
+    let logits: Vec<f64> = probs
+        .iter()
+        .map(|&p| {
+            let p = (p as f64).clamp(1e-7, 1.0 - 1e-7);
+            (p / (1.0 - p)).ln()
+        })
+        .collect();
+    let mut d = 0.0f64;
+    for _ in 0..50 {
+        let (mut f, mut df) = (0.0, 0.0);
+        for z in &logits {
+            let s = 1.0 / (1.0 + (-(z + d)).exp());
+            f += s;
+            df += s * (1.0 - s);
+        }
+        let n = logits.len() as f64;
+        let (f, df) = (f / n - rate, df / n);
+        if f.abs() < 1e-7 || df < 1e-12 {
+            break;
+        }
+        d = (d - f / df).clamp(-30.0, 30.0);
+    }
+    d as f32
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn logit_shift_reaches_the_rate() {
+        let probs = [0.9f32, 0.7, 0.6, 0.95, 0.5];
+        for rate in [0.03f32, 0.25, 0.5, 0.9] {
+            let d = logit_shift_to_rate(&probs, rate);
+            let mean: f64 = probs
+                .iter()
+                .map(|&p| {
+                    let z = (p as f64 / (1.0 - p as f64)).ln() + d as f64;
+                    1.0 / (1.0 + (-z).exp())
+                })
+                .sum::<f64>()
+                / probs.len() as f64;
+            assert!(
+                (mean - rate as f64).abs() < 1e-4,
+                "rate {rate}: mean {mean}"
+            );
+        }
+        assert_eq!(logit_shift_to_rate(&[], 0.3), 0.0);
+    }
 
     #[test]
     fn hand_computed_values() {

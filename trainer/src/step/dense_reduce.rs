@@ -85,6 +85,8 @@ pub struct DenseReduce {
     slices: Vec<Range<usize>>,
     /// The flat gradient (a sum over this trainer's samples), then the mean over the global batch.
     flat: Vec<f32>,
+    /// Values of the flat gradient.
+    flat_len: usize,
 }
 
 impl DenseReduce {
@@ -106,7 +108,77 @@ impl DenseReduce {
             on_missing,
             slices,
             flat: vec![0.0; model.num_params()],
+            flat_len: model.num_params(),
         }
+    }
+
+    /// Sums `values` (this trainer's, over `samples` samples) with the other trainers' for reduce step
+    /// `step`, one slice per server, in parallel; returns the answer and the sums (in `values`' buffer).
+    pub async fn sum(
+        &self,
+        step: u64,
+        mut values: Vec<f32>,
+        samples: u64,
+        done: bool,
+    ) -> Result<(ReducedHeader, Vec<f32>), ReduceError> {
+        let slices = if values.len() == self.flat_len {
+            self.slices.clone()
+        } else {
+            reduce::slices(values.len(), self.client.num_servers())
+        };
+        let mut set = JoinSet::new();
+        for (server, range) in slices.iter().enumerate() {
+            let header = ReduceHeader {
+                group: self.group,
+                step,
+                rank: self.rank,
+                world: self.world,
+                samples,
+                done,
+                timeout_ms: self.timeout_ms,
+                len: range.len() as u32,
+            };
+            let mut payload = Vec::new();
+            reduce::encode_values(&values[range.clone()], &mut payload);
+            let client = self.client.clone();
+            set.spawn(async move {
+                let r = client.reduce(server, header, Bytes::from(payload)).await;
+                (server, r)
+            });
+        }
+        let mut first: Option<ReducedHeader> = None;
+        let mut decoded = Vec::new();
+        while let Some(joined) = set.join_next().await {
+            let (server, r) = joined.expect("reduce task panicked");
+            let fail = |source| ReduceError::Server {
+                step,
+                server,
+                source,
+            };
+            let (h, payload) = r.map_err(fail)?;
+            let range = slices[server].clone();
+            reduce::decode_values("reduced", &payload, range.len() as u32, &mut decoded)
+                .map_err(fail)?;
+            values[range].copy_from_slice(&decoded);
+            match &first {
+                Some(f) if f.samples != h.samples => {
+                    return Err(ReduceError::Disagree {
+                        step,
+                        first: f.samples,
+                        other: h.samples,
+                    })
+                }
+                Some(_) => {}
+                None => first = Some(h),
+            }
+        }
+        let h = first.unwrap_or(ReducedHeader {
+            samples,
+            contributors: 1,
+            missing: Vec::new(),
+            all_done: done,
+        });
+        Ok((h, values))
     }
 
     /// The factor on a trainer's embedding gradients that makes W trainers at batch `B/W` push what one
@@ -136,62 +208,9 @@ impl DenseReduce {
         } else {
             self.flat.fill(0.0);
         }
-        let mut set = JoinSet::new();
-        for (server, range) in self.slices.iter().enumerate() {
-            let header = ReduceHeader {
-                group: self.group,
-                step,
-                rank: self.rank,
-                world: self.world,
-                samples,
-                done,
-                timeout_ms: self.timeout_ms,
-                len: range.len() as u32,
-            };
-            let mut payload = Vec::new();
-            reduce::encode_values(&self.flat[range.clone()], &mut payload);
-            let client = self.client.clone();
-            set.spawn(async move {
-                let r = client.reduce(server, header, Bytes::from(payload)).await;
-                (server, r)
-            });
-        }
-        let mut first: Option<ReducedHeader> = None;
-        let mut values = Vec::new();
-        while let Some(joined) = set.join_next().await {
-            let (server, r) = joined.expect("reduce task panicked");
-            let (h, payload) = r.map_err(|source| ReduceError::Server {
-                step,
-                server,
-                source,
-            })?;
-            let range = self.slices[server].clone();
-            reduce::decode_values("reduced", &payload, range.len() as u32, &mut values).map_err(
-                |source| ReduceError::Server {
-                    step,
-                    server,
-                    source,
-                },
-            )?;
-            self.flat[range].copy_from_slice(&values);
-            match &first {
-                Some(f) if f.samples != h.samples => {
-                    return Err(ReduceError::Disagree {
-                        step,
-                        first: f.samples,
-                        other: h.samples,
-                    })
-                }
-                Some(_) => {}
-                None => first = Some(h),
-            }
-        }
-        let h = first.unwrap_or(ReducedHeader {
-            samples,
-            contributors: 1,
-            missing: Vec::new(),
-            all_done: done,
-        });
+        let flat = std::mem::take(&mut self.flat);
+        let (h, flat) = self.sum(step, flat, samples, done).await?;
+        self.flat = flat;
         if !h.missing.is_empty() {
             metrics::counter!(crate::metrics::REDUCE_MISSING_TOTAL)
                 .increment(h.missing.len() as u64);

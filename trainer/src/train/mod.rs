@@ -247,6 +247,35 @@ impl Trainer {
         Ok(Some(outcome))
     }
 
+    /// `--init-output-bias`: before the job's first step, shifts the output bias so that the mean prediction
+    /// on the first batch equals its positive rate (in the hybrid mode, the shift averaged over the trainers'
+    /// first batches, so every replica gets the same).
+    async fn start_output_bias(&mut self, batch: &Batch) -> Result<()> {
+        let b = batch.len;
+        if b == 0 {
+            return Ok(());
+        }
+        let rate = batch.labels.iter().sum::<f32>() / b as f32;
+        let (model, emb) = (&mut self.model, &self.emb);
+        let probs = tokio::task::block_in_place(|| model.predict(b, &batch.dense, emb))
+            .map_err(TrainError::model("predict the first batch"))?;
+        let mut shift = crate::model::loss::logit_shift_to_rate(probs, rate);
+        if let Some(reduce) = &mut self.reduce {
+            let (h, sums) = reduce
+                .sum(self.reduce_step, vec![shift * b as f32], b as u64, false)
+                .await?;
+            self.reduce_step += 1;
+            shift = sums[0] / h.samples.max(1) as f32;
+        }
+        self.model.shift_output_bias(shift);
+        tracing::info!(
+            shift,
+            rate,
+            "output bias started at the first batch's positive rate"
+        );
+        Ok(())
+    }
+
     /// Forward, backward and the dense optimizer step (also with dense parameters on the servers, which
     /// receive the step's delta: [`crate::step::dense_sync`]); returns the loss.
     fn compute(&mut self, batch: &Batch) -> Result<f32> {

@@ -189,6 +189,9 @@ impl Trainer {
     /// Receives a batch's rows, computes it and sends its push (not awaited); returns its size and loss.
     async fn train_batch(&mut self, w: &mut Window, mut stage: Stage) -> Result<(usize, f32)> {
         self.receive(&mut stage, &w.in_flight).await?;
+        if self.step == 0 && self.args.init_output_bias && self.dense.is_none() {
+            self.start_output_bias(&stage.batch).await?;
+        }
         let loss = self.compute(&stage.batch)?;
         let Stage {
             batch, plan, index, ..
