@@ -220,8 +220,12 @@ fn demo_with_two_trainer_processes_trains_one_model() {
     let evals = s["evals"].as_array().unwrap();
     assert!(evals.len() >= 2, "{s}");
     assert!(stderr.contains("eval at step 20"), "{stderr}");
-    // Known problem (trainer notes): two asynchronous trainers learn worse than one at equal samples (0.52-0.63
-    // test AUC here vs 0.69 for one trainer), so only "a model the servers hold was evaluated" is checked.
+    // The hybrid dense mode (the default): rank 0 published the dense model to the servers, whose model the
+    // demo evaluated; chance is 0.5 (how close two trainers come to one: bench/tests/hybrid.rs).
     let auc = s["auc"].as_f64().unwrap();
-    assert!(auc.is_finite() && auc > 0.45, "{s}\n{stderr}");
+    assert!(auc.is_finite() && auc > 0.55, "{s}\n{stderr}");
+    assert!(
+        stderr.contains("global batch 512, 256 per trainer"),
+        "{stderr}"
+    );
 }

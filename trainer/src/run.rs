@@ -239,7 +239,11 @@ fn print_job(client: &PsClient, model: &ModelArgs, inputs: &Inputs, dense_on_ps:
         model.batch_size,
         model.dense_kind(),
         model.dense_lr(),
-        if dense_on_ps { "on the servers" } else { "on the trainer" },
+        match (dense_on_ps, inputs.world > 1, model.dense_mode) {
+            (true, true, crate::config::DenseMode::Hybrid) => "hybrid: gradients summed over the trainers",
+            (true, _, _) => "on the servers",
+            (false, _, _) => "on the trainer",
+        },
         model.dense_precision.resolve(),
         model.optimizer,
         model.emb_lr(),
