@@ -433,7 +433,7 @@ impl ModelArgs {
         )?;
         let t = self.reduce_timeout_secs;
         check(
-            t.is_finite() && t >= 0.001 && t <= 25.0,
+            (0.001..=25.0).contains(&t),
             "reduce-timeout-secs",
             t,
             "a number of seconds in [0.001, 25]",

@@ -165,10 +165,9 @@ proptest! {
             }
         }
         let o = outcome.unwrap();
-        for i in 0..3 {
-            let mut want = 0.0f32;
-            for rank in 0..world as usize { want += values[rank][i]; }
-            prop_assert!((o.sum[i] - want).abs() <= 1e-3 * (1.0 + want.abs()));
+        for (i, got) in o.sum.iter().enumerate() {
+            let want: f32 = values.iter().take(world as usize).map(|v| v[i]).sum();
+            prop_assert!((got - want).abs() <= 1e-3 * (1.0 + want.abs()));
         }
         prop_assert_eq!(o.header.samples, (1..=world as u64).sum::<u64>());
     }
