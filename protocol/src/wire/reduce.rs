@@ -161,7 +161,7 @@ mod tests {
         let body = &buf[body];
         assert_eq!(back, req);
         let mut values = Vec::new();
-        decode_values("reduce", &body, 3, &mut values).unwrap();
+        decode_values("reduce", body, 3, &mut values).unwrap();
         assert_eq!(values, [1.5, -2.0, f32::MIN_POSITIVE]);
         let err = decode_values("reduce", &body[..11], 3, &mut values).unwrap_err();
         assert!(err.to_string().contains("11 bytes, expected 12"), "{err}");
