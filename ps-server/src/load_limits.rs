@@ -148,7 +148,7 @@ pub fn response_bytes(req: &Request) -> usize {
             })
             .unwrap_or(0),
         // The sums, as many values as the contribution.
-        Request::Reduce { header } => header.len as usize * 4,
+        Request::Reduce { header } => header.len as usize * header.encoding.bytes_per_element(),
         _ => 0,
     }
 }

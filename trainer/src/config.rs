@@ -271,6 +271,10 @@ pub struct ModelArgs {
     /// demo` draws one per run).
     #[arg(long)]
     pub reduce_group: Option<u64>,
+    /// Hybrid mode: how the dense gradient sums travel, `f32` or `bf16` (half the bytes; the servers sum in
+    /// f32).
+    #[arg(long, default_value = "f32")]
+    pub reduce_encoding: Encoding,
     /// Before the job's first step, shift the output bias so that the mean prediction on the first batch (of
     /// every trainer) equals its positive rate (a random network starts far from it, and the dense optimizer
     /// needs hundreds of steps to get there: the demo's test predictions ran 14% high without it).
@@ -430,6 +434,13 @@ impl ModelArgs {
             "dense-push-fraction",
             f,
             "a number in (0, 1]",
+        )?;
+        let e = self.reduce_encoding;
+        check(
+            matches!(e, Encoding::F32 | Encoding::Bf16),
+            "reduce-encoding",
+            e,
+            "f32 or bf16",
         )?;
         let t = self.reduce_timeout_secs;
         check(

@@ -20,6 +20,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::compression::codec::{self, Encoding};
 use crate::error::ProtocolError;
 use crate::wire::message::{check_len, Request};
 
@@ -48,8 +49,11 @@ pub struct ReduceHeader {
     /// Milliseconds after the step's first contribution at which it is finalized without the missing ranks
     /// (1..=[`MAX_TIMEOUT_MS`]).
     pub timeout_ms: u32,
-    /// f32 values in the payload (the same for every contribution of a step).
+    /// Values in the payload (the same for every contribution of a step).
     pub len: u32,
+    /// How the values travel, both ways: [`Encoding::F32`] or [`Encoding::Bf16`] (half the bytes; the server
+    /// sums in f32).
+    pub encoding: Encoding,
 }
 
 /// The answer to a reduce: the sum over the contributors (payload: `len` f32 LE).
@@ -70,29 +74,27 @@ pub fn request(header: ReduceHeader) -> Request {
     Request::Reduce { header }
 }
 
-/// Appends `values` as f32 LE.
-pub fn encode_values(values: &[f32], out: &mut Vec<u8>) {
-    out.reserve(values.len() * 4);
-    for v in values {
-        out.extend_from_slice(&v.to_le_bytes());
-    }
+/// Appends `values` in `encoding` (f32 LE or bf16 LE).
+pub fn encode_values(values: &[f32], encoding: Encoding, out: &mut Vec<u8>) {
+    codec::encode(values, encoding, out)
 }
 
-/// Decodes `len` f32 LE values of `payload` into `out` (cleared first); refuses another length.
+/// Decodes `len` values in `encoding` of `payload` into `out` (resized); refuses another length.
 pub fn decode_values(
     what: &str,
     payload: &[u8],
     len: u32,
+    encoding: Encoding,
     out: &mut Vec<f32>,
 ) -> Result<(), ProtocolError> {
-    check_len(what, payload.len(), len as usize * 4)?;
+    check_len(
+        what,
+        payload.len(),
+        len as usize * encoding.bytes_per_element(),
+    )?;
     out.clear();
-    out.extend(
-        payload
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
-    );
-    Ok(())
+    out.resize(len as usize, 0.0);
+    codec::decode(payload, encoding, out)
 }
 
 /// Checks a header's fields against each other and the limits; the message names the offending value.
@@ -109,6 +111,9 @@ pub fn validate(h: &ReduceHeader) -> Result<(), ProtocolError> {
             "timeout_ms {} outside 1..={MAX_TIMEOUT_MS}",
             h.timeout_ms
         ));
+    }
+    if !matches!(h.encoding, Encoding::F32 | Encoding::Bf16) {
+        return bad(format!("encoding {} (f32 or bf16)", h.encoding));
     }
     if h.len > MAX_VALUES {
         return bad(format!("{} values exceed the cap of {MAX_VALUES}", h.len));
@@ -146,13 +151,14 @@ mod tests {
             done: false,
             timeout_ms: 1000,
             len: 3,
+            encoding: Encoding::F32,
         }
     }
 
     #[test]
     fn header_and_values_round_trip_through_a_frame() {
         let mut payload = Vec::new();
-        encode_values(&[1.5, -2.0, f32::MIN_POSITIVE], &mut payload);
+        encode_values(&[1.5, -2.0, f32::MIN_POSITIVE], Encoding::F32, &mut payload);
         let req = request(header());
         let buf = crate::wire::frame::encode_frame(&req, &payload).unwrap();
         let (back, body, _) = crate::wire::frame::decode_frame::<Request>(&buf, 1 << 20)
@@ -161,10 +167,15 @@ mod tests {
         let body = &buf[body];
         assert_eq!(back, req);
         let mut values = Vec::new();
-        decode_values("reduce", body, 3, &mut values).unwrap();
+        decode_values("reduce", body, 3, Encoding::F32, &mut values).unwrap();
         assert_eq!(values, [1.5, -2.0, f32::MIN_POSITIVE]);
-        let err = decode_values("reduce", &body[..11], 3, &mut values).unwrap_err();
+        let err = decode_values("reduce", &body[..11], 3, Encoding::F32, &mut values).unwrap_err();
         assert!(err.to_string().contains("11 bytes, expected 12"), "{err}");
+        let mut half = Vec::new();
+        encode_values(&[1.5, -2.0, 3.0], Encoding::Bf16, &mut half);
+        assert_eq!(half.len(), 6);
+        decode_values("reduce", &half, 3, Encoding::Bf16, &mut values).unwrap();
+        assert_eq!(values, [1.5, -2.0, 3.0]);
     }
 
     #[test]
@@ -206,6 +217,13 @@ mod tests {
                     ..header()
                 },
                 "values exceed",
+            ),
+            (
+                ReduceHeader {
+                    encoding: Encoding::Int8,
+                    ..header()
+                },
+                "encoding int8",
             ),
         ];
         for (h, needle) in cases {

@@ -15,6 +15,7 @@ fn h(step: u64, rank: u32, world: u32, samples: u64) -> ReduceHeader {
         done: false,
         timeout_ms: 1000,
         len: 2,
+        encoding: protocol::Encoding::F32,
     }
 }
 

@@ -29,7 +29,7 @@ pub(super) async fn answer(
     };
     metrics::histogram!(m::REDUCE_WAIT_SECONDS).record(started.elapsed().as_secs_f64());
     let mut out = Vec::new();
-    reduce::encode_values(&outcome.sum, &mut out);
+    reduce::encode_values(&outcome.sum, header.encoding, &mut out);
     (
         Response::Reduced {
             header: outcome.header.clone(),
@@ -45,7 +45,8 @@ async fn contribute_and_wait(
 ) -> Result<std::sync::Arc<Outcome>, String> {
     reduce::validate(header).map_err(|e| e.to_string())?;
     let mut values = Vec::new();
-    reduce::decode_values("reduce", payload, header.len, &mut values).map_err(|e| e.to_string())?;
+    reduce::decode_values("reduce", payload, header.len, header.encoding, &mut values)
+        .map_err(|e| e.to_string())?;
     let contribution = shard
         .reducer
         .contribute(header, &values, Instant::now())

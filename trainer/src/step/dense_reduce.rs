@@ -20,7 +20,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use protocol::wire::reduce::{self, ReduceHeader, ReducedHeader};
-use protocol::{ProtocolError, PsClient};
+use protocol::{Encoding, ProtocolError, PsClient};
 use tokio::task::JoinSet;
 
 use crate::config::OnMissing;
@@ -81,6 +81,8 @@ pub struct DenseReduce {
     world: u32,
     timeout_ms: u32,
     on_missing: OnMissing,
+    /// How the sums travel (`--reduce-encoding`).
+    encoding: Encoding,
     /// The slice of the flat gradient each server sums.
     slices: Vec<Range<usize>>,
     /// The flat gradient (a sum over this trainer's samples), then the mean over the global batch.
@@ -97,6 +99,7 @@ impl DenseReduce {
         (group, rank, world): (u64, usize, usize),
         timeout_secs: f64,
         on_missing: OnMissing,
+        encoding: Encoding,
     ) -> DenseReduce {
         let slices = reduce::slices(model.num_params(), client.num_servers());
         DenseReduce {
@@ -106,6 +109,7 @@ impl DenseReduce {
             world: world as u32,
             timeout_ms: ((timeout_secs * 1000.0).round() as u32).clamp(1, reduce::MAX_TIMEOUT_MS),
             on_missing,
+            encoding,
             slices,
             flat: vec![0.0; model.num_params()],
             flat_len: model.num_params(),
@@ -137,9 +141,10 @@ impl DenseReduce {
                 done,
                 timeout_ms: self.timeout_ms,
                 len: range.len() as u32,
+                encoding: self.encoding,
             };
             let mut payload = Vec::new();
-            reduce::encode_values(&values[range.clone()], &mut payload);
+            reduce::encode_values(&values[range.clone()], self.encoding, &mut payload);
             let client = self.client.clone();
             set.spawn(async move {
                 let r = client.reduce(server, header, Bytes::from(payload)).await;
@@ -157,7 +162,8 @@ impl DenseReduce {
             };
             let (h, payload) = r.map_err(fail)?;
             let range = slices[server].clone();
-            reduce::decode_values("reduced", &payload, range.len() as u32, &mut decoded)
+            let n = range.len() as u32;
+            reduce::decode_values("reduced", &payload, n, self.encoding, &mut decoded)
                 .map_err(fail)?;
             values[range].copy_from_slice(&decoded);
             match &first {

@@ -130,6 +130,7 @@ impl Trainer {
                 (group, rank, world),
                 args.reduce_timeout_secs,
                 args.on_missing_trainer,
+                args.reduce_encoding,
             )
         });
         let publish = (hybrid && rank == 0).then(|| DenseSync::new(&model, &map, rank));
