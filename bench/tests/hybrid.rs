@@ -101,3 +101,35 @@ fn a_missing_trainer_is_named_or_gone_around_at_the_deadline() {
     assert!(stderr.contains("went on without some trainers"), "{stderr}");
     cluster.shutdown(Duration::from_secs(30)).unwrap();
 }
+
+/// `--dense-staleness 1` (each step's reduce overlapped with the next step): the replicas still apply the same
+/// sums in the same order, so the two ranks' final dense parameters are bit-identical, and the model trains.
+#[test]
+fn overlapped_reduce_keeps_the_replicas_identical() {
+    let dir = tempfile::tempdir().unwrap();
+    let train = dir.path().join("train.tsv");
+    let test = dir.path().join("test.tsv");
+    generate(20_000, 3, &train);
+    generate(4_000, 4, &test);
+    let ckpt = dir.path().join("ckpt");
+    let args = [
+        "--trainers",
+        "2",
+        "--dense-staleness",
+        "1",
+        "--max-in-flight",
+        "1",
+        "--batch-size",
+        "1024",
+        "--checkpoint-dir",
+        ckpt.to_str().unwrap(),
+    ];
+    let (s, stderr) = support::run_demo(dir.path(), &train, &test, &args);
+    assert_eq!(s["samples"], 20_000, "{s}\n{stderr}");
+    assert!(s["auc"].as_f64().unwrap() > 0.55, "{s}");
+    let read = |rank| trainer::checkpoint::Checkpoint::read(&ckpt, rank).unwrap();
+    let (r0, r1) = (read(0), read(1));
+    assert_eq!(r0.meta.optimizer_step, r1.meta.optimizer_step);
+    assert!(r0.meta.optimizer_step > 0);
+    assert!(r0.params == r1.params, "the ranks' dense parameters differ");
+}

@@ -8,10 +8,12 @@
 //! starts afresh).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use protocol::wire::reduce::{ReduceHeader, ReducedHeader};
+use bytes::Bytes;
+use protocol::wire::reduce::{self, ReduceHeader, ReducedHeader};
+use protocol::Encoding;
 use tokio::sync::watch;
 
 /// Finalized steps kept per group, for retries and late contributions.
@@ -26,6 +28,22 @@ pub struct Outcome {
     pub header: ReducedHeader,
     /// The sums.
     pub sum: Vec<f32>,
+    /// The sums encoded, once per encoding asked for (every waiter of a step gets the same bytes).
+    encoded: [OnceLock<Bytes>; 2],
+}
+
+impl Outcome {
+    /// The sums in `encoding` (f32 or bf16), encoded on first use.
+    pub fn encoded(&self, encoding: Encoding) -> Bytes {
+        let slot = usize::from(encoding != Encoding::F32);
+        self.encoded[slot]
+            .get_or_init(|| {
+                let mut out = Vec::new();
+                reduce::encode_values(&self.sum, encoding, &mut out);
+                Bytes::from(out)
+            })
+            .clone()
+    }
 }
 
 /// What a contribution gets back: the answer, or a channel that will carry it (and the step's deadline, at
@@ -94,7 +112,10 @@ pub enum ReduceError {
 }
 
 struct Step {
+    /// The sum so far: the first contribution's buffer, the later ones added in.
     sum: Vec<f32>,
+    /// Values per contribution.
+    len: usize,
     samples: u64,
     contributed: BTreeSet<u32>,
     all_done: bool,
@@ -126,11 +147,11 @@ pub struct Reducer {
 
 impl Reducer {
     /// Adds `values` (already length-checked against `h.len`) as rank `h.rank`'s contribution to step
-    /// `h.step` of group `h.group` at time `now`.
+    /// `h.step` of group `h.group` at time `now`. The first contribution's buffer becomes the step's sum.
     pub fn contribute(
         &self,
         h: &ReduceHeader,
-        values: &[f32],
+        values: Vec<f32>,
         now: Instant,
     ) -> Result<Contribution, ReduceError> {
         if let Some((index, &value)) = values.iter().enumerate().find(|(_, v)| !v.is_finite()) {
@@ -169,18 +190,19 @@ impl Reducer {
         // A rank heard from again is waited for at the steps after this one.
         g.absent.remove(&h.rank);
         let step = g.steps.entry(h.step).or_insert_with(|| Step {
-            sum: vec![0.0; values.len()],
+            sum: Vec::new(),
+            len: values.len(),
             samples: 0,
             contributed: BTreeSet::new(),
             all_done: true,
             deadline: now + Duration::from_millis(h.timeout_ms as u64),
             tx: watch::channel(None).0,
         });
-        if step.sum.len() != values.len() {
+        if step.len != values.len() {
             return Err(ReduceError::Length {
                 group: h.group,
                 step: h.step,
-                expected: step.sum.len() as u32,
+                expected: step.len as u32,
                 got: values.len() as u32,
             });
         }
@@ -188,8 +210,12 @@ impl Reducer {
             return Ok(Contribution::Ready(done));
         }
         if step.contributed.insert(h.rank) {
-            for (s, v) in step.sum.iter_mut().zip(values) {
-                *s += v;
+            if step.contributed.len() == 1 {
+                step.sum = values;
+            } else {
+                for (s, v) in step.sum.iter_mut().zip(&values) {
+                    *s += v;
+                }
             }
             step.samples += h.samples;
             step.all_done &= h.done;
@@ -242,9 +268,8 @@ fn finalize(g: &mut Group, step: u64) -> Arc<Outcome> {
             all_done: s.all_done,
         },
         sum: std::mem::take(&mut s.sum),
+        encoded: Default::default(),
     });
-    // Keep the length for the check of late contributions.
-    s.sum = vec![0.0; done.sum.len()];
     s.tx.send_replace(Some(done.clone()));
     if !missing.is_empty() {
         metrics::counter!(crate::metrics::REDUCE_MISSING_TOTAL).increment(missing.len() as u64);

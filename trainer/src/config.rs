@@ -275,6 +275,21 @@ pub struct ModelArgs {
     /// f32).
     #[arg(long, default_value = "f32")]
     pub reduce_encoding: Encoding,
+    /// Hybrid mode: steps a dense gradient may be late, 0 or 1. With 1, step t's reduce travels while step
+    /// t+1 pulls and computes (hiding the barrier's round trip and the wait for the slower trainer), and is
+    /// applied after step t+1's backward pass; every trainer applies the same sums in the same order, so the
+    /// replicas stay identical. 0 applies each step's sum before the next step starts.
+    #[arg(long, default_value_t = 0)]
+    pub dense_staleness: u32,
+    /// Dense learning-rate decay: the optimizer step (of the job, counted from 1) after which the rate falls as
+    /// `(1 - t/steps)²` to 0 over `--lr-decay-steps` steps (MLPerf DLRM's schedule). Annealing the last steps
+    /// makes the final model an average over many batches: at a constant rate the final model's calibration
+    /// is the last batches' label noise. `trainer demo` sets both from `--lr-decay-fraction`.
+    #[arg(long, default_value_t = 0)]
+    pub lr_decay_start: u64,
+    /// Dense learning-rate decay: steps over which the rate falls to 0 (0 = no decay).
+    #[arg(long, default_value_t = 0)]
+    pub lr_decay_steps: u64,
     /// Before the job's first step, shift the output bias so that the mean prediction on the first batch (of
     /// every trainer) equals its positive rate (a random network starts far from it, and the dense optimizer
     /// needs hundreds of steps to get there: the demo's test predictions ran 14% high without it).
@@ -442,6 +457,8 @@ impl ModelArgs {
             e,
             "f32 or bf16",
         )?;
+        let d = self.dense_staleness;
+        check(d <= 1, "dense-staleness", d, "0 or 1")?;
         let t = self.reduce_timeout_secs;
         check(
             (0.001..=25.0).contains(&t),

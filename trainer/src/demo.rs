@@ -59,6 +59,11 @@ pub struct DemoArgs {
     /// core and one compute thread; the servers are not pinned.
     #[arg(long)]
     pub pin_trainers: bool,
+    /// Anneal the dense learning rate over this fraction of the pass's steps, at its end (sets
+    /// `--lr-decay-start` and `--lr-decay-steps` from the training rows and the batch size, unless
+    /// `--lr-decay-steps` is given; 0 = constant rate).
+    #[arg(long, default_value_t = 0.2)]
+    pub lr_decay_fraction: f64,
     #[command(flatten)]
     #[allow(missing_docs)]
     pub job: JobArgs,
@@ -132,8 +137,12 @@ fn generate(
 }
 
 /// Runs the demo; returns the summary (already printed).
-pub fn run_demo(args: DemoArgs) -> anyhow::Result<Summary> {
+pub fn run_demo(mut args: DemoArgs) -> anyhow::Result<Summary> {
     args.model.validate().context("invalid model flags")?;
+    let f = args.lr_decay_fraction;
+    if !(0.0..=1.0).contains(&f) {
+        bail!("--lr-decay-fraction {f}: a fraction of the pass in [0, 1]");
+    }
     if args.servers == 0 {
         bail!("--servers 0: at least one parameter server is needed");
     }
@@ -174,6 +183,23 @@ pub fn run_demo(args: DemoArgs) -> anyhow::Result<Summary> {
             (train, test, Some(test_oracle))
         }
     };
+    if args.model.lr_decay_steps == 0 && f > 0.0 {
+        let rows = match &args.train {
+            Some(path) => crate::criteo::count_rows(std::slice::from_ref(path))?,
+            None => args.rows,
+        };
+        let mut steps = rows.div_ceil(args.model.batch_size.max(1) as u64);
+        if args.job.max_steps > 0 {
+            steps = steps.min(args.job.max_steps);
+        }
+        let decay = ((steps as f64 * f).round() as u64).max(1);
+        args.model.lr_decay_start = steps.saturating_sub(decay);
+        args.model.lr_decay_steps = decay;
+        eprintln!(
+            "dense learning rate: constant for {} steps, then decaying to 0 over the last {decay} (--lr-decay-fraction {f})",
+            args.model.lr_decay_start
+        );
+    }
 
     let run_dir = args.data_dir.join("run");
     if run_dir.exists() {

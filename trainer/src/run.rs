@@ -256,8 +256,8 @@ fn print_job(client: &PsClient, model: &ModelArgs, inputs: &Inputs, dense_on_ps:
 fn print_event(e: Event) {
     match e {
         Event::Progress(p) => eprintln!(
-            "[{:>6.1}s] rows {:>9}  samples/s {:>8.0}  loss {:.4}",
-            p.seconds, p.samples, p.samples_per_sec, p.loss
+            "[{:>6.1}s] rows {:>9}  samples/s {:>8.0}  loss {:.4}  calibration {:.3}",
+            p.seconds, p.samples, p.samples_per_sec, p.loss, p.calibration
         ),
         Event::Eval { step, report } => eprintln!("eval at step {step}: {}", report.render()),
         Event::Checkpoint {

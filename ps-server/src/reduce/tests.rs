@@ -37,8 +37,8 @@ fn waits(c: Contribution) -> (watch::Receiver<Option<Arc<Outcome>>>, Instant) {
 fn the_last_rank_finalizes_and_wakes_the_others() {
     let r = Reducer::default();
     let t = Instant::now();
-    let (rx, _) = waits(r.contribute(&h(0, 0, 2, 10), &[1.0, 2.0], t).unwrap());
-    let o = ready(r.contribute(&h(0, 1, 2, 30), &[0.5, -1.0], t).unwrap());
+    let (rx, _) = waits(r.contribute(&h(0, 0, 2, 10), vec![1.0, 2.0], t).unwrap());
+    let o = ready(r.contribute(&h(0, 1, 2, 30), vec![0.5, -1.0], t).unwrap());
     assert_eq!(o.sum, [1.5, 1.0]);
     assert_eq!((o.header.samples, o.header.contributors), (40, 2));
     assert!(o.header.missing.is_empty() && !o.header.all_done);
@@ -50,12 +50,12 @@ fn the_last_rank_finalizes_and_wakes_the_others() {
 fn a_retried_contribution_is_not_added_twice() {
     let r = Reducer::default();
     let t = Instant::now();
-    waits(r.contribute(&h(0, 0, 2, 10), &[1.0, 2.0], t).unwrap());
-    waits(r.contribute(&h(0, 0, 2, 10), &[1.0, 2.0], t).unwrap());
-    let o = ready(r.contribute(&h(0, 1, 2, 10), &[1.0, 1.0], t).unwrap());
+    waits(r.contribute(&h(0, 0, 2, 10), vec![1.0, 2.0], t).unwrap());
+    waits(r.contribute(&h(0, 0, 2, 10), vec![1.0, 2.0], t).unwrap());
+    let o = ready(r.contribute(&h(0, 1, 2, 10), vec![1.0, 1.0], t).unwrap());
     assert_eq!((o.sum.as_slice(), o.header.samples), (&[2.0, 3.0][..], 20));
     // After finalization, a retry gets the same answer.
-    let again = ready(r.contribute(&h(0, 0, 2, 10), &[9.0, 9.0], t).unwrap());
+    let again = ready(r.contribute(&h(0, 0, 2, 10), vec![9.0, 9.0], t).unwrap());
     assert!(Arc::ptr_eq(&again, &o));
 }
 
@@ -63,22 +63,22 @@ fn a_retried_contribution_is_not_added_twice() {
 fn the_deadline_finalizes_without_the_missing_rank_which_is_not_waited_for_again() {
     let r = Reducer::default();
     let t = Instant::now();
-    let (_, deadline) = waits(r.contribute(&h(0, 0, 3, 1), &[1.0, 1.0], t).unwrap());
-    waits(r.contribute(&h(0, 1, 3, 1), &[1.0, 1.0], t).unwrap());
+    let (_, deadline) = waits(r.contribute(&h(0, 0, 3, 1), vec![1.0, 1.0], t).unwrap());
+    waits(r.contribute(&h(0, 1, 3, 1), vec![1.0, 1.0], t).unwrap());
     assert!(r.expire(1, 0, t).is_none(), "not before the deadline");
     let o = r.expire(1, 0, deadline).unwrap();
     assert_eq!(o.header.missing, [2]);
     assert_eq!(o.header.contributors, 2);
     // Step 1: ranks 0 and 1 suffice.
-    waits(r.contribute(&h(1, 0, 3, 1), &[1.0, 1.0], t).unwrap());
-    let o1 = ready(r.contribute(&h(1, 1, 3, 1), &[1.0, 1.0], t).unwrap());
+    waits(r.contribute(&h(1, 0, 3, 1), vec![1.0, 1.0], t).unwrap());
+    let o1 = ready(r.contribute(&h(1, 1, 3, 1), vec![1.0, 1.0], t).unwrap());
     assert_eq!(o1.header.missing, [2]);
     // The late rank gets step 0's answer, listed as missing, and is waited for again from then on.
-    let late = ready(r.contribute(&h(0, 2, 3, 1), &[5.0, 5.0], t).unwrap());
+    let late = ready(r.contribute(&h(0, 2, 3, 1), vec![5.0, 5.0], t).unwrap());
     assert!(Arc::ptr_eq(&late, &o));
-    waits(r.contribute(&h(2, 0, 3, 1), &[1.0, 1.0], t).unwrap());
-    waits(r.contribute(&h(2, 1, 3, 1), &[1.0, 1.0], t).unwrap());
-    let o2 = ready(r.contribute(&h(2, 2, 3, 1), &[1.0, 1.0], t).unwrap());
+    waits(r.contribute(&h(2, 0, 3, 1), vec![1.0, 1.0], t).unwrap());
+    waits(r.contribute(&h(2, 1, 3, 1), vec![1.0, 1.0], t).unwrap());
+    let o2 = ready(r.contribute(&h(2, 2, 3, 1), vec![1.0, 1.0], t).unwrap());
     assert!(o2.header.missing.is_empty());
 }
 
@@ -90,15 +90,15 @@ fn all_done_only_when_every_contributor_is_done() {
         done: true,
         ..h(step, rank, 2, 0)
     };
-    waits(r.contribute(&done(0, 0), &[0.0, 0.0], t).unwrap());
+    waits(r.contribute(&done(0, 0), vec![0.0, 0.0], t).unwrap());
     assert!(
-        !ready(r.contribute(&h(0, 1, 2, 5), &[1.0, 1.0], t).unwrap())
+        !ready(r.contribute(&h(0, 1, 2, 5), vec![1.0, 1.0], t).unwrap())
             .header
             .all_done
     );
-    waits(r.contribute(&done(1, 0), &[0.0, 0.0], t).unwrap());
+    waits(r.contribute(&done(1, 0), vec![0.0, 0.0], t).unwrap());
     assert!(
-        ready(r.contribute(&done(1, 1), &[0.0, 0.0], t).unwrap())
+        ready(r.contribute(&done(1, 1), vec![0.0, 0.0], t).unwrap())
             .header
             .all_done
     );
@@ -108,24 +108,30 @@ fn all_done_only_when_every_contributor_is_done() {
 fn bad_contributions_are_refused_by_name() {
     let r = Reducer::default();
     let t = Instant::now();
-    waits(r.contribute(&h(0, 0, 2, 1), &[1.0, 1.0], t).unwrap());
-    let e = r.contribute(&h(0, 1, 3, 1), &[1.0, 1.0], t).err().unwrap();
+    waits(r.contribute(&h(0, 0, 2, 1), vec![1.0, 1.0], t).unwrap());
+    let e = r
+        .contribute(&h(0, 1, 3, 1), vec![1.0, 1.0], t)
+        .err()
+        .unwrap();
     assert!(
         e.to_string().contains("world 2, this contribution says 3"),
         "{e}"
     );
-    let e = r.contribute(&h(0, 1, 2, 1), &[1.0], t).err().unwrap();
+    let e = r.contribute(&h(0, 1, 2, 1), vec![1.0], t).err().unwrap();
     assert!(e.to_string().contains("1 values"), "{e}");
     let e = r
-        .contribute(&h(0, 1, 2, 1), &[1.0, f32::NAN], t)
+        .contribute(&h(0, 1, 2, 1), vec![1.0, f32::NAN], t)
         .err()
         .unwrap();
     assert!(e.to_string().contains("value 1 is NaN"), "{e}");
     for step in 1..=KEEP_STEPS + 2 {
-        waits(r.contribute(&h(step, 0, 2, 1), &[1.0, 1.0], t).unwrap());
-        ready(r.contribute(&h(step, 1, 2, 1), &[1.0, 1.0], t).unwrap());
+        waits(r.contribute(&h(step, 0, 2, 1), vec![1.0, 1.0], t).unwrap());
+        ready(r.contribute(&h(step, 1, 2, 1), vec![1.0, 1.0], t).unwrap());
     }
-    let e = r.contribute(&h(0, 1, 2, 1), &[1.0, 1.0], t).err().unwrap();
+    let e = r
+        .contribute(&h(0, 1, 2, 1), vec![1.0, 1.0], t)
+        .err()
+        .unwrap();
     assert!(matches!(e, ReduceError::TooOld { step: 0, .. }), "{e}");
 }
 
@@ -133,14 +139,18 @@ fn bad_contributions_are_refused_by_name() {
 fn idle_groups_are_dropped() {
     let r = Reducer::default();
     let t = Instant::now();
-    waits(r.contribute(&h(0, 0, 2, 1), &[1.0, 1.0], t).unwrap());
+    waits(r.contribute(&h(0, 0, 2, 1), vec![1.0, 1.0], t).unwrap());
     let other = ReduceHeader {
         group: 2,
         ..h(0, 0, 2, 1)
     };
     waits(
-        r.contribute(&other, &[1.0, 1.0], t + IDLE_GROUP + Duration::from_secs(1))
-            .unwrap(),
+        r.contribute(
+            &other,
+            vec![1.0, 1.0],
+            t + IDLE_GROUP + Duration::from_secs(1),
+        )
+        .unwrap(),
     );
     assert_eq!(r.groups(), 1);
 }
@@ -160,7 +170,7 @@ proptest! {
         let header = |rank: u32| ReduceHeader { len: 3, ..h(0, rank, world, rank as u64 + 1) };
         for rank in order.into_iter().chain(0..world).filter(|&r| r < world) {
             sent.insert(rank);
-            match r.contribute(&header(rank), &values[rank as usize], t).unwrap() {
+            match r.contribute(&header(rank), values[rank as usize].clone(), t).unwrap() {
                 Contribution::Ready(o) => { outcome.get_or_insert(o); }
                 Contribution::Wait { .. } => prop_assert!(sent.len() < world as usize),
             }

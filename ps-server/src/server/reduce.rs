@@ -28,13 +28,11 @@ pub(super) async fn answer(
         }
     };
     metrics::histogram!(m::REDUCE_WAIT_SECONDS).record(started.elapsed().as_secs_f64());
-    let mut out = Vec::new();
-    reduce::encode_values(&outcome.sum, header.encoding, &mut out);
     (
         Response::Reduced {
             header: outcome.header.clone(),
         },
-        Bytes::from(out),
+        outcome.encoded(header.encoding),
     )
 }
 
@@ -49,7 +47,7 @@ async fn contribute_and_wait(
         .map_err(|e| e.to_string())?;
     let contribution = shard
         .reducer
-        .contribute(header, &values, Instant::now())
+        .contribute(header, values, Instant::now())
         .map_err(|e| e.to_string())?;
     let (mut rx, deadline) = match contribution {
         Contribution::Ready(o) => return Ok(o),

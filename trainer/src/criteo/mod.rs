@@ -50,4 +50,4 @@ pub use parse::{
     NUM_SPARSE,
 };
 pub use reader::{read_all, BatchReader, ReadStats, ReaderConfig};
-pub use source::input_files;
+pub use source::{count_rows, input_files};

@@ -102,6 +102,39 @@ pub(crate) fn open(path: &Path) -> Result<Input, ReadError> {
     Ok(Input::Text(LineReader::new(inner)))
 }
 
+/// The rows in `paths` (directories expanded): lines of text files (a CSV header counts as one; bad lines
+/// count too), rows of columnar shards. For sizing a pass (the learning-rate schedule), not for parsing.
+pub fn count_rows(paths: &[PathBuf]) -> Result<u64, ReadError> {
+    let mut rows = 0;
+    for path in input_files(paths)? {
+        match open(&path)? {
+            Input::Columnar(map) => {
+                let shard = Shard::parse(&map).map_err(|reason| ReadError::Corrupt {
+                    path: path.clone(),
+                    reason,
+                })?;
+                rows += shard.rows() as u64;
+            }
+            Input::Text(mut lines) => {
+                let mut n = 0;
+                while lines
+                    .next_line()
+                    .map_err(|source| ReadError::Read {
+                        path: path.clone(),
+                        line: n,
+                        source,
+                    })?
+                    .is_some()
+                {
+                    n += 1;
+                }
+                rows += n;
+            }
+        }
+    }
+    Ok(rows)
+}
+
 /// Splits a byte stream into lines without copying those that lie within one buffer fill.
 pub(crate) struct LineReader {
     inner: BufReader<Box<dyn Read + Send>>,
@@ -196,5 +229,19 @@ mod tests {
         assert_eq!((got[2].0.len(), got[2].1), (MAX_LINE, true));
         let exact = vec![b'z'; MAX_LINE];
         assert_eq!(lines(&exact, 4096), [(exact.clone(), false)]);
+    }
+
+    #[test]
+    fn counts_rows_of_plain_and_gzip_files() {
+        use std::io::Write;
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("a.tsv"), b"1\tx\n0\ty\n1\tz").unwrap();
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        gz.write_all(b"0\n1\n0\n1\n").unwrap();
+        std::fs::write(dir.path().join("b.tsv.gz"), gz.finish().unwrap()).unwrap();
+        assert_eq!(count_rows(&[dir.path().join("a.tsv")]).unwrap(), 3);
+        assert_eq!(count_rows(&[dir.path().to_path_buf()]).unwrap(), 7);
+        let missing = count_rows(&[dir.path().join("nope.tsv")]).unwrap_err();
+        assert!(missing.to_string().contains("nope.tsv"), "{missing}");
     }
 }

@@ -32,6 +32,8 @@ pub struct Dlrm {
     chunk_rows: usize,
     /// `σ(logit)`: `[batch]`.
     probs: Vec<f32>,
+    /// The nominal batch size ([`Dlrm::set_batch_divisor`]).
+    batch_divisor: usize,
     /// Arithmetic of the matrix products.
     precision: Precision,
 }
@@ -73,6 +75,7 @@ impl Dlrm {
             chunks: Vec::new(),
             chunk_rows: chunk::CHUNK_ROWS,
             probs: Vec::new(),
+            batch_divisor: 0,
             precision: Precision::F32,
         })
     }
@@ -172,6 +175,29 @@ impl Dlrm {
             dst.copy_from_slice(src);
         }
         Ok(())
+    }
+
+    /// Sets the nominal batch size: the gradients of a batch of `b` samples are those of the loss summed over
+    /// the batch divided by `max(b, n)`, so a short batch (the last of a pass) counts for its samples instead
+    /// of taking a full step on its noisier mean (0 or 1: the mean over each batch).
+    pub fn set_batch_divisor(&mut self, n: usize) {
+        self.batch_divisor = n;
+    }
+
+    /// What the summed loss of a batch of `batch` samples is divided by ([`set_batch_divisor`](Self::set_batch_divisor)).
+    pub fn grad_divisor(&self, batch: usize) -> usize {
+        batch.max(self.batch_divisor).max(1)
+    }
+
+    /// Sets the dense learning-rate schedule.
+    pub fn set_lr_decay(&mut self, decay: super::optim::LrDecay) {
+        self.opt.set_decay(decay);
+    }
+
+    /// The click probabilities of the last forward pass (of [`predict`](Self::predict), or of a training
+    /// pass before its optimizer step).
+    pub fn last_probs(&self) -> &[f32] {
+        &self.probs
     }
 
     /// Forward pass only; returns the click probabilities `[batch]`.
@@ -276,7 +302,9 @@ impl Dlrm {
         ensure_len(&mut self.probs, batch);
         let parallel = n < rayon::current_num_threads();
         let (nd, ne) = (self.cfg.num_dense, self.cfg.num_sparse * self.cfg.emb_dim);
-        let scale = 1.0 / batch as f32;
+        // Gradients of the loss summed over the batch and divided by the nominal batch size, so that a short
+        // last batch takes a proportionally shorter step (`set_batch_divisor`).
+        let scale = 1.0 / self.grad_divisor(batch) as f32;
         let net = Net {
             bottom: self.bottom.layers(),
             top: self.top.layers(),
@@ -307,7 +335,7 @@ impl Dlrm {
                 );
             });
         let loss: f64 = self.chunks[..n].iter().map(|c| c.loss).sum();
-        Ok(((loss * scale as f64) as f32, n))
+        Ok(((loss / batch as f64) as f32, n))
     }
 
     /// One optimizer step with the gradients of the last [`forward_backward`](Self::forward_backward).

@@ -123,6 +123,34 @@ pub struct OptimizerState {
     first: Vec<Vec<f32>>,
     /// Per slot: Adam's second moment; empty otherwise.
     second: Vec<Vec<f32>>,
+    /// The learning-rate schedule.
+    decay: LrDecay,
+    /// The current step's factor on the learning rate ([`LrDecay::factor`]).
+    lr_scale: f32,
+}
+
+/// A learning-rate decay at the end of training (`--lr-decay-start`, `--lr-decay-steps`, as MLPerf's DLRM
+/// reference): the rate is constant until step `start`, then falls as `(1 - done/steps)²` to 0 over `steps`
+/// steps. Annealing the last steps makes the final model an average over many batches instead of a model
+/// tuned to the last few: with a constant rate the dense model moves its mean prediction by about 0.9 of each
+/// batch's mean residual, so the final model's calibration was the last batch's label noise (BENCHMARKS.md).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LrDecay {
+    /// Optimizer steps before the decay begins.
+    pub start: u64,
+    /// Steps over which the rate falls to 0 (0: no decay).
+    pub steps: u64,
+}
+
+impl LrDecay {
+    /// The factor on the learning rate of optimizer step `step` (counted from 1).
+    pub fn factor(&self, step: u64) -> f32 {
+        if self.steps == 0 || step <= self.start {
+            return 1.0;
+        }
+        let done = (step - self.start).min(self.steps) as f64 / self.steps as f64;
+        ((1.0 - done) * (1.0 - done)) as f32
+    }
 }
 
 impl OptimizerState {
@@ -150,7 +178,20 @@ impl OptimizerState {
             step: 0,
             first,
             second,
+            decay: LrDecay::default(),
+            lr_scale: 1.0,
         }
+    }
+
+    /// Sets the learning-rate schedule.
+    pub fn set_decay(&mut self, decay: LrDecay) {
+        self.decay = decay;
+        self.lr_scale = decay.factor(self.step.max(1));
+    }
+
+    /// The factor on the learning rate of the current step.
+    pub fn lr_scale(&self) -> f32 {
+        self.lr_scale
     }
 
     /// The optimizer and its hyper-parameters.
@@ -195,12 +236,14 @@ impl OptimizerState {
             dst.copy_from_slice(src);
         }
         self.step = step;
+        self.lr_scale = self.decay.factor(step.max(1));
         Ok(())
     }
 
     /// Starts a step (advances Adam's bias-correction counter).
     pub fn begin_step(&mut self) {
         self.step += 1;
+        self.lr_scale = self.decay.factor(self.step);
     }
 
     /// Applies the update to slot `slot`: `param` moves against `grad`.
@@ -211,6 +254,7 @@ impl OptimizerState {
         assert_eq!(param.len(), grad.len(), "optimizer: grad length");
         match self.kind {
             DenseOptimizer::Sgd { lr } => {
+                let lr = lr * self.lr_scale;
                 if param.len() < PARALLEL_MIN_ELEMS {
                     sgd(param, grad, lr);
                 } else {
@@ -221,6 +265,7 @@ impl OptimizerState {
                 }
             }
             DenseOptimizer::Adagrad { lr, eps, .. } => {
+                let lr = lr * self.lr_scale;
                 let sum = &mut self.first[slot][..];
                 assert_eq!(sum.len(), param.len(), "optimizer: slot size");
                 if param.len() < PARALLEL_MIN_ELEMS {
@@ -272,7 +317,7 @@ impl OptimizerState {
             beta1,
             beta2,
             eps,
-            step_size: (lr as f64 / bc1) as f32,
+            step_size: (lr as f64 * self.lr_scale as f64 / bc1) as f32,
             inv_sqrt_bc2: (1.0 / bc2.sqrt()) as f32,
         }
     }
@@ -293,6 +338,7 @@ impl OptimizerState {
     ) {
         assert_eq!(param.len(), grad.len(), "optimizer: grad length");
         let kind = self.kind;
+        let scale = self.lr_scale;
         let k = self.adam_step();
         let (s1, s2): (&mut [f32], &mut [f32]) = match kind {
             DenseOptimizer::Sgd { .. } => (&mut [], &mut []),
@@ -309,8 +355,8 @@ impl OptimizerState {
         let step = |i: usize, p: &mut [f32], g: &mut [f32], s1: &mut [f32], s2: &mut [f32]| {
             fill(i * FUSED_BLOCK, g);
             match kind {
-                DenseOptimizer::Sgd { lr } => sgd(p, g, lr),
-                DenseOptimizer::Adagrad { lr, eps, .. } => adagrad(p, g, s1, lr, eps),
+                DenseOptimizer::Sgd { lr } => sgd(p, g, lr * scale),
+                DenseOptimizer::Adagrad { lr, eps, .. } => adagrad(p, g, s1, lr * scale, eps),
                 DenseOptimizer::Adam { .. } => adam(p, g, s1, s2, &k),
             }
         };
@@ -570,5 +616,52 @@ mod tests {
         }
         .validate()
         .unwrap();
+    }
+
+    #[test]
+    fn lr_decay_is_constant_then_falls_quadratically_to_zero() {
+        let d = LrDecay {
+            start: 10,
+            steps: 4,
+        };
+        let f: Vec<f32> = (1..=16).map(|t| d.factor(t)).collect();
+        assert!(f[..10].iter().all(|&x| x == 1.0), "{f:?}");
+        assert_eq!(&f[10..], &[0.5625, 0.25, 0.0625, 0.0, 0.0, 0.0]);
+        assert_eq!(LrDecay::default().factor(1_000_000), 1.0);
+    }
+
+    #[test]
+    fn the_decay_scales_every_optimizer_step() {
+        for kind in [
+            DenseOptimizer::Sgd { lr: 0.1 },
+            DenseOptimizer::Adam {
+                lr: 0.1,
+                beta1: 0.9,
+                beta2: 0.999,
+                eps: 1e-8,
+            },
+        ] {
+            let run = |decay: LrDecay| {
+                let mut opt = OptimizerState::new(kind, &[3]);
+                opt.set_decay(decay);
+                let mut p = vec![1.0f32; 3];
+                let mut moves = Vec::new();
+                for _ in 0..4 {
+                    let before = p[0];
+                    opt.begin_step();
+                    opt.update(0, &mut p, &[0.5, -0.5, 0.25]);
+                    moves.push(p[0] - before);
+                }
+                moves
+            };
+            let flat = run(LrDecay::default());
+            let decayed = run(LrDecay { start: 2, steps: 2 });
+            assert_eq!(&flat[..2], &decayed[..2], "{kind:?}");
+            assert!(
+                (decayed[2] - 0.25 * flat[2]).abs() < 1e-6,
+                "{kind:?}: {decayed:?} vs {flat:?}"
+            );
+            assert_eq!(decayed[3], 0.0, "{kind:?}");
+        }
     }
 }

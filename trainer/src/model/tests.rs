@@ -462,3 +462,55 @@ fn train_step_equals_forward_backward_then_apply() {
         assert_eq!(a.params(), b.params());
     }
 }
+
+#[test]
+fn predict_equals_the_training_forward_pass() {
+    for cfg in [small_cfg(), DlrmConfig::default()] {
+        let mut rng = Rng::new(11);
+        let b = random_batch(&cfg, 300, &mut rng);
+        let mut model = Dlrm::new(cfg.clone(), DenseOptimizer::Sgd { lr: 0.1 }, 5).unwrap();
+        let mut emb_grad = vec![0.0; b.emb.len()];
+        model
+            .forward_backward(b.n, &b.dense, &b.emb, &b.labels, &mut emb_grad)
+            .unwrap();
+        let trained: Vec<f32> = model.last_probs()[..b.n].to_vec();
+        let predicted = model.predict(b.n, &b.dense, &b.emb).unwrap().to_vec();
+        for (i, (t, p)) in trained.iter().zip(&predicted).enumerate() {
+            assert!(
+                (t - p).abs() < 1e-6,
+                "sample {i}: training {t} vs predict {p}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_short_batch_counts_for_its_samples() {
+    let cfg = small_cfg();
+    let mut rng = Rng::new(21);
+    let b = random_batch(&cfg, 10, &mut rng);
+    let grads = |divisor: usize| {
+        let mut model = Dlrm::new(cfg.clone(), DenseOptimizer::Sgd { lr: 0.1 }, 5).unwrap();
+        model.set_batch_divisor(divisor);
+        let mut emb_grad = vec![0.0; b.emb.len()];
+        let loss = model
+            .forward_backward(b.n, &b.dense, &b.emb, &b.labels, &mut emb_grad)
+            .unwrap();
+        let dense: Vec<f32> = model.grads().concat();
+        (loss, dense, emb_grad)
+    };
+    let (loss_mean, dense_mean, emb_mean) = grads(0);
+    // A batch of 10 where 40 are nominal: a quarter of the mean gradient; the loss stays the mean.
+    let (loss_short, dense_short, emb_short) = grads(40);
+    assert_eq!(loss_mean, loss_short);
+    for (m, s) in dense_mean
+        .iter()
+        .chain(&emb_mean)
+        .zip(dense_short.iter().chain(&emb_short))
+    {
+        assert!((m * 0.25 - s).abs() <= 1e-6 * (1.0 + m.abs()), "{m} vs {s}");
+    }
+    // A full (or larger) batch is unaffected.
+    let (_, dense_full, _) = grads(10);
+    assert_eq!(dense_full, dense_mean);
+}

@@ -14,6 +14,12 @@
 //!
 //! The end of the data: a trainer out of batches keeps contributing zeros (samples 0, `done`) so that its
 //! replica takes the same steps as the others', until a step's answer says every trainer is done.
+//!
+//! Overlap (`--dense-staleness 1`): step `t`'s sum travels while step `t+1` pulls and computes, and is applied
+//! just after step `t+1`'s backward pass, so step `t+1`'s gradients are taken at parameters one step old. Every
+//! trainer still applies the same sums in the same order, so the replicas stay identical; the barrier's wait
+//! (the round trip and the slower trainer) hides behind a step of compute. [`DenseReduce::flush`] applies the
+//! sum in flight (before an evaluation, a checkpoint, the end of the pass).
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -21,7 +27,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use protocol::wire::reduce::{self, ReduceHeader, ReducedHeader};
 use protocol::{Encoding, ProtocolError, PsClient};
-use tokio::task::JoinSet;
+use tokio::task::{JoinHandle, JoinSet};
 
 use crate::config::OnMissing;
 use crate::model::Dlrm;
@@ -60,7 +66,18 @@ pub enum ReduceError {
     /// The model refused the gradients (a size mismatch: a bug).
     #[error("set the reduced dense gradients: {0}")]
     Model(#[from] crate::model::ModelError),
+    /// The task carrying an overlapped step's sum panicked or was cancelled.
+    #[error("dense reduce of step {step}: its task stopped ({reason})")]
+    Task {
+        /// The step.
+        step: u64,
+        /// The join error.
+        reason: String,
+    },
 }
+
+/// A step's sums and answer.
+type Summed = Result<(ReducedHeader, Vec<f32>), ReduceError>;
 
 /// What one step's reduce found.
 #[derive(Debug, Clone, PartialEq)]
@@ -73,22 +90,38 @@ pub struct StepOutcome {
     pub missing: Vec<u32>,
 }
 
-/// One trainer's side of the hybrid dense mode.
-pub struct DenseReduce {
+/// What a trainer's reduce requests carry besides the values: shared with the task of an overlapped step.
+struct Link {
     client: Arc<PsClient>,
     group: u64,
     rank: u32,
     world: u32,
     timeout_ms: u32,
-    on_missing: OnMissing,
     /// How the sums travel (`--reduce-encoding`).
     encoding: Encoding,
     /// The slice of the flat gradient each server sums.
     slices: Vec<Range<usize>>,
-    /// The flat gradient (a sum over this trainer's samples), then the mean over the global batch.
-    flat: Vec<f32>,
     /// Values of the flat gradient.
     flat_len: usize,
+}
+
+/// An overlapped step's sum on its way.
+struct Pending {
+    step: u64,
+    task: JoinHandle<Summed>,
+}
+
+/// One trainer's side of the hybrid dense mode.
+pub struct DenseReduce {
+    link: Arc<Link>,
+    on_missing: OnMissing,
+    /// The flat gradient (a sum over this trainer's samples), then the mean over the global batch (empty
+    /// while both buffers are in flight or applied; reallocated once).
+    flat: Vec<f32>,
+    /// Overlap each step's sum with the next step (`--dense-staleness 1`).
+    overlap: bool,
+    /// The overlapped step in flight.
+    pending: Option<Pending>,
 }
 
 impl DenseReduce {
@@ -103,28 +136,146 @@ impl DenseReduce {
     ) -> DenseReduce {
         let slices = reduce::slices(model.num_params(), client.num_servers());
         DenseReduce {
-            client,
-            group,
-            rank: rank as u32,
-            world: world as u32,
-            timeout_ms: ((timeout_secs * 1000.0).round() as u32).clamp(1, reduce::MAX_TIMEOUT_MS),
+            link: Arc::new(Link {
+                client,
+                group,
+                rank: rank as u32,
+                world: world as u32,
+                timeout_ms: ((timeout_secs * 1000.0).round() as u32)
+                    .clamp(1, reduce::MAX_TIMEOUT_MS),
+                encoding,
+                slices,
+                flat_len: model.num_params(),
+            }),
             on_missing,
-            encoding,
-            slices,
             flat: vec![0.0; model.num_params()],
-            flat_len: model.num_params(),
+            overlap: false,
+            pending: None,
         }
+    }
+
+    /// Overlaps each step's sum with the next step (module docs); `false` applies it within its own step.
+    pub fn with_overlap(mut self, overlap: bool) -> DenseReduce {
+        self.overlap = overlap;
+        self
     }
 
     /// Sums `values` (this trainer's, over `samples` samples) with the other trainers' for reduce step
     /// `step`, one slice per server, in parallel; returns the answer and the sums (in `values`' buffer).
-    pub async fn sum(
-        &self,
+    pub async fn sum(&self, step: u64, values: Vec<f32>, samples: u64, done: bool) -> Summed {
+        self.link.sum(step, values, samples, done).await
+    }
+
+    /// The factor on a trainer's embedding gradients that makes W trainers at batch `B/W` push what one
+    /// trainer at batch `B` would (module docs).
+    pub fn embedding_scale(&self) -> f32 {
+        1.0 / self.link.world as f32
+    }
+
+    /// Sums step `step`'s dense gradients over the trainers and, if any trainer had samples, sets `model`'s
+    /// gradients to the mean over the global batch and takes the optimizer step. `samples` is this trainer's
+    /// batch (its gradients are those of its last backward pass), or 0 with `done` when it is out of data.
+    ///
+    /// With overlap, the sum of `step` is sent and the previous step's is applied instead; the outcome is the
+    /// previous step's (samples 0 and not all done when there was none).
+    pub async fn step(
+        &mut self,
         step: u64,
-        mut values: Vec<f32>,
+        model: &mut Dlrm,
         samples: u64,
         done: bool,
-    ) -> Result<(ReducedHeader, Vec<f32>), ReduceError> {
+    ) -> Result<StepOutcome, ReduceError> {
+        let mut flat = std::mem::take(&mut self.flat);
+        flat.resize(self.link.flat_len, 0.0);
+        if samples > 0 {
+            // The model divided the batch's summed loss by this: multiplying gives the sum over the samples.
+            let divisor = model.grad_divisor(samples as usize) as f32;
+            let mut at = 0;
+            for g in model.grads() {
+                for (d, v) in flat[at..at + g.len()].iter_mut().zip(g) {
+                    *d = v * divisor;
+                }
+                at += g.len();
+            }
+        } else {
+            flat.fill(0.0);
+        }
+        if !self.overlap {
+            let summed = self.link.sum(step, flat, samples, done).await;
+            return self.apply(step, summed, model);
+        }
+        let link = self.link.clone();
+        let task = tokio::spawn(async move { link.sum(step, flat, samples, done).await });
+        match self.pending.replace(Pending { step, task }) {
+            Some(previous) => self.finish(previous, model).await,
+            None => Ok(StepOutcome {
+                samples: 0,
+                all_done: false,
+                missing: Vec::new(),
+            }),
+        }
+    }
+
+    /// Applies the overlapped step in flight, if any, and returns its outcome.
+    pub async fn flush(&mut self, model: &mut Dlrm) -> Result<Option<StepOutcome>, ReduceError> {
+        match self.pending.take() {
+            Some(p) => self.finish(p, model).await.map(Some),
+            None => Ok(None),
+        }
+    }
+
+    async fn finish(&mut self, p: Pending, model: &mut Dlrm) -> Result<StepOutcome, ReduceError> {
+        let summed = p.task.await.unwrap_or_else(|e| {
+            Err(ReduceError::Task {
+                step: p.step,
+                reason: e.to_string(),
+            })
+        });
+        self.apply(p.step, summed, model)
+    }
+
+    /// Checks a step's answer and applies its mean gradient; keeps the buffer for the next step.
+    fn apply(
+        &mut self,
+        step: u64,
+        summed: Summed,
+        model: &mut Dlrm,
+    ) -> Result<StepOutcome, ReduceError> {
+        let (h, mut flat) = summed?;
+        if !h.missing.is_empty() {
+            metrics::counter!(crate::metrics::REDUCE_MISSING_TOTAL)
+                .increment(h.missing.len() as u64);
+            if self.on_missing == OnMissing::Fail {
+                return Err(ReduceError::Missing {
+                    step,
+                    missing: h.missing,
+                });
+            }
+            tracing::warn!(step, missing = ?h.missing, "dense reduce went on without some trainers");
+        }
+        if h.samples > 0 {
+            // The mean over the global batch of the trainers in the sum; a short last step counts for its
+            // samples (Dlrm::grad_divisor).
+            let trainers = (self.link.world as usize)
+                .saturating_sub(h.missing.len())
+                .max(1);
+            let nominal = (model.grad_divisor(0) * trainers) as u64;
+            let inv = 1.0 / h.samples.max(nominal) as f32;
+            flat.iter_mut().for_each(|v| *v *= inv);
+            model.set_grads(&flat)?;
+            model.apply_gradients();
+        }
+        self.flat = flat;
+        Ok(StepOutcome {
+            samples: h.samples,
+            all_done: h.all_done,
+            missing: h.missing,
+        })
+    }
+}
+
+impl Link {
+    async fn sum(&self, step: u64, mut values: Vec<f32>, samples: u64, done: bool) -> Summed {
         let slices = if values.len() == self.flat_len {
             self.slices.clone()
         } else {
@@ -185,59 +336,5 @@ impl DenseReduce {
             all_done: done,
         });
         Ok((h, values))
-    }
-
-    /// The factor on a trainer's embedding gradients that makes W trainers at batch `B/W` push what one
-    /// trainer at batch `B` would (module docs).
-    pub fn embedding_scale(&self) -> f32 {
-        1.0 / self.world as f32
-    }
-
-    /// Sums step `step`'s dense gradients over the trainers and, if any trainer had samples, sets `model`'s
-    /// gradients to the mean over the global batch and takes the optimizer step. `samples` is this trainer's
-    /// batch (its gradients are those of its last backward pass), or 0 with `done` when it is out of data.
-    pub async fn step(
-        &mut self,
-        step: u64,
-        model: &mut Dlrm,
-        samples: u64,
-        done: bool,
-    ) -> Result<StepOutcome, ReduceError> {
-        if samples > 0 {
-            let mut at = 0;
-            for g in model.grads() {
-                for (d, v) in self.flat[at..at + g.len()].iter_mut().zip(g) {
-                    *d = v * samples as f32;
-                }
-                at += g.len();
-            }
-        } else {
-            self.flat.fill(0.0);
-        }
-        let flat = std::mem::take(&mut self.flat);
-        let (h, flat) = self.sum(step, flat, samples, done).await?;
-        self.flat = flat;
-        if !h.missing.is_empty() {
-            metrics::counter!(crate::metrics::REDUCE_MISSING_TOTAL)
-                .increment(h.missing.len() as u64);
-            if self.on_missing == OnMissing::Fail {
-                return Err(ReduceError::Missing {
-                    step,
-                    missing: h.missing,
-                });
-            }
-            tracing::warn!(step, missing = ?h.missing, "dense reduce went on without some trainers");
-        }
-        if h.samples > 0 {
-            let inv = 1.0 / h.samples as f32;
-            self.flat.iter_mut().for_each(|v| *v *= inv);
-            model.set_grads(&self.flat)?;
-            model.apply_gradients();
-        }
-        Ok(StepOutcome {
-            samples: h.samples,
-            all_done: h.all_done,
-            missing: h.missing,
-        })
     }
 }

@@ -107,6 +107,12 @@ impl Trainer {
             .set_precision(precision)
             .map_err(TrainError::model("--dense-precision"))?;
         tracing::info!(?precision, "dense precision");
+        // A short last batch counts for its samples; W trainers divide by W times this (dense_reduce).
+        model.set_batch_divisor(args.batch_size);
+        model.set_lr_decay(crate::model::optim::LrDecay {
+            start: args.lr_decay_start,
+            steps: args.lr_decay_steps,
+        });
         let codecs = args.table_codecs(dlrm.num_sparse)?;
         let residuals = Arc::new(std::sync::Mutex::new(args.residual_store(&codecs)));
         let mut specs = args.table_specs(dlrm.num_sparse);
@@ -132,6 +138,7 @@ impl Trainer {
                 args.on_missing_trainer,
                 args.reduce_encoding,
             )
+            .with_overlap(args.dense_staleness > 0)
         });
         let publish = (hybrid && rank == 0).then(|| DenseSync::new(&model, &map, rank));
         client
@@ -248,6 +255,18 @@ impl Trainer {
         Ok(Some(outcome))
     }
 
+    /// Hybrid mode with `--dense-staleness 1`: applies the dense reduce in flight (before an evaluation, a
+    /// checkpoint or the end of a pass); else a no-op. Returns its outcome.
+    async fn flush_dense(&mut self) -> Result<Option<StepOutcome>> {
+        let Some(reduce) = &mut self.reduce else {
+            return Ok(None);
+        };
+        let started = Instant::now();
+        let outcome = reduce.flush(&mut self.model).await?;
+        metrics::histogram!(m::REDUCE_SECONDS).record(started.elapsed().as_secs_f64());
+        Ok(outcome)
+    }
+
     /// `--init-output-bias`: before the job's first step, shifts the output bias so that the mean prediction
     /// on the first batch equals its positive rate (in the hybrid mode, the shift averaged over the trainers'
     /// first batches, so every replica gets the same).
@@ -308,6 +327,7 @@ impl Trainer {
     /// servers snapshot their tables into `dir/ps`.
     async fn checkpoint(&mut self, dir: &std::path::Path) -> Result<Event> {
         let started = Instant::now();
+        self.flush_dense().await?;
         self.publish_dense().await?;
         // Rank 0 snapshots the servers (the cut is exact with one trainer in synchronous mode: every push
         // of this rank is acknowledged; other ranks' pushes may straddle it).

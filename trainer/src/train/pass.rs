@@ -51,6 +51,14 @@ impl Window {
     }
 }
 
+/// A trained batch: its size, loss, and sums of predictions and labels.
+struct Trained {
+    samples: usize,
+    loss: f32,
+    pred_sum: f64,
+    label_sum: f64,
+}
+
 /// What a pass has done so far, for its progress lines and its report.
 struct Tally {
     begin: Instant,
@@ -59,9 +67,11 @@ struct Tally {
     samples: u64,
     batches: u64,
     rejected: u64,
-    /// Loss sum and samples since the last progress line.
+    /// Loss sum, samples, prediction sum and label sum since the last progress line.
     window_loss: f64,
     window_samples: u64,
+    window_pred: f64,
+    window_labels: f64,
     last_report: Instant,
     losses: Vec<(u64, f32)>,
     evals: Vec<(u64, EvalReport)>,
@@ -77,6 +87,8 @@ impl Tally {
             rejected: 0,
             window_loss: 0.0,
             window_samples: 0,
+            window_pred: 0.0,
+            window_labels: 0.0,
             last_report: Instant::now(),
             losses: Vec::new(),
             evals: Vec::new(),
@@ -100,9 +112,9 @@ impl Trainer {
             let Some(stage) = w.ahead.pop_front() else {
                 break;
             };
-            let (b, loss) = self.train_batch(&mut w, stage).await?;
+            let trained = self.train_batch(&mut w, stage).await?;
             tally.rejected += w.reap()?;
-            self.count(&mut tally, b, loss, &mut on_event);
+            self.count(&mut tally, trained, &mut on_event);
             self.periodic(&mut w, &mut tally, opts, &mut on_event)
                 .await?;
         }
@@ -112,6 +124,7 @@ impl Trainer {
                 break;
             }
         }
+        self.flush_dense().await?;
         self.finish_pass(w, tally, opts, &mut on_event).await
     }
 
@@ -186,13 +199,22 @@ impl Trainer {
         Ok(())
     }
 
-    /// Receives a batch's rows, computes it and sends its push (not awaited); returns its size and loss.
-    async fn train_batch(&mut self, w: &mut Window, mut stage: Stage) -> Result<(usize, f32)> {
+    /// Receives a batch's rows, computes it and sends its push (not awaited); returns its size, loss and sums.
+    async fn train_batch(&mut self, w: &mut Window, mut stage: Stage) -> Result<Trained> {
         self.receive(&mut stage, &w.in_flight).await?;
         if self.step == 0 && self.args.init_output_bias && self.dense.is_none() {
             self.start_output_bias(&stage.batch).await?;
         }
         let loss = self.compute(&stage.batch)?;
+        let trained = Trained {
+            samples: stage.batch.len,
+            loss,
+            pred_sum: self.model.last_probs()[..stage.batch.len]
+                .iter()
+                .map(|&p| p as f64)
+                .sum(),
+            label_sum: stage.batch.labels.iter().map(|&y| y as f64).sum(),
+        };
         let Stage {
             batch, plan, index, ..
         } = stage;
@@ -231,7 +253,7 @@ impl Trainer {
             r
         });
         if self.reduce.is_some() {
-            if w.k == 0 {
+            if w.k == 0 && self.args.dense_staleness == 0 {
                 // Synchronous: once the reduce completes, every trainer's push of this step is applied, so the
                 // next pull sees all of them (as one trainer at the global batch would).
                 let mut acked = w.acked_rx.clone();
@@ -239,11 +261,14 @@ impl Trainer {
             }
             self.reduce_dense(b as u64, false).await?;
         }
-        Ok((b, loss))
+        Ok(trained)
     }
 
     /// Counts a trained batch, and reports progress once per `--progress-secs`.
-    fn count(&mut self, t: &mut Tally, b: usize, loss: f32, on_event: &mut impl FnMut(Event)) {
+    fn count(&mut self, t: &mut Tally, trained: Trained, on_event: &mut impl FnMut(Event)) {
+        let (b, loss) = (trained.samples, trained.loss);
+        t.window_pred += trained.pred_sum;
+        t.window_labels += trained.label_sum;
         self.step += 1;
         self.samples += b as u64;
         t.samples += b as u64;
@@ -261,12 +286,18 @@ impl Trainer {
                 seconds: (t.begin.elapsed() - t.paused).as_secs_f64(),
                 samples_per_sec: t.window_samples as f64 / secs,
                 loss: t.window_loss / t.window_samples.max(1) as f64,
+                calibration: if t.window_labels > 0.0 {
+                    t.window_pred / t.window_labels
+                } else {
+                    f64::NAN
+                },
             };
             metrics::gauge!(m::SAMPLES_PER_SECOND).set(p.samples_per_sec);
             metrics::gauge!(m::LOSS).set(p.loss);
             on_event(Event::Progress(p));
             t.last_report = Instant::now();
             (t.window_loss, t.window_samples) = (0.0, 0);
+            (t.window_pred, t.window_labels) = (0.0, 0.0);
         }
     }
 
@@ -282,6 +313,7 @@ impl Trainer {
         let ckpt_now = opts.checkpoint_every > 0 && self.step.is_multiple_of(opts.checkpoint_every);
         if let (true, Some(cfg)) = (eval_now, &opts.eval_data) {
             let started = Instant::now();
+            self.flush_dense().await?;
             let report = self.evaluate(cfg.clone()).await?;
             t.evals.push((self.step, report));
             on_event(Event::Eval {

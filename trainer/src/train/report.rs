@@ -38,6 +38,9 @@ pub struct Progress {
     pub samples_per_sec: f64,
     /// Mean loss over the last interval.
     pub loss: f64,
+    /// Over the last interval, the mean prediction (made before each batch's update) over the positive rate:
+    /// the training-time calibration (NaN without positives).
+    pub calibration: f64,
 }
 
 /// Something a pass reports while it runs.
