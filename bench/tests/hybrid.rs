@@ -23,6 +23,8 @@ const SAME_STEPS: &[&str] = &[
     "0.5",
     "--encoding",
     "f32",
+    "--reduce-encoding",
+    "f32",
     "--batch-size",
     "1024",
 ];
@@ -132,4 +134,124 @@ fn overlapped_reduce_keeps_the_replicas_identical() {
     assert_eq!(r0.meta.optimizer_step, r1.meta.optimizer_step);
     assert!(r0.meta.optimizer_step > 0);
     assert!(r0.params == r1.params, "the ranks' dense parameters differ");
+}
+
+/// `trainer train` as rank `rank` of 2 in the hybrid mode, checkpointing every 4 steps into `ckpt`.
+fn hybrid_rank(
+    dir: &Path,
+    ps: &str,
+    tls: &Path,
+    rank: usize,
+    train: &Path,
+) -> std::process::Command {
+    let mut cmd = trainer();
+    cmd.args([
+        "train",
+        "--ps",
+        ps,
+        "--rank",
+        &rank.to_string(),
+        "--world",
+        "2",
+    ])
+    .args(["--batch-size", "500", "--reduce-timeout-secs", "3"])
+    .args(["--checkpoint-every", "4", "--skip-final-eval"])
+    .arg("--checkpoint-dir")
+    .arg(dir.join("ckpt"))
+    .arg("--tls-dir")
+    .arg(tls)
+    .arg("--train")
+    .arg(train)
+    .arg("--summary-json")
+    .arg(dir.join(format!("rank{rank}.json")))
+    .stdout(std::process::Stdio::null())
+    .stderr(std::process::Stdio::piped());
+    cmd
+}
+
+/// A trainer SIGKILLed mid-pass does not wedge the other: its reduce times out naming the dead rank; then the
+/// job resumes from the last checkpoint both ranks wrote and finishes. Rank 1 reads a FIFO the test feeds 12
+/// batches and then leaves open, so rank 1 is alive and blocked in the middle of its pass when it is killed,
+/// however fast the machine.
+#[test]
+fn a_killed_trainer_stops_the_other_with_a_named_error_and_the_job_resumes() {
+    use std::io::Write;
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = support::start_servers(2, &dir.path().join("run"), &[]);
+    let ps: Vec<String> = cluster.quic.iter().map(|a| a.to_string()).collect();
+    let ps = ps.join(",");
+    let train = dir.path().join("train.tsv");
+    generate(24_000, 5, &train);
+    let fifo = dir.path().join("rank1.fifo");
+    let c_path = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o600) }, 0);
+    // Rank 1 takes the odd lines: 12,400 lines give it 12 batches of 500 and 200 rows of a 13th.
+    let text = std::fs::read_to_string(&train).unwrap();
+    let head: String = text
+        .lines()
+        .take(12_400)
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
+    let feeder = std::thread::spawn({
+        let fifo = fifo.clone();
+        move || {
+            let mut w = std::fs::OpenOptions::new().write(true).open(&fifo).unwrap();
+            w.write_all(head.as_bytes()).unwrap();
+            w.flush().unwrap();
+            // Held open: rank 1 waits for the rest of its 13th batch until the test is done with it.
+            let _ = stop_rx.recv();
+        }
+    });
+    let r0 = hybrid_rank(dir.path(), &ps, &cluster.tls_dir, 0, &train)
+        .spawn()
+        .unwrap();
+    let mut r1 = hybrid_rank(dir.path(), &ps, &cluster.tls_dir, 1, &fifo)
+        .spawn()
+        .unwrap();
+    // Both ranks checkpoint step 12 (the last step rank 1 can take); poll for it.
+    let ckpt = dir.path().join("ckpt");
+    let deadline = std::time::Instant::now() + Duration::from_secs(240);
+    let at_12 =
+        |rank| trainer::checkpoint::Checkpoint::read(&ckpt, rank).is_ok_and(|c| c.meta.step == 12);
+    while !(at_12(0) && at_12(1)) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no checkpoint at step 12"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(r1.try_wait().unwrap().is_none(), "rank 1 ended early");
+    r1.kill().unwrap(); // SIGKILL
+    r1.wait().unwrap();
+    let _ = stop_tx.send(());
+    feeder.join().unwrap();
+    let out = r0.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("trainer rank(s) [1] sent nothing"),
+        "{stderr}"
+    );
+    // The job resumes from the checkpoint (both ranks at step 12) and finishes its pass.
+    let resumed: Vec<_> = (0..2)
+        .map(|rank| {
+            hybrid_rank(dir.path(), &ps, &cluster.tls_dir, rank, &train)
+                .arg("--resume")
+                .arg(&ckpt)
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for (rank, child) in resumed.into_iter().enumerate() {
+        let out = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "rank {rank}: {stderr}");
+        assert!(stderr.contains("resumed from"), "{stderr}");
+        let s = summary(&dir.path().join(format!("rank{rank}.json")));
+        // Each rank's 12,000 rows, of which 12 batches of 500 were in the checkpoint.
+        assert_eq!(s["samples"], 6_000, "rank {rank}: {s}");
+    }
+    cluster.shutdown(Duration::from_secs(30)).unwrap();
 }

@@ -268,12 +268,14 @@ pub struct ModelArgs {
     pub on_missing_trainer: OnMissing,
     /// Hybrid mode: the job's reduce group, the same for every trainer of the job and different for another
     /// job on the same servers (default: derived from `--seed`, the world size and the batch size; `trainer
-    /// demo` draws one per run).
+    /// demo` draws one per run). A job resumed from a checkpoint mixes the checkpoint's step into it, so the
+    /// steps of the run that crashed cannot answer the resumed run's.
     #[arg(long)]
     pub reduce_group: Option<u64>,
-    /// Hybrid mode: how the dense gradient sums travel, `f32` or `bf16` (half the bytes; the servers sum in
-    /// f32).
-    #[arg(long, default_value = "f32")]
+    /// Hybrid mode: how the dense gradient sums travel, `bf16` (the default: half the bytes, the servers sum
+    /// in f32, master weights stay f32; two pinned trainers 1.73x one against 1.67x with `f32`, at the same
+    /// AUC: BENCHMARKS.md) or `f32` (exact sums, for runs that must match one trainer bit for bit).
+    #[arg(long, default_value = "bf16")]
     pub reduce_encoding: Encoding,
     /// Hybrid mode: steps a dense gradient may be late, 0 or 1. With 1, step t's reduce travels while step
     /// t+1 pulls and computes (hiding the barrier's round trip and the wait for the slower trainer), and is

@@ -97,6 +97,21 @@ pub fn decode_values(
     codec::decode(payload, encoding, out)
 }
 
+/// Decodes `out.len()` values in `encoding` of `payload` into `out`; refuses another length.
+pub fn decode_values_into(
+    what: &str,
+    payload: &[u8],
+    encoding: Encoding,
+    out: &mut [f32],
+) -> Result<(), ProtocolError> {
+    check_len(
+        what,
+        payload.len(),
+        out.len() * encoding.bytes_per_element(),
+    )?;
+    codec::decode(payload, encoding, out)
+}
+
 /// Checks a header's fields against each other and the limits; the message names the offending value.
 pub fn validate(h: &ReduceHeader) -> Result<(), ProtocolError> {
     let bad = |m: String| Err(ProtocolError::BadPayload(format!("reduce: {m}")));

@@ -380,6 +380,26 @@ impl Dlrm {
         Ok(())
     }
 
+    /// One optimizer step with gradients `flat x scale` (in the order of [`params`](Self::params)), scaled
+    /// into the layers' gradient buffers block by block while they are in cache (the hybrid mode's reduced
+    /// gradients).
+    pub fn apply_flat_gradients(&mut self, flat: &[f32], scale: f32) -> Result<(), ModelError> {
+        check_len("dense gradients", flat.len(), self.num_params())?;
+        self.opt.begin_step();
+        let mut at = 0;
+        let layers = layers_mut(&mut self.bottom, &mut self.top);
+        for (slot, (param, grad)) in layers.flat_map(|l| l.params_and_grads_mut()).enumerate() {
+            let src = &flat[at..at + param.len()];
+            at += param.len();
+            self.opt.update_with(slot, param, grad, |offset, block| {
+                for (g, s) in block.iter_mut().zip(&src[offset..]) {
+                    *g = s * scale;
+                }
+            });
+        }
+        Ok(())
+    }
+
     /// The dense optimizer's state (for checkpoints).
     pub fn optimizer_state(&self) -> &OptimizerState {
         &self.opt

@@ -514,3 +514,27 @@ fn a_short_batch_counts_for_its_samples() {
     let (_, dense_full, _) = grads(10);
     assert_eq!(dense_full, dense_mean);
 }
+
+#[test]
+fn apply_flat_gradients_equals_set_grads_then_apply() {
+    let cfg = small_cfg();
+    let adam = DenseOptimizer::Adam {
+        lr: 0.01,
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 1e-8,
+    };
+    let mut a = Dlrm::new(cfg.clone(), adam, 9).unwrap();
+    let mut b = Dlrm::new(cfg.clone(), adam, 9).unwrap();
+    let mut rng = Rng::new(4);
+    for _ in 0..3 {
+        let flat = rand_vec(&mut rng, a.num_params(), 1.0);
+        let scaled: Vec<f32> = flat.iter().map(|v| v * 0.25).collect();
+        a.set_grads(&scaled).unwrap();
+        a.apply_gradients();
+        b.apply_flat_gradients(&flat, 0.25).unwrap();
+    }
+    assert_eq!(a.params(), b.params());
+    assert_eq!(a.grads(), b.grads());
+    assert!(b.apply_flat_gradients(&[1.0], 1.0).is_err());
+}

@@ -91,6 +91,7 @@ pub struct StepOutcome {
 }
 
 /// What a trainer's reduce requests carry besides the values: shared with the task of an overlapped step.
+#[derive(Clone)]
 struct Link {
     client: Arc<PsClient>,
     group: u64,
@@ -152,6 +153,15 @@ impl DenseReduce {
             overlap: false,
             pending: None,
         }
+    }
+
+    /// Moves to reduce group `group` (a resumed job: the previous run's finalized steps must not answer this
+    /// one's). Call between passes, with nothing in flight.
+    pub fn set_group(&mut self, group: u64) {
+        debug_assert!(self.pending.is_none(), "set_group with a step in flight");
+        let mut link = Link::clone(&self.link);
+        link.group = group;
+        self.link = Arc::new(link);
     }
 
     /// Overlaps each step's sum with the next step (module docs); `false` applies it within its own step.
@@ -241,7 +251,7 @@ impl DenseReduce {
         summed: Summed,
         model: &mut Dlrm,
     ) -> Result<StepOutcome, ReduceError> {
-        let (h, mut flat) = summed?;
+        let (h, flat) = summed?;
         if !h.missing.is_empty() {
             metrics::counter!(crate::metrics::REDUCE_MISSING_TOTAL)
                 .increment(h.missing.len() as u64);
@@ -260,10 +270,7 @@ impl DenseReduce {
                 .saturating_sub(h.missing.len())
                 .max(1);
             let nominal = (model.grad_divisor(0) * trainers) as u64;
-            let inv = 1.0 / h.samples.max(nominal) as f32;
-            flat.iter_mut().for_each(|v| *v *= inv);
-            model.set_grads(&flat)?;
-            model.apply_gradients();
+            model.apply_flat_gradients(&flat, 1.0 / h.samples.max(nominal) as f32)?;
         }
         self.flat = flat;
         Ok(StepOutcome {
@@ -303,7 +310,6 @@ impl Link {
             });
         }
         let mut first: Option<ReducedHeader> = None;
-        let mut decoded = Vec::new();
         while let Some(joined) = set.join_next().await {
             let (server, r) = joined.expect("reduce task panicked");
             let fail = |source| ReduceError::Server {
@@ -313,10 +319,8 @@ impl Link {
             };
             let (h, payload) = r.map_err(fail)?;
             let range = slices[server].clone();
-            let n = range.len() as u32;
-            reduce::decode_values("reduced", &payload, n, self.encoding, &mut decoded)
+            reduce::decode_values_into("reduced", &payload, self.encoding, &mut values[range])
                 .map_err(fail)?;
-            values[range].copy_from_slice(&decoded);
             match &first {
                 Some(f) if f.samples != h.samples => {
                     return Err(ReduceError::Disagree {

@@ -204,6 +204,13 @@ impl Trainer {
         }
         self.step = ckpt.meta.step;
         self.reduce_step = ckpt.meta.step;
+        if let Some(reduce) = &mut self.reduce {
+            // Every rank resumes from the same step: a group of its own, so the steps the crashed run
+            // finalized (kept by the servers for a while) cannot answer the resumed run's.
+            let base =
+                (self.args.reduce_group).unwrap_or_else(|| default_group(&self.args, self.world));
+            reduce.set_group(base ^ resumed_salt(ckpt.meta.step));
+        }
         self.samples = ckpt.meta.samples;
         Ok(ckpt.meta)
     }
@@ -411,6 +418,11 @@ impl Trainer {
         plan.build(&batch.sparse, self.args.emb_dim, &self.map);
         Ok(Some(self.start(batch, plan, None)))
     }
+}
+
+/// Mixed into the default reduce group of a job resumed at `step`.
+fn resumed_salt(step: u64) -> u64 {
+    (step.wrapping_add(1)).wrapping_mul(0x9e37_79b9_7f4a_7c15)
 }
 
 /// The reduce group of a job that names none (`--reduce-group`): the same for every trainer of the job.
