@@ -124,8 +124,9 @@ pub struct LoadArgs {
     #[arg(long)]
     pub populate_rows: Option<u64>,
     /// Send each worker's batch `j + P` as a prefetch (`protocol::wire::prefetch`) before pulling batch `j`,
-    /// off the worker's critical path, as a trainer planning ahead would; 0 = no prefetch. Network targets
-    /// only.
+    /// off the worker's critical path, as a trainer planning ahead would; 0 = no prefetch. Before the clock
+    /// starts each worker prefetches its batches `0..=P` and waits for them (the steady state of a trainer's
+    /// plan stage), so the figures are not the cold start of the first pulls. Network targets only.
     #[arg(long, default_value_t = 0)]
     pub prefetch_distance: u64,
     /// Open loop: start batches on a fixed schedule of R batches per second over all workers (batch `i` of

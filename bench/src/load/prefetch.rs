@@ -2,7 +2,8 @@
 //! batch `j` it makes sure the prefetch of its batch `j + P` has been sent (`protocol::wire::prefetch`: the
 //! same id sections a pull of that batch sends), to every server with ids in it. Prefetches run as their own
 //! tasks, never awaited on the worker's critical path, and a pull that overtakes its prefetch is the server's
-//! business (it waits for the read in flight).
+//! business (it waits for the read in flight). Before the run's clock starts, [`Prefetcher::prime`] sends and
+//! awaits the prefetches of batches `0..=P`, so a short run measures the steady state, not its first pulls.
 //!
 //! Leases: the owner is drawn per run and worker ([`owner`]), the lease is the worker's batch number `j`, and
 //! `release_below` is the number of the worker's batches whose last request (the push, or the pull without
@@ -112,6 +113,20 @@ impl Prefetcher {
         }
         while self.pending.front().is_some_and(JoinHandle::is_finished) {
             let h = self.pending.pop_front().expect("front exists");
+            self.collect(h).await?;
+        }
+        Ok(())
+    }
+
+    /// Before the run's clock starts: sends the prefetches of batches `0..=distance` and waits for them, as a
+    /// trainer's plan stage in its steady state is that far ahead of its pulls (without it, a short run's
+    /// first pulls, which no prefetch preceded, are its worst latencies).
+    pub async fn prime<'a, I>(&mut self, batch: impl Fn(u64) -> I) -> anyhow::Result<()>
+    where
+        I: IntoIterator<Item = &'a ServerRequests>,
+    {
+        self.ahead_of(0, 0, batch).await?;
+        while let Some(h) = self.pending.pop_front() {
             self.collect(h).await?;
         }
         Ok(())

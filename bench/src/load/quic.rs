@@ -143,20 +143,30 @@ async fn run_async(
         }
     }
 
-    let window = Window::starting_now(cfg);
-    let (progress, ticker) = Progress::start(cfg.progress, window);
-    let mut workers = Vec::new();
     let run_base = prefetch::run_base();
+    let mut prefetchers = Vec::new();
     for w in 0..cfg.concurrency {
-        let (client, pool, progress, cfg) =
-            (client.clone(), pool.clone(), progress.clone(), cfg.clone());
-        let prefetcher = (cfg.prefetch_distance > 0).then(|| {
+        let mut prefetcher = (cfg.prefetch_distance > 0).then(|| {
             Prefetcher::new(
                 client.clone(),
                 prefetch::owner(run_base, w),
                 cfg.prefetch_distance,
             )
         });
+        if let Some(p) = &mut prefetcher {
+            let batch = |k: u64| &pool[(w + k as usize * cfg.concurrency) % pool.len()];
+            p.prime(|k| batch(k).iter().map(|p| &p.req))
+                .await
+                .context("prime the prefetch window")?;
+        }
+        prefetchers.push(prefetcher);
+    }
+    let window = Window::starting_now(cfg);
+    let (progress, ticker) = Progress::start(cfg.progress, window);
+    let mut workers = Vec::new();
+    for (w, prefetcher) in prefetchers.into_iter().enumerate() {
+        let (client, pool, progress, cfg) =
+            (client.clone(), pool.clone(), progress.clone(), cfg.clone());
         let servers = addrs.len();
         workers.push(tokio::spawn(async move {
             worker(w, &cfg, client, pool, window, progress, prefetcher, servers).await
