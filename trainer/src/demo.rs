@@ -188,7 +188,15 @@ pub fn run_demo(mut args: DemoArgs) -> anyhow::Result<Summary> {
             Some(path) => crate::criteo::count_rows(std::slice::from_ref(path))?,
             None => args.rows,
         };
-        let mut steps = rows.div_ceil(args.model.batch_size.max(1) as u64);
+        // Optimizer steps of the job: in the hybrid mode the trainers share each step (the batch is the global
+        // one); in the asynchronous mode each trainer steps through its share of the rows on its own.
+        let async_trainers = match args.model.dense_mode {
+            crate::config::DenseMode::Async if args.trainers > 1 => args.trainers as u64,
+            _ => 1,
+        };
+        let mut steps = rows
+            .div_ceil(async_trainers)
+            .div_ceil(args.model.batch_size.max(1) as u64);
         if args.job.max_steps > 0 {
             steps = steps.min(args.job.max_steps);
         }

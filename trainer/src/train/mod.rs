@@ -270,7 +270,9 @@ impl Trainer {
         };
         let started = Instant::now();
         let outcome = reduce.flush(&mut self.model).await?;
-        metrics::histogram!(m::REDUCE_SECONDS).record(started.elapsed().as_secs_f64());
+        if outcome.is_some() {
+            metrics::histogram!(m::REDUCE_SECONDS).record(started.elapsed().as_secs_f64());
+        }
         Ok(outcome)
     }
 
@@ -422,7 +424,7 @@ impl Trainer {
 
 /// Mixed into the default reduce group of a job resumed at `step`.
 fn resumed_salt(step: u64) -> u64 {
-    (step.wrapping_add(1)).wrapping_mul(0x9e37_79b9_7f4a_7c15)
+    step.wrapping_add(1).wrapping_mul(0x9e37_79b9_7f4a_7c15)
 }
 
 /// The reduce group of a job that names none (`--reduce-group`): the same for every trainer of the job.
