@@ -154,7 +154,7 @@ fn hybrid_rank(
         "--world",
         "2",
     ])
-    .args(["--batch-size", "500", "--reduce-timeout-secs", "3"])
+    .args(["--batch-size", "500", "--reduce-timeout-secs", "10"])
     .args(["--checkpoint-every", "4", "--skip-final-eval"])
     .arg("--checkpoint-dir")
     .arg(dir.join("ckpt"))
