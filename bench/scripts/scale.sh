@@ -14,6 +14,7 @@
 #   rows=N distinct_rows=D in_memory_share=F wall_s=W samples_per_s=S auc=A disk_bytes=B
 #   rss_trainer=R rss_server_max=R plan_resident_per_server=P rss_vs_plan=X
 #   at_peak_rss: secs=T server=I rss=.. rows=.. memtables=.. block_cache=.. table_readers=.. other=..
+#     jemalloc_allocated=.. allocated_other=.. allocator_slack=.. jemalloc_metadata=.. outside_jemalloc=..
 # (the second from the servers' memory gauges, sampled every 5 s into OUT/memory.tsv)
 # and keeps every log, the summary and the servers' last /metrics under OUT.
 #
@@ -71,7 +72,7 @@ trainer_pid=$!
 # Every 5 s each server's memory gauges go to OUT/memory.tsv (seconds, server, then the gauges in the order of
 # the header), for the breakdown at the servers' peak.
 rss_trainer=0 ; tick=0
-printf 'secs\tserver\trss\trows\tmemtables\tblock_cache\ttable_readers\n' >"$OUT/memory.tsv"
+printf 'secs\tserver\trss\trows\tmemtables\tblock_cache\ttable_readers\tjemalloc_allocated\tjemalloc_resident\tjemalloc_metadata\n' >"$OUT/memory.tsv"
 while kill -0 "$trainer_pid" 2>/dev/null; do
   tp=$(pgrep -n -x trainer || true)
   if [ -n "$tp" ]; then
@@ -90,7 +91,10 @@ while kill -0 "$trainer_pid" 2>/dev/null; do
         /^ps_rocksdb_memory_bytes\{kind="memtables"\}/ {mt = $2}
         /^ps_rocksdb_memory_bytes\{kind="block_cache"\}/ {bc = $2}
         /^ps_rocksdb_memory_bytes\{kind="table_readers"\}/ {tr = $2}
-        END {if (rss != "") printf "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", t, s, rss, rows, mt, bc, tr}' \
+        /^ps_allocator_bytes\{kind="allocated"\}/ {ja = $2}
+        /^ps_allocator_bytes\{kind="resident"\}/ {jr = $2}
+        /^ps_allocator_bytes\{kind="metadata"\}/ {jm = $2}
+        END {if (rss != "") printf "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", t, s, rss, rows, mt, bc, tr, ja, jr, jm}' \
         >>"$OUT/memory.tsv" || true
     done
   fi
@@ -136,10 +140,14 @@ print(f"rows={s['samples']} distinct_rows={distinct:.0f} in_memory_share={mem / 
       f"rss_vs_plan={int(rss_s) * 1024 / pred:.3f}")
 # The servers' memory at the sample with the highest RSS (gauges refresh with each write-back).
 rows_tsv = [l.split("\t") for l in open(f"{out}/memory.tsv").read().splitlines()[1:]]
-rows_tsv = [[float(x or 0) for x in r] for r in rows_tsv if len(r) == 7]
+rows_tsv = [[float(x or 0) for x in r] for r in rows_tsv if len(r) == 10]
 if rows_tsv:
-    t, srv, rss, rowb, mt, bc, tr = max(rows_tsv, key=lambda r: r[2])
+    t, srv, rss, rowb, mt, bc, tr, ja, jr, jm = max(rows_tsv, key=lambda r: r[2])
     mib = lambda b: f"{b / 2**20:.0f}MiB"
+    # other = what no gauge names; allocated_other = what the program holds beyond the named parts (from
+    # jemalloc's count), slack = allocator pages resident but not allocated (fragmentation, dirty pages).
     print(f"at_peak_rss: secs={t:.0f} server={srv:.0f} rss={mib(rss)} rows={mib(rowb)} memtables={mib(mt)} "
-          f"block_cache={mib(bc)} table_readers={mib(tr)} other={mib(rss - rowb - mt - bc - tr)}")
+          f"block_cache={mib(bc)} table_readers={mib(tr)} other={mib(rss - rowb - mt - bc - tr)} "
+          f"jemalloc_allocated={mib(ja)} allocated_other={mib(ja - rowb - mt - bc - tr)} "
+          f"allocator_slack={mib(jr - ja)} jemalloc_metadata={mib(jm)} outside_jemalloc={mib(rss - jr)}")
 PY

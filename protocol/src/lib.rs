@@ -15,6 +15,8 @@
 //! - [`routing`]: stable id -> virtual shard -> server mapping ([`ShardMap`]).
 //! - [`client`]: [`PsClient`], the trainer's connection to every parameter server: retries with backoff,
 //!   liveness probes of overdue requests.
+//! - [`keyed`]: pulls and pushes of one table's ids in the caller's order (dedup, route, scatter), for
+//!   callers without a batch plan of their own (the Python package).
 //! - [`error`]: [`ProtocolError`] and the typed [`ErrorCode`]s servers answer with.
 //!
 //! Table specs ([`TableSpec`]) are plain types defined beside the tables they describe (`embedding::spec`)
@@ -24,6 +26,7 @@
 pub mod client;
 pub mod compression;
 pub mod error;
+pub mod keyed;
 pub mod routing;
 pub mod transport;
 pub mod wire;

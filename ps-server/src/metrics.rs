@@ -38,6 +38,10 @@ pub const MEMORY_BYTES: &str = "ps_memory_bytes";
 pub const ROCKSDB_MEMORY_BYTES: &str = "ps_rocksdb_memory_bytes";
 /// Gauge: the process's resident set size (`VmRSS`), bytes.
 pub const PROCESS_RESIDENT_BYTES: &str = "ps_process_resident_bytes";
+/// Gauge: jemalloc's statistics, bytes, by `kind`: `allocated` (what the process holds), `active` (its pages),
+/// `resident` (physically resident allocator pages, metadata included), `metadata`, `retained` (unmapped but
+/// kept virtual). Linux builds only.
+pub const ALLOCATOR_BYTES: &str = "ps_allocator_bytes";
 /// Rows written back to RocksDB.
 pub const WRITEBACK_ROWS_TOTAL: &str = "ps_writeback_rows_total";
 /// Write batches written to RocksDB.
@@ -173,6 +177,11 @@ fn describe_rows() {
         PROCESS_RESIDENT_BYTES,
         Unit::Bytes,
         "Resident set size of the process (VmRSS), refreshed with the row gauges."
+    );
+    describe_gauge!(
+        ALLOCATOR_BYTES,
+        Unit::Bytes,
+        "jemalloc's statistics by kind: allocated, active, resident, metadata, retained."
     );
     describe_counter!(
         ROWS_EXPIRED_TOTAL,

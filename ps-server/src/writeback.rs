@@ -136,6 +136,33 @@ pub fn update_gauges(engine: &Engine) {
     if let Some(rss) = resident_bytes() {
         metrics::gauge!(m::PROCESS_RESIDENT_BYTES).set(rss as f64);
     }
+    for (kind, bytes) in allocator_stats() {
+        metrics::gauge!(m::ALLOCATOR_BYTES, "kind" => kind).set(bytes as f64);
+    }
+}
+
+/// jemalloc's statistics (refreshed by advancing its epoch), as `(kind, bytes)`; empty where jemalloc is not
+/// linked or its statistics cannot be read.
+pub fn allocator_stats() -> Vec<(&'static str, u64)> {
+    #[cfg(target_os = "linux")]
+    {
+        use tikv_jemalloc_ctl::{epoch, stats};
+        if epoch::advance().is_err() {
+            return Vec::new();
+        }
+        let read = [
+            ("allocated", stats::allocated::read()),
+            ("active", stats::active::read()),
+            ("resident", stats::resident::read()),
+            ("metadata", stats::metadata::read()),
+            ("retained", stats::retained::read()),
+        ];
+        read.into_iter()
+            .filter_map(|(k, v)| v.ok().map(|v| (k, v as u64)))
+            .collect()
+    }
+    #[cfg(not(target_os = "linux"))]
+    Vec::new()
 }
 
 /// The process's resident set size (`VmRSS` of `/proc/self/status`), `None` where there is no procfs.

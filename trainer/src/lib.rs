@@ -2,7 +2,7 @@
 //! embedding rows from the parameter servers. It stores no embeddings beyond a batch (DESIGN.md, "Crates").
 //!
 //! # Layout
-//! - [`criteo`]: Criteo TSV/CSV parsing, columnar shards, feature-id hashing, batched reading on its own thread.
+//! - [`criteo`] (the `criteo` crate, re-exported): Criteo TSV/CSV parsing, columnar shards, feature-id hashing, batched reading on its own thread.
 //! - [`model`]: the DLRM dense model (MLPs, dot interaction, loss) and its optimizers.
 //! - [`step`]: the stages of one training step in data-path order: pipeline (parse, plan threads), plan,
 //!   exchange (pull), replay, push (with error feedback), dense sync.
@@ -22,7 +22,9 @@
 pub mod checkpoint;
 pub mod cli;
 pub mod config;
-pub mod criteo;
+/// The Criteo reader, a crate of its own (the Python package reads Criteo rows too) re-exported under its old
+/// path.
+pub use ::criteo;
 pub mod demo;
 pub mod eval;
 pub mod metrics;

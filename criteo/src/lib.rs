@@ -1,5 +1,6 @@
 //! The Criteo input pipeline: click logs in, columnar [`Batch`]es of labels, dense features and feature ids
-//! out (DESIGN.md, "Read").
+//! out (DESIGN.md, "Read"). A crate of its own, below the trainer, because the Python package (and serving,
+//! which answers Criteo-format rows) read the same rows into the same feature ids.
 //!
 //! Input is the Criteo TSV format (Kaggle `train.txt`, Terabyte `day_N`): no header, 40 tab-separated
 //! fields `label, I1..I13, C1..C26`; or the Kaggle CSV form (`Id,Label,...` header, an id column first);
@@ -22,15 +23,15 @@
 //!
 //! # Example
 //! ```no_run
-//! use trainer::criteo::{BatchReader, ReaderConfig};
+//! use criteo::{BatchReader, ReaderConfig};
 //! let cfg = ReaderConfig { rank: 0, world: 2, ..ReaderConfig::new(["data/day_0.gz"], 4096) };
 //! let mut reader = BatchReader::spawn(cfg)?;
 //! for batch in &mut reader {
 //!     let batch = batch?;
-//!     assert_eq!(batch.sparse.len(), trainer::criteo::NUM_SPARSE);
+//!     assert_eq!(batch.sparse.len(), criteo::NUM_SPARSE);
 //! }
 //! println!("{:?}", reader.stats());
-//! # Ok::<(), trainer::criteo::ReadError>(())
+//! # Ok::<(), criteo::ReadError>(())
 //! ```
 
 pub mod batch;

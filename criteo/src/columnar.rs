@@ -226,7 +226,7 @@ pub fn write_shard(batch: &Batch, out: &mut impl Write) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::criteo::parse::Row;
+    use crate::parse::Row;
 
     fn batch(n: u32) -> Batch {
         let mut batch = Batch::with_capacity(n as usize);

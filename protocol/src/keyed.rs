@@ -1,0 +1,333 @@
+//! Keyed pulls and pushes of one table: a caller's ids in any order, duplicates allowed, become one request per
+//! server (unique ids, ascending, [`IdCoding::Plain`]) and the replies come back in the caller's order.
+//!
+//! This is the client's view for callers that hold no batch plan of their own (the Python package; the
+//! trainer plans many tables at once in `trainer::step::plan`). The planning half is sans-IO ([`KeyedPlan`]:
+//! dedup, route, build payloads, scatter replies, sum duplicate gradients) and tested without sockets; the I/O
+//! half ([`pull_rows`], [`push_rows`]) sends one request per server in parallel through a [`PsClient`].
+//!
+//! Bad input is refused before anything is sent: a row buffer of the wrong length, a non-finite gradient
+//! (named by row and column), an empty dimension.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use tokio::task::JoinSet;
+
+use crate::compression::codec::{decode_rows, encode_rows, Encoding};
+use crate::error::ProtocolError;
+use crate::routing::ShardMap;
+use crate::transport::Dialer;
+use crate::wire::ids::IdCoding;
+use crate::wire::pull::IdSections;
+use crate::PsClient;
+
+/// The plan of one keyed request: the unique ids of the caller's ids, where each caller position's row is,
+/// and which unique ids each server owns.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct KeyedPlan {
+    /// Distinct ids, ascending.
+    unique: Vec<u64>,
+    /// `inverse[i]`: position in `unique` of the caller's `ids[i]`.
+    inverse: Vec<u32>,
+    /// `by_server[s]`: positions in `unique` owned by server `s`, ascending (so their ids are ascending too).
+    by_server: Vec<Vec<u32>>,
+}
+
+impl KeyedPlan {
+    /// Plans `ids` over `map`'s servers.
+    pub fn new(ids: &[u64], map: &ShardMap) -> KeyedPlan {
+        let mut order: Vec<u32> = (0..ids.len() as u32).collect();
+        order.sort_unstable_by_key(|&i| ids[i as usize]);
+        let mut unique = Vec::with_capacity(ids.len());
+        let mut inverse = vec![0u32; ids.len()];
+        for &i in &order {
+            let id = ids[i as usize];
+            if unique.last() != Some(&id) {
+                unique.push(id);
+            }
+            inverse[i as usize] = (unique.len() - 1) as u32;
+        }
+        let mut by_server = Vec::new();
+        map.group(&unique, &mut by_server);
+        KeyedPlan {
+            unique,
+            inverse,
+            by_server,
+        }
+    }
+
+    /// Distinct ids, ascending.
+    pub fn unique(&self) -> &[u64] {
+        &self.unique
+    }
+
+    /// Position in [`KeyedPlan::unique`] of each caller id.
+    pub fn inverse(&self) -> &[u32] {
+        &self.inverse
+    }
+
+    /// Servers with at least one id, with the id sections of their request for table `table` of `dim`.
+    pub fn sections(&self, table: u32, dim: usize) -> Vec<(usize, IdSections)> {
+        let mut ids = Vec::new();
+        self.by_server
+            .iter()
+            .enumerate()
+            .filter(|(_, pos)| !pos.is_empty())
+            .map(|(s, pos)| {
+                ids.clear();
+                ids.extend(pos.iter().map(|&p| self.unique[p as usize]));
+                let mut sections = IdSections::new();
+                sections.table(table, dim as u32, IdCoding::Plain, &ids);
+                (s, sections)
+            })
+            .collect()
+    }
+
+    /// Decodes server `server`'s reply `rows` (its unique ids' rows in `encoding`) into `unique_rows`
+    /// (`unique().len() x dim`).
+    pub fn scatter_unique(
+        &self,
+        server: usize,
+        rows: &[u8],
+        encoding: Encoding,
+        dim: usize,
+        unique_rows: &mut [f32],
+    ) -> Result<(), ProtocolError> {
+        let pos = &self.by_server[server];
+        let mut decoded = vec![0f32; pos.len() * dim];
+        decode_rows(rows, dim, encoding, &mut decoded)?;
+        for (&p, row) in pos.iter().zip(decoded.chunks_exact(dim)) {
+            let p = p as usize * dim;
+            unique_rows[p..p + dim].copy_from_slice(row);
+        }
+        Ok(())
+    }
+
+    /// Copies the unique rows to every caller position: `out` is `ids.len() x dim`.
+    pub fn expand(&self, unique_rows: &[f32], dim: usize, out: &mut [f32]) {
+        for (o, &u) in out.chunks_exact_mut(dim).zip(&self.inverse) {
+            let u = u as usize * dim;
+            o.copy_from_slice(&unique_rows[u..u + dim]);
+        }
+    }
+
+    /// Sums the caller's gradient rows (`ids.len() x dim`) per unique id (`unique().len() x dim`).
+    pub fn sum_duplicates(&self, grads: &[f32], dim: usize) -> Vec<f32> {
+        let mut sums = vec![0f32; self.unique.len() * dim];
+        for (g, &u) in grads.chunks_exact(dim).zip(&self.inverse) {
+            let u = u as usize * dim;
+            for (s, &x) in sums[u..u + dim].iter_mut().zip(g) {
+                *s += x;
+            }
+        }
+        sums
+    }
+
+    /// The push payload for server `server`: its id sections, then its unique ids' gradient rows (from
+    /// `unique_grads`) in `encoding`.
+    pub fn push_payload(
+        &self,
+        server: usize,
+        sections: IdSections,
+        unique_grads: &[f32],
+        encoding: Encoding,
+        dim: usize,
+    ) -> IdSections {
+        let mut sections = sections;
+        let pos = &self.by_server[server];
+        let mut rows = Vec::with_capacity(pos.len() * dim);
+        for &p in pos {
+            let p = p as usize * dim;
+            rows.extend_from_slice(&unique_grads[p..p + dim]);
+        }
+        encode_rows(&rows, dim, encoding, &mut sections.payload);
+        sections
+    }
+}
+
+/// Checks that a row buffer holds `n x dim` values.
+fn check_rows_len(what: &str, len: usize, n: usize, dim: usize) -> Result<(), ProtocolError> {
+    if dim == 0 {
+        return Err(ProtocolError::BadPayload(format!(
+            "{what}: dim = 0, expected at least 1"
+        )));
+    }
+    if len != n * dim {
+        return Err(ProtocolError::BadPayload(format!(
+            "{what}: {len} values for {n} ids of dim {dim}, expected {}",
+            n * dim
+        )));
+    }
+    Ok(())
+}
+
+/// Refuses a gradient buffer holding a NaN or an infinity, naming its row and column.
+pub fn check_finite(grads: &[f32], dim: usize) -> Result<(), ProtocolError> {
+    match grads.iter().position(|g| !g.is_finite()) {
+        None => Ok(()),
+        Some(i) => Err(ProtocolError::BadPayload(format!(
+            "gradient row {} column {} is {}: gradients must be finite",
+            i / dim.max(1),
+            i % dim.max(1),
+            grads[i]
+        ))),
+    }
+}
+
+/// Pulls the rows of `ids` (any order, duplicates allowed) of table `table` (`dim` wide) in `encoding`, one
+/// request per server in parallel, into `out` (`ids.len() x dim`, row `i` for `ids[i]`).
+pub async fn pull_rows<D: Dialer>(
+    client: &Arc<PsClient<D>>,
+    table: u32,
+    dim: usize,
+    encoding: Encoding,
+    ids: &[u64],
+    out: &mut [f32],
+) -> Result<(), ProtocolError> {
+    check_rows_len("pull", out.len(), ids.len(), dim)?;
+    if ids.is_empty() {
+        return Ok(());
+    }
+    let plan = KeyedPlan::new(ids, &client.shard_map());
+    let mut set = JoinSet::new();
+    for (server, sections) in plan.sections(table, dim) {
+        let client = client.clone();
+        set.spawn(async move {
+            let rows = client
+                .pull(
+                    server,
+                    encoding,
+                    sections.counts,
+                    Bytes::from(sections.payload),
+                )
+                .await?;
+            Ok::<_, ProtocolError>((server, rows))
+        });
+    }
+    let mut unique_rows = vec![0f32; plan.unique().len() * dim];
+    while let Some(joined) = set.join_next().await {
+        let (server, rows) = joined.expect("pull task panicked")?;
+        plan.scatter_unique(server, &rows, encoding, dim, &mut unique_rows)?;
+    }
+    plan.expand(&unique_rows, dim, out);
+    Ok(())
+}
+
+/// Pushes gradient rows `grads` (`ids.len() x dim`, row `i` for `ids[i]`; rows of a repeated id are summed)
+/// of table `table` in `encoding`, one request per server in parallel. Returns the rows the servers applied.
+pub async fn push_rows<D: Dialer>(
+    client: &Arc<PsClient<D>>,
+    table: u32,
+    dim: usize,
+    encoding: Encoding,
+    ids: &[u64],
+    grads: &[f32],
+) -> Result<u64, ProtocolError> {
+    check_rows_len("push", grads.len(), ids.len(), dim)?;
+    check_finite(grads, dim)?;
+    if ids.is_empty() {
+        return Ok(0);
+    }
+    let plan = KeyedPlan::new(ids, &client.shard_map());
+    let sums = plan.sum_duplicates(grads, dim);
+    let mut set = JoinSet::new();
+    for (server, sections) in plan.sections(table, dim) {
+        let sections = plan.push_payload(server, sections, &sums, encoding, dim);
+        let client = client.clone();
+        set.spawn(async move {
+            client
+                .push(
+                    server,
+                    encoding,
+                    1.0,
+                    sections.counts,
+                    Bytes::from(sections.payload),
+                )
+                .await
+        });
+    }
+    let mut applied = 0;
+    while let Some(joined) = set.join_next().await {
+        let (rows, rejected) = joined.expect("push task panicked")?;
+        if rejected > 0 {
+            return Err(ProtocolError::BadPayload(format!(
+                "a server rejected {rejected} non-finite gradient rows of table {table}"
+            )));
+        }
+        applied += rows;
+    }
+    Ok(applied)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn plan_dedups_and_routes_every_unique_id_once() {
+        let map = ShardMap::new(3);
+        let ids = [9u64, 3, 9, 7, 3, 1 << 40];
+        let plan = KeyedPlan::new(&ids, &map);
+        assert_eq!(plan.unique(), &[3, 7, 9, 1 << 40]);
+        for (i, &u) in plan.inverse().iter().enumerate() {
+            assert_eq!(plan.unique()[u as usize], ids[i]);
+        }
+        let mut seen: Vec<u64> = plan
+            .sections(5, 2)
+            .into_iter()
+            .flat_map(|(s, sec)| {
+                assert_eq!(sec.counts[0].table, 5);
+                plan.by_server[s].iter().map(|&p| plan.unique[p as usize]).collect::<Vec<_>>()
+            })
+            .collect();
+        seen.sort_unstable();
+        assert_eq!(seen, plan.unique());
+    }
+
+    #[test]
+    fn bad_lengths_and_gradients_are_named() {
+        let e = check_rows_len("push", 5, 2, 2).unwrap_err().to_string();
+        assert!(e.contains("5 values for 2 ids of dim 2"), "{e}");
+        let e = check_finite(&[0.0, 1.0, 2.0, f32::NAN], 2).unwrap_err().to_string();
+        assert!(e.contains("row 1 column 1 is NaN"), "{e}");
+        assert!(check_rows_len("pull", 0, 0, 0).is_err());
+    }
+
+    proptest! {
+        /// Against a plain model: scatter + expand gives each caller position its id's row, and the pushed
+        /// sums equal a HashMap's per-id sums.
+        #[test]
+        fn plan_matches_a_hashmap_model(ids in proptest::collection::vec(0u64..20, 0..40), servers in 1u32..4) {
+            let dim = 2;
+            let map = ShardMap::new(servers);
+            let plan = KeyedPlan::new(&ids, &map);
+            let row_of = |id: u64| [id as f32, -(id as f32)];
+            let mut unique_rows = vec![0f32; plan.unique().len() * dim];
+            for (s, _) in plan.sections(0, dim) {
+                let mut bytes = Vec::new();
+                let rows: Vec<f32> = plan.by_server[s].iter().flat_map(|&p| row_of(plan.unique[p as usize])).collect();
+                encode_rows(&rows, dim, Encoding::F32, &mut bytes);
+                plan.scatter_unique(s, &bytes, Encoding::F32, dim, &mut unique_rows).unwrap();
+            }
+            let mut out = vec![0f32; ids.len() * dim];
+            plan.expand(&unique_rows, dim, &mut out);
+            for (i, &id) in ids.iter().enumerate() {
+                prop_assert_eq!(&out[i * dim..i * dim + dim], &row_of(id)[..]);
+            }
+            let grads: Vec<f32> = (0..ids.len() * dim).map(|x| x as f32).collect();
+            let sums = plan.sum_duplicates(&grads, dim);
+            let mut model = std::collections::HashMap::<u64, [f32; 2]>::new();
+            for (i, &id) in ids.iter().enumerate() {
+                let e = model.entry(id).or_default();
+                e[0] += grads[i * dim];
+                e[1] += grads[i * dim + 1];
+            }
+            prop_assert_eq!(model.len(), plan.unique().len());
+            for (u, id) in plan.unique().iter().enumerate() {
+                prop_assert_eq!(&sums[u * dim..u * dim + dim], &model[id][..]);
+            }
+        }
+    }
+}

@@ -1,0 +1,205 @@
+"""The numpy client: tables by name, pulls and pushes of numpy arrays, blocking or with a handle.
+
+Ids are 1-D ``int64`` (>= 0) or ``uint64`` arrays, in any order, duplicates allowed (a pull returns a row per id;
+a push sums the gradient rows of a repeated id). Gradients are ``float32`` arrays of ``len(ids) x dim``. Rows come
+back as ``float32`` arrays that own the decoded buffer (no copy after decoding). ``*_async`` calls return at once
+with a handle whose ``wait()`` blocks with the GIL released; the arrays passed in may be reused right away.
+"""
+
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence, Union
+
+import numpy as np
+
+from . import _pstrain
+
+PullHandle = _pstrain.PullHandle
+PushHandle = _pstrain.PushHandle
+
+OPTIMIZERS = ("sgd", "row_adagrad", "adam")
+INITS = ("uniform", "normal")
+ENCODINGS = ("f32", "f16", "bf16", "int8")
+
+
+@dataclass(frozen=True)
+class Table:
+    """A registered table: its id on the servers, name, row dimension and wire encodings."""
+
+    id: int
+    name: str
+    dim: int
+    encoding: str = "f32"
+    push_encoding: str = "f32"
+
+
+def _check_ids(ids, what: str) -> np.ndarray:
+    """``ids`` as a contiguous uint64 array (a view where possible), or a TypeError/ValueError naming the problem."""
+    if not isinstance(ids, np.ndarray):
+        raise TypeError(f"{what}: ids must be a numpy array of int64 or uint64, got {type(ids).__name__}")
+    if ids.ndim != 1:
+        raise ValueError(f"{what}: ids must be 1-D, got shape {ids.shape}")
+    if ids.dtype == np.int64:
+        if ids.size and ids.min() < 0:
+            i = int(np.argmax(ids < 0))
+            raise ValueError(f"{what}: ids[{i}] = {int(ids[i])} is out of range: ids are unsigned 64-bit (>= 0)")
+        return np.ascontiguousarray(ids).view(np.uint64)
+    if ids.dtype == np.uint64:
+        return np.ascontiguousarray(ids)
+    raise TypeError(f"{what}: ids dtype {ids.dtype}: expected int64 or uint64")
+
+
+def _check_grads(grads, n: int, dim: int, what: str) -> np.ndarray:
+    if not isinstance(grads, np.ndarray):
+        raise TypeError(f"{what}: grads must be a numpy float32 array, got {type(grads).__name__}")
+    if grads.dtype != np.float32:
+        raise TypeError(f"{what}: grads dtype {grads.dtype}: expected float32")
+    if grads.shape != (n, dim):
+        raise ValueError(f"{what}: grads shape {grads.shape}, expected ({n}, {dim}) for {n} ids of dim {dim}")
+    finite = np.isfinite(grads)
+    if not finite.all():
+        r, c = np.argwhere(~finite)[0]
+        raise ValueError(f"{what}: grads[{r}, {c}] = {grads[r, c]}: gradients must be finite")
+    return np.ascontiguousarray(grads)
+
+
+class Client:
+    """Connections to every server of a cluster.
+
+    ``servers``: ``host:port`` addresses in shard order (a list, or one comma-separated string); ``tls_dir``: the
+    cluster's TLS directory (``ca.pem``, ``client.pem``, ``client.key``); ``transport``: ``quic`` or ``tcp``;
+    ``timeout_secs``: the most any call may take before it raises ``PsTimeoutError``.
+    """
+
+    def __init__(
+        self,
+        servers: Union[str, Sequence[str]],
+        tls_dir: str,
+        *,
+        transport: str = "quic",
+        timeout_secs: float = 30.0,
+        server_name: Optional[str] = None,
+    ):
+        if isinstance(servers, str):
+            servers = [s.strip() for s in servers.split(",") if s.strip()]
+        self._servers, self._tls_dir = list(servers), str(tls_dir)
+        self._c = _pstrain.Client(self._servers, self._tls_dir, transport, float(timeout_secs), server_name)
+        self._tables: Dict[str, Table] = {}
+        self._known = {t["name"]: t for t in self._c.known_tables()}
+
+    @property
+    def num_servers(self) -> int:
+        return self._c.num_servers
+
+    def register_table(
+        self,
+        name: str,
+        dim: int,
+        *,
+        optimizer: str = "sgd",
+        lr: float = 0.01,
+        eps: float = 1e-8,
+        initial_accumulator: float = 0.0,
+        betas=(0.9, 0.999),
+        weight_decay: float = 0.0,
+        clip_norm: float = 0.0,
+        init: str = "uniform",
+        init_scale: float = 0.01,
+        seed: int = 0,
+        encoding: str = "f32",
+        push_encoding: Optional[str] = None,
+        table_id: Optional[int] = None,
+    ) -> Table:
+        """Creates table ``name`` on every server (rows are created on first use from the initializer), or
+        attaches to it if the cluster has it with the same settings. Returns the :class:`Table`.
+
+        ``optimizer`` runs on the servers: ``sgd`` (``lr``), ``row_adagrad`` (``lr``, ``eps``,
+        ``initial_accumulator``) or ``adam`` (``lr``, ``betas``, ``eps``); ``weight_decay`` and ``clip_norm``
+        apply to each. ``init``: ``uniform`` in ``[-init_scale, init_scale]`` or ``normal`` with std
+        ``init_scale``, deterministic in (``seed``, id). ``encoding``/``push_encoding``: how rows and gradients
+        travel (``f32``, ``f16``, ``bf16``, ``int8``)."""
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"table name {name!r}: expected a non-empty string")
+        if not isinstance(dim, (int, np.integer)) or isinstance(dim, bool) or dim < 1:
+            raise ValueError(f"table {name!r}: dim = {dim!r}, expected an integer >= 1")
+        if optimizer not in OPTIMIZERS:
+            raise ValueError(f"table {name!r}: optimizer = {optimizer!r}, expected one of {OPTIMIZERS}")
+        if init not in INITS:
+            raise ValueError(f"table {name!r}: init = {init!r}, expected one of {INITS}")
+        push_encoding = push_encoding or encoding
+        for k, v in (("encoding", encoding), ("push_encoding", push_encoding)):
+            if v not in ENCODINGS:
+                raise ValueError(f"table {name!r}: {k} = {v!r}, expected one of {ENCODINGS}")
+        known = self._known.get(name)
+        if known is not None and known["dim"] != dim:
+            raise ValueError(f"table {name!r}: dim = {dim}, but the cluster holds it with dim {known['dim']}")
+        if table_id is None:
+            if known is not None:
+                table_id = known["id"]
+            elif name in self._tables:
+                table_id = self._tables[name].id
+            else:
+                used = {t["id"] for t in self._known.values()} | {t.id for t in self._tables.values()}
+                table_id = max(used, default=-1) + 1
+        self._c.register_table(
+            int(table_id), name, int(dim), optimizer, float(lr), float(eps), float(initial_accumulator),
+            float(betas[0]), float(betas[1]), float(weight_decay), float(clip_norm), init, float(init_scale),
+            int(seed),
+        )
+        t = Table(int(table_id), name, int(dim), encoding, push_encoding)
+        self._tables[name] = t
+        return t
+
+    def table(self, table: Union[str, Table]) -> Table:
+        """The registered table ``table`` (a name or a :class:`Table`); ``KeyError`` naming it if unknown."""
+        if isinstance(table, Table):
+            return table
+        t = self._tables.get(table)
+        if t is None:
+            known = sorted(self._tables)
+            raise KeyError(f"unknown table {table!r}: registered tables are {known}")
+        return t
+
+    @property
+    def tables(self) -> List[Table]:
+        return list(self._tables.values())
+
+    def pull_async(self, table, ids) -> PullHandle:
+        t = self.table(table)
+        u = _check_ids(ids, f"pull of table {t.name!r}")
+        return self._c.pull_async(t.id, t.name, t.dim, t.encoding, u)
+
+    def pull(self, table, ids) -> np.ndarray:
+        """The rows of ``ids``: ``float32`` ``[len(ids), dim]``."""
+        return self.pull_async(table, ids).wait()
+
+    def push_async(self, table, ids, grads) -> PushHandle:
+        t = self.table(table)
+        what = f"push of table {t.name!r}"
+        u = _check_ids(ids, what)
+        g = _check_grads(grads, len(u), t.dim, what)
+        return self._c.push_async(t.id, t.name, t.push_encoding, u, g)
+
+    def push(self, table, ids, grads) -> int:
+        """Applies ``grads`` (``float32`` ``[len(ids), dim]``) with the table's optimizer; returns rows applied."""
+        return self.push_async(table, ids, grads).wait()
+
+    def flush(self) -> int:
+        """Writes every server's dirty rows to RocksDB; returns the rows written."""
+        return self._c.flush()
+
+    def checkpoint(self, directory: str, step: int = 0):
+        """A consistent snapshot of every server's tables under ``directory`` (on the servers' file system)."""
+        return self._c.checkpoint(str(directory), int(step))
+
+    def stats(self) -> dict:
+        """Calls, rows and seconds of pulls and pushes, and seconds spent blocked in ``wait``."""
+        return self._c.stats()
+
+    def close(self):
+        self._c.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

@@ -1,0 +1,518 @@
+//! `Client`: a connection to every parameter server of a cluster, for Python.
+//!
+//! Every request runs on the shared runtime ([`crate::runtime`]) with the GIL released. `pull_async` and
+//! `push_async` return a handle at once (the ids and gradients are copied first, so the caller may reuse its
+//! arrays); `wait` blocks (GIL released) until the reply, or raises. Each operation has a deadline, the
+//! client's `timeout_secs`, past which it fails with `PsTimeoutError` whatever the servers do (the
+//! protocol client's retries and liveness probes run inside it).
+//!
+//! Rows are decoded straight into a `Vec<f32>` that numpy then owns as the array's buffer: one copy from the
+//! wire bytes, none after. The client also counts, per kind, calls, rows, and seconds spent in requests and
+//! in `wait` (`stats()`), for the package's per-batch timing.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use numpy::{PyArray1, PyArrayMethods, PyReadonlyArray1, PyReadonlyArray2};
+use protocol::keyed::{pull_rows, push_rows};
+use protocol::{Encoding, InitSpec, OptimizerSpec, PsClient, PsClientConfig, TableSpec, Transport};
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+use tokio::sync::oneshot;
+
+use crate::errors::RequestError;
+use crate::runtime;
+
+/// Counters of one client (nanoseconds and counts), shared with its in-flight requests.
+#[derive(Default)]
+struct Counters {
+    pull_calls: AtomicU64,
+    pull_rows: AtomicU64,
+    pull_ns: AtomicU64,
+    push_calls: AtomicU64,
+    push_rows: AtomicU64,
+    push_ns: AtomicU64,
+    wait_ns: AtomicU64,
+}
+
+fn parse_encoding(s: &str) -> PyResult<Encoding> {
+    match s {
+        "f32" => Ok(Encoding::F32),
+        "f16" => Ok(Encoding::F16),
+        "bf16" => Ok(Encoding::Bf16),
+        "int8" => Ok(Encoding::Int8),
+        other => Err(PyValueError::new_err(format!(
+            "encoding = {other:?}: expected one of 'f32', 'f16', 'bf16', 'int8'"
+        ))),
+    }
+}
+
+/// A cluster's servers, for Python (`pstrain.Client` wraps it).
+#[pyclass(module = "pstrain._pstrain")]
+pub struct Client {
+    inner: Arc<PsClient>,
+    timeout: Duration,
+    counters: Arc<Counters>,
+}
+
+/// Runs `fut` on the runtime under the client's deadline, the GIL released.
+fn block_on<T: Send>(
+    py: Python<'_>,
+    timeout: Duration,
+    what: &str,
+    fut: impl std::future::Future<Output = Result<T, protocol::ProtocolError>> + Send,
+) -> PyResult<T> {
+    let r = py.detach(|| {
+        runtime().block_on(async {
+            match tokio::time::timeout(timeout, fut).await {
+                Ok(r) => r.map_err(|e| RequestError::new(what, e)),
+                Err(_) => Err(RequestError::timeout(what, timeout.as_secs_f64())),
+            }
+        })
+    });
+    r.map_err(|e| e.into_py(py))
+}
+
+#[pymethods]
+impl Client {
+    /// Connects to `servers` (`host:port`, in shard order) with the client certificate in `tls_dir`, over
+    /// `transport` (`quic` or `tcp`); every request must finish within `timeout_secs`.
+    #[new]
+    #[pyo3(signature = (servers, tls_dir, transport = "quic", timeout_secs = 30.0, server_name = None))]
+    fn new(
+        py: Python<'_>,
+        servers: Vec<String>,
+        tls_dir: PathBuf,
+        transport: &str,
+        timeout_secs: f64,
+        server_name: Option<String>,
+    ) -> PyResult<Client> {
+        if servers.is_empty() {
+            return Err(PyValueError::new_err("servers: the list is empty"));
+        }
+        if !(timeout_secs.is_finite() && timeout_secs > 0.0) {
+            return Err(PyValueError::new_err(format!(
+                "timeout_secs = {timeout_secs}: expected a number > 0"
+            )));
+        }
+        let addrs = servers
+            .iter()
+            .map(|s| {
+                s.parse::<SocketAddr>().map_err(|e| {
+                    PyValueError::new_err(format!(
+                        "servers: {s:?} is not host:port with a numeric address ({e})"
+                    ))
+                })
+            })
+            .collect::<PyResult<Vec<_>>>()?;
+        let transport = match transport {
+            "quic" => Transport::Quic,
+            "tcp" => Transport::Tcp,
+            other => {
+                return Err(PyValueError::new_err(format!(
+                    "transport = {other:?}: expected 'quic' or 'tcp'"
+                )))
+            }
+        };
+        if !tls_dir.join("ca.pem").is_file() {
+            return Err(PyValueError::new_err(format!(
+                "tls_dir = {}: no ca.pem there (make one with `ps-server certs init --tls-dir DIR`)",
+                tls_dir.display()
+            )));
+        }
+        let timeout = Duration::from_secs_f64(timeout_secs);
+        let mut cfg = PsClientConfig::new(addrs, tls_dir);
+        cfg.transport = transport;
+        cfg.request_timeout = timeout;
+        // Retries of transient failures stop well inside the operation's deadline.
+        cfg.retry_for = timeout.mul_f64(0.8);
+        if let Some(name) = server_name {
+            cfg.server_name = name;
+        }
+        let inner = block_on(py, timeout, "connect", PsClient::connect(cfg))?;
+        Ok(Client {
+            inner: Arc::new(inner),
+            timeout,
+            counters: Arc::new(Counters::default()),
+        })
+    }
+
+    /// Number of servers.
+    #[getter]
+    fn num_servers(&self) -> usize {
+        self.inner.num_servers()
+    }
+
+    /// The tables the cluster knew when this client connected, as dicts (`id`, `name`, `dim`).
+    fn known_tables<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyDict>>> {
+        self.inner
+            .known_tables()
+            .iter()
+            .map(|t| {
+                let d = PyDict::new(py);
+                d.set_item("id", t.id)?;
+                d.set_item("name", &t.name)?;
+                d.set_item("dim", t.dim)?;
+                Ok(d)
+            })
+            .collect()
+    }
+
+    /// Registers a table on every server (idempotent for the same spec; a different spec under the same id is
+    /// refused by the servers). `optimizer`: `sgd`, `row_adagrad` or `adam`; `init`: `uniform` (half-width
+    /// `init_scale`) or `normal` (std `init_scale`).
+    #[pyo3(signature = (table_id, name, dim, optimizer, lr, eps, initial_accumulator, beta1, beta2,
+                        weight_decay, clip_norm, init, init_scale, seed))]
+    #[allow(clippy::too_many_arguments)]
+    fn register_table(
+        &self,
+        py: Python<'_>,
+        table_id: u32,
+        name: String,
+        dim: u32,
+        optimizer: &str,
+        lr: f32,
+        eps: f32,
+        initial_accumulator: f32,
+        beta1: f32,
+        beta2: f32,
+        weight_decay: f32,
+        clip_norm: f32,
+        init: &str,
+        init_scale: f32,
+        seed: u64,
+    ) -> PyResult<()> {
+        let regularized = weight_decay != 0.0 || clip_norm != 0.0;
+        let optimizer = match (optimizer, regularized) {
+            ("sgd", false) => OptimizerSpec::Sgd { lr },
+            ("sgd", true) => OptimizerSpec::SgdRegularized {
+                lr,
+                weight_decay,
+                clip_norm,
+            },
+            ("row_adagrad", false) => OptimizerSpec::RowAdagrad {
+                lr,
+                eps,
+                initial_accumulator,
+            },
+            ("row_adagrad", true) => OptimizerSpec::RowAdagradRegularized {
+                lr,
+                eps,
+                initial_accumulator,
+                weight_decay,
+                clip_norm,
+            },
+            ("adam", _) => OptimizerSpec::Adam {
+                lr,
+                beta1,
+                beta2,
+                eps,
+                weight_decay,
+                clip_norm,
+            },
+            (other, _) => {
+                return Err(PyValueError::new_err(format!(
+                    "optimizer = {other:?}: expected 'sgd', 'row_adagrad' or 'adam'"
+                )))
+            }
+        };
+        let init = match init {
+            "uniform" => InitSpec::Uniform { scale: init_scale },
+            "normal" => InitSpec::Normal { std: init_scale },
+            other => {
+                return Err(PyValueError::new_err(format!(
+                    "init = {other:?}: expected 'uniform' or 'normal'"
+                )))
+            }
+        };
+        let spec = TableSpec {
+            id: table_id,
+            name: name.clone(),
+            dim,
+            optimizer,
+            init,
+            seed,
+        };
+        // The server validates the rest (learning rates, dimension bounds) and names what it refuses.
+        let client = self.inner.clone();
+        block_on(
+            py,
+            self.timeout,
+            &format!("register table {name:?}"),
+            async move { client.register_tables(&[spec]).await },
+        )
+    }
+
+    /// Starts a pull of table `table_id` (`dim` wide) for `ids` in `encoding`; returns a `PullHandle`.
+    fn pull_async(
+        &self,
+        table_id: u32,
+        name: String,
+        dim: usize,
+        encoding: &str,
+        ids: PyReadonlyArray1<'_, u64>,
+    ) -> PyResult<PullHandle> {
+        let encoding = parse_encoding(encoding)?;
+        let ids: Vec<u64> = ids.as_array().iter().copied().collect();
+        let n = ids.len();
+        let (tx, rx) = oneshot::channel();
+        let client = self.inner.clone();
+        let counters = self.counters.clone();
+        let timeout = self.timeout;
+        let what = format!("pull of table {name:?} ({n} ids)");
+        runtime().spawn(async move {
+            let start = Instant::now();
+            let mut rows = vec![0f32; n * dim];
+            let r = tokio::time::timeout(
+                timeout,
+                pull_rows(&client, table_id, dim, encoding, &ids, &mut rows),
+            )
+            .await;
+            let r = match r {
+                Ok(Ok(())) => Ok(rows),
+                Ok(Err(e)) => Err(RequestError::new(&what, e)),
+                Err(_) => Err(RequestError::timeout(&what, timeout.as_secs_f64())),
+            };
+            counters.pull_calls.fetch_add(1, Ordering::Relaxed);
+            counters.pull_rows.fetch_add(n as u64, Ordering::Relaxed);
+            counters
+                .pull_ns
+                .fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            let _ = tx.send(r);
+        });
+        Ok(PullHandle {
+            state: Slot::Pending(rx),
+            rows: n,
+            dim,
+            counters: self.counters.clone(),
+        })
+    }
+
+    /// Starts a push of gradient rows `grads` (`len(ids) x dim`) of table `table_id` in `encoding`; returns a
+    /// `PushHandle`.
+    fn push_async(
+        &self,
+        table_id: u32,
+        name: String,
+        encoding: &str,
+        ids: PyReadonlyArray1<'_, u64>,
+        grads: PyReadonlyArray2<'_, f32>,
+    ) -> PyResult<PushHandle> {
+        let encoding = parse_encoding(encoding)?;
+        let ids: Vec<u64> = ids.as_array().iter().copied().collect();
+        let shape = grads.as_array().shape().to_vec();
+        if shape[0] != ids.len() {
+            return Err(PyValueError::new_err(format!(
+                "push of table {name:?}: grads has {} rows for {} ids",
+                shape[0],
+                ids.len()
+            )));
+        }
+        let dim = shape[1];
+        let grads: Vec<f32> = grads.as_array().iter().copied().collect();
+        let n = ids.len();
+        let (tx, rx) = oneshot::channel();
+        let client = self.inner.clone();
+        let counters = self.counters.clone();
+        let timeout = self.timeout;
+        let what = format!("push of table {name:?} ({n} ids)");
+        runtime().spawn(async move {
+            let start = Instant::now();
+            let r = tokio::time::timeout(
+                timeout,
+                push_rows(&client, table_id, dim, encoding, &ids, &grads),
+            )
+            .await;
+            let r = match r {
+                Ok(Ok(applied)) => Ok(applied),
+                Ok(Err(e)) => Err(RequestError::new(&what, e)),
+                Err(_) => Err(RequestError::timeout(&what, timeout.as_secs_f64())),
+            };
+            counters.push_calls.fetch_add(1, Ordering::Relaxed);
+            counters.push_rows.fetch_add(n as u64, Ordering::Relaxed);
+            counters
+                .push_ns
+                .fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            let _ = tx.send(r);
+        });
+        Ok(PushHandle {
+            state: Slot::Pending(rx),
+            counters: self.counters.clone(),
+        })
+    }
+
+    /// Asks every server to write its dirty rows to RocksDB; returns the rows written.
+    fn flush(&self, py: Python<'_>) -> PyResult<u64> {
+        let client = self.inner.clone();
+        block_on(py, self.timeout, "flush", async move { client.flush().await })
+    }
+
+    /// Asks every server to write a consistent snapshot of its tables under `dir` (a path on the servers'
+    /// file systems, not yet holding a snapshot); returns `(rows, shard directory)` per server.
+    fn checkpoint(&self, py: Python<'_>, dir: String, step: u64) -> PyResult<Vec<(u64, String)>> {
+        let client = self.inner.clone();
+        block_on(
+            py,
+            self.timeout,
+            &format!("checkpoint into {dir}"),
+            async move { client.checkpoint(&dir, step).await },
+        )
+    }
+
+    /// The client's counters: calls, rows and seconds of pulls and pushes (seconds from start to reply, on the
+    /// I/O threads), and seconds the caller spent blocked in `wait`.
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let c = &self.counters;
+        let d = PyDict::new(py);
+        let secs = |a: &AtomicU64| a.load(Ordering::Relaxed) as f64 * 1e-9;
+        d.set_item("pull_calls", c.pull_calls.load(Ordering::Relaxed))?;
+        d.set_item("pull_rows", c.pull_rows.load(Ordering::Relaxed))?;
+        d.set_item("pull_seconds", secs(&c.pull_ns))?;
+        d.set_item("push_calls", c.push_calls.load(Ordering::Relaxed))?;
+        d.set_item("push_rows", c.push_rows.load(Ordering::Relaxed))?;
+        d.set_item("push_seconds", secs(&c.push_ns))?;
+        d.set_item("wait_seconds", secs(&c.wait_ns))?;
+        Ok(d)
+    }
+
+    /// Closes every connection.
+    fn close(&self, py: Python<'_>) {
+        let client = self.inner.clone();
+        py.detach(|| {
+            runtime().block_on(async move {
+                let _ = tokio::time::timeout(Duration::from_secs(5), client.close()).await;
+            })
+        });
+    }
+}
+
+/// A request's result slot: still pending, or taken.
+enum Slot<T> {
+    Pending(oneshot::Receiver<Result<T, RequestError>>),
+    Ready(Result<T, RequestError>),
+    Taken,
+}
+
+impl<T: Send> Slot<T> {
+    /// Whether the result is there (without blocking).
+    fn poll(&mut self) -> bool {
+        if let Slot::Pending(rx) = self {
+            match rx.try_recv() {
+                Ok(r) => *self = Slot::Ready(r),
+                Err(oneshot::error::TryRecvError::Empty) => return false,
+                Err(oneshot::error::TryRecvError::Closed) => {
+                    *self = Slot::Ready(Err(RequestError {
+                        kind: crate::errors::Kind::Server,
+                        message: "the request's task ended without an answer".into(),
+                    }))
+                }
+            }
+        }
+        !matches!(self, Slot::Pending(_))
+    }
+
+    /// Blocks (GIL released) until the result, up to `timeout` seconds if given.
+    fn wait(
+        &mut self,
+        py: Python<'_>,
+        timeout: Option<f64>,
+        counters: &Counters,
+    ) -> PyResult<T> {
+        let start = Instant::now();
+        if let Slot::Pending(rx) = self {
+            let rx = rx;
+            let got = py.detach(|| {
+                runtime().block_on(async {
+                    match timeout {
+                        Some(t) => tokio::time::timeout(Duration::from_secs_f64(t.max(0.0)), rx)
+                            .await
+                            .ok(),
+                        None => Some(rx.await),
+                    }
+                })
+            });
+            counters
+                .wait_ns
+                .fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            match got {
+                None => {
+                    return Err(PyErr::from_type(
+                        py.import("pstrain.errors")
+                            .and_then(|m| m.getattr("PsTimeoutError"))
+                            .and_then(|c| c.cast_into().map_err(PyErr::from))
+                            .unwrap_or_else(|_| py.get_type::<PyRuntimeError>()),
+                        format!("wait: no result within {:.1} s", timeout.unwrap_or(0.0)),
+                    ))
+                }
+                Some(Ok(r)) => *self = Slot::Ready(r),
+                Some(Err(_)) => {
+                    *self = Slot::Ready(Err(RequestError {
+                        kind: crate::errors::Kind::Server,
+                        message: "the request's task ended without an answer".into(),
+                    }))
+                }
+            }
+        }
+        match std::mem::replace(self, Slot::Taken) {
+            Slot::Ready(r) => r.map_err(|e| e.into_py(py)),
+            Slot::Taken => Err(PyRuntimeError::new_err(
+                "this handle's result was already taken by an earlier wait()",
+            )),
+            Slot::Pending(_) => unreachable!("waited above"),
+        }
+    }
+}
+
+/// A pull in flight.
+#[pyclass(module = "pstrain._pstrain")]
+pub struct PullHandle {
+    state: Slot<Vec<f32>>,
+    rows: usize,
+    dim: usize,
+    counters: Arc<Counters>,
+}
+
+#[pymethods]
+impl PullHandle {
+    /// Whether the reply (or the error) is there.
+    fn done(&mut self) -> bool {
+        self.state.poll()
+    }
+
+    /// The rows, a `float32` array of `len(ids) x dim` whose buffer is the decoded rows themselves; raises
+    /// the request's error. `timeout`: seconds to wait at most (`PsTimeoutError` past it; the request goes on).
+    #[pyo3(signature = (timeout = None))]
+    fn wait<'py>(
+        &mut self,
+        py: Python<'py>,
+        timeout: Option<f64>,
+    ) -> PyResult<Bound<'py, numpy::PyArray2<f32>>> {
+        let rows = self.state.wait(py, timeout, &self.counters)?;
+        PyArray1::from_vec(py, rows).reshape([self.rows, self.dim])
+    }
+}
+
+/// A push in flight.
+#[pyclass(module = "pstrain._pstrain")]
+pub struct PushHandle {
+    state: Slot<u64>,
+    counters: Arc<Counters>,
+}
+
+#[pymethods]
+impl PushHandle {
+    /// Whether the acknowledgement (or the error) is there.
+    fn done(&mut self) -> bool {
+        self.state.poll()
+    }
+
+    /// The rows the servers applied; raises the request's error.
+    #[pyo3(signature = (timeout = None))]
+    fn wait(&mut self, py: Python<'_>, timeout: Option<f64>) -> PyResult<u64> {
+        self.state.wait(py, timeout, &self.counters)
+    }
+}

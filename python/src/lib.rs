@@ -1,0 +1,50 @@
+//! `pstrain._pstrain`: the Rust half of the `pstrain` Python package (PyO3).
+//!
+//! It links the client side only (DESIGN.md, "Crates and their one job each": `python` must not link the
+//! server or RocksDB): [`protocol`]'s [`protocol::PsClient`] and keyed pulls and pushes, [`ops`]'s local
+//! cluster of `ps-server` processes, and the [`criteo`] reader. The Python modules in `python/pstrain/`
+//! check arguments (dtypes, shapes, names) and give the friendly API; this module trusts nothing either and
+//! refuses what does not fit with a Python exception.
+//!
+//! # Layout
+//! - [`client`]: `Client`, `PullHandle`, `PushHandle`: requests run on one process-wide tokio runtime
+//!   ([`runtime`]) with the GIL released; rows are decoded into a `Vec<f32>` that becomes the numpy array's
+//!   buffer (no copy).
+//! - [`cluster`]: `LocalCluster`, real `ps-server` processes on loopback.
+//! - [`data`]: `read_criteo`, a Criteo file into numpy arrays (labels, dense features, feature ids).
+//! - [`errors`]: how protocol errors become the exceptions of `pstrain/errors.py`.
+
+use pyo3::prelude::*;
+
+pub mod client;
+pub mod cluster;
+pub mod data;
+pub mod errors;
+
+/// The process-wide tokio runtime every client shares (two worker threads: requests are I/O and codec work,
+/// and the caller's Python thread is the third). Created on first use.
+pub fn runtime() -> &'static tokio::runtime::Runtime {
+    static RT: std::sync::OnceLock<tokio::runtime::Runtime> = std::sync::OnceLock::new();
+    RT.get_or_init(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("pstrain-io")
+            .enable_all()
+            .build()
+            .expect("start the tokio runtime")
+    })
+}
+
+/// The extension module.
+#[pymodule]
+fn _pstrain(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<client::Client>()?;
+    m.add_class::<client::PullHandle>()?;
+    m.add_class::<client::PushHandle>()?;
+    m.add_class::<cluster::LocalCluster>()?;
+    m.add_function(wrap_pyfunction!(data::read_criteo, m)?)?;
+    m.add_function(wrap_pyfunction!(data::feature_ids, m)?)?;
+    m.add("NUM_DENSE", criteo::NUM_DENSE)?;
+    m.add("NUM_SPARSE", criteo::NUM_SPARSE)?;
+    Ok(())
+}

@@ -1,0 +1,131 @@
+"""The numpy API against a real cluster: rows, updates, handles, and bad input."""
+
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import pstrain
+
+
+def test_pull_creates_rows_deterministically_and_repeats_duplicates(client, table_name):
+    client.register_table(table_name, dim=4, init="uniform", init_scale=0.5, seed=3)
+    ids = np.array([5, 9, 5, 1 << 40], dtype=np.int64)
+    rows = client.pull(table_name, ids)
+    assert rows.dtype == np.float32 and rows.shape == (4, 4)
+    assert rows.flags.owndata or rows.base is not None
+    np.testing.assert_array_equal(rows[0], rows[2])
+    assert np.abs(rows).max() <= 0.5 and np.abs(rows).max() > 0
+    again = client.pull(table_name, ids.astype(np.uint64))
+    np.testing.assert_array_equal(rows, again)
+    assert client.pull(table_name, np.array([], dtype=np.int64)).shape == (0, 4)
+
+
+def test_sgd_push_is_exact_and_duplicates_are_summed(client, table_name):
+    client.register_table(table_name, dim=3, optimizer="sgd", lr=0.5, init_scale=0.0)
+    ids = np.array([2, 7, 2], dtype=np.int64)
+    grads = np.array([[1, 2, 3], [4, 5, 6], [10, 20, 30]], dtype=np.float32)
+    assert client.push(table_name, ids, grads) == 2
+    rows = client.pull(table_name, np.array([2, 7], dtype=np.int64))
+    np.testing.assert_allclose(rows, [[-5.5, -11, -16.5], [-2, -2.5, -3]])
+
+
+def test_async_handles_release_and_report(client, table_name):
+    client.register_table(table_name, dim=8, optimizer="row_adagrad", lr=0.1)
+    ids = np.arange(1000, dtype=np.int64)
+    h = client.pull_async(table_name, ids)
+    ids[:] = 0  # the call copied the ids: reusing the array changes nothing
+    rows = h.wait()
+    assert h.done()
+    with pytest.raises(RuntimeError, match="already taken"):
+        h.wait()
+    assert len(np.unique(rows[:, 0])) > 900
+    p = client.push_async(table_name, np.arange(1000, dtype=np.int64), np.ones((1000, 8), np.float32))
+    assert p.wait() == 1000
+    s = client.stats()
+    assert s["pull_calls"] >= 1 and s["push_rows"] >= 1000 and s["pull_seconds"] > 0
+
+
+def test_bad_input_is_named(client, table_name):
+    client.register_table(table_name, dim=2)
+    with pytest.raises(TypeError, match="ids dtype int32"):
+        client.pull(table_name, np.array([1], dtype=np.int32))
+    with pytest.raises(TypeError, match="numpy array"):
+        client.pull(table_name, [1, 2])
+    with pytest.raises(ValueError, match="1-D"):
+        client.pull(table_name, np.zeros((2, 2), dtype=np.int64))
+    with pytest.raises(ValueError, match=r"ids\[1\] = -3 is out of range"):
+        client.pull(table_name, np.array([1, -3], dtype=np.int64))
+    with pytest.raises(KeyError, match="unknown table 'nope'"):
+        client.pull("nope", np.array([1], dtype=np.int64))
+    ids = np.array([1, 2], dtype=np.int64)
+    with pytest.raises(TypeError, match="grads dtype float64"):
+        client.push(table_name, ids, np.zeros((2, 2)))
+    with pytest.raises(ValueError, match=r"grads shape \(2, 3\), expected \(2, 2\)"):
+        client.push(table_name, ids, np.zeros((2, 3), np.float32))
+    bad = np.zeros((2, 2), np.float32)
+    bad[1, 0] = np.nan
+    with pytest.raises(ValueError, match=r"grads\[1, 0\] = nan"):
+        client.push(table_name, ids, bad)
+    with pytest.raises(ValueError, match="dim = 5, but the cluster holds it with dim 2"):
+        pstrain.Client(client_servers(client), client_tls(client)).register_table(table_name, dim=5)
+    with pytest.raises(ValueError, match="optimizer = 'lion'"):
+        client.register_table(table_name + "x", dim=2, optimizer="lion")
+    with pytest.raises(ValueError, match="dim = 0"):
+        client.register_table(table_name + "y", dim=0)
+    # The server validates what the client does not: a learning rate of 0.
+    with pytest.raises(ValueError, match="lr"):
+        client.register_table(table_name + "z", dim=2, lr=0.0)
+
+
+def client_servers(client):
+    return client._servers
+
+
+def client_tls(client):
+    return client._tls_dir
+
+
+def test_no_cluster_raises_within_the_timeout(tmp_path, cluster):
+    # A port nothing listens on (UDP: no answer at all), with the real cluster's certificates.
+    start = time.monotonic()
+    with pytest.raises((pstrain.PsConnectionError, pstrain.PsTimeoutError)):
+        pstrain.Client(["127.0.0.1:9"], cluster.tls_dir, timeout_secs=2)
+    assert time.monotonic() - start < 30
+    with pytest.raises(ValueError, match="no ca.pem"):
+        pstrain.Client(["127.0.0.1:9"], str(tmp_path))
+    with pytest.raises(ValueError, match="not host:port"):
+        pstrain.Client(["localhost"], cluster.tls_dir)
+
+
+def test_server_killed_mid_call_raises_within_the_timeout():
+    with pstrain.LocalCluster(servers=1) as c:
+        client = pstrain.Client(c.servers, c.tls_dir, timeout_secs=3)
+        client.register_table("k", dim=16)
+        client.pull("k", np.arange(10, dtype=np.int64))
+        handles = [client.pull_async("k", np.arange(i, 200_000 + i, dtype=np.int64)) for i in range(4)]
+        c.kill(0)
+        start = time.monotonic()
+        with pytest.raises((pstrain.PsConnectionError, pstrain.PsTimeoutError)):
+            for h in handles:
+                h.wait()
+            client.pull("k", np.arange(10, dtype=np.int64))
+        # No hang: the client's deadline (3 s), not the 30 s defaults, bounds each call.
+        assert time.monotonic() - start < 20
+        with pytest.raises(RuntimeError):
+            c.stop(timeout_secs=5)  # the killed server did not exit cleanly
+
+
+def test_package_imports_without_torch():
+    code = (
+        "import sys; sys.modules['torch'] = None\n"
+        "import pstrain, numpy\n"
+        "assert 'torch' not in [m for m in sys.modules if sys.modules[m] is not None]\n"
+        "try:\n    import pstrain.torch\nexcept ImportError:\n    print('ok')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=dict(os.environ))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ok"
