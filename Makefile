@@ -1,7 +1,7 @@
 # Two entry points that work on a fresh Debian 12 machine with the Rust toolchain:
 #   make demo   installs what is missing, builds, and runs a local cluster training DLRM on generated data
 #   make test   installs what is missing and runs the whole test suite
-.PHONY: deps build demo test k8s-check lint
+.PHONY: deps build demo test python-test k8s-check lint
 
 deps:
 	./scripts/install-deps.sh
@@ -14,7 +14,12 @@ demo: build
 
 test: deps
 	cargo test --workspace --no-fail-fast
+	$(MAKE) python-test
 	$(MAKE) k8s-check
+
+# The Python package (pstrain) with real PyTorch in a virtual environment outside the clone: scripts/python-test.sh.
+python-test: deps
+	./scripts/python-test.sh
 
 # Offline validation of every Kubernetes object, and a real Prometheus scraping a ps-server and a trainer.
 k8s-check: deps

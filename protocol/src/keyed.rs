@@ -175,23 +175,59 @@ pub fn check_finite(grads: &[f32], dim: usize) -> Result<(), ProtocolError> {
     }
 }
 
-/// Pulls the rows of `ids` (any order, duplicates allowed) of table `table` (`dim` wide) in `encoding`, one
-/// request per server in parallel, into `out` (`ids.len() x dim`, row `i` for `ids[i]`).
-pub async fn pull_rows<D: Dialer>(
-    client: &Arc<PsClient<D>>,
-    table: u32,
-    dim: usize,
-    encoding: Encoding,
-    ids: &[u64],
-    out: &mut [f32],
-) -> Result<(), ProtocolError> {
-    check_rows_len("pull", out.len(), ids.len(), dim)?;
-    if ids.is_empty() {
-        return Ok(());
+/// One table's part of a keyed request: its id, row dimension and the caller's ids (any order, duplicates
+/// allowed).
+#[derive(Debug, Clone, Copy)]
+pub struct TableIds<'a> {
+    /// Table id.
+    pub table: u32,
+    /// Row dimension.
+    pub dim: usize,
+    /// The caller's ids.
+    pub ids: &'a [u64],
+}
+
+/// The id sections of server `server`'s request over every table of `parts` that has ids there, and which
+/// tables (indices into `parts`) they are, in request order.
+fn server_sections(
+    plans: &[KeyedPlan],
+    parts: &[TableIds<'_>],
+    server: usize,
+) -> (IdSections, Vec<usize>) {
+    let mut sections = IdSections::new();
+    let mut order = Vec::new();
+    let mut ids = Vec::new();
+    for (t, (plan, part)) in plans.iter().zip(parts).enumerate() {
+        let pos = &plan.by_server[server];
+        if pos.is_empty() {
+            continue;
+        }
+        ids.clear();
+        ids.extend(pos.iter().map(|&p| plan.unique[p as usize]));
+        sections.table(part.table, part.dim as u32, IdCoding::Plain, &ids);
+        order.push(t);
     }
-    let plan = KeyedPlan::new(ids, &client.shard_map());
+    (sections, order)
+}
+
+/// Pulls the rows of several tables' ids in `encoding`, one request per server (all tables together) in
+/// parallel; returns each table's rows (`ids.len() x dim`, row `i` for `ids[i]`), in `parts` order.
+pub async fn pull_tables<D: Dialer>(
+    client: &Arc<PsClient<D>>,
+    encoding: Encoding,
+    parts: &[TableIds<'_>],
+) -> Result<Vec<Vec<f32>>, ProtocolError> {
+    for p in parts {
+        check_rows_len("pull", p.ids.len() * p.dim, p.ids.len(), p.dim)?;
+    }
+    let map = client.shard_map();
+    let plans: Vec<KeyedPlan> = parts.iter().map(|p| KeyedPlan::new(p.ids, &map)).collect();
     let mut set = JoinSet::new();
-    for (server, sections) in plan.sections(table, dim) {
+    for server in 0..client.num_servers() {
+        let (sections, order) = server_sections(&plans, parts, server);
+        if order.is_empty() {
+            continue;
+        }
         let client = client.clone();
         set.spawn(async move {
             let rows = client
@@ -202,38 +238,79 @@ pub async fn pull_rows<D: Dialer>(
                     Bytes::from(sections.payload),
                 )
                 .await?;
-            Ok::<_, ProtocolError>((server, rows))
+            Ok::<_, ProtocolError>((server, order, rows))
         });
     }
-    let mut unique_rows = vec![0f32; plan.unique().len() * dim];
+    let mut unique_rows: Vec<Vec<f32>> = plans
+        .iter()
+        .zip(parts)
+        .map(|(plan, p)| vec![0f32; plan.unique().len() * p.dim])
+        .collect();
     while let Some(joined) = set.join_next().await {
-        let (server, rows) = joined.expect("pull task panicked")?;
-        plan.scatter_unique(server, &rows, encoding, dim, &mut unique_rows)?;
+        let (server, order, rows) = joined.expect("pull task panicked")?;
+        let mut at = 0;
+        for t in order {
+            let (plan, dim) = (&plans[t], parts[t].dim);
+            let len = plan.by_server[server].len() * encoding.row_bytes(dim);
+            let bytes = rows.get(at..at + len).ok_or_else(|| {
+                ProtocolError::BadPayload(format!(
+                    "pull reply of {} bytes is short of table {}'s rows",
+                    rows.len(),
+                    parts[t].table
+                ))
+            })?;
+            plan.scatter_unique(server, bytes, encoding, dim, &mut unique_rows[t])?;
+            at += len;
+        }
     }
-    plan.expand(&unique_rows, dim, out);
-    Ok(())
+    Ok(plans
+        .iter()
+        .zip(parts)
+        .zip(&unique_rows)
+        .map(|((plan, p), u)| {
+            let mut out = vec![0f32; p.ids.len() * p.dim];
+            plan.expand(u, p.dim, &mut out);
+            out
+        })
+        .collect())
 }
 
-/// Pushes gradient rows `grads` (`ids.len() x dim`, row `i` for `ids[i]`; rows of a repeated id are summed)
-/// of table `table` in `encoding`, one request per server in parallel. Returns the rows the servers applied.
-pub async fn push_rows<D: Dialer>(
+/// Pushes several tables' gradient rows (`grads[t]` is `parts[t].ids.len() x dim`; rows of a repeated id are
+/// summed) in `encoding`, one request per server (all tables together) in parallel. Returns the rows the
+/// servers applied.
+pub async fn push_tables<D: Dialer>(
     client: &Arc<PsClient<D>>,
-    table: u32,
-    dim: usize,
     encoding: Encoding,
-    ids: &[u64],
-    grads: &[f32],
+    parts: &[TableIds<'_>],
+    grads: &[&[f32]],
 ) -> Result<u64, ProtocolError> {
-    check_rows_len("push", grads.len(), ids.len(), dim)?;
-    check_finite(grads, dim)?;
-    if ids.is_empty() {
-        return Ok(0);
+    if grads.len() != parts.len() {
+        return Err(ProtocolError::BadPayload(format!(
+            "{} gradient buffers for {} tables",
+            grads.len(),
+            parts.len()
+        )));
     }
-    let plan = KeyedPlan::new(ids, &client.shard_map());
-    let sums = plan.sum_duplicates(grads, dim);
+    for (p, g) in parts.iter().zip(grads) {
+        check_rows_len("push", g.len(), p.ids.len(), p.dim)?;
+        check_finite(g, p.dim)?;
+    }
+    let map = client.shard_map();
+    let plans: Vec<KeyedPlan> = parts.iter().map(|p| KeyedPlan::new(p.ids, &map)).collect();
+    let sums: Vec<Vec<f32>> = plans
+        .iter()
+        .zip(parts.iter().zip(grads))
+        .map(|(plan, (p, g))| plan.sum_duplicates(g, p.dim))
+        .collect();
     let mut set = JoinSet::new();
-    for (server, sections) in plan.sections(table, dim) {
-        let sections = plan.push_payload(server, sections, &sums, encoding, dim);
+    for server in 0..client.num_servers() {
+        let (mut sections, order) = server_sections(&plans, parts, server);
+        if order.is_empty() {
+            continue;
+        }
+        for &t in &order {
+            sections = plans[t].push_payload(server, sections, &sums[t], encoding, parts[t].dim);
+        }
         let client = client.clone();
         set.spawn(async move {
             client
@@ -252,12 +329,39 @@ pub async fn push_rows<D: Dialer>(
         let (rows, rejected) = joined.expect("push task panicked")?;
         if rejected > 0 {
             return Err(ProtocolError::BadPayload(format!(
-                "a server rejected {rejected} non-finite gradient rows of table {table}"
+                "a server rejected {rejected} non-finite gradient rows"
             )));
         }
         applied += rows;
     }
     Ok(applied)
+}
+
+/// [`pull_tables`] of one table into `out` (`ids.len() x dim`).
+pub async fn pull_rows<D: Dialer>(
+    client: &Arc<PsClient<D>>,
+    table: u32,
+    dim: usize,
+    encoding: Encoding,
+    ids: &[u64],
+    out: &mut [f32],
+) -> Result<(), ProtocolError> {
+    check_rows_len("pull", out.len(), ids.len(), dim)?;
+    let rows = pull_tables(client, encoding, &[TableIds { table, dim, ids }]).await?;
+    out.copy_from_slice(&rows[0]);
+    Ok(())
+}
+
+/// [`push_tables`] of one table.
+pub async fn push_rows<D: Dialer>(
+    client: &Arc<PsClient<D>>,
+    table: u32,
+    dim: usize,
+    encoding: Encoding,
+    ids: &[u64],
+    grads: &[f32],
+) -> Result<u64, ProtocolError> {
+    push_tables(client, encoding, &[TableIds { table, dim, ids }], &[grads]).await
 }
 
 #[cfg(test)]

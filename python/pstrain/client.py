@@ -13,8 +13,24 @@ import numpy as np
 
 from . import _pstrain
 
-PullHandle = _pstrain.PullHandle
 PushHandle = _pstrain.PushHandle
+
+
+class PullHandle:
+    """A pull in flight: ``wait(timeout=None)`` gives the rows (one array, or a list for ``pull_many``),
+    ``done()`` tells without blocking."""
+
+    __slots__ = ("_h", "_single")
+
+    def __init__(self, handle, single: bool):
+        self._h, self._single = handle, single
+
+    def done(self) -> bool:
+        return self._h.done()
+
+    def wait(self, timeout: Optional[float] = None):
+        rows = self._h.wait(timeout)
+        return rows[0] if self._single else rows
 
 OPTIMIZERS = ("sgd", "row_adagrad", "adam")
 INITS = ("uniform", "normal")
@@ -166,7 +182,20 @@ class Client:
     def pull_async(self, table, ids) -> PullHandle:
         t = self.table(table)
         u = _check_ids(ids, f"pull of table {t.name!r}")
-        return self._c.pull_async(t.id, t.name, t.dim, t.encoding, u)
+        return PullHandle(self._c.pull_async([(t.id, t.dim)], f"table {t.name!r}", t.encoding, [u]), True)
+
+    def pull_many(self, tables, ids) -> PullHandle:
+        """Starts one pull of several tables (``ids[i]`` for ``tables[i]``, all of one encoding): one request per
+        server for all of them. ``wait()`` gives the list of row arrays."""
+        ts = [self.table(t) for t in tables]
+        if len(ts) != len(ids):
+            raise ValueError(f"pull_many: {len(ids)} id arrays for {len(ts)} tables")
+        encodings = {t.encoding for t in ts}
+        if len(encodings) > 1:
+            raise ValueError(f"pull_many: tables of several encodings {sorted(encodings)}: pull each group apart")
+        us = [_check_ids(i, f"pull of table {t.name!r}") for t, i in zip(ts, ids)]
+        what = "tables " + ", ".join(repr(t.name) for t in ts) if len(ts) < 5 else f"{len(ts)} tables"
+        return PullHandle(self._c.pull_async([(t.id, t.dim) for t in ts], what, ts[0].encoding if ts else "f32", us), False)
 
     def pull(self, table, ids) -> np.ndarray:
         """The rows of ``ids``: ``float32`` ``[len(ids), dim]``."""
@@ -177,7 +206,24 @@ class Client:
         what = f"push of table {t.name!r}"
         u = _check_ids(ids, what)
         g = _check_grads(grads, len(u), t.dim, what)
-        return self._c.push_async(t.id, t.name, t.push_encoding, u, g)
+        return self._c.push_async([(t.id, t.dim)], f"table {t.name!r}", t.push_encoding, [u], [g])
+
+    def push_many(self, tables, ids, grads) -> PushHandle:
+        """Starts one push of several tables (``grads[i]`` for ``ids[i]`` of ``tables[i]``, one push encoding)."""
+        ts = [self.table(t) for t in tables]
+        if not (len(ts) == len(ids) == len(grads)):
+            raise ValueError(f"push_many: {len(ids)} id and {len(grads)} gradient arrays for {len(ts)} tables")
+        encodings = {t.push_encoding for t in ts}
+        if len(encodings) > 1:
+            raise ValueError(f"push_many: tables of several push encodings {sorted(encodings)}")
+        us, gs = [], []
+        for t, i, g in zip(ts, ids, grads):
+            what = f"push of table {t.name!r}"
+            u = _check_ids(i, what)
+            us.append(u)
+            gs.append(_check_grads(g, len(u), t.dim, what))
+        what = "tables " + ", ".join(repr(t.name) for t in ts) if len(ts) < 5 else f"{len(ts)} tables"
+        return self._c.push_async([(t.id, t.dim) for t in ts], what, ts[0].push_encoding if ts else "f32", us, gs)
 
     def push(self, table, ids, grads) -> int:
         """Applies ``grads`` (``float32`` ``[len(ids), dim]``) with the table's optimizer; returns rows applied."""

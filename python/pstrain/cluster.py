@@ -25,7 +25,10 @@ def find_binary(name: str) -> str:
         raise FileNotFoundError(f"{var}={p} is not a file")
     candidates = []
     if os.environ.get("PSTRAIN_BIN_DIR"):
-        candidates.append(Path(os.environ["PSTRAIN_BIN_DIR"]) / name)
+        p = Path(os.environ["PSTRAIN_BIN_DIR"]) / name
+        if p.is_file():
+            return str(p)
+        tried.append(str(p))
     on_path = shutil.which(name)
     if on_path:
         return on_path

@@ -190,7 +190,12 @@ class EmbeddingCollection(nn.Module):
         # A tensor that requires grad, so the pulled rows join the graph (not a Parameter: no optimizer sees it).
         self._anchor = torch.zeros(0, requires_grad=True)
         self._step = 0
-        self._inflight = deque()  # (step, table, unique ids, handle)
+        self._inflight = deque()  # (step, [(table, unique ids)], handle) of one push request
+        self._pending = {}  # table -> (unique ids, gradient) of the step being back-propagated
+        groups = {}
+        for t in self.specs:
+            groups.setdefault(self._tables[t.name].encoding, []).append(t.name)
+        self._groups = [tuple(g) for g in groups.values()]
         self._push_seq = 0
         self._push_log = deque()  # (seq, table, unique ids) of pushes a prefetch may have missed
         self._prefetched: Optional[_Plan] = None
@@ -206,11 +211,11 @@ class EmbeddingCollection(nn.Module):
         plan = _Plan(self, features)
         plan.push_seq = self._push_seq
         # Pushes not yet acknowledged may be applied after the prefetch reads: their ids are pulled again.
-        for _, table, ids, h in self._inflight:
+        for _, parts, h in self._inflight:
             if not h.done():
-                plan.unacked.setdefault(table, []).append(ids)
-        for t in self.specs:
-            plan.handles[t.name] = self.client.pull_async(self._tables[t.name], plan.unique[t.name])
+                for table, ids in parts:
+                    plan.unacked.setdefault(table, []).append(ids)
+        self._start_pulls(plan)
         self._prefetched = plan
 
     def forward(self, features: JaggedFeatures) -> Dict[str, torch.Tensor]:
@@ -219,8 +224,7 @@ class EmbeddingCollection(nn.Module):
         self._prefetched = None
         if plan is None or plan.features is not features:
             plan = _Plan(self, features)
-            for t in self.specs:
-                plan.handles[t.name] = self.client.pull_async(self._tables[t.name], plan.unique[t.name])
+            self._start_pulls(plan)
             stale = {}
         else:
             stale = plan.unacked
@@ -230,9 +234,14 @@ class EmbeddingCollection(nn.Module):
         self._trim_log()
         out = {}
         self._step += 1
+        start = time.perf_counter()
+        pulled = {}
+        for names, h in plan.handles.items():
+            pulled.update(zip(names, h.wait()))
+        self.wait_seconds += time.perf_counter() - start
         for t in self.specs:
             start = time.perf_counter()
-            rows = plan.handles[t.name].wait()
+            rows = pulled[t.name]
             unique = plan.unique[t.name]
             if t.name in stale:
                 mask = np.isin(unique, np.concatenate(stale[t.name]))
@@ -253,18 +262,41 @@ class EmbeddingCollection(nn.Module):
         self.steps += 1
         return out
 
+    def _start_pulls(self, plan: _Plan):
+        """One pull per encoding group of tables (one request per server for all of a group's tables)."""
+        for names in self._groups:
+            plan.handles[names] = self.client.pull_many([self._tables[n] for n in names],
+                                                        [plan.unique[n] for n in names])
+
     def _push(self, table: str, unique: np.ndarray, grad: torch.Tensor):
+        """Backward of one table's rows: kept until every table of the step has its gradient, then pushed in
+        one request per server (per push encoding)."""
         g = grad.detach().to(torch.float32).contiguous().numpy()
-        h = self.client.push_async(self._tables[table], unique, g)
-        self._inflight.append((self._step, table, unique, h))
-        self._push_log.append((self._push_seq, table, unique))
-        self._push_seq += 1
+        self._pending[table] = (unique, g)
+        if len(self._pending) == len(self.specs):
+            self._send_pending()
+
+    def _send_pending(self):
+        if not self._pending:
+            return
+        groups = {}
+        for table, (unique, g) in self._pending.items():
+            groups.setdefault(self._tables[table].push_encoding, []).append((table, unique, g))
+        self._pending = {}
+        for parts in groups.values():
+            names = [p[0] for p in parts]
+            h = self.client.push_many([self._tables[n] for n in names], [p[1] for p in parts], [p[2] for p in parts])
+            for table, unique, _ in parts:
+                self._push_log.append((self._push_seq, table, unique))
+            self._inflight.append((self._step, [(p[0], p[1]) for p in parts], h))
+            self._push_seq += 1
 
     def _wait_pushes(self, keep_steps: int):
         """Waits until only pushes of the last ``keep_steps`` steps are unacknowledged (raising their errors)."""
+        self._send_pending()
         start = time.perf_counter()
         while self._inflight and self._inflight[0][0] <= self._step - keep_steps:
-            self._inflight.popleft()[3].wait()
+            self._inflight.popleft()[2].wait()
         self.wait_seconds += time.perf_counter() - start
 
     def _trim_log(self):

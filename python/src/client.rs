@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use numpy::{PyArray1, PyArrayMethods, PyReadonlyArray1, PyReadonlyArray2};
-use protocol::keyed::{pull_rows, push_rows};
+use protocol::keyed::{pull_tables, push_tables, TableIds};
 use protocol::{Encoding, InitSpec, OptimizerSpec, PsClient, PsClientConfig, TableSpec, Transport};
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
@@ -247,33 +247,46 @@ impl Client {
         )
     }
 
-    /// Starts a pull of table `table_id` (`dim` wide) for `ids` in `encoding`; returns a `PullHandle`.
+    /// Starts a pull of several tables in one request per server: `tables[i]` is `(table id, dim)` and
+    /// `ids[i]` its ids; `what` names the tables in errors. Returns a `PullHandle` whose `wait` gives one
+    /// array per table.
     fn pull_async(
         &self,
-        table_id: u32,
-        name: String,
-        dim: usize,
+        tables: Vec<(u32, usize)>,
+        what: String,
         encoding: &str,
-        ids: PyReadonlyArray1<'_, u64>,
+        ids: Vec<PyReadonlyArray1<'_, u64>>,
     ) -> PyResult<PullHandle> {
         let encoding = parse_encoding(encoding)?;
-        let ids: Vec<u64> = ids.as_array().iter().copied().collect();
-        let n = ids.len();
+        if ids.len() != tables.len() {
+            return Err(PyValueError::new_err(format!(
+                "{what}: {} id arrays for {} tables",
+                ids.len(),
+                tables.len()
+            )));
+        }
+        let ids: Vec<Vec<u64>> = ids
+            .iter()
+            .map(|a| a.as_array().iter().copied().collect())
+            .collect();
+        let shapes: Vec<(usize, usize)> =
+            ids.iter().zip(&tables).map(|(i, t)| (i.len(), t.1)).collect();
+        let n: usize = ids.iter().map(Vec::len).sum();
         let (tx, rx) = oneshot::channel();
         let client = self.inner.clone();
         let counters = self.counters.clone();
         let timeout = self.timeout;
-        let what = format!("pull of table {name:?} ({n} ids)");
+        let what = format!("pull of {what} ({n} ids)");
         runtime().spawn(async move {
             let start = Instant::now();
-            let mut rows = vec![0f32; n * dim];
-            let r = tokio::time::timeout(
-                timeout,
-                pull_rows(&client, table_id, dim, encoding, &ids, &mut rows),
-            )
-            .await;
+            let parts: Vec<TableIds<'_>> = tables
+                .iter()
+                .zip(&ids)
+                .map(|(&(table, dim), ids)| TableIds { table, dim, ids })
+                .collect();
+            let r = tokio::time::timeout(timeout, pull_tables(&client, encoding, &parts)).await;
             let r = match r {
-                Ok(Ok(())) => Ok(rows),
+                Ok(Ok(rows)) => Ok(rows),
                 Ok(Err(e)) => Err(RequestError::new(&what, e)),
                 Err(_) => Err(RequestError::timeout(&what, timeout.as_secs_f64())),
             };
@@ -286,47 +299,60 @@ impl Client {
         });
         Ok(PullHandle {
             state: Slot::Pending(rx),
-            rows: n,
-            dim,
+            shapes,
             counters: self.counters.clone(),
         })
     }
 
-    /// Starts a push of gradient rows `grads` (`len(ids) x dim`) of table `table_id` in `encoding`; returns a
-    /// `PushHandle`.
+    /// Starts a push of several tables' gradients in one request per server: `grads[i]` is
+    /// `len(ids[i]) x dim` of `tables[i]`. Returns a `PushHandle`.
     fn push_async(
         &self,
-        table_id: u32,
-        name: String,
+        tables: Vec<(u32, usize)>,
+        what: String,
         encoding: &str,
-        ids: PyReadonlyArray1<'_, u64>,
-        grads: PyReadonlyArray2<'_, f32>,
+        ids: Vec<PyReadonlyArray1<'_, u64>>,
+        grads: Vec<PyReadonlyArray2<'_, f32>>,
     ) -> PyResult<PushHandle> {
         let encoding = parse_encoding(encoding)?;
-        let ids: Vec<u64> = ids.as_array().iter().copied().collect();
-        let shape = grads.as_array().shape().to_vec();
-        if shape[0] != ids.len() {
+        if ids.len() != tables.len() || grads.len() != tables.len() {
             return Err(PyValueError::new_err(format!(
-                "push of table {name:?}: grads has {} rows for {} ids",
-                shape[0],
-                ids.len()
+                "{what}: {} id arrays and {} gradient arrays for {} tables",
+                ids.len(),
+                grads.len(),
+                tables.len()
             )));
         }
-        let dim = shape[1];
-        let grads: Vec<f32> = grads.as_array().iter().copied().collect();
-        let n = ids.len();
+        let mut all_ids = Vec::with_capacity(ids.len());
+        let mut all_grads = Vec::with_capacity(ids.len());
+        for ((i, g), &(_, dim)) in ids.iter().zip(&grads).zip(&tables) {
+            let i: Vec<u64> = i.as_array().iter().copied().collect();
+            let shape = g.as_array().shape().to_vec();
+            if shape != [i.len(), dim] {
+                return Err(PyValueError::new_err(format!(
+                    "push of {what}: grads shape {shape:?} for {} ids of dim {dim}",
+                    i.len()
+                )));
+            }
+            all_grads.push(g.as_array().iter().copied().collect::<Vec<f32>>());
+            all_ids.push(i);
+        }
+        let n: usize = all_ids.iter().map(Vec::len).sum();
         let (tx, rx) = oneshot::channel();
         let client = self.inner.clone();
         let counters = self.counters.clone();
         let timeout = self.timeout;
-        let what = format!("push of table {name:?} ({n} ids)");
+        let what = format!("push of {what} ({n} ids)");
         runtime().spawn(async move {
             let start = Instant::now();
-            let r = tokio::time::timeout(
-                timeout,
-                push_rows(&client, table_id, dim, encoding, &ids, &grads),
-            )
-            .await;
+            let parts: Vec<TableIds<'_>> = tables
+                .iter()
+                .zip(&all_ids)
+                .map(|(&(table, dim), ids)| TableIds { table, dim, ids })
+                .collect();
+            let grads: Vec<&[f32]> = all_grads.iter().map(Vec::as_slice).collect();
+            let r =
+                tokio::time::timeout(timeout, push_tables(&client, encoding, &parts, &grads)).await;
             let r = match r {
                 Ok(Ok(applied)) => Ok(applied),
                 Ok(Err(e)) => Err(RequestError::new(&what, e)),
@@ -470,9 +496,9 @@ impl<T: Send> Slot<T> {
 /// A pull in flight.
 #[pyclass(module = "pstrain._pstrain")]
 pub struct PullHandle {
-    state: Slot<Vec<f32>>,
-    rows: usize,
-    dim: usize,
+    state: Slot<Vec<Vec<f32>>>,
+    /// `(ids, dim)` of each table.
+    shapes: Vec<(usize, usize)>,
     counters: Arc<Counters>,
 }
 
@@ -483,16 +509,20 @@ impl PullHandle {
         self.state.poll()
     }
 
-    /// The rows, a `float32` array of `len(ids) x dim` whose buffer is the decoded rows themselves; raises
-    /// the request's error. `timeout`: seconds to wait at most (`PsTimeoutError` past it; the request goes on).
+    /// The rows, per table a `float32` array of `len(ids) x dim` whose buffer is the decoded rows
+    /// themselves; raises the request's error. `timeout`: seconds to wait at most (`PsTimeoutError` past
+    /// it; the request goes on).
     #[pyo3(signature = (timeout = None))]
     fn wait<'py>(
         &mut self,
         py: Python<'py>,
         timeout: Option<f64>,
-    ) -> PyResult<Bound<'py, numpy::PyArray2<f32>>> {
+    ) -> PyResult<Vec<Bound<'py, numpy::PyArray2<f32>>>> {
         let rows = self.state.wait(py, timeout, &self.counters)?;
-        PyArray1::from_vec(py, rows).reshape([self.rows, self.dim])
+        rows.into_iter()
+            .zip(&self.shapes)
+            .map(|(r, &(n, dim))| PyArray1::from_vec(py, r).reshape([n, dim]))
+            .collect()
     }
 }
 
