@@ -383,7 +383,10 @@ mod tests {
             .into_iter()
             .flat_map(|(s, sec)| {
                 assert_eq!(sec.counts[0].table, 5);
-                plan.by_server[s].iter().map(|&p| plan.unique[p as usize]).collect::<Vec<_>>()
+                plan.by_server[s]
+                    .iter()
+                    .map(|&p| plan.unique[p as usize])
+                    .collect::<Vec<_>>()
             })
             .collect();
         seen.sort_unstable();
@@ -394,7 +397,9 @@ mod tests {
     fn bad_lengths_and_gradients_are_named() {
         let e = check_rows_len("push", 5, 2, 2).unwrap_err().to_string();
         assert!(e.contains("5 values for 2 ids of dim 2"), "{e}");
-        let e = check_finite(&[0.0, 1.0, 2.0, f32::NAN], 2).unwrap_err().to_string();
+        let e = check_finite(&[0.0, 1.0, 2.0, f32::NAN], 2)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("row 1 column 1 is NaN"), "{e}");
         assert!(check_rows_len("pull", 0, 0, 0).is_err());
     }

@@ -269,8 +269,11 @@ impl Client {
             .iter()
             .map(|a| a.as_array().iter().copied().collect())
             .collect();
-        let shapes: Vec<(usize, usize)> =
-            ids.iter().zip(&tables).map(|(i, t)| (i.len(), t.1)).collect();
+        let shapes: Vec<(usize, usize)> = ids
+            .iter()
+            .zip(&tables)
+            .map(|(i, t)| (i.len(), t.1))
+            .collect();
         let n: usize = ids.iter().map(Vec::len).sum();
         let (tx, rx) = oneshot::channel();
         let client = self.inner.clone();
@@ -374,7 +377,12 @@ impl Client {
     /// Asks every server to write its dirty rows to RocksDB; returns the rows written.
     fn flush(&self, py: Python<'_>) -> PyResult<u64> {
         let client = self.inner.clone();
-        block_on(py, self.timeout, "flush", async move { client.flush().await })
+        block_on(
+            py,
+            self.timeout,
+            "flush",
+            async move { client.flush().await },
+        )
     }
 
     /// Asks every server to write a consistent snapshot of its tables under `dir` (a path on the servers'
@@ -442,12 +450,7 @@ impl<T: Send> Slot<T> {
     }
 
     /// Blocks (GIL released) until the result, up to `timeout` seconds if given.
-    fn wait(
-        &mut self,
-        py: Python<'_>,
-        timeout: Option<f64>,
-        counters: &Counters,
-    ) -> PyResult<T> {
+    fn wait(&mut self, py: Python<'_>, timeout: Option<f64>, counters: &Counters) -> PyResult<T> {
         let start = Instant::now();
         if let Slot::Pending(rx) = self {
             let rx = rx;

@@ -71,7 +71,12 @@ impl LocalCluster {
     /// The servers' metrics (HTTP) addresses, in shard order.
     #[getter]
     fn metrics(&self) -> PyResult<Vec<String>> {
-        Ok(self.running()?.metrics.iter().map(|a| a.to_string()).collect())
+        Ok(self
+            .running()?
+            .metrics
+            .iter()
+            .map(|a| a.to_string())
+            .collect())
     }
 
     /// The TLS directory clients use.
