@@ -25,7 +25,8 @@ show() {
   "$PY" -c 'import json, sys
 s = json.load(open(sys.argv[2]))
 extra = "".join(f" {k}={s[k]:.1f}" for k in ("pull_ms_per_batch", "push_ms_per_batch", "wait_ms_per_batch") if k in s)
-print(f"{sys.argv[1]:<10} samples_per_s={s[\"samples_per_sec\"]:.0f} auc={s[\"auc\"]:.4f} logloss={s[\"logloss\"]:.4f}{extra}")' "$@"
+sps, auc, ll = s["samples_per_sec"], s["auc"], s["logloss"]
+print(f"{sys.argv[1]:<10} samples_per_s={sps:.0f} auc={auc:.4f} logloss={ll:.4f}{extra}")' "$@"
 }
 for r in $(seq 1 "${ROUNDS:-2}"); do
   "$R/trainer" demo "${data[@]}" --summary-json "$OUT/rust-$r.json" ${EXTRA:-} >"$OUT/rust-$r.log" 2>&1

@@ -211,12 +211,21 @@ fn server_sections(
 }
 
 /// Pulls the rows of several tables' ids in `encoding`, one request per server (all tables together) in
-/// parallel; returns each table's rows (`ids.len() x dim`, row `i` for `ids[i]`), in `parts` order.
+/// parallel, into `out`: table `t`'s rows (`ids.len() x dim`, row `i` for `ids[i]`) follow those of the tables
+/// before it, so `out` holds `sum(ids.len() x dim)` values.
 pub async fn pull_tables<D: Dialer>(
     client: &Arc<PsClient<D>>,
     encoding: Encoding,
     parts: &[TableIds<'_>],
-) -> Result<Vec<Vec<f32>>, ProtocolError> {
+    out: &mut [f32],
+) -> Result<(), ProtocolError> {
+    let total: usize = parts.iter().map(|p| p.ids.len() * p.dim).sum();
+    if out.len() != total {
+        return Err(ProtocolError::BadPayload(format!(
+            "pull: an output of {} values for {total} values of rows",
+            out.len()
+        )));
+    }
     for p in parts {
         check_rows_len("pull", p.ids.len() * p.dim, p.ids.len(), p.dim)?;
     }
@@ -263,16 +272,13 @@ pub async fn pull_tables<D: Dialer>(
             at += len;
         }
     }
-    Ok(plans
-        .iter()
-        .zip(parts)
-        .zip(&unique_rows)
-        .map(|((plan, p), u)| {
-            let mut out = vec![0f32; p.ids.len() * p.dim];
-            plan.expand(u, p.dim, &mut out);
-            out
-        })
-        .collect())
+    let mut rest = out;
+    for ((plan, p), u) in plans.iter().zip(parts).zip(&unique_rows) {
+        let (mine, tail) = rest.split_at_mut(p.ids.len() * p.dim);
+        plan.expand(u, p.dim, mine);
+        rest = tail;
+    }
+    Ok(())
 }
 
 /// Pushes several tables' gradient rows (`grads[t]` is `parts[t].ids.len() x dim`; rows of a repeated id are
@@ -347,9 +353,7 @@ pub async fn pull_rows<D: Dialer>(
     out: &mut [f32],
 ) -> Result<(), ProtocolError> {
     check_rows_len("pull", out.len(), ids.len(), dim)?;
-    let rows = pull_tables(client, encoding, &[TableIds { table, dim, ids }]).await?;
-    out.copy_from_slice(&rows[0]);
-    Ok(())
+    pull_tables(client, encoding, &[TableIds { table, dim, ids }], out).await
 }
 
 /// [`push_tables`] of one table.

@@ -1,7 +1,8 @@
 """A custom model on pstrain tables (not DLRM): a two-tower click model.
 
-The user tower pools the user's id and a multi-hot history of items (mean pooling over a jagged feature); the
-item tower embeds the candidate item and its category. The score is the dot product of the two towers' outputs.
+The user tower pools the user's id, a multi-hot history of items and the categories of those items (mean pooling
+over jagged features); the item tower embeds the candidate item and its category. One table can serve several
+features: the item table serves the candidate and the history, the category table both category features. The score is the dot product of the two towers' outputs.
 Embeddings live on a local cluster of parameter servers (row-wise Adagrad there); the towers are plain PyTorch
 with Adam. The data is synthetic with a planted preference (users like items of their own "taste" category), so
 the test AUC shows whether anything was learned.
@@ -24,16 +25,19 @@ USERS, ITEMS, CATS, DIM = 5000, 2000, 20, 16
 
 def batch(rng, n, taste, item_cat):
     users = rng.integers(0, USERS, n)
-    items = rng.integers(0, ITEMS, n)
+    # Half the candidates come from the user's taste category (as a retrieval stage would propose them).
+    by_cat = [np.flatnonzero(item_cat == c) for c in range(CATS)]
+    items = np.where(rng.random(n) < 0.5, [rng.choice(by_cat[taste[u]]) for u in users], rng.integers(0, ITEMS, n))
     lengths = rng.integers(0, 6, n)  # history of 0..5 items, some empty
-    history = [rng.choice(np.flatnonzero(item_cat == taste[u]), k) if k else np.zeros(0, np.int64)
+    history = [rng.choice(by_cat[taste[u]], k) if k else np.zeros(0, np.int64)
                for u, k in zip(users, lengths)]
     like = item_cat[items] == taste[users]
     labels = (rng.random(n) < np.where(like, 0.7, 0.1)).astype(np.float32)
+    hist = np.concatenate(history).astype(np.int64)
     feats = JaggedFeatures(
-        ["user", "history", "item", "category"],
-        np.concatenate([users, np.concatenate(history).astype(np.int64), items, item_cat[items]]),
-        np.concatenate([np.ones(n, np.int64), lengths, np.ones(n, np.int64), np.ones(n, np.int64)]),
+        ["user", "history", "history_category", "item", "category"],
+        np.concatenate([users, hist, item_cat[hist], items, item_cat[items]]),
+        np.concatenate([np.ones(n, np.int64), lengths, lengths, np.ones(n, np.int64), np.ones(n, np.int64)]),
     )
     return feats, labels
 
@@ -41,11 +45,11 @@ def batch(rng, n, taste, item_cat):
 class TwoTower(nn.Module):
     def __init__(self):
         super().__init__()
-        self.user = nn.Sequential(nn.Linear(2 * DIM, 64), nn.ReLU(), nn.Linear(64, 32))
+        self.user = nn.Sequential(nn.Linear(3 * DIM, 64), nn.ReLU(), nn.Linear(64, 32))
         self.item = nn.Sequential(nn.Linear(2 * DIM, 64), nn.ReLU(), nn.Linear(64, 32))
 
     def forward(self, e):
-        u = self.user(torch.cat([e["user"], e["history"]], dim=1))
+        u = self.user(torch.cat([e["user"], e["history"], e["history_category"]], dim=1))
         v = self.item(torch.cat([e["item"], e["category"]], dim=1))
         return (u * v).sum(1)
 
@@ -65,14 +69,15 @@ def main(argv=None):
         client = pstrain.Client(cluster.servers, cluster.tls_dir)
         opts = dict(init="normal", init_scale=0.1)
         emb = EmbeddingCollection(client, [
-            EmbeddingTable("users", DIM, features=["user"], optimizer="row_adagrad", lr=0.1, options=opts),
+            EmbeddingTable("users", DIM, features=["user"], optimizer="row_adagrad", lr=0.3, options=opts),
             # One item table serves two features: the candidate and the (mean-pooled) history.
             EmbeddingTable("items", DIM, features=["item", "history"], pooling="mean", optimizer="row_adagrad",
-                           lr=0.1, options=opts),
-            EmbeddingTable("categories", DIM, features=["category"], optimizer="row_adagrad", lr=0.1, options=opts),
+                           lr=0.3, options=opts),
+            EmbeddingTable("categories", DIM, features=["category", "history_category"], pooling="mean",
+                           optimizer="row_adagrad", lr=0.3, options=opts),
         ], staleness=a.staleness)
         model = TwoTower()
-        opt = torch.optim.Adam(model.parameters(), lr=0.003)
+        opt = torch.optim.Adam(model.parameters(), lr=0.01)
         nxt = batch(rng, a.batch, taste, item_cat)
         for step in range(a.steps):
             feats, y = nxt
@@ -90,7 +95,7 @@ def main(argv=None):
         auc = exact_auc(y, scores)
         s = emb.stats()
         client.close()
-    print(f"two-tower: {a.steps} steps of {a.batch}, final train loss {float(loss):.4f}, test AUC {auc:.4f}; "
+    print(f"two-tower: {a.steps} steps of {a.batch}, final train loss {float(loss.detach()):.4f}, test AUC {auc:.4f}; "
           f"pulls {s['pull_calls']}, pushes {s['push_calls']}, waiting {s['layer_wait_seconds']:.2f} s")
     return auc
 

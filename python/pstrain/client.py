@@ -28,9 +28,11 @@ class PullHandle:
     def done(self) -> bool:
         return self._h.done()
 
-    def wait(self, timeout: Optional[float] = None):
-        rows = self._h.wait(timeout)
-        return rows[0] if self._single else rows
+    def wait(self, timeout: Optional[float] = None, concat: bool = False):
+        """The rows; with ``concat`` (``pull_many`` of tables of one dimension), one array of every table's rows
+        one after another instead of a list."""
+        rows = self._h.wait(timeout, concat)
+        return rows[0] if self._single or concat else rows
 
 OPTIMIZERS = ("sgd", "row_adagrad", "adam")
 INITS = ("uniform", "normal")

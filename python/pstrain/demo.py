@@ -183,7 +183,7 @@ def main(argv=None):
         ]
         emb = EmbeddingCollection(client, tables, staleness=a.staleness)
         batch = lambda s, e: JaggedFeatures.from_dense(KEYS, itr[s:e])
-        stack = lambda out: torch.stack([out[k] for k in KEYS], dim=1)
+        stack = lambda feats: emb(feats, stack=True)
     ytr_t, dtr_t = torch.from_numpy(ytr), torch.from_numpy(dtr)
 
     losses = []
@@ -203,7 +203,7 @@ def main(argv=None):
                     nxt = batch(e, min(n, e + b))
                     if not a.no_prefetch:
                         emb.prefetch(nxt)
-                e_rows = stack(emb(cur))
+                e_rows = stack(cur)
             logit = dense(dtr_t[s:e], e_rows)
             if step == 0:
                 with torch.no_grad():
@@ -215,7 +215,7 @@ def main(argv=None):
             opt.step()
             if a.local_embeddings:
                 local.step()
-            losses.append((float(loss) * b / (e - s), e - s))
+            losses.append((float(loss.detach()) * b / (e - s), e - s))
         if not a.local_embeddings:
             emb.flush()
         seconds = time.perf_counter() - start
@@ -227,7 +227,7 @@ def main(argv=None):
                 if a.local_embeddings:
                     er = lookup_eval(ids)
                 else:
-                    er = stack(emb(JaggedFeatures.from_dense(KEYS, ids)))
+                    er = stack(JaggedFeatures.from_dense(KEYS, ids))
                 logits.append(dense(torch.from_numpy(dte[s : s + 8192]), er))
             logits = torch.cat(logits).double()
         stats = emb.stats() if not a.local_embeddings else {}

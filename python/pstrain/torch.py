@@ -25,6 +25,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from . import _pstrain
 from .client import Client, Table, _check_ids
 
 POOLINGS = ("sum", "mean", "none")
@@ -128,36 +129,42 @@ class _Holder:
 
 
 class _PulledRows(torch.autograd.Function):
-    """Rows of a table's unique ids as a leaf of the graph; backward pushes their gradient."""
+    """A group's rows (every table's unique ids, one table after another) as a leaf of the graph; backward
+    receives their gradient summed per unique id and pushes it."""
 
     @staticmethod
-    def forward(ctx, anchor, holder, collection, table, unique):
-        ctx.collection, ctx.table, ctx.unique = collection, table, unique
+    def forward(ctx, anchor, holder, collection, group, uniques):
+        ctx.collection, ctx.group, ctx.uniques = collection, group, uniques
         return holder.rows
 
     @staticmethod
     def backward(ctx, grad):
-        ctx.collection._push(ctx.table, ctx.unique, grad)
+        ctx.collection._push(ctx.group, ctx.uniques, grad)
         return None, None, None, None, None
 
 
 class _Plan:
-    """A batch's per-table unique ids and, per feature, positions into them (plus pending pulls)."""
+    """A batch's per-table unique ids and, per feature, positions into its group's rows (plus pending pulls)."""
 
     def __init__(self, collection: "EmbeddingCollection", features: JaggedFeatures):
         self.features = features
         self.unique: Dict[str, np.ndarray] = {}
-        self.inverse: Dict[str, Dict[str, np.ndarray]] = {}
-        for t in collection.specs:
-            parts = []
-            for f in t.features:
-                values, _ = features.key(f)
-                parts.append(_check_ids(values, f"feature {f!r} of table {t.name!r}"))
-            allv = np.concatenate(parts) if len(parts) > 1 else parts[0]
-            u, inv = np.unique(allv, return_inverse=True)
-            self.unique[t.name] = u
-            bounds = np.cumsum([0] + [len(p) for p in parts])
-            self.inverse[t.name] = {f: inv[bounds[i] : bounds[i + 1]] for i, f in enumerate(t.features)}
+        # Per feature: positions into its group's concatenated rows.
+        self.inverse: Dict[str, np.ndarray] = {}
+        for group in collection._groups:
+            base = 0
+            for name in group:
+                t = collection._spec[name]
+                parts = [_check_ids(features.key(f)[0], f"feature {f!r} of table {name!r}") for f in t.features]
+                allv = np.concatenate(parts) if len(parts) > 1 else parts[0]
+                u, inv = _pstrain.unique_inverse(allv)
+                self.unique[name] = u
+                inv += base
+                at = 0
+                for f, part in zip(t.features, parts):
+                    self.inverse[f] = inv[at : at + len(part)]
+                    at += len(part)
+                base += len(u)
         self.handles = {}
         self.push_seq = 0
         self.unacked: Dict[str, List[np.ndarray]] = {}
@@ -168,7 +175,11 @@ class EmbeddingCollection(nn.Module):
 
     ``client``: a connected :class:`pstrain.Client`; ``tables``: :class:`EmbeddingTable` specs, registered on the
     servers here; ``staleness``: steps whose pushes may be unacknowledged when the next step pulls (0 =
-    synchronous)."""
+    synchronous).
+
+    Tables of one dimension and encoding form a group: each step pulls a group's unique ids in one request per
+    server into one buffer, which enters the graph as one tensor; backward pushes the group's gradients in one
+    request per server."""
 
     def __init__(self, client: Client, tables: Sequence[EmbeddingTable], staleness: int = 0):
         super().__init__()
@@ -178,11 +189,13 @@ class EmbeddingCollection(nn.Module):
         self.specs = list(tables)
         self.staleness = int(staleness)
         self._tables: Dict[str, Table] = {}
+        self._spec: Dict[str, EmbeddingTable] = {}
         self._feature_table: Dict[str, EmbeddingTable] = {}
         for t in self.specs:
             if t.name in self._tables:
                 raise ValueError(f"table {t.name!r} given twice")
             self._tables[t.name] = client.register_table(t.name, t.dim, optimizer=t.optimizer, lr=t.lr, **t.options)
+            self._spec[t.name] = t
             for f in t.features:
                 if f in self._feature_table:
                     raise ValueError(f"feature {f!r} is served by tables {self._feature_table[f].name!r} and {t.name!r}")
@@ -191,10 +204,10 @@ class EmbeddingCollection(nn.Module):
         self._anchor = torch.zeros(0, requires_grad=True)
         self._step = 0
         self._inflight = deque()  # (step, [(table, unique ids)], handle) of one push request
-        self._pending = {}  # table -> (unique ids, gradient) of the step being back-propagated
         groups = {}
         for t in self.specs:
-            groups.setdefault(self._tables[t.name].encoding, []).append(t.name)
+            tb = self._tables[t.name]
+            groups.setdefault((tb.dim, tb.encoding, tb.push_encoding), []).append(t.name)
         self._groups = [tuple(g) for g in groups.values()]
         self._push_seq = 0
         self._push_log = deque()  # (seq, table, unique ids) of pushes a prefetch may have missed
@@ -218,7 +231,10 @@ class EmbeddingCollection(nn.Module):
         self._start_pulls(plan)
         self._prefetched = plan
 
-    def forward(self, features: JaggedFeatures) -> Dict[str, torch.Tensor]:
+    def forward(self, features: JaggedFeatures, stack: bool = False):
+        """Per feature, the pooled rows ``[batch, dim]`` (or, with pooling ``none``, the rows of the feature's
+        values). ``stack=True`` returns one ``[batch, features, dim]`` tensor instead, features in
+        :attr:`features` order (every feature pooled, one dimension)."""
         self._wait_pushes(self.staleness)
         plan = self._prefetched
         self._prefetched = None
@@ -232,68 +248,72 @@ class EmbeddingCollection(nn.Module):
                 if seq >= plan.push_seq:
                     stale.setdefault(table, []).append(ids)
         self._trim_log()
-        out = {}
         self._step += 1
-        start = time.perf_counter()
-        pulled = {}
-        for names, h in plan.handles.items():
-            pulled.update(zip(names, h.wait()))
-        self.wait_seconds += time.perf_counter() - start
-        for t in self.specs:
+        out = {}
+        gathered = []  # (features, their concatenated rows) of one-hot or unpooled features, per group
+        for group in self._groups:
             start = time.perf_counter()
-            rows = pulled[t.name]
-            unique = plan.unique[t.name]
-            if t.name in stale:
-                mask = np.isin(unique, np.concatenate(stale[t.name]))
-                if mask.any():
-                    rows[mask] = self.client.pull(self._tables[t.name], unique[mask])
+            rows = plan.handles[group].wait(concat=True)
+            base = 0
+            for name in group:
+                unique = plan.unique[name]
+                if name in stale:
+                    mask = np.isin(unique, np.concatenate(stale[name]))
+                    if mask.any():
+                        rows[base : base + len(unique)][mask] = self.client.pull(self._tables[name], unique[mask])
+                base += len(unique)
             self.wait_seconds += time.perf_counter() - start
             weight = torch.from_numpy(rows)
             if torch.is_grad_enabled():
-                weight = _PulledRows.apply(self._anchor, _Holder(weight), self, t.name, unique)
-            for f in t.features:
-                inv = torch.from_numpy(plan.inverse[t.name][f].astype(np.int64, copy=False))
+                weight = _PulledRows.apply(self._anchor, _Holder(weight), self, group,
+                                           [plan.unique[n] for n in group])
+            direct, bags = [], []
+            for name in group:
+                t = self._spec[name]
+                for f in t.features:
+                    _, lengths = features.key(f)
+                    one_hot = len(plan.inverse[f]) == len(lengths) and (lengths == 1).all()
+                    (direct if t.pooling == "none" or one_hot else bags).append(f)
+            if direct:
+                inv = np.concatenate([plan.inverse[f] for f in direct]) if len(direct) > 1 else plan.inverse[direct[0]]
+                picked = weight.index_select(0, torch.from_numpy(inv))
+                gathered.append((direct, picked))
+                out.update(zip(direct, torch.split(picked, [len(plan.inverse[f]) for f in direct])))
+            for f in bags:
                 _, lengths = features.key(f)
-                if t.pooling == "none" or (t.pooling in ("sum", "mean") and len(inv) == len(lengths) and (lengths == 1).all()):
-                    out[f] = weight.index_select(0, inv)
-                else:
-                    offsets = torch.from_numpy(np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64))
-                    out[f] = F.embedding_bag(inv, weight, offsets, mode=t.pooling)
+                offsets = torch.from_numpy(np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64))
+                out[f] = F.embedding_bag(torch.from_numpy(plan.inverse[f]), weight, offsets,
+                                         mode=self._feature_table[f].pooling)
         self.steps += 1
-        return out
+        if not stack:
+            return out
+        keys = self.features
+        if len(gathered) == 1 and gathered[0][0] == keys and all(self._feature_table[k].pooling != "none" for k in keys):
+            # Every feature one-hot in one group: the gathered rows are [features x batch] already.
+            return gathered[0][1].view(len(keys), features.batch_size, -1).transpose(0, 1)
+        return torch.stack([out[k] for k in keys], dim=1)
 
     def _start_pulls(self, plan: _Plan):
-        """One pull per encoding group of tables (one request per server for all of a group's tables)."""
-        for names in self._groups:
-            plan.handles[names] = self.client.pull_many([self._tables[n] for n in names],
-                                                        [plan.unique[n] for n in names])
+        """One pull per group of tables (one request per server for all of a group's tables)."""
+        for group in self._groups:
+            plan.handles[group] = self.client.pull_many([self._tables[n] for n in group],
+                                                        [plan.unique[n] for n in group])
 
-    def _push(self, table: str, unique: np.ndarray, grad: torch.Tensor):
-        """Backward of one table's rows: kept until every table of the step has its gradient, then pushed in
-        one request per server (per push encoding)."""
+    def _push(self, group, uniques, grad: torch.Tensor):
+        """Backward of a group's rows: one push request per server for all of its tables."""
         g = grad.detach().to(torch.float32).contiguous().numpy()
-        self._pending[table] = (unique, g)
-        if len(self._pending) == len(self.specs):
-            self._send_pending()
-
-    def _send_pending(self):
-        if not self._pending:
-            return
-        groups = {}
-        for table, (unique, g) in self._pending.items():
-            groups.setdefault(self._tables[table].push_encoding, []).append((table, unique, g))
-        self._pending = {}
-        for parts in groups.values():
-            names = [p[0] for p in parts]
-            h = self.client.push_many([self._tables[n] for n in names], [p[1] for p in parts], [p[2] for p in parts])
-            for table, unique, _ in parts:
-                self._push_log.append((self._push_seq, table, unique))
-            self._inflight.append((self._step, [(p[0], p[1]) for p in parts], h))
-            self._push_seq += 1
+        grads, at = [], 0
+        for u in uniques:
+            grads.append(g[at : at + len(u)])
+            at += len(u)
+        h = self.client.push_many([self._tables[n] for n in group], list(uniques), grads)
+        for name, unique in zip(group, uniques):
+            self._push_log.append((self._push_seq, name, unique))
+        self._inflight.append((self._step, list(zip(group, uniques)), h))
+        self._push_seq += 1
 
     def _wait_pushes(self, keep_steps: int):
         """Waits until only pushes of the last ``keep_steps`` steps are unacknowledged (raising their errors)."""
-        self._send_pending()
         start = time.perf_counter()
         while self._inflight and self._inflight[0][0] <= self._step - keep_steps:
             self._inflight.popleft()[2].wait()

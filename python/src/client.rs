@@ -287,9 +287,13 @@ impl Client {
                 .zip(&ids)
                 .map(|(&(table, dim), ids)| TableIds { table, dim, ids })
                 .collect();
-            let r = tokio::time::timeout(timeout, pull_tables(&client, encoding, &parts)).await;
+            let total: usize = parts.iter().map(|p| p.ids.len() * p.dim).sum();
+            let mut rows = vec![0f32; total];
+            let r =
+                tokio::time::timeout(timeout, pull_tables(&client, encoding, &parts, &mut rows))
+                    .await;
             let r = match r {
-                Ok(Ok(rows)) => Ok(rows),
+                Ok(Ok(())) => Ok(rows),
                 Ok(Err(e)) => Err(RequestError::new(&what, e)),
                 Err(_) => Err(RequestError::timeout(&what, timeout.as_secs_f64())),
             };
@@ -499,7 +503,8 @@ impl<T: Send> Slot<T> {
 /// A pull in flight.
 #[pyclass(module = "pstrain._pstrain")]
 pub struct PullHandle {
-    state: Slot<Vec<Vec<f32>>>,
+    /// Every table's rows, one after another.
+    state: Slot<Vec<f32>>,
     /// `(ids, dim)` of each table.
     shapes: Vec<(usize, usize)>,
     counters: Arc<Counters>,
@@ -512,20 +517,42 @@ impl PullHandle {
         self.state.poll()
     }
 
-    /// The rows, per table a `float32` array of `len(ids) x dim` whose buffer is the decoded rows
-    /// themselves; raises the request's error. `timeout`: seconds to wait at most (`PsTimeoutError` past
-    /// it; the request goes on).
-    #[pyo3(signature = (timeout = None))]
+    /// The rows: with `concat`, one `float32` array of `(sum of len(ids)) x dim` holding every table's rows
+    /// one after another (tables of one dimension only); else per table a `len(ids) x dim` array (views of
+    /// that one buffer). The buffer is the decoded rows themselves (no copy). Raises the request's error.
+    /// `timeout`: seconds to wait at most (`PsTimeoutError` past it; the request goes on).
+    #[pyo3(signature = (timeout = None, concat = false))]
     fn wait<'py>(
         &mut self,
         py: Python<'py>,
         timeout: Option<f64>,
-    ) -> PyResult<Vec<Bound<'py, numpy::PyArray2<f32>>>> {
+        concat: bool,
+    ) -> PyResult<Vec<Bound<'py, PyAny>>> {
         let rows = self.state.wait(py, timeout, &self.counters)?;
-        rows.into_iter()
-            .zip(&self.shapes)
-            .map(|(r, &(n, dim))| PyArray1::from_vec(py, r).reshape([n, dim]))
-            .collect()
+        let dims: std::collections::BTreeSet<usize> = self.shapes.iter().map(|s| s.1).collect();
+        let total: usize = self.shapes.iter().map(|s| s.0).sum();
+        let all = PyArray1::from_vec(py, rows);
+        if concat {
+            let dim = match dims.len() {
+                0 => 1,
+                1 => *dims.first().expect("one"),
+                _ => {
+                    return Err(PyValueError::new_err(format!(
+                        "wait(concat=True): the tables have different dimensions {dims:?}"
+                    )))
+                }
+            };
+            return Ok(vec![all.reshape([total, dim])?.into_any()]);
+        }
+        let slice = py.import("builtins")?.getattr("slice")?;
+        let mut out = Vec::with_capacity(self.shapes.len());
+        let mut at = 0;
+        for &(n, dim) in &self.shapes {
+            let part = all.get_item(slice.call1((at, at + n * dim))?)?;
+            out.push(part.call_method1("reshape", ((n, dim),))?);
+            at += n * dim;
+        }
+        Ok(out)
     }
 }
 

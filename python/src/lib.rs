@@ -12,6 +12,7 @@
 //!   buffer (no copy).
 //! - [`cluster`]: `LocalCluster`, real `ps-server` processes on loopback.
 //! - [`data`]: `read_criteo`, a Criteo file into numpy arrays (labels, dense features, feature ids).
+//! - [`dedup`]: `unique_inverse`, a batch's distinct ids by hashing.
 //! - [`errors`]: how protocol errors become the exceptions of `pstrain/errors.py`.
 
 use pyo3::prelude::*;
@@ -19,6 +20,7 @@ use pyo3::prelude::*;
 pub mod client;
 pub mod cluster;
 pub mod data;
+pub mod dedup;
 pub mod errors;
 
 /// The process-wide tokio runtime every client shares (two worker threads: requests are I/O and codec work,
@@ -44,6 +46,7 @@ fn _pstrain(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<cluster::LocalCluster>()?;
     m.add_function(wrap_pyfunction!(data::read_criteo, m)?)?;
     m.add_function(wrap_pyfunction!(data::feature_ids, m)?)?;
+    m.add_function(wrap_pyfunction!(dedup::unique_inverse, m)?)?;
     m.add("NUM_DENSE", criteo::NUM_DENSE)?;
     m.add("NUM_SPARSE", criteo::NUM_SPARSE)?;
     Ok(())

@@ -129,3 +129,26 @@ def test_package_imports_without_torch():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=dict(os.environ))
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "ok"
+
+
+def test_unique_inverse_matches_numpy():
+    from pstrain import _pstrain
+
+    rng = np.random.default_rng(3)
+    ids = rng.integers(0, 50, 1000).astype(np.uint64)
+    u, inv = _pstrain.unique_inverse(ids)
+    np.testing.assert_array_equal(u[inv], ids)
+    assert len(u) == len(np.unique(ids)) and inv.dtype == np.int64
+    first = [int(x) for x in dict.fromkeys(ids.tolist())]
+    np.testing.assert_array_equal(u, first)
+
+
+def test_pull_many_concatenates_tables(client, table_name):
+    a = client.register_table(table_name + "a", dim=2, init_scale=0.2, seed=1)
+    b = client.register_table(table_name + "b", dim=2, init_scale=0.2, seed=2)
+    ia, ib = np.array([1, 2, 1], dtype=np.int64), np.array([7], dtype=np.int64)
+    both = client.pull_many([a, b], [ia, ib]).wait(concat=True)
+    np.testing.assert_array_equal(both, np.concatenate([client.pull(a, ia), client.pull(b, ib)]))
+    ra, rb = client.pull_many([a, b], [ia, ib]).wait()
+    np.testing.assert_array_equal(ra, both[:3])
+    assert client.push_many([a, b], [ia, ib], [np.ones((3, 2), np.float32), np.ones((1, 2), np.float32)]).wait() == 3

@@ -149,5 +149,5 @@ def test_custom_two_tower_example_learns():
     spec = importlib.util.spec_from_file_location("two_tower", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    # The planted preference gives an oracle AUC near 0.79; a model that learned nothing is at 0.5.
-    assert mod.main(["--steps", "120", "--batch", "256"]) > 0.6
+    # The planted preference gives an oracle AUC of about 0.8; a model that learned nothing is at 0.5.
+    assert mod.main(["--steps", "150", "--batch", "256"]) > 0.65
