@@ -29,6 +29,7 @@ from . import _pstrain
 from .client import Client, Table, _check_ids
 
 POOLINGS = ("sum", "mean", "none")
+MAX_PREFETCHED = 4
 
 
 class JaggedFeatures:
@@ -211,7 +212,7 @@ class EmbeddingCollection(nn.Module):
         self._groups = [tuple(g) for g in groups.values()]
         self._push_seq = 0
         self._push_log = deque()  # (seq, table, unique ids) of pushes a prefetch may have missed
-        self._prefetched: Optional[_Plan] = None
+        self._prefetched: deque = deque()  # plans of prefetched batches, oldest first (at most MAX_PREFETCHED)
         self.wait_seconds = 0.0
         self.steps = 0
 
@@ -220,7 +221,8 @@ class EmbeddingCollection(nn.Module):
         return list(self._feature_table)
 
     def prefetch(self, features: JaggedFeatures):
-        """Starts the pulls of the batch ``features`` (the next ``forward`` of the same object uses them)."""
+        """Starts the pulls of the batch ``features``; a later ``forward`` of the same object uses them. Up to
+        ``MAX_PREFETCHED`` batches may be prefetched ahead (the oldest is dropped past that)."""
         plan = _Plan(self, features)
         plan.push_seq = self._push_seq
         # Pushes not yet acknowledged may be applied after the prefetch reads: their ids are pulled again.
@@ -229,16 +231,22 @@ class EmbeddingCollection(nn.Module):
                 for table, ids in parts:
                     plan.unacked.setdefault(table, []).append(ids)
         self._start_pulls(plan)
-        self._prefetched = plan
+        self._prefetched.append(plan)
+        while len(self._prefetched) > MAX_PREFETCHED:
+            self._prefetched.popleft()
 
     def forward(self, features: JaggedFeatures, stack: bool = False):
         """Per feature, the pooled rows ``[batch, dim]`` (or, with pooling ``none``, the rows of the feature's
         values). ``stack=True`` returns one ``[batch, features, dim]`` tensor instead, features in
         :attr:`features` order (every feature pooled, one dimension)."""
         self._wait_pushes(self.staleness)
-        plan = self._prefetched
-        self._prefetched = None
-        if plan is None or plan.features is not features:
+        plan = None
+        for i, p in enumerate(self._prefetched):
+            if p.features is features:
+                plan = p
+                del self._prefetched[i]
+                break
+        if plan is None:
             plan = _Plan(self, features)
             self._start_pulls(plan)
             stale = {}
@@ -320,9 +328,13 @@ class EmbeddingCollection(nn.Module):
         self.wait_seconds += time.perf_counter() - start
 
     def _trim_log(self):
-        keep_from = self._prefetched.push_seq if self._prefetched is not None else self._push_seq
+        keep_from = min((p.push_seq for p in self._prefetched), default=self._push_seq)
         while self._push_log and self._push_log[0][0] < keep_from:
             self._push_log.popleft()
+
+    def wait(self):
+        """Waits until every push so far is acknowledged (raising the first error)."""
+        self._wait_pushes(0)
 
     def flush(self) -> int:
         """Waits for every push, then has the servers write their dirty rows to RocksDB."""

@@ -33,7 +33,7 @@ class Tower(nn.Module):
         return self.lin(torch.cat(pooled, dim=1)).squeeze(1)
 
 
-def train_both(client, name, pooling, batches, keys, labels, prefetch=False, staleness=0):
+def train_both(client, name, pooling, batches, keys, labels, prefetch=None, staleness=0):
     """Trains the PS model and a local nn.EmbeddingBag model from the same rows; returns both."""
     coll = EmbeddingCollection(
         client, [EmbeddingTable(name, DIM, features=keys, pooling=pooling, optimizer="sgd", lr=LR,
@@ -49,8 +49,10 @@ def train_both(client, name, pooling, batches, keys, labels, prefetch=False, sta
     feats = [JaggedFeatures.from_lists(b) for b in batches]
     grads = []
     for step, (f, y) in enumerate(zip(feats, labels)):
+        if prefetch == "before" and step + 1 < len(feats):
+            coll.prefetch(feats[step + 1])  # issued before this batch's forward, which uses its own prefetch
         out = coll(f)
-        if prefetch and step + 1 < len(feats):
+        if prefetch == "after" and step + 1 < len(feats):
             coll.prefetch(feats[step + 1])
         if pooling == "none":
             pooled_ps = []
@@ -109,8 +111,11 @@ def test_prefetch_gives_identical_results_at_staleness_0(client, table_name):
     batches = random_batches(rng, 8, 8, keys, 10, 3)  # a small vocabulary: consecutive batches share ids
     labels = [rng.integers(0, 2, 8).astype(np.float32) for _ in batches]
     plain, _, _, tp_plain, _ = train_both(client, table_name + "p0", "sum", batches, keys, labels)
-    fetched, local, _, tp_fetch, _ = train_both(client, table_name + "p1", "sum", batches, keys, labels, prefetch=True)
+    fetched, local, _, tp_fetch, _ = train_both(client, table_name + "p1", "sum", batches, keys, labels,
+                                                prefetch="after")
+    early, _, _, _, _ = train_both(client, table_name + "p2", "sum", batches, keys, labels, prefetch="before")
     np.testing.assert_array_equal(plain, fetched)
+    np.testing.assert_array_equal(plain, early)
     np.testing.assert_allclose(fetched, local, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(tp_plain.lin.weight, tp_fetch.lin.weight, rtol=0, atol=0)
 
