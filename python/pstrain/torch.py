@@ -168,7 +168,8 @@ class _Plan:
                 base += len(u)
         self.handles = {}
         self.push_seq = 0
-        self.unacked: Dict[str, List[np.ndarray]] = {}
+        # Per table, (step, ids) of the pushes unacknowledged when the prefetch was sent.
+        self.unacked: Dict[str, list] = {}
 
 
 class EmbeddingCollection(nn.Module):
@@ -211,7 +212,7 @@ class EmbeddingCollection(nn.Module):
             groups.setdefault((tb.dim, tb.encoding, tb.push_encoding), []).append(t.name)
         self._groups = [tuple(g) for g in groups.values()]
         self._push_seq = 0
-        self._push_log = deque()  # (seq, table, unique ids) of pushes a prefetch may have missed
+        self._push_log = deque()  # (seq, table, unique ids, step) of pushes a prefetch may have missed
         self._prefetched: deque = deque()  # plans of prefetched batches, oldest first (at most MAX_PREFETCHED)
         self.wait_seconds = 0.0
         self.steps = 0
@@ -226,10 +227,10 @@ class EmbeddingCollection(nn.Module):
         plan = _Plan(self, features)
         plan.push_seq = self._push_seq
         # Pushes not yet acknowledged may be applied after the prefetch reads: their ids are pulled again.
-        for _, parts, h in self._inflight:
+        for step, parts, h in self._inflight:
             if not h.done():
                 for table, ids in parts:
-                    plan.unacked.setdefault(table, []).append(ids)
+                    plan.unacked.setdefault(table, []).append((step, ids))
         self._start_pulls(plan)
         self._prefetched.append(plan)
         while len(self._prefetched) > MAX_PREFETCHED:
@@ -251,9 +252,15 @@ class EmbeddingCollection(nn.Module):
             self._start_pulls(plan)
             stale = {}
         else:
-            stale = plan.unacked
-            for seq, table, ids in self._push_log:
-                if seq >= plan.push_seq:
+            # Rows the prefetch may have read before pushes this step must see were applied: pushes of the steps
+            # outside the staleness window (every earlier one at staleness 0) that were unacknowledged when the
+            # prefetch was sent, or sent after it.
+            must_see = self._step - self.staleness
+            stale = {}
+            for table, entries in plan.unacked.items():
+                stale[table] = [ids for step, ids in entries if step <= must_see]
+            for seq, table, ids, step in self._push_log:
+                if seq >= plan.push_seq and step <= must_see:
                     stale.setdefault(table, []).append(ids)
         self._trim_log()
         self._step += 1
@@ -262,14 +269,20 @@ class EmbeddingCollection(nn.Module):
         for group in self._groups:
             start = time.perf_counter()
             rows = plan.handles[group].wait(concat=True)
-            base = 0
+            base, again = 0, []
             for name in group:
                 unique = plan.unique[name]
-                if name in stale:
+                if stale.get(name):
                     mask = np.isin(unique, np.concatenate(stale[name]))
                     if mask.any():
-                        rows[base : base + len(unique)][mask] = self.client.pull(self._tables[name], unique[mask])
+                        again.append((name, base, mask))
                 base += len(unique)
+            if again:
+                # One pull (one request per server) for every table of the group with rows to read again.
+                fresh = self.client.pull_many([self._tables[n] for n, _, _ in again],
+                                              [plan.unique[n][m] for n, _, m in again]).wait()
+                for (name, at, mask), r in zip(again, fresh):
+                    rows[at : at + len(plan.unique[name])][mask] = r
             self.wait_seconds += time.perf_counter() - start
             weight = torch.from_numpy(rows)
             if torch.is_grad_enabled():
@@ -316,7 +329,7 @@ class EmbeddingCollection(nn.Module):
             at += len(u)
         h = self.client.push_many([self._tables[n] for n in group], list(uniques), grads)
         for name, unique in zip(group, uniques):
-            self._push_log.append((self._push_seq, name, unique))
+            self._push_log.append((self._push_seq, name, unique, self._step))
         self._inflight.append((self._step, list(zip(group, uniques)), h))
         self._push_seq += 1
 
