@@ -357,10 +357,7 @@ pub fn f16_scale(encoding: Encoding, grads: &[Vec<f32>]) -> f32 {
     if encoding != Encoding::F16 {
         return 1.0;
     }
-    let max = grads
-        .iter()
-        .flatten()
-        .fold(0f32, |m, &g| m.max(g.abs()));
+    let max = grads.iter().flatten().fold(0f32, |m, &g| m.max(g.abs()));
     if max == 0.0 || !max.is_finite() {
         return 1.0;
     }

@@ -134,7 +134,8 @@ def main(argv=None):
     ap.add_argument("--emb-lr", type=float, default=0.05, help="row-wise Adagrad learning rate of the rows")
     ap.add_argument("--emb-init-scale", type=float, default=0.05)
     ap.add_argument("--encoding", default="f16", choices=["f32", "f16", "bf16"])
-    ap.add_argument("--staleness", type=int, default=2, help="steps of pushes in flight (0 = synchronous)")
+    ap.add_argument("--staleness", type=int, default=0,
+                    help="steps of pushes in flight (0 = synchronous; 2 is faster and costs AUC: BENCHMARKS.md)")
     ap.add_argument("--no-prefetch", action="store_true", help="pull each batch only when it is needed")
     ap.add_argument("--lr-decay-fraction", type=float, default=0.2)
     ap.add_argument("--threads", type=int, default=2, help="torch threads")

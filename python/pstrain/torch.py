@@ -167,6 +167,10 @@ class _Plan:
                     at += len(part)
                 base += len(u)
         self.handles = {}
+        # Pulls chained to pushes made after this prefetch (group -> [(tables and masks, handle)]), and the
+        # push sequence numbers they cover.
+        self.refresh: Dict[tuple, list] = {}
+        self.covered = set()
         self.push_seq = 0
         # Per table, (step, ids) of the pushes unacknowledged when the prefetch was sent.
         self.unacked: Dict[str, list] = {}
@@ -260,7 +264,7 @@ class EmbeddingCollection(nn.Module):
             for table, entries in plan.unacked.items():
                 stale[table] = [ids for step, ids in entries if step <= must_see]
             for seq, table, ids, step in self._push_log:
-                if seq >= plan.push_seq and step <= must_see:
+                if seq >= plan.push_seq and step <= must_see and seq not in plan.covered:
                     stale.setdefault(table, []).append(ids)
         self._trim_log()
         self._step += 1
@@ -269,6 +273,10 @@ class EmbeddingCollection(nn.Module):
         for group in self._groups:
             start = time.perf_counter()
             rows = plan.handles[group].wait(concat=True)
+            for parts, pulled in plan.refresh.get(group, ()):
+                # Rows a push of the last step changed, pulled right after its acknowledgement, in push order.
+                for (name, at, mask), r in zip(parts, pulled.wait()):
+                    rows[at : at + len(plan.unique[name])][mask] = r
             base, again = 0, []
             for name in group:
                 unique = plan.unique[name]
@@ -321,13 +329,34 @@ class EmbeddingCollection(nn.Module):
                                                         [plan.unique[n] for n in group])
 
     def _push(self, group, uniques, grad: torch.Tensor):
-        """Backward of a group's rows: one push request per server for all of its tables."""
+        """Backward of a group's rows: one push request per server for all of its tables. At staleness 0 with
+        the next batch prefetched, the push carries the pull of the prefetched rows it changes, sent as soon as
+        the push is acknowledged (no round trip through Python)."""
         g = grad.detach().to(torch.float32).contiguous().numpy()
         grads, at = [], 0
         for u in uniques:
             grads.append(g[at : at + len(u)])
             at += len(u)
-        h = self.client.push_many([self._tables[n] for n in group], list(uniques), grads)
+        tables = [self._tables[n] for n in group]
+        nxt = self._prefetched[-1] if self.staleness == 0 and len(self._prefetched) == 1 else None
+        again = []
+        if nxt is not None:
+            base = 0
+            for name, u in zip(group, uniques):
+                mask = np.isin(nxt.unique[name], u)
+                if mask.any():
+                    again.append((name, base, mask))
+                base += len(nxt.unique[name])
+        if again:
+            t0 = tables[0]
+            h, pulled = self.client._c.push_then_pull_async(
+                [(t.id, t.dim) for t in tables], f"{len(tables)} tables", t0.push_encoding,
+                list(uniques), grads, [(self._tables[n].id, t0.dim) for n, _, _ in again], t0.encoding,
+                [nxt.unique[n][m] for n, _, m in again])
+            nxt.refresh.setdefault(group, []).append((again, pulled))
+            nxt.covered.add(self._push_seq)
+        else:
+            h = self.client.push_many(tables, list(uniques), grads)
         for name, unique in zip(group, uniques):
             self._push_log.append((self._push_seq, name, unique, self._step))
         self._inflight.append((self._step, list(zip(group, uniques)), h))

@@ -14,32 +14,34 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use numpy::{PyArray1, PyArrayMethods, PyReadonlyArray1, PyReadonlyArray2};
-use protocol::keyed::{pull_tables, push_tables, TableIds};
+use numpy::{PyReadonlyArray1, PyReadonlyArray2};
 use protocol::{Encoding, InitSpec, OptimizerSpec, PsClient, PsClientConfig, TableSpec, Transport};
-use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use tokio::sync::oneshot;
+
+use crate::handles::{PullHandle, PushHandle, Slot};
+use crate::jobs::{PullJob, PushJob};
 
 use crate::errors::RequestError;
 use crate::runtime;
 
 /// Counters of one client (nanoseconds and counts), shared with its in-flight requests.
 #[derive(Default)]
-struct Counters {
-    pull_calls: AtomicU64,
-    pull_rows: AtomicU64,
-    pull_ns: AtomicU64,
-    push_calls: AtomicU64,
-    push_rows: AtomicU64,
-    push_ns: AtomicU64,
-    wait_ns: AtomicU64,
+pub(crate) struct Counters {
+    pub(crate) pull_calls: AtomicU64,
+    pub(crate) pull_rows: AtomicU64,
+    pub(crate) pull_ns: AtomicU64,
+    pub(crate) push_calls: AtomicU64,
+    pub(crate) push_rows: AtomicU64,
+    pub(crate) push_ns: AtomicU64,
+    pub(crate) wait_ns: AtomicU64,
 }
 
-fn parse_encoding(s: &str) -> PyResult<Encoding> {
+pub(crate) fn parse_encoding(s: &str) -> PyResult<Encoding> {
     match s {
         "f32" => Ok(Encoding::F32),
         "f16" => Ok(Encoding::F16),
@@ -248,8 +250,7 @@ impl Client {
     }
 
     /// Starts a pull of several tables in one request per server: `tables[i]` is `(table id, dim)` and
-    /// `ids[i]` its ids; `what` names the tables in errors. Returns a `PullHandle` whose `wait` gives one
-    /// array per table.
+    /// `ids[i]` its ids; `what` names the tables in errors. Returns a `PullHandle` whose `wait` gives the rows.
     fn pull_async(
         &self,
         tables: Vec<(u32, usize)>,
@@ -257,52 +258,12 @@ impl Client {
         encoding: &str,
         ids: Vec<PyReadonlyArray1<'_, u64>>,
     ) -> PyResult<PullHandle> {
-        let encoding = parse_encoding(encoding)?;
-        if ids.len() != tables.len() {
-            return Err(PyValueError::new_err(format!(
-                "{what}: {} id arrays for {} tables",
-                ids.len(),
-                tables.len()
-            )));
-        }
-        let ids: Vec<Vec<u64>> = ids
-            .iter()
-            .map(|a| a.as_array().iter().copied().collect())
-            .collect();
-        let shapes: Vec<(usize, usize)> = ids
-            .iter()
-            .zip(&tables)
-            .map(|(i, t)| (i.len(), t.1))
-            .collect();
-        let n: usize = ids.iter().map(Vec::len).sum();
+        let pull = PullJob::new(tables, &what, encoding, &ids)?;
         let (tx, rx) = oneshot::channel();
-        let client = self.inner.clone();
-        let counters = self.counters.clone();
-        let timeout = self.timeout;
-        let what = format!("pull of {what} ({n} ids)");
+        let shapes = pull.shapes();
+        let (client, counters, timeout) = (self.inner.clone(), self.counters.clone(), self.timeout);
         runtime().spawn(async move {
-            let start = Instant::now();
-            let parts: Vec<TableIds<'_>> = tables
-                .iter()
-                .zip(&ids)
-                .map(|(&(table, dim), ids)| TableIds { table, dim, ids })
-                .collect();
-            let total: usize = parts.iter().map(|p| p.ids.len() * p.dim).sum();
-            let mut rows = vec![0f32; total];
-            let r =
-                tokio::time::timeout(timeout, pull_tables(&client, encoding, &parts, &mut rows))
-                    .await;
-            let r = match r {
-                Ok(Ok(())) => Ok(rows),
-                Ok(Err(e)) => Err(RequestError::new(&what, e)),
-                Err(_) => Err(RequestError::timeout(&what, timeout.as_secs_f64())),
-            };
-            counters.pull_calls.fetch_add(1, Ordering::Relaxed);
-            counters.pull_rows.fetch_add(n as u64, Ordering::Relaxed);
-            counters
-                .pull_ns
-                .fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
-            let _ = tx.send(r);
+            let _ = tx.send(pull.run(&client, &counters, timeout).await);
         });
         Ok(PullHandle {
             state: Slot::Pending(rx),
@@ -321,61 +282,60 @@ impl Client {
         ids: Vec<PyReadonlyArray1<'_, u64>>,
         grads: Vec<PyReadonlyArray2<'_, f32>>,
     ) -> PyResult<PushHandle> {
-        let encoding = parse_encoding(encoding)?;
-        if ids.len() != tables.len() || grads.len() != tables.len() {
-            return Err(PyValueError::new_err(format!(
-                "{what}: {} id arrays and {} gradient arrays for {} tables",
-                ids.len(),
-                grads.len(),
-                tables.len()
-            )));
-        }
-        let mut all_ids = Vec::with_capacity(ids.len());
-        let mut all_grads = Vec::with_capacity(ids.len());
-        for ((i, g), &(_, dim)) in ids.iter().zip(&grads).zip(&tables) {
-            let i: Vec<u64> = i.as_array().iter().copied().collect();
-            let shape = g.as_array().shape().to_vec();
-            if shape != [i.len(), dim] {
-                return Err(PyValueError::new_err(format!(
-                    "push of {what}: grads shape {shape:?} for {} ids of dim {dim}",
-                    i.len()
-                )));
-            }
-            all_grads.push(g.as_array().iter().copied().collect::<Vec<f32>>());
-            all_ids.push(i);
-        }
-        let n: usize = all_ids.iter().map(Vec::len).sum();
+        let push = PushJob::new(tables, &what, encoding, &ids, &grads)?;
         let (tx, rx) = oneshot::channel();
-        let client = self.inner.clone();
-        let counters = self.counters.clone();
-        let timeout = self.timeout;
-        let what = format!("push of {what} ({n} ids)");
+        let (client, counters, timeout) = (self.inner.clone(), self.counters.clone(), self.timeout);
         runtime().spawn(async move {
-            let start = Instant::now();
-            let parts: Vec<TableIds<'_>> = tables
-                .iter()
-                .zip(&all_ids)
-                .map(|(&(table, dim), ids)| TableIds { table, dim, ids })
-                .collect();
-            let grads: Vec<&[f32]> = all_grads.iter().map(Vec::as_slice).collect();
-            let r =
-                tokio::time::timeout(timeout, push_tables(&client, encoding, &parts, &grads)).await;
-            let r = match r {
-                Ok(Ok(applied)) => Ok(applied),
-                Ok(Err(e)) => Err(RequestError::new(&what, e)),
-                Err(_) => Err(RequestError::timeout(&what, timeout.as_secs_f64())),
-            };
-            counters.push_calls.fetch_add(1, Ordering::Relaxed);
-            counters.push_rows.fetch_add(n as u64, Ordering::Relaxed);
-            counters
-                .push_ns
-                .fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
-            let _ = tx.send(r);
+            let _ = tx.send(push.run(&client, &counters, timeout).await);
         });
         Ok(PushHandle {
             state: Slot::Pending(rx),
             counters: self.counters.clone(),
         })
+    }
+
+    /// A push, then, once every server acknowledged it, a pull (of rows the push changed and a prefetch had
+    /// read before): one task, no round trip through Python between the two. A failed push fails the pull
+    /// with the same error. Returns `(PushHandle, PullHandle)`.
+    #[allow(clippy::too_many_arguments)]
+    fn push_then_pull_async(
+        &self,
+        tables: Vec<(u32, usize)>,
+        what: String,
+        encoding: &str,
+        ids: Vec<PyReadonlyArray1<'_, u64>>,
+        grads: Vec<PyReadonlyArray2<'_, f32>>,
+        pull_tables: Vec<(u32, usize)>,
+        pull_encoding: &str,
+        pull_ids: Vec<PyReadonlyArray1<'_, u64>>,
+    ) -> PyResult<(PushHandle, PullHandle)> {
+        let push = PushJob::new(tables, &what, encoding, &ids, &grads)?;
+        let pull = PullJob::new(pull_tables, &what, pull_encoding, &pull_ids)?;
+        let shapes = pull.shapes();
+        let (push_tx, push_rx) = oneshot::channel();
+        let (pull_tx, pull_rx) = oneshot::channel();
+        let (client, counters, timeout) = (self.inner.clone(), self.counters.clone(), self.timeout);
+        runtime().spawn(async move {
+            let pushed = push.run(&client, &counters, timeout).await;
+            let failed = pushed.as_ref().err().cloned();
+            let _ = push_tx.send(pushed);
+            let pulled = match failed {
+                Some(e) => Err(e),
+                None => pull.run(&client, &counters, timeout).await,
+            };
+            let _ = pull_tx.send(pulled);
+        });
+        Ok((
+            PushHandle {
+                state: Slot::Pending(push_rx),
+                counters: self.counters.clone(),
+            },
+            PullHandle {
+                state: Slot::Pending(pull_rx),
+                shapes,
+                counters: self.counters.clone(),
+            },
+        ))
     }
 
     /// Asks every server to write its dirty rows to RocksDB; returns the rows written.
@@ -425,154 +385,5 @@ impl Client {
                 let _ = tokio::time::timeout(Duration::from_secs(5), client.close()).await;
             })
         });
-    }
-}
-
-/// A request's result slot: still pending, or taken.
-enum Slot<T> {
-    Pending(oneshot::Receiver<Result<T, RequestError>>),
-    Ready(Result<T, RequestError>),
-    Taken,
-}
-
-impl<T: Send> Slot<T> {
-    /// Whether the result is there (without blocking).
-    fn poll(&mut self) -> bool {
-        if let Slot::Pending(rx) = self {
-            match rx.try_recv() {
-                Ok(r) => *self = Slot::Ready(r),
-                Err(oneshot::error::TryRecvError::Empty) => return false,
-                Err(oneshot::error::TryRecvError::Closed) => {
-                    *self = Slot::Ready(Err(RequestError {
-                        kind: crate::errors::Kind::Server,
-                        message: "the request's task ended without an answer".into(),
-                    }))
-                }
-            }
-        }
-        !matches!(self, Slot::Pending(_))
-    }
-
-    /// Blocks (GIL released) until the result, up to `timeout` seconds if given.
-    fn wait(&mut self, py: Python<'_>, timeout: Option<f64>, counters: &Counters) -> PyResult<T> {
-        let start = Instant::now();
-        if let Slot::Pending(rx) = self {
-            let rx = rx;
-            let got = py.detach(|| {
-                runtime().block_on(async {
-                    match timeout {
-                        Some(t) => tokio::time::timeout(Duration::from_secs_f64(t.max(0.0)), rx)
-                            .await
-                            .ok(),
-                        None => Some(rx.await),
-                    }
-                })
-            });
-            counters
-                .wait_ns
-                .fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
-            match got {
-                None => {
-                    return Err(PyErr::from_type(
-                        py.import("pstrain.errors")
-                            .and_then(|m| m.getattr("PsTimeoutError"))
-                            .and_then(|c| c.cast_into().map_err(PyErr::from))
-                            .unwrap_or_else(|_| py.get_type::<PyRuntimeError>()),
-                        format!("wait: no result within {:.1} s", timeout.unwrap_or(0.0)),
-                    ))
-                }
-                Some(Ok(r)) => *self = Slot::Ready(r),
-                Some(Err(_)) => {
-                    *self = Slot::Ready(Err(RequestError {
-                        kind: crate::errors::Kind::Server,
-                        message: "the request's task ended without an answer".into(),
-                    }))
-                }
-            }
-        }
-        match std::mem::replace(self, Slot::Taken) {
-            Slot::Ready(r) => r.map_err(|e| e.into_py(py)),
-            Slot::Taken => Err(PyRuntimeError::new_err(
-                "this handle's result was already taken by an earlier wait()",
-            )),
-            Slot::Pending(_) => unreachable!("waited above"),
-        }
-    }
-}
-
-/// A pull in flight.
-#[pyclass(module = "pstrain._pstrain")]
-pub struct PullHandle {
-    /// Every table's rows, one after another.
-    state: Slot<Vec<f32>>,
-    /// `(ids, dim)` of each table.
-    shapes: Vec<(usize, usize)>,
-    counters: Arc<Counters>,
-}
-
-#[pymethods]
-impl PullHandle {
-    /// Whether the reply (or the error) is there.
-    fn done(&mut self) -> bool {
-        self.state.poll()
-    }
-
-    /// The rows: with `concat`, one `float32` array of `(sum of len(ids)) x dim` holding every table's rows
-    /// one after another (tables of one dimension only); else per table a `len(ids) x dim` array (views of
-    /// that one buffer). The buffer is the decoded rows themselves (no copy). Raises the request's error.
-    /// `timeout`: seconds to wait at most (`PsTimeoutError` past it; the request goes on).
-    #[pyo3(signature = (timeout = None, concat = false))]
-    fn wait<'py>(
-        &mut self,
-        py: Python<'py>,
-        timeout: Option<f64>,
-        concat: bool,
-    ) -> PyResult<Vec<Bound<'py, PyAny>>> {
-        let rows = self.state.wait(py, timeout, &self.counters)?;
-        let dims: std::collections::BTreeSet<usize> = self.shapes.iter().map(|s| s.1).collect();
-        let total: usize = self.shapes.iter().map(|s| s.0).sum();
-        let all = PyArray1::from_vec(py, rows);
-        if concat {
-            let dim = match dims.len() {
-                0 => 1,
-                1 => *dims.first().expect("one"),
-                _ => {
-                    return Err(PyValueError::new_err(format!(
-                        "wait(concat=True): the tables have different dimensions {dims:?}"
-                    )))
-                }
-            };
-            return Ok(vec![all.reshape([total, dim])?.into_any()]);
-        }
-        let slice = py.import("builtins")?.getattr("slice")?;
-        let mut out = Vec::with_capacity(self.shapes.len());
-        let mut at = 0;
-        for &(n, dim) in &self.shapes {
-            let part = all.get_item(slice.call1((at, at + n * dim))?)?;
-            out.push(part.call_method1("reshape", ((n, dim),))?);
-            at += n * dim;
-        }
-        Ok(out)
-    }
-}
-
-/// A push in flight.
-#[pyclass(module = "pstrain._pstrain")]
-pub struct PushHandle {
-    state: Slot<u64>,
-    counters: Arc<Counters>,
-}
-
-#[pymethods]
-impl PushHandle {
-    /// Whether the acknowledgement (or the error) is there.
-    fn done(&mut self) -> bool {
-        self.state.poll()
-    }
-
-    /// The rows the servers applied; raises the request's error.
-    #[pyo3(signature = (timeout = None))]
-    fn wait(&mut self, py: Python<'_>, timeout: Option<f64>) -> PyResult<u64> {
-        self.state.wait(py, timeout, &self.counters)
     }
 }

@@ -52,5 +52,8 @@ pub fn unique_inverse<'py>(
 ) -> (Bound<'py, PyArray1<u64>>, Bound<'py, PyArray1<i64>>) {
     let view = ids.as_array();
     let (unique, inverse) = dedup(view.iter().copied(), view.len());
-    (PyArray1::from_vec(py, unique), PyArray1::from_vec(py, inverse))
+    (
+        PyArray1::from_vec(py, unique),
+        PyArray1::from_vec(py, inverse),
+    )
 }

@@ -7,9 +7,10 @@
 //! refuses what does not fit with a Python exception.
 //!
 //! # Layout
-//! - [`client`]: `Client`, `PullHandle`, `PushHandle`: requests run on one process-wide tokio runtime
-//!   ([`runtime`]) with the GIL released; rows are decoded into a `Vec<f32>` that becomes the numpy array's
-//!   buffer (no copy).
+//! - [`client`]: `Client`: requests run on one process-wide tokio runtime ([`runtime`]) with the GIL
+//!   released; rows are decoded into a `Vec<f32>` that becomes the numpy array's buffer (no copy).
+//! - [`jobs`]: a pull or push copied out of Python's arrays, ready to run; [`handles`]: `PullHandle`,
+//!   `PushHandle`, the request in flight.
 //! - [`cluster`]: `LocalCluster`, real `ps-server` processes on loopback.
 //! - [`data`]: `read_criteo`, a Criteo file into numpy arrays (labels, dense features, feature ids).
 //! - [`dedup`]: `unique_inverse`, a batch's distinct ids by hashing.
@@ -22,6 +23,8 @@ pub mod cluster;
 pub mod data;
 pub mod dedup;
 pub mod errors;
+pub mod handles;
+pub(crate) mod jobs;
 
 /// The process-wide tokio runtime every client shares (two worker threads: requests are I/O and codec work,
 /// and the caller's Python thread is the third). Created on first use.
@@ -41,8 +44,8 @@ pub fn runtime() -> &'static tokio::runtime::Runtime {
 #[pymodule]
 fn _pstrain(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<client::Client>()?;
-    m.add_class::<client::PullHandle>()?;
-    m.add_class::<client::PushHandle>()?;
+    m.add_class::<handles::PullHandle>()?;
+    m.add_class::<handles::PushHandle>()?;
     m.add_class::<cluster::LocalCluster>()?;
     m.add_function(wrap_pyfunction!(data::read_criteo, m)?)?;
     m.add_function(wrap_pyfunction!(data::feature_ids, m)?)?;
