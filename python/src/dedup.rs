@@ -2,29 +2,12 @@
 //! (numpy's `np.unique(return_inverse=True)` sorts, which was a tenth of the PyTorch layer's step).
 
 use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
+use std::hash::BuildHasherDefault;
+
+use protocol::routing::IdHasher;
 
 use numpy::{PyArray1, PyReadonlyArray1};
 use pyo3::prelude::*;
-
-/// One multiply for ids (the map's keys are the ids themselves; a multiply-xorshift spreads sequential ids).
-#[derive(Default)]
-struct IdHasher(u64);
-
-impl Hasher for IdHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0 ^ b as u64).wrapping_mul(0x100_0000_01b3);
-        }
-    }
-    fn write_u64(&mut self, v: u64) {
-        let x = v.wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        self.0 = x ^ (x >> 32);
-    }
-}
 
 /// The distinct ids of `ids` in first-seen order, and for each id its position among them.
 pub fn dedup(ids: impl Iterator<Item = u64>, len: usize) -> (Vec<u64>, Vec<i64>) {

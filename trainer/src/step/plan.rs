@@ -14,7 +14,7 @@
 //! [`Plan::build`] sorts each server's share of a table into that order once, and rows travel in it.
 
 use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
+use std::hash::BuildHasherDefault;
 
 use crate::step::feedback::ResidualStore;
 use protocol::compression::codec;
@@ -43,23 +43,7 @@ pub struct PartRequest {
     pub payload: Vec<u8>,
 }
 
-/// A hasher for ids that are already well mixed (feature ids are a bijective 64-bit mix): one multiply.
-#[derive(Default)]
-pub struct IdHasher(u64);
-
-impl Hasher for IdHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0 ^ b as u64).wrapping_mul(0x100_0000_01b3);
-        }
-    }
-    fn write_u64(&mut self, v: u64) {
-        self.0 = (v ^ (v >> 29)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    }
-}
+pub use protocol::routing::IdHasher;
 
 type IdMap = HashMap<u64, u32, BuildHasherDefault<IdHasher>>;
 
