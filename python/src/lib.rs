@@ -26,13 +26,18 @@ pub mod errors;
 pub mod handles;
 pub(crate) mod jobs;
 
-/// The process-wide tokio runtime every client shares (two worker threads: requests are I/O and codec work,
-/// and the caller's Python thread is the third). Created on first use.
+/// The process-wide tokio runtime every client shares, created on first use with `PSTRAIN_IO_THREADS` worker
+/// threads (default 2: requests are I/O and codec work beside the caller's Python and torch threads).
 pub fn runtime() -> &'static tokio::runtime::Runtime {
     static RT: std::sync::OnceLock<tokio::runtime::Runtime> = std::sync::OnceLock::new();
     RT.get_or_init(|| {
+        let threads = std::env::var("PSTRAIN_IO_THREADS")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .filter(|&n| n > 0)
+            .unwrap_or(2);
         tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
+            .worker_threads(threads)
             .thread_name("pstrain-io")
             .enable_all()
             .build()
