@@ -67,23 +67,6 @@ impl KeyedPlan {
         &self.inverse
     }
 
-    /// Servers with at least one id, with the id sections of their request for table `table` of `dim`.
-    pub fn sections(&self, table: u32, dim: usize) -> Vec<(usize, IdSections)> {
-        let mut ids = Vec::new();
-        self.by_server
-            .iter()
-            .enumerate()
-            .filter(|(_, pos)| !pos.is_empty())
-            .map(|(s, pos)| {
-                ids.clear();
-                ids.extend(pos.iter().map(|&p| self.unique[p as usize]));
-                let mut sections = IdSections::new();
-                sections.table(table, dim as u32, IdCoding::Plain, &ids);
-                (s, sections)
-            })
-            .collect()
-    }
-
     /// Decodes server `server`'s reply `rows` (its unique ids' rows in `encoding`) into `unique_rows`
     /// (`unique().len() x dim`).
     pub fn scatter_unique(
@@ -365,31 +348,6 @@ pub fn f16_scale(encoding: Encoding, grads: &[Vec<f32>]) -> f32 {
     2f32.powi(exp)
 }
 
-/// [`pull_tables`] of one table into `out` (`ids.len() x dim`).
-pub async fn pull_rows<D: Dialer>(
-    client: &Arc<PsClient<D>>,
-    table: u32,
-    dim: usize,
-    encoding: Encoding,
-    ids: &[u64],
-    out: &mut [f32],
-) -> Result<(), ProtocolError> {
-    check_rows_len("pull", out.len(), ids.len(), dim)?;
-    pull_tables(client, encoding, &[TableIds { table, dim, ids }], out).await
-}
-
-/// [`push_tables`] of one table.
-pub async fn push_rows<D: Dialer>(
-    client: &Arc<PsClient<D>>,
-    table: u32,
-    dim: usize,
-    encoding: Encoding,
-    ids: &[u64],
-    grads: &[f32],
-) -> Result<u64, ProtocolError> {
-    push_tables(client, encoding, &[TableIds { table, dim, ids }], &[grads]).await
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -404,11 +362,18 @@ mod tests {
         for (i, &u) in plan.inverse().iter().enumerate() {
             assert_eq!(plan.unique()[u as usize], ids[i]);
         }
-        let mut seen: Vec<u64> = plan
-            .sections(5, 2)
-            .into_iter()
-            .flat_map(|(s, sec)| {
-                assert_eq!(sec.counts[0].table, 5);
+        let parts = [TableIds {
+            table: 5,
+            dim: 2,
+            ids: &ids,
+        }];
+        let plans = [plan];
+        let plan = &plans[0];
+        let mut seen: Vec<u64> = (0..3)
+            .flat_map(|s| {
+                let (sec, order) = server_sections(&plans, &parts, s);
+                assert!(sec.counts.iter().all(|c| c.table == 5));
+                assert_eq!(order.is_empty(), plan.by_server[s].is_empty());
                 plan.by_server[s]
                     .iter()
                     .map(|&p| plan.unique[p as usize])
@@ -451,7 +416,7 @@ mod tests {
             let plan = KeyedPlan::new(&ids, &map);
             let row_of = |id: u64| [id as f32, -(id as f32)];
             let mut unique_rows = vec![0f32; plan.unique().len() * dim];
-            for (s, _) in plan.sections(0, dim) {
+            for s in (0..servers as usize).filter(|&s| !plan.by_server[s].is_empty()) {
                 let mut bytes = Vec::new();
                 let rows: Vec<f32> = plan.by_server[s].iter().flat_map(|&p| row_of(plan.unique[p as usize])).collect();
                 encode_rows(&rows, dim, Encoding::F32, &mut bytes);

@@ -16,8 +16,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use embedding::spec::table_spec;
+use embedding::{InitConfig, OptimizerConfig, TableConfig};
 use numpy::{PyReadonlyArray1, PyReadonlyArray2};
-use protocol::{Encoding, InitSpec, OptimizerSpec, PsClient, PsClientConfig, TableSpec, Transport};
+use protocol::{Encoding, PsClient, PsClientConfig, Transport};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -188,57 +190,45 @@ impl Client {
         init_scale: f32,
         seed: u64,
     ) -> PyResult<()> {
-        let regularized = weight_decay != 0.0 || clip_norm != 0.0;
-        let optimizer = match (optimizer, regularized) {
-            ("sgd", false) => OptimizerSpec::Sgd { lr },
-            ("sgd", true) => OptimizerSpec::SgdRegularized {
-                lr,
-                weight_decay,
-                clip_norm,
-            },
-            ("row_adagrad", false) => OptimizerSpec::RowAdagrad {
+        let optimizer = match optimizer {
+            "sgd" => OptimizerConfig::Sgd { lr },
+            "row_adagrad" => OptimizerConfig::RowAdagrad {
                 lr,
                 eps,
                 initial_accumulator,
             },
-            ("row_adagrad", true) => OptimizerSpec::RowAdagradRegularized {
-                lr,
-                eps,
-                initial_accumulator,
-                weight_decay,
-                clip_norm,
-            },
-            ("adam", _) => OptimizerSpec::Adam {
+            "adam" => OptimizerConfig::Adam {
                 lr,
                 beta1,
                 beta2,
                 eps,
-                weight_decay,
-                clip_norm,
             },
-            (other, _) => {
+            other => {
                 return Err(PyValueError::new_err(format!(
                     "optimizer = {other:?}: expected 'sgd', 'row_adagrad' or 'adam'"
                 )))
             }
         };
         let init = match init {
-            "uniform" => InitSpec::Uniform { scale: init_scale },
-            "normal" => InitSpec::Normal { std: init_scale },
+            "uniform" => InitConfig::uniform(init_scale),
+            "normal" => InitConfig::normal(init_scale),
             other => {
                 return Err(PyValueError::new_err(format!(
                     "init = {other:?}: expected 'uniform' or 'normal'"
                 )))
             }
         };
-        let spec = TableSpec {
-            id: table_id,
-            name: name.clone(),
-            dim,
+        // The engine's config, turned into the wire spec by the one conversion the servers also use (it picks
+        // the regularized variants when weight decay or clipping is set).
+        let config = TableConfig {
             optimizer,
             init,
             seed,
+            weight_decay,
+            clip_norm,
+            ..TableConfig::new(table_id, name.clone(), dim as usize)
         };
+        let spec = table_spec(&config).expect("sgd, row-wise Adagrad and Adam have wire specs");
         // The server validates the rest (learning rates, dimension bounds) and names what it refuses.
         let client = self.inner.clone();
         block_on(

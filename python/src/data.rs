@@ -53,17 +53,3 @@ pub fn read_criteo<'py>(
         PyArray1::from_vec(py, ids).reshape([n, criteo::NUM_SPARSE])?,
     ))
 }
-
-/// The trainer's feature id of raw token `token` (the categorical's 32-bit value) of feature `feature`
-/// (0-based, C1 = 0), or of an empty field with `present = False`.
-#[pyfunction]
-#[pyo3(signature = (feature, token, present = true))]
-pub fn feature_ids(feature: usize, token: u32, present: bool) -> PyResult<u64> {
-    if feature >= criteo::NUM_SPARSE {
-        return Err(PyValueError::new_err(format!(
-            "feature = {feature}: expected 0..{}",
-            criteo::NUM_SPARSE
-        )));
-    }
-    Ok(criteo::feature_id(feature, present.then_some(token)))
-}

@@ -9,7 +9,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyType;
 
 /// The exception class `name` of `pstrain.errors`, or `RuntimeError` if that module cannot be imported.
-fn class<'py>(py: Python<'py>, name: &str) -> Bound<'py, PyType> {
+pub(crate) fn class<'py>(py: Python<'py>, name: &str) -> Bound<'py, PyType> {
     py.import("pstrain.errors")
         .and_then(|m| m.getattr(name))
         .and_then(|c| c.cast_into::<PyType>().map_err(PyErr::from))

@@ -58,10 +58,7 @@ impl<T: Send> Slot<T> {
             match got {
                 None => {
                     return Err(PyErr::from_type(
-                        py.import("pstrain.errors")
-                            .and_then(|m| m.getattr("PsTimeoutError"))
-                            .and_then(|c| c.cast_into().map_err(PyErr::from))
-                            .unwrap_or_else(|_| py.get_type::<PyRuntimeError>()),
+                        crate::errors::class(py, "PsTimeoutError"),
                         format!("wait: no result within {:.1} s", timeout.unwrap_or(0.0)),
                     ))
                 }

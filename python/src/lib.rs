@@ -53,7 +53,6 @@ fn _pstrain(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<handles::PushHandle>()?;
     m.add_class::<cluster::LocalCluster>()?;
     m.add_function(wrap_pyfunction!(data::read_criteo, m)?)?;
-    m.add_function(wrap_pyfunction!(data::feature_ids, m)?)?;
     m.add_function(wrap_pyfunction!(dedup::unique_inverse, m)?)?;
     m.add("NUM_DENSE", criteo::NUM_DENSE)?;
     m.add("NUM_SPARSE", criteo::NUM_SPARSE)?;
