@@ -219,7 +219,11 @@ class EmbeddingCollection(nn.Module):
         self._push_log = deque()  # (seq, table, unique ids, step) of pushes a prefetch may have missed
         self._prefetched: deque = deque()  # plans of prefetched batches, oldest first (at most MAX_PREFETCHED)
         self.wait_seconds = 0.0
-        self.steps = 0
+
+    @property
+    def steps(self) -> int:
+        """Forward passes so far (the step number of the pushes the last backward sent)."""
+        return self._step
 
     @property
     def features(self) -> List[str]:
@@ -313,7 +317,6 @@ class EmbeddingCollection(nn.Module):
                 offsets = torch.from_numpy(np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64))
                 out[f] = F.embedding_bag(torch.from_numpy(plan.inverse[f]), weight, offsets,
                                          mode=self._feature_table[f].pooling)
-        self.steps += 1
         if not stack:
             return out
         keys = self.features
