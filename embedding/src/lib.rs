@@ -92,7 +92,10 @@ pub use error::{EmbeddingError, StoreError};
 pub use lease::LeaseStats;
 pub use mem_store::MemStore;
 #[cfg(feature = "rocksdb")]
-pub use rocks_store::{RocksStore, RocksTuning, DEFAULT_BLOCK_CACHE_BYTES, WRITE_BUFFER_BYTES};
+pub use rocks_store::{
+    RocksStore, RocksTuning, DEFAULT_BLOCK_CACHE_BYTES, TABLE_READER_BYTES_PER_ROW,
+    WRITE_BUFFER_BYTES,
+};
 #[cfg(feature = "rocksdb")]
 pub use snapshot::{PushGuard, Snapshot, SnapshotError};
 pub use store::{GetFn, ScanFn, Store, StoreMemory};

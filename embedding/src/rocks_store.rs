@@ -13,7 +13,12 @@
 //! many of its reads are for ids that were never written (rows created on first use): DESIGN.md's "RocksDB
 //! tuned for ~80-byte point reads". So, per column family, with [`RocksTuning::point_lookup`]:
 //! - one LRU block cache shared by every column family, sized by the server ([`RocksTuning::block_cache_bytes`]),
-//!   holding index and filter blocks too (L0's pinned), so a read of a cold row costs one block read;
+//!   for data blocks only, so a read of a cold row costs one block read;
+//! - index and filter blocks held by the table readers, outside the cache, for as long as their file lives:
+//!   every first sight of an id probes the filter of each level, so the tier touches all of them at random,
+//!   and in a cache they thrashed (the cache's 1 MiB shards against the ~0.9 MiB filter of one 64 MiB file:
+//!   each probe of a new id read whole filter blocks back, BENCHMARKS.md, "Fifteenth round"). They cost
+//!   [`TABLE_READER_BYTES_PER_ROW`] per row on disk, which `ps-server plan` charges;
 //! - whole-key bloom filters (10 bits per key, ~1% false positives) on every level, so a read of an id that was
 //!   never written (a new row) touches no data block, and a memtable bloom filter (whole key) so that reads
 //!   skip the memtables' skip lists for keys they do not hold;
@@ -96,6 +101,12 @@ pub struct RocksTuning {
 /// The block cache of a default [`RocksTuning`]: 64 MiB.
 pub const DEFAULT_BLOCK_CACHE_BYTES: usize = 64 << 20;
 
+/// Memory of the table readers (index and filter blocks, [`RocksTuning::point_lookup`]) per row on disk: 10
+/// bloom bits (1.25 bytes) plus one index entry per 4 KiB data block of ~45 rows. Measured 1.55 bytes per
+/// distinct row of a server (36.3 MB at 23.4M rows, a budgeted scale run, BENCHMARKS.md "Fifteenth round");
+/// the rest is headroom for files compaction has not yet merged.
+pub const TABLE_READER_BYTES_PER_ROW: f64 = 1.9;
+
 /// Memtable bytes of all column families together (RocksDB's `db_write_buffer_size`: past it the largest
 /// memtable is flushed). Without it each of a server's ~27 column families could hold 2 x 64 MiB of
 /// memtables.
@@ -120,8 +131,7 @@ fn cf_options(name: &str, tuning: RocksTuning, cache: &Cache) -> Options {
         t.set_block_size(4 << 10);
         t.set_bloom_filter(10.0, false);
         t.set_whole_key_filtering(true);
-        t.set_cache_index_and_filter_blocks(true);
-        t.set_pin_l0_filter_and_index_blocks_in_cache(true);
+        t.set_cache_index_and_filter_blocks(false);
         t.set_data_block_index_type(DataBlockIndexType::BinaryAndHash);
         t.set_data_block_hash_ratio(0.75);
         o.set_block_based_table_factory(&t);

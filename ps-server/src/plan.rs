@@ -34,6 +34,12 @@ pub const NEGATIVE_CACHE_BYTES_PER_ID: u64 = 16;
 /// 47M-row budgeted run (BENCHMARKS.md, "Fourteenth round").
 pub const MEMTABLE_PEAK_BYTES: u64 = 2 * embedding::WRITE_BUFFER_BYTES as u64;
 
+/// Bytes of RocksDB's table readers (index and filter blocks, held outside the block cache) for `rows` rows
+/// on disk: every row is written back, so all of a server's rows count.
+pub fn table_reader_bytes(rows: u64) -> u64 {
+    (rows as f64 * embedding::TABLE_READER_BYTES_PER_ROW).ceil() as u64
+}
+
 /// Optimizers, as named on the command line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum PlanOptimizer {
@@ -138,8 +144,8 @@ pub struct Plan {
     pub memory_per_server: u64,
     /// `--memory-budget-rows` to run each server with, if the budget keeps rows on disk.
     pub budget_rows_per_server: Option<u64>,
-    /// Predicted resident memory of one server holding this table: its rows in memory, RocksDB's block cache
-    /// and memtables, the negative cache (with a budget) and the process's base.
+    /// Predicted resident memory of one server holding this table: its rows in memory, RocksDB's block cache,
+    /// memtables and table readers, the negative cache (with a budget) and the process's base.
     pub resident_per_server: u64,
 }
 
@@ -205,6 +211,7 @@ pub fn plan(input: PlanInput) -> Result<Plan, PlanError> {
     let resident_per_server = memory_per_server
         + input.block_cache_bytes
         + MEMTABLE_PEAK_BYTES
+        + table_reader_bytes(input.rows.div_ceil(servers as u64))
         + budget_rows_per_server.map_or(0, |b| b / 2 * NEGATIVE_CACHE_BYTES_PER_ID)
         + PROCESS_BASE_BYTES;
     Ok(Plan {
@@ -354,11 +361,12 @@ impl fmt::Display for Plan {
         write!(
             f,
             "\npredicted resident memory per server: {} = rows {} + RocksDB block cache {} + memtables {} + \
-             negative cache {} + process {}",
+             table readers {} + negative cache {} + process {}",
             human_bytes(self.resident_per_server),
             human_bytes(self.memory_per_server),
             human_bytes(i.block_cache_bytes),
             human_bytes(MEMTABLE_PEAK_BYTES),
+            human_bytes(table_reader_bytes(i.rows.div_ceil(u64::from(self.servers)))),
             human_bytes(
                 self.budget_rows_per_server
                     .map_or(0, |b| b / 2 * NEGATIVE_CACHE_BYTES_PER_ID)
@@ -403,11 +411,13 @@ mod tests {
         assert_eq!(p.budget_rows_per_server, None);
         let text = p.to_string();
         assert!(text.contains("servers needed: 1"), "{text}");
-        // Rows plus block cache, memtables and the process; no negative cache without a budget.
+        // Rows plus block cache, memtables, table readers (1.9 B per row on disk: 19 MB) and the process; no
+        // negative cache without a budget.
         assert_eq!(
             p.resident_per_server,
-            p.memory_per_server + (64 << 20) + (512 << 20) + PROCESS_BASE_BYTES
+            p.memory_per_server + (64 << 20) + (512 << 20) + 19_000_000 + PROCESS_BASE_BYTES
         );
+        assert!(text.contains("table readers 18.12 MiB"), "{text}");
         assert!(
             text.contains("predicted resident memory per server"),
             "{text}"
