@@ -87,12 +87,13 @@ pub enum DenseKind {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum DensePrecision {
-    /// bf16 where the CPU has AMX-BF16 tiles, else f32.
+    /// bf16 where the CPU has a bf16 kernel (AMX-BF16 tiles, or AVX512-BF16 on AMD Zen 4/5 and Intel
+    /// Cooper Lake), else f32.
     Auto,
     /// f32 everywhere.
     F32,
-    /// Mixed precision: products on bf16 inputs with f32 sums (AMX tiles); master weights, optimizer,
-    /// interaction and loss in f32. Fails on CPUs without AMX-BF16.
+    /// Mixed precision: products on bf16 inputs with f32 sums (AMX tiles, else AVX512-BF16); master weights,
+    /// optimizer, interaction and loss in f32. Fails on CPUs with neither.
     Bf16,
 }
 

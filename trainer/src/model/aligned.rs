@@ -2,7 +2,7 @@
 //!
 //! AMX tile rows are 64 bytes. A tile load or store whose rows are not cache-line aligned touches two lines
 //! per row: packed operands in a 16-byte aligned `Vec` made the bf16 products 2.6x slower, and unaligned
-//! output rows cost another 1.3x at the model's shapes (measured here, `amx::perf`).
+//! output rows cost another 1.3x at the model's shapes (measured here, `bf16::perf`).
 
 use std::ops::{Deref, DerefMut};
 

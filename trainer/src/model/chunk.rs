@@ -14,7 +14,7 @@
 use rayon::prelude::*;
 
 use super::aligned::Aligned;
-use super::amx;
+use super::bf16;
 use super::interaction::Interaction;
 use super::linear::Linear;
 use super::loss::bce_sum;
@@ -73,7 +73,7 @@ pub(crate) struct ChunkBuffers {
     /// Sum (not mean) of this chunk's losses.
     pub(crate) loss: f64,
     /// Packed operands of the bf16 products.
-    scratch: amx::Scratch,
+    scratch: bf16::Scratch,
 }
 
 impl ChunkBuffers {
@@ -202,7 +202,7 @@ fn mlp_forward(
     rows: usize,
     x: &[f32],
     out: &mut Vec<Aligned<f32>>,
-    scratch: &mut amx::Scratch,
+    scratch: &mut bf16::Scratch,
 ) {
     grow_layers(out, layers, rows);
     for (i, layer) in layers.iter().enumerate() {
@@ -229,7 +229,7 @@ fn mlp_backward(
     dout: &mut [Aligned<f32>],
     mut dx: Option<&mut [f32]>,
     grads: &mut [f32],
-    scratch: &mut amx::Scratch,
+    scratch: &mut bf16::Scratch,
 ) {
     let mut end = grads.len();
     for i in (0..layers.len()).rev() {

@@ -2,7 +2,7 @@
 
 use rayon::prelude::*;
 
-use super::amx;
+use super::bf16;
 use super::matmul::{matmul_on, Op};
 use super::rng::Rng;
 use super::simd::multiversion;
@@ -30,18 +30,18 @@ pub struct Linear {
     bias_grad: Vec<f32>,
     /// Per-chunk partial bias sums of the parallel backward pass, `[chunks x out]`.
     partial: Vec<f32>,
-    /// The weight rounded to bf16 and packed for the AMX products, when the model runs in bf16 (see
+    /// The weight rounded to bf16 and packed for the bf16 products, when the model runs in bf16 (see
     /// [`pack_bf16`](Self::pack_bf16)); `None` runs the f32 products.
     packed: Option<PackedWeight>,
 }
 
-/// A layer's weight packed for the AMX products (`amx`): refreshed after every change of the weight.
+/// A layer's weight packed for the bf16 products (`bf16`): refreshed after every change of the weight.
 #[derive(Debug, Clone, Default)]
 struct PackedWeight {
     /// `Wᵀ` (`[in x out]`) in the VNNI layout: the `b` operand of the forward product `x Wᵀ`.
-    forward: amx::Buf,
+    forward: bf16::Buf,
     /// `W` (`[out x in]`) in the VNNI layout: the `b` operand of the input gradient `dy W`.
-    backward: amx::Buf,
+    backward: bf16::Buf,
 }
 
 impl Linear {
@@ -81,24 +81,24 @@ impl Linear {
         }
     }
 
-    /// Whether bf16 AMX products suit this layer: all but the narrowest outputs (the logit layer, `out < 16`,
-    /// would waste most of a tile and costs little in f32).
+    /// Whether bf16 products suit this layer: all but the narrowest outputs (the logit layer, `out < 16`,
+    /// would waste most of a 32-column block and costs little in f32).
     pub(crate) fn suits_bf16(&self) -> bool {
         self.out_dim >= 16
     }
 
-    /// Packs the current weight for the bf16 AMX products; until [`unpack`](Self::unpack), the chunk passes
+    /// Packs the current weight for the bf16 products; until [`unpack`](Self::unpack), the chunk passes
     /// ([`forward_chunk`](Self::forward_chunk), [`backward_into`](Self::backward_into)) run in bf16.
     /// Call again after every change of the weight.
     ///
     /// # Panics
-    /// If AMX is not [`available`](amx::available) (the model checks before choosing bf16).
+    /// If no bf16 kernel is [`available`](bf16::available) (the model checks before choosing bf16).
     pub(crate) fn pack_bf16(&mut self) {
         let (n_in, n_out) = (self.in_dim, self.out_dim);
         let packed = self.packed.get_or_insert_with(PackedWeight::default);
-        let len = amx::pad(n_in) * amx::pad(n_out);
-        amx::pack_b_transposed(&self.weight, n_out, n_in, packed.forward.get(len));
-        amx::pack_b(&self.weight, n_out, n_in, packed.backward.get(len));
+        let len = bf16::pad(n_in) * bf16::pad(n_out);
+        bf16::pack_b_transposed(&self.weight, n_out, n_in, packed.forward.get(len));
+        bf16::pack_b(&self.weight, n_out, n_in, packed.backward.get(len));
     }
 
     /// Back to f32 products.
@@ -182,7 +182,7 @@ impl Linear {
         }
     }
 
-    /// [`forward_on`](Self::forward_on) for one chunk of rows: in bf16 on AMX tiles when the weight is packed
+    /// [`forward_on`](Self::forward_on) for one chunk of rows: in bf16 (AMX tiles or AVX512-BF16) when the weight is packed
     /// (then on the calling thread, with `scratch` for the packed input), else in f32.
     pub(crate) fn forward_chunk(
         &self,
@@ -190,16 +190,16 @@ impl Linear {
         batch: usize,
         x: &[f32],
         y: &mut [f32],
-        scratch: &mut amx::Scratch,
+        scratch: &mut bf16::Scratch,
     ) {
         let Some(packed) = &self.packed else {
             return self.forward_on(parallel, batch, x, y);
         };
         let (n_in, n_out) = (self.in_dim, self.out_dim);
         assert_eq!(y.len(), batch * n_out, "linear forward: y");
-        let a = scratch.a.get(amx::pad(batch) * amx::pad(n_in));
-        amx::pack_rows(x, batch, n_in, a);
-        amx::gemm(batch, n_out, n_in, a, &packed.forward, y, n_out);
+        let a = scratch.a.get(bf16::pad(batch) * bf16::pad(n_in));
+        bf16::pack_rows(x, batch, n_in, a);
+        bf16::gemm(batch, n_out, n_in, a, &packed.forward, y, n_out);
         bias_act_rows(y, &self.bias, self.relu);
     }
 
@@ -230,7 +230,7 @@ impl Linear {
     /// `weight_grad` (`[out x in]`) and `bias_grad` (`[out]`), reads the layer only, and splits the matrix
     /// products over the current rayon pool only when `parallel` (the bias sum always runs on the calling
     /// thread, rows in order, so the result does not depend on the pool). When the weight is packed
-    /// ([`pack_bf16`](Self::pack_bf16)) the products run in bf16 on AMX tiles, on the calling thread, with
+    /// ([`pack_bf16`](Self::pack_bf16)) the products run in bf16 (AMX tiles or AVX512-BF16), on the calling thread, with
     /// `scratch` for the packed operands.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn backward_into(
@@ -243,7 +243,7 @@ impl Linear {
         dx: Option<&mut [f32]>,
         weight_grad: &mut [f32],
         bias_grad: &mut [f32],
-        scratch: &mut amx::Scratch,
+        scratch: &mut bf16::Scratch,
     ) {
         let (n_in, n_out) = (self.in_dim, self.out_dim);
         assert_eq!(y.len(), batch * n_out, "linear backward: y");
@@ -259,19 +259,19 @@ impl Linear {
             n_out * n_in,
             "linear backward: weight_grad"
         );
-        let (bp, ip, op) = (amx::pad(batch), amx::pad(n_in), amx::pad(n_out));
+        let (bp, ip, op) = (bf16::pad(batch), bf16::pad(n_in), bf16::pad(n_out));
         // weight_grad = dyᵀ x: a = dyᵀ [out x batch], b = x [batch x in].
         let a = scratch.a.get(op * bp);
         let b = scratch.b.get(bp * ip);
-        amx::pack_cols(dy, batch, n_out, a);
-        amx::pack_b(x, batch, n_in, b);
-        amx::gemm(n_out, n_in, batch, a, b, weight_grad, n_in);
+        bf16::pack_cols(dy, batch, n_out, a);
+        bf16::pack_b(x, batch, n_in, b);
+        bf16::gemm(n_out, n_in, batch, a, b, weight_grad, n_in);
         if let Some(dx) = dx {
             // dx = dy W: a = dy [batch x out], b = W [out x in] (packed once per step).
             assert_eq!(dx.len(), batch * n_in, "linear backward: dx");
             let a = scratch.a.get(bp * op);
-            amx::pack_rows(dy, batch, n_out, a);
-            amx::gemm(batch, n_in, n_out, a, &packed.backward, dx, n_in);
+            bf16::pack_rows(dy, batch, n_out, a);
+            bf16::gemm(batch, n_in, n_out, a, &packed.backward, dx, n_in);
         }
     }
 
@@ -448,15 +448,15 @@ mod tests {
 
     #[test]
     fn bf16_products_are_exact_on_bf16_inputs() {
-        if !amx::available() {
-            eprintln!("skipped: no AMX-BF16 on this machine");
+        if !bf16::available() {
+            eprintln!("skipped: no bf16 kernel (AMX-BF16 or AVX512-BF16) on this machine");
             return;
         }
-        // Inputs already representable in bf16: the AMX path then differs from f32 only in the order of
+        // Inputs already representable in bf16: the bf16 path then differs from f32 only in the order of
         // the f32 sums. Odd sizes exercise every padding.
         let round = |v: &mut Vec<f32>| {
             for x in v.iter_mut() {
-                *x = f32::from_bits((amx::bf16(*x) as u32) << 16);
+                *x = f32::from_bits((bf16::bf16(*x) as u32) << 16);
             }
         };
         for (batch, n_in, n_out, relu) in
@@ -471,8 +471,8 @@ mod tests {
             round(&mut x);
             let mut dy0 = rand_vec(&mut rng, batch * n_out, 1.0);
             round(&mut dy0);
-            let mut scratch = amx::Scratch::default();
-            let run = |layer: &Linear, scratch: &mut amx::Scratch| {
+            let mut scratch = bf16::Scratch::default();
+            let run = |layer: &Linear, scratch: &mut bf16::Scratch| {
                 let mut y = vec![0.0; batch * n_out];
                 layer.forward_chunk(false, batch, &x, &mut y, scratch);
                 // Without a ReLU mask in the way, dy is the (bf16-exact) dy0.

@@ -14,12 +14,14 @@
 //! - [`interaction`]: [`Interaction`], DLRM's pairwise dot interaction.
 //! - [`loss`]: numerically stable sigmoid + binary cross-entropy on logits.
 //! - [`optim`]: [`DenseOptimizer`] (SGD, Adagrad, Adam) and its state.
-//! - `amx`: bf16 matrix products on AMX tiles ([`Precision::Bf16`]); `aligned`: cache-line aligned buffers.
+//! - `bf16`: bf16 matrix products ([`Precision::Bf16`]) on AMX tiles or with AVX512-BF16 ([`Bf16Kernel`]);
+//!   `aligned`: cache-line aligned buffers.
 //!
 //! # Design decisions
 //! - In f32 every matrix product goes through the `gemm` crate (runtime AVX-512 dispatch), row-major, via one
 //!   wrapper (`matmul`). In bf16 ([`Dlrm::set_precision`]) the products of layers with 16 or more outputs run
-//!   on AMX tiles instead (`amx`): each step packs the weights once, each product packs its activations.
+//!   on AMX tiles, or AVX512-BF16 where there is no AMX, instead (`bf16`): each step packs the weights once,
+//!   each product packs its activations.
 //! - `Dlrm` cuts the batch into chunks of rows that run in parallel on the *current* rayon pool, each through the whole network on one thread (`chunk`); the chunks' gradients are summed
 //!   in a fixed order, so results do not depend on the pool. The optimizer loops are split over the pool
 //!   too: run `train_step` inside `ThreadPool::install` to bound the threads.
@@ -28,7 +30,7 @@
 //! - Weights are stored like PyTorch's `nn.Linear`: `[out x in]` row-major, then the bias `[out]`.
 
 mod aligned;
-mod amx;
+mod bf16;
 mod chunk;
 pub mod config;
 pub mod dlrm;
@@ -41,7 +43,7 @@ pub mod optim;
 mod rng;
 mod simd;
 
-pub use amx::DISABLE_ENV as AMX_DISABLE_ENV;
+pub use bf16::{Kernel as Bf16Kernel, DISABLE_BF16_ENV, DISABLE_ENV as AMX_DISABLE_ENV};
 pub use config::DlrmConfig;
 pub use dlrm::Dlrm;
 pub use interaction::Interaction;
@@ -83,10 +85,11 @@ pub enum ModelError {
     /// `train_step` was called with zero samples; the mean loss is undefined.
     #[error("empty batch: train_step needs at least one sample")]
     EmptyBatch,
-    /// bf16 products were asked for on a machine without AMX-BF16.
+    /// bf16 products were asked for on a machine without AMX-BF16 or AVX512-BF16.
     #[error(
-        "dense precision bf16 needs AMX-BF16 tiles (Intel Xeon Sapphire Rapids or later) and a Linux kernel \
-         that grants them (5.16+); this machine has none (or TRAINER_DISABLE_AMX is set): use f32 or auto"
+        "dense precision bf16 needs AMX-BF16 tiles (Intel Xeon Sapphire Rapids or later, Linux 5.16+) or \
+         AVX512-BF16 (AMD Zen 4 or later, Intel Cooper Lake); this machine has neither (or TRAINER_DISABLE_BF16 \
+         is set): use f32 or auto"
     )]
     Bf16Unavailable,
 }
@@ -99,7 +102,7 @@ pub enum Precision {
     F32,
     /// Mixed precision: the products' inputs (activations, their gradients, and the weights) are rounded
     /// to bf16 and multiplied on AMX tiles with f32 accumulation; the master weights, optimizer, bias,
-    /// ReLU, interaction and loss stay f32 (`amx`).
+    /// ReLU, interaction and loss stay f32 (`bf16`).
     Bf16,
 }
 
@@ -112,10 +115,16 @@ impl std::fmt::Display for Precision {
     }
 }
 
-/// Whether this machine can run [`Precision::Bf16`] (AMX-BF16, and the `TRAINER_DISABLE_AMX` environment
-/// variable unset).
+/// Whether this machine can run [`Precision::Bf16`]: AMX-BF16 tiles or AVX512-BF16, and
+/// [`DISABLE_BF16_ENV`] unset.
 pub fn bf16_available() -> bool {
-    amx::available()
+    bf16::available()
+}
+
+/// The kernel [`Precision::Bf16`] runs on here, if any ([`DISABLE_ENV`](AMX_DISABLE_ENV) turns AMX off,
+/// [`DISABLE_BF16_ENV`] both).
+pub fn bf16_kernel() -> Option<Bf16Kernel> {
+    bf16::kernel()
 }
 
 /// Returns [`ModelError::Length`] unless `len == expected`.

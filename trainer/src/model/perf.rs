@@ -77,7 +77,7 @@ fn train_step_throughput() {
         .collect();
     let mut emb_grad = vec![0.0; emb.len()];
     let flops = cfg.flops_per_sample() * BATCH as f64;
-    // `DENSE_PERF_PRECISION=f32` or `bf16` picks one (default: both, bf16 only with AMX).
+    // `DENSE_PERF_PRECISION=f32` or `bf16` picks one (default: both, bf16 where a bf16 kernel runs).
     let want = std::env::var("DENSE_PERF_PRECISION").unwrap_or_default();
     let mut precisions = Vec::new();
     if want != "bf16" {
@@ -223,7 +223,7 @@ fn gemm_shapes() {
 /// Train steps with several chunk sizes, interleaved in one process so that they see the same load:
 /// median over `DENSE_PERF_ROUNDS` (default 15) rounds of 3 steps each, for the target rows per chunk in
 /// `DENSE_PERF_CHUNKS` (default `256,512,1024,2048`; 2048 is one chunk, split per product as before);
-/// `DENSE_PERF_PRECISION=bf16` for the AMX products.
+/// `DENSE_PERF_PRECISION=bf16` for the bf16 products.
 #[test]
 #[ignore = "timing; run by hand in release"]
 fn chunk_sizes() {

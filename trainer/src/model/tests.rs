@@ -88,10 +88,10 @@ fn training_reduces_loss_on_a_learnable_problem() {
 #[test]
 fn bf16_training_reduces_loss_on_a_learnable_problem() {
     if !bf16_available() {
-        eprintln!("skipped: no AMX-BF16 on this machine");
+        eprintln!("skipped: no bf16 kernel (AMX-BF16 or AVX512-BF16) on this machine");
         return;
     }
-    // Layers of 16 and more outputs, so that the products run on AMX tiles.
+    // Layers of 16 and more outputs, so that the products run on the bf16 kernel.
     learns(bf16_cfg(), Precision::Bf16);
 }
 
@@ -283,7 +283,7 @@ fn bf16_results_do_not_depend_on_the_thread_count() {
 #[test]
 fn bf16_gradients_are_close_to_f32() {
     if !bf16_available() {
-        eprintln!("skipped: no AMX-BF16 on this machine");
+        eprintln!("skipped: no bf16 kernel (AMX-BF16 or AVX512-BF16) on this machine");
         return;
     }
     let cfg = DlrmConfig {
@@ -328,7 +328,7 @@ fn bf16_gradients_are_close_to_f32() {
     }
     assert!(
         differs,
-        "bf16 gave exactly the f32 gradients: the AMX path did not run"
+        "bf16 gave exactly the f32 gradients: the bf16 kernel did not run"
     );
 }
 

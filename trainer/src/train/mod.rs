@@ -106,7 +106,8 @@ impl Trainer {
         model
             .set_precision(precision)
             .map_err(TrainError::model("--dense-precision"))?;
-        tracing::info!(?precision, "dense precision");
+        let kernel = crate::model::bf16_kernel().map(|k| k.to_string());
+        tracing::info!(?precision, ?kernel, "dense precision");
         // A short last batch counts for its samples; W trainers divide by W times this (dense_reduce).
         model.set_batch_divisor(args.batch_size);
         model.set_lr_decay(crate::model::optim::LrDecay {

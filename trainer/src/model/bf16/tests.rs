@@ -1,4 +1,5 @@
-//! Tests of the AMX products and packers against an f64 reference of the bf16-rounded inputs.
+//! Tests of the bf16 products (every kernel this CPU runs) and packers against an f64 reference of the
+//! bf16-rounded inputs.
 
 use super::*;
 use crate::model::rng::Rng;
@@ -58,19 +59,21 @@ fn check(m: usize, n: usize, k: usize) {
                 _ => pack_b_transposed(&bt, n, k, pb),
             }
             let pb = &*pb;
-            let ldc = n + 3;
-            let mut c = vec![f32::NAN; m * ldc];
-            gemm(m, n, k, pa, pb, &mut c, ldc);
-            for i in 0..m {
-                for j in 0..n {
-                    let (got, want) = (c[i * ldc + j] as f64, want[i * n + j]);
-                    assert!(
-                        (got - want).abs() <= 1e-5 * (1.0 + want.abs()) * (k as f64).sqrt(),
-                        "{m}x{n}x{k} a{a_kind} b{b_kind} c[{i}][{j}] = {got}, want {want}"
-                    );
-                }
-                for j in n..ldc {
-                    assert!(c[i * ldc + j].is_nan(), "wrote past n at [{i}][{j}]");
+            for kernel in kernels() {
+                let ldc = n + 3;
+                let mut c = vec![f32::NAN; m * ldc];
+                gemm_on(kernel, m, n, k, pa, pb, &mut c, ldc);
+                for i in 0..m {
+                    for j in 0..n {
+                        let (got, want) = (c[i * ldc + j] as f64, want[i * n + j]);
+                        assert!(
+                            (got - want).abs() <= 1e-5 * (1.0 + want.abs()) * (k as f64).sqrt(),
+                            "{kernel}: {m}x{n}x{k} a{a_kind} b{b_kind} c[{i}][{j}] = {got}, want {want}"
+                        );
+                    }
+                    for j in n..ldc {
+                        assert!(c[i * ldc + j].is_nan(), "{kernel}: wrote past n at [{i}][{j}]");
+                    }
                 }
             }
         }
@@ -79,8 +82,8 @@ fn check(m: usize, n: usize, k: usize) {
 
 #[test]
 fn products_match_a_bf16_reference() {
-    if !available() {
-        eprintln!("skipped: no AMX-BF16 on this machine");
+    if kernels().is_empty() {
+        eprintln!("skipped: no AMX-BF16 or AVX512-BF16 on this machine");
         return;
     }
     for (m, n, k) in [
@@ -95,6 +98,9 @@ fn products_match_a_bf16_reference() {
         // k >= 256: whole blocks are stored straight into the misaligned `c` (ldc = n + 3).
         (64, 96, 300),
         (70, 45, 256),
+        // Row blocks of 8 that end inside a 16-row tile; k of several tiles.
+        (9, 33, 96),
+        (24, 64, 1024),
     ] {
         check(m, n, k);
     }
@@ -119,4 +125,21 @@ fn rounding_is_to_nearest_even() {
         }
         assert!(out.iter().all(|&x| x == 0), "padding rows are zero");
     }
+}
+
+#[test]
+fn the_kernel_follows_the_cpu_and_the_environment() {
+    // Without AVX512-BF16 there is no kernel; with it, AVX512-BF16 is always one of them, AMX first where
+    // the CPU has it. `kernel()` is the first the environment allows.
+    let all = kernels();
+    if !all.is_empty() {
+        assert_eq!(all.last(), Some(&Kernel::Avx512Bf16));
+    }
+    let off = |name: &str| std::env::var(name).is_ok_and(|v| !v.is_empty() && v != "0");
+    let want = if off(DISABLE_BF16_ENV) {
+        None
+    } else {
+        all.into_iter().find(|&k| !(off(DISABLE_ENV) && k == Kernel::Amx))
+    };
+    assert_eq!(kernel(), want);
 }

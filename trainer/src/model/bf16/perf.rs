@@ -1,4 +1,5 @@
-//! Throughput of the AMX products and packers (run by hand, nothing asserted; see the parent's doc).
+//! Throughput of the bf16 products (each kernel this CPU runs) and packers (run by hand, nothing asserted;
+//! see the parent's doc).
 
 use super::*;
 use std::time::Instant;
@@ -25,8 +26,8 @@ fn bytemuck_f32(x: &mut [u16]) -> &mut [f32] {
 #[test]
 #[ignore = "timing; run by hand in release"]
 fn shapes() {
-    if !available() {
-        eprintln!("skipped: no AMX-BF16 on this machine");
+    if kernels().is_empty() {
+        eprintln!("skipped: no AMX-BF16 or AVX512-BF16 on this machine");
         return;
     }
     for (m, n, k) in [
@@ -47,18 +48,34 @@ fn shapes() {
         let t_rows = time(|| pack_rows(&a, m, k, pa.get(pad(m) * pad(k))));
         let t_cols = time(|| pack_cols(&a, k, m, pa.get(pad(m) * pad(k))));
         let t_b = time(|| pack_b(&b, k, n, pb.get(pad(k) * pad(n))));
-        let t_gemm = time(|| gemm(m, n, k, &pa, &pb, c, n));
-        let t_unaligned = time(|| gemm(m, n, k, &pa, &pb, &mut c[1..], n));
         let flops = 2.0 * (m * n * k) as f64;
+        // The f32 path on the same shape, for the ratio.
+        let (af, bf) = (a.clone(), b.clone());
+        let mut cf = vec![0.0f32; m * n];
+        let t_f32 = time(|| {
+            use crate::model::matmul::{matmul_on, Op};
+            matmul_on(false, m, n, k, &mut cf, false, &af, Op::N, &bf, Op::N)
+        });
         println!(
-            "{m}x{n}x{k}: gemm {:.1} us = {:.0} GFLOP/s ({:.0} GFLOP/s into an unaligned c); \
-             pack_rows {:.1} us, pack_cols {:.1} us, pack_b {:.1} us",
-            t_gemm * 1e6,
-            flops / t_gemm / 1e9,
-            flops / t_unaligned / 1e9,
+            "{m}x{n}x{k}: f32 gemm {:.1} us = {:.0} GFLOP/s; pack_rows {:.1} us, pack_cols {:.1} us, \
+             pack_b {:.1} us",
+            t_f32 * 1e6,
+            flops / t_f32 / 1e9,
             t_rows * 1e6,
             t_cols * 1e6,
             t_b * 1e6
         );
+        for kernel in kernels() {
+            let t_gemm = time(|| gemm_on(kernel, m, n, k, &pa, &pb, c, n));
+            let t_unaligned = time(|| gemm_on(kernel, m, n, k, &pa, &pb, &mut c[1..], n));
+            println!(
+                "  {kernel}: gemm {:.1} us = {:.0} GFLOP/s ({:.0} GFLOP/s into an unaligned c), \
+                 {:.2}x f32",
+                t_gemm * 1e6,
+                flops / t_gemm / 1e9,
+                flops / t_unaligned / 1e9,
+                t_f32 / t_gemm
+            );
+        }
     }
 }

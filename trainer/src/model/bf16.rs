@@ -1,26 +1,32 @@
-//! bf16 matrix products on Intel AMX tiles (mixed precision: bf16 inputs, f32 accumulation and output).
+//! bf16 matrix products (mixed precision: bf16 inputs, f32 accumulation and output), on Intel AMX tiles
+//! or, on CPUs with AVX512-BF16 but no AMX (AMD Zen 4/5, Intel Cooper Lake), with `vdpbf16ps`.
 //!
 //! A Sapphire Rapids core multiplies bf16 tiles at about 3 TFLOP/s (measured here with a register-only
-//! loop), against about 250 GFLOP/s for the best f32 AVX-512 kernels. The dense step of DLRM is mostly
-//! matrix products, so [`Precision::Bf16`](super::Precision) runs them here; everything else (bias,
-//! ReLU, interaction, loss, optimizer, the f32 master weights) stays f32.
+//! loop), against about 250 GFLOP/s for the best f32 AVX-512 kernels. `vdpbf16ps` does 32 bf16
+//! multiply-adds per instruction against 16 for an f32 FMA, and bf16 operands halve the bytes the
+//! products move. The dense step of DLRM is mostly matrix products, so [`Precision::Bf16`](super::Precision)
+//! runs them here; everything else (bias, ReLU, interaction, loss, optimizer, the f32 master weights) stays
+//! f32.
 //!
 //! # Layout
 //! A product is `c[m x n] = a · b` with `a` packed as bf16 rows `[mp x kp]` and `b` packed in the VNNI
-//! layout the tile instruction reads, `[kp / 2][np][2]` (pairs of consecutive `k` side by side), where
+//! layout both instructions read, `[kp / 2][np][2]` (pairs of consecutive `k` side by side), where
 //! `mp`, `np`, `kp` are `m`, `n`, `k` rounded up to [`BLOCK`]. Padding is zero, so it adds nothing.
 //! The `pack_*` functions round f32 to bf16 (round to nearest even, `vcvtne2ps2bf16`) while packing, from
-//! the layouts the model stores: rows, transposed rows, and `[k x n]` or `[n x k]` weights.
+//! the layouts the model stores: rows, transposed rows, and `[k x n]` or `[n x k]` weights. Both kernels
+//! ([`Kernel`]) read the same packed operands: `amx` (tiles) and `avx512` (`vdpbf16ps`, a broadcast bf16
+//! pair of `a` against 16 columns' pairs of `b`).
 //!
 //! # Determinism
-//! Every output block sums over `k` in the same order whatever the caller splits, so results depend on the
-//! inputs alone — but they differ from the f32 path (inputs are rounded to 8 bits of mantissa).
+//! Every output element sums over `k` in an order fixed by the kernel whatever the caller splits, so results
+//! depend on the inputs (and the kernel) alone — but they differ from the f32 path (inputs are rounded to 8
+//! bits of mantissa), and in the last bits between the two kernels.
 //!
 //! # Safety
-//! The kernels need AMX-TILE, AMX-BF16, AVX512-BF16 and the kernel's permission to use the tile state
-//! (`arch_prctl(ARCH_REQ_XCOMP_PERM)`); [`available`] checks all of it once, and every entry point
-//! asserts it. Tiles are configured at the start of each product and released at its end, so a thread
-//! never holds tile state between products.
+//! The packers and the `avx512` kernel need AVX512-F/BW/BF16; the `amx` kernel also AMX-TILE, AMX-BF16 and
+//! the kernel's permission to use the tile state (`arch_prctl(ARCH_REQ_XCOMP_PERM)`). [`kernel`] checks all
+//! of it once, and every entry point asserts it. Tiles are configured at the start of each product and
+//! released at its end, so a thread never holds tile state between products.
 
 use std::sync::OnceLock;
 
@@ -53,54 +59,120 @@ pub(crate) fn pad(x: usize) -> usize {
     x.div_ceil(BLOCK) * BLOCK
 }
 
-/// Set (to anything but `0` or empty) to act as if the CPU had no AMX: for operators who want f32 under
-/// `--dense-precision auto`, and for testing the error path on AMX machines.
+/// Set (to anything but `0` or empty) to act as if the CPU had no AMX: bf16 then runs on the AVX512-BF16
+/// kernel where the CPU has it (to compare the two kernels on one Intel machine).
 pub const DISABLE_ENV: &str = "TRAINER_DISABLE_AMX";
 
-/// Whether this process can run the AMX kernels: the CPU has AMX-TILE, AMX-BF16, AVX512-BF16 (and
-/// AVX512-F/BW), the kernel granted the tile data state, and [`DISABLE_ENV`] is not set. Checked once.
-pub fn available() -> bool {
-    static AVAILABLE: OnceLock<bool> = OnceLock::new();
-    *AVAILABLE.get_or_init(|| {
-        let disabled = std::env::var(DISABLE_ENV).is_ok_and(|v| !v.is_empty() && v != "0");
-        !disabled && detect()
+/// Set (to anything but `0` or empty) to act as if the CPU had no bf16 kernel at all: for operators who want
+/// f32 under `--dense-precision auto`, and for testing the error path.
+pub const DISABLE_BF16_ENV: &str = "TRAINER_DISABLE_BF16";
+
+/// Which instructions run the bf16 products.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kernel {
+    /// AMX tiles (`tdpbf16ps`): Intel Xeon Sapphire Rapids and later.
+    Amx,
+    /// AVX512-BF16 (`vdpbf16ps`) on zmm registers: AMD Zen 4/5, Intel Cooper Lake, and AMX machines with
+    /// [`DISABLE_ENV`] set.
+    Avx512Bf16,
+}
+
+impl std::fmt::Display for Kernel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Kernel::Amx => "AMX tiles",
+            Kernel::Avx512Bf16 => "AVX512-BF16",
+        })
+    }
+}
+
+fn env_set(name: &str) -> bool {
+    std::env::var(name).is_ok_and(|v| !v.is_empty() && v != "0")
+}
+
+/// The kernel this process runs bf16 products on: AMX where the CPU has it and the kernel grants the tile
+/// state, else AVX512-BF16 where the CPU has it (and AVX512-F/BW), else none; [`DISABLE_ENV`] and
+/// [`DISABLE_BF16_ENV`] as documented. Checked once.
+pub fn kernel() -> Option<Kernel> {
+    static KERNEL: OnceLock<Option<Kernel>> = OnceLock::new();
+    *KERNEL.get_or_init(|| {
+        if env_set(DISABLE_BF16_ENV) {
+            return None;
+        }
+        let amx_off = env_set(DISABLE_ENV);
+        hardware()
+            .into_iter()
+            .find(|&k| !(amx_off && k == Kernel::Amx))
     })
 }
 
-#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
-fn detect() -> bool {
-    use std::arch::x86_64::{__cpuid, __cpuid_count};
-    if !(is_x86_feature_detected!("avx512f")
+/// Whether bf16 products can run here ([`kernel`] is some).
+pub fn available() -> bool {
+    kernel().is_some()
+}
+
+/// Every kernel this CPU can run, best first, whatever the environment says (for tests comparing them).
+fn hardware() -> Vec<Kernel> {
+    let mut out = Vec::new();
+    if avx512_bf16() {
+        if amx_granted() {
+            out.push(Kernel::Amx);
+        }
+        out.push(Kernel::Avx512Bf16);
+    }
+    out
+}
+
+/// The kernels tests can run on this machine.
+#[cfg(test)]
+pub(crate) fn kernels() -> Vec<Kernel> {
+    hardware()
+}
+
+#[cfg(target_arch = "x86_64")]
+fn avx512_bf16() -> bool {
+    is_x86_feature_detected!("avx512f")
         && is_x86_feature_detected!("avx512bw")
-        && is_x86_feature_detected!("avx512bf16"))
-    {
-        return false;
-    }
-    // Leaf 7 is read only when the CPU reports it.
-    if __cpuid(0).eax < 7 {
-        return false;
-    }
-    let edx = __cpuid_count(7, 0).edx;
-    let (amx_bf16, amx_tile) = (edx >> 22 & 1 == 1, edx >> 24 & 1 == 1);
-    if !(amx_bf16 && amx_tile) {
-        return false;
-    }
-    // Linux hands out the 8 KiB tile state only on request (arch/x86/include/uapi/asm/prctl.h).
-    const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
-    const XFEATURE_XTILEDATA: libc::c_long = 18;
-    // SAFETY: arch_prctl with these arguments only changes the process's permitted xsave features.
-    let ret = unsafe {
-        libc::syscall(
-            libc::SYS_arch_prctl,
-            ARCH_REQ_XCOMP_PERM,
-            XFEATURE_XTILEDATA,
-        )
-    };
-    ret == 0
+        && is_x86_feature_detected!("avx512bf16")
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn avx512_bf16() -> bool {
+    false
+}
+
+/// AMX-TILE and AMX-BF16 on the CPU, and the tile data state granted by the kernel (asked once).
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+fn amx_granted() -> bool {
+    static GRANTED: OnceLock<bool> = OnceLock::new();
+    *GRANTED.get_or_init(|| {
+        use std::arch::x86_64::{__cpuid, __cpuid_count};
+        // Leaf 7 is read only when the CPU reports it.
+        if __cpuid(0).eax < 7 {
+            return false;
+        }
+        let edx = __cpuid_count(7, 0).edx;
+        let (amx_bf16, amx_tile) = (edx >> 22 & 1 == 1, edx >> 24 & 1 == 1);
+        if !(amx_bf16 && amx_tile) {
+            return false;
+        }
+        // Linux hands out the 8 KiB tile state only on request (arch/x86/include/uapi/asm/prctl.h).
+        const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
+        const XFEATURE_XTILEDATA: libc::c_long = 18;
+        // SAFETY: arch_prctl with these arguments only changes the process's permitted xsave features.
+        let ret = unsafe {
+            libc::syscall(
+                libc::SYS_arch_prctl,
+                ARCH_REQ_XCOMP_PERM,
+                XFEATURE_XTILEDATA,
+            )
+        };
+        ret == 0
+    })
 }
 
 #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
-fn detect() -> bool {
+fn amx_granted() -> bool {
     false
 }
 
@@ -137,12 +209,12 @@ pub(crate) type Buf = super::aligned::Aligned<u16>;
 /// operand of `src · b`.
 ///
 /// # Panics
-/// If the slices are too short or AMX is not [`available`].
+/// If the slices are too short or the CPU lacks AVX512-BF16.
 pub(crate) fn pack_rows(src: &[f32], m: usize, k: usize, dst: &mut [u16]) {
-    assert!(available(), "AMX kernels called without AMX");
+    assert!(avx512_bf16(), "bf16 packers called without AVX512-BF16");
     assert_eq!(src.len(), m * k, "pack_rows: src");
     assert!(dst.len() >= pad(m) * pad(k), "pack_rows: dst");
-    // SAFETY: features checked by `available`; bounds checked above.
+    // SAFETY: features checked above; bounds checked above.
     unsafe { x86::pack_rows(src, m, k, dst) }
 }
 
@@ -150,9 +222,9 @@ pub(crate) fn pack_rows(src: &[f32], m: usize, k: usize, dst: &mut [u16]) {
 /// operand of `srcᵀ · b`.
 ///
 /// # Panics
-/// If the slices are too short or AMX is not [`available`].
+/// If the slices are too short or the CPU lacks AVX512-BF16.
 pub(crate) fn pack_cols(src: &[f32], k: usize, m: usize, dst: &mut [u16]) {
-    assert!(available(), "AMX kernels called without AMX");
+    assert!(avx512_bf16(), "bf16 packers called without AVX512-BF16");
     assert_eq!(src.len(), k * m, "pack_cols: src");
     assert!(dst.len() >= pad(m) * pad(k), "pack_cols: dst");
     // SAFETY: as above.
@@ -163,9 +235,9 @@ pub(crate) fn pack_cols(src: &[f32], k: usize, m: usize, dst: &mut [u16]) {
 /// of `a · src`.
 ///
 /// # Panics
-/// If the slices are too short or AMX is not [`available`].
+/// If the slices are too short or the CPU lacks AVX512-BF16.
 pub(crate) fn pack_b(src: &[f32], k: usize, n: usize, dst: &mut [u16]) {
-    assert!(available(), "AMX kernels called without AMX");
+    assert!(avx512_bf16(), "bf16 packers called without AVX512-BF16");
     assert_eq!(src.len(), k * n, "pack_b: src");
     assert!(dst.len() >= pad(k) * pad(n), "pack_b: dst");
     // SAFETY: as above.
@@ -176,9 +248,9 @@ pub(crate) fn pack_b(src: &[f32], k: usize, n: usize, dst: &mut [u16]) {
 /// pad(n)]` in the VNNI layout: the `b` operand of `a · srcᵀ`.
 ///
 /// # Panics
-/// If the slices are too short or AMX is not [`available`].
+/// If the slices are too short or the CPU lacks AVX512-BF16.
 pub(crate) fn pack_b_transposed(src: &[f32], n: usize, k: usize, dst: &mut [u16]) {
-    assert!(available(), "AMX kernels called without AMX");
+    assert!(avx512_bf16(), "bf16 packers called without AVX512-BF16");
     assert_eq!(src.len(), n * k, "pack_b_transposed: src");
     assert!(dst.len() >= pad(k) * pad(n), "pack_b_transposed: dst");
     // SAFETY: as above.
@@ -187,13 +259,34 @@ pub(crate) fn pack_b_transposed(src: &[f32], n: usize, k: usize, dst: &mut [u16]
 
 /// `c[i * ldc + j] = Σ_p a[i][p] · b[p][j]` for `i < m`, `j < n` (overwritten), with `a` packed by
 /// [`pack_rows`]/[`pack_cols`] as `[pad(m) x pad(k)]` and `b` by [`pack_b`]/[`pack_b_transposed`] as
-/// `[pad(k) x pad(n)]`.
+/// `[pad(k) x pad(n)]`, on this process's [`kernel`].
 ///
 /// # Panics
-/// If a slice is too short or AMX is not [`available`].
-#[allow(clippy::too_many_arguments)]
+/// If a slice is too short or no kernel is [`available`].
 pub(crate) fn gemm(m: usize, n: usize, k: usize, a: &[u16], b: &[u16], c: &mut [f32], ldc: usize) {
-    assert!(available(), "AMX kernels called without AMX");
+    let kernel = kernel().expect("bf16 gemm called without a bf16 kernel");
+    gemm_on(kernel, m, n, k, a, b, c, ldc)
+}
+
+/// [`gemm`] on a given kernel (tests compare the two on one machine).
+///
+/// # Panics
+/// If a slice is too short or the CPU cannot run `kernel`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gemm_on(
+    kernel: Kernel,
+    m: usize,
+    n: usize,
+    k: usize,
+    a: &[u16],
+    b: &[u16],
+    c: &mut [f32],
+    ldc: usize,
+) {
+    assert!(
+        hardware().contains(&kernel),
+        "bf16 gemm: this CPU cannot run {kernel}"
+    );
     let (mp, np, kp) = (pad(m), pad(n), pad(k));
     assert!(a.len() >= mp * kp, "gemm: a");
     assert!(b.len() >= kp * np, "gemm: b");
@@ -212,9 +305,15 @@ pub(crate) fn gemm(m: usize, n: usize, k: usize, a: &[u16], b: &[u16], c: &mut [
         }
         return;
     }
-    // SAFETY: features checked by `available`; every tile load reads inside `a[..mp * kp]` and
-    // `b[..kp * np]`, and stores go to `c` only for blocks inside `m x n` (others go to a local block).
-    unsafe { x86::gemm(m, n, kp, a, b, c, ldc) }
+    // SAFETY: the CPU runs `kernel` (checked above); every load reads inside `a[..mp * kp]` and
+    // `b[..kp * np]`, and stores go to `c` only inside `m x n` (AMX blocks that are not whole go through a
+    // local block).
+    unsafe {
+        match kernel {
+            Kernel::Amx => x86::gemm(m, n, kp, a, b, c, ldc),
+            Kernel::Avx512Bf16 => x86::gemm_avx512(m, n, kp, a, b, c, ldc),
+        }
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -497,6 +596,80 @@ mod x86 {
             asm!("tilerelease", options(nostack, nomem));
         }
     }
+
+    /// Rows of `c` one [`gemm_avx512`] micro-kernel computes (half a 16-row `a` tile).
+    const ROWS: usize = 8;
+
+    /// `c` (`m x n`, rows `ldc` apart) `= a · b` with `vdpbf16ps`: for each block of [`ROWS`] rows x 32
+    /// columns (two `b` column tiles), 16 f32 accumulators stay in registers while k runs through the tiles;
+    /// each step loads one VNNI row of each `b` tile (16 columns' pairs) and broadcasts each row's `a` pair
+    /// against them. Row blocks past `m` are skipped, partial column blocks stored under a mask. The `b`
+    /// strip of a column block (`kp x 32` bf16) is reused by every row block while in L2.
+    ///
+    /// # Safety
+    /// AVX512-F/BW/BF16 on the CPU; `a`, `b` and `c` as [`super::gemm_on`] checks.
+    #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+    pub(super) unsafe fn gemm_avx512(
+        m: usize,
+        n: usize,
+        kp: usize,
+        a: &[u16],
+        b: &[u16],
+        c: &mut [f32],
+        ldc: usize,
+    ) {
+        let np = pad(n);
+        let ktiles = kp / BLOCK;
+        let strip = ktiles * TILE_ELEMS;
+        for j in (0..np).step_by(BLOCK) {
+            let (m0, m1) = (lanes(n - j), lanes(n.saturating_sub(j + 16)));
+            // SAFETY (all pointer arithmetic below): column tiles j/16 and j/16 + 1 of `b` and row
+            // blocks of `a` lie inside the packed operands (np and mp are whole blocks).
+            let b1 = unsafe { b.as_ptr().add(j / 16 * strip) };
+            let b2 = unsafe { b1.add(strip) };
+            for i in (0..m).step_by(ROWS) {
+                let a0 = unsafe { a.as_ptr().add(i / 16 * strip + i % 16 * BLOCK) };
+                let mut acc = [[_mm512_setzero_ps(); 2]; ROWS];
+                for t in 0..ktiles {
+                    let (at, bt1, bt2) = unsafe {
+                        (
+                            a0.add(t * TILE_ELEMS),
+                            b1.add(t * TILE_ELEMS),
+                            b2.add(t * TILE_ELEMS),
+                        )
+                    };
+                    for q in 0..BLOCK / 2 {
+                        // SAFETY: row q of a 1 KiB tile (64 bytes); the pair (a[r][2q], a[r][2q + 1]).
+                        let (v1, v2) = unsafe {
+                            (
+                                _mm512_loadu_si512(bt1.add(q * BLOCK).cast()),
+                                _mm512_loadu_si512(bt2.add(q * BLOCK).cast()),
+                            )
+                        };
+                        let (v1, v2): (__m512bh, __m512bh) =
+                            unsafe { (std::mem::transmute(v1), std::mem::transmute(v2)) };
+                        for (r, acc) in acc.iter_mut().enumerate() {
+                            let pair = unsafe { at.add(r * BLOCK + 2 * q).cast::<i32>().read() };
+                            let x: __m512bh =
+                                unsafe { std::mem::transmute(_mm512_set1_epi32(pair)) };
+                            acc[0] = _mm512_dpbf16_ps(acc[0], x, v1);
+                            acc[1] = _mm512_dpbf16_ps(acc[1], x, v2);
+                        }
+                    }
+                }
+                for (r, acc) in acc.iter().enumerate().take(m - i) {
+                    let row = &mut c[(i + r) * ldc + j..];
+                    // SAFETY: the masks cover columns j..n of row i + r only, inside `c`.
+                    unsafe {
+                        _mm512_mask_storeu_ps(row.as_mut_ptr(), m0, acc[0]);
+                        if m1 != 0 {
+                            _mm512_mask_storeu_ps(row.as_mut_ptr().add(16), m1, acc[1]);
+                        }
+                    }
+                }
+            }
+        }
+    }
 }
 
 #[cfg(not(target_arch = "x86_64"))]
@@ -524,12 +697,13 @@ mod x86 {
     ) {
         unreachable!("AMX is x86_64 only")
     }
+    pub(super) use gemm as gemm_avx512;
 }
 
 #[cfg(test)]
 mod tests;
 
 /// Throughput of the products and packers at the model's shapes, run by hand (release, nothing asserted):
-/// `cargo test --release -p trainer --lib model::amx::perf -- --ignored --nocapture`.
+/// `cargo test --release -p trainer --lib model::bf16::perf -- --ignored --nocapture`.
 #[cfg(test)]
 mod perf;
