@@ -190,6 +190,36 @@ impl<'a> Shard<'a> {
     }
 }
 
+impl Shard<'_> {
+    /// Appends the rows `picked` (in that order) to `batch`: a shuffled epoch's reads.
+    ///
+    /// # Panics
+    /// If a row is out of range (callers pick them below [`Shard::rows`]).
+    pub fn append_picked(&self, picked: &[u32], batch: &mut Batch) {
+        let rows = self.rows;
+        if let Some(&bad) = picked.iter().find(|&&r| r as usize >= rows) {
+            panic!("row {bad} of {rows}");
+        }
+        batch.len += picked.len();
+        batch
+            .labels
+            .extend(picked.iter().map(|&r| f32::from(self.labels[r as usize])));
+        for &r in picked {
+            let at = r as usize * NUM_DENSE * 4;
+            let row = &self.dense[at..at + NUM_DENSE * 4];
+            batch.dense.extend(row.chunks_exact(4).map(f32_le));
+        }
+        for (j, column) in batch.sparse.iter_mut().enumerate() {
+            let ids = &self.sparse[j * rows * 8..(j + 1) * rows * 8];
+            column.extend(
+                picked
+                    .iter()
+                    .map(|&r| u64_le(&ids[r as usize * 8..r as usize * 8 + 8])),
+            );
+        }
+    }
+}
+
 #[inline]
 fn f32_le(b: &[u8]) -> f32 {
     f32::from_le_bytes(b.try_into().unwrap())

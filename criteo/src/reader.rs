@@ -40,6 +40,12 @@ pub struct ReaderConfig {
     pub world: usize,
     /// How many parsed batches may wait for the consumer. Default 4.
     pub queue_depth: usize,
+    /// Reads in a seeded random order (one epoch of several): the files in a permuted order, and the rows
+    /// of each columnar shard (this rank's share of them) in a permuted order, both from the seed, so every
+    /// rank with the same seed splits the rows the same disjoint way. Text files are read line by line in
+    /// their own order (a stream cannot be permuted without holding it: preprocess with `trainer
+    /// preprocess` for per-epoch shuffling). `None` (the default) reads everything in order.
+    pub shuffle_seed: Option<u64>,
 }
 
 impl ReaderConfig {
@@ -79,6 +85,7 @@ impl Default for ReaderConfig {
             rank: 0,
             world: 1,
             queue_depth: 4,
+            shuffle_seed: None,
         }
     }
 }
@@ -120,6 +127,7 @@ impl BatchReader {
         let stop = Arc::new(AtomicBool::new(false));
         let stats = Arc::new(Mutex::new(ReadStats::default()));
         let (thread_stop, thread_stats) = (Arc::clone(&stop), Arc::clone(&stats));
+        let files = shuffled(files, cfg.shuffle_seed);
         let thread = std::thread::Builder::new()
             .name(format!("criteo-reader-{}", cfg.rank))
             .spawn(move || {
@@ -191,7 +199,7 @@ impl Drop for BatchReader {
 /// `queue_depth` is ignored.
 pub fn read_all(cfg: &ReaderConfig) -> Result<(Vec<Batch>, ReadStats), ReadError> {
     cfg.validate()?;
-    let files = input_files(&cfg.paths)?;
+    let files = shuffled(input_files(&cfg.paths)?, cfg.shuffle_seed);
     let stop = AtomicBool::new(false);
     let mut pipeline = Pipeline::new(cfg, &stop);
     let mut batches = Vec::new();
@@ -200,6 +208,22 @@ pub fn read_all(cfg: &ReaderConfig) -> Result<(Vec<Batch>, ReadStats), ReadError
         true
     })?;
     Ok((batches, pipeline.stats))
+}
+
+/// A seeded Fisher-Yates shuffle of `items` (`None`: as they are), drawn from splitmix64 of `seed` and a
+/// counter so that every rank (and a test) draws the same order.
+fn shuffled<T>(mut items: Vec<T>, seed: Option<u64>) -> Vec<T> {
+    if let Some(seed) = seed {
+        let mut draw = 0u64;
+        for i in (1..items.len()).rev() {
+            draw += 1;
+            let r = embedding::init::splitmix64(seed ^ embedding::init::splitmix64(draw));
+            // Lemire's multiply-shift: uniform enough for a permutation (bias below 2^-32 at these sizes).
+            let j = ((u128::from(r) * (i as u128 + 1)) >> 64) as usize;
+            items.swap(i, j);
+        }
+    }
+    items
 }
 
 /// The reading loop, independent of where the batches go.
@@ -348,7 +372,28 @@ impl<'a> Pipeline<'a> {
         let rows = shard.rows();
         // The first of this rank's rows in the shard, then every `world`-th.
         let mut next = ((rank + world as u64 - self.index % world as u64) % world as u64) as usize;
+        let shard_index = self.index;
         self.index += rows as u64;
+        if let Some(seed) = self.cfg.shuffle_seed {
+            // This rank's rows, permuted with a seed of their own per shard (its first row's index).
+            let mine: Vec<u32> = (next..rows).step_by(world).map(|r| r as u32).collect();
+            let order = shuffled(mine, Some(embedding::init::splitmix64(seed) ^ shard_index));
+            let mut left = &order[..];
+            while !left.is_empty() {
+                if self.stop.load(Ordering::Relaxed) {
+                    return Ok(false);
+                }
+                let count = left.len().min(self.cfg.batch_size - batch.len);
+                shard.append_picked(&left[..count], batch);
+                left = &left[count..];
+                self.stats.lines += count as u64;
+                self.stats.rows += count as u64;
+                if !self.flush_full(batch, emit) {
+                    return Ok(false);
+                }
+            }
+            return Ok(true);
+        }
         while next < rows {
             if self.stop.load(Ordering::Relaxed) {
                 return Ok(false);

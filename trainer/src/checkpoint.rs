@@ -91,6 +91,13 @@ pub struct CheckpointMeta {
     /// Values of the dense top-k residual after those (0: none; [`crate::step::dense_sync`]).
     #[serde(default)]
     pub dense_residual_len: u64,
+    /// The epoch the checkpoint was taken in (from 0; `--epochs`).
+    #[serde(default)]
+    pub epoch: u64,
+    /// The step that epoch began at: the data position within the epoch is `step - epoch_start_step`
+    /// batches.
+    #[serde(default)]
+    pub epoch_start_step: u64,
 }
 
 /// A rank's checkpoint in memory.
@@ -365,6 +372,8 @@ mod tests {
             optimizer_sizes: vec![],
             residual_bytes: 0,
             dense_residual_len: 0,
+            epoch: 1,
+            epoch_start_step: 5,
         }
     }
 

@@ -196,7 +196,8 @@ pub fn run_demo(mut args: DemoArgs) -> anyhow::Result<Summary> {
         };
         let mut steps = rows
             .div_ceil(async_trainers)
-            .div_ceil(args.model.batch_size.max(1) as u64);
+            .div_ceil(args.model.batch_size.max(1) as u64)
+            * args.job.epochs();
         if args.job.max_steps > 0 {
             steps = steps.min(args.job.max_steps);
         }

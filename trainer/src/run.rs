@@ -1,5 +1,5 @@
-//! One training job end to end, shared by `trainer train` and `trainer demo`: connect, train one pass with
-//! progress lines, evaluate, and summarize.
+//! One training job end to end, shared by `trainer train` and `trainer demo`: connect, train one pass per
+//! epoch with progress lines (evaluating after each epoch but the last), evaluate, and summarize.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -30,9 +30,17 @@ pub struct JobArgs {
     /// Continue from this rank's checkpoint in DIR (the servers must hold the matching state).
     #[arg(long, value_name = "DIR")]
     pub resume: Option<PathBuf>,
-    /// Stop once this many steps are done (counting a resumed run's; 0 = the whole pass).
+    /// Stop once this many steps are done (counting a resumed run's; 0 = every epoch's pass).
     #[arg(long, default_value_t = 0)]
     pub max_steps: u64,
+    /// Passes over the training data. With more than one, each epoch reads the data in its own seeded order
+    /// (columnar shards: files and rows permuted; text: files permuted, lines in order) and rank 0
+    /// evaluates on the test set after each epoch.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
+    pub epochs: u64,
+    /// Seed of the epochs' orders (epoch e reads with a seed mixed from this and e).
+    #[arg(long, default_value_t = 0)]
+    pub shuffle_seed: u64,
     /// Keep the dense parameters on the parameter servers (implied by --world > 1).
     #[arg(long)]
     pub dense_on_ps: bool,
@@ -41,11 +49,21 @@ pub struct JobArgs {
     pub skip_final_eval: bool,
 }
 
+impl JobArgs {
+    /// The number of epochs (at least 1: a `Default` job has one).
+    pub fn epochs(&self) -> u64 {
+        self.epochs.max(1)
+    }
+}
+
 /// One evaluation in the summary.
 #[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct EvalPoint {
     /// The trainer's step when it ran.
     pub step: u64,
+    /// The epochs completed when it ran, for the evaluations at the end of an epoch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub epoch: Option<u64>,
     /// Test AUC.
     pub auc: Option<f64>,
     /// Test logloss.
@@ -58,6 +76,7 @@ impl EvalPoint {
     fn new(step: u64, r: &EvalReport) -> EvalPoint {
         EvalPoint {
             step,
+            epoch: None,
             auc: r.auc,
             logloss: r.logloss,
             calibration: r.calibration(),
@@ -161,7 +180,8 @@ pub async fn connect(cluster: &ClusterArgs) -> anyhow::Result<Arc<PsClient>> {
     ))
 }
 
-/// Connects to the cluster, trains one pass (resuming a checkpoint if asked) and evaluates.
+/// Connects to the cluster, trains `job.epochs()` passes (resuming a checkpoint if asked, within its epoch)
+/// and evaluates.
 pub async fn train_and_evaluate(
     cluster: &ClusterArgs,
     model: &ModelArgs,
@@ -192,10 +212,12 @@ pub async fn train_and_evaluate(
             }
         );
     }
-    let reader = ReaderConfig {
+    let epochs = job.epochs();
+    let reader = |epoch: u64| ReaderConfig {
         max_bad_lines: model.max_bad_lines,
         rank: inputs.rank,
         world: inputs.world,
+        shuffle_seed: (epochs > 1).then(|| epoch_seed(job.shuffle_seed, epoch)),
         ..ReaderConfig::new(inputs.train.iter().cloned(), model.batch_size)
     };
     let eval_cfg = (!inputs.test.is_empty()).then(|| ReaderConfig {
@@ -210,14 +232,50 @@ pub async fn train_and_evaluate(
         checkpoint_every: job.checkpoint_every,
         max_steps: job.max_steps,
     };
-    let report = trainer.train_pass(reader, &opts, print_event).await?;
-    if report.read.bad_lines > 0 {
-        eprintln!(
-            "skipped {} malformed lines; first: {:?}",
-            report.read.bad_lines, report.read.first_errors
-        );
+    let mut summary: Option<Summary> = None;
+    for epoch in trainer.epoch()..epochs {
+        if epoch > trainer.epoch() {
+            trainer.begin_epoch(epoch);
+        }
+        if epochs > 1 {
+            eprintln!("epoch {} of {epochs}", epoch + 1);
+        }
+        let report = trainer
+            .train_pass(reader(epoch), &opts, print_event)
+            .await?;
+        if report.read.bad_lines > 0 {
+            eprintln!(
+                "skipped {} malformed lines; first: {:?}",
+                report.read.bad_lines, report.read.first_errors
+            );
+        }
+        let pass = Summary::of_pass(&report, trainer.step());
+        let summary = match summary.take() {
+            Some(mut s) => {
+                s.add_pass(pass);
+                summary.insert(s)
+            }
+            None => summary.insert(pass),
+        };
+        let stopped = job.max_steps > 0 && trainer.step() >= job.max_steps;
+        if stopped || epoch + 1 == epochs {
+            break;
+        }
+        if let (Some(cfg), 0) = (&eval_cfg, inputs.rank) {
+            trainer.refresh_dense().await?;
+            let eval = trainer.evaluate(cfg.clone()).await?;
+            eprintln!(
+                "eval after epoch {} (step {}): {}",
+                epoch + 1,
+                trainer.step(),
+                eval.render()
+            );
+            let mut point = EvalPoint::new(trainer.step(), &eval);
+            point.epoch = Some(epoch + 1);
+            summary.evals.push(point);
+        }
     }
-    let mut summary = Summary::of_pass(&report, trainer.step());
+    let mut summary = summary.expect("at least one epoch runs");
     if let (Some(cfg), 0, false) = (eval_cfg, inputs.rank, job.skip_final_eval) {
         eprintln!("evaluating on {:?}", inputs.test);
         trainer.refresh_dense().await?;
@@ -244,7 +302,10 @@ fn print_job(client: &PsClient, model: &ModelArgs, inputs: &Inputs, dense_on_ps:
             (true, _, _) => "on the servers",
             (false, _, _) => "on the trainer",
         },
-        model.dense_precision.resolve(),
+        match (model.dense_precision.resolve(), crate::model::bf16_kernel()) {
+            (crate::model::Precision::Bf16, Some(kernel)) => format!("bf16 on {kernel}"),
+            (precision, _) => precision.to_string(),
+        },
         model.optimizer,
         model.emb_lr(),
         model.encoding,
@@ -276,7 +337,25 @@ fn print_event(e: Event) {
     }
 }
 
+/// The shuffle seed of `epoch` (splitmix64 of the job's seed and the epoch).
+fn epoch_seed(seed: u64, epoch: u64) -> u64 {
+    embedding::init::splitmix64(seed ^ embedding::init::splitmix64(epoch))
+}
+
 impl Summary {
+    /// Adds the pass of a later epoch (ended at `pass.step`): samples, seconds and counts add up, the train
+    /// loss is the later pass's.
+    fn add_pass(&mut self, pass: Summary) {
+        self.samples += pass.samples;
+        self.seconds += pass.seconds;
+        self.samples_per_sec = self.samples as f64 / self.seconds.max(1e-9);
+        self.train_loss = pass.train_loss;
+        self.bad_lines += pass.bad_lines;
+        self.rejected_nonfinite += pass.rejected_nonfinite;
+        self.step = pass.step;
+        self.evals.extend(pass.evals);
+    }
+
     /// The summary of one trainer's pass that ended at `step`, before the final evaluation.
     fn of_pass(report: &TrainReport, step: u64) -> Summary {
         Summary {

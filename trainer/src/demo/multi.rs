@@ -125,6 +125,8 @@ fn trainer_command(
     if args.job.max_steps > 0 {
         cmd.args(["--max-steps", &args.job.max_steps.to_string()]);
     }
+    cmd.args(["--epochs", &args.job.epochs().to_string()])
+        .args(["--shuffle-seed", &args.job.shuffle_seed.to_string()]);
     // Always: the demo evaluates the model the servers hold once every trainer is done.
     cmd.arg("--dense-on-ps");
     if args.pin_trainers {

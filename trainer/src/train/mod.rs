@@ -68,6 +68,11 @@ pub struct Trainer {
     step: u64,
     /// Samples trained so far, likewise.
     samples: u64,
+    /// The epoch (pass over the data) this trainer is in, from 0.
+    epoch: u64,
+    /// The step at which this epoch began: the pass skips `step - epoch_start_step` batches of its data
+    /// (a resumed run's position within the epoch).
+    epoch_start_step: u64,
     free_plans: Vec<Plan>,
     unique_rows: Vec<Vec<f32>>,
     emb: Vec<f32>,
@@ -159,6 +164,8 @@ impl Trainer {
             world,
             step: 0,
             samples: 0,
+            epoch: 0,
+            epoch_start_step: 0,
             free_plans: Vec::new(),
             unique_rows: Vec::new(),
             emb: Vec::new(),
@@ -178,6 +185,17 @@ impl Trainer {
     /// Batches trained so far (including a resumed run's).
     pub fn step(&self) -> u64 {
         self.step
+    }
+
+    /// The epoch this trainer is in (from 0; a resumed run's).
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// Starts epoch `epoch` at the current step: the next pass reads its data from the beginning.
+    pub fn begin_epoch(&mut self, epoch: u64) {
+        self.epoch = epoch;
+        self.epoch_start_step = self.step;
     }
 
     /// Restores the checkpoint of this rank from `dir`: dense parameters and optimizer state, step and data
@@ -213,6 +231,8 @@ impl Trainer {
             reduce.set_group(base ^ resumed_salt(ckpt.meta.step));
         }
         self.samples = ckpt.meta.samples;
+        self.epoch = ckpt.meta.epoch;
+        self.epoch_start_step = ckpt.meta.epoch_start_step;
         Ok(ckpt.meta)
     }
 
@@ -359,6 +379,8 @@ impl Trainer {
             optimizer_sizes: Vec::new(),
             residual_bytes: 0,
             dense_residual_len: 0,
+            epoch: self.epoch,
+            epoch_start_step: self.epoch_start_step,
         };
         // Every push is acknowledged, so the encoder thread is idle and the residuals are final.
         let residuals = (self.residuals.lock().unwrap_or_else(|p| p.into_inner()))

@@ -150,7 +150,7 @@ impl Trainer {
             self.args.emb_dim,
             self.map,
             depth,
-            self.step,
+            self.step - self.epoch_start_step,
             prefetch.clone(),
         )
         .map_err(TrainError::thread("plan"))?;

@@ -72,7 +72,10 @@ fn check(m: usize, n: usize, k: usize) {
                         );
                     }
                     for j in n..ldc {
-                        assert!(c[i * ldc + j].is_nan(), "{kernel}: wrote past n at [{i}][{j}]");
+                        assert!(
+                            c[i * ldc + j].is_nan(),
+                            "{kernel}: wrote past n at [{i}][{j}]"
+                        );
                     }
                 }
             }
@@ -139,7 +142,8 @@ fn the_kernel_follows_the_cpu_and_the_environment() {
     let want = if off(DISABLE_BF16_ENV) {
         None
     } else {
-        all.into_iter().find(|&k| !(off(DISABLE_ENV) && k == Kernel::Amx))
+        all.into_iter()
+            .find(|&k| !(off(DISABLE_ENV) && k == Kernel::Amx))
     };
     assert_eq!(kernel(), want);
 }
