@@ -597,6 +597,14 @@ mod x86 {
         }
     }
 
+    /// 32 bf16 in a register, as the `vdpbf16ps` intrinsic takes them.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn as_bh(v: __m512i) -> __m512bh {
+        // SAFETY: a plain bit cast between two 64-byte vector types.
+        unsafe { std::mem::transmute::<__m512i, __m512bh>(v) }
+    }
+
     /// Rows of `c` one [`gemm_avx512`] micro-kernel computes (half a 16-row `a` tile).
     const ROWS: usize = 8;
 
@@ -646,12 +654,10 @@ mod x86 {
                                 _mm512_loadu_si512(bt2.add(q * BLOCK).cast()),
                             )
                         };
-                        let (v1, v2): (__m512bh, __m512bh) =
-                            unsafe { (std::mem::transmute(v1), std::mem::transmute(v2)) };
+                        let (v1, v2) = (as_bh(v1), as_bh(v2));
                         for (r, acc) in acc.iter_mut().enumerate() {
                             let pair = unsafe { at.add(r * BLOCK + 2 * q).cast::<i32>().read() };
-                            let x: __m512bh =
-                                unsafe { std::mem::transmute(_mm512_set1_epi32(pair)) };
+                            let x = as_bh(_mm512_set1_epi32(pair));
                             acc[0] = _mm512_dpbf16_ps(acc[0], x, v1);
                             acc[1] = _mm512_dpbf16_ps(acc[1], x, v2);
                         }
