@@ -65,37 +65,53 @@ fn demo_trains_with_bf16_dense_products_or_refuses_them_clearly() {
     generate(30_000, 1, &train);
     generate(5_000, 2, &test);
     let args = [BOUND_ARGS, &["--dense-precision", "bf16"]].concat();
-    // Without AMX (or with it disabled) bf16 is refused at start-up, naming the flag and the reason.
-    let out = trainer()
-        .env(trainer::model::AMX_DISABLE_ENV, "1")
-        .arg("demo")
-        .args(&args)
-        .arg("--train")
-        .arg(&train)
-        .arg("--test")
-        .arg(&test)
-        .arg("--data-dir")
-        .arg(dir.path().join("refused"))
-        .output()
-        .unwrap();
+    let demo = |env: (&str, &str), sub: &str| {
+        trainer()
+            .env(env.0, env.1)
+            .arg("demo")
+            .args(&args)
+            .arg("--train")
+            .arg(&train)
+            .arg("--test")
+            .arg(&test)
+            .arg("--data-dir")
+            .arg(dir.path().join(sub))
+            .output()
+            .unwrap()
+    };
+    // Without a bf16 kernel (or with bf16 disabled) bf16 is refused at start-up, naming the flag and the reason.
+    let out = demo((trainer::model::DISABLE_BF16_ENV, "1"), "refused");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         !out.status.success(),
-        "bf16 without AMX was accepted: {stderr}"
+        "bf16 without a bf16 kernel was accepted: {stderr}"
     );
     assert!(
-        stderr.contains("--dense-precision") && stderr.contains("needs AMX-BF16"),
+        stderr.contains("--dense-precision")
+            && stderr.contains("needs AMX-BF16")
+            && stderr.contains("AVX512-BF16"),
         "unclear error: {stderr}"
     );
-    if !trainer::model::bf16_available() {
-        eprintln!("no AMX-BF16 here: only the refusal was tested");
+    let Some(kernel) = trainer::model::bf16_kernel() else {
+        eprintln!("no bf16 kernel here: only the refusal was tested");
         return;
-    }
-    // With AMX: the products run in bf16, and the model learns as in f32 (the AUC bound of the f32 test).
+    };
+    // With one: the products run in bf16 on the kernel the job line names, and the model learns as in f32
+    // (the AUC bound of the f32 test).
     let (s, stderr) = support::run_demo(dir.path(), &train, &test, &args);
-    assert!(stderr.contains("bf16 products"), "{stderr}");
+    assert!(
+        stderr.contains(&format!("bf16 on {kernel} products")),
+        "{stderr}"
+    );
     let auc = s["auc"].as_f64().unwrap();
     assert!(auc > AUC_BOUND, "bf16 test AUC {auc}; output:\n{stderr}");
+    if kernel == trainer::model::Bf16Kernel::Amx {
+        // On an AMX machine the AVX512-BF16 kernel runs end to end too, when asked.
+        let out = demo((trainer::model::AMX_DISABLE_ENV, "1"), "avx512");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{stderr}");
+        assert!(stderr.contains("bf16 on AVX512-BF16 products"), "{stderr}");
+    }
 }
 
 #[test]
