@@ -32,6 +32,12 @@ fn preprocess(input: &Path, out: &Path) -> PathBuf {
     out.to_path_buf()
 }
 
+/// The `--ps` list of `cluster`.
+fn ps_list(cluster: &ops::local_cluster::LocalCluster) -> String {
+    let addrs: Vec<String> = cluster.quic.iter().map(|a| a.to_string()).collect();
+    addrs.join(",")
+}
+
 /// `trainer train` on `cluster` with `extra` flags, synchronous (k = 0), writing `json`.
 fn train(
     cluster: &ops::local_cluster::LocalCluster,
@@ -40,14 +46,8 @@ fn train(
     json: &Path,
     extra: &[&str],
 ) -> Output {
-    let ps = cluster
-        .quic
-        .iter()
-        .map(|a| a.to_string())
-        .collect::<Vec<_>>()
-        .join(",");
     let out = trainer()
-        .args(["train", "--ps", &ps, "--batch-size", BATCH])
+        .args(["train", "--ps", &ps_list(cluster), "--batch-size", BATCH])
         .args(["--max-in-flight", "0"])
         .arg("--tls-dir")
         .arg(&cluster.tls_dir)
@@ -129,23 +129,32 @@ fn a_run_stopped_in_its_second_epoch_resumes_to_the_uninterrupted_model() {
     assert_eq!(summary(&part_json)["step"], 21);
 
     let c_dir = dir.path().join("c");
-    for i in 0..2u32 {
-        let out = bench::bins::command("ps-server")
-            .arg("restore")
-            .arg("--from")
-            .arg(ckpt.join("ps"))
-            .args(["--num-shards", "2", "--shard-index", &i.to_string()])
-            .arg("--data-dir")
-            .arg(c_dir.join(format!("ps-{i}")))
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
+    support::restore_servers(&ckpt.join("ps"), 2, &c_dir);
     let c = support::start_servers(2, &c_dir, &[]);
+    // A job with fewer epochs than the checkpoint's is refused before it trains, naming both.
+    let out = trainer()
+        .args([
+            "train",
+            "--ps",
+            &ps_list(&c),
+            "--batch-size",
+            BATCH,
+            "--epochs",
+            "1",
+        ])
+        .arg("--tls-dir")
+        .arg(&c.tls_dir)
+        .arg("--train")
+        .arg(&shards)
+        .args(["--resume", ckpt_arg])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("taken in epoch 2 but the job has --epochs 1"),
+        "{stderr}"
+    );
     let resumed_json = dir.path().join("resumed.json");
     let out = train(
         &c,

@@ -124,22 +124,7 @@ async fn resume_from_checkpoint_matches_an_uninterrupted_run() {
 
     // Restore the servers from the snapshot into fresh data directories, and resume.
     let c_dir = dir.path().join("c");
-    for i in 0..2u32 {
-        let out = bench::bins::command("ps-server")
-            .arg("restore")
-            .arg("--from")
-            .arg(ckpt.join("ps"))
-            .args(["--num-shards", "2", "--shard-index", &i.to_string()])
-            .arg("--data-dir")
-            .arg(c_dir.join(format!("ps-{i}")))
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "ps-server restore: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
+    support::restore_servers(&ckpt.join("ps"), 2, &c_dir);
     let c = support::start_servers(2, &c_dir, &[]);
     let (resumed, _) = run(&c, &train, &test, PassOptions::default(), Some(&ckpt)).await;
     c.shutdown(Duration::from_secs(30)).unwrap();

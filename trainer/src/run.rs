@@ -198,13 +198,22 @@ pub async fn train_and_evaluate(
         dense_on_ps,
     )
     .await?;
+    let epochs = job.epochs();
     if let Some(dir) = &job.resume {
         let meta = trainer.resume(dir)?;
+        anyhow::ensure!(
+            meta.epoch < epochs,
+            "the checkpoint in {} was taken in epoch {} but the job has --epochs {epochs}: resume with more \
+             epochs",
+            dir.display(),
+            meta.epoch + 1
+        );
         eprintln!(
-            "resumed from {}: step {}, {} samples done{}",
+            "resumed from {}: step {}, {} samples done, epoch {}{}",
             dir.display(),
             meta.step,
             meta.samples,
+            meta.epoch + 1,
             if meta.ps_snapshot {
                 ", servers' snapshot in ps/"
             } else {
@@ -212,7 +221,6 @@ pub async fn train_and_evaluate(
             }
         );
     }
-    let epochs = job.epochs();
     let reader = |epoch: u64| ReaderConfig {
         max_bad_lines: model.max_bad_lines,
         rank: inputs.rank,

@@ -47,6 +47,32 @@ pub fn start_servers(
         .unwrap()
 }
 
+/// Restores `n` servers' data directories `run_dir/ps-<i>` from the snapshot `snapshot` (a checkpoint's `ps/`)
+/// with `ps-server restore`, for [`start_servers`].
+pub fn restore_servers(snapshot: &Path, n: usize, run_dir: &Path) {
+    for i in 0..n {
+        let out = bench::bins::command("ps-server")
+            .arg("restore")
+            .arg("--from")
+            .arg(snapshot)
+            .args([
+                "--num-shards",
+                &n.to_string(),
+                "--shard-index",
+                &i.to_string(),
+            ])
+            .arg("--data-dir")
+            .arg(run_dir.join(format!("ps-{i}")))
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "ps-server restore: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
 /// Reads a summary JSON.
 pub fn summary(path: &Path) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
