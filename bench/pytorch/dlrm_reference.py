@@ -32,8 +32,17 @@ trainer's --dense-precision bf16. The default is f32, as the trainer's default.
 Only the training loop is timed (data is parsed and moved into tensors first); samples/s is one pass over the
 training file at --batch-size. Test AUC is exact (ties get average ranks), logloss is mean binary cross-entropy.
 
+--model-spec FILE.toml (or a shipped spec's NAME: trainer/specs/NAME.toml) trains the model a spec describes
+(docs/model-spec.md; the dlrmspec package next to this file): per-feature tables, dims, pooling, multi-hot token
+caps, hash sizes, per-table optimizers and rates, `dot` or `dcn` interaction, MLP sizes, the dense optimizer of its
+[dense] section (else the flags). Multi-hot fields hold tokens separated by `|` and are looked up with
+F.embedding_bag (sum or mean, sparse gradients). The spec decides what --optimizer and --emb-lr decide without one
+(they are refused with it); encodings are accepted and ignored (no wire here). The dlrm-kaggle spec is the model
+above and draws the same initial weights.
+
 Usage: dlrm_reference.py --train data/demo/train-1000000-s1-t7.tsv --test data/demo/test-100000-s2-t7.tsv
        [--optimizer sgd|adagrad] [--dense-optimizer sgd|adagrad|adam] [--threads 2] [--bf16] [--json out.json]
+       [--model-spec trainer/specs/dlrm-v2.toml]
 """
 
 import argparse
@@ -48,6 +57,10 @@ try:
     import torch.nn as nn
 except ImportError as e:  # the comparison script checks this first; this is for direct use
     sys.exit(f"dlrm_reference.py needs PyTorch and numpy ({e}); install with: python3 -m pip install torch numpy")
+
+from dlrmspec import data as spec_data
+from dlrmspec.model import SpecDlrm, mlp
+from dlrmspec.spec import SpecError, load_spec
 
 NUM_DENSE = 13
 NUM_SPARSE = 26
@@ -94,19 +107,6 @@ def parse(path, vocabs):
     )
 
 
-def mlp(sizes, last_relu, gen):
-    layers = []
-    for i in range(len(sizes) - 1):
-        lin = nn.Linear(sizes[i], sizes[i + 1])
-        with torch.no_grad():
-            lin.weight.normal_(0.0, math.sqrt(2.0 / (sizes[i] + sizes[i + 1])), generator=gen)
-            lin.bias.normal_(0.0, math.sqrt(1.0 / sizes[i + 1]), generator=gen)
-        layers.append(lin)
-        if i < len(sizes) - 2 or last_relu:
-            layers.append(nn.ReLU())
-    return nn.Sequential(*layers)
-
-
 class Dlrm(nn.Module):
     def __init__(self, rows, offsets, gen, init_scale):
         super().__init__()
@@ -148,6 +148,25 @@ class RowAdagrad:
         self.weight.grad = None
 
 
+class EmbOptimizers:
+    """One embedding optimizer per weight group of a spec (sgd or row-wise adagrad, each with its lr)."""
+
+    def __init__(self, opts):
+        self.opts = opts
+
+    def step(self):
+        for o in self.opts:
+            o.step()
+
+    def zero_grad(self):
+        for o in self.opts:
+            o.zero_grad()
+
+
+def emb_optimizer(kind, weight, lr):
+    return torch.optim.SGD([weight], lr=lr) if kind == "sgd" else RowAdagrad(weight, lr)
+
+
 def exact_auc(labels, scores):
     order = np.argsort(scores, kind="mergesort")
     s = scores[order]
@@ -172,7 +191,8 @@ def main():
     ap.add_argument("--train", required=True)
     ap.add_argument("--test", required=True)
     ap.add_argument("--batch-size", type=int, default=2048)
-    ap.add_argument("--optimizer", choices=["sgd", "adagrad"], default="adagrad")
+    ap.add_argument("--model-spec", help="a model spec TOML file or a shipped spec's name (docs/model-spec.md)")
+    ap.add_argument("--optimizer", choices=["sgd", "adagrad"], help="embedding optimizer (default adagrad)")
     ap.add_argument("--dense-optimizer", choices=["sgd", "adagrad", "adam"])
     ap.add_argument("--lr", type=float, help="dense learning rate (default per optimizer, as the trainer)")
     ap.add_argument("--emb-lr", type=float, help="embedding learning rate (default per optimizer)")
@@ -184,24 +204,72 @@ def main():
     a = ap.parse_args()
     autocast = lambda: torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.bf16)
 
+    spec = None
+    if a.model_spec:
+        for flag in ("optimizer", "emb_lr"):
+            if getattr(a, flag) is not None:
+                ap.error(f"--{flag.replace('_', '-')} conflicts with --model-spec (the spec sets each table's)")
+        try:
+            spec = load_spec(a.model_spec)
+        except (SpecError, OSError) as e:
+            sys.exit(f"dlrm_reference.py: bad --model-spec: {e}")
+    if a.optimizer is None:
+        a.optimizer = "adagrad"
+
     torch.set_num_threads(a.threads)
-    dense_kind = a.dense_optimizer or ("adam" if a.optimizer == "adagrad" else "sgd")
-    lr = a.lr if a.lr is not None else {"adam": 0.002, "adagrad": 0.005, "sgd": 0.1}[dense_kind]
+    if spec is None:
+        dense_kind = a.dense_optimizer or ("adam" if a.optimizer == "adagrad" else "sgd")
+        lr = a.lr if a.lr is not None else {"adam": 0.002, "adagrad": 0.005, "sgd": 0.1}[dense_kind]
+    else:  # the spec's [dense], else the flags (whose default follows the [sparse] optimizer, as --optimizer's)
+        dense_kind = spec.dense_optimizer or a.dense_optimizer or ("adam" if spec.sparse_optimizer == "adagrad" else "sgd")
+        lr = spec.dense_lr if spec.dense_lr is not None else a.lr
+        if lr is None:
+            lr = {"adam": 0.002, "adagrad": 0.005, "sgd": 0.1}[dense_kind]
     emb_lr = a.emb_lr if a.emb_lr is not None else {"adagrad": 0.05, "sgd": 0.5}[a.optimizer]
 
     t0 = time.time()
-    vocabs = [dict() for _ in range(NUM_SPARSE)]
-    ytr, dtr, str_ = parse(a.train, vocabs)
-    yte, dte, ste = parse(a.test, vocabs)
-    sizes = [len(v) for v in vocabs]
-    offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
-    print(
-        f"parsed {len(ytr)} train / {len(yte)} test rows, {sum(sizes)} embedding rows in {time.time() - t0:.1f} s",
-        file=sys.stderr,
-    )
-
     gen = torch.Generator().manual_seed(a.seed)
-    model = Dlrm(sum(sizes), offsets, gen, a.emb_init_scale)
+    truncated = None
+    if spec is None:
+        vocabs = [dict() for _ in range(NUM_SPARSE)]
+        ytr, dtr, str_ = parse(a.train, vocabs)
+        yte, dte, ste = parse(a.test, vocabs)
+        sizes = [len(v) for v in vocabs]
+        offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+        print(
+            f"parsed {len(ytr)} train / {len(yte)} test rows, {sum(sizes)} embedding rows in {time.time() - t0:.1f} s",
+            file=sys.stderr,
+        )
+        model = Dlrm(sum(sizes), offsets, gen, a.emb_init_scale)
+        emb_opt = (
+            torch.optim.SGD([model.emb.weight], lr=emb_lr)
+            if a.optimizer == "sgd"
+            else RowAdagrad(model.emb.weight, emb_lr)
+        )
+        str_t, ste_t = torch.from_numpy(str_), torch.from_numpy(ste)
+        train_sparse = lambda s, e: str_t[s:e]
+        test_sparse = lambda s, e: ste_t[s:e]
+        emb_kind = a.optimizer
+    else:
+        layout = spec_data.Layout(spec)
+        tr, trb, te, teb, group_rows = spec_data.load(a.train, a.test, layout)
+        ytr, dtr, yte, dte = tr.labels, tr.dense, te.labels, te.dense
+        truncated = {spec.features[i].name: n for i, n in enumerate(tr.truncated) if n}
+        tokens = sum(len(i) for i in trb.idx)
+        print(
+            f"spec {spec.name}: parsed {len(ytr)} train / {len(yte)} test rows ({tokens / max(len(ytr), 1):.1f} "
+            f"tokens per train row, {sum(tr.truncated)} truncated), {sum(group_rows)} embedding rows in "
+            f"{len(group_rows)} weight(s) in {time.time() - t0:.1f} s",
+            file=sys.stderr,
+        )
+        model = SpecDlrm(layout, group_rows, gen, a.emb_init_scale)
+        emb_opt = EmbOptimizers(
+            [emb_optimizer(g.optimizer, e.weight, g.lr) for g, e in zip(layout.groups, model.emb)]
+        )
+        train_sparse, test_sparse = trb.batch, teb.batch
+        kinds = sorted({g.optimizer for g in layout.groups})
+        emb_kind = kinds[0] if len(kinds) == 1 else "/".join(kinds)
+
     dense_params = [p for n, p in model.named_parameters() if not n.startswith("emb.")]
     if dense_kind == "sgd":
         dense_opt = torch.optim.SGD(dense_params, lr=lr)
@@ -209,14 +277,9 @@ def main():
         dense_opt = torch.optim.Adagrad(dense_params, lr=lr, eps=1e-8, initial_accumulator_value=0.0)
     else:
         dense_opt = torch.optim.Adam(dense_params, lr=lr, betas=(0.9, 0.999), eps=1e-8)
-    emb_opt = (
-        torch.optim.SGD([model.emb.weight], lr=emb_lr)
-        if a.optimizer == "sgd"
-        else RowAdagrad(model.emb.weight, emb_lr)
-    )
     loss_fn = nn.BCEWithLogitsLoss()
 
-    ytr_t, dtr_t, str_t = torch.from_numpy(ytr), torch.from_numpy(dtr), torch.from_numpy(str_)
+    ytr_t, dtr_t = torch.from_numpy(ytr), torch.from_numpy(dtr)
     n = len(ytr)
     b = a.batch_size
     losses = []
@@ -225,7 +288,7 @@ def main():
         dense_opt.zero_grad(set_to_none=True)
         emb_opt.zero_grad()
         with autocast():
-            logit = model(dtr_t[s : s + b], str_t[s : s + b])
+            logit = model(dtr_t[s : s + b], train_sparse(s, s + b))
         loss = loss_fn(logit.float(), ytr_t[s : s + b])
         loss.backward()
         dense_opt.step()
@@ -238,7 +301,7 @@ def main():
     with torch.no_grad(), autocast():
         logits = torch.cat(
             [
-                model(torch.from_numpy(dte[s : s + 8192]), torch.from_numpy(ste[s : s + 8192]))
+                model(torch.from_numpy(dte[s : s + 8192]), test_sparse(s, s + 8192))
                 for s in range(0, len(yte), 8192)
             ]
         ).float().double()
@@ -248,7 +311,7 @@ def main():
         "framework": f"pytorch {torch.__version__}",
         "threads": a.threads,
         "precision": "bf16 autocast" if a.bf16 else "f32",
-        "optimizer": a.optimizer,
+        "optimizer": emb_kind,
         "dense_optimizer": dense_kind,
         "batch_size": b,
         "samples": n,
@@ -260,8 +323,13 @@ def main():
         "calibration": float(p.mean() / max(yte.mean(), 1e-12)),
         "test_samples": int(len(yte)),
     }
+    if spec is not None:
+        summary["model_spec"] = spec.name
+        summary["interaction"] = spec.interaction
+        summary["tokens_truncated"] = truncated
     print(
-        f"pytorch: {summary['samples_per_sec']:.0f} samples/s over {seconds:.2f} s, train loss {train_loss:.4f}, "
+        (f"pytorch ({spec.name}): " if spec is not None else "pytorch: ")
+        + f"{summary['samples_per_sec']:.0f} samples/s over {seconds:.2f} s, train loss {train_loss:.4f}, "
         f"test AUC {summary['auc']:.4f}, logloss {logloss:.4f}, calibration {summary['calibration']:.3f}"
     )
     if a.json:
