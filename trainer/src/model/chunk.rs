@@ -15,7 +15,8 @@ use rayon::prelude::*;
 
 use super::aligned::Aligned;
 use super::bf16;
-use super::interaction::Interaction;
+use super::cross::CrossBuffers;
+use super::interaction_layer::InteractionLayer;
 use super::linear::Linear;
 use super::loss::bce_sum;
 use super::simd::multiversion;
@@ -46,8 +47,8 @@ pub(crate) struct Net<'a> {
     pub(crate) bottom: &'a [Linear],
     /// Top-MLP layers.
     pub(crate) top: &'a [Linear],
-    /// The interaction.
-    pub(crate) interaction: Interaction,
+    /// The interaction (dot or cross layers).
+    pub(crate) interaction: &'a InteractionLayer,
 }
 
 /// One chunk's activations, activation gradients and parameter gradients. Buffers grow to the largest
@@ -66,6 +67,8 @@ pub(crate) struct ChunkBuffers {
     inter_out: Aligned<f32>,
     /// `d loss / d inter_out`.
     inter_grad: Aligned<f32>,
+    /// The cross layers' activations and scratch (unused with the dot interaction).
+    cross: CrossBuffers,
     /// This chunk's part of every parameter gradient, flat, in [`Dlrm::params`](super::Dlrm::params) order,
     /// each tensor starting on a cache line ([`slot`]: the bf16 products store weight-gradient tiles
     /// straight into it).
@@ -92,8 +95,9 @@ impl ChunkBuffers {
         let w = net.interaction.out_dim();
         self.inter_out.grow(rows * w);
         let inter_out = &mut self.inter_out[..rows * w];
+        let cross = &mut self.cross;
         net.interaction
-            .forward_on(parallel, rows, z, emb, inter_out);
+            .forward_chunk(parallel, rows, z, emb, inter_out, cross, scratch);
         mlp_forward(net.top, parallel, rows, inter_out, &mut self.top, scratch);
         last_rows(&self.top, net.top, rows)
     }
@@ -115,11 +119,14 @@ impl ChunkBuffers {
         emb_grad: &mut [f32],
     ) {
         self.forward(net, parallel, rows, dense, emb);
+        // This chunk's parameter gradients: bottom, interaction, top, in `Dlrm::params` order.
         let bottom_params: usize = net.bottom.iter().map(num_params).sum();
+        let inter_params = net.interaction.grads_len();
         let top_params: usize = net.top.iter().map(num_params).sum();
-        self.grads.grow(bottom_params + top_params);
-        let (bottom_grads, top_grads) =
-            self.grads[..bottom_params + top_params].split_at_mut(bottom_params);
+        let total = bottom_params + inter_params + top_params;
+        self.grads.grow(total);
+        let (bottom_grads, rest) = self.grads[..total].split_at_mut(bottom_params);
+        let (inter_grads, top_grads) = rest.split_at_mut(inter_params);
 
         grow_layers(&mut self.top_grad, net.top, rows);
         let last = net.top.len() - 1;
@@ -148,7 +155,7 @@ impl ChunkBuffers {
         grow_layers(&mut self.bottom_grad, net.bottom, rows);
         let last = net.bottom.len() - 1;
         let d = net.bottom[last].out_dim();
-        net.interaction.backward_on(
+        net.interaction.backward_chunk(
             parallel,
             rows,
             last_rows(&self.bottom, net.bottom, rows),
@@ -156,6 +163,9 @@ impl ChunkBuffers {
             inter_grad,
             &mut self.bottom_grad[last][..rows * d],
             emb_grad,
+            inter_grads,
+            &mut self.cross,
+            &mut self.scratch,
         );
         mlp_backward(
             net.bottom,
@@ -176,9 +186,9 @@ pub(crate) fn slot(len: usize) -> usize {
     len.next_multiple_of(16)
 }
 
-/// Room for a layer's gradients in the chunks' flat gradients.
+/// Room for a layer's gradients in the chunks' flat gradients (a layer without bias takes none for it).
 fn num_params(layer: &Linear) -> usize {
-    slot(layer.weight().len()) + slot(layer.bias().len())
+    layer.params().map(|p| slot(p.len())).sum()
 }
 
 /// The last layer's output for `rows` rows: `[rows x layers[last].out_dim()]`.

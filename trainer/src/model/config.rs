@@ -1,4 +1,4 @@
-//! [`DlrmConfig`]: the sizes of the dense model.
+//! [`DlrmConfig`]: the sizes of the dense model, and [`InteractionConfig`]: how the features interact.
 
 use serde::{Deserialize, Serialize};
 
@@ -13,14 +13,42 @@ pub struct DlrmConfig {
     pub num_dense: usize,
     /// Number of sparse (categorical) features, one embedding vector each. Default 26.
     pub num_sparse: usize,
-    /// Embedding dimension `d`. Default 16.
+    /// Embedding dimension `d`: the bottom MLP's last size and, with the dot interaction, every feature's
+    /// dimension. Default 16.
     pub emb_dim: usize,
+    /// Per sparse feature, the dimension of its pooled embedding; empty (the default) means `emb_dim` for
+    /// every feature. A sample's pooled embeddings are laid out feature after feature
+    /// ([`emb_offset`](Self::emb_offset)), [`emb_width`](Self::emb_width) values in all.
+    #[serde(default)]
+    pub feature_dims: Vec<usize>,
     /// Output size of each bottom-MLP layer; every layer has a ReLU and the last size must equal
     /// `emb_dim`. Default `[512, 256, 64, 16]`.
     pub bottom: Vec<usize>,
     /// Output size of each top-MLP layer; hidden layers have a ReLU, the last has none and must have
     /// size 1 (the logit). Default `[512, 256, 1]`.
     pub top: Vec<usize>,
+    /// The interaction between the bottom-MLP output and the embeddings. Default [`InteractionConfig::Dot`].
+    #[serde(default)]
+    pub interaction: InteractionConfig,
+}
+
+/// How the bottom-MLP output `z` and the pooled embeddings `e_1..e_F` interact before the top MLP
+/// (docs/model-spec.md, "Interaction").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(tag = "kind", rename_all = "lowercase", deny_unknown_fields)]
+pub enum InteractionConfig {
+    /// DLRM's pairwise dot products: output `[z, e_i . e_j for i > j]` (every feature's dimension must equal
+    /// `emb_dim`; see [`Interaction`](super::Interaction)).
+    #[default]
+    Dot,
+    /// DCNv2 low-rank cross layers (TorchRec's `LowRankCrossNet`) over `x0 = [z, e_1, ..., e_F]`; see
+    /// [`CrossNet`](super::CrossNet).
+    Dcn {
+        /// Number of cross layers, at least 1.
+        layers: usize,
+        /// Rank of each layer's `U V` factorization, at least 1.
+        rank: usize,
+    },
 }
 
 impl Default for DlrmConfig {
@@ -31,6 +59,8 @@ impl Default for DlrmConfig {
             emb_dim: 16,
             bottom: vec![512, 256, 64, 16],
             top: vec![512, 256, 1],
+            feature_dims: Vec::new(),
+            interaction: InteractionConfig::Dot,
         }
     }
 }
@@ -73,7 +103,61 @@ impl DlrmConfig {
                 format!("last layer size {} must be 1", self.top[self.top.len() - 1]),
             );
         }
+        let dims = &self.feature_dims;
+        if !dims.is_empty() && dims.len() != self.num_sparse {
+            return bad(
+                "feature_dims",
+                format!(
+                    "{} entries, expected num_sparse {} (or none for emb_dim everywhere)",
+                    dims.len(),
+                    self.num_sparse
+                ),
+            );
+        }
+        if let Some(f) = dims.iter().position(|&d| d == 0) {
+            return bad("feature_dims", format!("feature {f}: dim 0, must be at least 1"));
+        }
+        match self.interaction {
+            InteractionConfig::Dot => {
+                let d = self.emb_dim;
+                if let Some(f) = (0..self.num_sparse).find(|&f| self.feature_dim(f) != d) {
+                    return bad(
+                        "interaction",
+                        format!(
+                            "dot needs every feature's dim to equal emb_dim {d}: feature {f} has dim {}",
+                            self.feature_dim(f)
+                        ),
+                    );
+                }
+            }
+            InteractionConfig::Dcn { layers, rank } => {
+                if layers == 0 {
+                    return bad("interaction", "dcn layers 0: must be at least 1".into());
+                }
+                if rank == 0 {
+                    return bad("interaction", "dcn rank 0: must be at least 1".into());
+                }
+            }
+        }
         Ok(())
+    }
+
+    /// Dimension of sparse feature `f`'s pooled embedding: `feature_dims[f]`, or `emb_dim` when
+    /// `feature_dims` is empty.
+    pub fn feature_dim(&self, f: usize) -> usize {
+        self.feature_dims.get(f).copied().unwrap_or(self.emb_dim)
+    }
+
+    /// Width of one sample's pooled embeddings, the sum of the feature dimensions (`num_sparse x emb_dim`
+    /// with uniform dimensions): the row width of the model's `emb` input.
+    pub fn emb_width(&self) -> usize {
+        (0..self.num_sparse).map(|f| self.feature_dim(f)).sum()
+    }
+
+    /// Where feature `f` starts within a sample's row of pooled embeddings (`f x emb_dim` with uniform
+    /// dimensions).
+    pub fn emb_offset(&self, f: usize) -> usize {
+        (0..f).map(|f| self.feature_dim(f)).sum()
     }
 
     /// Number of vectors the interaction sees: the bottom-MLP output plus one per sparse feature.
@@ -87,9 +171,13 @@ impl DlrmConfig {
         n * (n - 1) / 2
     }
 
-    /// Width of the interaction output, the top MLP's input: `emb_dim + num_pairs` (367 by default).
+    /// Width of the interaction output, the top MLP's input: with dot, `emb_dim + num_pairs` (367 by
+    /// default); with dcn, `emb_dim + emb_width` (the cross layers keep `x0`'s width).
     pub fn interaction_dim(&self) -> usize {
-        self.emb_dim + self.num_pairs()
+        match self.interaction {
+            InteractionConfig::Dot => self.emb_dim + self.num_pairs(),
+            InteractionConfig::Dcn { .. } => self.emb_dim + self.emb_width(),
+        }
     }
 
     /// `(in, out)` of every bottom-MLP layer.
@@ -104,8 +192,10 @@ impl DlrmConfig {
 
     /// Floating-point operations of one sample's forward plus backward pass, counting multiply-adds as two:
     /// per layer `2 in out` forward and for the weight gradient, plus `2 in out` for the input gradient
-    /// (except the first bottom layer, whose input needs none); per interaction pair `2 d` forward and
-    /// `4 d` backward. Element-wise work (bias, ReLU, loss, optimizer) is not counted.
+    /// (except the first bottom layer, whose input needs none); with dot, per interaction pair `2 d` forward
+    /// and `4 d` backward; with dcn, per cross layer its two products `V` (`[rank x D]`) and `U`
+    /// (`[D x rank]`) like layers (both need the input gradient). Element-wise work (bias, ReLU, the cross
+    /// layers' products with `x0`, loss, optimizer) is not counted.
     pub fn flops_per_sample(&self) -> f64 {
         let mut flops = 0.0;
         for (i, (fan_in, fan_out)) in self.bottom_layers().into_iter().enumerate() {
@@ -115,7 +205,13 @@ impl DlrmConfig {
         for (fan_in, fan_out) in self.top_layers() {
             flops += 3.0 * 2.0 * (fan_in * fan_out) as f64;
         }
-        flops + 6.0 * (self.num_pairs() * self.emb_dim) as f64
+        match self.interaction {
+            InteractionConfig::Dot => flops + 6.0 * (self.num_pairs() * self.emb_dim) as f64,
+            InteractionConfig::Dcn { layers, rank } => {
+                let d = self.interaction_dim();
+                flops + (layers * 2) as f64 * 3.0 * 2.0 * (d * rank) as f64
+            }
+        }
     }
 }
 

@@ -1,10 +1,12 @@
-//! [`Dlrm`]: the whole dense model — bottom MLP, dot interaction, top MLP, sigmoid + BCE — and its optimizer.
+//! [`Dlrm`]: the whole dense model — bottom MLP, interaction (dot or DCNv2 cross layers), top MLP, sigmoid +
+//! BCE — and its optimizer.
 
 use rayon::prelude::*;
 
 use super::chunk::{self, ChunkBuffers, Net};
 use super::config::DlrmConfig;
-use super::interaction::Interaction;
+use super::cross::CrossNet;
+use super::interaction_layer::InteractionLayer;
 use super::linear::Linear;
 use super::loss::sigmoid;
 use super::mlp::Mlp;
@@ -14,8 +16,10 @@ use super::{check_len, ensure_len, ModelError, Precision};
 
 /// The DLRM dense model with its optimizer state and all step buffers.
 ///
-/// Inputs per batch: `dense` `[batch x num_dense]` (already `ln(1 + x)`), `emb` `[batch x num_sparse x
-/// emb_dim]` (the gathered embedding rows), and for training `labels` `[batch]` in `[0, 1]`. Every buffer
+/// Inputs per batch: `dense` `[batch x num_dense]` (already `ln(1 + x)`), `emb` `[batch x emb_width]` (the
+/// pooled embeddings: feature `f` of sample `i` at `i * emb_width + emb_offset(f)`, see
+/// [`DlrmConfig::emb_offset`]; with uniform dimensions `[batch x num_sparse x emb_dim]`), and for training
+/// `labels` `[batch]` in `[0, 1]`. Every buffer
 /// grows to the largest batch seen and is reused, so steady-state steps do not allocate. The batch is cut
 /// into chunks of rows that run in parallel on the current rayon pool, each through the whole network
 /// (see `chunk`); results do not depend on the pool size.
@@ -24,7 +28,8 @@ pub struct Dlrm {
     cfg: DlrmConfig,
     bottom: Mlp,
     top: Mlp,
-    interaction: Interaction,
+    /// Dot products or cross layers (whose parameters sit between the bottom and the top MLP's).
+    interaction: InteractionLayer,
     opt: OptimizerState,
     /// Per chunk of rows: activations and gradients (see `chunk`).
     chunks: Vec<ChunkBuffers>,
@@ -53,21 +58,20 @@ impl Dlrm {
     }
 
     /// A model with deterministic initial weights drawn from `seed` (see [`Linear`](super::Linear)): bottom
-    /// layers first, then top layers, weight before bias.
+    /// layers first, then the cross layers if any (see [`CrossNet`]), then top layers, weight before bias.
     pub fn new(cfg: DlrmConfig, opt: DenseOptimizer, seed: u64) -> Result<Self, ModelError> {
         cfg.validate()?;
         opt.validate()?;
         let mut rng = Rng::new(seed);
         let bottom = Mlp::init(cfg.num_dense, &cfg.bottom, true, &mut rng);
+        let interaction = InteractionLayer::new(&cfg, &mut rng);
         let top = Mlp::init(cfg.interaction_dim(), &cfg.top, false, &mut rng);
-        let sizes: Vec<usize> = bottom
-            .layers()
-            .iter()
-            .chain(top.layers())
-            .flat_map(|l| [l.weight().len(), l.bias().len()])
+        let sizes: Vec<usize> = all_layers(&bottom, &interaction, &top)
+            .flat_map(Linear::params)
+            .map(<[f32]>::len)
             .collect();
         Ok(Self {
-            interaction: Interaction::new(cfg.num_sparse, cfg.emb_dim),
+            interaction,
             opt: OptimizerState::new(opt, &sizes),
             cfg,
             bottom,
@@ -90,7 +94,7 @@ impl Dlrm {
         }
         self.precision = precision;
         if precision == Precision::F32 {
-            for layer in layers_mut(&mut self.bottom, &mut self.top) {
+            for layer in layers_mut(&mut self.bottom, &mut self.interaction, &mut self.top) {
                 layer.unpack();
             }
         }
@@ -106,8 +110,9 @@ impl Dlrm {
     /// checkpoint or the parameter servers may have changed them).
     fn prepare(&mut self) {
         if self.precision == Precision::Bf16 {
+            let cross = self.interaction.layers_mut().par_iter_mut();
             let top = self.top.layers_mut().par_iter_mut();
-            let layers = self.bottom.layers_mut().par_iter_mut().chain(top);
+            let layers = self.bottom.layers_mut().par_iter_mut().chain(cross).chain(top);
             layers
                 .filter(|l| l.suits_bf16())
                 .for_each(|l| l.pack_bf16());
@@ -135,6 +140,14 @@ impl Dlrm {
         &self.top
     }
 
+    /// The cross layers, with the dcn interaction.
+    pub fn cross(&self) -> Option<&CrossNet> {
+        match &self.interaction {
+            InteractionLayer::Cross(cross) => Some(cross),
+            InteractionLayer::Dot(_) => None,
+        }
+    }
+
     /// Optimizer steps taken.
     pub fn steps(&self) -> u64 {
         self.opt.step()
@@ -142,17 +155,18 @@ impl Dlrm {
 
     /// Number of dense parameters.
     pub fn num_params(&self) -> usize {
-        self.bottom.num_params() + self.top.num_params()
+        self.layers().flat_map(Linear::params).map(<[f32]>::len).sum()
     }
 
-    /// Every parameter tensor: per layer, bottom then top, the weight (`[out x in]`) then the bias.
+    /// Every parameter tensor: per layer, bottom, then the cross layers (per cross layer `V_l`'s weight, then
+    /// `U_l`'s weight and bias), then top, the weight (`[out x in]`) then the bias.
     pub fn params(&self) -> Vec<&[f32]> {
-        self.bottom
-            .layers()
-            .iter()
-            .chain(self.top.layers())
-            .flat_map(|l| [l.weight(), l.bias()])
-            .collect()
+        self.layers().flat_map(Linear::params).collect()
+    }
+
+    /// Every layer holding parameters: bottom, cross, top.
+    fn layers(&self) -> impl Iterator<Item = &Linear> {
+        all_layers(&self.bottom, &self.interaction, &self.top)
     }
 
     /// Replaces every parameter tensor, in the order of [`params`](Self::params) (restoring a checkpoint).
@@ -169,7 +183,7 @@ impl Dlrm {
                 });
             }
         }
-        let layers = layers_mut(&mut self.bottom, &mut self.top);
+        let layers = layers_mut(&mut self.bottom, &mut self.interaction, &mut self.top);
         let dsts = layers.flat_map(|l| l.params_and_grads().map(|(p, _)| p));
         for (dst, src) in dsts.zip(params) {
             dst.copy_from_slice(src);
@@ -216,11 +230,11 @@ impl Dlrm {
         let (n, rows) = chunk::split(batch, self.chunk_rows);
         self.grow_chunks(n);
         let parallel = n < rayon::current_num_threads();
-        let (nd, ne) = (self.cfg.num_dense, self.cfg.num_sparse * self.cfg.emb_dim);
+        let (nd, ne) = (self.cfg.num_dense, self.cfg.emb_width());
         let net = Net {
             bottom: self.bottom.layers(),
             top: self.top.layers(),
-            interaction: self.interaction,
+            interaction: &self.interaction,
         };
         self.chunks[..n]
             .par_iter_mut()
@@ -243,7 +257,7 @@ impl Dlrm {
     }
 
     /// Forward, backward and one optimizer step on the dense parameters. Writes `d (mean BCE) / d emb` into
-    /// `emb_grad` (`[batch x num_sparse x emb_dim]`, overwritten) and returns the mean loss before the step.
+    /// `emb_grad` (`[batch x emb_width]` like `emb`, overwritten) and returns the mean loss before the step.
     pub fn train_step(
         &mut self,
         batch: usize,
@@ -256,8 +270,8 @@ impl Dlrm {
         // Sum the chunks' gradient parts and step, block by block in one pass.
         self.opt.begin_step();
         let chunks = &self.chunks[..n];
-        for (slot, (base, param, grad)) in flat_params(&mut self.bottom, &mut self.top).enumerate()
-        {
+        let params = flat_params(&mut self.bottom, &mut self.interaction, &mut self.top);
+        for (slot, (base, param, grad)) in params.enumerate() {
             self.opt.update_with(slot, param, grad, |at, g| {
                 chunk::sum_into(g, chunks, base + at)
             });
@@ -301,14 +315,14 @@ impl Dlrm {
         self.grow_chunks(n);
         ensure_len(&mut self.probs, batch);
         let parallel = n < rayon::current_num_threads();
-        let (nd, ne) = (self.cfg.num_dense, self.cfg.num_sparse * self.cfg.emb_dim);
+        let (nd, ne) = (self.cfg.num_dense, self.cfg.emb_width());
         // Gradients of the loss summed over the batch and divided by the nominal batch size, so that a short
         // last batch takes a proportionally shorter step (`set_batch_divisor`).
         let scale = 1.0 / self.grad_divisor(batch) as f32;
         let net = Net {
             bottom: self.bottom.layers(),
             top: self.top.layers(),
-            interaction: self.interaction,
+            interaction: &self.interaction,
         };
         // With no sparse features `emb_grad` is empty and has no chunks: give every chunk an empty slice.
         let emb_grads = emb_grad
@@ -341,7 +355,7 @@ impl Dlrm {
     /// One optimizer step with the gradients of the last [`forward_backward`](Self::forward_backward).
     pub fn apply_gradients(&mut self) {
         self.opt.begin_step();
-        let layers = layers_mut(&mut self.bottom, &mut self.top);
+        let layers = layers_mut(&mut self.bottom, &mut self.interaction, &mut self.top);
         for (slot, (param, grad)) in layers.flat_map(|l| l.params_and_grads()).enumerate() {
             self.opt.update(slot, param, grad);
         }
@@ -349,19 +363,15 @@ impl Dlrm {
 
     /// The gradients of the last backward pass, in the order of [`params`](Self::params).
     pub fn grads(&self) -> Vec<&[f32]> {
-        self.bottom
-            .layers()
-            .iter()
-            .chain(self.top.layers())
-            .flat_map(|l| [l.weight_grad(), l.bias_grad()])
-            .collect()
+        self.layers().flat_map(Linear::grads).collect()
     }
 
     /// Adds `delta` to the output logit of every sample (the bias of the top MLP's last layer).
     pub fn shift_output_bias(&mut self, delta: f32) {
         if let Some(last) = self.top.layers_mut().last_mut() {
-            let [_, (bias, _)] = last.params_and_grads_mut();
-            bias.iter_mut().for_each(|b| *b += delta);
+            if let Some((bias, _)) = last.params_and_grads_mut().nth(1) {
+                bias.iter_mut().for_each(|b| *b += delta);
+            }
         }
     }
 
@@ -371,7 +381,7 @@ impl Dlrm {
     pub fn set_grads(&mut self, flat: &[f32]) -> Result<(), ModelError> {
         check_len("dense gradients", flat.len(), self.num_params())?;
         let mut at = 0;
-        for layer in layers_mut(&mut self.bottom, &mut self.top) {
+        for layer in layers_mut(&mut self.bottom, &mut self.interaction, &mut self.top) {
             for (_, grad) in layer.params_and_grads_mut() {
                 grad.copy_from_slice(&flat[at..at + grad.len()]);
                 at += grad.len();
@@ -387,7 +397,7 @@ impl Dlrm {
         check_len("dense gradients", flat.len(), self.num_params())?;
         self.opt.begin_step();
         let mut at = 0;
-        let layers = layers_mut(&mut self.bottom, &mut self.top);
+        let layers = layers_mut(&mut self.bottom, &mut self.interaction, &mut self.top);
         for (slot, (param, grad)) in layers.flat_map(|l| l.params_and_grads_mut()).enumerate() {
             let src = &flat[at..at + param.len()];
             at += param.len();
@@ -412,11 +422,7 @@ impl Dlrm {
 
     fn check_inputs(&self, batch: usize, dense: &[f32], emb: &[f32]) -> Result<(), ModelError> {
         check_len("dense", dense.len(), batch * self.cfg.num_dense)?;
-        check_len(
-            "emb",
-            emb.len(),
-            batch * self.cfg.num_sparse * self.cfg.emb_dim,
-        )
+        check_len("emb", emb.len(), batch * self.cfg.emb_width())
     }
 
     /// At least `n` chunk buffers.
@@ -429,27 +435,46 @@ impl Dlrm {
     /// Sets every layer's gradients to the sum of the first `n` chunks' parts, in chunk order.
     fn reduce_grads(&mut self, n: usize) {
         let chunks = &self.chunks[..n];
-        for (base, _, grad) in flat_params(&mut self.bottom, &mut self.top) {
+        for (base, _, grad) in flat_params(&mut self.bottom, &mut self.interaction, &mut self.top) {
             chunk::sum_parts(grad, chunks, base);
         }
     }
 }
 
-/// Every layer, bottom then top.
-fn layers_mut<'a>(bottom: &'a mut Mlp, top: &'a mut Mlp) -> impl Iterator<Item = &'a mut Linear> {
+/// Every layer holding parameters: bottom, cross (if any), top.
+fn all_layers<'a>(
+    bottom: &'a Mlp,
+    interaction: &'a InteractionLayer,
+    top: &'a Mlp,
+) -> impl Iterator<Item = &'a Linear> {
+    bottom
+        .layers()
+        .iter()
+        .chain(interaction.layers())
+        .chain(top.layers())
+}
+
+/// Every layer holding parameters, writable: bottom, cross (if any), top.
+fn layers_mut<'a>(
+    bottom: &'a mut Mlp,
+    interaction: &'a mut InteractionLayer,
+    top: &'a mut Mlp,
+) -> impl Iterator<Item = &'a mut Linear> {
     bottom
         .layers_mut()
         .iter_mut()
+        .chain(interaction.layers_mut().iter_mut())
         .chain(top.layers_mut().iter_mut())
 }
 
-/// Every dense parameter tensor with its gradient, bottom then top layers, weight then bias, each with its
-/// offset in the chunks' flat gradient parts.
+/// Every dense parameter tensor with its gradient, in [`Dlrm::params`] order, each with its offset in the
+/// chunks' flat gradient parts.
 fn flat_params<'a>(
     bottom: &'a mut Mlp,
+    interaction: &'a mut InteractionLayer,
     top: &'a mut Mlp,
 ) -> impl Iterator<Item = (usize, &'a mut [f32], &'a mut [f32])> {
-    layers_mut(bottom, top)
+    layers_mut(bottom, interaction, top)
         .flat_map(|l| l.params_and_grads_mut())
         .scan(0, |offset, (param, grad)| {
             let base = *offset;

@@ -13,7 +13,8 @@ const PARALLEL_MIN_ELEMS: usize = 1 << 16;
 /// Rows per partial sum of the parallel bias-gradient reduction.
 const REDUCE_ROWS: usize = 128;
 
-/// A fully connected layer `y = x Wᵀ + b`, optionally followed by a ReLU.
+/// A fully connected layer `y = x Wᵀ + b`, optionally followed by a ReLU; or `y = x Wᵀ` for a layer without
+/// bias ([`without_bias`](Self::without_bias): its bias is empty and is not a parameter).
 ///
 /// The weight is `[out x in]` row-major (PyTorch's `nn.Linear` layout). The layer owns its parameters and
 /// their gradients; activations live with the caller ([`Mlp`](super::Mlp)). Call order: [`forward`](Self::forward),
@@ -53,6 +54,25 @@ impl Linear {
         rng.fill_normal(&mut weight, (2.0 / (in_dim + out_dim) as f64).sqrt());
         rng.fill_normal(&mut bias, (1.0 / out_dim as f64).sqrt());
         Self::with_params(in_dim, out_dim, relu, weight, bias)
+    }
+
+    /// A layer without bias (and without ReLU), its weight drawn like [`init`](Self::init)'s.
+    pub(crate) fn init_without_bias(in_dim: usize, out_dim: usize, rng: &mut Rng) -> Self {
+        let mut weight = vec![0.0; out_dim * in_dim];
+        rng.fill_normal(&mut weight, (2.0 / (in_dim + out_dim) as f64).sqrt());
+        Self::without_bias(in_dim, out_dim, weight)
+    }
+
+    /// A layer `y = x Wᵀ` with the given weight `[out x in]`, no bias and no ReLU: [`bias`](Self::bias) is
+    /// empty, and [`params`](Self::params) yields the weight alone.
+    ///
+    /// # Panics
+    /// If the weight's length does not match the sizes.
+    pub fn without_bias(in_dim: usize, out_dim: usize, weight: Vec<f32>) -> Self {
+        let mut layer = Self::with_params(in_dim, out_dim, false, weight, vec![0.0; out_dim]);
+        layer.bias = Vec::new();
+        layer.bias_grad = Vec::new();
+        layer
     }
 
     /// A layer with the given weight `[out x in]` and bias `[out]`.
@@ -126,9 +146,33 @@ impl Linear {
         &self.weight
     }
 
-    /// The bias, `[out]`.
+    /// The bias, `[out]` (empty for a layer [`without_bias`](Self::without_bias)).
     pub fn bias(&self) -> &[f32] {
         &self.bias
+    }
+
+    /// Whether the layer has a bias.
+    pub fn has_bias(&self) -> bool {
+        !self.bias.is_empty()
+    }
+
+    /// Number of parameter tensors: 2 (weight, bias), or 1 without bias.
+    fn num_tensors(&self) -> usize {
+        1 + self.has_bias() as usize
+    }
+
+    /// The parameter tensors: the weight, then the bias if the layer has one.
+    pub fn params(&self) -> impl Iterator<Item = &[f32]> {
+        [&self.weight[..], &self.bias[..]]
+            .into_iter()
+            .take(self.num_tensors())
+    }
+
+    /// The gradients of the last backward pass, in the order of [`params`](Self::params).
+    pub fn grads(&self) -> impl Iterator<Item = &[f32]> {
+        [&self.weight_grad[..], &self.bias_grad[..]]
+            .into_iter()
+            .take(self.num_tensors())
     }
 
     /// Gradient of the weight from the last [`backward`](Self::backward).
@@ -141,12 +185,15 @@ impl Linear {
         &self.bias_grad
     }
 
-    /// Parameters with their gradients, weight first: what an optimizer updates.
-    pub(crate) fn params_and_grads(&mut self) -> [(&mut [f32], &[f32]); 2] {
+    /// Parameters with their gradients, weight first (then the bias, if any): what an optimizer updates.
+    pub(crate) fn params_and_grads(&mut self) -> impl Iterator<Item = (&mut [f32], &[f32])> {
+        let n = self.num_tensors();
         [
-            (&mut self.weight, &self.weight_grad),
-            (&mut self.bias, &self.bias_grad),
+            (&mut self.weight[..], &self.weight_grad[..]),
+            (&mut self.bias[..], &self.bias_grad[..]),
         ]
+        .into_iter()
+        .take(n)
     }
 
     /// `y[batch x out] = act(x[batch x in] Wᵀ + b)`.
@@ -275,19 +322,25 @@ impl Linear {
         }
     }
 
-    /// Parameters with their gradients, both writable (for an update that computes the gradient on the fly).
-    pub(crate) fn params_and_grads_mut(&mut self) -> [(&mut [f32], &mut [f32]); 2] {
+    /// Parameters with their gradients, both writable (for an update that computes the gradient on the fly),
+    /// in the order of [`params`](Self::params).
+    pub(crate) fn params_and_grads_mut(
+        &mut self,
+    ) -> impl Iterator<Item = (&mut [f32], &mut [f32])> {
+        let n = self.num_tensors();
         [
-            (&mut self.weight, &mut self.weight_grad),
-            (&mut self.bias, &mut self.bias_grad),
+            (&mut self.weight[..], &mut self.weight_grad[..]),
+            (&mut self.bias[..], &mut self.bias_grad[..]),
         ]
+        .into_iter()
+        .take(n)
     }
 
     /// Zeroes `dy` where the ReLU was inactive (`y <= 0`) and sums `dy` over the batch into the bias
     /// gradient, in one pass.
     fn mask_and_bias_grad(&mut self, batch: usize, y: &[f32], dy: &mut [f32]) {
         let (n_out, relu) = (self.out_dim, self.relu);
-        if dy.len() < PARALLEL_MIN_ELEMS {
+        if dy.len() < PARALLEL_MIN_ELEMS || !self.has_bias() {
             mask_sum_rows(y, dy, &mut self.bias_grad, relu);
             return;
         }
@@ -350,8 +403,15 @@ fn products_backward(
 }
 
 multiversion! {
-    /// `y = act(y + bias)` for every row of `y` (rows of `bias.len()`).
+    /// `y = act(y + bias)` for every row of `y` (rows of `bias.len()`); with an empty `bias` (a layer
+    /// without bias), `y = act(y)`.
     fn bias_act_rows(y: &mut [f32], bias: &[f32], relu: bool) {
+        if bias.is_empty() {
+            if relu {
+                y.iter_mut().for_each(|v| *v = v.max(0.0));
+            }
+            return;
+        }
         for row in y.chunks_exact_mut(bias.len()) {
             if relu {
                 for (v, &b) in row.iter_mut().zip(bias) {
@@ -367,8 +427,17 @@ multiversion! {
 }
 
 multiversion! {
-    /// With `relu`, zeroes `dy` where `y <= 0`; then `sum = Σ_rows dy` (rows of `sum.len()`).
+    /// With `relu`, zeroes `dy` where `y <= 0`; then `sum = Σ_rows dy` (rows of `sum.len()`; nothing to sum
+    /// when `sum` is empty, a layer without bias).
     fn mask_sum_rows(y: &[f32], dy: &mut [f32], sum: &mut [f32], relu: bool) {
+        if sum.is_empty() {
+            if relu {
+                for (d, &v) in dy.iter_mut().zip(y) {
+                    *d = if v > 0.0 { *d } else { 0.0 };
+                }
+            }
+            return;
+        }
         let n = sum.len();
         sum.fill(0.0);
         for (yr, dr) in y.chunks_exact(n).zip(dy.chunks_exact_mut(n)) {

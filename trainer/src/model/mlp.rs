@@ -179,16 +179,16 @@ mod tests {
         for layer in 0..3 {
             let gw = mlp.layers[layer].weight_grad().to_vec();
             check_grad("weight", &gw, 1e-3, rel, abs, |i, d| {
-                mlp.layers[layer].params_and_grads()[0].0[i] += d;
+                mlp.layers[layer].params_and_grads().next().unwrap().0[i] += d;
                 let l = loss(&mut mlp, &x);
-                mlp.layers[layer].params_and_grads()[0].0[i] -= d;
+                mlp.layers[layer].params_and_grads().next().unwrap().0[i] -= d;
                 l
             });
             let gb = mlp.layers[layer].bias_grad().to_vec();
             check_grad("bias", &gb, 1e-3, rel, abs, |i, d| {
-                mlp.layers[layer].params_and_grads()[1].0[i] += d;
+                mlp.layers[layer].params_and_grads().nth(1).unwrap().0[i] += d;
                 let l = loss(&mut mlp, &x);
-                mlp.layers[layer].params_and_grads()[1].0[i] -= d;
+                mlp.layers[layer].params_and_grads().nth(1).unwrap().0[i] -= d;
                 l
             });
         }

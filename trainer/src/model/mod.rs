@@ -1,8 +1,9 @@
-//! The DLRM dense model on CPU: bottom MLP, pairwise dot interaction, top MLP, sigmoid + binary
-//! cross-entropy, and the dense optimizers — forward and exact backward.
+//! The DLRM dense model on CPU: bottom MLP, interaction (pairwise dot products or DCNv2 cross layers), top
+//! MLP, sigmoid + binary cross-entropy, and the dense optimizers — forward and exact backward.
 //!
-//! What it is not: it does not own embedding tables. The caller gathers the rows a batch needs into
-//! `[batch x num_sparse x emb_dim]`, and gets back `d loss / d rows` in the same layout to sum per
+//! What it is not: it does not own embedding tables. The caller gathers and pools the rows a batch needs
+//! into `[batch x emb_width]` (per sample, feature after feature, each of its own dimension;
+//! [`DlrmConfig::emb_offset`]), and gets back `d loss / d rows` in the same layout to sum per
 //! unique id and push to the parameter servers (DESIGN.md, "One training step", step 4).
 //!
 //! # Layout
@@ -12,6 +13,8 @@
 //! - [`mlp`]: [`Mlp`], a stack of [`Linear`] layers with their activation buffers.
 //! - [`linear`]: [`Linear`], one fully connected layer with fused bias + ReLU.
 //! - [`interaction`]: [`Interaction`], DLRM's pairwise dot interaction.
+//! - [`cross`]: [`CrossNet`], DCNv2's low-rank cross layers (the `dcn` interaction).
+//! - `interaction_layer`: one or the other, behind one interface for the chunked step.
 //! - [`loss`]: numerically stable sigmoid + binary cross-entropy on logits.
 //! - [`optim`]: [`DenseOptimizer`] (SGD, Adagrad, Adam) and its state.
 //! - `bf16`: bf16 matrix products ([`Precision::Bf16`]) on AMX tiles or with AVX512-BF16 ([`Bf16Kernel`]);
@@ -33,8 +36,10 @@ mod aligned;
 mod bf16;
 mod chunk;
 pub mod config;
+pub mod cross;
 pub mod dlrm;
 pub mod interaction;
+mod interaction_layer;
 pub mod linear;
 pub mod loss;
 mod matmul;
@@ -44,7 +49,8 @@ mod rng;
 mod simd;
 
 pub use bf16::{Kernel as Bf16Kernel, DISABLE_BF16_ENV, DISABLE_ENV as AMX_DISABLE_ENV};
-pub use config::DlrmConfig;
+pub use config::{DlrmConfig, InteractionConfig};
+pub use cross::CrossNet;
 pub use dlrm::Dlrm;
 pub use interaction::Interaction;
 pub use linear::Linear;

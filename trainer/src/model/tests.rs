@@ -11,6 +11,7 @@ fn small_cfg() -> DlrmConfig {
         emb_dim: 4,
         bottom: vec![6, 4],
         top: vec![7, 5, 1],
+        ..DlrmConfig::default()
     }
 }
 
@@ -103,6 +104,7 @@ fn bf16_cfg() -> DlrmConfig {
         emb_dim: 16,
         bottom: vec![48, 16],
         top: vec![40, 24, 1],
+        ..DlrmConfig::default()
     }
 }
 
