@@ -36,6 +36,19 @@ def one_per_column(n, extra=""):
     return [f'column = "C{i + 1}"\ntable = "C{i + 1}"\n{extra}' for i in range(n)]
 
 
+def run_main(args):
+    """dlrm_reference.py's main() in this process (a subprocess would spend seconds importing torch)."""
+    import dlrm_reference
+
+    argv, threads = sys.argv, torch.get_num_threads()
+    sys.argv = ["dlrm_reference.py"] + [str(a) for a in args]
+    try:
+        dlrm_reference.main()
+    finally:
+        sys.argv = argv
+        torch.set_num_threads(threads)
+
+
 # ---- specs ----
 
 
@@ -319,25 +332,41 @@ def test_training_steps_lower_the_loss(tmp_path):
 @pytest.mark.parametrize("bf16", [False, True])
 def test_command_line_trains_a_spec(tmp_path, bf16):
     train, test, out = tmp_path / "train.tsv", tmp_path / "test.tsv", tmp_path / "out.json"
-    multihot_data.write(train, MLPERF_TOKENS, 600, seed=1)
-    multihot_data.write(test, MLPERF_TOKENS, 200, seed=2)
-    args = [sys.executable, str(BENCH / "dlrm_reference.py"), "--train", str(train), "--test", str(test),
-            "--model-spec", "dlrm-v2-small", "--batch-size", "128", "--threads", "1", "--json", str(out)]
-    subprocess.run(args + (["--bf16"] if bf16 else []), check=True, capture_output=True, timeout=120)
+    multihot_data.write(train, MLPERF_TOKENS, 300, seed=1)
+    multihot_data.write(test, MLPERF_TOKENS, 100, seed=2)
+    run_main(["--train", train, "--test", test, "--model-spec", "dlrm-v2-small", "--batch-size", "128", "--threads",
+              "1", "--json", out] + (["--bf16"] if bf16 else []))
     s = json.loads(out.read_text())
-    assert s["model_spec"] == "dlrm-v2-small" and s["interaction"] == "dcn" and s["samples"] == 600
-    assert s["optimizer"] == "adagrad" and s["dense_optimizer"] == "adagrad" and s["test_samples"] == 200
+    assert s["model_spec"] == "dlrm-v2-small" and s["interaction"] == "dcn" and s["samples"] == 300
+    assert s["optimizer"] == "adagrad" and s["dense_optimizer"] == "adagrad" and s["test_samples"] == 100
     assert s["precision"] == ("bf16 autocast" if bf16 else "f32")
     assert math.isfinite(s["logloss"]) and 0 <= s["auc"] <= 1 and s["tokens_truncated"]["C21"] > 0
 
 
-def test_command_line_refuses_a_bad_spec(tmp_path):
+def test_command_line_refuses_a_bad_spec(tmp_path, capsys):
     bad = tmp_path / "bad.toml"
     bad.write_text(spec_text(one_per_column(3) + ['column = "C4"\ntable = "C4"\ndim = 0']))
+    with pytest.raises(SystemExit) as e:
+        run_main(["--train", os.devnull, "--test", os.devnull, "--model-spec", bad])
+    assert "feature[3] (C4).dim: must be at least 1" in str(e.value.code)
+    with pytest.raises(SystemExit) as e:
+        run_main(["--train", os.devnull, "--test", os.devnull, "--model-spec", "dlrm-kaggle", "--optimizer", "sgd"])
+    assert e.value.code == 2 and "--optimizer conflicts with --model-spec" in capsys.readouterr().err
     r = subprocess.run([sys.executable, str(BENCH / "dlrm_reference.py"), "--train", os.devnull, "--test",
                         os.devnull, "--model-spec", str(bad)], capture_output=True, text=True, timeout=60)
-    assert r.returncode != 0 and "feature[3] (C4).dim: must be at least 1" in r.stderr
-    r = subprocess.run([sys.executable, str(BENCH / "dlrm_reference.py"), "--train", os.devnull, "--test",
-                        os.devnull, "--model-spec", "dlrm-kaggle", "--optimizer", "sgd"],
-                       capture_output=True, text=True, timeout=60)
-    assert r.returncode != 0 and "--optimizer conflicts with --model-spec" in r.stderr
+    assert r.returncode == 1 and "feature[3] (C4).dim: must be at least 1" in r.stderr  # the script as run
+
+
+def test_kaggle_spec_reproduces_the_run_without_a_spec(tmp_path):
+    """dlrm-kaggle is today's model: same rows, same initial draws, same updates, so the same numbers."""
+    train, test = tmp_path / "train.tsv", tmp_path / "test.tsv"
+    multihot_data.write(train, [1] * 26, 300, seed=3)
+    multihot_data.write(test, [1] * 26, 100, seed=4)
+    got = []
+    for extra in ([], ["--model-spec", "dlrm-kaggle"]):
+        out = tmp_path / f"out{len(extra)}.json"
+        run_main(["--train", train, "--test", test, "--batch-size", "128", "--threads", "1", "--json", out] + extra)
+        got.append(json.loads(out.read_text()))
+    for k in ("train_loss", "auc", "logloss", "calibration", "optimizer", "dense_optimizer", "samples"):
+        assert got[0][k] == got[1][k], k
+    assert "model_spec" not in got[0] and got[1]["model_spec"] == "dlrm-kaggle"
