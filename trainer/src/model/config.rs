@@ -115,7 +115,10 @@ impl DlrmConfig {
             );
         }
         if let Some(f) = dims.iter().position(|&d| d == 0) {
-            return bad("feature_dims", format!("feature {f}: dim 0, must be at least 1"));
+            return bad(
+                "feature_dims",
+                format!("feature {f}: dim 0, must be at least 1"),
+            );
         }
         match self.interaction {
             InteractionConfig::Dot => {
@@ -438,7 +441,10 @@ mod tests {
         assert_eq!(back, dcn);
         let dot: InteractionConfig = toml::from_str("kind = \"dot\"").unwrap();
         assert_eq!(dot, InteractionConfig::Dot);
-        assert!(toml::from_str::<InteractionConfig>("kind = \"dcn\"\nlayers = 1\nrank = 2\nfoo = 1").is_err());
+        assert!(toml::from_str::<InteractionConfig>(
+            "kind = \"dcn\"\nlayers = 1\nrank = 2\nfoo = 1"
+        )
+        .is_err());
         assert!(toml::from_str::<InteractionConfig>("kind = \"dcn\"\nlayers = 1").is_err());
         assert!(toml::from_str::<InteractionConfig>("kind = \"cross\"").is_err());
     }

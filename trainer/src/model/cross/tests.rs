@@ -46,7 +46,10 @@ fn forward_matches_the_formula() {
         }
         for (j, &want) in x.iter().enumerate() {
             let have = got[i * d + j] as f64;
-            assert!((have - want).abs() < 1e-5 * (1.0 + want.abs()), "row {i} [{j}]: {have} vs {want}");
+            assert!(
+                (have - want).abs() < 1e-5 * (1.0 + want.abs()),
+                "row {i} [{j}]: {have} vs {want}"
+            );
         }
     }
 }
@@ -54,12 +57,20 @@ fn forward_matches_the_formula() {
 #[test]
 fn parameters_in_order_and_counted() {
     let net = small_net(3);
-    let shapes: Vec<usize> = net.layers().iter().flat_map(Linear::params).map(<[f32]>::len).collect();
+    let shapes: Vec<usize> = net
+        .layers()
+        .iter()
+        .flat_map(Linear::params)
+        .map(<[f32]>::len)
+        .collect();
     // Per layer: V [3 x 8], U [8 x 3], b [8].
     assert_eq!(shapes, [24, 24, 8, 24, 24, 8]);
     assert_eq!(net.num_params(), 112);
     assert!(!net.layers()[0].has_bias() && net.layers()[1].has_bias());
-    assert_eq!((net.dim(), net.dense_dim(), net.rank(), net.num_layers()), (8, 3, 3, 2));
+    assert_eq!(
+        (net.dim(), net.dense_dim(), net.rank(), net.num_layers()),
+        (8, 3, 3, 2)
+    );
 }
 
 #[test]
@@ -79,7 +90,16 @@ fn gradients_match_finite_differences() {
     let mut dout = r.clone();
     let (mut dz, mut demb) = (vec![0.0; z.len()], vec![0.0; emb.len()]);
     let mut grads = vec![f32::NAN; net.grads_len()];
-    net.backward_chunk(false, rows, &mut dout, &mut dz, &mut demb, &mut grads, &mut bufs, &mut scratch);
+    net.backward_chunk(
+        false,
+        rows,
+        &mut dout,
+        &mut dz,
+        &mut demb,
+        &mut grads,
+        &mut bufs,
+        &mut scratch,
+    );
 
     let loss = |net: &CrossNet, z: &[f32], emb: &[f32]| dot64(&forward(net, rows, z, emb), &r);
     let (eps, rel, abs) = (1e-2, 1e-2, 1e-3);
@@ -139,17 +159,36 @@ fn bf16_products_are_close_to_f32() {
         let mut dout = r.clone();
         let (mut dz, mut demb) = (vec![0.0; z.len()], vec![0.0; emb.len()]);
         let mut grads = vec![0.0; net.grads_len()];
-        net.backward_chunk(false, rows, &mut dout, &mut dz, &mut demb, &mut grads, &mut bufs, &mut scratch);
+        net.backward_chunk(
+            false,
+            rows,
+            &mut dout,
+            &mut dz,
+            &mut demb,
+            &mut grads,
+            &mut bufs,
+            &mut scratch,
+        );
         [out, dz, demb, grads]
     };
     let want = run(&mut f32_net);
     let got = run(&mut bf16_net);
     // Relative L2 error: bf16 keeps 8 bits of mantissa; a wrong layout gives errors near 100%.
-    for (what, (a, b)) in ["out", "dz", "demb", "grads"].iter().zip(want.iter().zip(&got)) {
-        let num: f64 = a.iter().zip(b).map(|(&x, &y)| ((x - y) as f64).powi(2)).sum();
+    for (what, (a, b)) in ["out", "dz", "demb", "grads"]
+        .iter()
+        .zip(want.iter().zip(&got))
+    {
+        let num: f64 = a
+            .iter()
+            .zip(b)
+            .map(|(&x, &y)| ((x - y) as f64).powi(2))
+            .sum();
         let den: f64 = a.iter().map(|&x| (x as f64).powi(2)).sum();
         let rel = (num / den).sqrt();
         assert!(rel < 0.03, "{what}: relative error {rel}");
-        assert!(a != b, "{what}: bf16 gave exactly the f32 result: the bf16 kernel did not run");
+        assert!(
+            a != b,
+            "{what}: bf16 gave exactly the f32 result: the bf16 kernel did not run"
+        );
     }
 }

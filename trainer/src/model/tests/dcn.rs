@@ -24,7 +24,10 @@ fn bf16_dcn_cfg() -> DlrmConfig {
         feature_dims: vec![16, 16, 8, 24],
         bottom: vec![48, 16],
         top: vec![40, 24, 1],
-        interaction: InteractionConfig::Dcn { layers: 2, rank: 16 },
+        interaction: InteractionConfig::Dcn {
+            layers: 2,
+            rank: 16,
+        },
     }
 }
 
@@ -85,7 +88,11 @@ fn dcn_bf16_gradients_are_close_to_f32() {
     // Relative L2 error per tensor; a wrong layout or a missing product gives errors near 100% (see
     // `tests::bf16_gradients_are_close_to_f32` for why the bound is loose).
     let rel = |a: &[f32], b: &[f32]| {
-        let num: f64 = a.iter().zip(b).map(|(&x, &y)| ((x - y) as f64).powi(2)).sum();
+        let num: f64 = a
+            .iter()
+            .zip(b)
+            .map(|(&x, &y)| ((x - y) as f64).powi(2))
+            .sum();
         let den: f64 = a.iter().map(|&x| (x as f64).powi(2)).sum();
         (num / den.max(1e-30)).sqrt()
     };
@@ -96,7 +103,10 @@ fn dcn_bf16_gradients_are_close_to_f32() {
         differs |= a != b;
     }
     // The cross tensors (after the bottom's 4) must have gone through the bf16 kernel.
-    assert!(g32[4..10] != g16[4..10], "cross gradients identical: no bf16");
+    assert!(
+        g32[4..10] != g16[4..10],
+        "cross gradients identical: no bf16"
+    );
     assert!(differs);
 }
 
@@ -106,7 +116,10 @@ fn dcn_results_do_not_depend_on_the_thread_count() {
         bottom: vec![64, 16],
         top: vec![128, 1],
         feature_dims: (0..26).map(|f| 8 + 4 * (f % 3)).collect(),
-        interaction: InteractionConfig::Dcn { layers: 2, rank: 32 },
+        interaction: InteractionConfig::Dcn {
+            layers: 2,
+            rank: 32,
+        },
         ..DlrmConfig::default()
     };
     thread_count_independent_on(cfg.clone(), Precision::F32);
@@ -138,7 +151,9 @@ fn dcn_parameters_sit_between_bottom_and_top() {
     assert_eq!(model.grads().len(), want.len());
     let cross = model.cross().expect("dcn model has cross layers");
     assert_eq!((cross.dim(), cross.rank(), cross.num_layers()), (15, 3, 2));
-    assert!(Dlrm::tiny(DenseOptimizer::Sgd { lr: 0.1 }, 0).cross().is_none());
+    assert!(Dlrm::tiny(DenseOptimizer::Sgd { lr: 0.1 }, 0)
+        .cross()
+        .is_none());
     // The bottom MLP is drawn first: the same seed gives the same bottom as the dot model's.
     let dot_cfg = DlrmConfig {
         feature_dims: vec![],
@@ -174,7 +189,11 @@ fn dcn_set_params_and_flat_gradients_cover_the_cross_layers() {
         b.apply_flat_gradients(&flat, 0.5).unwrap();
     }
     assert_eq!(a.params(), b.params());
-    assert_ne!(a.params()[4], &params[4][..], "the cross layers were not updated");
+    assert_ne!(
+        a.params()[4],
+        &params[4][..],
+        "the cross layers were not updated"
+    );
 }
 
 #[test]
