@@ -17,6 +17,17 @@
 #   python3 -m venv /var/tmp/torch-venv && /var/tmp/torch-venv/bin/pip install torch numpy
 #   PYTHON=/var/tmp/torch-venv/bin/python bench/pytorch/compare.sh
 set -euo pipefail
+SPEC_ARGS=()
+if [ -n "${MODEL_SPEC:-}" ]; then
+    if [ -n "${OPTIMIZERS:-}" ]; then
+        echo "MODEL_SPEC sets the optimizers (per table and [dense]): leave OPTIMIZERS unset" >&2
+        exit 2
+    fi
+    [ -f "$MODEL_SPEC" ] && MODEL_SPEC=$(realpath "$MODEL_SPEC")  # a path relative to the caller, before the cd
+    SPEC_ARGS=(--model-spec "$MODEL_SPEC")
+    OPTIMIZERS=spec
+fi
+[ -n "${DATA:-}" ] && [ -d "$DATA" ] && DATA=$(realpath "$DATA")
 cd "$(dirname "$0")/../.."
 PY=${PYTHON:-python3}
 if ! "$PY" -c 'import torch, numpy' 2>/dev/null; then
@@ -30,14 +41,18 @@ OUT=${1:-$(mktemp -d /tmp/compare-pytorch.XXXXXX)}
 mkdir -p "$OUT"
 ROWS=${ROWS:-1000000}
 TEST_ROWS=${TEST_ROWS:-100000}
-DATA=data/demo
+if [ -z "${DATA:-}" ]; then
+    DATA=data/demo
+    [ -n "${MODEL_SPEC:-}" ] && DATA="data/demo/spec-$(basename "$MODEL_SPEC" .toml)"
+fi
+mkdir -p "$DATA"
 cargo build --release -q -p trainer -p ps-server -p bench --bins
 B=${CARGO_TARGET_DIR:-target}/release
 TRAIN_TSV="$DATA/train-$ROWS-s1-t7.tsv"
 TEST_TSV="$DATA/test-$TEST_ROWS-s2-t7.tsv"
 if [ ! -f "$TRAIN_TSV" ] || [ ! -f "$TEST_TSV" ]; then
     echo "== generating the data (a one-step demo run)" >&2
-    $B/trainer demo --rows "$ROWS" --test-rows "$TEST_ROWS" --data-dir "$DATA" --max-steps 1 >&2
+    $B/trainer demo --rows "$ROWS" --test-rows "$TEST_ROWS" --data-dir "$DATA" --max-steps 1 "${SPEC_ARGS[@]}" >&2
 fi
 # PyTorch parses the whole training file before its timed loop. To time the same thing, ours trains on the
 # columnar shards of `trainer preprocess` (read memory-mapped; same rows, same order), made once here and not
@@ -46,17 +61,19 @@ TRAIN="$TRAIN_TSV"
 if [ "${OURS_INPUT:-columnar}" != tsv ]; then
     TRAIN="$DATA/train-$ROWS-s1-t7.cols"
     if [ ! -d "$TRAIN" ]; then
-        $B/trainer preprocess --input "$TRAIN_TSV" --out "$TRAIN" >&2
+        $B/trainer preprocess --input "$TRAIN_TSV" --out "$TRAIN" "${SPEC_ARGS[@]}" >&2
     fi
 fi
 REPEAT=${REPEAT:-1}
 for r in $(seq 1 "$REPEAT"); do
     for opt in ${OPTIMIZERS:-sgd adagrad}; do
-        echo "== round $r of $REPEAT: ours, --optimizer $opt" >&2
-        $B/trainer demo --data-dir "$DATA" --train "$TRAIN" --test "$TEST_TSV" --optimizer "$opt" \
+        # with a spec: --model-spec instead of --optimizer (the spec sets each table's optimizer and the dense one)
+        if [ "$opt" = spec ]; then MODEL_ARGS=("${SPEC_ARGS[@]}"); else MODEL_ARGS=(--optimizer "$opt"); fi
+        echo "== round $r of $REPEAT: ours, ${MODEL_ARGS[*]}" >&2
+        $B/trainer demo --data-dir "$DATA" --train "$TRAIN" --test "$TEST_TSV" "${MODEL_ARGS[@]}" \
             --summary-json "$OUT/ours-$opt-$r.json" ${TRAINER_ARGS:-} >&2
-        echo "== round $r of $REPEAT: pytorch, --optimizer $opt" >&2
-        "$PY" bench/pytorch/dlrm_reference.py --train "$TRAIN_TSV" --test "$TEST_TSV" --optimizer "$opt" \
+        echo "== round $r of $REPEAT: pytorch, ${MODEL_ARGS[*]}" >&2
+        "$PY" bench/pytorch/dlrm_reference.py --train "$TRAIN_TSV" --test "$TEST_TSV" "${MODEL_ARGS[@]}" \
             --threads "${THREADS:-2}" --json "$OUT/pytorch-$opt-$r.json" ${PYTORCH_ARGS:-} >&2
     done
 done
@@ -64,6 +81,8 @@ python3 - "$OUT" "$REPEAT" ${OPTIMIZERS:-sgd adagrad} <<'PY'
 import json, os, statistics, sys
 out, repeat, opts = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
 print(f"\nresults in {out}")
+if os.environ.get("MODEL_SPEC"):
+    print(f"model spec: {os.environ['MODEL_SPEC']}")
 print(f"ours: trainer demo {os.environ.get('TRAINER_ARGS', '')} ({os.environ.get('OURS_INPUT', 'columnar')} input); "
       f"pytorch: dlrm_reference.py {os.environ.get('PYTORCH_ARGS', '')}; {repeat} round(s), ours and pytorch alternating")
 print("| optimizer (emb / dense) | round | ours samples/s | pytorch samples/s | ratio | ours AUC | pytorch AUC | AUC diff | ours logloss | pytorch logloss |")
@@ -75,9 +94,13 @@ for o in opts:
         a = json.load(open(os.path.join(out, f"ours-{o}-{r}.json")))
         p = json.load(open(os.path.join(out, f"pytorch-{o}-{r}.json")))
         dense = p["dense_optimizer"]
+        if o == "spec":
+            o_label = f"{p.get('model_spec', 'spec')}: {p['optimizer']}"
+        else:
+            o_label = o
         ratio = a["samples_per_sec"] / p["samples_per_sec"]
         ratios.append(ratio)
-        print(f"| {o} / {dense} | {r} | {a['samples_per_sec']:,.0f} | {p['samples_per_sec']:,.0f} | "
+        print(f"| {o_label} / {dense} | {r} | {a['samples_per_sec']:,.0f} | {p['samples_per_sec']:,.0f} | "
               f"{ratio:.2f}x | {a['auc']:.4f} | {p['auc']:.4f} | "
               f"{a['auc'] - p['auc']:+.4f} | {a['logloss']:.4f} | {p['logloss']:.4f} |")
     summary.append(f"{o}: median ratio {statistics.median(ratios):.2f}x over {repeat} round(s) "

@@ -221,7 +221,8 @@ def main():
         dense_kind = a.dense_optimizer or ("adam" if a.optimizer == "adagrad" else "sgd")
         lr = a.lr if a.lr is not None else {"adam": 0.002, "adagrad": 0.005, "sgd": 0.1}[dense_kind]
     else:  # the spec's [dense], else the flags (whose default follows the [sparse] optimizer, as --optimizer's)
-        dense_kind = spec.dense_optimizer or a.dense_optimizer or ("adam" if spec.sparse_optimizer == "adagrad" else "sgd")
+        default = "adam" if spec.sparse_optimizer == "adagrad" else "sgd"
+        dense_kind = spec.dense_optimizer or a.dense_optimizer or default
         lr = spec.dense_lr if spec.dense_lr is not None else a.lr
         if lr is None:
             lr = {"adam": 0.002, "adagrad": 0.005, "sgd": 0.1}[dense_kind]

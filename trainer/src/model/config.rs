@@ -115,7 +115,10 @@ impl DlrmConfig {
             );
         }
         if let Some(f) = dims.iter().position(|&d| d == 0) {
-            return bad("feature_dims", format!("feature {f}: dim 0, must be at least 1"));
+            return bad(
+                "feature_dims",
+                format!("feature {f}: dim 0, must be at least 1"),
+            );
         }
         match self.interaction {
             InteractionConfig::Dot => {
@@ -303,6 +306,147 @@ mod tests {
             msg,
             "invalid config: bottom: last layer size 8 must equal emb_dim 16"
         );
+    }
+
+    /// The DLRM-v2 sizes (MLPerf): 26 features of dim 128, bottom 512-256-128, 3 cross layers of rank 512.
+    fn dlrm_v2() -> DlrmConfig {
+        DlrmConfig {
+            emb_dim: 128,
+            bottom: vec![512, 256, 128],
+            top: vec![1024, 1024, 512, 256, 1],
+            interaction: InteractionConfig::Dcn {
+                layers: 3,
+                rank: 512,
+            },
+            ..DlrmConfig::default()
+        }
+    }
+
+    #[test]
+    fn dcn_sizes() {
+        let cfg = dlrm_v2();
+        cfg.validate().unwrap();
+        assert_eq!(cfg.emb_width(), 26 * 128);
+        assert_eq!(cfg.interaction_dim(), 27 * 128);
+        assert_eq!(cfg.top_layers()[0], (3456, 1024));
+        let macs_bottom = 13 * 512 + 512 * 256 + 256 * 128;
+        let macs_top = 3456 * 1024 + 1024 * 1024 + 1024 * 512 + 512 * 256 + 256;
+        let macs_cross = 3 * 2 * 3456 * 512;
+        let want = 6 * (macs_bottom + macs_top + macs_cross) - 2 * 13 * 512;
+        assert_eq!(cfg.flops_per_sample(), want as f64);
+    }
+
+    #[test]
+    fn feature_dims_and_offsets() {
+        let cfg = DlrmConfig {
+            num_sparse: 3,
+            emb_dim: 16,
+            feature_dims: vec![8, 32, 4],
+            interaction: InteractionConfig::Dcn { layers: 1, rank: 2 },
+            ..DlrmConfig::default()
+        };
+        cfg.validate().unwrap();
+        assert_eq!(
+            (0..3).map(|f| cfg.feature_dim(f)).collect::<Vec<_>>(),
+            [8, 32, 4]
+        );
+        assert_eq!(
+            (0..4).map(|f| cfg.emb_offset(f)).collect::<Vec<_>>(),
+            [0, 8, 40, 44]
+        );
+        assert_eq!((cfg.emb_width(), cfg.interaction_dim()), (44, 60));
+        // Uniform: the old layout.
+        let uniform = DlrmConfig::default();
+        assert_eq!(uniform.emb_width(), 26 * 16);
+        assert_eq!(uniform.emb_offset(5), 5 * 16);
+        assert_eq!(uniform.feature_dim(25), 16);
+    }
+
+    #[test]
+    fn feature_and_interaction_errors_name_the_values() {
+        let err = |cfg: DlrmConfig| match cfg.validate() {
+            Err(e @ ModelError::Config { .. }) => e.to_string(),
+            other => panic!("{other:?}"),
+        };
+        let small = || DlrmConfig {
+            num_sparse: 3,
+            ..DlrmConfig::default()
+        };
+        let dcn = InteractionConfig::Dcn { layers: 2, rank: 8 };
+        assert_eq!(
+            err(DlrmConfig {
+                feature_dims: vec![16, 16],
+                interaction: dcn,
+                ..small()
+            }),
+            "invalid config: feature_dims: 2 entries, expected num_sparse 3 (or none for emb_dim everywhere)"
+        );
+        assert_eq!(
+            err(DlrmConfig {
+                feature_dims: vec![16, 0, 16],
+                interaction: dcn,
+                ..small()
+            }),
+            "invalid config: feature_dims: feature 1: dim 0, must be at least 1"
+        );
+        assert_eq!(
+            err(DlrmConfig {
+                feature_dims: vec![16, 16, 8],
+                ..small()
+            }),
+            "invalid config: interaction: dot needs every feature's dim to equal emb_dim 16: feature 2 has dim 8"
+        );
+        assert_eq!(
+            err(DlrmConfig {
+                interaction: InteractionConfig::Dcn { layers: 0, rank: 8 },
+                ..small()
+            }),
+            "invalid config: interaction: dcn layers 0: must be at least 1"
+        );
+        assert_eq!(
+            err(DlrmConfig {
+                interaction: InteractionConfig::Dcn { layers: 1, rank: 0 },
+                ..small()
+            }),
+            "invalid config: interaction: dcn rank 0: must be at least 1"
+        );
+        // Dot with explicit dims equal to emb_dim is fine.
+        DlrmConfig {
+            feature_dims: vec![16; 3],
+            ..small()
+        }
+        .validate()
+        .unwrap();
+    }
+
+    #[test]
+    fn serde_defaults_and_tags() {
+        let old = r#"{"num_dense":13,"num_sparse":26,"emb_dim":16,"bottom":[512,256,64,16],"top":[512,256,1]}"#;
+        let cfg: DlrmConfig = serde_json::from_str(old).unwrap();
+        assert_eq!(cfg, DlrmConfig::default());
+        let dcn: DlrmConfig = toml::from_str(
+            "num_dense = 13\nnum_sparse = 2\nemb_dim = 4\nfeature_dims = [4, 8]\nbottom = [4]\ntop = [1]\n\
+             interaction = { kind = \"dcn\", layers = 3, rank = 16 }\n",
+        )
+        .unwrap();
+        assert_eq!(
+            dcn.interaction,
+            InteractionConfig::Dcn {
+                layers: 3,
+                rank: 16
+            }
+        );
+        assert_eq!(dcn.feature_dims, [4, 8]);
+        let back: DlrmConfig = toml::from_str(&toml::to_string(&dcn).unwrap()).unwrap();
+        assert_eq!(back, dcn);
+        let dot: InteractionConfig = toml::from_str("kind = \"dot\"").unwrap();
+        assert_eq!(dot, InteractionConfig::Dot);
+        assert!(toml::from_str::<InteractionConfig>(
+            "kind = \"dcn\"\nlayers = 1\nrank = 2\nfoo = 1"
+        )
+        .is_err());
+        assert!(toml::from_str::<InteractionConfig>("kind = \"dcn\"\nlayers = 1").is_err());
+        assert!(toml::from_str::<InteractionConfig>("kind = \"cross\"").is_err());
     }
 
     #[test]

@@ -131,7 +131,11 @@ impl CrossNet {
 
     /// Number of parameters: per layer `2 D rank + D`.
     pub fn num_params(&self) -> usize {
-        self.layers.iter().flat_map(Linear::params).map(<[f32]>::len).sum()
+        self.layers
+            .iter()
+            .flat_map(Linear::params)
+            .map(<[f32]>::len)
+            .sum()
     }
 
     /// Room one layer's gradients take in a chunk's flat gradients (each tensor in its own [`slot`]).
@@ -205,7 +209,11 @@ impl CrossNet {
         let (d, r, n) = (self.dim, self.rank, self.num_layers());
         assert_eq!(dout.len(), rows * d, "cross backward: dout");
         assert_eq!(dz.len(), rows * self.dense_dim, "cross backward: dz");
-        assert_eq!(demb.len(), rows * (d - self.dense_dim), "cross backward: demb");
+        assert_eq!(
+            demb.len(),
+            rows * (d - self.dense_dim),
+            "cross backward: demb"
+        );
         assert_eq!(grads.len(), self.grads_len(), "cross backward: grads");
         let CrossBuffers {
             xs,
@@ -235,7 +243,17 @@ impl CrossNet {
             cross_grads(g, x0, u, h, dx0, l + 1 == n);
             u_layer.backward_into(parallel, rows, v, u, h, Some(&mut *dv), uw, ub, scratch);
             let x = &xs[l][..rows * d];
-            v_layer.backward_into(parallel, rows, x, v, dv, Some(&mut *dx), vw, &mut [], scratch);
+            v_layer.backward_into(
+                parallel,
+                rows,
+                x,
+                v,
+                dv,
+                Some(&mut *dx),
+                vw,
+                &mut [],
+                scratch,
+            );
             add(g, dx);
         }
         // x_0 is x0 itself: its gradient through the layer chain joins the direct terms.

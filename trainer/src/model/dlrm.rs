@@ -112,7 +112,12 @@ impl Dlrm {
         if self.precision == Precision::Bf16 {
             let cross = self.interaction.layers_mut().par_iter_mut();
             let top = self.top.layers_mut().par_iter_mut();
-            let layers = self.bottom.layers_mut().par_iter_mut().chain(cross).chain(top);
+            let layers = self
+                .bottom
+                .layers_mut()
+                .par_iter_mut()
+                .chain(cross)
+                .chain(top);
             layers
                 .filter(|l| l.suits_bf16())
                 .for_each(|l| l.pack_bf16());
@@ -155,7 +160,10 @@ impl Dlrm {
 
     /// Number of dense parameters.
     pub fn num_params(&self) -> usize {
-        self.layers().flat_map(Linear::params).map(<[f32]>::len).sum()
+        self.layers()
+            .flat_map(Linear::params)
+            .map(<[f32]>::len)
+            .sum()
     }
 
     /// Every parameter tensor: per layer, bottom, then the cross layers (per cross layer `V_l`'s weight, then

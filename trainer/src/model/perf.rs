@@ -4,7 +4,8 @@
 //! cargo test --release -p trainer --lib model::perf -- --ignored --nocapture --test-threads 1
 //! ```
 //!
-//! `DENSE_PERF_THREADS=1` (or `2`, `1,2`) picks the pool sizes (default 1 and 2); `gemm_shapes` times every
+//! `DENSE_PERF_THREADS=1` (or `2`, `1,2`) picks the pool sizes (default 1 and 2); `dcn_train_step_throughput`
+//! times the DLRM-v2 model (DCNv2 interaction); `gemm_shapes` times every
 //! matrix product of one step alone, in the layout the model uses and transposed, for `DENSE_PERF_ROWS`
 //! rows (default 2048; 512 is one chunk of the data-parallel step).
 
@@ -114,6 +115,77 @@ fn train_step_throughput() {
                 tp.0 * 1e3,
                 BATCH as f64 / tp.0
             );
+            });
+        }
+    }
+}
+
+/// The DLRM-v2 dense model (MLPerf): 13 dense inputs, 26 features of dim 128, bottom 512-256-128, 3 cross
+/// layers of rank 512 (`D = 3456`), top 1024-1024-512-256-1; about 96 MFLOP per sample.
+fn dlrm_v2() -> DlrmConfig {
+    DlrmConfig {
+        num_dense: 13,
+        num_sparse: 26,
+        emb_dim: 128,
+        feature_dims: Vec::new(),
+        bottom: vec![512, 256, 128],
+        top: vec![1024, 1024, 512, 256, 1],
+        interaction: InteractionConfig::Dcn {
+            layers: 3,
+            rank: 512,
+        },
+    }
+}
+
+/// Train steps (and predictions) of the DLRM-v2 model at batch 2048, f32 and bf16 (where a bf16 kernel
+/// runs; `DENSE_PERF_PRECISION` picks one): best of 3 rounds of 2 steps.
+#[test]
+#[ignore = "timing; run by hand in release"]
+fn dcn_train_step_throughput() {
+    let cfg = dlrm_v2();
+    let mut rng = Rng::new(1);
+    let dense = rand_vec(&mut rng, BATCH * cfg.num_dense, 1.0);
+    let emb = rand_vec(&mut rng, BATCH * cfg.emb_width(), 0.1);
+    let labels: Vec<f32> = (0..BATCH)
+        .map(|_| (rng.next_u64() & 3 == 0) as u8 as f32)
+        .collect();
+    let mut emb_grad = vec![0.0; emb.len()];
+    let flops = cfg.flops_per_sample() * BATCH as f64;
+    let want = std::env::var("DENSE_PERF_PRECISION").unwrap_or_default();
+    let mut precisions = Vec::new();
+    if want != "bf16" {
+        precisions.push(Precision::F32);
+    }
+    if want != "f32" && bf16_available() {
+        precisions.push(Precision::Bf16);
+    }
+    for threads in thread_counts() {
+        for &precision in &precisions {
+            on_threads(threads, || {
+                let opt = DenseOptimizer::Adagrad {
+                    lr: 0.01,
+                    eps: 1e-8,
+                    initial_accumulator: 0.0,
+                };
+                let mut model = Dlrm::new(cfg.clone(), opt, 0).unwrap();
+                model.set_precision(precision).unwrap();
+                let t = best_time(3, 2, || {
+                    model
+                        .train_step(BATCH, &dense, &emb, &labels, &mut emb_grad)
+                        .unwrap();
+                });
+                let tp = best_time(3, 2, || {
+                    model.predict(BATCH, &dense, &emb).unwrap();
+                });
+                println!(
+                    "dlrm-v2 dcn {precision:?} threads {threads}: train_step {:.1} ms = {:.0} samples/s, {:.0} GFLOP/s; \
+                     predict {:.1} ms = {:.0} samples/s",
+                    t.0 * 1e3,
+                    BATCH as f64 / t.0,
+                    flops / t.0 / 1e9,
+                    tp.0 * 1e3,
+                    BATCH as f64 / tp.0
+                );
             });
         }
     }
