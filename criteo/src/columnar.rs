@@ -1,8 +1,9 @@
 //! The preprocessed columnar shard format: parsed, log-transformed and hashed rows, laid out so that reading
-//! them back into [`Batch`]es is copying, not parsing. Sans-IO: [`write_shard`] encodes a batch, [`Shard`]
-//! checks and decodes bytes (an mmapped file in the reader).
+//! them back into [`Batch`]es is copying, not parsing. Sans-IO: [`write_shard_for`] encodes a batch,
+//! [`Shard`] checks and decodes bytes (an mmapped file in the reader).
 //!
-//! One shard file, all integers little-endian:
+//! All integers are little-endian. Version 1, written for the default [`FeatureLayout`] (26 one-hot
+//! features):
 //!
 //! ```text
 //! offset  size            what
@@ -17,26 +18,55 @@
 //! ..      R               labels: u8, 0 or 1
 //! ```
 //!
-//! The file is exactly `32 + 261 * R` bytes; every section starts aligned to its element size. Ids are the
-//! full 64-bit feature ids the trainer keys embeddings by, so a shard reads back bit for bit the batches the
-//! text would give (32-bit ids would halve the file but could collide). A shard holds rows, not lines:
-//! empty and bad lines were dropped when it was written, so the rank split over shards counts rows.
+//! That file is exactly `32 + 261 * R` bytes. Version 2, written for any other layout (multi-hot features,
+//! shared tables, caps, another feature count), records the layout's [`FeatureLayout::fingerprint`] and per
+//! feature its id count, and gives each multi-hot feature its bag offsets:
+//!
+//! ```text
+//! 0       8               magic "DLRMCOL\0"
+//! 8       4   u32         format version, 2
+//! 12      4   u32         dense columns, 13
+//! 16      4   u32         features F (1..=26)
+//! 20      4   u32         reserved, 0
+//! 24      8   u64         rows R
+//! 32      8   u64         the layout's fingerprint
+//! 40      16 * F          per feature: u32 kind (0 one-hot, 1 multi-hot), u32 reserved 0, u64 ids N_f
+//!                         (N_f = R for a one-hot feature)
+//! ..                      per feature: if multi-hot, offsets u32 [R + 1] (0, ..., N_f; row i's bag is
+//!                         ids[off[i]..off[i+1]]) and 4 zero bytes if R + 1 is odd; then ids u64 [N_f]
+//! ..      R * 13 * 4      dense f32 [R x 13]
+//! ..      R               labels u8
+//! ```
+//!
+//! Every section starts aligned to its element size. A version 1 shard reads as the default layout; a
+//! reader whose layout's fingerprint differs from the shard's refuses it ([`Shard::check_layout`]). Ids are
+//! the full 64-bit feature ids the trainer keys embeddings by, so a shard reads back bit for bit the
+//! batches the text would give. A shard holds rows, not lines: empty and bad lines were dropped when it was
+//! written, so the rank split over shards counts rows.
 
 use std::io::{self, Write};
 
 use super::batch::Batch;
+use super::layout::FeatureLayout;
 use super::parse::{NUM_DENSE, NUM_SPARSE};
 
 /// The first 8 bytes of every shard.
 pub const MAGIC: [u8; 8] = *b"DLRMCOL\0";
-/// The format version this build writes and reads.
+/// The format version of default-layout shards.
 pub const VERSION: u32 = 1;
-/// Header bytes before the sparse section.
+/// The format version of shards of any other layout.
+pub const VERSION_LAYOUT: u32 = 2;
+/// Header bytes before the sparse section (version 1).
 pub const HEADER_LEN: usize = 32;
-/// Bytes per row over the three sections.
+/// Bytes per row over the three sections (version 1).
 pub const ROW_BYTES: usize = NUM_SPARSE * 8 + NUM_DENSE * 4 + 1;
+/// Header bytes of version 2 before the per-feature entries.
+const HEADER2_LEN: usize = 40;
+/// Bytes of one version 2 per-feature entry.
+const FEATURE_ENTRY: usize = 16;
 
-/// Why bytes are not a valid shard. Messages name the values found and expected.
+/// Why bytes are not a valid shard, or not one for this reader. Messages name the values found and
+/// expected.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ColumnarError {
     /// Shorter than the header.
@@ -51,21 +81,29 @@ pub enum ColumnarError {
         /// The first 8 bytes.
         found: [u8; 8],
     },
-    /// A version other than [`VERSION`].
-    #[error("format version {version}, this build reads version {VERSION}")]
+    /// A version other than [`VERSION`] and [`VERSION_LAYOUT`].
+    #[error("format version {version}, this build reads versions {VERSION} and {VERSION_LAYOUT}")]
     UnsupportedVersion {
         /// The version in the header.
         version: u32,
     },
-    /// Column counts other than 13 dense and 26 sparse.
+    /// Column counts other than 13 dense and 26 sparse (1 to 26 features in version 2).
     #[error("{dense} dense and {sparse} sparse columns, expected {NUM_DENSE} and {NUM_SPARSE}")]
     Shape {
         /// Dense columns in the header.
         dense: u32,
-        /// Sparse columns in the header.
+        /// Sparse columns (features) in the header.
         sparse: u32,
     },
-    /// The file length does not match the row count (a truncated or appended-to file).
+    /// A version 2 feature entry of an unknown kind.
+    #[error("feature {feature}: kind {kind}, expected 0 (one-hot) or 1 (multi-hot)")]
+    FeatureKind {
+        /// The feature index.
+        feature: usize,
+        /// The kind found.
+        kind: u32,
+    },
+    /// The file length does not match the row (and id) counts (a truncated or appended-to file).
     #[error(
         "header says {rows} rows, so {expected} bytes, but the file has {actual} (truncated?)"
     )]
@@ -77,6 +115,18 @@ pub enum ColumnarError {
         /// The file length.
         actual: u64,
     },
+    /// A multi-hot feature's offsets do not start at 0, decrease, or do not end at its id count.
+    #[error("feature {feature}: offset {value} at row {row} breaks 0 <= ... <= {ids} (ids)")]
+    BadOffsets {
+        /// The feature index.
+        feature: usize,
+        /// The offset's index (0..=R).
+        row: usize,
+        /// The offset.
+        value: u32,
+        /// The feature's id count.
+        ids: u64,
+    },
     /// A label byte other than 0 or 1.
     #[error("row {row}: label byte {value}, expected 0 or 1")]
     BadLabel {
@@ -85,13 +135,52 @@ pub enum ColumnarError {
         /// The byte.
         value: u8,
     },
+    /// The shard was written for another feature layout than the reader's.
+    #[error("shard of feature layout {shard:#018x}, but the reader's layout is {reader:#018x}")]
+    Layout {
+        /// The shard's layout fingerprint (the default layout's for version 1).
+        shard: u64,
+        /// The reader's.
+        reader: u64,
+    },
+}
+
+/// One feature's sections of a shard.
+#[derive(Debug, Clone, Copy)]
+struct Column<'a> {
+    /// `u32 [R + 1]` for a multi-hot feature.
+    offsets: Option<&'a [u8]>,
+    /// `u64 [N_f]`.
+    ids: &'a [u8],
+}
+
+impl Column<'_> {
+    /// The offset at index `i` (multi-hot only).
+    #[inline]
+    fn offset(offsets: &[u8], i: usize) -> usize {
+        u32::from_le_bytes(offsets[i * 4..i * 4 + 4].try_into().unwrap()) as usize
+    }
+
+    /// Appends row `r`'s ids (and for a multi-hot feature its end offset) to a batch column.
+    #[inline]
+    fn append(&self, r: usize, ids: &mut Vec<u64>, offsets: &mut Vec<u32>) {
+        match self.offsets {
+            None => ids.push(u64_le(&self.ids[r * 8..r * 8 + 8])),
+            Some(off) => {
+                let (start, end) = (Self::offset(off, r), Self::offset(off, r + 1));
+                ids.extend(self.ids[start * 8..end * 8].chunks_exact(8).map(u64_le));
+                offsets.push(ids.len() as u32);
+            }
+        }
+    }
 }
 
 /// A checked view of one shard's bytes.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Shard<'a> {
     rows: usize,
-    sparse: &'a [u8],
+    fingerprint: u64,
+    columns: Vec<Column<'a>>,
     dense: &'a [u8],
     labels: &'a [u8],
 }
@@ -102,27 +191,66 @@ impl<'a> Shard<'a> {
         head.starts_with(&MAGIC)
     }
 
-    /// Checks the header, the length and every label, then views the sections.
+    /// Checks the header, the length, every offset and every label, then views the sections.
     pub fn parse(bytes: &'a [u8]) -> Result<Shard<'a>, ColumnarError> {
         if bytes.len() < HEADER_LEN {
             return Err(ColumnarError::TooShort { len: bytes.len() });
         }
         let u32_at = |at: usize| u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap());
+        let u64_at = |at: usize| u64_le(&bytes[at..at + 8]);
         let magic: [u8; 8] = bytes[..8].try_into().unwrap();
         if magic != MAGIC {
             return Err(ColumnarError::BadMagic { found: magic });
         }
-        if u32_at(8) != VERSION {
-            return Err(ColumnarError::UnsupportedVersion { version: u32_at(8) });
+        let version = u32_at(8);
+        if version != VERSION && version != VERSION_LAYOUT {
+            return Err(ColumnarError::UnsupportedVersion { version });
         }
         let (dense, sparse) = (u32_at(12), u32_at(16));
-        if (dense as usize, sparse as usize) != (NUM_DENSE, NUM_SPARSE) {
+        let shape_ok = if version == VERSION {
+            sparse as usize == NUM_SPARSE
+        } else {
+            (1..=NUM_SPARSE).contains(&(sparse as usize))
+        };
+        if dense as usize != NUM_DENSE || !shape_ok {
             return Err(ColumnarError::Shape { dense, sparse });
         }
-        let rows = u64::from_le_bytes(bytes[24..32].try_into().unwrap());
-        let expected = rows
-            .checked_mul(ROW_BYTES as u64)
-            .and_then(|n| n.checked_add(HEADER_LEN as u64))
+        let rows = u64_at(24);
+        let features = sparse as usize;
+        // (multi-hot, ids) per feature, and the header length.
+        let (fingerprint, kinds, header) = if version == VERSION {
+            let kinds = vec![(false, rows); NUM_SPARSE];
+            (FeatureLayout::default().fingerprint(), kinds, HEADER_LEN)
+        } else {
+            let header = HEADER2_LEN + features * FEATURE_ENTRY;
+            if bytes.len() < header {
+                return Err(ColumnarError::Length {
+                    rows,
+                    expected: header as u64,
+                    actual: bytes.len() as u64,
+                });
+            }
+            let mut kinds = Vec::with_capacity(features);
+            for feature in 0..features {
+                let at = HEADER2_LEN + feature * FEATURE_ENTRY;
+                let (kind, ids) = (u32_at(at), u64_at(at + 8));
+                if kind > 1 {
+                    return Err(ColumnarError::FeatureKind { feature, kind });
+                }
+                kinds.push((kind == 1, if kind == 1 { ids } else { rows }));
+            }
+            (u64_at(32), kinds, header)
+        };
+        let mut expected = Some(header as u64);
+        for &(multi, ids) in &kinds {
+            let offsets = multi.then(|| rows.checked_add(1).map(|n| n.next_multiple_of(2) * 4));
+            let section = offsets
+                .unwrap_or(Some(0))
+                .and_then(|o| o.checked_add(ids.checked_mul(8)?));
+            expected = expected.zip(section).and_then(|(a, b)| a.checked_add(b));
+        }
+        let expected = expected
+            .and_then(|n| n.checked_add(rows.checked_mul((NUM_DENSE * 4 + 1) as u64)?))
             .unwrap_or(u64::MAX);
         if expected != bytes.len() as u64 {
             return Err(ColumnarError::Length {
@@ -131,8 +259,23 @@ impl<'a> Shard<'a> {
                 actual: bytes.len() as u64,
             });
         }
-        let rows = rows as usize; // fits: the file is in memory
-        let (sparse, rest) = bytes[HEADER_LEN..].split_at(rows * NUM_SPARSE * 8);
+        // Everything fits: the file is in memory.
+        let rows = rows as usize;
+        let mut rest = &bytes[header..];
+        let mut columns = Vec::with_capacity(features);
+        for (feature, &(multi, ids)) in kinds.iter().enumerate() {
+            let offsets = if multi {
+                let (offsets, tail) = rest.split_at((rows + 1).next_multiple_of(2) * 4);
+                rest = tail;
+                check_offsets(feature, &offsets[..(rows + 1) * 4], ids)?;
+                Some(&offsets[..(rows + 1) * 4])
+            } else {
+                None
+            };
+            let (ids, tail) = rest.split_at(ids as usize * 8);
+            rest = tail;
+            columns.push(Column { offsets, ids });
+        }
         let (dense, labels) = rest.split_at(rows * NUM_DENSE * 4);
         if let Some(row) = labels.iter().position(|&b| b > 1) {
             return Err(ColumnarError::BadLabel {
@@ -142,7 +285,8 @@ impl<'a> Shard<'a> {
         }
         Ok(Shard {
             rows,
-            sparse,
+            fingerprint,
+            columns,
             dense,
             labels,
         })
@@ -153,10 +297,40 @@ impl<'a> Shard<'a> {
         self.rows
     }
 
-    /// Appends `count` rows `first, first + step, ...` to `batch`.
+    /// The fingerprint of the layout the shard was written for (the default layout's for version 1).
+    pub fn fingerprint(&self) -> u64 {
+        self.fingerprint
+    }
+
+    /// Refuses the shard unless it was written for `layout` (same fingerprint, feature count and kinds).
+    pub fn check_layout(&self, layout: &FeatureLayout) -> Result<(), ColumnarError> {
+        let same = self.fingerprint == layout.fingerprint()
+            && self.columns.len() == layout.features.len()
+            && (self.columns.iter().enumerate())
+                .all(|(f, c)| c.offsets.is_some() == layout.is_multi_hot(f));
+        if same {
+            Ok(())
+        } else {
+            Err(ColumnarError::Layout {
+                shard: self.fingerprint,
+                reader: layout.fingerprint(),
+            })
+        }
+    }
+
+    /// Panics unless `batch` has this shard's features (one-hot and multi-hot alike).
+    fn check_batch(&self, batch: &Batch) {
+        let same = batch.sparse.len() == self.columns.len()
+            && (self.columns.iter().zip(&batch.offsets))
+                .all(|(c, o)| c.offsets.is_some() != o.is_empty());
+        assert!(same, "batch of another layout than the shard");
+    }
+
+    /// Appends `count` rows `first, first + step, ...` to `batch` (of the shard's layout).
     ///
     /// # Panics
-    /// If `step` is 0 or a row is out of range (callers compute them from [`Shard::rows`]).
+    /// If `step` is 0, a row is out of range (callers compute them from [`Shard::rows`]) or the batch is of
+    /// another layout.
     pub fn append_rows(&self, first: usize, step: usize, count: usize, batch: &mut Batch) {
         assert!(step > 0, "step 0");
         if count == 0 {
@@ -164,6 +338,7 @@ impl<'a> Shard<'a> {
         }
         let last = first + (count - 1) * step;
         assert!(last < self.rows, "row {last} of {}", self.rows);
+        self.check_batch(batch);
         batch.len += count;
         let picked = |i: usize| first + i * step;
         batch
@@ -179,27 +354,30 @@ impl<'a> Shard<'a> {
                 batch.dense.extend(row.chunks_exact(4).map(f32_le));
             }
         }
-        for (j, column) in batch.sparse.iter_mut().enumerate() {
-            let ids = &self.sparse[j * self.rows * 8..(j + 1) * self.rows * 8];
-            if step == 1 {
-                column.extend(ids[first * 8..(last + 1) * 8].chunks_exact(8).map(u64_le));
-            } else {
-                column.extend((0..count).map(|i| u64_le(&ids[picked(i) * 8..picked(i) * 8 + 8])));
+        let columns = batch.sparse.iter_mut().zip(&mut batch.offsets);
+        for (column, (ids, offsets)) in self.columns.iter().zip(columns) {
+            match column.offsets {
+                None if step == 1 => {
+                    let run = &column.ids[first * 8..(last + 1) * 8];
+                    ids.extend(run.chunks_exact(8).map(u64_le));
+                }
+                _ => (0..count).for_each(|i| column.append(picked(i), ids, offsets)),
             }
         }
     }
-}
 
-impl Shard<'_> {
-    /// Appends the rows `picked` (in that order) to `batch`: a shuffled epoch's reads.
+    /// Appends the rows `picked` (in that order) to `batch` (of the shard's layout): a shuffled epoch's
+    /// reads.
     ///
     /// # Panics
-    /// If a row is out of range (callers pick them below [`Shard::rows`]).
+    /// If a row is out of range (callers pick them below [`Shard::rows`]) or the batch is of another
+    /// layout.
     pub fn append_picked(&self, picked: &[u32], batch: &mut Batch) {
         let rows = self.rows;
         if let Some(&bad) = picked.iter().find(|&&r| r as usize >= rows) {
             panic!("row {bad} of {rows}");
         }
+        self.check_batch(batch);
         batch.len += picked.len();
         batch
             .labels
@@ -209,15 +387,33 @@ impl Shard<'_> {
             let row = &self.dense[at..at + NUM_DENSE * 4];
             batch.dense.extend(row.chunks_exact(4).map(f32_le));
         }
-        for (j, column) in batch.sparse.iter_mut().enumerate() {
-            let ids = &self.sparse[j * rows * 8..(j + 1) * rows * 8];
-            column.extend(
-                picked
-                    .iter()
-                    .map(|&r| u64_le(&ids[r as usize * 8..r as usize * 8 + 8])),
-            );
+        let columns = batch.sparse.iter_mut().zip(&mut batch.offsets);
+        for (column, (ids, offsets)) in self.columns.iter().zip(columns) {
+            for &r in picked {
+                column.append(r as usize, ids, offsets);
+            }
         }
     }
+}
+
+/// Checks that `offsets` (`u32 [R + 1]`) start at 0, never decrease and end at `ids`.
+fn check_offsets(feature: usize, offsets: &[u8], ids: u64) -> Result<(), ColumnarError> {
+    let n = offsets.len() / 4;
+    let mut previous = 0;
+    for row in 0..n {
+        let value = Column::offset(offsets, row) as u32;
+        let last = row + 1 == n;
+        if (row == 0 && value != 0) || value < previous || (last && u64::from(value) != ids) {
+            return Err(ColumnarError::BadOffsets {
+                feature,
+                row,
+                value,
+                ids,
+            });
+        }
+        previous = value;
+    }
+    Ok(())
 }
 
 #[inline]
@@ -230,8 +426,18 @@ fn u64_le(b: &[u8]) -> u64 {
     u64::from_le_bytes(b.try_into().unwrap())
 }
 
-/// Writes `batch` as one shard. Labels must be 0.0 or 1.0 (as the parser makes them).
+/// Writes `batch` (of the default layout) as one version 1 shard. Labels must be 0.0 or 1.0 (as the parser
+/// makes them). Fails with `InvalidInput` for a batch of another layout: see [`write_shard_for`].
 pub fn write_shard(batch: &Batch, out: &mut impl Write) -> io::Result<()> {
+    if batch.sparse.len() != NUM_SPARSE || batch.offsets.iter().any(|o| !o.is_empty()) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "a version {VERSION} shard holds 26 one-hot features, the batch has {} features",
+                batch.sparse.len()
+            ),
+        ));
+    }
     let mut header = [0u8; HEADER_LEN];
     header[..8].copy_from_slice(&MAGIC);
     header[8..12].copy_from_slice(&VERSION.to_le_bytes());
@@ -241,103 +447,85 @@ pub fn write_shard(batch: &Batch, out: &mut impl Write) -> io::Result<()> {
     out.write_all(&header)?;
     let mut buf = Vec::with_capacity(batch.len * 8);
     for column in &batch.sparse {
-        buf.clear();
-        buf.extend(column.iter().flat_map(|id| id.to_le_bytes()));
-        out.write_all(&buf)?;
+        write_ids(column, &mut buf, out)?;
     }
+    write_dense_and_labels(batch, &mut buf, out)
+}
+
+/// Writes `batch`, made for `layout`, as one shard: version 1 for the default layout (byte for byte what
+/// [`write_shard`] writes), version 2 with the layout's fingerprint and the bags' offsets otherwise.
+/// Fails with `InvalidInput` if the batch does not have the layout's features.
+pub fn write_shard_for(
+    batch: &Batch,
+    layout: &FeatureLayout,
+    out: &mut impl Write,
+) -> io::Result<()> {
+    if layout.is_default() {
+        return write_shard(batch, out);
+    }
+    let features = layout.features.len();
+    let fits = batch.sparse.len() == features
+        && (0..features).all(|f| layout.is_multi_hot(f) == !batch.offsets[f].is_empty());
+    if !fits || features > NUM_SPARSE {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "the batch's {} features do not fit layout {:#018x} of {features}",
+                batch.sparse.len(),
+                layout.fingerprint()
+            ),
+        ));
+    }
+    let mut header = Vec::with_capacity(HEADER2_LEN + features * FEATURE_ENTRY);
+    header.extend_from_slice(&MAGIC);
+    header.extend_from_slice(&VERSION_LAYOUT.to_le_bytes());
+    header.extend_from_slice(&(NUM_DENSE as u32).to_le_bytes());
+    header.extend_from_slice(&(features as u32).to_le_bytes());
+    header.extend_from_slice(&0u32.to_le_bytes());
+    header.extend_from_slice(&(batch.len as u64).to_le_bytes());
+    header.extend_from_slice(&layout.fingerprint().to_le_bytes());
+    for (ids, offsets) in batch.sparse.iter().zip(&batch.offsets) {
+        header.extend_from_slice(&u32::from(!offsets.is_empty()).to_le_bytes());
+        header.extend_from_slice(&0u32.to_le_bytes());
+        header.extend_from_slice(&(ids.len() as u64).to_le_bytes());
+    }
+    out.write_all(&header)?;
+    let mut buf = Vec::with_capacity(batch.len * 8);
+    for (ids, offsets) in batch.sparse.iter().zip(&batch.offsets) {
+        if !offsets.is_empty() {
+            buf.clear();
+            buf.extend(offsets.iter().flat_map(|o| o.to_le_bytes()));
+            if offsets.len() % 2 == 1 {
+                buf.extend_from_slice(&[0; 4]);
+            }
+            out.write_all(&buf)?;
+        }
+        write_ids(ids, &mut buf, out)?;
+    }
+    write_dense_and_labels(batch, &mut buf, out)
+}
+
+/// Writes one id section through `buf`.
+fn write_ids(ids: &[u64], buf: &mut Vec<u8>, out: &mut impl Write) -> io::Result<()> {
+    buf.clear();
+    buf.extend(ids.iter().flat_map(|id| id.to_le_bytes()));
+    out.write_all(buf)
+}
+
+/// Writes the dense and label sections through `buf`.
+fn write_dense_and_labels(
+    batch: &Batch,
+    buf: &mut Vec<u8>,
+    out: &mut impl Write,
+) -> io::Result<()> {
     buf.clear();
     buf.extend(batch.dense.iter().flat_map(|x| x.to_le_bytes()));
-    out.write_all(&buf)?;
+    out.write_all(buf)?;
     buf.clear();
     buf.extend(batch.labels.iter().map(|&l| u8::from(l != 0.0)));
-    out.write_all(&buf)
+    out.write_all(buf)
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::parse::Row;
-
-    fn batch(n: u32) -> Batch {
-        let mut batch = Batch::with_capacity(n as usize);
-        for k in 0..n {
-            let mut row = Row {
-                label: (k % 3 == 0) as u32 as f32,
-                ..Row::default()
-            };
-            row.dense = std::array::from_fn(|d| k as f32 + d as f32 / 16.0);
-            row.sparse =
-                std::array::from_fn(|j| (j as u32 != k % 26).then_some(k * 100 + j as u32));
-            batch.push_row(&row);
-        }
-        batch
-    }
-
-    fn encode(batch: &Batch) -> Vec<u8> {
-        let mut bytes = Vec::new();
-        write_shard(batch, &mut bytes).unwrap();
-        bytes
-    }
-
-    #[test]
-    fn round_trip_whole_and_strided() {
-        let original = batch(50);
-        let bytes = encode(&original);
-        assert_eq!(bytes.len(), HEADER_LEN + 50 * ROW_BYTES);
-        let shard = Shard::parse(&bytes).unwrap();
-        assert_eq!(shard.rows(), 50);
-        let mut whole = Batch::default();
-        shard.append_rows(0, 1, 30, &mut whole);
-        shard.append_rows(30, 1, 20, &mut whole);
-        assert_eq!(whole, original);
-        // Rows 3, 10, 17, ... against pushing the same rows one by one.
-        let mut strided = Batch::default();
-        shard.append_rows(3, 7, 7, &mut strided);
-        let mut want = Batch::default();
-        for r in (3..50).step_by(7) {
-            want.len += 1;
-            want.labels.push(original.labels[r]);
-            want.dense.extend_from_slice(original.dense_row(r));
-            for j in 0..NUM_SPARSE {
-                want.sparse[j].push(original.sparse[j][r]);
-            }
-        }
-        assert_eq!(strided, want);
-        shard.append_rows(0, 1, 0, &mut strided);
-        assert_eq!(strided, want);
-        assert_eq!(Shard::parse(&encode(&Batch::default())).unwrap().rows(), 0);
-    }
-
-    #[test]
-    fn corrupt_shards_are_refused() {
-        let good = encode(&batch(4));
-        let check = |bytes: &[u8], want: &str| {
-            let err = Shard::parse(bytes).unwrap_err().to_string();
-            assert!(err.contains(want), "{err}");
-        };
-        check(&good[..10], "10 bytes, shorter than the 32-byte header");
-        check(
-            &good[..good.len() - 1],
-            "header says 4 rows, so 1076 bytes, but the file has 1075",
-        );
-        let mut longer = good.clone();
-        longer.push(0);
-        check(&longer, "but the file has 1077");
-        let mut bad = good.clone();
-        bad[0] = b'X';
-        check(&bad, "bad magic");
-        let mut bad = good.clone();
-        bad[8] = 2;
-        check(&bad, "format version 2, this build reads version 1");
-        let mut bad = good.clone();
-        bad[16] = 27;
-        check(&bad, "13 dense and 27 sparse columns");
-        let mut bad = good.clone();
-        bad[24..32].copy_from_slice(&u64::MAX.to_le_bytes());
-        check(&bad, &format!("header says {} rows", u64::MAX));
-        let mut bad = good.clone();
-        let at = bad.len() - 2;
-        bad[at] = 7;
-        check(&bad, "row 2: label byte 7");
-    }
-}
+#[path = "columnar_tests.rs"]
+mod tests;

@@ -25,7 +25,7 @@ pub enum ReadError {
         /// The directory.
         path: PathBuf,
     },
-    /// A preprocessed shard is corrupt or truncated.
+    /// A preprocessed shard is corrupt or truncated, or was written for another feature layout.
     #[error("{}: bad columnar shard: {reason}", path.display())]
     Corrupt {
         /// The file.

@@ -13,9 +13,13 @@
 //!   hold (empty fields, negative integers, stripped trailing fields, CRLF) and precise about what it refuses
 //!   ([`ParseError`] names the column and the text).
 //! - [`ids`]: [`feature_id`], the bijective (feature, token) -> `u64` mix the embedding tables are keyed by.
-//! - [`batch`]: [`Batch`], columnar: labels `[B]`, dense `[B x 13]`, ids `[26][B]`.
-//! - [`columnar`]: the preprocessed shard format: [`columnar::write_shard`], and [`Shard`] to check and
-//!   decode one (sans-IO).
+//! - [`layout`]: [`FeatureLayout`], which columns become which features: one-hot or multi-hot (`|`-separated
+//!   tokens, at most `tokens` kept), table salt, hash-size cap (docs/model-spec.md). The default is 26
+//!   one-hot features with today's ids.
+//! - [`batch`]: [`Batch`], columnar: labels `[B]`, dense `[B x 13]`, ids `[features][B]`, and per
+//!   multi-hot feature its bag offsets `[B + 1]`.
+//! - [`columnar`]: the preprocessed shard format: [`columnar::write_shard_for`], and [`Shard`] to check
+//!   and decode one (sans-IO); version 2 records the layout's fingerprint and the bags' offsets.
 //! - `source` (private): directory expansion, gzip/zstd/shard detection, line splitting without copies.
 //! - [`error`]: [`ReadError`], why reading failed.
 //! - [`reader`]: [`BatchReader`], parsing ahead on its own thread over a bounded channel, with the rank split
@@ -38,6 +42,7 @@ pub mod batch;
 pub mod columnar;
 pub mod error;
 pub mod ids;
+pub mod layout;
 pub mod parse;
 pub mod reader;
 mod source;
@@ -46,6 +51,7 @@ pub use batch::Batch;
 pub use columnar::{ColumnarError, Shard};
 pub use error::ReadError;
 pub use ids::{decode_feature_id, feature_id};
+pub use layout::{FeatureInput, FeatureLayout, LayoutError};
 pub use parse::{
     parse_csv_line, parse_line, LineKind, ParseError, Row, TextFormat, NUM_DENSE, NUM_FIELDS,
     NUM_SPARSE,

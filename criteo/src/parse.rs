@@ -7,6 +7,11 @@
 //! - integers may be negative; the dense value is `ln(1 + max(x, 0))` (DESIGN.md, "Read");
 //! - categoricals are 8 lowercase hex digits; 1 to 8 digits of either case are accepted, so a line cut in
 //!   the middle of a categorical still parses;
+//! - a categorical may hold several such tokens separated by `|` (multi-hot input, docs/model-spec.md):
+//!   [`Row::sparse`] keeps the first, [`Row::tokens`] all of them; an empty token (`a||b`, a leading or
+//!   trailing `|`) is a [`ParseError::EmptyToken`], a bad token a [`ParseError::NotHex`] or
+//!   [`ParseError::HexTooLong`] naming that token. What a feature keeps of them is the
+//!   [`FeatureLayout`](crate::FeatureLayout)'s business ([`crate::Batch::push_row_in`]);
 //! - some files strip trailing empty fields: a line with fewer than 40 fields (even a lone label) is padded
 //!   with empty fields and reported as [`LineKind::Padded`];
 //! - a trailing `\r` (CRLF files) or `\n` is ignored; an empty line is [`LineKind::Empty`].
@@ -34,15 +39,25 @@ pub const NUM_FIELDS: usize = 1 + NUM_DENSE + NUM_SPARSE;
 /// Error texts longer than this many bytes are cut (a corrupt line can be one huge field).
 const MAX_ERROR_TEXT: usize = 64;
 
-/// One parsed line, reused from line to line by [`parse_line`].
-#[derive(Debug, Clone, Copy, PartialEq)]
+/// One parsed line, reused from line to line by [`parse_line`] (its token buffer too: no allocation per
+/// line once it has grown to the longest line's tokens).
+#[derive(Debug, Clone, PartialEq)]
 pub struct Row {
     /// The click label, 0.0 or 1.0.
     pub label: f32,
     /// `ln(1 + max(x, 0))` of I1..I13 (0.0 for empty fields).
     pub dense: [f32; NUM_DENSE],
-    /// The raw tokens of C1..C26 as integers; `None` for empty fields.
+    /// The raw (first) tokens of C1..C26 as integers; `None` for empty fields. A field holding a `|` list
+    /// has its first token here and all of them in [`Row::tokens`].
     pub sparse: [Option<u32>; NUM_SPARSE],
+    /// Bit `j` set: column `j` held more than one token, `more[spans[j]]`.
+    pub(crate) multi: u32,
+    /// The tokens of the columns with more than one, in column order.
+    pub(crate) more: Vec<u32>,
+    /// Where each multi-token column's tokens lie in `more` (start, end); stale for the others.
+    pub(crate) spans: [(u32, u32); NUM_SPARSE],
+    /// Tokens past the first of each field, over all fields.
+    pub(crate) extra: u32,
 }
 
 impl Default for Row {
@@ -51,7 +66,60 @@ impl Default for Row {
             label: 0.0,
             dense: [0.0; NUM_DENSE],
             sparse: [None; NUM_SPARSE],
+            multi: 0,
+            more: Vec::new(),
+            spans: [(0, 0); NUM_SPARSE],
+            extra: 0,
         }
+    }
+}
+
+impl Row {
+    /// All tokens of column `column` (0-based, C1 = 0) in line order: empty for an empty field.
+    ///
+    /// # Panics
+    /// If `column >= 26`.
+    #[inline]
+    pub fn tokens(&self, column: usize) -> &[u32] {
+        if self.multi & (1 << column) != 0 {
+            let (start, end) = self.spans[column];
+            &self.more[start as usize..end as usize]
+        } else {
+            self.sparse[column].as_slice()
+        }
+    }
+
+    /// Tokens past the first of each field, summed over the fields: what a one-hot layout drops.
+    #[inline]
+    pub fn extra_tokens(&self) -> u32 {
+        self.extra
+    }
+
+    /// Sets column `column` to `tokens` (empty: an empty field), as parsing a `|` list would; for tests
+    /// and for callers that build rows without text.
+    ///
+    /// # Panics
+    /// If `column >= 26`.
+    pub fn set_tokens(&mut self, column: usize, tokens: &[u32]) {
+        self.extra -= self.tokens(column).len().saturating_sub(1) as u32;
+        self.sparse[column] = tokens.first().copied();
+        if tokens.len() > 1 {
+            let start = self.more.len() as u32;
+            self.more.extend_from_slice(tokens);
+            self.spans[column] = (start, self.more.len() as u32);
+            self.multi |= 1 << column;
+            self.extra += tokens.len() as u32 - 1;
+        } else {
+            self.multi &= !(1 << column);
+        }
+    }
+
+    /// Forgets every multi-token field (the start of a line).
+    #[inline]
+    fn clear_tokens(&mut self) {
+        self.multi = 0;
+        self.extra = 0;
+        self.more.clear();
     }
 }
 
@@ -107,6 +175,16 @@ pub enum ParseError {
         /// The field number, 15..=40.
         field: usize,
         /// The offending text (cut to 64 bytes).
+        text: String,
+    },
+    /// A categorical `|` list held an empty token (`a||b`, or a `|` at either end).
+    #[error("column C{column} (field {field}): {text:?} has an empty token between or beside `|`")]
+    EmptyToken {
+        /// The column number, 1..=26.
+        column: usize,
+        /// The field number, 15..=40.
+        field: usize,
+        /// The whole field (cut to 64 bytes).
         text: String,
     },
     /// The line had more than 40 fields.
@@ -189,6 +267,7 @@ fn parse_fields(line: &[u8], sep: u8, row: &mut Row) -> Result<LineKind, ParseEr
     if line.is_empty() {
         return Ok(LineKind::Empty);
     }
+    row.clear_tokens();
     let mut field = 0; // 0-based index of the field being parsed
     let mut start = 0;
     for tab in memchr_iter(sep, line).chain(std::iter::once(line.len())) {
@@ -233,23 +312,67 @@ fn parse_field(field: usize, text: &[u8], row: &mut Row) -> Result<(), ParseErro
         row.dense[field - 1] = log1p_clamped(x);
     } else {
         let column = field - NUM_DENSE;
-        row.sparse[column - 1] = parse_hex(text).map_err(|long| {
-            let (field, text) = (field + 1, snippet(text));
-            if long {
-                ParseError::HexTooLong {
-                    column,
-                    field,
-                    text,
-                }
-            } else {
-                ParseError::NotHex {
-                    column,
-                    field,
-                    text,
-                }
-            }
-        })?;
+        match parse_hex(text) {
+            Ok(token) => row.sparse[column - 1] = token,
+            Err(long) => parse_list(column, field + 1, text, long, row)?,
+        }
     }
+    Ok(())
+}
+
+/// Parses a categorical field that is not one token: a `|` list of tokens into `row`, or the error for
+/// `text` as one token (`long`: too many hex digits rather than not hex). Off the one-hot hot path.
+#[cold]
+#[inline(never)]
+fn parse_list(
+    column: usize,
+    field: usize,
+    text: &[u8],
+    long: bool,
+    row: &mut Row,
+) -> Result<(), ParseError> {
+    let token_error = |token: &[u8], long: bool| {
+        let text = snippet(token);
+        if long {
+            ParseError::HexTooLong {
+                column,
+                field,
+                text,
+            }
+        } else {
+            ParseError::NotHex {
+                column,
+                field,
+                text,
+            }
+        }
+    };
+    if memchr::memchr(b'|', text).is_none() {
+        return Err(token_error(text, long));
+    }
+    let start = row.more.len();
+    for token in text.split(|&b| b == b'|') {
+        match parse_hex(token) {
+            Ok(Some(value)) => row.more.push(value),
+            Ok(None) => {
+                row.more.truncate(start);
+                return Err(ParseError::EmptyToken {
+                    column,
+                    field,
+                    text: snippet(text),
+                });
+            }
+            Err(long) => {
+                row.more.truncate(start);
+                return Err(token_error(token, long));
+            }
+        }
+    }
+    let j = column - 1;
+    row.sparse[j] = Some(row.more[start]);
+    row.spans[j] = (start as u32, row.more.len() as u32);
+    row.multi |= 1 << j;
+    row.extra += (row.more.len() - start - 1) as u32;
     Ok(())
 }
 

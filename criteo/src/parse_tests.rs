@@ -222,7 +222,7 @@ fn csv_line_parses_like_its_tsv_line() {
     let csv = format!("10000743,{}", KAGGLE.replace('\t', ","));
     let mut row = Row::default();
     let kind = parse_csv_line(csv.as_bytes(), &mut row).unwrap();
-    assert_eq!((kind, row), parse(KAGGLE).unwrap());
+    assert_eq!((kind, row.clone()), parse(KAGGLE).unwrap());
     let crlf = format!("{csv}\r\n");
     assert_eq!(TextFormat::Csv.parse(crlf.as_bytes(), &mut row), Ok(kind));
     // Padded and empty lines, as in TSV.
@@ -266,4 +266,105 @@ fn long_garbage_is_cut_in_the_message() {
     let msg = err(&"x".repeat(10_000));
     assert!(msg.len() < 120, "{msg}");
     assert!(msg.contains("...\""), "{msg}");
+}
+
+/// [`synthetic`] with C3 (field 17) replaced by `c3`.
+fn with_c3(c3: &str) -> String {
+    let mut fields: Vec<String> = synthetic(NUM_FIELDS)
+        .split('\t')
+        .map(str::to_string)
+        .collect();
+    fields[16] = c3.to_string();
+    fields.join("\t")
+}
+
+#[test]
+fn token_lists() {
+    let (kind, row) = parse(&with_c3("68fd1e64|80e26c9b|Fb9")).unwrap();
+    assert_eq!(kind, LineKind::Full);
+    assert_eq!(row.tokens(2), [0x68fd1e64, 0x80e26c9b, 0xfb9]);
+    assert_eq!(row.sparse[2], Some(0x68fd1e64), "the first token");
+    assert_eq!(row.extra_tokens(), 2);
+    // The other columns are one token each.
+    assert_eq!(row.tokens(0), [1]);
+    assert_eq!(row.tokens(25), [26]);
+    // One token, and an empty field.
+    let (_, row) = parse(&with_c3("7")).unwrap();
+    assert_eq!((row.tokens(2), row.extra_tokens()), (&[7][..], 0));
+    let (_, row) = parse(&with_c3("")).unwrap();
+    assert_eq!((row.tokens(2), row.sparse[2]), (&[][..], None));
+    // Many tokens: the parser keeps them all, the layout truncates.
+    let many: Vec<String> = (0..300).map(|t| format!("{t:x}")).collect();
+    let (_, row) = parse(&with_c3(&many.join("|"))).unwrap();
+    assert_eq!(row.tokens(2), (0..300).collect::<Vec<u32>>());
+    assert_eq!(row.extra_tokens(), 299);
+}
+
+#[test]
+fn a_row_reused_forgets_the_last_lines_lists() {
+    let mut row = Row::default();
+    parse_line(with_c3("1|2|3").as_bytes(), &mut row).unwrap();
+    let capacity = row.more.capacity();
+    parse_line(with_c3("4").as_bytes(), &mut row).unwrap();
+    assert_eq!((row.tokens(2), row.extra_tokens()), (&[4][..], 0));
+    parse_line(with_c3("5|6").as_bytes(), &mut row).unwrap();
+    assert_eq!(row.tokens(2), [5, 6]);
+    assert_eq!(row.more.capacity(), capacity, "the buffer is reused");
+    // A bad list leaves nothing behind for the next line.
+    assert!(parse_line(with_c3("5||6").as_bytes(), &mut row).is_err());
+    parse_line(synthetic(NUM_FIELDS).as_bytes(), &mut row).unwrap();
+    assert_eq!((row.tokens(2), row.extra_tokens()), (&[3][..], 0));
+}
+
+#[test]
+fn bad_token_lists_name_the_column_and_token() {
+    for list in ["a||b", "a|", "|a", "|", "||"] {
+        assert_eq!(
+            err(&with_c3(list)),
+            format!("column C3 (field 17): {list:?} has an empty token between or beside `|`")
+        );
+    }
+    assert_eq!(
+        err(&with_c3("a|xyz|b")),
+        r#"column C3 (field 17): "xyz" is not hex"#
+    );
+    assert_eq!(
+        err(&with_c3("a|123456789")),
+        r#"column C3 (field 17): "123456789" has more than 8 hex digits"#
+    );
+    // In CSV too.
+    let csv = format!("9,{}", with_c3("1|g").replace('\t', ","));
+    let mut row = Row::default();
+    assert_eq!(
+        parse_csv_line(csv.as_bytes(), &mut row)
+            .unwrap_err()
+            .to_string(),
+        r#"column C3 (field 17): "g" is not hex"#
+    );
+}
+
+#[test]
+fn set_tokens_is_what_parsing_gives() {
+    let (_, parsed) = parse(&with_c3("a|b|c")).unwrap();
+    let (_, mut built) = parse(&with_c3("")).unwrap();
+    built.set_tokens(2, &[1, 2]);
+    built.set_tokens(2, &[0xa, 0xb, 0xc]);
+    assert_eq!(built.tokens(2), parsed.tokens(2));
+    assert_eq!(built.extra_tokens(), 2);
+    built.set_tokens(2, &[]);
+    assert_eq!(
+        (built.tokens(2), built.sparse[2], built.extra_tokens()),
+        (&[][..], None, 0)
+    );
+}
+
+proptest::proptest! {
+    /// Any list of 1-8 digit tokens parses back to its values.
+    #[test]
+    fn lists_round_trip(tokens in proptest::collection::vec(proptest::prelude::any::<u32>(), 1..20)) {
+        let text: Vec<String> = tokens.iter().map(|t| format!("{t:x}")).collect();
+        let (_, row) = parse(&with_c3(&text.join("|"))).unwrap();
+        proptest::prop_assert_eq!(row.tokens(2), &tokens[..]);
+        proptest::prop_assert_eq!(row.extra_tokens() as usize, tokens.len() - 1);
+    }
 }

@@ -18,6 +18,7 @@ use crossbeam_channel::{Receiver, RecvError};
 use super::batch::Batch;
 use super::columnar::Shard;
 use super::error::ReadError;
+use super::layout::FeatureLayout;
 use super::parse::{LineKind, Row, TextFormat};
 use super::source::{input_files, open, Input, LineReader, MAX_LINE};
 
@@ -46,6 +47,10 @@ pub struct ReaderConfig {
     /// their own order (a stream cannot be permuted without holding it: preprocess with `trainer
     /// preprocess` for per-epoch shuffling). `None` (the default) reads everything in order.
     pub shuffle_seed: Option<u64>,
+    /// The sparse features to produce ([`Batch::sparse`] in this order): which columns, one-hot or
+    /// multi-hot, table salts and caps. Default: 26 one-hot features, today's ids. Columnar shards must
+    /// have been written for the same layout.
+    pub layout: FeatureLayout,
 }
 
 impl ReaderConfig {
@@ -72,6 +77,9 @@ impl ReaderConfig {
                 self.rank, self.world
             ));
         }
+        if let Err(e) = self.layout.validate() {
+            return invalid(e.to_string());
+        }
         Ok(())
     }
 }
@@ -86,6 +94,7 @@ impl Default for ReaderConfig {
             world: 1,
             queue_depth: 4,
             shuffle_seed: None,
+            layout: FeatureLayout::default(),
         }
     }
 }
@@ -103,6 +112,9 @@ pub struct ReadStats {
     pub padded_lines: u64,
     /// Empty lines, skipped.
     pub empty_lines: u64,
+    /// Tokens dropped because a field held more than its feature's `tokens` (text input only: a shard's
+    /// were counted when it was written).
+    pub truncated_tokens: u64,
     /// The first bad lines, as `path:line: message` (line numbers 1-based within the file).
     pub first_errors: Vec<String>,
 }
@@ -233,6 +245,8 @@ struct Pipeline<'a> {
     stats: ReadStats,
     /// Index of the next line over all files, for the rank split.
     index: u64,
+    /// Whether the layout is the default one (the one-hot fast path).
+    default_layout: bool,
 }
 
 impl<'a> Pipeline<'a> {
@@ -242,6 +256,7 @@ impl<'a> Pipeline<'a> {
             stop,
             stats: ReadStats::default(),
             index: 0,
+            default_layout: cfg.layout.is_default(),
         }
     }
 
@@ -253,7 +268,7 @@ impl<'a> Pipeline<'a> {
         files: &[PathBuf],
         mut emit: impl FnMut(Batch, &ReadStats) -> bool,
     ) -> Result<(), ReadError> {
-        let mut batch = Batch::with_capacity(self.cfg.batch_size);
+        let mut batch = self.new_batch();
         for path in files {
             let go_on = match open(path)? {
                 Input::Text(lines) => self.read_text(path, lines, &mut batch, &mut emit)?,
@@ -276,22 +291,28 @@ impl<'a> Pipeline<'a> {
             });
         }
         if !batch.is_empty() {
+            self.stats.truncated_tokens += batch.truncated;
             emit(batch, &self.stats);
         }
         Ok(())
     }
 
+    /// An empty batch of the layout.
+    fn new_batch(&self) -> Batch {
+        Batch::with_layout(self.cfg.batch_size, &self.cfg.layout)
+    }
+
     /// Hands `batch` to `emit` if it is full; `false` to stop.
     fn flush_full(
-        &self,
+        &mut self,
         batch: &mut Batch,
         emit: &mut impl FnMut(Batch, &ReadStats) -> bool,
     ) -> bool {
-        let batch_size = self.cfg.batch_size;
-        if batch.len < batch_size {
+        if batch.len < self.cfg.batch_size {
             return true;
         }
-        let full = std::mem::replace(batch, Batch::with_capacity(batch_size));
+        let full = std::mem::replace(batch, self.new_batch());
+        self.stats.truncated_tokens += full.truncated;
         emit(full, &self.stats)
     }
 
@@ -343,7 +364,11 @@ impl<'a> Pipeline<'a> {
                 Ok(kind) => {
                     self.stats.padded_lines += u64::from(kind != LineKind::Full);
                     self.stats.rows += 1;
-                    batch.push_row(&row);
+                    if self.default_layout {
+                        batch.push_row(&row);
+                    } else {
+                        batch.push_row_in(&row, &self.cfg.layout);
+                    }
                     if !self.flush_full(batch, emit) {
                         return Ok(false);
                     }
@@ -364,10 +389,12 @@ impl<'a> Pipeline<'a> {
         batch: &mut Batch,
         emit: &mut impl FnMut(Batch, &ReadStats) -> bool,
     ) -> Result<bool, ReadError> {
-        let shard = Shard::parse(bytes).map_err(|reason| ReadError::Corrupt {
+        let corrupt = |reason| ReadError::Corrupt {
             path: path.to_path_buf(),
             reason,
-        })?;
+        };
+        let shard = Shard::parse(bytes).map_err(corrupt)?;
+        shard.check_layout(&self.cfg.layout).map_err(corrupt)?;
         let (world, rank) = (self.cfg.world, self.cfg.rank as u64);
         let rows = shard.rows();
         // The first of this rank's rows in the shard, then every `world`-th.

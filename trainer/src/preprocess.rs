@@ -13,8 +13,8 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context};
 use clap::Args;
 
-use crate::criteo::columnar::write_shard;
-use crate::criteo::{BatchReader, ReadStats, ReaderConfig};
+use crate::criteo::columnar::write_shard_for;
+use crate::criteo::{BatchReader, FeatureLayout, ReadStats, ReaderConfig};
 
 /// Flags of `trainer preprocess`.
 #[derive(Debug, Clone, Args)]
@@ -63,8 +63,13 @@ fn shard_name(n: usize) -> String {
     format!("part-{n:05}.dlrmcol")
 }
 
-/// Reads `args.input` and writes shards into `args.out`.
-pub fn preprocess(args: &PreprocessArgs) -> anyhow::Result<PreprocessSummary> {
+/// Reads `args.input` with the feature `layout` and writes shards of it into `args.out` (version 1 for the
+/// default layout, version 2 with the layout's fingerprint otherwise: training must read them with the
+/// same layout).
+pub fn preprocess(
+    args: &PreprocessArgs,
+    layout: &FeatureLayout,
+) -> anyhow::Result<PreprocessSummary> {
     if args.rows_per_shard == 0 {
         bail!("--rows-per-shard 0: a shard needs at least one row");
     }
@@ -83,6 +88,7 @@ pub fn preprocess(args: &PreprocessArgs) -> anyhow::Result<PreprocessSummary> {
     let cfg = ReaderConfig {
         max_bad_lines: args.max_bad_lines,
         queue_depth: 1,
+        layout: layout.clone(),
         ..ReaderConfig::new(args.input.iter(), args.rows_per_shard)
     };
     let mut reader = BatchReader::spawn(cfg).context("open the input")?;
@@ -90,7 +96,7 @@ pub fn preprocess(args: &PreprocessArgs) -> anyhow::Result<PreprocessSummary> {
     for batch in reader.by_ref() {
         let batch = batch.context("read the input")?;
         let path = out.join(shard_name(shards.len()));
-        write_atomically(&path, |w| write_shard(&batch, w))?;
+        write_atomically(&path, |w| write_shard_for(&batch, layout, w))?;
         shards.push(path);
     }
     Ok(PreprocessSummary {

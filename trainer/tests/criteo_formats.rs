@@ -109,12 +109,15 @@ fn bad_csv_row_is_reported_with_its_line_number() {
 }
 
 fn preprocess_into(inputs: &[&Path], out: &Path, rows_per_shard: usize) -> Vec<PathBuf> {
-    let summary = preprocess(&PreprocessArgs {
-        input: inputs.iter().map(|p| p.to_path_buf()).collect(),
-        out: out.to_path_buf(),
-        rows_per_shard,
-        max_bad_lines: 0,
-    })
+    let summary = preprocess(
+        &PreprocessArgs {
+            input: inputs.iter().map(|p| p.to_path_buf()).collect(),
+            out: out.to_path_buf(),
+            rows_per_shard,
+            max_bad_lines: 0,
+        },
+        &Default::default(),
+    )
     .unwrap();
     summary.shards
 }
@@ -160,12 +163,15 @@ fn preprocess_refuses_a_non_empty_output_directory() {
     let tsv = write(&dir.path().join("day_0"), &lines(0..10));
     let out = dir.path().join("out");
     preprocess_into(&[&tsv], &out, 4);
-    let err = preprocess(&PreprocessArgs {
-        input: vec![tsv],
-        out: out.clone(),
-        rows_per_shard: 4,
-        max_bad_lines: 0,
-    })
+    let err = preprocess(
+        &PreprocessArgs {
+            input: vec![tsv],
+            out: out.clone(),
+            rows_per_shard: 4,
+            max_bad_lines: 0,
+        },
+        &Default::default(),
+    )
     .unwrap_err();
     assert!(format!("{err:#}").contains("is not empty"), "{err:#}");
 }

@@ -329,12 +329,15 @@ fn parse_rate() {
     let zst = common::write_zst(&dir.path().join("zst"), &text);
     let shards = dir.path().join("shards");
     let start = Instant::now();
-    let summary = preprocess(&PreprocessArgs {
-        input: vec![plain.clone()],
-        out: shards.clone(),
-        rows_per_shard: 1 << 18,
-        max_bad_lines: 0,
-    })
+    let summary = preprocess(
+        &PreprocessArgs {
+            input: vec![plain.clone()],
+            out: shards.clone(),
+            rows_per_shard: 1 << 18,
+            max_bad_lines: 0,
+        },
+        &Default::default(),
+    )
     .unwrap();
     println!(
         "preprocess (plain file to {} shards): {:.2} M lines/s",
