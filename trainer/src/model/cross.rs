@@ -27,8 +27,12 @@
 //!   normal(0, sqrt(2 / (rank + D))) and `b_l` from normal(0, sqrt(1 / D)) — the same rule as every
 //!   [`Linear`] layer (TorchRec itself uses Xavier-normal weights and zero biases; a PyTorch reference that
 //!   wants our numbers copies the weights).
-//! - Per chunk of rows ([`CrossBuffers`]) the forward keeps `x_0 .. x_{L-1}`, `v_l` and `u_l` for the
-//!   backward: `(2 D + rank) L` floats per row (at DLRM-v2's sizes, 512 rows: about 45 MB per chunk).
+//! - Per chunk of rows (`CrossBuffers`) the forward keeps `x_0 .. x_{L-1}`, `v_l` and `u_l` for the
+//!   backward, `(2 D + rank) L` floats per row, and the backward needs `3 D + rank` more (at DLRM-v2's sizes
+//!   and 512 rows per chunk: about 68 MB per chunk). Recomputing `u_l` instead would cost a product per layer.
+//! - The element-wise passes run on the chunk's thread (chunks already run in parallel; with fewer chunks
+//!   than threads only the products are split over the pool), in a fixed order, so results do not depend
+//!   on the pool.
 
 use super::aligned::Aligned;
 use super::bf16;
@@ -171,7 +175,8 @@ impl CrossNet {
         assert_eq!(emb.len(), rows * (d - self.dense_dim), "cross forward: emb");
         assert_eq!(out.len(), rows * d, "cross forward: out");
         bufs.grow(n, rows, d, r);
-        gather_x0(self.dense_dim, z, emb, &mut bufs.xs[0][..rows * d]);
+        let x0 = &mut bufs.xs[0][..rows * d];
+        gather_x0(self.dense_dim, d - self.dense_dim, z, emb, x0);
         for l in 0..n {
             let (v_layer, u_layer) = (&self.layers[2 * l], &self.layers[2 * l + 1]);
             let v = &mut bufs.vs[l][..rows * r];
@@ -258,7 +263,7 @@ impl CrossNet {
         }
         // x_0 is x0 itself: its gradient through the layer chain joins the direct terms.
         add(dx0, g);
-        scatter_x0(self.dense_dim, dx0, dz, demb);
+        scatter_x0(self.dense_dim, d - self.dense_dim, dx0, dz, demb);
     }
 }
 
@@ -280,10 +285,8 @@ impl CrossBuffers {
     }
 }
 
-/// `x0` row by row: `[z_i, emb_i]` (rows of `dense_dim` and `x0`'s width minus it).
-fn gather_x0(dense_dim: usize, z: &[f32], emb: &[f32], x0: &mut [f32]) {
-    let rows = z.len().checked_div(dense_dim).unwrap_or(0);
-    let w = emb.len().checked_div(rows).unwrap_or(0);
+/// `x0` row by row: `[z_i, emb_i]` (rows of `dense_dim` and `w`).
+fn gather_x0(dense_dim: usize, w: usize, z: &[f32], emb: &[f32], x0: &mut [f32]) {
     for (i, row) in x0.chunks_exact_mut(dense_dim + w).enumerate() {
         let (zr, er) = row.split_at_mut(dense_dim);
         zr.copy_from_slice(&z[i * dense_dim..][..dense_dim]);
@@ -291,10 +294,9 @@ fn gather_x0(dense_dim: usize, z: &[f32], emb: &[f32], x0: &mut [f32]) {
     }
 }
 
-/// Splits `d loss / d x0` row by row into `dz` (the first `dense_dim` of each row) and `demb` (the rest).
-fn scatter_x0(dense_dim: usize, dx0: &[f32], dz: &mut [f32], demb: &mut [f32]) {
-    let rows = dz.len().checked_div(dense_dim).unwrap_or(0);
-    let w = demb.len().checked_div(rows).unwrap_or(0);
+/// Splits `d loss / d x0` row by row into `dz` (the first `dense_dim` of each row) and `demb` (the other
+/// `w`).
+fn scatter_x0(dense_dim: usize, w: usize, dx0: &[f32], dz: &mut [f32], demb: &mut [f32]) {
     for (i, row) in dx0.chunks_exact(dense_dim + w).enumerate() {
         let (zr, er) = row.split_at(dense_dim);
         dz[i * dense_dim..][..dense_dim].copy_from_slice(zr);

@@ -57,7 +57,7 @@ impl Dlrm {
         Dlrm::new(cfg, opt, seed).expect("a valid tiny config")
     }
 
-    /// A model with deterministic initial weights drawn from `seed` (see [`Linear`](super::Linear)): bottom
+    /// A model with deterministic initial weights drawn from `seed` (see [`Linear`]): bottom
     /// layers first, then the cross layers if any (see [`CrossNet`]), then top layers, weight before bias.
     pub fn new(cfg: DlrmConfig, opt: DenseOptimizer, seed: u64) -> Result<Self, ModelError> {
         cfg.validate()?;

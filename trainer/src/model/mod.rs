@@ -108,7 +108,8 @@ pub enum Precision {
     F32,
     /// Mixed precision: the products' inputs (activations, their gradients, and the weights) are rounded
     /// to bf16 and multiplied on AMX tiles with f32 accumulation; the master weights, optimizer, bias,
-    /// ReLU, interaction and loss stay f32 (`bf16`).
+    /// ReLU, the dot interaction, the cross layers' element-wise products and the loss stay f32 (`bf16`). The
+    /// cross layers' `U` and `V` products run in bf16 like the MLPs'.
     Bf16,
 }
 
