@@ -48,18 +48,22 @@ fi
 mkdir -p "$DATA"
 cargo build --release -q -p trainer -p ps-server -p bench --bins
 B=${CARGO_TARGET_DIR:-target}/release
-TRAIN_TSV="$DATA/train-$ROWS-s1-t7.tsv"
-TEST_TSV="$DATA/test-$TEST_ROWS-s2-t7.tsv"
-if [ ! -f "$TRAIN_TSV" ] || [ ! -f "$TEST_TSV" ]; then
+# The demo names its generated files train-ROWS-s1-t7[-mhHASH].tsv (the tag for a multi-hot spec's bag sizes).
+data_file() { ls "$DATA"/$1-s$2-t7*.tsv 2>/dev/null | head -1; }
+TRAIN_TSV=$(data_file "train-$ROWS" 1)
+TEST_TSV=$(data_file "test-$TEST_ROWS" 2)
+if [ -z "$TRAIN_TSV" ] || [ -z "$TEST_TSV" ]; then
     echo "== generating the data (a one-step demo run)" >&2
     $B/trainer demo --rows "$ROWS" --test-rows "$TEST_ROWS" --data-dir "$DATA" --max-steps 1 "${SPEC_ARGS[@]}" >&2
+    TRAIN_TSV=$(data_file "train-$ROWS" 1)
+    TEST_TSV=$(data_file "test-$TEST_ROWS" 2)
 fi
 # PyTorch parses the whole training file before its timed loop. To time the same thing, ours trains on the
 # columnar shards of `trainer preprocess` (read memory-mapped; same rows, same order), made once here and not
 # timed. OURS_INPUT=tsv trains on the text file instead, parsing inside the timed run.
 TRAIN="$TRAIN_TSV"
 if [ "${OURS_INPUT:-columnar}" != tsv ]; then
-    TRAIN="$DATA/train-$ROWS-s1-t7.cols"
+    TRAIN="${TRAIN_TSV%.tsv}.cols"
     if [ ! -d "$TRAIN" ]; then
         $B/trainer preprocess --input "$TRAIN_TSV" --out "$TRAIN" "${SPEC_ARGS[@]}" >&2
     fi

@@ -32,6 +32,14 @@ pub enum ConfigError {
         /// What is wrong with it.
         problem: String,
     },
+    /// `--model-spec` cannot be read or is refused.
+    #[error("model spec {spec}: {source}")]
+    Spec {
+        /// The name or path given.
+        spec: String,
+        /// What is wrong, naming the field.
+        source: crate::spec::SpecError,
+    },
     /// The model's sizes or dense optimizer are invalid.
     #[error(transparent)]
     Model(#[from] ModelError),
@@ -154,6 +162,12 @@ pub struct ModelArgs {
     /// Samples per training batch.
     #[arg(long, default_value_t = 2048)]
     pub batch_size: usize,
+    /// The model as a spec (docs/model-spec.md): a TOML file, or a shipped spec's name (dlrm-kaggle,
+    /// dlrm-v2, dlrm-v2-small). It sets the sparse features, tables, dimensions, pooling, caps, embedding
+    /// optimizers, wire encodings, interaction and MLP sizes, and the dense optimizer if it has `[dense]`,
+    /// in place of the flags for them. Without it the flags describe the model (as dlrm-kaggle).
+    #[arg(long)]
+    pub model_spec: Option<String>,
     /// Embedding dimension (must equal the bottom MLP's last size).
     #[arg(long, default_value_t = 16)]
     pub emb_dim: usize,
@@ -320,76 +334,6 @@ pub enum OnMissing {
     Continue,
 }
 
-impl ModelArgs {
-    /// The staleness bound for a job of `world` trainers: `--max-in-flight`, or its default (2 alone, 0 with
-    /// several trainers).
-    pub fn staleness_bound(&self, world: usize) -> usize {
-        self.max_in_flight.unwrap_or(if world > 1 { 0 } else { 2 })
-    }
-
-    /// Per-table pull and push encodings for `num_sparse` tables named `C1..`: `--pull-encoding` and
-    /// `--push-encoding` (both defaulting to `--encoding`), then the `--table-encoding` overrides.
-    pub fn table_codecs(
-        &self,
-        num_sparse: usize,
-    ) -> Result<crate::step::plan::TableCodecs, ConfigError> {
-        let mut codecs = crate::step::plan::TableCodecs::uniform(
-            num_sparse,
-            self.pull_encoding.unwrap_or(self.encoding),
-            self.push_encoding.unwrap_or(self.encoding),
-        );
-        for entry in self.table_encoding.iter().filter(|e| !e.trim().is_empty()) {
-            let bad = |problem: String| ConfigError::TableEncoding {
-                entry: entry.clone(),
-                problem,
-            };
-            let (name, value) = entry
-                .split_once('=')
-                .ok_or_else(|| bad("expected NAME=ENC or NAME=PULL/PUSH".into()))?;
-            let name = name.trim();
-            let t = name
-                .strip_prefix('C')
-                .and_then(|n| n.parse::<usize>().ok())
-                .filter(|&n| (1..=num_sparse).contains(&n))
-                .ok_or_else(|| {
-                    bad(format!(
-                        "unknown table {name:?}, expected C1..C{num_sparse}"
-                    ))
-                })?
-                - 1;
-            let parse = |v: &str| v.trim().parse::<Encoding>().map_err(|e| bad(e.to_string()));
-            let (pull, push) = match value.split_once('/') {
-                Some((a, b)) => (parse(a)?, parse(b)?),
-                None => (parse(value)?, parse(value)?),
-            };
-            codecs.pull[t] = pull;
-            codecs.push[t] = push;
-        }
-        if self.error_feedback == FeedbackMode::Auto {
-            codecs.no_feedback = vec![Encoding::F16];
-        }
-        Ok(codecs)
-    }
-
-    /// The error-feedback store the trainer keeps for lossy pushes, if any table pushes lossily and feedback
-    /// is on.
-    pub fn residual_store(
-        &self,
-        codecs: &crate::step::plan::TableCodecs,
-    ) -> Option<crate::step::feedback::ResidualStore> {
-        let used = codecs.push.iter().any(|&e| codecs.feedback_for(e));
-        (self.error_feedback != FeedbackMode::Off && used).then(|| {
-            crate::step::feedback::ResidualStore::new(
-                self.emb_dim,
-                crate::step::feedback::FeedbackConfig {
-                    max_age_steps: self.residual_max_age,
-                    max_rows: self.residual_max_rows,
-                },
-            )
-        })
-    }
-}
-
 impl Default for ModelArgs {
     fn default() -> Self {
         use clap::Parser;
@@ -446,6 +390,8 @@ impl ModelArgs {
             "a finite number > 0",
         )?;
         self.table_codecs(self.dlrm().num_sparse)?;
+        let spec = self.spec()?;
+        self.check_feedback_dims(&spec)?;
         let f = self.dense_push_fraction;
         check(
             f > 0.0 && f <= 1.0,
@@ -471,7 +417,42 @@ impl ModelArgs {
         )?;
         let age = self.residual_max_age;
         check(age > 0, "residual-max-age", age, "at least 1")?;
-        Ok(self.dlrm().validate()?)
+        if self.model_spec.is_none() {
+            // (A spec's sizes were checked when it was read, with the spec's field names.)
+            self.dlrm().validate()?;
+        }
+        Ok(())
+    }
+
+    /// Error feedback keeps residual rows of one dimension: the tables pushed with feedback must share it.
+    fn check_feedback_dims(&self, spec: &crate::spec::ModelSpec) -> Result<(), ConfigError> {
+        if self.error_feedback == FeedbackMode::Off {
+            return Ok(());
+        }
+        let codecs = spec.codecs(self.no_feedback());
+        let mut with = spec.tables.iter().filter(|t| codecs.feedback_for(t.push));
+        if let Some(first) = with.next() {
+            if let Some(other) = with.find(|t| t.dim != first.dim) {
+                return Err(ConfigError::OutOfRange {
+                    name: "error-feedback",
+                    value: format!(
+                        "{:?} (table {} has dim {}, table {} dim {})",
+                        self.error_feedback, first.name, first.dim, other.name, other.dim
+                    ),
+                    expected: "off when tables pushed with a lossy encoding differ in dimension",
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// The push encodings sent without error feedback (`--error-feedback auto`: f16).
+    pub fn no_feedback(&self) -> Vec<Encoding> {
+        if self.error_feedback == FeedbackMode::Auto {
+            vec![Encoding::F16]
+        } else {
+            Vec::new()
+        }
     }
 
     /// The dense model's sizes.
@@ -635,5 +616,6 @@ pub fn load_model_file(path: &Path) -> Result<ModelArgs, ConfigError> {
     })
 }
 
+mod derived;
 #[cfg(test)]
 mod tests;

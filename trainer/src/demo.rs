@@ -107,6 +107,7 @@ fn generate(
     rows: u64,
     seed: u64,
     teacher_seed: u64,
+    multi_hot: Option<&str>,
     out: &Path,
     oracle: &Path,
 ) -> anyhow::Result<()> {
@@ -120,6 +121,7 @@ fn generate(
     let status = Command::new(gen_criteo()?)
         .args(["--rows", &rows.to_string(), "--seed", &seed.to_string()])
         .args(["--teacher-seed", &teacher_seed.to_string()])
+        .args(multi_hot.map(|sizes| format!("--multi-hot={sizes}")))
         .arg("--out")
         .arg(&tmp)
         .arg("--oracle")
@@ -134,6 +136,13 @@ fn generate(
         .with_context(|| format!("rename to {}", oracle.display()))?;
     std::fs::rename(&tmp, out).with_context(|| format!("rename to {}", out.display()))?;
     Ok(())
+}
+
+/// 64-bit FNV-1a: a stable name for generated files' settings.
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
 }
 
 /// Runs the demo; returns the summary (already printed).
@@ -155,9 +164,26 @@ pub fn run_demo(mut args: DemoArgs) -> anyhow::Result<Summary> {
         (Some(train), Some(test)) => (train.clone(), test.clone(), None),
         _ => {
             let d = &args.data_dir;
+            // A multi-hot spec gets fields of as many tokens as its features take (gen-criteo --multi-hot).
+            let spec = args.model.spec()?;
+            let multi_hot = spec.is_multi_hot().then(|| {
+                let mut sizes = vec![1; crate::spec::COLUMNS];
+                for f in &spec.features {
+                    sizes[f.column] = f.tokens;
+                }
+                sizes
+                    .iter()
+                    .map(usize::to_string)
+                    .collect::<Vec<_>>()
+                    .join(",")
+            });
+            let tag = match &multi_hot {
+                Some(sizes) => format!("-mh{:08x}", fnv1a(sizes.as_bytes()) as u32),
+                None => String::new(),
+            };
             let name = |kind: &str, rows: u64, seed: u64, ext: &str| {
                 d.join(format!(
-                    "{kind}-{rows}-s{seed}-t{}.{ext}",
+                    "{kind}-{rows}-s{seed}-t{}{tag}.{ext}",
                     args.teacher_seed
                 ))
             };
@@ -170,6 +196,7 @@ pub fn run_demo(mut args: DemoArgs) -> anyhow::Result<Summary> {
                 args.rows,
                 args.data_seed,
                 args.teacher_seed,
+                multi_hot.as_deref(),
                 &train,
                 &train_oracle,
             )?;
@@ -177,6 +204,7 @@ pub fn run_demo(mut args: DemoArgs) -> anyhow::Result<Summary> {
                 args.test_rows,
                 test_seed,
                 args.teacher_seed,
+                multi_hot.as_deref(),
                 &test,
                 &test_oracle,
             )?;

@@ -31,5 +31,6 @@ pub mod metrics;
 pub mod model;
 pub mod preprocess;
 pub mod run;
+pub mod spec;
 pub mod step;
 pub mod train;

@@ -115,6 +115,9 @@ pub struct Summary {
     pub trainers: usize,
     /// Every evaluation: the periodic ones, then the final one.
     pub evals: Vec<EvalPoint>,
+    /// Embedding rows and gradients on the wire during training, both directions (bytes).
+    #[serde(default)]
+    pub wire_bytes: u64,
 }
 
 impl Summary {
@@ -122,7 +125,7 @@ impl Summary {
     pub fn render(&self) -> String {
         let opt = |v: Option<f64>| v.map_or("n/a".to_string(), |v| format!("{v:.4}"));
         format!(
-            "samples         {}\nseconds         {:.2}\nsamples/s       {:.0}\nfinal train loss {:.4}\ntest AUC        {}\ntest logloss    {}\noracle AUC      {}\ntest samples    {}\ncalibration     {}\nbad lines       {}\n",
+            "samples         {}\nseconds         {:.2}\nsamples/s       {:.0}\nfinal train loss {:.4}\ntest AUC        {}\ntest logloss    {}\noracle AUC      {}\ntest samples    {}\ncalibration     {}\nbad lines       {}\nwire bytes/sample {:.0}\n",
             self.samples,
             self.seconds,
             self.samples_per_sec,
@@ -133,6 +136,7 @@ impl Summary {
             self.test_samples,
             opt(self.calibration),
             self.bad_lines,
+            self.wire_bytes as f64 / self.samples.max(1) as f64,
         )
     }
 
@@ -297,6 +301,9 @@ pub async fn train_and_evaluate(
 
 /// Prints a job's settings, once at its start.
 fn print_job(client: &PsClient, model: &ModelArgs, inputs: &Inputs, dense_on_ps: bool) {
+    if let (Some(_), Ok(spec)) = (&model.model_spec, model.spec()) {
+        eprintln!("model: {}", spec.describe());
+    }
     eprintln!(
         "training: rank {} of {}, {} servers, batch {}, dense {:?} lr {} ({}, {} products), embeddings {:?} lr {}, {} on the wire, staleness bound {}",
         inputs.rank,
@@ -362,6 +369,7 @@ impl Summary {
         self.rejected_nonfinite += pass.rejected_nonfinite;
         self.step = pass.step;
         self.evals.extend(pass.evals);
+        self.wire_bytes += pass.wire_bytes;
     }
 
     /// The summary of one trainer's pass that ended at `step`, before the final evaluation.
@@ -385,6 +393,7 @@ impl Summary {
                 .iter()
                 .map(|(step, r)| EvalPoint::new(*step, r))
                 .collect(),
+            wire_bytes: report.wire_bytes,
         }
     }
 }

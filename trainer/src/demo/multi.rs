@@ -161,6 +161,7 @@ fn combine(run_dir: &Path, n: usize) -> anyhow::Result<Summary> {
             step: num("step") as u64,
             trainers: 1,
             evals: Vec::new(),
+            wire_bytes: num("wire_bytes") as u64,
         };
         if rank == 0 {
             let evals = serde_json::from_value(s["evals"].clone()).unwrap_or_default();
@@ -175,6 +176,7 @@ fn combine(run_dir: &Path, n: usize) -> anyhow::Result<Summary> {
         c.bad_lines += part.bad_lines;
         c.rejected_nonfinite += part.rejected_nonfinite;
         c.step += part.step;
+        c.wire_bytes += part.wire_bytes;
         c.trainers += 1;
     }
     combined.context("no trainer summaries")

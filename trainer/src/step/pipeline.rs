@@ -14,7 +14,7 @@ use crossbeam_channel::{Receiver, Sender};
 use protocol::ShardMap;
 
 use crate::criteo::{Batch, BatchReader, ReadError, ReadStats};
-use crate::step::plan::Plan;
+use crate::step::plan::{Plan, SparseLayout};
 use crate::step::prefetch::Prefetcher;
 
 /// A parsed and planned batch.
@@ -41,7 +41,7 @@ impl PlanStage {
     /// counted).
     pub fn spawn(
         reader: BatchReader,
-        dim: usize,
+        layout: SparseLayout,
         map: ShardMap,
         depth: usize,
         skip: u64,
@@ -59,7 +59,13 @@ impl PlanStage {
                         Ok(_) if index < skip => continue,
                         Ok(batch) => {
                             let mut plan = recycled.try_recv().unwrap_or_default();
-                            plan.build(&batch.sparse, dim, &map);
+                            plan.build_with(
+                                &layout,
+                                batch.len,
+                                &batch.sparse,
+                                &batch.offsets,
+                                &map,
+                            );
                             if let Some(p) = &prefetch {
                                 p.send(index - skip, &plan);
                             }
@@ -142,7 +148,8 @@ mod tests {
         std::fs::write(&path, lines(10)).unwrap();
         let map = ShardMap::new(2);
         let reader = BatchReader::spawn(ReaderConfig::new([&path], 3)).unwrap();
-        let mut stage = PlanStage::spawn(reader, 4, map, 1, 0, None).unwrap();
+        let mut stage =
+            PlanStage::spawn(reader, SparseLayout::uniform(26, 4), map, 1, 0, None).unwrap();
         let mut seen = Vec::new();
         while let Some(p) = stage.next_planned() {
             let p = p.unwrap();
@@ -155,7 +162,8 @@ mod tests {
         assert_eq!(stage.finish().rows, 10);
 
         let reader = BatchReader::spawn(ReaderConfig::new([&path], 3)).unwrap();
-        let mut stage = PlanStage::spawn(reader, 4, map, 2, 2, None).unwrap();
+        let mut stage =
+            PlanStage::spawn(reader, SparseLayout::uniform(26, 4), map, 2, 2, None).unwrap();
         let first = stage.next_planned().unwrap().unwrap();
         assert_eq!((first.index, first.batch.labels[0]), (2, 0.0));
         // Dropped early: the threads stop.

@@ -23,8 +23,10 @@ use protocol::wire::pull::IdSections;
 use protocol::wire::pull_with_state::get_state;
 use protocol::{Encoding, ProtocolError, ShardMap, TableCount};
 
+mod bags;
 mod codecs;
 
+pub use bags::{FeatureShape, SparseLayout};
 pub use codecs::TableCodecs;
 
 /// How ids travel (see the module docs).
@@ -51,11 +53,17 @@ type IdMap = HashMap<u64, u32, BuildHasherDefault<IdHasher>>;
 #[derive(Default)]
 pub struct Plan {
     batch: usize,
-    dim: usize,
+    /// The sparse layout and what follows from it.
+    shape: bags::Derived,
     /// `unique[t]`: distinct ids of table `t`, in first-seen order.
     unique: Vec<Vec<u64>>,
-    /// `inverse[t][i]`: position in `unique[t]` of sample `i`'s id.
+    /// `inverse[t][k]`: position in `unique[t]` of the `k`-th id of the table's features (feature by feature,
+    /// in feature order: feature `f`'s ids start at `base[f]`).
     inverse: Vec<Vec<u32>>,
+    /// `base[f]`: where feature `f`'s ids start in its table's `inverse`.
+    base: Vec<usize>,
+    /// `offsets[f]`: feature `f`'s bag offsets (`[batch + 1]`), empty for a one-hot feature.
+    offsets: Vec<Vec<u32>>,
     /// `by_server[s][t]`: positions in `unique[t]` owned by server `s`, in wire order.
     by_server: Vec<Vec<Vec<u32>>>,
     /// `keys[s][t][k]`: the wire-order key of `unique[t][by_server[s][t][k]]` (ascending), which lets two
@@ -101,35 +109,83 @@ fn for_row(dst: &mut [f32], src: &[f32], f: impl Fn(&mut f32, f32)) {
 }
 
 impl Plan {
-    /// Plans a batch: `sparse[t]` holds the ids of table `t` for every sample (all of equal length).
+    /// Plans a batch of one-hot features, feature `t` reading table `t` of dimension `dim`: `sparse[t]` holds
+    /// the ids of table `t` for every sample (all of equal length).
     pub fn build(&mut self, sparse: &[Vec<u64>], dim: usize, map: &ShardMap) {
-        let tables = sparse.len();
-        self.batch = sparse.first().map_or(0, Vec::len);
-        self.dim = dim;
+        let batch = sparse.first().map_or(0, Vec::len);
+        self.build_with(
+            &SparseLayout::uniform(sparse.len(), dim),
+            batch,
+            sparse,
+            &[],
+            map,
+        );
+    }
+
+    /// Plans a batch of `batch` samples with `layout`: `sparse[f]` holds feature `f`'s ids, one per sample
+    /// when `offsets[f]` is empty (or missing), else the bags `offsets[f][i]..offsets[f][i + 1]`.
+    ///
+    /// # Panics
+    /// If `sparse` does not have one id list per feature, or a list does not match `batch` and its offsets.
+    pub fn build_with(
+        &mut self,
+        layout: &SparseLayout,
+        batch: usize,
+        sparse: &[Vec<u64>],
+        offsets: &[Vec<u32>],
+        map: &ShardMap,
+    ) {
+        assert_eq!(sparse.len(), layout.features.len(), "plan: sparse columns");
+        self.shape.set(layout);
+        let tables = layout.tables();
+        self.batch = batch;
+        self.base.resize(layout.features.len(), 0);
+        self.offsets.resize_with(layout.features.len(), Vec::new);
+        for (f, dst) in self.offsets.iter_mut().enumerate() {
+            dst.clear();
+            let src = offsets.get(f).map_or(&[][..], Vec::as_slice);
+            if src.is_empty() {
+                assert_eq!(sparse[f].len(), batch, "plan: feature {f}'s ids");
+            } else {
+                assert_eq!(src.len(), batch + 1, "plan: feature {f}'s offsets");
+                assert_eq!(
+                    src[batch] as usize,
+                    sparse[f].len(),
+                    "plan: feature {f}'s bags"
+                );
+                dst.extend_from_slice(src);
+            }
+        }
         let servers = map.num_servers as usize;
         self.unique.resize_with(tables, Vec::new);
+        self.unique.truncate(tables);
         self.inverse.resize_with(tables, Vec::new);
+        self.inverse.truncate(tables);
         self.by_server.resize_with(servers, Vec::new);
         self.keys.resize_with(servers, Vec::new);
         for (s, k) in self.by_server.iter_mut().zip(&mut self.keys) {
             s.resize_with(tables, Vec::new);
+            s.truncate(tables);
             s.iter_mut().for_each(Vec::clear);
             k.resize_with(tables, Vec::new);
+            k.truncate(tables);
             k.iter_mut().for_each(Vec::clear);
         }
-        for (t, ids) in sparse.iter().enumerate() {
-            debug_assert_eq!(ids.len(), self.batch);
+        for t in 0..tables {
             let (unique, inverse) = (&mut self.unique[t], &mut self.inverse[t]);
             unique.clear();
             inverse.clear();
             self.seen.clear();
-            for &id in ids {
-                let next = unique.len() as u32;
-                let pos = *self.seen.entry(id).or_insert(next);
-                if pos == next {
-                    unique.push(id);
+            for &f in &self.shape.of_table[t] {
+                self.base[f] = inverse.len();
+                for &id in &sparse[f] {
+                    let next = unique.len() as u32;
+                    let pos = *self.seen.entry(id).or_insert(next);
+                    if pos == next {
+                        unique.push(id);
+                    }
+                    inverse.push(pos);
                 }
-                inverse.push(pos);
             }
             for (u, &id) in unique.iter().enumerate() {
                 self.by_server[map.server_of(id) as usize][t].push(u as u32);
@@ -166,14 +222,31 @@ impl Plan {
         self.unique.iter().map(Vec::len).sum()
     }
 
+    /// The f32 values of the distinct ids' rows over all tables (`Σ unique_t x dim_t`): their raw size.
+    pub fn unique_values(&self) -> usize {
+        (0..self.unique.len())
+            .map(|t| self.unique[t].len() * self.dim(t))
+            .sum()
+    }
+
     /// Distinct ids of each table.
     pub fn unique(&self, table: usize) -> &[u64] {
         &self.unique[table]
     }
 
-    /// Embedding row dimension.
-    pub fn dim(&self) -> usize {
-        self.dim
+    /// Row dimension of table `t`.
+    pub fn dim(&self, t: usize) -> usize {
+        self.shape.layout.dims[t]
+    }
+
+    /// The sparse layout of the last build.
+    pub fn layout(&self) -> &SparseLayout {
+        &self.shape.layout
+    }
+
+    /// Width of one sample's pooled embeddings (the model's input row).
+    pub fn width(&self) -> usize {
+        self.shape.width
     }
 
     /// Number of servers the plan splits ids over.
@@ -212,7 +285,7 @@ impl Plan {
         let positions = &self.by_server[server][t];
         scratch.clear();
         scratch.extend(positions.iter().map(|&p| self.unique[t][p as usize]));
-        sections.table(t as u32, self.dim as u32, ID_CODING, scratch);
+        sections.table(t as u32, self.dim(t) as u32, ID_CODING, scratch);
     }
 
     /// The distinct encodings of `list` over the tables, in first-seen order.
@@ -328,12 +401,10 @@ impl Plan {
         rows: &[u8],
         unique_rows: &mut Vec<Vec<f32>>,
     ) -> Result<(), ProtocolError> {
-        let dim = self.dim;
         unique_rows.resize_with(self.unique.len(), Vec::new);
         for (t, dst) in unique_rows.iter_mut().enumerate() {
-            dst.resize(self.unique[t].len() * dim, 0.0);
+            dst.resize(self.unique[t].len() * self.dim(t), 0.0);
         }
-        let width = encoding.row_bytes(dim);
         let mut expected = 0;
         for c in counts {
             let t = c.table as usize;
@@ -344,16 +415,17 @@ impl Plan {
                     c.count
                 )));
             }
-            expected += n * width;
+            expected += n * encoding.row_bytes(self.dim(t));
         }
         protocol::wire::message::check_len("pulled rows", rows.len(), expected)?;
         let mut at = 0;
         for c in counts {
             let t = c.table as usize;
+            let dim = self.dim(t);
             let positions = &self.by_server[server][t];
             let n = positions.len() * dim;
             self.rows_scratch.resize(n, 0.0);
-            let bytes = positions.len() * width;
+            let bytes = positions.len() * encoding.row_bytes(dim);
             codec::decode_rows(&rows[at..at + bytes], dim, encoding, &mut self.rows_scratch)?;
             at += bytes;
             let dst = &mut unique_rows[t];
@@ -379,64 +451,67 @@ impl Plan {
             .map(|t| TableCount {
                 table: t as u32,
                 count: self.by_server[server][t].len() as u32,
-                dim: self.dim as u32,
+                dim: self.dim(t) as u32,
             })
             .collect();
         self.scatter_part(server, encoding, &counts, rows, unique_rows)
     }
 
-    /// Expands per-unique rows into the model's input `[batch x tables x dim]`.
+    /// Pools per-unique rows into the model's input `[batch x width]` (feature `f` of sample `i` at
+    /// `i * width + offset(f)`; with one-hot features of one dimension, `[batch x tables x dim]`).
     pub fn gather_embeddings(&self, unique_rows: &[Vec<f32>], out: &mut Vec<f32>) {
         use rayon::prelude::*;
-        let (b, tables, dim) = (self.batch, self.unique.len(), self.dim);
-        out.resize(b * tables * dim, 0.0);
-        if tables == 0 || dim == 0 {
+        let (b, width) = (self.batch, self.shape.width);
+        out.resize(b * width, 0.0);
+        if width == 0 {
             return;
         }
         // Sample by sample, so the output is written in order; split over the rayon pool (this runs on the
         // training loop's critical path, between dense steps).
         const SAMPLES: usize = 256;
-        let width = tables * dim;
+        let shape = &self.shape;
         out[..b * width]
             .par_chunks_mut(SAMPLES * width)
             .enumerate()
             .for_each(|(c, part)| {
                 for (k, sample) in part.chunks_exact_mut(width).enumerate() {
                     let i = c * SAMPLES + k;
-                    for (t, dst) in sample.chunks_exact_mut(dim).enumerate() {
-                        let u = self.inverse[t][i] as usize;
-                        for_row(dst, &unique_rows[t][u * dim..(u + 1) * dim], |d, s| *d = s);
+                    for (f, feature) in shape.layout.features.iter().enumerate() {
+                        let t = feature.table;
+                        let dst = &mut sample[shape.offset[f]..][..shape.layout.dims[t]];
+                        let (from, to) = bags::bag(&self.offsets[f], i);
+                        let inverse = &self.inverse[t][self.base[f]..];
+                        bags::pool_into(dst, &unique_rows[t], inverse, (from, to), feature.mean);
                     }
                 }
             });
     }
 
-    /// Sums the model's embedding gradients `[batch x tables x dim]` per unique id into `out[t]`
-    /// (`[unique_t x dim]`), multiplied by `scale`.
+    /// Spreads the model's embedding gradients `[batch x width]` over the bags and sums them per unique id
+    /// into `out[t]` (`[unique_t x dim_t]`), multiplied by `scale`.
     pub fn reduce_gradients(&self, emb_grad: &[f32], scale: f32, out: &mut Vec<Vec<f32>>) {
         use rayon::prelude::*;
-        let (tables, dim) = (self.unique.len(), self.dim);
+        let tables = self.unique.len();
+        let (shape, width) = (&self.shape, self.shape.width);
         out.resize_with(tables, Vec::new);
+        out.truncate(tables);
         // Tables are independent: split over the rayon pool (idle between dense steps; this runs on the
         // training loop's critical path). Each table's sum keeps its order, so the result does not depend
         // on the pool.
-        let per_table = out[..tables]
-            .par_iter_mut()
-            .zip(self.inverse.par_iter())
-            .zip(self.unique.par_iter());
-        per_table
-            .enumerate()
-            .for_each(|(t, ((acc, inverse), unique))| {
-                acc.clear();
-                acc.resize(unique.len() * dim, 0.0);
-                for (i, &u) in inverse.iter().enumerate() {
-                    let u = u as usize;
-                    let src = &emb_grad[(i * tables + t) * dim..][..dim];
-                    for_row(&mut acc[u * dim..(u + 1) * dim], src, |a, g| {
-                        *a += g * scale
-                    });
+        let per_table = out[..tables].par_iter_mut().zip(self.unique.par_iter());
+        per_table.enumerate().for_each(|(t, (acc, unique))| {
+            let dim = shape.layout.dims[t];
+            acc.clear();
+            acc.resize(unique.len() * dim, 0.0);
+            for &f in &shape.of_table[t] {
+                let mean = shape.layout.features[f].mean;
+                let inverse = &self.inverse[t][self.base[f]..];
+                for i in 0..self.batch {
+                    let g = &emb_grad[i * width + shape.offset[f]..][..dim];
+                    bags::spread(acc, g, inverse, bags::bag(&self.offsets[f], i), mean, scale);
                 }
-            });
+            }
+        });
     }
 
     /// Header counts and payload (ids, then encoded gradient rows) of the push for server `s`, every table in
@@ -508,7 +583,6 @@ impl Plan {
         mut residuals: Option<&mut ResidualStore>,
         scratch: &mut PushScratch,
     ) -> (Vec<TableCount>, Vec<u8>) {
-        let dim = self.dim;
         let mut sections = IdSections::new();
         for &t in tables {
             self.put_table_ids(server, t, &mut sections, &mut scratch.ids);
@@ -521,6 +595,7 @@ impl Plan {
         // The rows follow the id sections, table by table in header order (protocol::wire::push).
         for c in &counts {
             let t = c.table as usize;
+            let dim = self.dim(t);
             let positions = &self.by_server[server][t];
             scratch.rows.clear();
             scratch.ids.clear();

@@ -68,8 +68,6 @@ impl Replayer {
         scale: f32,
     ) -> usize {
         use rayon::prelude::*;
-        let dim = target.dim();
-        debug_assert_eq!(pushed.dim(), dim);
         // The servers multiply by the inverse (and skip a scale of 1): the same f32 arithmetic here.
         let inv = 1.0 / scale;
         let tables = target.tables().min(pushed.tables()).min(self.tables.len());
@@ -80,6 +78,10 @@ impl Replayer {
             .zip(state[..tables].par_iter_mut())
             .zip(self.tables[..tables].par_iter());
         let updated = per_table.enumerate().map(|(t, ((w, st), &(opt, reg)))| {
+            let dim = target.dim(t);
+            if pushed.dim(t) != dim {
+                return 0;
+            }
             let len = opt.state_len(dim);
             let g = &grads[t];
             if w.len() < target.unique(t).len() * dim || st.len() < target.unique(t).len() * len {

@@ -34,7 +34,7 @@ use crate::model::Dlrm;
 use crate::step::dense_reduce::{DenseReduce, StepOutcome};
 use crate::step::dense_sync::DenseSync;
 use crate::step::exchange::pull_all;
-use crate::step::plan::{Plan, TableCodecs};
+use crate::step::plan::{Plan, SparseLayout, TableCodecs};
 use crate::step::push::SharedResiduals;
 use crate::step::replay::Replayer;
 
@@ -85,6 +85,12 @@ pub struct Trainer {
     replayer: Option<Replayer>,
     /// Optimizer state of the pulled rows, per table (`[unique_t x state_len_t]`), when replaying.
     unique_state: Vec<Vec<f32>>,
+    /// The model's sparse side as the plans see it (tables, dimensions, pooling).
+    layout: SparseLayout,
+    /// The model's sparse side as the readers see it (columns, id salts, caps, token limits).
+    features: criteo::FeatureLayout,
+    /// Embedding bytes on the wire so far: `[sent, received]`.
+    wire: Arc<[std::sync::atomic::AtomicU64; 2]>,
 }
 
 impl Trainer {
@@ -104,7 +110,9 @@ impl Trainer {
         dense_on_ps: bool,
     ) -> Result<Trainer> {
         args.validate()?;
-        let dlrm = args.dlrm();
+        let spec = args.spec()?;
+        let args = args.with_spec(&spec);
+        let dlrm = spec.dlrm_config();
         let mut model = Dlrm::new(dlrm.clone(), args.dense_optimizer(), args.seed)
             .map_err(TrainError::model("build DLRM"))?;
         let precision = args.dense_precision.resolve();
@@ -119,9 +127,15 @@ impl Trainer {
             start: args.lr_decay_start,
             steps: args.lr_decay_steps,
         });
-        let codecs = args.table_codecs(dlrm.num_sparse)?;
-        let residuals = Arc::new(std::sync::Mutex::new(args.residual_store(&codecs)));
-        let mut specs = args.table_specs(dlrm.num_sparse);
+        let codecs = spec.codecs(args.no_feedback());
+        // Error feedback keeps rows of one dimension (validate checked the tables that use it agree).
+        let feedback_dim = (0..spec.tables.len())
+            .find(|&t| codecs.feedback_for(codecs.push_of(t)))
+            .map_or(args.emb_dim, |t| spec.tables[t].dim);
+        let residuals = Arc::new(std::sync::Mutex::new(
+            args.residual_store_of_dim(&codecs, feedback_dim),
+        ));
+        let mut specs = spec.table_specs(args.seed, args.emb_init_scale);
         let replayer = args.replay_own_updates.then(|| Replayer::new(&specs));
         let map = client.shard_map();
         let hybrid =
@@ -174,6 +188,9 @@ impl Trainer {
             residuals,
             replayer,
             unique_state: Vec::new(),
+            layout: spec.sparse_layout(),
+            features: spec.feature_layout(),
+            wire: Arc::default(),
         })
     }
 
@@ -412,7 +429,8 @@ impl Trainer {
 
     /// Predicts every row of `reader_cfg`'s data (pulling rows, pushing nothing) and scores the predictions;
     /// exports AUC, logloss and calibration as metrics.
-    pub async fn evaluate(&mut self, reader_cfg: ReaderConfig) -> Result<EvalReport> {
+    pub async fn evaluate(&mut self, mut reader_cfg: ReaderConfig) -> Result<EvalReport> {
+        reader_cfg.layout = self.features.clone();
         let mut reader =
             BatchReader::spawn(reader_cfg).map_err(TrainError::data("open test data"))?;
         let mut evaluator = Evaluator::new();
@@ -440,7 +458,13 @@ impl Trainer {
             Some(Err(e)) => return Err(TrainError::data("read test data")(e)),
         };
         let mut plan = self.free_plans.pop().unwrap_or_default();
-        plan.build(&batch.sparse, self.args.emb_dim, &self.map);
+        plan.build_with(
+            &self.layout,
+            batch.len,
+            &batch.sparse,
+            &batch.offsets,
+            &self.map,
+        );
         Ok(Some(self.start(batch, plan, None)))
     }
 }

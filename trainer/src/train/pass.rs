@@ -75,11 +75,14 @@ struct Tally {
     last_report: Instant,
     losses: Vec<(u64, f32)>,
     evals: Vec<(u64, EvalReport)>,
+    /// [`Trainer::wire_total`] when the pass began.
+    wire_at_start: u64,
 }
 
 impl Tally {
-    fn new() -> Tally {
+    fn new(wire_at_start: u64) -> Tally {
         Tally {
+            wire_at_start,
             begin: Instant::now(),
             paused: Duration::ZERO,
             samples: 0,
@@ -106,7 +109,7 @@ impl Trainer {
         mut on_event: impl FnMut(Event),
     ) -> Result<TrainReport> {
         let mut w = self.open_window(reader_cfg)?;
-        let mut tally = Tally::new();
+        let mut tally = Tally::new(self.wire_total());
         loop {
             self.fill(&mut w, opts)?;
             let Some(stage) = w.ahead.pop_front() else {
@@ -129,8 +132,10 @@ impl Trainer {
     }
 
     /// Starts the pass's parse, plan and push-encoder threads.
-    fn open_window(&mut self, reader_cfg: ReaderConfig) -> Result<Window> {
+    fn open_window(&mut self, mut reader_cfg: ReaderConfig) -> Result<Window> {
         let k = self.args.staleness_bound(self.world) as u64;
+        // The reader makes the model's features (columns, tables, caps, bags), whatever the caller set.
+        reader_cfg.layout = self.features.clone();
         let reader =
             BatchReader::spawn(reader_cfg).map_err(TrainError::data("open training data"))?;
         let (acks, acked_rx) = AckPrefix::new();
@@ -147,7 +152,7 @@ impl Trainer {
         let depth = (k as usize + 1).max(distance);
         let stage_in = PlanStage::spawn(
             reader,
-            self.args.emb_dim,
+            self.layout.clone(),
             self.map,
             depth,
             self.step - self.epoch_start_step,
@@ -335,6 +340,14 @@ impl Trainer {
 
     /// Waits for the last pushes, stops the stage threads, writes the final checkpoint (unless this step's
     /// periodic one was just written) and reports the pass.
+    /// Embedding bytes sent and received so far.
+    fn wire_total(&self) -> u64 {
+        self.wire
+            .iter()
+            .map(|b| b.load(std::sync::atomic::Ordering::Relaxed))
+            .sum()
+    }
+
     async fn finish_pass(
         &mut self,
         w: Window,
@@ -377,6 +390,7 @@ impl Trainer {
             rejected_nonfinite: rejected,
             read,
             evals: t.evals,
+            wire_bytes: self.wire_total() - t.wire_at_start,
         })
     }
 }

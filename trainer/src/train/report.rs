@@ -25,6 +25,9 @@ pub struct TrainReport {
     pub read: ReadStats,
     /// The periodic evaluations: `(step, report)`.
     pub evals: Vec<(u64, EvalReport)>,
+    /// Embedding rows and gradients on the wire during the pass (frame payloads, both directions; the
+    /// pulls of evaluations within the pass included).
+    pub wire_bytes: u64,
 }
 
 /// Progress of a running pass, reported every progress interval.

@@ -76,7 +76,8 @@ impl Trainer {
         let requests = plan.pull_requests(&self.codecs);
         let dense_requests = self.dense.as_ref().map(DenseSync::pull_requests);
         let client = self.client.clone();
-        let raw_row_bytes = self.args.emb_dim * 4;
+        let wire = self.wire.clone();
+        let raw_bytes = plan.unique_values() as u64 * 4;
         let rows = plan.unique_ids() as u64;
         let index = gate.as_ref().map_or(0, |g| g.1);
         let needed = gate.as_ref().map(|g| g.1.saturating_sub(g.2));
@@ -108,7 +109,8 @@ impl Trainer {
             metrics::histogram!(m::PULL_SECONDS).record(started.elapsed().as_secs_f64());
             metrics::counter!(m::ROWS_PULLED_TOTAL).increment(rows);
             metrics::counter!(m::WIRE_BYTES_RECEIVED_TOTAL).increment(received as u64);
-            metrics::counter!(m::RAW_BYTES_RECEIVED_TOTAL).increment(rows * raw_row_bytes as u64);
+            wire[1].fetch_add(received as u64, std::sync::atomic::Ordering::Relaxed);
+            metrics::counter!(m::RAW_BYTES_RECEIVED_TOTAL).increment(raw_bytes);
             Ok((emb, dense))
         });
         Stage {
@@ -188,6 +190,8 @@ impl Trainer {
         waits: Vec<watch::Receiver<bool>>,
     ) -> impl std::future::Future<Output = PushResult> {
         let scale = record.scale;
+        // Every unique id is pushed: its id and its f32 gradient row, raw.
+        let raw_bytes = (record.plan.unique_ids() * 8 + record.plan.unique_values() * 4) as u64;
         let encoded = encoder.submit(record);
         let dense: Vec<_> = match &mut self.dense {
             Some(dense) => dense
@@ -200,7 +204,7 @@ impl Trainer {
         let dense_bytes: usize = dense.iter().map(|r| r.4.len()).sum();
         metrics::counter!(m::DENSE_BYTES_SENT_TOTAL).increment(dense_bytes as u64);
         let client = self.client.clone();
-        let raw_row_bytes = 8 + self.args.emb_dim as u64 * 4;
+        let wire = self.wire.clone();
         async move {
             for mut w in waits {
                 // An error means the pull task ended without answering: nothing to wait for.
@@ -211,7 +215,8 @@ impl Trainer {
                 .map_err(|_| TrainError::Stopped("push encoder thread"))?;
             metrics::counter!(m::ROWS_PUSHED_TOTAL).increment(encoded.rows);
             metrics::counter!(m::WIRE_BYTES_SENT_TOTAL).increment(encoded.bytes);
-            metrics::counter!(m::RAW_BYTES_SENT_TOTAL).increment(encoded.rows * raw_row_bytes);
+            wire[0].fetch_add(encoded.bytes, std::sync::atomic::Ordering::Relaxed);
+            metrics::counter!(m::RAW_BYTES_SENT_TOTAL).increment(raw_bytes);
             let mut requests: Vec<_> = encoded
                 .requests
                 .into_iter()

@@ -202,3 +202,180 @@ fn gather_and_reduce_match_a_naive_loop_for_specialized_and_generic_dims() {
         }
     }
 }
+
+/// A layout with everything at once: table 0 (dim 3) read by a one-hot feature and a multi-hot mean
+/// feature, table 1 (dim 16) by a multi-hot sum feature, table 2 (dim 2) by a one-hot feature.
+fn mixed_layout() -> SparseLayout {
+    let f = |table, mean| FeatureShape { table, mean };
+    SparseLayout {
+        dims: vec![3, 16, 2],
+        features: vec![f(0, false), f(1, false), f(0, true), f(2, false)],
+    }
+}
+
+/// Bags of 300 samples: feature 1 holds 0..4 ids per sample (empty bags included), feature 2 0..3, with
+/// repeats inside a bag and ids shared with feature 0 (same table).
+fn mixed_batch() -> (usize, Vec<Vec<u64>>, Vec<Vec<u32>>) {
+    let batch = 300;
+    let mut sparse = vec![Vec::new(); 4];
+    let mut offsets = vec![Vec::new(), vec![0u32], vec![0u32], Vec::new()];
+    for i in 0..batch as u64 {
+        sparse[0].push(i % 13);
+        sparse[3].push(i % 5);
+        for k in 0..(i % 5) {
+            sparse[1].push((i * 3 + k) % 17);
+        }
+        offsets[1].push(sparse[1].len() as u32);
+        for k in 0..(i % 4) {
+            sparse[2].push((i + k * k) % 11);
+        }
+        offsets[2].push(sparse[2].len() as u32);
+    }
+    (batch, sparse, offsets)
+}
+
+/// The pooled input of sample `i`, feature `f`, by the definition.
+fn naive_pool(
+    plan: &Plan,
+    layout: &SparseLayout,
+    rows: &[Vec<f32>],
+    sparse: &[Vec<u64>],
+    offsets: &[Vec<u32>],
+    f: usize,
+    i: usize,
+) -> Vec<f32> {
+    let FeatureShape { table, mean } = layout.features[f];
+    let dim = layout.dims[table];
+    let ids: &[u64] = if offsets[f].is_empty() {
+        &sparse[f][i..i + 1]
+    } else {
+        &sparse[f][offsets[f][i] as usize..offsets[f][i + 1] as usize]
+    };
+    let mut out = vec![0.0f32; dim];
+    for id in ids {
+        let u = plan.unique(table).iter().position(|x| x == id).unwrap();
+        for e in 0..dim {
+            out[e] += rows[table][u * dim + e];
+        }
+    }
+    if mean && !ids.is_empty() {
+        out.iter_mut().for_each(|x| *x /= ids.len() as f32);
+    }
+    out
+}
+
+#[test]
+fn multi_hot_bags_pool_and_spread_as_defined() {
+    let (layout, (batch, sparse, offsets)) = (mixed_layout(), mixed_batch());
+    let mut plan = Plan::default();
+    plan.build_with(&layout, batch, &sparse, &offsets, &ShardMap::new(2));
+    assert_eq!(plan.width(), 3 + 16 + 3 + 2);
+    assert_eq!(plan.tables(), 3);
+    // Table 0 deduplicates over both of its features.
+    let mut want0: Vec<u64> = sparse[0].iter().chain(&sparse[2]).copied().collect();
+    want0.sort_unstable();
+    want0.dedup();
+    let mut have0 = plan.unique(0).to_vec();
+    have0.sort_unstable();
+    assert_eq!(have0, want0);
+    let rows: Vec<Vec<f32>> = (0..3)
+        .map(|t| {
+            (0..plan.unique(t).len() * layout.dims[t])
+                .map(|k| ((k * 7 + t) % 23) as f32 * 0.125 - 1.0)
+                .collect()
+        })
+        .collect();
+    let mut emb = Vec::new();
+    plan.gather_embeddings(&rows, &mut emb);
+    let offset = [0, 3, 19, 22];
+    for i in 0..batch {
+        for f in 0..4 {
+            let want = naive_pool(&plan, &layout, &rows, &sparse, &offsets, f, i);
+            let have = &emb[i * 24 + offset[f]..][..want.len()];
+            for (h, w) in have.iter().zip(&want) {
+                assert!((h - w).abs() <= 1e-6 * w.abs().max(1.0), "i {i} f {f}");
+            }
+        }
+    }
+    // Empty bags pool to zeros: sample 0 has no ids in features 1 and 2.
+    assert!(emb[3..22].iter().all(|&x| x == 0.0));
+    // Gradients: the definition, spread by hand.
+    let grad: Vec<f32> = (0..batch * 24).map(|k| (k % 31) as f32 - 15.0).collect();
+    let mut sums = Vec::new();
+    plan.reduce_gradients(&grad, 0.5, &mut sums);
+    let mut want: Vec<Vec<f32>> = (0..3)
+        .map(|t| vec![0.0; plan.unique(t).len() * layout.dims[t]])
+        .collect();
+    for i in 0..batch {
+        for f in 0..4 {
+            let FeatureShape { table, mean } = layout.features[f];
+            let dim = layout.dims[table];
+            let ids: &[u64] = if offsets[f].is_empty() {
+                &sparse[f][i..i + 1]
+            } else {
+                &sparse[f][offsets[f][i] as usize..offsets[f][i + 1] as usize]
+            };
+            let share = if mean { 1.0 / ids.len() as f32 } else { 1.0 };
+            for id in ids {
+                let u = plan.unique(table).iter().position(|x| x == id).unwrap();
+                for e in 0..dim {
+                    want[table][u * dim + e] += grad[i * 24 + offset[f] + e] * 0.5 * share;
+                }
+            }
+        }
+    }
+    for t in 0..3 {
+        for (k, (h, w)) in sums[t].iter().zip(&want[t]).enumerate() {
+            assert!(
+                (h - w).abs() <= 1e-4 * w.abs().max(1.0),
+                "table {t} value {k}: {h} vs {w}"
+            );
+        }
+    }
+}
+
+#[test]
+fn pooling_gradients_match_finite_differences() {
+    // L = Σ c · pooled(rows): reduce_gradients(c) must be dL/drows, checked by central differences.
+    let (layout, (batch, sparse, offsets)) = (mixed_layout(), mixed_batch());
+    let mut plan = Plan::default();
+    plan.build_with(&layout, batch, &sparse, &offsets, &ShardMap::new(3));
+    let mut rows: Vec<Vec<f64>> = (0..3)
+        .map(|t| {
+            (0..plan.unique(t).len() * layout.dims[t])
+                .map(|k| ((k * 5 + t) % 19) as f64 * 0.1)
+                .collect()
+        })
+        .collect();
+    let c: Vec<f32> = (0..batch * 24)
+        .map(|k| ((k * 11) % 7) as f32 - 3.0)
+        .collect();
+    let loss = |rows: &[Vec<f64>]| -> f64 {
+        let rows32: Vec<Vec<f32>> = rows
+            .iter()
+            .map(|r| r.iter().map(|&x| x as f32).collect())
+            .collect();
+        let mut emb = Vec::new();
+        plan.gather_embeddings(&rows32, &mut emb);
+        emb.iter().zip(&c).map(|(&e, &c)| e as f64 * c as f64).sum()
+    };
+    let mut grads = Vec::new();
+    plan.reduce_gradients(&c, 1.0, &mut grads);
+    let h = 0.25; // exact in f32: pooling is linear, so the difference quotient is exact up to rounding
+    for t in 0..3 {
+        for k in (0..rows[t].len()).step_by(7) {
+            let x = rows[t][k];
+            rows[t][k] = x + h;
+            let up = loss(&rows);
+            rows[t][k] = x - h;
+            let down = loss(&rows);
+            rows[t][k] = x;
+            let numeric = (up - down) / (2.0 * h);
+            let analytic = grads[t][k] as f64;
+            assert!(
+                (numeric - analytic).abs() <= 1e-2 * numeric.abs().max(1.0),
+                "table {t} value {k}: numeric {numeric} analytic {analytic}"
+            );
+        }
+    }
+}

@@ -1,0 +1,107 @@
+//! What the trainer derives from its [`ModelArgs`]: the model spec, the staleness bound, the per-table wire
+//! encodings and the error-feedback store.
+
+use super::{ConfigError, FeedbackMode, ModelArgs};
+use protocol::Encoding;
+
+impl ModelArgs {
+    /// The model: `--model-spec`, or the spec the flags describe.
+    pub fn spec(&self) -> Result<crate::spec::ModelSpec, ConfigError> {
+        match &self.model_spec {
+            Some(name) => crate::spec::ModelSpec::load(name).map_err(|source| ConfigError::Spec {
+                spec: name.clone(),
+                source,
+            }),
+            None => crate::spec::ModelSpec::from_flags(self),
+        }
+    }
+
+    /// These flags with the spec's settings where it has them: the MLP sizes, the embedding dimension (the
+    /// bottom MLP's last size) and, if the spec has `[dense]`, the dense optimizer and its rate.
+    pub fn with_spec(&self, spec: &crate::spec::ModelSpec) -> ModelArgs {
+        let mut args = self.clone();
+        args.bottom_mlp = spec.bottom.clone();
+        args.top_mlp = spec.top.clone();
+        args.emb_dim = spec.bottom.last().copied().unwrap_or(args.emb_dim);
+        if let Some((kind, lr)) = spec.dense {
+            args.dense_optimizer = Some(kind);
+            args.lr = lr;
+        }
+        args
+    }
+
+    /// The staleness bound for a job of `world` trainers: `--max-in-flight`, or its default (2 alone, 0 with
+    /// several trainers).
+    pub fn staleness_bound(&self, world: usize) -> usize {
+        self.max_in_flight.unwrap_or(if world > 1 { 0 } else { 2 })
+    }
+
+    /// Per-table pull and push encodings for `num_sparse` tables named `C1..`: `--pull-encoding` and
+    /// `--push-encoding` (both defaulting to `--encoding`), then the `--table-encoding` overrides.
+    pub fn table_codecs(
+        &self,
+        num_sparse: usize,
+    ) -> Result<crate::step::plan::TableCodecs, ConfigError> {
+        let mut codecs = crate::step::plan::TableCodecs::uniform(
+            num_sparse,
+            self.pull_encoding.unwrap_or(self.encoding),
+            self.push_encoding.unwrap_or(self.encoding),
+        );
+        for entry in self.table_encoding.iter().filter(|e| !e.trim().is_empty()) {
+            let bad = |problem: String| ConfigError::TableEncoding {
+                entry: entry.clone(),
+                problem,
+            };
+            let (name, value) = entry
+                .split_once('=')
+                .ok_or_else(|| bad("expected NAME=ENC or NAME=PULL/PUSH".into()))?;
+            let name = name.trim();
+            let t = name
+                .strip_prefix('C')
+                .and_then(|n| n.parse::<usize>().ok())
+                .filter(|&n| (1..=num_sparse).contains(&n))
+                .ok_or_else(|| {
+                    bad(format!(
+                        "unknown table {name:?}, expected C1..C{num_sparse}"
+                    ))
+                })?
+                - 1;
+            let parse = |v: &str| v.trim().parse::<Encoding>().map_err(|e| bad(e.to_string()));
+            let (pull, push) = match value.split_once('/') {
+                Some((a, b)) => (parse(a)?, parse(b)?),
+                None => (parse(value)?, parse(value)?),
+            };
+            codecs.pull[t] = pull;
+            codecs.push[t] = push;
+        }
+        codecs.no_feedback = self.no_feedback();
+        Ok(codecs)
+    }
+
+    /// The error-feedback store the trainer keeps for lossy pushes, if any table pushes lossily and feedback
+    /// is on.
+    pub fn residual_store(
+        &self,
+        codecs: &crate::step::plan::TableCodecs,
+    ) -> Option<crate::step::feedback::ResidualStore> {
+        self.residual_store_of_dim(codecs, self.emb_dim)
+    }
+
+    /// [`residual_store`](Self::residual_store) for rows of `dim` elements.
+    pub fn residual_store_of_dim(
+        &self,
+        codecs: &crate::step::plan::TableCodecs,
+        dim: usize,
+    ) -> Option<crate::step::feedback::ResidualStore> {
+        let used = codecs.push.iter().any(|&e| codecs.feedback_for(e));
+        (self.error_feedback != FeedbackMode::Off && used).then(|| {
+            crate::step::feedback::ResidualStore::new(
+                dim,
+                crate::step::feedback::FeedbackConfig {
+                    max_age_steps: self.residual_max_age,
+                    max_rows: self.residual_max_rows,
+                },
+            )
+        })
+    }
+}
