@@ -90,7 +90,7 @@ pub fn pin_to_cpus(cpus: &[usize]) -> anyhow::Result<()> {
 fn run_cli(cli: Cli) -> anyhow::Result<i32> {
     match cli.command {
         Command::Preprocess(args) => {
-            print!("{}", preprocess(&args, &Default::default())?.render());
+            print!("{}", preprocess(&args, &args.layout()?)?.render());
             Ok(0)
         }
         Command::Demo(args) => {

@@ -56,6 +56,8 @@ pub const RAW_BYTES_SENT_TOTAL: &str = "trainer_raw_bytes_sent_total";
 pub const RAW_BYTES_RECEIVED_TOTAL: &str = "trainer_raw_bytes_received_total";
 /// Malformed input lines skipped.
 pub const BAD_LINES_TOTAL: &str = "trainer_bad_lines_total";
+/// Tokens of multi-hot fields dropped past their feature's `tokens` limit (docs/model-spec.md).
+pub const TOKENS_TRUNCATED_TOTAL: &str = "trainer_tokens_truncated_total";
 /// Test AUC of the last evaluation.
 pub const EVAL_AUC: &str = "trainer_eval_auc";
 /// Test logloss of the last evaluation.
@@ -186,6 +188,10 @@ pub fn describe() {
         "Payload bytes received, counted as uncompressed f32."
     );
     describe_counter!(BAD_LINES_TOTAL, "Malformed input lines skipped.");
+    describe_counter!(
+        TOKENS_TRUNCATED_TOTAL,
+        "Tokens of multi-hot fields dropped past their feature's token limit."
+    );
     describe_gauge!(EVAL_AUC, "Test AUC of the last evaluation.");
     describe_gauge!(EVAL_LOGLOSS, "Test logloss of the last evaluation.");
     describe_gauge!(

@@ -31,6 +31,22 @@ pub struct PreprocessArgs {
     /// Bad lines skipped before failing.
     #[arg(long, default_value_t = 1000)]
     pub max_bad_lines: u64,
+    /// The model spec whose features the shards hold (a file or a shipped name; docs/model-spec.md): which
+    /// columns, tables, caps and bags. Training must use the same spec; without it, the default features.
+    #[arg(long)]
+    pub model_spec: Option<String>,
+}
+
+impl PreprocessArgs {
+    /// The feature layout the shards are written with: `--model-spec`'s, or the default.
+    pub fn layout(&self) -> anyhow::Result<FeatureLayout> {
+        match &self.model_spec {
+            None => Ok(FeatureLayout::default()),
+            Some(name) => Ok(crate::spec::ModelSpec::load(name)
+                .with_context(|| format!("model spec {name}"))?
+                .feature_layout()),
+        }
+    }
 }
 
 /// What a preprocessing run wrote.

@@ -115,6 +115,7 @@ fn preprocess_into(inputs: &[&Path], out: &Path, rows_per_shard: usize) -> Vec<P
             out: out.to_path_buf(),
             rows_per_shard,
             max_bad_lines: 0,
+            model_spec: None,
         },
         &Default::default(),
     )
@@ -169,6 +170,7 @@ fn preprocess_refuses_a_non_empty_output_directory() {
             out: out.clone(),
             rows_per_shard: 4,
             max_bad_lines: 0,
+            model_spec: None,
         },
         &Default::default(),
     )

@@ -335,6 +335,7 @@ fn parse_rate() {
             out: shards.clone(),
             rows_per_shard: 1 << 18,
             max_bad_lines: 0,
+            model_spec: None,
         },
         &Default::default(),
     )

@@ -224,6 +224,9 @@ impl Trainer {
             batch, plan, index, ..
         } = stage;
         let b = batch.len;
+        if batch.truncated > 0 {
+            metrics::counter!(m::TOKENS_TRUNCATED_TOTAL).increment(batch.truncated);
+        }
         if let Some(reduce) = &self.reduce {
             // W trainers at batch B/W push what one trainer at batch B would (step::dense_reduce).
             let s = reduce.embedding_scale();
