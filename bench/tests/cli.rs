@@ -122,3 +122,43 @@ fn missing_arguments_are_rejected() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--seed"));
 }
+
+#[test]
+fn multi_hot_flag_takes_mlperf_sizes_or_a_list() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |name: &str, extra: &[&str]| {
+        let out_path = dir.path().join(name);
+        let mut args = vec!["--rows", "50", "--seed", "1", "--teacher-seed", "2"];
+        args.extend_from_slice(&["--out", path(&out_path)]);
+        args.extend_from_slice(extra);
+        let out = gen_criteo(&args);
+        (out, std::fs::read_to_string(&out_path).unwrap_or_default())
+    };
+    let bag_len = |text: &str, column: usize| {
+        let line = text.lines().next().unwrap();
+        line.split('\t')
+            .nth(13 + column)
+            .unwrap()
+            .split('|')
+            .count()
+    };
+    let (out, mlperf) = run("mlperf.txt", &["--multi-hot"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(bag_len(&mlperf, 21), 100, "C21");
+    assert_eq!(bag_len(&mlperf, 1), 3, "C1");
+    let twos = vec!["2"; 26].join(",");
+    let (out, text) = run("twos.txt", &["--multi-hot", &twos]);
+    assert!(out.status.success());
+    assert!((1..=26).all(|c| bag_len(&text, c) == 2));
+    let (out, _) = run("bad.txt", &["--multi-hot", "1,2,3"]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("--multi-hot: 3 bag sizes, expected 26"),
+        "{stderr}"
+    );
+}

@@ -465,7 +465,7 @@ pub fn write_shard_for(
     }
     let features = layout.features.len();
     let fits = batch.sparse.len() == features
-        && (0..features).all(|f| layout.is_multi_hot(f) == !batch.offsets[f].is_empty());
+        && (0..features).all(|f| layout.is_multi_hot(f) != batch.offsets[f].is_empty());
     if !fits || features > NUM_SPARSE {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,

@@ -148,7 +148,7 @@ fn shards_read_back_the_texts_batches() {
             };
             let from_text = read(std::slice::from_ref(&path));
             assert_eq!(read(&shards), from_text, "world {world} rank {rank}");
-            assert_eq!(read(&[shard_dir.clone()]), from_text);
+            assert_eq!(read(std::slice::from_ref(&shard_dir)), from_text);
         }
     }
     // A shuffled epoch: every rank's rows, each once, in another order.

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use anyhow::Context;
-use bench::gen::{Encoding, Generator, Sink, VocabScale, WriteError};
+use bench::gen::{BagSizes, Encoding, Generator, Sink, VocabScale, WriteError, MLPERF_SIZES_TEXT};
 use clap::Parser;
 
 /// Write synthetic Criteo-format rows labelled by a planted teacher.
@@ -41,6 +41,12 @@ struct Args {
     /// values: with 0.8 and --vocab-scale 40, 100M rows touch about 55M distinct C3 values.
     #[arg(long)]
     scaled_zipf: Option<f64>,
+    /// Multi-hot rows: 26 comma-separated bag sizes, one per column C1..C26; a column of size n > 1 holds
+    /// exactly n `|`-separated tokens per field (drawn from its vocabulary), columns of size 1 stay
+    /// one-hot. Bare `--multi-hot` takes MLPerf DLRM-v2's sizes (3,2,1,2,6,...,100,27,10,3,1,1). The teacher
+    /// pools each bag's tokens, so the oracle file stays exact.
+    #[arg(long, value_name = "SIZES", num_args = 0..=1, default_missing_value = MLPERF_SIZES_TEXT)]
+    multi_hot: Option<String>,
 }
 
 fn main() -> ExitCode {
@@ -63,8 +69,14 @@ fn run(args: &Args) -> anyhow::Result<()> {
         factor: args.vocab_scale,
         exponent: args.scaled_zipf,
     };
-    let generator =
-        Generator::scaled(args.seed, args.teacher_seed, scale).context("--vocab-scale")?;
+    let generator = match &args.multi_hot {
+        None => Generator::scaled(args.seed, args.teacher_seed, scale).context("--vocab-scale")?,
+        Some(sizes) => {
+            let bags = BagSizes::parse(sizes).context("--multi-hot")?;
+            Generator::multi_hot(args.seed, args.teacher_seed, scale, bags)
+                .context("--vocab-scale")?
+        }
+    };
     let mut data = open(&args.out)?;
     let mut oracle = args.oracle.as_deref().map(open).transpose()?;
     let summary = pool

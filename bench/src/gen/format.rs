@@ -2,7 +2,8 @@
 //! allocation per field.
 //!
 //! A line is `label \t I1 .. I13 \t C1 .. C26 \n`: 40 fields, integers in decimal, categoricals as 8
-//! lowercase hex digits, a missing field as the empty string (Criteo Kaggle `train.txt` layout).
+//! lowercase hex digits, a missing field as the empty string (Criteo Kaggle `train.txt` layout); a
+//! multi-hot field is its tokens joined by `|`.
 
 use super::schema::{token, Row};
 
@@ -61,7 +62,14 @@ pub fn push_row_with(buf: &mut Vec<u8>, label: bool, row: &Row, token: impl Fn(u
     }
     for (j, rank) in row.cats.iter().enumerate() {
         buf.push(b'\t');
-        if let Some(rank) = *rank {
+        if let Some(bag) = row.bag(j) {
+            for (i, &rank) in bag.iter().enumerate() {
+                if i > 0 {
+                    buf.push(b'|');
+                }
+                push_hex8(buf, token(j, rank));
+            }
+        } else if let Some(rank) = *rank {
             push_hex8(buf, token(j, rank));
         }
     }
@@ -113,6 +121,21 @@ mod tests {
         let fields: Vec<&str> = line.trim_end_matches('\n').split('\t').collect();
         assert_eq!(fields.len(), 40);
         assert_eq!(fields[14], format!("{:08x}", token(0, 1)));
+    }
+
+    #[test]
+    fn bags_are_joined_by_bars() {
+        let mut row = Row::default();
+        row.cats[2] = Some(5);
+        row.bag_ranks = vec![5, 6, 5];
+        row.bag_spans[2] = (0, 3);
+        let mut buf = Vec::new();
+        push_row(&mut buf, false, &row);
+        let line = std::str::from_utf8(&buf).unwrap();
+        let fields: Vec<&str> = line.trim_end_matches('\n').split('\t').collect();
+        assert_eq!(fields.len(), 40);
+        let t = |r| format!("{:08x}", token(2, r));
+        assert_eq!(fields[16], format!("{}|{}|{}", t(5), t(6), t(5)));
     }
 
     proptest! {

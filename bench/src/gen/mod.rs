@@ -9,7 +9,7 @@
 //!
 //! Rows are made in chunks of [`CHUNK_ROWS`]; chunk `c` draws from a generator seeded by `(seed, c)` and the
 //! chunks are written in order. The output bytes are therefore a function of `(rows, seed, teacher seed)`
-//! only, not of the thread count. Changing [`CHUNK_ROWS`] or any table in [`schema`] changes the bytes.
+//! (and the vocabulary scale and [`BagSizes`], if given) only, not of the thread count. Changing [`CHUNK_ROWS`] or any table in [`schema`] changes the bytes.
 //!
 //! # Use
 //!
@@ -17,6 +17,7 @@
 //! rayon pool), then [`Sink::finish`] each sink.
 
 pub mod format;
+pub mod multi_hot;
 pub mod rng;
 pub mod scale;
 pub mod schema;
@@ -28,6 +29,7 @@ use std::io::{self, Write};
 
 use rayon::prelude::*;
 
+pub use multi_hot::{BagSizes, BagSizesError, MLPERF_SIZES_TEXT};
 pub use scale::{ScaleError, VocabScale};
 pub use schema::{Row, RowSampler};
 pub use sink::{Encoding, Piece, Sink};
@@ -123,6 +125,22 @@ impl Generator {
         })
     }
 
+    /// [`Generator::scaled`] writing multi-hot rows ([`multi_hot`]): each field of a column of size `n > 1`
+    /// holds `n` `|`-separated tokens; the teacher pools their contributions and is calibrated on such rows.
+    pub fn multi_hot(
+        seed: u64,
+        teacher_seed: u64,
+        scale: VocabScale,
+        bags: BagSizes,
+    ) -> Result<Self, ScaleError> {
+        let sampler = RowSampler::scaled(scale.validated()?).with_bags(bags);
+        Ok(Generator {
+            seed,
+            teacher: Teacher::calibrated_on(teacher_seed, &sampler),
+            sampler,
+        })
+    }
+
     /// The teacher that labels the rows.
     pub fn teacher(&self) -> &Teacher {
         &self.teacher
@@ -144,9 +162,10 @@ impl Generator {
 
     /// Chunk `index` of a file of `total_rows` rows as text; the oracle text only if `with_oracle`.
     pub fn chunk(&self, index: u64, total_rows: u64, with_oracle: bool) -> Chunk {
+        // One-hot lines average about 245 bytes; a bag adds 9 bytes per token past the first.
+        let extra = self.sampler.bags().map_or(0, |b| 9 * b.extra_tokens());
         let mut chunk = Chunk {
-            // Lines average about 245 bytes.
-            data: Vec::with_capacity(CHUNK_ROWS as usize * 256),
+            data: Vec::with_capacity(CHUNK_ROWS as usize * (256 + extra)),
             oracle: Vec::with_capacity(if with_oracle {
                 CHUNK_ROWS as usize * 9
             } else {

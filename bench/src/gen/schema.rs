@@ -5,6 +5,7 @@
 //! sizes are the per-column distinct-value counts of the Criteo Kaggle `train.txt`; missing rates follow its
 //! per-column rates, with the same groups of columns that go missing together.
 
+use super::multi_hot::BagSizes;
 use super::rng::{hash3, Rng};
 use super::scale::{bijective_token, VocabScale};
 use super::zipf::Zipf;
@@ -123,8 +124,22 @@ pub const CAT_MISSING: [f64; NUM_CAT] = [
 pub struct Row {
     /// `I1..I13`.
     pub ints: [Option<i64>; NUM_INT],
-    /// `C1..C26` as ranks in `1..=CAT_VOCAB[j]` (scaled: `1..=VocabScale::vocab(j)`).
+    /// `C1..C26` as ranks in `1..=CAT_VOCAB[j]` (scaled: `1..=VocabScale::vocab(j)`); the first rank of a
+    /// multi-hot column's bag.
     pub cats: [Option<u64>; NUM_CAT],
+    /// The bags of the multi-hot columns, concatenated (reused from row to row).
+    pub bag_ranks: Vec<u64>,
+    /// Where column `j`'s bag lies in `bag_ranks`; an empty range for a one-hot column.
+    pub bag_spans: [(u32, u32); NUM_CAT],
+}
+
+impl Row {
+    /// The ranks of column `j`'s field if it is multi-hot (a bag), `None` if it is one-hot.
+    #[inline]
+    pub fn bag(&self, j: usize) -> Option<&[u64]> {
+        let (start, end) = self.bag_spans[j];
+        (end > start).then(|| &self.bag_ranks[start as usize..end as usize])
+    }
 }
 
 /// The 32-bit token written for rank `rank` of categorical column `cat`: a hash, so tokens look random and
@@ -140,6 +155,7 @@ pub fn token(cat: usize, rank: u64) -> u32 {
 pub struct RowSampler {
     zipf: Vec<Zipf>,
     scale: VocabScale,
+    bags: Option<BagSizes>,
 }
 
 impl Default for RowSampler {
@@ -160,7 +176,23 @@ impl RowSampler {
         let zipf = (0..NUM_CAT)
             .map(|j| Zipf::new(scale.vocab(j), scale.exponent(j)).expect("valid vocabulary scale"))
             .collect();
-        RowSampler { zipf, scale }
+        RowSampler {
+            zipf,
+            scale,
+            bags: None,
+        }
+    }
+
+    /// This sampler drawing multi-hot rows: each field of a column of size `n > 1` is a bag of exactly `n`
+    /// ranks from the column's Zipf (never missing); columns of size 1 stay as they are.
+    pub fn with_bags(mut self, bags: BagSizes) -> Self {
+        self.bags = Some(bags);
+        self
+    }
+
+    /// The bag sizes, if multi-hot.
+    pub fn bags(&self) -> Option<BagSizes> {
+        self.bags
     }
 
     /// The scaling this sampler draws with.
@@ -205,10 +237,22 @@ impl RowSampler {
                 Some(((shape.mu + shape.sigma * z).exp().round() as i64 - 1).max(0))
             };
         }
+        row.bag_ranks.clear();
         for (j, zipf) in self.zipf.iter().enumerate() {
             let rank = zipf.sample(rng);
             let missing = cat_missing[j] || rng.bernoulli(CAT_MISSING[j]);
-            row.cats[j] = (!missing).then_some(rank);
+            let size = self.bags.map_or(1, |b| b.size(j));
+            if size > 1 {
+                // Without bag sizes nothing else is drawn, so one-hot rows keep their random stream.
+                let start = row.bag_ranks.len() as u32;
+                row.bag_ranks.push(rank);
+                row.bag_ranks.extend((1..size).map(|_| zipf.sample(rng)));
+                row.bag_spans[j] = (start, row.bag_ranks.len() as u32);
+                row.cats[j] = Some(rank);
+            } else {
+                row.bag_spans[j] = (0, 0);
+                row.cats[j] = (!missing).then_some(rank);
+            }
         }
     }
 }
@@ -224,6 +268,27 @@ mod tests {
         assert!(CAT_ZIPF_EXPONENT.iter().all(|&s| (1.05..=1.2).contains(&s)));
         for g in &MISSING_GROUPS {
             assert!(g.ints.iter().all(|&j| j < NUM_INT) && g.cats.iter().all(|&j| j < NUM_CAT));
+        }
+    }
+
+    #[test]
+    fn multi_hot_fields_hold_exactly_their_size() {
+        let sizes = BagSizes::MLPERF;
+        let sampler = RowSampler::new().with_bags(sizes);
+        let mut rng = Rng::new(5);
+        let mut row = Row::default();
+        for _ in 0..2_000 {
+            sampler.sample(&mut rng, &mut row);
+            for (j, vocab) in CAT_VOCAB.iter().enumerate() {
+                match row.bag(j) {
+                    Some(bag) => {
+                        assert_eq!(bag.len(), sizes.size(j), "C{}", j + 1);
+                        assert!(bag.iter().all(|r| (1..=*vocab).contains(r)));
+                        assert_eq!(row.cats[j], Some(bag[0]));
+                    }
+                    None => assert_eq!(sizes.size(j), 1, "C{}", j + 1),
+                }
+            }
         }
     }
 

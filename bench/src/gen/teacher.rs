@@ -12,7 +12,10 @@
 //!   so learning embeddings (not just per-value biases) pays off;
 //! - integer columns enter through `t = (ln(1 + max(x, 0)) - mu) / sigma`, linearly plus a few bumps and a
 //!   threshold, so the dense MLP has a nonlinearity to find;
-//! - a missing field is a value of its own with its own weight.
+//! - a missing field is a value of its own with its own weight;
+//! - a multi-hot field (a bag of `n` tokens, [`super::multi_hot`]) pools its tokens: its first-order weight
+//!   and its interaction vector are the tokens' weights and vectors summed and scaled by `1 / sqrt(n)`, so
+//!   the probabilities stay exact and a sum- or mean-pooled embedding bag can represent the teacher.
 //!
 //! [`Teacher::new`] calibrates on a few thousand sampled rows: it scales each kind of term to its
 //! [`TARGET_STD`] (so the oracle AUC varies little between teacher seeds), then finds the bias by bisection so
@@ -219,21 +222,31 @@ impl Teacher {
     pub fn parts(&self, row: &Row) -> LogitParts {
         let mut parts = LogitParts::default();
         for (j, value) in row.cats.iter().enumerate() {
-            let rank = value.unwrap_or(MISSING_RANK);
-            let h = hash3(self.seed ^ SALT_CAT, j as u64, rank);
-            parts.categorical += self.cat_scale[j] * amplitude(*value) * hash_normal(h);
+            parts.categorical += match row.bag(j) {
+                // A bag pools its tokens' weights: summed, scaled by 1 / sqrt(n) (fixed n per column).
+                Some(bag) => {
+                    let sum: f64 = bag.iter().map(|&r| self.cat_weight(j, Some(r))).sum();
+                    sum / (bag.len() as f64).sqrt()
+                }
+                None => self.cat_weight(j, *value),
+            };
         }
         let mut vecs = [[0.0; RANK]; NUM_CAT];
         for &j in &self.in_pair {
-            let value = row.cats[j];
-            let h = hash3(
-                self.seed ^ SALT_VEC,
-                j as u64,
-                value.unwrap_or(MISSING_RANK),
-            );
-            let a = amplitude(value);
-            for (k, v) in vecs[j].iter_mut().enumerate() {
-                *v = a * unit_uniform16(h >> (16 * k));
+            match row.bag(j) {
+                // A bag's vector is its tokens' vectors summed and scaled by 1 / sqrt(n), what a sum-pooled
+                // embedding bag computes up to that constant.
+                Some(bag) => {
+                    let norm = (bag.len() as f64).sqrt().recip();
+                    for &r in bag {
+                        let token = self.pair_vector(j, Some(r));
+                        vecs[j]
+                            .iter_mut()
+                            .zip(token)
+                            .for_each(|(v, t)| *v += t * norm);
+                    }
+                }
+                None => vecs[j] = self.pair_vector(j, row.cats[j]),
             }
         }
         for &(j, k, c) in &self.pairs {
@@ -272,6 +285,26 @@ impl Teacher {
                 };
         }
         parts
+    }
+
+    /// The first-order weight of one token (`value`, `None` if missing) of column `j`.
+    #[inline]
+    fn cat_weight(&self, j: usize, value: Option<u64>) -> f64 {
+        let rank = value.unwrap_or(MISSING_RANK);
+        let h = hash3(self.seed ^ SALT_CAT, j as u64, rank);
+        self.cat_scale[j] * amplitude(value) * hash_normal(h)
+    }
+
+    /// The interaction vector of one token (`value`, `None` if missing) of column `j`.
+    #[inline]
+    fn pair_vector(&self, j: usize, value: Option<u64>) -> [f64; RANK] {
+        let h = hash3(
+            self.seed ^ SALT_VEC,
+            j as u64,
+            value.unwrap_or(MISSING_RANK),
+        );
+        let a = amplitude(value);
+        std::array::from_fn(|k| a * unit_uniform16(h >> (16 * k)))
     }
 
     /// Scales each kind of term to its [`TARGET_STD`] on sampled rows, then finds by bisection the bias at
