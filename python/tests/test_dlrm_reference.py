@@ -148,7 +148,9 @@ def test_pooling_matches_hand_computation(tmp_path):
     lines = [
         tsv_line(1, {1: f"{t['a']}|{t['b']}|{t['c']}|{t['d']}|{t['e']}", 2: f"{t['a']}|{t['b']}", 3: "",
                      4: t["a"], 5: f"{t['a']}|000000f1"}),
-        tsv_line(0, {1: "", 2: "", 3: f"{t['c']}|{t['d']}", 4: f"{t['b']}||{t['f']}", 5: ""}),
+        tsv_line(0, {1: "", 2: "", 3: f"{t['c']}|{t['d']}", 4: f"{t['b']}|{t['f']}", 5: ""}),
+        # an empty token makes the line malformed (as the trainer's parser): skipped, counted as bad
+        tsv_line(1, {1: t["a"], 2: f"{t['a']}||{t['b']}", 3: "", 4: "", 5: ""}),
     ]
     path = tmp_path / "x.tsv"
     path.write_text("\n".join(lines) + "\n")
@@ -158,6 +160,7 @@ def test_pooling_matches_hand_computation(tmp_path):
     offsets, group_rows = layout.table_offsets([len(v) for v in vocabs])
     bags = sdata.finalize(raw, layout, offsets)
     assert raw.truncated == [2, 0, 1, 0, 0]  # C1: 5 tokens, 3 kept; C3: a one-hot `|` list keeps its first
+    assert raw.bad == 1
     assert len(group_rows) == 1 and group_rows[0] == sum(len(v) for v in vocabs)
     model = SpecDlrm(layout, group_rows, torch.Generator().manual_seed(0), 0.5)
     w = model.emb[0].weight.detach()

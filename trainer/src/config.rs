@@ -37,8 +37,8 @@ pub enum ConfigError {
     Spec {
         /// The name or path given.
         spec: String,
-        /// What is wrong, naming the field.
-        source: crate::spec::SpecError,
+        /// What is wrong, naming the field (boxed: a TOML error is large).
+        source: Box<crate::spec::SpecError>,
     },
     /// The model's sizes or dense optimizer are invalid.
     #[error(transparent)]

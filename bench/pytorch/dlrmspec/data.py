@@ -146,6 +146,10 @@ def parse_file(path, layout, vocabs):
                     ck = []
                     for k, (fi, tokens, h, _) in enumerate(spec_feats):
                         text = fields[fi]
+                        if "|" in text and "" in text.split("|"):
+                            # an empty token (a||b, a leading or trailing |) makes the line malformed, as in
+                            # the trainer's parser (criteo/src/parse.rs, ParseError::EmptyToken)
+                            raise ValueError(f"C{fi - NUM_DENSE}: empty token in {text!r}")
                         if tokens == 1:
                             if "|" in text:
                                 pieces = text.split("|")
@@ -157,7 +161,7 @@ def parse_file(path, layout, vocabs):
                             else:
                                 ck.append([MISSING])
                         elif text:
-                            pieces = [p for p in text.split("|") if p]
+                            pieces = text.split("|")
                             if len(pieces) > tokens:
                                 cut.append((ci, k, len(pieces) - tokens))
                                 pieces = pieces[:tokens]

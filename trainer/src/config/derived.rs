@@ -10,7 +10,7 @@ impl ModelArgs {
         match &self.model_spec {
             Some(name) => crate::spec::ModelSpec::load(name).map_err(|source| ConfigError::Spec {
                 spec: name.clone(),
-                source,
+                source: Box::new(source),
             }),
             None => crate::spec::ModelSpec::from_flags(self),
         }
