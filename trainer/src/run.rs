@@ -301,11 +301,26 @@ pub async fn train_and_evaluate(
 
 /// Prints a job's settings, once at its start.
 fn print_job(client: &PsClient, model: &ModelArgs, inputs: &Inputs, dense_on_ps: bool) {
-    if let (Some(_), Ok(spec)) = (&model.model_spec, model.spec()) {
-        eprintln!("model: {}", spec.describe());
-    }
+    let spec = model.model_spec.as_ref().and_then(|_| model.spec().ok());
+    let with_spec;
+    let (model, embeddings) = match &spec {
+        Some(spec) => {
+            eprintln!("model: {}", spec.describe());
+            with_spec = model.with_spec(spec);
+            (&with_spec, spec.describe_tables())
+        }
+        None => (
+            model,
+            format!(
+                "{:?} lr {}, {} on the wire",
+                model.optimizer,
+                model.emb_lr(),
+                model.encoding
+            ),
+        ),
+    };
     eprintln!(
-        "training: rank {} of {}, {} servers, batch {}, dense {:?} lr {} ({}, {} products), embeddings {:?} lr {}, {} on the wire, staleness bound {}",
+        "training: rank {} of {}, {} servers, batch {}, dense {:?} lr {} ({}, {} products), embeddings {}, staleness bound {}",
         inputs.rank,
         inputs.world,
         client.num_servers(),
@@ -321,9 +336,7 @@ fn print_job(client: &PsClient, model: &ModelArgs, inputs: &Inputs, dense_on_ps:
             (crate::model::Precision::Bf16, Some(kernel)) => format!("bf16 on {kernel}"),
             (precision, _) => precision.to_string(),
         },
-        model.optimizer,
-        model.emb_lr(),
-        model.encoding,
+        embeddings,
         model.staleness_bound(inputs.world)
     );
 }

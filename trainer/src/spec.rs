@@ -271,6 +271,28 @@ impl ModelSpec {
         )
     }
 
+    /// The tables' optimizers, rates and encodings, grouped: `Adagrad lr 0.05, f16 on the wire (26 tables)`.
+    pub fn describe_tables(&self) -> String {
+        let mut groups: Vec<(String, usize)> = Vec::new();
+        for t in &self.tables {
+            let wire = if t.pull == t.push {
+                t.pull.to_string()
+            } else {
+                format!("{}/{}", t.pull, t.push)
+            };
+            let key = format!("{:?} lr {}, {wire} on the wire", t.optimizer, t.lr);
+            match groups.iter_mut().find(|(k, _)| *k == key) {
+                Some((_, n)) => *n += 1,
+                None => groups.push((key, 1)),
+            }
+        }
+        let parts: Vec<String> = groups
+            .into_iter()
+            .map(|(k, n)| format!("{k} ({n} table{})", if n == 1 { "" } else { "s" }))
+            .collect();
+        parts.join("; ")
+    }
+
     /// Whether any feature is multi-hot.
     pub fn is_multi_hot(&self) -> bool {
         self.features.iter().any(|f| f.tokens > 1)
