@@ -49,7 +49,7 @@ mkdir -p "$DATA"
 cargo build --release -q -p trainer -p ps-server -p bench --bins
 B=${CARGO_TARGET_DIR:-target}/release
 # The demo names its generated files train-ROWS-s1-t7[-mhHASH].tsv (the tag for a multi-hot spec's bag sizes).
-data_file() { ls "$DATA"/$1-s$2-t7*.tsv 2>/dev/null | head -1; }
+data_file() { ls "$DATA"/$1-s$2-t7*.tsv 2>/dev/null | head -1 || true; }
 TRAIN_TSV=$(data_file "train-$ROWS" 1)
 TEST_TSV=$(data_file "test-$TEST_ROWS" 2)
 if [ -z "$TRAIN_TSV" ] || [ -z "$TEST_TSV" ]; then
