@@ -84,30 +84,6 @@ pub struct PushScratch {
     rows: Vec<f32>,
 }
 
-/// `f(&mut dst[e], src[e])` for every element of two equal-length rows, as a loop of constant length for the
-/// common dimensions (16, 32, 8): vectorized and inlined, where a runtime-length loop of 16 was not, and a
-/// `copy_from_slice` of 64 bytes was a `memmove` call (53k calls per batch of 2048 x 26).
-#[inline(always)]
-fn for_row(dst: &mut [f32], src: &[f32], f: impl Fn(&mut f32, f32)) {
-    #[inline(always)]
-    fn fixed<const N: usize>(dst: &mut [f32], src: &[f32], f: &impl Fn(&mut f32, f32)) -> bool {
-        match (<&mut [f32; N]>::try_from(dst), <&[f32; N]>::try_from(src)) {
-            (Ok(d), Ok(s)) => {
-                for (d, &s) in d.iter_mut().zip(s) {
-                    f(d, s);
-                }
-                true
-            }
-            _ => false,
-        }
-    }
-    if !(fixed::<16>(dst, src, &f) || fixed::<32>(dst, src, &f) || fixed::<8>(dst, src, &f)) {
-        for (d, &s) in dst.iter_mut().zip(src) {
-            f(d, s);
-        }
-    }
-}
-
 impl Plan {
     /// Plans a batch of one-hot features, feature `t` reading table `t` of dimension `dim`: `sparse[t]` holds
     /// the ids of table `t` for every sample (all of equal length).

@@ -379,3 +379,75 @@ fn pooling_gradients_match_finite_differences() {
         }
     }
 }
+
+/// The per-batch cost of a multi-hot batch's plan, pooling and gradient spread at DLRM-v2's sizes (26
+/// features of dim 128, MLPerf's bag sizes: 214 ids per sample, batch 2048), against the same batch one-hot.
+/// Run: `cargo test --release -p trainer --lib plan::tests::multi_hot_cost -- --ignored --nocapture`
+#[test]
+#[ignore]
+fn multi_hot_cost_per_batch() {
+    use std::time::Instant;
+    const SIZES: [usize; 26] = [
+        3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12, 100, 27, 10, 3, 1, 1,
+    ];
+    let (batch, dim) = (2048usize, 128usize);
+    let map = ShardMap::new(2);
+    let mut rng = 0x2545_f491_4f6c_dd1du64;
+    let mut next = move |n: u64| {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        // Zipf-ish: small ids far more often.
+        (rng % n) * (rng >> 40 & 7) / 7
+    };
+    for multi in [false, true] {
+        let layout = SparseLayout::uniform(26, dim);
+        let mut sparse = vec![Vec::new(); 26];
+        let mut offsets = vec![Vec::new(); 26];
+        for (f, &size) in SIZES.iter().enumerate() {
+            let size = if multi { size } else { 1 };
+            if size > 1 {
+                offsets[f].push(0u32);
+            }
+            for _ in 0..batch {
+                for _ in 0..size {
+                    sparse[f].push(next(400_000));
+                }
+                if size > 1 {
+                    offsets[f].push(sparse[f].len() as u32);
+                }
+            }
+        }
+        let mut plan = Plan::default();
+        let (mut emb, mut grads) = (Vec::new(), Vec::new());
+        let grad: Vec<f32> = (0..batch * 26 * dim).map(|k| (k % 13) as f32).collect();
+        let mut times = [Vec::new(), Vec::new(), Vec::new()];
+        for _ in 0..7 {
+            let t0 = Instant::now();
+            plan.build_with(&layout, batch, &sparse, &offsets, &map);
+            times[0].push(t0.elapsed().as_secs_f64() * 1e3);
+            let rows: Vec<Vec<f32>> = (0..26)
+                .map(|t| vec![0.5; plan.unique(t).len() * dim])
+                .collect();
+            let t0 = Instant::now();
+            plan.gather_embeddings(&rows, &mut emb);
+            times[1].push(t0.elapsed().as_secs_f64() * 1e3);
+            let t0 = Instant::now();
+            plan.reduce_gradients(&grad, 1.0, &mut grads);
+            times[2].push(t0.elapsed().as_secs_f64() * 1e3);
+        }
+        let median = |v: &mut Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        let ids: usize = sparse.iter().map(Vec::len).sum();
+        eprintln!(
+            "{}: {ids} ids, {} unique, dim {dim}, batch {batch}: plan {:.2} ms, pool {:.2} ms, spread {:.2} ms (medians of 7)",
+            if multi { "multi-hot (MLPerf sizes)" } else { "one-hot" },
+            plan.unique_ids(),
+            median(&mut times[0]),
+            median(&mut times[1]),
+            median(&mut times[2]),
+        );
+    }
+}
