@@ -389,6 +389,7 @@ impl ModelArgs {
             "a finite number > 0",
         )?;
         self.table_codecs(self.dlrm().num_sparse)?;
+        self.check_no_model_flags_beside_spec()?;
         let spec = self.spec()?;
         self.check_feedback_dims(&spec)?;
         let f = self.dense_push_fraction;

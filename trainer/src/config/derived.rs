@@ -30,6 +30,36 @@ impl ModelArgs {
         args
     }
 
+    /// With `--model-spec`, the flags the spec replaces must keep their defaults: a `--emb-dim 32` beside a
+    /// spec would otherwise be ignored without a word.
+    pub(super) fn check_no_model_flags_beside_spec(&self) -> Result<(), ConfigError> {
+        let Some(spec) = &self.model_spec else {
+            return Ok(());
+        };
+        let d = ModelArgs::default();
+        let set = [
+            ("emb-dim", self.emb_dim != d.emb_dim),
+            ("bottom-mlp", self.bottom_mlp != d.bottom_mlp),
+            ("top-mlp", self.top_mlp != d.top_mlp),
+            ("optimizer", self.optimizer != d.optimizer),
+            ("emb-lr", self.emb_lr.is_some()),
+            ("encoding", self.encoding != d.encoding),
+            ("pull-encoding", self.pull_encoding.is_some()),
+            ("push-encoding", self.push_encoding.is_some()),
+            ("table-encoding", !self.table_encoding.is_empty()),
+        ];
+        match set.iter().find(|(_, changed)| *changed) {
+            None => Ok(()),
+            Some((flag, _)) => Err(ConfigError::OutOfRange {
+                name: "model-spec",
+                value: format!("{spec:?} with --{flag}"),
+                expected:
+                    "the spec alone: it sets the tables, dimensions, optimizers and encodings \
+                           (edit the spec instead of the flag)",
+            }),
+        }
+    }
+
     /// The staleness bound for a job of `world` trainers: `--max-in-flight`, or its default (2 alone, 0 with
     /// several trainers).
     pub fn staleness_bound(&self, world: usize) -> usize {

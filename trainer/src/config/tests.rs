@@ -155,3 +155,34 @@ fn error_feedback_auto_skips_f16_and_old_bool_configs_still_parse() {
         assert_eq!(cli.m.error_feedback, mode, "{flag}");
     }
 }
+
+#[test]
+fn model_flags_beside_a_spec_are_refused() {
+    let spec = ModelArgs {
+        model_spec: Some("dlrm-v2-small".into()),
+        ..ModelArgs::default()
+    };
+    spec.validate().unwrap();
+    let both = ModelArgs {
+        emb_dim: 32,
+        ..spec.clone()
+    };
+    let err = both.validate().unwrap_err().to_string();
+    assert!(
+        err.contains("\"dlrm-v2-small\" with --emb-dim") && err.contains("edit the spec"),
+        "{err}"
+    );
+    let encoding = ModelArgs {
+        table_encoding: vec!["C3=f32".into()],
+        ..spec
+    };
+    assert!(encoding
+        .validate()
+        .unwrap_err()
+        .mentions("--table-encoding"));
+    let unknown = ModelArgs {
+        model_spec: Some("no-such-spec".into()),
+        ..ModelArgs::default()
+    };
+    assert!(unknown.validate().unwrap_err().mentions("no-such-spec"));
+}
