@@ -10,20 +10,7 @@ use support::trainer;
 /// Runs `trainer demo --model-spec SPEC ARGS` on data it generates under `dir`; returns the summary and
 /// standard error.
 fn demo(dir: &Path, spec: &str, args: &[&str]) -> (serde_json::Value, String) {
-    let json = dir.join("summary.json");
-    let out = trainer()
-        .arg("demo")
-        .args(["--model-spec", spec])
-        .args(args)
-        .arg("--data-dir")
-        .arg(dir)
-        .arg("--summary-json")
-        .arg(&json)
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert!(out.status.success(), "trainer demo failed: {stderr}");
-    (support::summary(&json), stderr)
+    support::demo(dir, &[&["--model-spec", spec], args].concat())
 }
 
 /// The small run of every test here: two servers, 24k generated rows (multi-hot when the spec is), batch 512.

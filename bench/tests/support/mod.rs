@@ -86,14 +86,17 @@ pub fn run_demo(
     test: &Path,
     args: &[&str],
 ) -> (serde_json::Value, String) {
+    let (train, test) = (train.to_str().unwrap(), test.to_str().unwrap());
+    demo(dir, &[args, &["--train", train, "--test", test]].concat())
+}
+
+/// Runs `trainer demo ARGS` with its data, servers and summary under `dir`, asserts that it succeeded, and returns
+/// its summary and standard error.
+pub fn demo(dir: &Path, args: &[&str]) -> (serde_json::Value, String) {
     let json = dir.join("summary.json");
     let out = trainer()
         .arg("demo")
         .args(args)
-        .arg("--train")
-        .arg(train)
-        .arg("--test")
-        .arg(test)
         .arg("--data-dir")
         .arg(dir)
         .arg("--summary-json")
