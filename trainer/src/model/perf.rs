@@ -69,16 +69,21 @@ fn on_threads(threads: usize, f: impl FnOnce() + Send) {
 #[test]
 #[ignore = "timing; run by hand in release"]
 fn train_step_throughput() {
-    let cfg = DlrmConfig::default();
+    step_throughput("", &DlrmConfig::default(), (5, 10));
+}
+
+/// Prints the train step and prediction times of `cfg` at batch [`BATCH`], best of `rounds.0` rounds of
+/// `rounds.1` steps, per thread count and precision (`DENSE_PERF_PRECISION=f32` or `bf16` picks one; default
+/// both, bf16 where a bf16 kernel runs), each line prefixed with `label`.
+fn step_throughput(label: &str, cfg: &DlrmConfig, rounds: (usize, usize)) {
     let mut rng = Rng::new(1);
     let dense = rand_vec(&mut rng, BATCH * cfg.num_dense, 1.0);
-    let emb = rand_vec(&mut rng, BATCH * cfg.num_sparse * cfg.emb_dim, 0.1);
+    let emb = rand_vec(&mut rng, BATCH * cfg.emb_width(), 0.1);
     let labels: Vec<f32> = (0..BATCH)
         .map(|_| (rng.next_u64() & 3 == 0) as u8 as f32)
         .collect();
     let mut emb_grad = vec![0.0; emb.len()];
     let flops = cfg.flops_per_sample() * BATCH as f64;
-    // `DENSE_PERF_PRECISION=f32` or `bf16` picks one (default: both, bf16 where a bf16 kernel runs).
     let want = std::env::var("DENSE_PERF_PRECISION").unwrap_or_default();
     let mut precisions = Vec::new();
     if want != "bf16" {
@@ -97,24 +102,24 @@ fn train_step_throughput() {
                 };
                 let mut model = Dlrm::new(cfg.clone(), opt, 0).unwrap();
                 model.set_precision(precision).unwrap();
-                let t = best_time(5, 10, || {
+                let t = best_time(rounds.0, rounds.1, || {
                     model
                         .train_step(BATCH, &dense, &emb, &labels, &mut emb_grad)
                         .unwrap();
                 });
-                let tp = best_time(5, 10, || {
+                let tp = best_time(rounds.0, rounds.1, || {
                     model.predict(BATCH, &dense, &emb).unwrap();
                 });
                 println!(
-                "{precision:?} threads {threads}: train_step {:.2} ms = {:.0} samples/s, {:.0} GFLOP/s (main-thread CPU {:.2} ms); \
-                 predict {:.2} ms = {:.0} samples/s",
-                t.0 * 1e3,
-                BATCH as f64 / t.0,
-                flops / t.0 / 1e9,
-                t.1 * 1e3,
-                tp.0 * 1e3,
-                BATCH as f64 / tp.0
-            );
+                    "{label}{precision:?} threads {threads}: train_step {:.2} ms = {:.0} samples/s, {:.0} GFLOP/s \
+                     (main-thread CPU {:.2} ms); predict {:.2} ms = {:.0} samples/s",
+                    t.0 * 1e3,
+                    BATCH as f64 / t.0,
+                    flops / t.0 / 1e9,
+                    t.1 * 1e3,
+                    tp.0 * 1e3,
+                    BATCH as f64 / tp.0
+                );
             });
         }
     }
@@ -142,53 +147,7 @@ fn dlrm_v2() -> DlrmConfig {
 #[test]
 #[ignore = "timing; run by hand in release"]
 fn dcn_train_step_throughput() {
-    let cfg = dlrm_v2();
-    let mut rng = Rng::new(1);
-    let dense = rand_vec(&mut rng, BATCH * cfg.num_dense, 1.0);
-    let emb = rand_vec(&mut rng, BATCH * cfg.emb_width(), 0.1);
-    let labels: Vec<f32> = (0..BATCH)
-        .map(|_| (rng.next_u64() & 3 == 0) as u8 as f32)
-        .collect();
-    let mut emb_grad = vec![0.0; emb.len()];
-    let flops = cfg.flops_per_sample() * BATCH as f64;
-    let want = std::env::var("DENSE_PERF_PRECISION").unwrap_or_default();
-    let mut precisions = Vec::new();
-    if want != "bf16" {
-        precisions.push(Precision::F32);
-    }
-    if want != "f32" && bf16_available() {
-        precisions.push(Precision::Bf16);
-    }
-    for threads in thread_counts() {
-        for &precision in &precisions {
-            on_threads(threads, || {
-                let opt = DenseOptimizer::Adagrad {
-                    lr: 0.01,
-                    eps: 1e-8,
-                    initial_accumulator: 0.0,
-                };
-                let mut model = Dlrm::new(cfg.clone(), opt, 0).unwrap();
-                model.set_precision(precision).unwrap();
-                let t = best_time(3, 2, || {
-                    model
-                        .train_step(BATCH, &dense, &emb, &labels, &mut emb_grad)
-                        .unwrap();
-                });
-                let tp = best_time(3, 2, || {
-                    model.predict(BATCH, &dense, &emb).unwrap();
-                });
-                println!(
-                    "dlrm-v2 dcn {precision:?} threads {threads}: train_step {:.1} ms = {:.0} samples/s, {:.0} GFLOP/s; \
-                     predict {:.1} ms = {:.0} samples/s",
-                    t.0 * 1e3,
-                    BATCH as f64 / t.0,
-                    flops / t.0 / 1e9,
-                    tp.0 * 1e3,
-                    BATCH as f64 / tp.0
-                );
-            });
-        }
-    }
+    step_throughput("dlrm-v2 dcn ", &dlrm_v2(), (3, 2));
 }
 
 #[test]
