@@ -73,6 +73,34 @@ fn parameters_in_order_and_counted() {
     );
 }
 
+/// One forward and backward pass of `rows` samples with output gradient `dout`: `[out, dz, demb, grads]`,
+/// the parameter gradients' buffer starting at `grads_init` everywhere.
+fn forward_backward(
+    net: &CrossNet,
+    rows: usize,
+    (z, emb): (&[f32], &[f32]),
+    dout: &[f32],
+    grads_init: f32,
+) -> [Vec<f32>; 4] {
+    let (mut bufs, mut scratch) = (CrossBuffers::default(), bf16::Scratch::default());
+    let mut out = vec![0.0; dout.len()];
+    net.forward_chunk(false, rows, z, emb, &mut out, &mut bufs, &mut scratch);
+    let mut dout = dout.to_vec();
+    let (mut dz, mut demb) = (vec![0.0; z.len()], vec![0.0; emb.len()]);
+    let mut grads = vec![grads_init; net.grads_len()];
+    net.backward_chunk(
+        false,
+        rows,
+        &mut dout,
+        &mut dz,
+        &mut demb,
+        &mut grads,
+        &mut bufs,
+        &mut scratch,
+    );
+    [out, dz, demb, grads]
+}
+
 #[test]
 fn gradients_match_finite_differences() {
     let mut net = small_net(4);
@@ -84,22 +112,7 @@ fn gradients_match_finite_differences() {
     // Loss = Σ out * r: its gradient with respect to the output is r.
     let r = rand_vec(&mut rng, rows * d, 1.0);
 
-    let (mut bufs, mut scratch) = (CrossBuffers::default(), bf16::Scratch::default());
-    let mut out = vec![0.0; rows * d];
-    net.forward_chunk(false, rows, &z, &emb, &mut out, &mut bufs, &mut scratch);
-    let mut dout = r.clone();
-    let (mut dz, mut demb) = (vec![0.0; z.len()], vec![0.0; emb.len()]);
-    let mut grads = vec![f32::NAN; net.grads_len()];
-    net.backward_chunk(
-        false,
-        rows,
-        &mut dout,
-        &mut dz,
-        &mut demb,
-        &mut grads,
-        &mut bufs,
-        &mut scratch,
-    );
+    let [_, dz, demb, grads] = forward_backward(&net, rows, (&z, &emb), &r, f32::NAN);
 
     let loss = |net: &CrossNet, z: &[f32], emb: &[f32]| dot64(&forward(net, rows, z, emb), &r);
     let (eps, rel, abs) = (1e-2, 1e-2, 1e-3);
@@ -142,7 +155,7 @@ fn bf16_products_are_close_to_f32() {
     }
     // Wide enough (rank and D >= 16) for both products to run on the bf16 kernel.
     let (rows, dz_w, we) = (70, 16, 40);
-    let mut f32_net = CrossNet::init(dz_w, we, 24, 2, &mut Rng::new(6));
+    let f32_net = CrossNet::init(dz_w, we, 24, 2, &mut Rng::new(6));
     let mut bf16_net = f32_net.clone();
     bf16_net.layers_mut().iter_mut().for_each(|l| {
         assert!(l.suits_bf16());
@@ -152,27 +165,8 @@ fn bf16_products_are_close_to_f32() {
     let z = rand_vec(&mut rng, rows * dz_w, 1.0);
     let emb = rand_vec(&mut rng, rows * we, 1.0);
     let r = rand_vec(&mut rng, rows * (dz_w + we), 1.0);
-    let run = |net: &mut CrossNet| {
-        let (mut bufs, mut scratch) = (CrossBuffers::default(), bf16::Scratch::default());
-        let mut out = vec![0.0; r.len()];
-        net.forward_chunk(false, rows, &z, &emb, &mut out, &mut bufs, &mut scratch);
-        let mut dout = r.clone();
-        let (mut dz, mut demb) = (vec![0.0; z.len()], vec![0.0; emb.len()]);
-        let mut grads = vec![0.0; net.grads_len()];
-        net.backward_chunk(
-            false,
-            rows,
-            &mut dout,
-            &mut dz,
-            &mut demb,
-            &mut grads,
-            &mut bufs,
-            &mut scratch,
-        );
-        [out, dz, demb, grads]
-    };
-    let want = run(&mut f32_net);
-    let got = run(&mut bf16_net);
+    let want = forward_backward(&f32_net, rows, (&z, &emb), &r, 0.0);
+    let got = forward_backward(&bf16_net, rows, (&z, &emb), &r, 0.0);
     // Relative L2 error: bf16 keeps 8 bits of mantissa; a wrong layout gives errors near 100%.
     for (what, (a, b)) in ["out", "dz", "demb", "grads"]
         .iter()
