@@ -162,11 +162,29 @@ fn ps_paths(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
     )
 }
 
-fn remove_dir_if_present(path: &Path) -> Result<(), CheckpointError> {
+pub(crate) fn remove_dir_if_present(path: &Path) -> Result<(), CheckpointError> {
     match std::fs::remove_dir_all(path) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(io(path)(e)),
         _ => Ok(()),
     }
+}
+
+/// Writes `bytes` to `path` in `dir` atomically: into `tmp`, fsync, rename, fsync of the directory (a crash
+/// leaves the old file or the new one).
+pub(crate) fn write_atomic(
+    dir: &Path,
+    path: &Path,
+    tmp: &Path,
+    bytes: &[u8],
+) -> Result<(), CheckpointError> {
+    let mut f = std::fs::File::create(tmp).map_err(io(tmp))?;
+    f.write_all(bytes).map_err(io(tmp))?;
+    f.sync_all().map_err(io(tmp))?;
+    drop(f);
+    std::fs::rename(tmp, path).map_err(io(path))?;
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io(dir))
 }
 
 /// The checkpoint file of `rank` in `dir`.
@@ -174,7 +192,7 @@ pub fn file_path(dir: &Path, rank: usize) -> PathBuf {
     dir.join(format!("trainer-rank{rank}.ckpt"))
 }
 
-fn io(path: &Path) -> impl FnOnce(std::io::Error) -> CheckpointError + '_ {
+pub(crate) fn io(path: &Path) -> impl FnOnce(std::io::Error) -> CheckpointError + '_ {
     move |source| CheckpointError::Io {
         path: path.to_path_buf(),
         source,
@@ -229,14 +247,7 @@ impl Checkpoint {
         for v in &self.dense_residual {
             buf.extend_from_slice(&v.to_le_bytes());
         }
-        let mut f = std::fs::File::create(&tmp).map_err(io(&tmp))?;
-        f.write_all(&buf).map_err(io(&tmp))?;
-        f.sync_all().map_err(io(&tmp))?;
-        drop(f);
-        std::fs::rename(&tmp, &path).map_err(io(&path))?;
-        std::fs::File::open(dir)
-            .and_then(|d| d.sync_all())
-            .map_err(io(dir))?;
+        write_atomic(dir, &path, &tmp, &buf)?;
         Ok(path)
     }
 

@@ -10,6 +10,7 @@
 //!   pull ahead under the staleness gate, compute, push.
 //! - [`checkpoint`]: trainer checkpoints (dense parameters, optimizer state, data position, step).
 //! - [`eval`]: exact AUC and logloss.
+//! - [`export`]: exports, the servable models a job writes (docs/serving.md).
 //! - [`run`]: one job end to end and its [`run::Summary`].
 //! - [`demo`]: `trainer demo`: data, local servers, training, summary.
 //! - [`config`]: model, optimizer and cluster flags.
@@ -27,6 +28,7 @@ pub mod config;
 pub use ::criteo;
 pub mod demo;
 pub mod eval;
+pub mod export;
 pub mod metrics;
 pub mod model;
 pub mod preprocess;

@@ -77,6 +77,10 @@ pub const EVALS_TOTAL: &str = "trainer_evals_total";
 pub const CHECKPOINTS_TOTAL: &str = "trainer_checkpoints_total";
 /// Time to write one checkpoint (waiting for pushes, the servers' snapshot, the file).
 pub const CHECKPOINT_SECONDS: &str = "trainer_checkpoint_duration_seconds";
+/// Exports written (`--export-dir`).
+pub const EXPORTS_TOTAL: &str = "trainer_exports_total";
+/// Time to write one export (the servers' snapshot, the dense parameters, the manifest).
+pub const EXPORT_SECONDS: &str = "trainer_export_duration_seconds";
 /// The trainer's step (batches trained, including a resumed run's).
 pub const STEP: &str = "trainer_step";
 
@@ -213,6 +217,12 @@ pub fn describe() {
         CHECKPOINT_SECONDS,
         Unit::Seconds,
         "Time to write one checkpoint, servers' snapshot included."
+    );
+    describe_counter!(EXPORTS_TOTAL, "Exports (servable models) written.");
+    describe_histogram!(
+        EXPORT_SECONDS,
+        Unit::Seconds,
+        "Time to write one export, servers' snapshot included."
     );
     describe_gauge!(STEP, "Batches trained, including a resumed run's.");
 }

@@ -44,6 +44,17 @@ pub struct JobArgs {
     /// Keep the dense parameters on the parameter servers (implied by --world > 1).
     #[arg(long)]
     pub dense_on_ps: bool,
+    /// Write a servable model (dense parameters, the servers' snapshot, the resolved model spec:
+    /// docs/serving.md) into DIR/v<step> at every checkpoint, every --export-every steps and at the end
+    /// (rank 0); DIR/LATEST names the newest.
+    #[arg(long, value_name = "DIR")]
+    pub export_dir: Option<PathBuf>,
+    /// Steps between exports besides the checkpoints (0 = at checkpoints and the end only).
+    #[arg(long, default_value_t = 0, requires = "export_dir")]
+    pub export_every: u64,
+    /// Exports kept in --export-dir (older ones are removed).
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..))]
+    pub export_keep: u64,
     /// Use the test set only for periodic evaluations (the demo evaluates once every trainer is done).
     #[arg(long, hide = true)]
     pub skip_final_eval: bool,
@@ -243,6 +254,9 @@ pub async fn train_and_evaluate(
         checkpoint_dir: job.checkpoint_dir.clone(),
         checkpoint_every: job.checkpoint_every,
         max_steps: job.max_steps,
+        export_dir: job.export_dir.clone(),
+        export_every: job.export_every,
+        export_keep: job.export_keep as usize,
     };
     let mut summary: Option<Summary> = None;
     for epoch in trainer.epoch()..epochs {
@@ -362,6 +376,7 @@ fn print_event(e: Event) {
                 ""
             }
         ),
+        Event::Export { step, path } => eprintln!("export at step {step}: {}", path.display()),
     }
 }
 

@@ -80,7 +80,7 @@ pub enum Pooling {
 }
 
 /// One sparse feature, every setting resolved.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Feature {
     /// The Criteo column it reads, 0-based (C1 is 0).
     pub column: usize,
@@ -93,7 +93,7 @@ pub struct Feature {
 }
 
 /// One embedding table, every setting resolved.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Table {
     /// Its name (also its name on the servers).
     pub name: String,
@@ -111,8 +111,8 @@ pub struct Table {
     pub push: Encoding,
 }
 
-/// A checked model spec.
-#[derive(Debug, Clone, PartialEq)]
+/// A checked model spec (serialized resolved, as an export's manifest records it).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ModelSpec {
     /// Its name (reports, the job line).
     pub name: String,

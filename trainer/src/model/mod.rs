@@ -101,7 +101,8 @@ pub enum ModelError {
 }
 
 /// Arithmetic of the dense layers' matrix products.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Precision {
     /// f32 everywhere (the `gemm` crate's kernels).
     #[default]

@@ -62,6 +62,9 @@ pub enum TrainError {
     /// A checkpoint could not be written, read or used.
     #[error(transparent)]
     Checkpoint(#[from] CheckpointError),
+    /// An export could not be written.
+    #[error(transparent)]
+    Export(#[from] crate::export::ExportError),
     /// A checkpoint's error-feedback residuals do not load.
     #[error("error-feedback residuals in {}: {source}", path.display())]
     Residuals {

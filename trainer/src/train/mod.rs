@@ -370,6 +370,37 @@ impl Trainer {
         Ok(loss)
     }
 
+    /// Rank 0 with `opts.export_dir`: writes an export of the current model (every push must be acknowledged)
+    /// and returns its event; other ranks and jobs without an export directory do nothing.
+    async fn export(&mut self, opts: &PassOptions) -> Result<Option<Event>> {
+        let Some(root) = opts.export_dir.as_deref().filter(|_| self.rank == 0) else {
+            return Ok(None);
+        };
+        self.flush_dense().await?;
+        let spec = self.args.spec()?;
+        let manifest = crate::export::ExportManifest {
+            format: crate::export::EXPORT_FORMAT_VERSION,
+            version: self.step,
+            samples: self.samples,
+            created_unix_ms: crate::export::now_unix_ms(),
+            tables: spec.table_specs(self.args.seed, self.args.emb_init_scale),
+            spec,
+            precision: self.model.precision(),
+            param_sizes: Vec::new(),
+            num_shards: 0,
+        };
+        let started = Instant::now();
+        let path =
+            crate::export::write(&self.client, root, manifest, &self.model, opts.export_keep)
+                .await?;
+        metrics::counter!(m::EXPORTS_TOTAL).increment(1);
+        metrics::histogram!(m::EXPORT_SECONDS).record(started.elapsed().as_secs_f64());
+        Ok(Some(Event::Export {
+            step: self.step,
+            path,
+        }))
+    }
+
     /// Writes this rank's checkpoint into `dir` (every push must be acknowledged); rank 0 also has the
     /// servers snapshot their tables into `dir/ps`.
     async fn checkpoint(&mut self, dir: &std::path::Path) -> Result<Event> {

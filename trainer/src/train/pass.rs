@@ -338,6 +338,15 @@ impl Trainer {
             t.paused += started.elapsed();
             t.last_report = Instant::now();
         }
+        if export_due(self.step, opts) {
+            let started = Instant::now();
+            t.rejected += drain(&mut w.pushes).await?;
+            if let Some(e) = self.export(opts).await? {
+                on_event(e);
+            }
+            t.paused += started.elapsed();
+            t.last_report = Instant::now();
+        }
         Ok(())
     }
 
@@ -383,6 +392,11 @@ impl Trainer {
         if let (Some(dir), false) = (&opts.checkpoint_dir, just_written && t.batches > 0) {
             on_event(self.checkpoint(dir).await?);
         }
+        if !(export_due(self.step, opts) && t.batches > 0) {
+            if let Some(e) = self.export(opts).await? {
+                on_event(e);
+            }
+        }
         drop(encoder);
         Ok(TrainReport {
             samples: t.samples,
@@ -396,4 +410,12 @@ impl Trainer {
             wire_bytes: self.wire_total() - t.wire_at_start,
         })
     }
+}
+
+/// Whether `opts` asks for an export at `step` during a pass: with every checkpoint, and every
+/// `export_every` steps.
+fn export_due(step: u64, opts: &PassOptions) -> bool {
+    let every = |n: u64| n > 0 && step.is_multiple_of(n);
+    opts.export_dir.is_some()
+        && ((opts.checkpoint_dir.is_some() && every(opts.checkpoint_every)) || every(opts.export_every))
 }

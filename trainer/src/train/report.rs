@@ -67,6 +67,13 @@ pub enum Event {
         /// Whether the servers' snapshot was taken with it.
         ps_snapshot: bool,
     },
+    /// An export was written.
+    Export {
+        /// The step (and version) it holds.
+        step: u64,
+        /// Its version directory.
+        path: PathBuf,
+    },
 }
 
 /// What a pass does besides training: periodic evaluation and checkpoints, and an early stop.
@@ -82,6 +89,13 @@ pub struct PassOptions {
     pub checkpoint_every: u64,
     /// Stop once the trainer's step reaches this (0 = run to the end of the data).
     pub max_steps: u64,
+    /// Write exports (servable models) here (rank 0): at every checkpoint, every `export_every` steps and
+    /// at the end.
+    pub export_dir: Option<PathBuf>,
+    /// Export every this many steps besides the checkpoints (0 = at checkpoints and the end only).
+    pub export_every: u64,
+    /// Complete exports kept (older ones are removed; at least 1).
+    pub export_keep: usize,
 }
 
 /// Sample-weighted mean loss over the last `tail` samples (at least the last batch).
