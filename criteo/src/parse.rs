@@ -193,6 +193,28 @@ pub enum ParseError {
         /// How many fields the line had.
         fields: usize,
     },
+    /// A line without a label ([`parse_unlabeled_line`]) had more than 39 fields.
+    #[error("{fields} fields, expected at most 39 (I1..I13, C1..C26; no label)")]
+    TooManyUnlabeledFields {
+        /// How many fields the line had.
+        fields: usize,
+    },
+}
+
+impl ParseError {
+    /// The error with its field number counted from I1 (a line without a label).
+    fn unlabeled(mut self) -> ParseError {
+        match &mut self {
+            ParseError::BadInteger { field, .. }
+            | ParseError::NotHex { field, .. }
+            | ParseError::HexTooLong { field, .. }
+            | ParseError::EmptyToken { field, .. } => *field -= 1,
+            ParseError::BadLabel { .. }
+            | ParseError::TooManyFields { .. }
+            | ParseError::TooManyUnlabeledFields { .. } => {}
+        }
+        self
+    }
 }
 
 /// The text form of an input file.
@@ -231,6 +253,38 @@ impl TextFormat {
 /// holds unspecified values.
 pub fn parse_line(line: &[u8], row: &mut Row) -> Result<LineKind, ParseError> {
     parse_fields(trim_line(line), b'\t', row)
+}
+
+/// Parses one line without a label, `I1..I13, C1..C26` tab-separated (39 fields; trailing empty fields may be
+/// stripped): a row to predict. The row's label is 0; field numbers in errors count I1 as field 1.
+pub fn parse_unlabeled_line(line: &[u8], row: &mut Row) -> Result<LineKind, ParseError> {
+    let line = trim_line(line);
+    if line.is_empty() {
+        return Ok(LineKind::Empty);
+    }
+    row.clear_tokens();
+    row.label = 0.0;
+    let mut field = 1; // the label's place is field 0
+    let mut start = 0;
+    for tab in memchr_iter(b'\t', line).chain(std::iter::once(line.len())) {
+        if field == NUM_FIELDS {
+            return Err(ParseError::TooManyUnlabeledFields {
+                fields: 1 + memchr_iter(b'\t', line).count(),
+            });
+        }
+        parse_field(field, &line[start..tab], row).map_err(ParseError::unlabeled)?;
+        field += 1;
+        start = tab + 1;
+    }
+    let fields = field - 1;
+    for missing in field..NUM_FIELDS {
+        parse_field(missing, b"", row)?;
+    }
+    if fields == NUM_FIELDS - 1 {
+        Ok(LineKind::Full)
+    } else {
+        Ok(LineKind::Padded { fields })
+    }
 }
 
 /// Parses one Kaggle CSV data line (`id,label,I1..,C1..`, not the header) into `row`, as [`parse_line`]
