@@ -73,6 +73,26 @@ impl Batch {
         }
     }
 
+    /// Appends every row of `other`, a batch of the same layout (bag offsets shifted): micro-batching
+    /// several requests' rows into one prediction.
+    ///
+    /// # Panics
+    /// If `other` has another number of features or other one-hot/multi-hot features.
+    pub fn append(&mut self, other: &Batch) {
+        assert_eq!(self.sparse.len(), other.sparse.len(), "batch of another layout");
+        self.len += other.len;
+        self.truncated += other.truncated;
+        self.labels.extend_from_slice(&other.labels);
+        self.dense.extend_from_slice(&other.dense);
+        let columns = self.sparse.iter_mut().zip(&mut self.offsets);
+        for ((ids, offsets), (oids, ooffsets)) in columns.zip(other.sparse.iter().zip(&other.offsets)) {
+            assert_eq!(offsets.is_empty(), ooffsets.is_empty(), "batch of another layout");
+            let base = ids.len() as u32;
+            ids.extend_from_slice(oids);
+            offsets.extend(ooffsets.iter().skip(1).map(|&o| o + base));
+        }
+    }
+
     /// Removes all rows, keeping the allocations (and the layout).
     pub fn clear(&mut self) {
         self.len = 0;
@@ -277,6 +297,28 @@ mod tests {
         assert_eq!(a.truncated, 1, "C3's second token");
         assert_eq!(a.sparse[2], [feature_id(2, Some(0xa))]);
         assert_eq!(a.bag(2, 0), [feature_id(2, Some(0xa))]);
+    }
+
+    #[test]
+    fn append_is_pushing_the_rows_in_order() {
+        let layout = layout();
+        let rows = [
+            parsed("11", "5|6|7", "12|13|14|15"),
+            parsed("", "", "22"),
+            parsed("a|b", "8", ""),
+        ];
+        let mut whole = Batch::with_layout(3, &layout);
+        rows.iter().for_each(|r| whole.push_row_in(r, &layout));
+        let (mut a, mut b) = (
+            Batch::with_layout(1, &layout),
+            Batch::with_layout(2, &layout),
+        );
+        a.push_row_in(&rows[0], &layout);
+        rows[1..].iter().for_each(|r| b.push_row_in(r, &layout));
+        a.append(&b);
+        assert_eq!(a, whole);
+        a.append(&Batch::with_layout(0, &layout));
+        assert_eq!(a, whole);
     }
 
     #[test]
