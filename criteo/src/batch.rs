@@ -79,14 +79,24 @@ impl Batch {
     /// # Panics
     /// If `other` has another number of features or other one-hot/multi-hot features.
     pub fn append(&mut self, other: &Batch) {
-        assert_eq!(self.sparse.len(), other.sparse.len(), "batch of another layout");
+        assert_eq!(
+            self.sparse.len(),
+            other.sparse.len(),
+            "batch of another layout"
+        );
         self.len += other.len;
         self.truncated += other.truncated;
         self.labels.extend_from_slice(&other.labels);
         self.dense.extend_from_slice(&other.dense);
         let columns = self.sparse.iter_mut().zip(&mut self.offsets);
-        for ((ids, offsets), (oids, ooffsets)) in columns.zip(other.sparse.iter().zip(&other.offsets)) {
-            assert_eq!(offsets.is_empty(), ooffsets.is_empty(), "batch of another layout");
+        for ((ids, offsets), (oids, ooffsets)) in
+            columns.zip(other.sparse.iter().zip(&other.offsets))
+        {
+            assert_eq!(
+                offsets.is_empty(),
+                ooffsets.is_empty(),
+                "batch of another layout"
+            );
             let base = ids.len() as u32;
             ids.extend_from_slice(oids);
             offsets.extend(ooffsets.iter().skip(1).map(|&o| o + base));

@@ -53,8 +53,8 @@ pub use error::ReadError;
 pub use ids::{decode_feature_id, feature_id};
 pub use layout::{FeatureInput, FeatureLayout, LayoutError};
 pub use parse::{
-    parse_csv_line, parse_line, parse_unlabeled_line, LineKind, ParseError, Row, TextFormat, NUM_DENSE, NUM_FIELDS,
-    NUM_SPARSE,
+    parse_csv_line, parse_line, parse_unlabeled_line, LineKind, ParseError, Row, TextFormat,
+    NUM_DENSE, NUM_FIELDS, NUM_SPARSE,
 };
 pub use reader::{read_all, BatchReader, ReadStats, ReaderConfig};
 pub use source::{count_rows, input_files};

@@ -374,7 +374,10 @@ fn unlabeled_lines_parse_like_labeled_ones() {
     let labeled = synthetic(NUM_FIELDS).replacen('1', "0", 1);
     let unlabeled = labeled.split_once('\t').unwrap().1.to_owned();
     let (mut a, mut b) = (Row::default(), Row::default());
-    assert_eq!(parse_line(labeled.as_bytes(), &mut a).unwrap(), LineKind::Full);
+    assert_eq!(
+        parse_line(labeled.as_bytes(), &mut a).unwrap(),
+        LineKind::Full
+    );
     assert_eq!(
         parse_unlabeled_line(unlabeled.as_bytes(), &mut b).unwrap(),
         LineKind::Full
@@ -386,7 +389,10 @@ fn unlabeled_lines_parse_like_labeled_ones() {
         parse_unlabeled_line(short.join("\t").as_bytes(), &mut b).unwrap(),
         LineKind::Padded { fields: 20 }
     );
-    assert_eq!(parse_unlabeled_line(b"\n", &mut b).unwrap(), LineKind::Empty);
+    assert_eq!(
+        parse_unlabeled_line(b"\n", &mut b).unwrap(),
+        LineKind::Empty
+    );
     // Errors count I1 as field 1.
     let bad = unlabeled.replacen("\t4\t", "\tx\t", 1);
     let e = parse_unlabeled_line(bad.as_bytes(), &mut b).unwrap_err();
@@ -395,5 +401,8 @@ fn unlabeled_lines_parse_like_labeled_ones() {
     assert_eq!(e, ParseError::TooManyUnlabeledFields { fields: 40 });
     let hex = unlabeled.replacen("00000005", "zz", 1);
     let e = parse_unlabeled_line(hex.as_bytes(), &mut b).unwrap_err();
-    assert!(matches!(e, ParseError::NotHex { column, field, .. } if field == column + 13), "{e:?}");
+    assert!(
+        matches!(e, ParseError::NotHex { column, field, .. } if field == column + 13),
+        "{e:?}"
+    );
 }

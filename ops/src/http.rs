@@ -68,8 +68,15 @@ static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
 /// Histogram buckets for every `_batches` metric (small counts such as staleness): 0 .. 64.
 pub const COUNT_BUCKETS: &[f64] = &[0.0, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 32.0, 64.0];
 
+/// Histogram buckets for every `_rows` histogram (rows per batch or request): 1 .. 65536 in powers of 2.
+pub const ROW_BUCKETS: &[f64] = &[
+    1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0,
+    16384.0, 32768.0, 65536.0,
+];
+
 /// Installs the process-wide Prometheus recorder (once; later calls return the same handle) with explicit
-/// histogram buckets for every `_seconds` metric (`buckets`) and every `_batches` metric ([`COUNT_BUCKETS`]), so
+/// histogram buckets for every `_seconds` metric (`buckets`), every `_batches` metric ([`COUNT_BUCKETS`]) and
+/// every `_rows` histogram ([`ROW_BUCKETS`]; gauges of that suffix are unaffected), so
 /// histograms are rendered rather than summaries.
 pub fn install_recorder(buckets: &[f64]) -> PrometheusHandle {
     HANDLE
@@ -78,6 +85,8 @@ pub fn install_recorder(buckets: &[f64]) -> PrometheusHandle {
                 .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), buckets)
                 .expect("non-empty bucket list")
                 .set_buckets_for_metric(Matcher::Suffix("_batches".into()), COUNT_BUCKETS)
+                .expect("non-empty bucket list")
+                .set_buckets_for_metric(Matcher::Suffix("_rows".into()), ROW_BUCKETS)
                 .expect("non-empty bucket list")
                 .build_recorder();
             let handle = recorder.handle();
@@ -105,7 +114,9 @@ fn reply(status: StatusCode, content_type: &str, body: String) -> Response<Full<
         .expect("valid response")
 }
 
-fn route(path: &str, handle: &PrometheusHandle, health: &Health) -> Response<Full<Bytes>> {
+/// The answer to a GET of `path`: `/metrics`, `/healthz`, `/readyz`, else 404. For binaries that serve these
+/// beside routes of their own on one port (the serving process).
+pub fn route(path: &str, handle: &PrometheusHandle, health: &Health) -> Response<Full<Bytes>> {
     match path {
         "/metrics" => reply(StatusCode::OK, "text/plain; version=0.0.4", handle.render()),
         "/healthz" => reply(StatusCode::OK, "text/plain", "ok\n".into()),

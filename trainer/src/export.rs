@@ -202,7 +202,8 @@ fn resolve(path: &Path) -> Result<PathBuf, ExportError> {
     match std::fs::read_to_string(&latest) {
         Ok(name) => {
             let name = name.trim();
-            let ok = name.starts_with('v') && !name.contains(['/', '\\']) && name != "." && name != "..";
+            let ok =
+                name.starts_with('v') && !name.contains(['/', '\\']) && name != "." && name != "..";
             if !ok {
                 return Err(ExportError::Corrupt {
                     path: latest,
@@ -240,11 +241,9 @@ pub async fn write(
     remove_dir_if_present(&tmp)?;
     std::fs::create_dir_all(&tmp).map_err(io(&tmp))?;
     let snapshot = tmp.join(SNAPSHOT_DIR);
-    let target = snapshot
-        .to_str()
-        .ok_or_else(|| CheckpointError::NotUtf8 {
-            path: snapshot.clone(),
-        })?;
+    let target = snapshot.to_str().ok_or_else(|| CheckpointError::NotUtf8 {
+        path: snapshot.clone(),
+    })?;
     let shards = client
         .checkpoint(target, manifest.version)
         .await

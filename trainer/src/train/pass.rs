@@ -417,5 +417,6 @@ impl Trainer {
 fn export_due(step: u64, opts: &PassOptions) -> bool {
     let every = |n: u64| n > 0 && step.is_multiple_of(n);
     opts.export_dir.is_some()
-        && ((opts.checkpoint_dir.is_some() && every(opts.checkpoint_every)) || every(opts.export_every))
+        && ((opts.checkpoint_dir.is_some() && every(opts.checkpoint_every))
+            || every(opts.export_every))
 }

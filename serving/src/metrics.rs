@@ -1,0 +1,68 @@
+//! Metric names of the serving process (docs/serving.md), with their descriptions, in one place.
+
+use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
+
+/// Requests answered, labels `route` and `code`.
+pub const REQUESTS_TOTAL: &str = "serving_requests_total";
+/// Request latency from the first byte read to the answer, label `route`.
+pub const REQUEST_SECONDS: &str = "serving_request_duration_seconds";
+/// Rows predicted.
+pub const PREDICT_ROWS_TOTAL: &str = "serving_predict_rows_total";
+/// Rows per micro-batch.
+pub const BATCH_ROWS: &str = "serving_batch_rows";
+/// Seconds since the cut of the newest applied delta (or the export's creation before any).
+pub const MODEL_AGE_SECONDS: &str = "serving_model_age_seconds";
+/// Apply time minus the oldest change in the delta.
+pub const DELTA_FRESHNESS_SECONDS: &str = "serving_delta_freshness_seconds";
+/// Deltas applied.
+pub const DELTAS_APPLIED_TOTAL: &str = "serving_deltas_applied_total";
+/// Rows applied from deltas.
+pub const DELTA_ROWS_TOTAL: &str = "serving_delta_rows_total";
+/// The dense model's version.
+pub const DENSE_VERSION: &str = "serving_dense_version";
+/// Failed sync requests, label `server`.
+pub const SYNC_ERRORS_TOTAL: &str = "serving_sync_errors_total";
+/// Embedding rows in memory.
+pub const ROWS_IN_MEMORY: &str = "serving_rows_in_memory";
+/// The export version loaded.
+pub const EXPORT_VERSION: &str = "serving_export_version";
+
+/// Describes every metric (Prometheus HELP lines).
+pub fn describe() {
+    describe_counter!(
+        REQUESTS_TOTAL,
+        "HTTP requests answered, by route and status code."
+    );
+    describe_histogram!(
+        REQUEST_SECONDS,
+        Unit::Seconds,
+        "HTTP request latency, body read to answer, by route."
+    );
+    describe_counter!(PREDICT_ROWS_TOTAL, "Rows predicted.");
+    describe_histogram!(BATCH_ROWS, "Rows per micro-batch of concurrent requests.");
+    describe_gauge!(
+        MODEL_AGE_SECONDS,
+        Unit::Seconds,
+        "Seconds since the newest applied update was cut on a training server (or the export was written)."
+    );
+    describe_histogram!(
+        DELTA_FRESHNESS_SECONDS,
+        Unit::Seconds,
+        "Per applied delta: apply time minus the time of the oldest change it holds."
+    );
+    describe_counter!(DELTAS_APPLIED_TOTAL, "Delta syncs applied.");
+    describe_counter!(DELTA_ROWS_TOTAL, "Embedding rows applied from delta syncs.");
+    describe_gauge!(
+        DENSE_VERSION,
+        "Version of the dense parameters predictions use."
+    );
+    describe_counter!(
+        SYNC_ERRORS_TOTAL,
+        "Failed delta sync requests, by training server."
+    );
+    describe_gauge!(ROWS_IN_MEMORY, "Embedding rows held in memory.");
+    describe_gauge!(
+        EXPORT_VERSION,
+        "Version (training step) of the export loaded."
+    );
+}

@@ -1,0 +1,160 @@
+//! One prediction over a batch, computed as the trainer's evaluation computes it: the trainer's [`Plan`]
+//! deduplicates each table's ids, the rows come from the [`RowStore`] rounded through the table's pull
+//! encoding (the trainer evaluates on rows pulled in it), the plan pools them into the model's input, and the
+//! exported [`Dlrm`] predicts. So the answers equal the trainer's evaluation of the same rows.
+
+use criteo::Batch;
+use protocol::compression::codec;
+use protocol::{Encoding, ShardMap};
+use trainer::export::Export;
+use trainer::model::Dlrm;
+use trainer::step::plan::{Plan, SparseLayout};
+
+use crate::store::{GatherScratch, RowStore};
+
+/// Why a prediction failed (a server-side fault: the request was valid).
+#[derive(Debug, thiserror::Error)]
+pub enum PredictError {
+    /// The rows could not be read.
+    #[error("read embedding rows of table {table}: {source}")]
+    Rows {
+        /// The table.
+        table: u32,
+        /// The cause.
+        source: embedding::EmbeddingError,
+    },
+    /// The model refused the inputs.
+    #[error("predict: {0}")]
+    Model(#[from] trainer::model::ModelError),
+}
+
+/// The dense side of one model version: what a delta of dense parameters replaces as a whole.
+#[derive(Debug)]
+pub struct DenseModel {
+    /// The model.
+    pub model: Dlrm,
+    /// Its version: the export's, or the trainer's published dense version.
+    pub version: u64,
+}
+
+/// Predicts batches with one dense model at a time (owned by the predicting thread).
+pub struct Predictor {
+    dense: DenseModel,
+    layout: SparseLayout,
+    pull: Vec<Encoding>,
+    map: ShardMap,
+    plan: Plan,
+    unique_rows: Vec<Vec<f32>>,
+    emb: Vec<f32>,
+    encoded: Vec<u8>,
+    scratch: GatherScratch,
+}
+
+impl std::fmt::Debug for Predictor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Predictor")
+            .field("dense_version", &self.dense.version)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Predictor {
+    /// The predictor of `export`'s model.
+    pub fn new(export: &Export) -> Result<Predictor, trainer::export::ExportError> {
+        let spec = &export.manifest.spec;
+        Ok(Predictor {
+            dense: DenseModel {
+                model: export.build_model()?,
+                version: export.manifest.version,
+            },
+            layout: spec.sparse_layout(),
+            pull: spec.tables.iter().map(|t| t.pull).collect(),
+            map: ShardMap::new(1),
+            plan: Plan::default(),
+            unique_rows: Vec::new(),
+            emb: Vec::new(),
+            encoded: Vec::new(),
+            scratch: GatherScratch::default(),
+        })
+    }
+
+    /// The dense model's version.
+    pub fn dense_version(&self) -> u64 {
+        self.dense.version
+    }
+
+    /// Replaces the dense model (between two batches: a prediction never mixes two versions).
+    pub fn set_dense(&mut self, dense: DenseModel) {
+        self.dense = dense;
+    }
+
+    /// A copy of the dense model with `params` (a published version), or the model's refusal.
+    pub fn with_params(
+        &self,
+        params: &[f32],
+        version: u64,
+    ) -> Result<DenseModel, trainer::model::ModelError> {
+        let cfg = self.dense.model.config().clone();
+        let mut model = Dlrm::new(cfg, trainer::model::DenseOptimizer::Sgd { lr: 0.0 }, 0)?;
+        let sizes: Vec<usize> = self.dense.model.params().iter().map(|p| p.len()).collect();
+        let total: usize = sizes.iter().sum();
+        if params.len() != total {
+            return Err(trainer::model::ModelError::Length {
+                arg: "published dense parameters",
+                len: params.len(),
+                expected: total,
+            });
+        }
+        let mut at = 0;
+        let tensors: Vec<&[f32]> = sizes
+            .iter()
+            .map(|&n| {
+                let t = &params[at..at + n];
+                at += n;
+                t
+            })
+            .collect();
+        model.set_params(&tensors)?;
+        model.set_precision(self.dense.model.precision())?;
+        Ok(DenseModel { model, version })
+    }
+
+    /// The click probabilities of `batch`'s rows.
+    pub fn predict(&mut self, store: &RowStore, batch: &Batch) -> Result<&[f32], PredictError> {
+        self.plan.build_with(
+            &self.layout,
+            batch.len,
+            &batch.sparse,
+            &batch.offsets,
+            &self.map,
+        );
+        let tables = self.layout.tables();
+        self.unique_rows.resize_with(tables, Vec::new);
+        for t in 0..tables {
+            let ids = self.plan.unique(t);
+            let dim = self.layout.dims[t];
+            let rows = &mut self.unique_rows[t];
+            rows.resize(ids.len() * dim, 0.0);
+            store
+                .gather(t as u32, ids, rows, &mut self.scratch)
+                .map_err(|source| PredictError::Rows {
+                    table: t as u32,
+                    source,
+                })?;
+            let enc = self.pull[t];
+            if enc != Encoding::F32 {
+                // What a pull in `enc` would have delivered to the trainer.
+                self.encoded.clear();
+                codec::encode_rows(rows, dim, enc, &mut self.encoded);
+                codec::decode_rows(&self.encoded, dim, enc, rows)
+                    .expect("rows just encoded decode");
+            }
+        }
+        self.plan
+            .gather_embeddings(&self.unique_rows, &mut self.emb);
+        Ok(self
+            .dense
+            .model
+            .predict(batch.len, &batch.dense, &self.emb)?)
+    }
+}

@@ -1,0 +1,191 @@
+//! The serving process end to end: the HTTP endpoint first (so probes answer while the export loads), then
+//! the export, the predicting thread, delta sync, and a clean stop on shutdown.
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
+
+use anyhow::Context;
+use clap::Parser;
+
+use crate::batcher::{BatchLimits, Batcher};
+use crate::config::{ServeConfig, ServeOptions};
+use crate::http::{HttpLimits, Shared};
+use crate::predict::Predictor;
+use crate::state::{Freshness, Loaded};
+use crate::store::RowStore;
+
+/// Request latency buckets (seconds): 100 µs .. 10 s.
+pub const LATENCY_BUCKETS: &[f64] = &[
+    0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.128, 0.256, 0.512,
+    1.0, 2.0, 5.0, 10.0,
+];
+
+/// `ps-serve`'s command line.
+#[derive(Debug, Parser)]
+#[command(
+    name = "ps-serve",
+    version,
+    about = "Serves click predictions from a trained export"
+)]
+pub struct Cli {
+    /// TOML file of the settings below (kebab-case keys); flags and environment override it.
+    #[arg(long, env = "PS_SERVE_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// The settings.
+    #[command(flatten)]
+    pub options: ServeOptions,
+}
+
+/// The binary's entry point.
+pub fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    ops::logging::init();
+    let file = match &cli.config {
+        Some(path) => ServeOptions::load(path)?,
+        None => ServeOptions::default(),
+    };
+    let cfg = cli.options.over(file).validate()?;
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(cfg.threads)
+        .thread_name(|i| format!("predict-{i}"))
+        .build_global()
+        .context("start the prediction thread pool")?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("serve-io")
+        .build()
+        .context("start tokio runtime")?;
+    rt.block_on(run(cfg, ops::shutdown::signal()))
+}
+
+/// Serves until `shutdown` resolves: readiness drops at once, open requests finish (up to the drain
+/// timeout), then the process's state is removed (a temporary data directory).
+pub async fn run(
+    cfg: ServeConfig,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let prometheus = ops::http::install_recorder(LATENCY_BUCKETS);
+    crate::metrics::describe();
+    let (listener, bound) = ops::http::bind(cfg.listen)
+        .await
+        .with_context(|| format!("bind --listen {}", cfg.listen))?;
+    let health = Arc::new(ops::http::Health::default());
+    let shared = Arc::new(Shared {
+        loaded: OnceLock::new(),
+        batcher: OnceLock::new(),
+        limits: HttpLimits {
+            max_body_bytes: cfg.max_body_bytes,
+            max_rows: cfg.max_rows,
+        },
+        prometheus,
+        health: health.clone(),
+    });
+    let stopping = Arc::new(tokio::sync::Notify::new());
+    let on_stop = {
+        let (health, stopping) = (health.clone(), stopping.clone());
+        async move {
+            shutdown.await;
+            health.set_ready(false);
+            stopping.notify_waiters();
+            tracing::info!("shutting down: draining open requests");
+        }
+    };
+    let server = tokio::spawn(crate::http::serve(
+        listener,
+        shared.clone(),
+        on_stop,
+        cfg.drain_timeout,
+    ));
+    println!("ps-serve listening on http://{bound}");
+    tracing::info!(%bound, export = %cfg.export.display(), "listening; loading the export");
+
+    let (data_dir, temporary) = match &cfg.data_dir {
+        Some(d) => (d.clone(), false),
+        None => (
+            std::env::temp_dir().join(format!("ps-serve-{}", std::process::id())),
+            true,
+        ),
+    };
+    let loaded = {
+        let cfg = cfg.clone();
+        let data_dir = data_dir.clone();
+        tokio::task::spawn_blocking(move || load(&cfg, &data_dir)).await?
+    };
+    let (loaded, predictor) = match loaded {
+        Ok(l) => l,
+        Err(e) => {
+            server.abort();
+            if temporary {
+                let _ = std::fs::remove_dir_all(&data_dir);
+            }
+            return Err(e);
+        }
+    };
+    let store = loaded.store.clone();
+    let (batcher, _predict_thread) = Batcher::spawn(
+        predictor,
+        store,
+        BatchLimits {
+            deadline: cfg.batch_deadline,
+            max_rows: cfg.max_batch_rows,
+        },
+    )
+    .context("start the prediction thread")?;
+    println!(
+        "serving export {} (version {}, model {}): {} rows in memory over {} shards",
+        loaded.export_dir.display(),
+        loaded.export_version,
+        loaded.model,
+        loaded.store.rows_in_memory(),
+        loaded.store.shards()
+    );
+    let _ = shared.batcher.set(batcher.clone());
+    let _ = shared.loaded.set(loaded);
+    let loaded = shared.loaded.get().expect("just set");
+    crate::sync::start(&cfg, loaded, &batcher, stopping.clone()).await?;
+    health.set_ready(true);
+    tracing::info!("ready");
+    server.await.context("HTTP server task")?;
+    if temporary {
+        let _ = std::fs::remove_dir_all(&data_dir);
+    }
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// Opens the export, its rows and its model (blocking).
+fn load(cfg: &ServeConfig, data_dir: &std::path::Path) -> anyhow::Result<(Loaded, Predictor)> {
+    let export = trainer::export::Export::open(&cfg.export)
+        .with_context(|| format!("open --export {}", cfg.export.display()))?;
+    std::fs::create_dir_all(data_dir)
+        .with_context(|| format!("create --data-dir {}", data_dir.display()))?;
+    let store = RowStore::open(
+        &export.snapshot_dir(),
+        data_dir,
+        cfg.memory_budget_rows,
+        &export.manifest.tables,
+    )
+    .with_context(|| format!("open the rows of export {}", export.dir.display()))?;
+    let predictor = Predictor::new(&export)?;
+    let fresh = Freshness::default();
+    fresh.saw(export.manifest.created_unix_ms.saturating_mul(1000));
+    fresh.dense_version.store(
+        export.manifest.version,
+        std::sync::atomic::Ordering::Relaxed,
+    );
+    metrics::gauge!(crate::metrics::EXPORT_VERSION).set(export.manifest.version as f64);
+    metrics::gauge!(crate::metrics::DENSE_VERSION).set(export.manifest.version as f64);
+    metrics::gauge!(crate::metrics::ROWS_IN_MEMORY).set(store.rows_in_memory() as f64);
+    Ok((
+        Loaded {
+            export_version: export.manifest.version,
+            model: export.manifest.spec.name.clone(),
+            features: export.manifest.spec.feature_layout(),
+            export_dir: export.dir.clone(),
+            store: Arc::new(store),
+            fresh,
+        },
+        predictor,
+    ))
+}

@@ -1,0 +1,281 @@
+//! The embedding rows serving holds: one [`Engine`] per shard of the export's snapshot, on a private copy of
+//! that shard's RocksDB (SST files hard-linked, so opening a large export costs little time or space), each
+//! table with an optional memory budget: past it, cold rows stay on disk and are read back on a miss
+//! (the capacity tier of the training servers, DESIGN.md "RocksDB").
+//!
+//! Ids route to shards by the training cluster's [`ShardMap`], so a shard's rows stay where the snapshot put
+//! them; an id no shard holds reads as its table's initializer, exactly as a pull from a training server
+//! would. Delta syncs overwrite rows' weights ([`RowStore::apply_rows`]) and mark them dirty, so a row
+//! evicted later is written back rather than dropped in favour of its stale copy on disk.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use embedding::snapshot::{parse_shard_dir_name, read_manifest, DB_DIR};
+use embedding::spec::table_config;
+use embedding::{EmbeddingError, Engine, RocksStore, SnapshotError, StoreError};
+use protocol::{ShardMap, TableSpec};
+
+/// Why the rows could not be opened or used. Messages name the path or the table.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreOpenError {
+    /// The snapshot directory lacks shards or holds inconsistent ones.
+    #[error("snapshot {}: {reason}", path.display())]
+    Snapshot {
+        /// The snapshot directory.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A shard's manifest did not read.
+    #[error(transparent)]
+    Manifest(#[from] SnapshotError),
+    /// A file operation failed.
+    #[error("{}: {source}", path.display())]
+    Io {
+        /// The file or directory.
+        path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// RocksDB refused.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The engine refused.
+    #[error(transparent)]
+    Engine(#[from] EmbeddingError),
+}
+
+/// Every shard's rows.
+pub struct RowStore {
+    map: ShardMap,
+    shards: Vec<Engine>,
+    /// Per table id: (dim, row_len) of its stored rows.
+    shapes: std::collections::HashMap<u32, (usize, usize)>,
+}
+
+impl std::fmt::Debug for RowStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RowStore")
+            .field("shards", &self.shards.len())
+            .field("rows", &self.rows_in_memory())
+            .finish()
+    }
+}
+
+impl RowStore {
+    /// Opens the snapshot in `snapshot_dir` (`shard-<i>-of-<n>/` for every `i`), copying each shard's
+    /// database into `data_dir/shard-<i>` (replacing what is there), with `budget_rows` rows of memory per
+    /// table and shard. `tables` are the tables the export registered: a shard whose database lacks one gets
+    /// it registered empty (its rows read as the initializer).
+    pub fn open(
+        snapshot_dir: &Path,
+        data_dir: &Path,
+        budget_rows: Option<u64>,
+        tables: &[TableSpec],
+    ) -> Result<RowStore, StoreOpenError> {
+        let shard_dirs = list_shards(snapshot_dir)?;
+        let n = shard_dirs.len() as u32;
+        let mut shards = Vec::with_capacity(shard_dirs.len());
+        for (i, dir) in shard_dirs.iter().enumerate() {
+            let manifest = read_manifest(dir)?;
+            if manifest.shard.index != i as u32 || manifest.shard.num_shards != n {
+                return Err(StoreOpenError::Snapshot {
+                    path: snapshot_dir.to_path_buf(),
+                    reason: format!(
+                        "{} holds shard {} of {}, expected {i} of {n}",
+                        dir.display(),
+                        manifest.shard.index,
+                        manifest.shard.num_shards
+                    ),
+                });
+            }
+            let dst = data_dir.join(format!("shard-{i}"));
+            link_copy(&dir.join(DB_DIR), &dst)?;
+            let engine = Engine::open_with_budget(Arc::new(RocksStore::open(&dst)?), budget_rows)?;
+            for spec in tables {
+                if engine.table(spec.id).is_err() {
+                    engine.register_table(table_config(spec))?;
+                }
+            }
+            shards.push(engine);
+        }
+        let shapes = shards[0]
+            .tables()
+            .iter()
+            .map(|c| {
+                let t = shards[0].table(c.id).expect("listed table");
+                (c.id, (t.dim(), t.row_len()))
+            })
+            .collect();
+        Ok(RowStore {
+            map: ShardMap::new(n),
+            shards,
+            shapes,
+        })
+    }
+
+    /// Number of shards.
+    pub fn shards(&self) -> usize {
+        self.shards.len()
+    }
+
+    /// The row dimension of `table`, if the export has it.
+    pub fn dim(&self, table: u32) -> Option<usize> {
+        self.shapes.get(&table).map(|&(dim, _)| dim)
+    }
+
+    /// Copies the weights of `ids` of `table` into `out` (`ids.len() x dim`); ids without a row read as
+    /// their initializer. `scratch` holds per-shard positions between calls.
+    pub fn gather(
+        &self,
+        table: u32,
+        ids: &[u64],
+        out: &mut [f32],
+        scratch: &mut GatherScratch,
+    ) -> Result<(), EmbeddingError> {
+        if self.shards.len() == 1 {
+            return self.shards[0].gather(table, ids, out);
+        }
+        let dim = self.dim(table).ok_or(EmbeddingError::UnknownTable(table))?;
+        self.map.group(ids, &mut scratch.by_shard);
+        for (s, positions) in scratch.by_shard.iter().enumerate() {
+            if positions.is_empty() {
+                continue;
+            }
+            scratch.ids.clear();
+            scratch
+                .ids
+                .extend(positions.iter().map(|&p| ids[p as usize]));
+            scratch.rows.resize(positions.len() * dim, 0.0);
+            self.shards[s].gather(table, &scratch.ids, &mut scratch.rows)?;
+            for (k, &p) in positions.iter().enumerate() {
+                let p = p as usize;
+                out[p * dim..(p + 1) * dim].copy_from_slice(&scratch.rows[k * dim..(k + 1) * dim]);
+            }
+        }
+        Ok(())
+    }
+
+    /// Overwrites the weights of `ids` of `table` with `rows` (`ids.len() x dim`): a delta sync. The rows'
+    /// optimizer state, which serving never uses, is zeroed.
+    pub fn apply_rows(&self, table: u32, ids: &[u64], rows: &[f32]) -> Result<(), EmbeddingError> {
+        let (dim, row_len) = *self
+            .shapes
+            .get(&table)
+            .ok_or(EmbeddingError::UnknownTable(table))?;
+        if rows.len() != ids.len() * dim {
+            return Err(EmbeddingError::WrongLength {
+                table,
+                what: "delta rows",
+                len: rows.len(),
+                expected: ids.len() * dim,
+                ids: ids.len(),
+                dim,
+            });
+        }
+        let mut full = vec![0.0f32; row_len];
+        let mut touched: Vec<Vec<u64>> = vec![Vec::new(); self.shards.len()];
+        for (i, &id) in ids.iter().enumerate() {
+            let s = self.map.server_of(id) as usize;
+            full[..dim].copy_from_slice(&rows[i * dim..(i + 1) * dim]);
+            self.shards[s].table(table)?.load_row(id, &full)?;
+            touched[s].push(id);
+        }
+        for (s, ids) in touched.iter().enumerate() {
+            if !ids.is_empty() {
+                self.shards[s].table(table)?.mark_dirty(ids);
+            }
+        }
+        Ok(())
+    }
+
+    /// Evicts rows over the memory budget (writing dirty ones back first); call after applying deltas.
+    pub fn enforce_budget(&self) -> Result<(), EmbeddingError> {
+        for shard in &self.shards {
+            if shard.memory_budget_rows().is_some() {
+                shard.enforce_budget()?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Rows in memory over every shard and table.
+    pub fn rows_in_memory(&self) -> usize {
+        self.shards.iter().map(Engine::rows_total).sum()
+    }
+}
+
+/// Buffers of [`RowStore::gather`], kept by the caller.
+#[derive(Debug, Default)]
+pub struct GatherScratch {
+    by_shard: Vec<Vec<u32>>,
+    ids: Vec<u64>,
+    rows: Vec<f32>,
+}
+
+/// The shard directories of a snapshot, in shard order; every one of `0..n` must be there.
+fn list_shards(snapshot_dir: &Path) -> Result<Vec<PathBuf>, StoreOpenError> {
+    let bad = |reason: String| StoreOpenError::Snapshot {
+        path: snapshot_dir.to_path_buf(),
+        reason,
+    };
+    let io = |source| StoreOpenError::Io {
+        path: snapshot_dir.to_path_buf(),
+        source,
+    };
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(snapshot_dir).map_err(io)? {
+        let entry = entry.map_err(io)?;
+        if let Some((i, n)) = parse_shard_dir_name(&entry.file_name().to_string_lossy()) {
+            found.push((n, i, entry.path()));
+        }
+    }
+    found.sort();
+    let Some(&(n, _, _)) = found.first() else {
+        return Err(bad("no shard-<i>-of-<n> directory".into()));
+    };
+    if found.iter().any(|&(m, _, _)| m != n) {
+        return Err(bad("shard directories of different server counts".into()));
+    }
+    if found.len() != n as usize
+        || found
+            .iter()
+            .enumerate()
+            .any(|(k, &(_, i, _))| i != k as u32)
+    {
+        return Err(bad(format!(
+            "{} shard directories for {n} servers",
+            found.len()
+        )));
+    }
+    Ok(found.into_iter().map(|(_, _, p)| p).collect())
+}
+
+/// Copies the RocksDB directory `src` to `dst` (removed first): SST files are immutable, so they are
+/// hard-linked (copied across file systems); the small rest is copied.
+fn link_copy(src: &Path, dst: &Path) -> Result<(), StoreOpenError> {
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| StoreOpenError::Io { path, source }
+    };
+    match std::fs::remove_dir_all(dst) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io(dst)(e)),
+        _ => {}
+    }
+    std::fs::create_dir_all(dst).map_err(io(dst))?;
+    for entry in std::fs::read_dir(src).map_err(io(src))? {
+        let entry = entry.map_err(io(src))?;
+        let from = entry.path();
+        if !entry.file_type().map_err(io(&from))?.is_file() {
+            continue;
+        }
+        let to = dst.join(entry.file_name());
+        let linked =
+            from.extension().is_some_and(|e| e == "sst") && std::fs::hard_link(&from, &to).is_ok();
+        if !linked {
+            std::fs::copy(&from, &to).map_err(io(&from))?;
+        }
+    }
+    Ok(())
+}
