@@ -4,7 +4,7 @@
 //!
 //! [`path`] finds `target/<profile>/<name>` from the running executable (a test binary runs from
 //! `target/<profile>/deps/`). Under cargo (`CARGO` is set), the first call also runs
-//! `cargo build --bins -p ps-server -p trainer -p bench --features ps-server/failpoints` in the same profile, so
+//! `cargo build --bins -p ps-server -p trainer -p serving -p bench --features ps-server/failpoints` in the same profile, so
 //! that `cargo test -p bench` never runs a binary older than its sources; `cargo test --workspace` has built
 //! them already, and the call is a no-op check. The ps-server binary is built with its failpoints (inactive
 //! unless configured), as `cargo test` builds it for ps-server's own tests: they share
@@ -39,7 +39,16 @@ fn ensure_built() -> Result<PathBuf, String> {
             };
             let mut cmd = Command::new(cargo);
             cmd.args(["build", "--quiet", "--bins"]);
-            cmd.args(["-p", "ps-server", "-p", "trainer", "-p", "bench"]);
+            cmd.args([
+                "-p",
+                "ps-server",
+                "-p",
+                "trainer",
+                "-p",
+                "serving",
+                "-p",
+                "bench",
+            ]);
             cmd.args(["--features", "ps-server/failpoints"]);
             match dir.file_name().and_then(|n| n.to_str()) {
                 Some("debug") => {}
@@ -75,7 +84,7 @@ pub fn path(name: &str) -> PathBuf {
     let path = dir.join(name);
     assert!(
         path.is_file(),
-        "{} is missing: build it with `cargo build --bins -p ps-server -p trainer -p bench`",
+        "{} is missing: build it with `cargo build --bins -p ps-server -p trainer -p serving -p bench`",
         path.display()
     );
     path

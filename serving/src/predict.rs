@@ -37,6 +37,66 @@ pub struct DenseModel {
     pub version: u64,
 }
 
+/// What builds a dense model from a flat parameter vector: the export's sizes and precision.
+#[derive(Debug, Clone)]
+pub struct DenseTemplate {
+    cfg: trainer::model::DlrmConfig,
+    precision: trainer::model::Precision,
+    sizes: Vec<usize>,
+}
+
+impl DenseTemplate {
+    /// The template of `export`'s model.
+    pub fn of(export: &Export) -> DenseTemplate {
+        DenseTemplate {
+            cfg: export.dlrm_config(),
+            precision: export.manifest.precision,
+            sizes: export.manifest.param_sizes.clone(),
+        }
+    }
+
+    /// The dense model of `params` (every tensor concatenated in [`Dlrm::params`] order, as a trainer
+    /// publishes them), or the model's refusal naming the length.
+    pub fn build(
+        &self,
+        params: &[f32],
+        version: u64,
+    ) -> Result<DenseModel, trainer::model::ModelError> {
+        let total: usize = self.sizes.iter().sum();
+        if params.len() != total {
+            return Err(trainer::model::ModelError::Length {
+                arg: "published dense parameters",
+                len: params.len(),
+                expected: total,
+            });
+        }
+        let mut model = Dlrm::new(
+            self.cfg.clone(),
+            trainer::model::DenseOptimizer::Sgd { lr: 0.0 },
+            0,
+        )?;
+        let mut at = 0;
+        let tensors: Vec<&[f32]> = self
+            .sizes
+            .iter()
+            .map(|&n| {
+                let t = &params[at..at + n];
+                at += n;
+                t
+            })
+            .collect();
+        model.set_params(&tensors)?;
+        let precision = match self.precision {
+            trainer::model::Precision::Bf16 if !trainer::model::bf16_available() => {
+                trainer::model::Precision::F32
+            }
+            p => p,
+        };
+        model.set_precision(precision)?;
+        Ok(DenseModel { model, version })
+    }
+}
+
 /// Predicts batches with one dense model at a time (owned by the predicting thread).
 pub struct Predictor {
     dense: DenseModel,
@@ -60,13 +120,11 @@ impl std::fmt::Debug for Predictor {
 
 impl Predictor {
     /// The predictor of `export`'s model.
-    pub fn new(export: &Export) -> Result<Predictor, trainer::export::ExportError> {
+    pub fn new(export: &Export) -> Result<Predictor, trainer::model::ModelError> {
         let spec = &export.manifest.spec;
+        let params: Vec<f32> = export.params.concat();
         Ok(Predictor {
-            dense: DenseModel {
-                model: export.build_model()?,
-                version: export.manifest.version,
-            },
+            dense: DenseTemplate::of(export).build(&params, export.manifest.version)?,
             layout: spec.sparse_layout(),
             pull: spec.tables.iter().map(|t| t.pull).collect(),
             map: ShardMap::new(1),
@@ -86,37 +144,6 @@ impl Predictor {
     /// Replaces the dense model (between two batches: a prediction never mixes two versions).
     pub fn set_dense(&mut self, dense: DenseModel) {
         self.dense = dense;
-    }
-
-    /// A copy of the dense model with `params` (a published version), or the model's refusal.
-    pub fn with_params(
-        &self,
-        params: &[f32],
-        version: u64,
-    ) -> Result<DenseModel, trainer::model::ModelError> {
-        let cfg = self.dense.model.config().clone();
-        let mut model = Dlrm::new(cfg, trainer::model::DenseOptimizer::Sgd { lr: 0.0 }, 0)?;
-        let sizes: Vec<usize> = self.dense.model.params().iter().map(|p| p.len()).collect();
-        let total: usize = sizes.iter().sum();
-        if params.len() != total {
-            return Err(trainer::model::ModelError::Length {
-                arg: "published dense parameters",
-                len: params.len(),
-                expected: total,
-            });
-        }
-        let mut at = 0;
-        let tensors: Vec<&[f32]> = sizes
-            .iter()
-            .map(|&n| {
-                let t = &params[at..at + n];
-                at += n;
-                t
-            })
-            .collect();
-        model.set_params(&tensors)?;
-        model.set_precision(self.dense.model.precision())?;
-        Ok(DenseModel { model, version })
     }
 
     /// The click probabilities of `batch`'s rows.

@@ -11,7 +11,7 @@ use clap::Parser;
 use crate::batcher::{BatchLimits, Batcher};
 use crate::config::{ServeConfig, ServeOptions};
 use crate::http::{HttpLimits, Shared};
-use crate::predict::Predictor;
+use crate::predict::{DenseTemplate, Predictor};
 use crate::state::{Freshness, Loaded};
 use crate::store::RowStore;
 
@@ -112,7 +112,7 @@ pub async fn run(
         let data_dir = data_dir.clone();
         tokio::task::spawn_blocking(move || load(&cfg, &data_dir)).await?
     };
-    let (loaded, predictor) = match loaded {
+    let (loaded, predictor, template) = match loaded {
         Ok(l) => l,
         Err(e) => {
             server.abort();
@@ -143,7 +143,7 @@ pub async fn run(
     let _ = shared.batcher.set(batcher.clone());
     let _ = shared.loaded.set(loaded);
     let loaded = shared.loaded.get().expect("just set");
-    crate::sync::start(&cfg, loaded, &batcher, stopping.clone()).await?;
+    crate::sync::start(&cfg, loaded, &batcher, template, stopping.clone()).await?;
     health.set_ready(true);
     tracing::info!("ready");
     server.await.context("HTTP server task")?;
@@ -155,7 +155,10 @@ pub async fn run(
 }
 
 /// Opens the export, its rows and its model (blocking).
-fn load(cfg: &ServeConfig, data_dir: &std::path::Path) -> anyhow::Result<(Loaded, Predictor)> {
+fn load(
+    cfg: &ServeConfig,
+    data_dir: &std::path::Path,
+) -> anyhow::Result<(Loaded, Predictor, DenseTemplate)> {
     let export = trainer::export::Export::open(&cfg.export)
         .with_context(|| format!("open --export {}", cfg.export.display()))?;
     std::fs::create_dir_all(data_dir)
@@ -168,7 +171,8 @@ fn load(cfg: &ServeConfig, data_dir: &std::path::Path) -> anyhow::Result<(Loaded
     )
     .with_context(|| format!("open the rows of export {}", export.dir.display()))?;
     let predictor = Predictor::new(&export)?;
-    let fresh = Freshness::default();
+    let template = DenseTemplate::of(&export);
+    let fresh = Arc::new(Freshness::default());
     fresh.saw(export.manifest.created_unix_ms.saturating_mul(1000));
     fresh.dense_version.store(
         export.manifest.version,
@@ -187,5 +191,6 @@ fn load(cfg: &ServeConfig, data_dir: &std::path::Path) -> anyhow::Result<(Loaded
             fresh,
         },
         predictor,
+        template,
     ))
 }

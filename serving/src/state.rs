@@ -21,7 +21,7 @@ pub struct Loaded {
     /// The embedding rows.
     pub store: Arc<RowStore>,
     /// Freshness, updated by delta sync.
-    pub fresh: Freshness,
+    pub fresh: Arc<Freshness>,
 }
 
 /// How fresh the served state is.

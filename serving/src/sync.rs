@@ -1,20 +1,236 @@
-//! Delta sync from the training servers (docs/serving.md, "Delta sync").
+//! Delta sync from the training servers (docs/serving.md, "Delta sync"): one standing long-poll per server
+//! (`SyncDeltas`), answered the moment the server cuts a delta, so training's changes reach serving about
+//! one `--sync-interval` after they were made.
+//!
+//! - Each server's cursor starts at the export's `sync.json` for its shard: the snapshot holds everything
+//!   up to there. A server that restarted since (another incarnation), or dropped the deltas the cursor
+//!   needs, answers with a scan of every row it holds instead, in pages.
+//! - Rows are applied as they arrive (a row's newest value wins: deltas carry current values); dense
+//!   parameters published by the trainer (`--publish-dense-every`) replace the model between two batches
+//!   ([`Batcher::set_dense`]), so no prediction mixes two dense versions.
+//! - When a server is down, its loop retries with backoff and serving keeps answering from what it has;
+//!   the cursor is kept, so it catches up when the server is back.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use protocol::wire::sync::{SyncCursor, SyncPoint};
+use protocol::{PsClient, PsClientConfig};
 
 use crate::batcher::Batcher;
-use crate::config::ServeConfig;
-use crate::state::Loaded;
+use crate::config::{ServeConfig, SyncConfig};
+use crate::metrics as m;
+use crate::predict::DenseTemplate;
+use crate::state::{now_unix_us, Loaded};
+use crate::store::RowStore;
 
-/// Starts following the training servers when `cfg` subscribes to any.
+/// Rows per sync answer.
+const MAX_ROWS: u32 = 65_536;
+/// Longest pause between retries of a failing server.
+const MAX_BACKOFF: Duration = Duration::from_secs(5);
+
+/// Starts following the training servers when `cfg` subscribes to any (and the gauges' updater always).
 pub async fn start(
     cfg: &ServeConfig,
-    _loaded: &Loaded,
-    _batcher: &Batcher,
-    _stopping: Arc<tokio::sync::Notify>,
+    loaded: &Loaded,
+    batcher: &Batcher,
+    dense: DenseTemplate,
+    stopping: Arc<tokio::sync::Notify>,
 ) -> anyhow::Result<()> {
-    if cfg.sync.is_some() {
-        anyhow::bail!("--subscribe: delta sync is not built yet");
+    let store = loaded.store.clone();
+    let fresh = loaded.fresh.clone();
+    tokio::spawn(gauges(store.clone(), fresh.clone(), stopping.clone()));
+    let Some(sync) = cfg.sync.clone() else {
+        return Ok(());
+    };
+    let snapshot = loaded.export_dir.join(trainer::export::SNAPSHOT_DIR);
+    let n = store.shards();
+    if sync.servers.len() != n {
+        anyhow::bail!(
+            "--subscribe lists {} training servers but the export was taken on {n}: list every server of \
+             the training cluster, in shard order",
+            sync.servers.len()
+        );
     }
+    let mut cursors = Vec::with_capacity(n);
+    for i in 0..n {
+        let shard = embedding::snapshot::shard_dir(&snapshot, i as u32, n as u32);
+        let cursor = match SyncPoint::read(&shard) {
+            Ok(point) => SyncCursor::at(point),
+            Err(e) => {
+                tracing::warn!(shard = i, error = %e, "no sync point in the export: the first sync is a scan");
+                SyncCursor::START
+            }
+        };
+        cursors.push(cursor);
+    }
+    let follower = Follower {
+        store,
+        fresh,
+        batcher: batcher.clone(),
+        dense,
+        sync,
+    };
+    tokio::spawn(follower.run(cursors, stopping));
     Ok(())
+}
+
+struct Follower {
+    store: Arc<RowStore>,
+    fresh: Arc<crate::state::Freshness>,
+    batcher: Batcher,
+    dense: DenseTemplate,
+    sync: SyncConfig,
+}
+
+impl Follower {
+    /// Connects (retrying while the servers are down), then runs one long-poll loop per server.
+    async fn run(self, cursors: Vec<SyncCursor>, stopping: Arc<tokio::sync::Notify>) {
+        let this = Arc::new(self);
+        let client = tokio::select! {
+            _ = stopping.notified() => return,
+            c = this.connect() => Arc::new(c),
+        };
+        let mut tasks = tokio::task::JoinSet::new();
+        for (i, cursor) in cursors.into_iter().enumerate() {
+            let (this, client) = (this.clone(), client.clone());
+            tasks.spawn(async move { this.follow(&client, i, cursor).await });
+        }
+        tokio::select! {
+            _ = stopping.notified() => tasks.abort_all(),
+            _ = async { while tasks.join_next().await.is_some() {} } => {}
+        }
+    }
+
+    async fn connect(&self) -> PsClient {
+        let mut backoff = Duration::from_millis(200);
+        loop {
+            match self.try_connect().await {
+                Ok(c) => {
+                    tracing::info!(servers = ?self.sync.servers, "connected to the training servers");
+                    return c;
+                }
+                Err(e) => {
+                    metrics::counter!(m::SYNC_ERRORS_TOTAL, "server" => "connect").increment(1);
+                    tracing::warn!(error = %format!("{e:#}"), "cannot reach the training servers yet; serving the export");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(MAX_BACKOFF);
+                }
+            }
+        }
+    }
+
+    async fn try_connect(&self) -> anyhow::Result<PsClient> {
+        let addrs = trainer::config::resolve_servers(&self.sync.servers, Duration::ZERO)
+            .await
+            .map_err(anyhow::Error::msg)?;
+        let mut cfg = PsClientConfig::new(addrs, self.sync.tls_dir.clone());
+        cfg.server_name = self.sync.server_name.clone();
+        cfg.transport = self.sync.transport;
+        cfg.retry_for = Duration::from_secs(2);
+        PsClient::connect(cfg).await.context("connect")
+    }
+
+    /// Follows server `i` from `cursor` until the task is aborted.
+    async fn follow(&self, client: &PsClient, i: usize, mut cursor: SyncCursor) {
+        let server = self.sync.servers[i].clone();
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            let dense_version = self.fresh.dense_version.load(Ordering::Relaxed);
+            let answer = client
+                .sync_deltas(
+                    i,
+                    cursor,
+                    self.sync.encoding,
+                    MAX_ROWS,
+                    self.sync.wait_ms,
+                    dense_version,
+                )
+                .await;
+            let batch = match answer {
+                Ok(b) => b,
+                Err(e) => {
+                    metrics::counter!(m::SYNC_ERRORS_TOTAL, "server" => server.clone()).increment(1);
+                    tracing::warn!(%server, error = %e, "delta sync failed; serving the last synced state");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(MAX_BACKOFF);
+                    continue;
+                }
+            };
+            backoff = Duration::from_millis(100);
+            let applied = tokio::task::block_in_place(|| self.apply(&batch));
+            if let Err(e) = applied {
+                metrics::counter!(m::SYNC_ERRORS_TOTAL, "server" => server.clone()).increment(1);
+                tracing::error!(%server, error = %e, "a delta did not apply; asking again");
+                tokio::time::sleep(backoff).await;
+                continue;
+            }
+            let h = &batch.header;
+            if h.scan && h.complete {
+                tracing::info!(%server, incarnation = h.incarnation, "caught up by a scan");
+            }
+            cursor = h.cursor;
+        }
+    }
+
+    /// Applies one answer: rows, then the dense version (if newer), then freshness.
+    fn apply(&self, batch: &protocol::wire::sync::DeltaBatch) -> anyhow::Result<()> {
+        let h = &batch.header;
+        for t in &batch.tables {
+            self.store
+                .apply_rows(t.table, &t.ids, &t.rows)
+                .with_context(|| format!("apply {} rows of table {}", t.ids.len(), t.table))?;
+        }
+        self.store.enforce_budget().context("enforce the memory budget")?;
+        let rows = batch.rows() as u64;
+        metrics::counter!(m::DELTA_ROWS_TOTAL).increment(rows);
+        self.fresh.delta_rows.fetch_add(rows, Ordering::Relaxed);
+        if let (Some(info), Some(values)) = (&h.dense, &batch.dense) {
+            let current = self.fresh.dense_version.load(Ordering::Relaxed);
+            if info.version > current {
+                let model = self
+                    .dense
+                    .build(values, info.version)
+                    .with_context(|| format!("dense version {}", info.version))?;
+                self.batcher
+                    .set_dense(model)
+                    .context("hand the dense model to the predictor")?;
+                self.fresh
+                    .dense_version
+                    .store(info.version, Ordering::Relaxed);
+                self.fresh.saw(info.published_unix_us);
+            }
+        }
+        if h.cut_unix_us > 0 && h.complete {
+            let now = now_unix_us();
+            self.fresh.saw(h.cut_unix_us);
+            self.fresh.deltas.fetch_add(1, Ordering::Relaxed);
+            metrics::counter!(m::DELTAS_APPLIED_TOTAL).increment(1);
+            if h.oldest_change_unix_us > 0 {
+                let age = now.saturating_sub(h.oldest_change_unix_us) as f64 / 1e6;
+                metrics::histogram!(m::DELTA_FRESHNESS_SECONDS).record(age);
+            }
+            tracing::debug!(rows, cut_unix_us = h.cut_unix_us, "delta applied");
+        }
+        Ok(())
+    }
+}
+
+/// Updates the model-age and rows gauges every second until stopping.
+async fn gauges(
+    store: Arc<RowStore>,
+    fresh: Arc<crate::state::Freshness>,
+    stopping: Arc<tokio::sync::Notify>,
+) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tokio::select! {
+            _ = stopping.notified() => return,
+            _ = tick.tick() => {}
+        }
+        metrics::gauge!(m::MODEL_AGE_SECONDS).set(fresh.age_seconds(now_unix_us()));
+        metrics::gauge!(m::ROWS_IN_MEMORY).set(store.rows_in_memory() as f64);
+    }
 }

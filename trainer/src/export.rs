@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::checkpoint::{io, remove_dir_if_present, write_atomic, CheckpointError};
-use crate::model::{DenseOptimizer, Dlrm, DlrmConfig, ModelError, Precision};
+use crate::model::{Dlrm, DlrmConfig, Precision};
 use crate::spec::ModelSpec;
 use protocol::TableSpec;
 
@@ -76,14 +76,6 @@ pub enum ExportError {
         path: PathBuf,
         /// What is wrong.
         reason: String,
-    },
-    /// The dense parameters do not build the manifest's model.
-    #[error("export {}: the model does not build: {source}", path.display())]
-    Model {
-        /// The version directory.
-        path: PathBuf,
-        /// The model's refusal.
-        source: ModelError,
     },
 }
 
@@ -166,25 +158,6 @@ impl Export {
     /// The dense model's sizes.
     pub fn dlrm_config(&self) -> DlrmConfig {
         self.manifest.spec.dlrm_config()
-    }
-
-    /// The dense model with the exported parameters, in the precision the trainer evaluated with (on a
-    /// machine without a bf16 kernel, bf16 falls back to f32 and the answers differ by bf16's rounding).
-    pub fn build_model(&self) -> Result<Dlrm, ExportError> {
-        let err = |source| ExportError::Model {
-            path: self.dir.clone(),
-            source,
-        };
-        let mut model =
-            Dlrm::new(self.dlrm_config(), DenseOptimizer::Sgd { lr: 0.0 }, 0).map_err(err)?;
-        let params: Vec<&[f32]> = self.params.iter().map(Vec::as_slice).collect();
-        model.set_params(&params).map_err(err)?;
-        let precision = match self.manifest.precision {
-            Precision::Bf16 if !crate::model::bf16_available() => Precision::F32,
-            p => p,
-        };
-        model.set_precision(precision).map_err(err)?;
-        Ok(model)
     }
 
     /// The servers' snapshot directory of this version.

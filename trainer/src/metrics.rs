@@ -81,6 +81,8 @@ pub const CHECKPOINT_SECONDS: &str = "trainer_checkpoint_duration_seconds";
 pub const EXPORTS_TOTAL: &str = "trainer_exports_total";
 /// Time to write one export (the servers' snapshot, the dense parameters, the manifest).
 pub const EXPORT_SECONDS: &str = "trainer_export_duration_seconds";
+/// Dense parameter versions published for serving (`--publish-dense-every`).
+pub const DENSE_PUBLISHED_TOTAL: &str = "trainer_dense_published_total";
 /// The trainer's step (batches trained, including a resumed run's).
 pub const STEP: &str = "trainer_step";
 
@@ -219,6 +221,10 @@ pub fn describe() {
         "Time to write one checkpoint, servers' snapshot included."
     );
     describe_counter!(EXPORTS_TOTAL, "Exports (servable models) written.");
+    describe_counter!(
+        DENSE_PUBLISHED_TOTAL,
+        "Dense parameter versions published to server 0 for serving."
+    );
     describe_histogram!(
         EXPORT_SECONDS,
         Unit::Seconds,

@@ -55,6 +55,10 @@ pub struct JobArgs {
     /// Exports kept in --export-dir (older ones are removed).
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..))]
     pub export_keep: u64,
+    /// Publish the dense parameters to server 0 every N steps (rank 0; 0 = never), versioned by the step:
+    /// serving processes following the servers (`ps-serve --subscribe`) swap them in (docs/serving.md).
+    #[arg(long, default_value_t = 0)]
+    pub publish_dense_every: u64,
     /// Use the test set only for periodic evaluations (the demo evaluates once every trainer is done).
     #[arg(long, hide = true)]
     pub skip_final_eval: bool,
@@ -257,6 +261,7 @@ pub async fn train_and_evaluate(
         export_dir: job.export_dir.clone(),
         export_every: job.export_every,
         export_keep: job.export_keep as usize,
+        publish_dense_every: job.publish_dense_every,
     };
     let mut summary: Option<Summary> = None;
     for epoch in trainer.epoch()..epochs {

@@ -115,3 +115,126 @@ pub fn auc(scores: &[f64], labels: &[bool]) -> Option<f64> {
     let labels: Vec<f32> = labels.iter().map(|&l| f32::from(u8::from(l))).collect();
     trainer::eval::auc(&scores, &labels)
 }
+
+/// A running `ps-serve` process, killed when dropped.
+pub struct Serve {
+    /// The process.
+    pub child: std::process::Child,
+    /// Its HTTP address.
+    pub addr: std::net::SocketAddr,
+}
+
+impl Serve {
+    /// Starts `ps-serve ARGS --listen 127.0.0.1:0` and waits until `/readyz` answers 200 (the export loaded).
+    pub fn start(args: &[&str]) -> Serve {
+        use std::io::BufRead;
+        let mut child = bench::bins::command("ps-serve")
+            .args(args)
+            .args(["--listen", "127.0.0.1:0"])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+        let first = lines.next().expect("ps-serve printed nothing").unwrap();
+        let addr = first
+            .strip_prefix("ps-serve listening on http://")
+            .unwrap_or_else(|| panic!("unexpected first line {first:?}"))
+            .parse()
+            .unwrap();
+        // Keep draining its standard output so that it never blocks on a full pipe.
+        std::thread::spawn(move || lines.for_each(drop));
+        let serve = Serve { child, addr };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+        while http(serve.addr, "GET", "/readyz", None, b"").0 != 200 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "ps-serve not ready in 120 s"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        serve
+    }
+
+    /// Sends SIGTERM and returns the exit status.
+    pub fn terminate(mut self) -> std::process::ExitStatus {
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        self.child.wait().unwrap()
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// One HTTP/1.1 request (`Connection: close`) to `addr`: returns the status and the body. `content_type`
+/// `None` sends no such header.
+pub fn http(
+    addr: std::net::SocketAddr,
+    method: &str,
+    path: &str,
+    content_type: Option<&str>,
+    body: &[u8],
+) -> (u16, String) {
+    use std::io::{Read, Write};
+    let Ok(mut s) = std::net::TcpStream::connect(addr) else {
+        return (0, String::new());
+    };
+    let mut head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    if let Some(ct) = content_type {
+        head.push_str(&format!("Content-Type: {ct}\r\n"));
+    }
+    head.push_str("\r\n");
+    if s.write_all(head.as_bytes()).is_err() || s.write_all(body).is_err() {
+        return (0, String::new());
+    }
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    let text = String::from_utf8_lossy(&out).into_owned();
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    (status, body)
+}
+
+/// The probabilities `ps-serve` at `addr` answers for `lines` (Criteo TSV with labels, which are stripped),
+/// `chunk` rows per request.
+pub fn predict_lines(addr: std::net::SocketAddr, lines: &[String], chunk: usize) -> Vec<f64> {
+    let mut probs = Vec::with_capacity(lines.len());
+    for part in lines.chunks(chunk) {
+        let body: Vec<&str> = part
+            .iter()
+            .map(|l| l.split_once('\t').map_or("", |(_, rest)| rest))
+            .collect();
+        let (status, answer) = http(
+            addr,
+            "POST",
+            "/v1/predict",
+            Some("text/tab-separated-values"),
+            body.join("\n").as_bytes(),
+        );
+        assert_eq!(status, 200, "{answer}");
+        let v: serde_json::Value = serde_json::from_str(&answer).unwrap();
+        probs.extend(
+            v["probabilities"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|p| p.as_f64().unwrap()),
+        );
+    }
+    probs
+}

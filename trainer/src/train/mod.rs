@@ -370,6 +370,18 @@ impl Trainer {
         Ok(loss)
     }
 
+    /// Sends the dense parameters to server 0 as version `step` (serving's delta sync picks them up).
+    async fn publish_for_serving(&mut self) -> Result<()> {
+        self.flush_dense().await?;
+        let values: Vec<f32> = self.model.params().concat();
+        self.client
+            .publish_dense(self.step, self.step, &values)
+            .await
+            .map_err(TrainError::servers("publish the dense parameters for serving"))?;
+        metrics::counter!(m::DENSE_PUBLISHED_TOTAL).increment(1);
+        Ok(())
+    }
+
     /// Rank 0 with `opts.export_dir`: writes an export of the current model (every push must be acknowledged)
     /// and returns its event; other ranks and jobs without an export directory do nothing.
     async fn export(&mut self, opts: &PassOptions) -> Result<Option<Event>> {

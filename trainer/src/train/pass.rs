@@ -338,6 +338,12 @@ impl Trainer {
             t.paused += started.elapsed();
             t.last_report = Instant::now();
         }
+        if opts.publish_dense_every > 0
+            && self.rank == 0
+            && self.step.is_multiple_of(opts.publish_dense_every)
+        {
+            self.publish_for_serving().await?;
+        }
         if export_due(self.step, opts) {
             let started = Instant::now();
             t.rejected += drain(&mut w.pushes).await?;

@@ -96,6 +96,9 @@ pub struct PassOptions {
     pub export_every: u64,
     /// Complete exports kept (older ones are removed; at least 1).
     pub export_keep: usize,
+    /// Publish the dense parameters to server 0 for serving's delta sync every this many steps (rank 0;
+    /// 0 = never).
+    pub publish_dense_every: u64,
 }
 
 /// Sample-weighted mean loss over the last `tail` samples (at least the last batch).

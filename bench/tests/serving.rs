@@ -1,0 +1,194 @@
+//! Serving end to end with real processes: `trainer demo --export-dir` trains through real servers and
+//! writes an export; `ps-serve` loads it and answers `/v1/predict`; the answers on the test rows give the
+//! trainer's evaluation AUC and logloss; bad requests get 4xx naming the problem while the server keeps
+//! serving; a SIGKILLed `ps-serve` restarts from the export with the same answers.
+
+mod support;
+
+use std::path::Path;
+
+use support::{http, predict_lines, Serve};
+
+fn read_lines(path: &Path) -> Vec<String> {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+fn labels(lines: &[String]) -> Vec<bool> {
+    lines.iter().map(|l| l.starts_with('1')).collect()
+}
+
+/// Mean binary cross-entropy, clamped as the trainer's evaluator clamps it.
+fn logloss(probs: &[f64], labels: &[bool]) -> f64 {
+    let probs: Vec<f32> = probs.iter().map(|&p| p as f32).collect();
+    let labels: Vec<f32> = labels.iter().map(|&l| f32::from(u8::from(l))).collect();
+    trainer::eval::logloss(&probs, &labels)
+}
+
+#[test]
+fn served_predictions_are_the_trainers() {
+    let dir = tempfile::tempdir().unwrap();
+    let (train, test) = (dir.path().join("train.tsv"), dir.path().join("test.tsv"));
+    support::generate(30_000, 1, &train);
+    support::generate(4_000, 2, &test);
+    let export = dir.path().join("export");
+    let (summary, stderr) = support::run_demo(
+        dir.path(),
+        &train,
+        &test,
+        &["--export-dir", export.to_str().unwrap()],
+    );
+    assert!(stderr.contains("export at step"), "{stderr}");
+    let lines = read_lines(&test);
+    let labels = labels(&lines);
+
+    let serve = Serve::start(&[
+        "--export",
+        export.to_str().unwrap(),
+        "--max-body-bytes",
+        "200000",
+        "--max-rows",
+        "1000",
+    ]);
+    let probs = predict_lines(serve.addr, &lines, 500);
+    assert_eq!(probs.len(), lines.len());
+    let auc = support::auc(&probs, &labels).unwrap();
+    let want_auc = summary["auc"].as_f64().unwrap();
+    assert!(
+        (auc - want_auc).abs() < 1e-6,
+        "served AUC {auc}, trainer's {want_auc}"
+    );
+    let ll = logloss(&probs, &labels);
+    let want_ll = summary["logloss"].as_f64().unwrap();
+    assert!(
+        (ll - want_ll).abs() < 1e-5,
+        "served logloss {ll}, trainer's {want_ll}"
+    );
+    // One row at a time gives the same answers as batches (micro-batching does not change them).
+    let single = predict_lines(serve.addr, &lines[..20], 1);
+    for (a, b) in single.iter().zip(&probs) {
+        assert!((a - b).abs() < 1e-6, "{a} vs {b}");
+    }
+
+    // The same row as JSON.
+    let fields: Vec<&str> = lines[0].split('\t').skip(1).collect();
+    let mut obj = serde_json::Map::new();
+    for (i, f) in fields.iter().enumerate().filter(|(_, f)| !f.is_empty()) {
+        let (key, value) = if i < 13 {
+            (
+                format!("I{}", i + 1),
+                serde_json::json!(f.parse::<i64>().unwrap()),
+            )
+        } else {
+            (format!("C{}", i - 12), serde_json::json!(f))
+        };
+        obj.insert(key, value);
+    }
+    let body = serde_json::Value::Array(vec![serde_json::Value::Object(obj)]).to_string();
+    let (status, answer) = http(
+        serve.addr,
+        "POST",
+        "/v1/predict",
+        Some("application/json"),
+        body.as_bytes(),
+    );
+    assert_eq!(status, 200, "{answer}");
+    let v: serde_json::Value = serde_json::from_str(&answer).unwrap();
+    assert!((v["probabilities"][0].as_f64().unwrap() - probs[0]).abs() < 1e-6);
+    assert_eq!(v["version"], summary["step"]);
+
+    // Bad requests: 4xx naming the problem; the server keeps serving.
+    let unlabeled = |l: &String| l.split_once('\t').unwrap().1.to_owned();
+    let row = unlabeled(&lines[0]);
+    let cases: Vec<(u16, &str, Option<&str>, Vec<u8>, &str)> = vec![
+        (
+            400,
+            "/v1/predict",
+            Some("application/json"),
+            b"[{\"I1\": ".to_vec(),
+            "malformed JSON",
+        ),
+        (
+            400,
+            "/v1/predict",
+            Some("text/tab-separated-values"),
+            format!("{row}\textra").into_bytes(),
+            "expected at most 39",
+        ),
+        (
+            400,
+            "/v1/predict",
+            None,
+            row.replacen('\t', "\tzz\t", 1).into_bytes(),
+            "is not a 64-bit integer",
+        ),
+        (
+            400,
+            "/v1/predict",
+            Some("text/tab-separated-values"),
+            format!("{}\tnothex!", "\t".repeat(12)).into_bytes(),
+            "column C1",
+        ),
+        (
+            400,
+            "/v1/predict",
+            Some("application/json"),
+            br#"[{"C27": "00"}]"#.to_vec(),
+            "unknown key",
+        ),
+        (
+            413,
+            "/v1/predict",
+            Some("text/tab-separated-values"),
+            vec![b'\n'; 300_000],
+            "--max-body-bytes",
+        ),
+        (
+            413,
+            "/v1/predict",
+            Some("text/tab-separated-values"),
+            "1\n".repeat(1001).into_bytes(),
+            "--max-rows 1000",
+        ),
+        (
+            415,
+            "/v1/predict",
+            Some("image/png"),
+            row.clone().into_bytes(),
+            "content type",
+        ),
+        (400, "/v1/predict", None, b"".to_vec(), "no rows"),
+        (404, "/v2/predict", None, Vec::new(), "no route /v2/predict"),
+    ];
+    for (want, path, ct, body, needle) in cases {
+        let (status, answer) = http(serve.addr, "POST", path, ct, &body);
+        assert_eq!(status, want, "{path} {needle}: {answer}");
+        assert!(answer.contains(needle), "expected {needle:?} in {answer}");
+        assert!(answer.starts_with("{\"error\":"), "{answer}");
+    }
+    let (status, answer) = http(serve.addr, "GET", "/v1/predict", None, b"");
+    assert_eq!(
+        (status, answer.contains("use POST")),
+        (405, true),
+        "{answer}"
+    );
+    let after = predict_lines(serve.addr, &lines[..5], 5);
+    assert_eq!(after, probs[..5]);
+    let (status, metrics) = http(serve.addr, "GET", "/metrics", None, b"");
+    assert_eq!(status, 200);
+    assert!(
+        metrics.contains("serving_requests_total{route=\"/v1/predict\",code=\"400\"}"),
+        "{metrics}"
+    );
+    assert!(metrics.contains("serving_batch_rows_bucket"), "{metrics}");
+
+    // SIGKILL, restart from the export: the same answers.
+    drop(serve);
+    let serve = Serve::start(&["--export", export.to_str().unwrap()]);
+    assert_eq!(predict_lines(serve.addr, &lines[..50], 50), probs[..50]);
+    let status = serve.terminate();
+    assert!(status.success(), "ps-serve exited with {status} on SIGTERM");
+}
