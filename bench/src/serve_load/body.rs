@@ -17,6 +17,14 @@ pub enum Format {
 }
 
 impl Format {
+    /// The flag value: `tsv` or `json`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Format::Tsv => "tsv",
+            Format::Json => "json",
+        }
+    }
+
     /// The `Content-Type` of the bodies.
     pub fn content_type(self) -> &'static str {
         match self {
@@ -91,6 +99,7 @@ mod tests {
     fn tsv_is_the_rows_one_per_line() {
         assert_eq!(&Format::Tsv.body(&["1\t2", "\t3"])[..], b"1\t2\n\t3\n");
         assert_eq!(Format::Tsv.content_type(), "text/tab-separated-values");
+        assert_eq!(Format::Tsv.name(), "tsv");
     }
 
     #[test]

@@ -142,7 +142,7 @@ impl LoadReport {
              p50_ms={p50:.3} p90_ms={p90:.3} p99_ms={p99:.3} max_ms={max:.3} errors={errors} \
              errors_by_status={by} version={version} dense_version={dense}",
             url = c.url,
-            format = c.format.content_type().rsplit('/').next().unwrap_or("?"),
+            format = c.format.name(),
             rpr = c.rows_per_request,
             conc = c.concurrency,
             secs = self.seconds,
@@ -199,7 +199,7 @@ impl AucReport {
              rows_per_s={rps:.1} auc={auc} logloss={ll:.6} mean_prediction={mp:.6} positive_rate={pr:.6} \
              version={v} dense_version={d}",
             url = self.config.url,
-            format = self.config.format.content_type().rsplit('/').next().unwrap_or("?"),
+            format = self.config.format.name(),
             rows = self.rows,
             req = self.requests,
             secs = self.seconds,

@@ -74,6 +74,12 @@ async fn load_run_counts_requests_on_keep_alive_connections() {
         let line = r.line();
         assert!(line.starts_with("serve-bench load url=http://"), "{line}");
         assert!(
+            line.contains(&format!(
+                " format={format} rows_per_request=4 concurrency=3 "
+            )),
+            "{line}"
+        );
+        assert!(
             line.contains(" requests=50 ") && line.contains(" errors=0 errors_by_status=none "),
             "{line}"
         );
