@@ -8,7 +8,11 @@ Usage: validate.py K8S_VERSION KUBERNETES_VALIDATE_BIN SCHEMA_DIR RENDERED.yaml.
 - CRD objects (PodMonitor, PrometheusRule, Certificate, Issuer) are validated with jsonschema against the
   hand-written subsets in SCHEMA_DIR, which refuse unknown fields.
 - Cross-object checks of this deployment: StatefulSet replicas == num-shards in ps-server.toml == entries of
-  TRAINER_PS; Job completions == TRAINER_WORLD.
+  TRAINER_PS == entries of ps-serve's --subscribe (both in shard order); Job completions == TRAINER_WORLD; every
+  Service's named targetPort exists in the pods it selects; serving (docs/serving.md): probes on /readyz and
+  /healthz, --listen on the container port the Service targets, --export = the read-only mount of the PVC the
+  trainer's --export-dir is mounted from, a PDB and a PodMonitor endpoint for it, and the PS NetworkPolicy lets it
+  reach the data port.
 """
 import json
 import os
@@ -35,6 +39,113 @@ def env_value(container, name):
     return None
 
 
+def arg_value(container, flag):
+    """The value of `--flag=value` or `--flag value` in the container's args, or None."""
+    args = [str(a) for a in container.get("args", [])]
+    for i, a in enumerate(args):
+        if a.startswith(flag + "="):
+            return a[len(flag) + 1 :]
+        if a == flag and i + 1 < len(args):
+            return args[i + 1]
+    return None
+
+
+def pod_templates(by_kind):
+    for kind in ("Deployment", "StatefulSet", "Job", "DaemonSet"):
+        for d in by_kind.get(kind, []):
+            yield f"{kind}/{d['metadata']['name']}", d["spec"]["template"]
+
+
+def selects(selector, labels):
+    return bool(selector) and all(labels.get(k) == v for k, v in selector.items())
+
+
+def service_checks(path, by_kind):
+    """Every named targetPort of a Service exists in each pod template the Service selects."""
+    errors = []
+    for svc in by_kind.get("Service", []):
+        selector = svc["spec"].get("selector") or {}
+        targets = [(n, t) for n, t in pod_templates(by_kind) if selects(selector, t["metadata"].get("labels", {}))]
+        for port in svc["spec"].get("ports", []):
+            target = port.get("targetPort", port.get("port"))
+            for name, t in targets:
+                cports = [p for c in t["spec"]["containers"] for p in c.get("ports", [])]
+                found = [p for p in cports if p.get("name") == target or p.get("containerPort") == target]
+                if not found:
+                    errors.append(f"{path}: Service {svc['metadata']['name']} targets port {target!r}, which {name} does not have")
+                elif found[0].get("protocol", "TCP") != port.get("protocol", "TCP"):
+                    errors.append(f"{path}: Service {svc['metadata']['name']} port {target!r} protocol differs from {name}'s")
+    return errors
+
+
+def serving_checks(path, by_kind, ps_replicas):
+    errors = []
+    deps = [d for d in by_kind.get("Deployment", []) if d["metadata"]["name"] == "ps-serve"]
+    if not deps:
+        return errors
+    dep = deps[0]
+    where = f"{path}: Deployment ps-serve"
+    spec = dep["spec"]["template"]["spec"]
+    labels = dep["spec"]["template"]["metadata"].get("labels", {})
+    c = spec["containers"][0]
+    for probe, route in (("readinessProbe", "/readyz"), ("livenessProbe", "/healthz")):
+        got = (c.get(probe) or {}).get("httpGet", {}).get("path")
+        if got != route:
+            errors.append(f"{where}: {probe} must GET {route}, has {got!r}")
+    if not c.get("resources", {}).get("limits") or not c.get("resources", {}).get("requests"):
+        errors.append(f"{where}: needs resource requests and limits")
+    # --listen port == the container port the Service targets.
+    listen = arg_value(c, "--listen") or "0.0.0.0:8500"
+    http = [p for p in c.get("ports", []) if p.get("name") == "http"]
+    if not http or str(http[0].get("containerPort")) != listen.rsplit(":", 1)[-1]:
+        errors.append(f"{where}: --listen {listen} but container port http is {http[0].get('containerPort') if http else None}")
+    svcs = [s for s in by_kind.get("Service", []) if s["metadata"]["name"] == "ps-serve"]
+    if not svcs or not selects(svcs[0]["spec"].get("selector"), labels):
+        errors.append(f"{path}: Service ps-serve missing or not selecting the ps-serve pods")
+    # --subscribe: every PS, in shard order.
+    subscribe = [e for e in (arg_value(c, "--subscribe") or "").split(",") if e]
+    if ps_replicas is not None and len(subscribe) != ps_replicas:
+        errors.append(f"{where}: --subscribe has {len(subscribe)} entries, StatefulSet ps has {ps_replicas} replicas")
+    for i, entry in enumerate(subscribe):
+        if not entry.startswith(f"ps-{i}."):
+            errors.append(f"{where}: --subscribe entry {i} is {entry!r}, expected ps-{i}.<service>:<port> (shard order)")
+    # --export: the read-only mount of the PVC the trainer exports into.
+    export = arg_value(c, "--export")
+    mounts = {m["mountPath"]: m for m in c.get("volumeMounts", [])}
+    vols = {v["name"]: v for v in spec.get("volumes", [])}
+    m = mounts.get(export)
+    claim = (vols.get(m["name"], {}).get("persistentVolumeClaim") or {}).get("claimName") if m else None
+    if not m or not claim or not m.get("readOnly"):
+        errors.append(f"{where}: --export {export!r} must be a read-only mount of a PersistentVolumeClaim")
+    for job in by_kind.get("Job", []):
+        jc = job["spec"]["template"]["spec"]["containers"][0]
+        export_dir = arg_value(jc, "--export-dir")
+        jm = {m["mountPath"]: m for m in jc.get("volumeMounts", [])}.get(export_dir)
+        jvols = {v["name"]: v for v in job["spec"]["template"]["spec"].get("volumes", [])}
+        jclaim = (jvols.get(jm["name"], {}).get("persistentVolumeClaim") or {}).get("claimName") if jm else None
+        if claim and jclaim != claim:
+            errors.append(f"{path}: Job {job['metadata']['name']} --export-dir {export_dir!r} is not on PVC {claim} that ps-serve reads")
+    if claim and not any(p["metadata"]["name"] == claim for p in by_kind.get("PersistentVolumeClaim", [])):
+        errors.append(f"{where}: PersistentVolumeClaim {claim} is not defined")
+    if not any(selects(p["spec"]["selector"].get("matchLabels"), labels) for p in by_kind.get("PodDisruptionBudget", [])):
+        errors.append(f"{where}: no PodDisruptionBudget selects its pods")
+    pm_ports = {e.get("port") for pm in by_kind.get("PodMonitor", []) for e in pm["spec"]["podMetricsEndpoints"]}
+    if by_kind.get("PodMonitor") and "http" not in pm_ports:
+        errors.append(f"{path}: no PodMonitor endpoint scrapes ps-serve's http port")
+    # The PS NetworkPolicy admits serving pods on the PS data port.
+    for np in by_kind.get("NetworkPolicy", []):
+        if np["metadata"]["name"] != "ps":
+            continue
+        allowed = any(
+            any(selects(f.get("podSelector", {}).get("matchLabels"), labels) for f in rule.get("from", []))
+            and any(p.get("port") == 7000 for p in rule.get("ports", []))
+            for rule in np["spec"].get("ingress", [])
+        )
+        if not allowed:
+            errors.append(f"{path}: NetworkPolicy ps does not let ps-serve pods reach the PS data port 7000")
+    return errors
+
+
 def cross_checks(path, docs):
     errors = []
     by_kind = {}
@@ -43,6 +154,8 @@ def cross_checks(path, docs):
     sts = [d for d in by_kind.get("StatefulSet", []) if d["metadata"]["name"] == "ps"]
     cms = [d for d in by_kind.get("ConfigMap", []) if "ps-server.toml" in d.get("data", {})]
     jobs = [d for d in by_kind.get("Job", []) if d["metadata"]["name"] == "trainer"]
+    errors.extend(service_checks(path, by_kind))
+    errors.extend(serving_checks(path, by_kind, sts[0]["spec"].get("replicas", 1) if sts else None))
     if not (sts and cms and jobs):
         return errors
     replicas = sts[0]["spec"].get("replicas", 1)

@@ -87,5 +87,11 @@ selftest missing-required 'del by[("Job","trainer")]["spec"]["template"]["spec"]
 selftest crd-unknown-field 'by[("PodMonitor","pstrain")]["spec"]["podMetricEndpoints"] = []'
 selftest unknown-crd 'docs.append({"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "w"}, "spec": {}})'
 selftest shard-mismatch 'by[("StatefulSet","ps")]["spec"]["replicas"] = 3'
+serve='by[("Deployment","ps-serve")]["spec"]["template"]["spec"]'
+selftest serve-subscribe "$serve"'["containers"][0]["args"][2] = "--subscribe=ps-1.ps:7000,ps-0.ps:7000"'
+selftest serve-no-readiness "del $serve"'["containers"][0]["readinessProbe"]'
+selftest serve-export-rw "$serve"'["containers"][0]["volumeMounts"][0]["readOnly"] = False'
+selftest serve-port 'by[("Service","ps-serve")]["spec"]["ports"][0]["targetPort"] = "metrics"'
+selftest serve-no-pdb 'docs.remove(by[("PodDisruptionBudget","ps-serve")])'
 
 log "all overlays valid; self-tests passed ($(( $(date +%s) - start ))s)"

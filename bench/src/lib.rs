@@ -16,9 +16,12 @@
 //!   which need several of them.
 //! - [`load`]: `ps-bench`, the parameter-server load generator (QUIC against a cluster, or an in-process
 //!   engine), with its workload, latency percentiles and report.
+//! - [`serve_load`]: `serve-bench`, the `ps-serve` load generator (keep-alive HTTP/1.1 clients sending test rows
+//!   to `POST /v1/predict`) and its `--auc` pass scoring the answers against the labels.
 #![warn(missing_docs)]
 
 pub mod audit;
 pub mod bins;
 pub mod gen;
 pub mod load;
+pub mod serve_load;
