@@ -56,6 +56,10 @@ pub struct ServeOptions {
     /// Transport to the training servers: quic or tcp. Default quic.
     #[arg(long, env = "PS_SERVE_TRANSPORT")]
     pub transport: Option<protocol::Transport>,
+    /// Seconds to keep retrying `subscribe` names that do not resolve yet (pods' DNS records appear as they
+    /// start); past it, the connection attempt fails and is retried with backoff. Default 0: one attempt.
+    #[arg(long, env = "PS_SERVE_RESOLVE_TIMEOUT_SECS")]
+    pub resolve_timeout_secs: Option<f64>,
     /// Encoding of synced rows: f32 or f16. Default f32.
     #[arg(long, env = "PS_SERVE_SYNC_ENCODING")]
     pub sync_encoding: Option<String>,
@@ -122,6 +126,8 @@ pub struct SyncConfig {
     pub encoding: protocol::Encoding,
     /// Long-poll wait.
     pub wait_ms: u32,
+    /// How long names are retried when they do not resolve.
+    pub resolve_timeout: Duration,
 }
 
 impl ServeOptions {
@@ -155,6 +161,7 @@ impl ServeOptions {
             tls_dir,
             server_name,
             transport,
+            resolve_timeout_secs,
             sync_encoding,
             sync_wait_ms
         )
@@ -208,7 +215,12 @@ impl ServeOptions {
                 if !(1..=30_000).contains(&wait_ms) {
                     return bad(format!("--sync-wait-ms {wait_ms}, expected 1..=30000"));
                 }
+                let resolve = self.resolve_timeout_secs.unwrap_or(0.0);
+                if !(resolve.is_finite() && (0.0..=86_400.0).contains(&resolve)) {
+                    return bad(format!("--resolve-timeout-secs {resolve}, expected 0..=86400"));
+                }
                 Some(SyncConfig {
+                    resolve_timeout: Duration::from_secs_f64(resolve),
                     servers,
                     tls_dir,
                     server_name: self

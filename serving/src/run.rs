@@ -82,11 +82,13 @@ pub async fn run(
         health: health.clone(),
     });
     let stopping = Arc::new(tokio::sync::Notify::new());
+    let stopped = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let on_stop = {
-        let (health, stopping) = (health.clone(), stopping.clone());
+        let (health, stopping, stopped) = (health.clone(), stopping.clone(), stopped.clone());
         async move {
             shutdown.await;
             health.set_ready(false);
+            stopped.store(true, std::sync::atomic::Ordering::Relaxed);
             stopping.notify_waiters();
             tracing::info!("shutting down: draining open requests");
         }
@@ -110,10 +112,16 @@ pub async fn run(
     let loaded = {
         let cfg = cfg.clone();
         let data_dir = data_dir.clone();
-        tokio::task::spawn_blocking(move || load(&cfg, &data_dir)).await?
+        let stopped = stopped.clone();
+        tokio::task::spawn_blocking(move || load(&cfg, &data_dir, &stopped)).await?
     };
     let (loaded, predictor, template) = match loaded {
-        Ok(l) => l,
+        Ok(Some(l)) => l,
+        Ok(None) => {
+            // Stopped before any export appeared.
+            server.await.context("HTTP server task")?;
+            return Ok(());
+        }
         Err(e) => {
             server.abort();
             if temporary {
@@ -154,13 +162,32 @@ pub async fn run(
     Ok(())
 }
 
-/// Opens the export, its rows and its model (blocking).
+/// Opens the export, its rows and its model (blocking). While `--export` holds no export yet (a training
+/// job has not written its first), waits for one, checking every second, until `stopping` is set.
 fn load(
     cfg: &ServeConfig,
     data_dir: &std::path::Path,
-) -> anyhow::Result<(Loaded, Predictor, DenseTemplate)> {
-    let export = trainer::export::Export::open(&cfg.export)
-        .with_context(|| format!("open --export {}", cfg.export.display()))?;
+    stopping: &std::sync::atomic::AtomicBool,
+) -> anyhow::Result<Option<(Loaded, Predictor, DenseTemplate)>> {
+    use trainer::export::{Export, ExportError};
+    let mut logged = false;
+    let export = loop {
+        match Export::open(&cfg.export) {
+            Err(ExportError::NotAnExport { .. }) if cfg.export.is_dir() => {
+                if !logged {
+                    tracing::info!(export = %cfg.export.display(), "no export yet; waiting for a training job to write one");
+                    logged = true;
+                }
+                if stopping.load(std::sync::atomic::Ordering::Relaxed) {
+                    return Ok(None);
+                }
+                std::thread::sleep(std::time::Duration::from_secs(1));
+            }
+            other => {
+                break other.with_context(|| format!("open --export {}", cfg.export.display()))?
+            }
+        }
+    };
     std::fs::create_dir_all(data_dir)
         .with_context(|| format!("create --data-dir {}", data_dir.display()))?;
     let store = RowStore::open(
@@ -181,7 +208,7 @@ fn load(
     metrics::gauge!(crate::metrics::EXPORT_VERSION).set(export.manifest.version as f64);
     metrics::gauge!(crate::metrics::DENSE_VERSION).set(export.manifest.version as f64);
     metrics::gauge!(crate::metrics::ROWS_IN_MEMORY).set(store.rows_in_memory() as f64);
-    Ok((
+    Ok(Some((
         Loaded {
             export_version: export.manifest.version,
             model: export.manifest.spec.name.clone(),
@@ -192,5 +219,5 @@ fn load(
         },
         predictor,
         template,
-    ))
+    )))
 }

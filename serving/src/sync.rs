@@ -123,7 +123,7 @@ impl Follower {
     }
 
     async fn try_connect(&self) -> anyhow::Result<PsClient> {
-        let addrs = trainer::config::resolve_servers(&self.sync.servers, Duration::ZERO)
+        let addrs = trainer::config::resolve_servers(&self.sync.servers, self.sync.resolve_timeout)
             .await
             .map_err(anyhow::Error::msg)?;
         let mut cfg = PsClientConfig::new(addrs, self.sync.tls_dir.clone());
