@@ -232,7 +232,12 @@ pub(crate) fn scan_ids_pages_in_id_order(h: &mut dyn Harness) {
     s.ensure_table(5).unwrap();
     s.write_rows(
         5,
-        &batch(&[(u64::MAX, [1.0, 1.0]), (256, [2.0, 2.0]), (1, [3.0, 3.0]), (2, [4.0, 4.0])]),
+        &batch(&[
+            (u64::MAX, [1.0, 1.0]),
+            (256, [2.0, 2.0]),
+            (1, [3.0, 3.0]),
+            (2, [4.0, 4.0]),
+        ]),
         false,
     )
     .unwrap();

@@ -557,7 +557,9 @@ impl<D: Dialer> PsClient<D> {
         let req = wire::sync::request(cursor, encoding, max_rows, wait_ms, dense_version);
         let wait = Duration::from_millis(u64::from(wait_ms.min(wire::sync::MAX_WAIT_MS)));
         let timeout = self.cfg.request_timeout.max(wait + SYNC_TIMEOUT_MARGIN);
-        let (resp, payload) = self.call_within(server, &req, Bytes::new(), timeout).await?;
+        let (resp, payload) = self
+            .call_within(server, &req, Bytes::new(), timeout)
+            .await?;
         match resp {
             Response::Deltas { header } if header.encoding == encoding => {
                 wire::sync::decode(header, &payload)

@@ -288,7 +288,10 @@ pub fn check_header(h: &DeltasHeader) -> Result<(), ProtocolError> {
     let mut rows = 0u64;
     for t in &h.tables {
         if t.dim == 0 || t.dim > MAX_DIM {
-            return bad(format!("table {}: dim {} outside 1..={MAX_DIM}", t.table, t.dim));
+            return bad(format!(
+                "table {}: dim {} outside 1..={MAX_DIM}",
+                t.table, t.dim
+            ));
         }
         rows += u64::from(t.count);
     }
@@ -331,7 +334,12 @@ pub fn decode(header: DeltasHeader, payload: &[u8]) -> Result<DeltaBatch, Protoc
         let (n, dim) = (t.count as usize, t.dim as usize);
         let width = n * header.encoding.row_bytes(dim);
         let mut rows = vec![0.0; n * dim];
-        codec::decode_rows(&payload[row_at..row_at + width], dim, header.encoding, &mut rows)?;
+        codec::decode_rows(
+            &payload[row_at..row_at + width],
+            dim,
+            header.encoding,
+            &mut rows,
+        )?;
         tables.push(SyncedRows {
             table: t.table,
             dim: t.dim,
@@ -453,7 +461,9 @@ mod tests {
             assert_eq!(back, req);
         }
         assert!(validate_request(Encoding::F32, 1).is_ok());
-        let err = validate_request(Encoding::Int8, 10).unwrap_err().to_string();
+        let err = validate_request(Encoding::Int8, 10)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("encoding int8"), "{err}");
         let err = validate_request(Encoding::F32, 0).unwrap_err().to_string();
         assert!(err.contains("max_rows 0"), "{err}");
@@ -471,7 +481,10 @@ mod tests {
         let err = decode_dense(3, &p).unwrap_err().to_string();
         assert!(err.contains("8 bytes, expected 12"), "{err}");
         let err = decode_dense(u32::MAX, &p).unwrap_err().to_string();
-        assert!(err.contains(&format!("{} values exceed", u32::MAX)), "{err}");
+        assert!(
+            err.contains(&format!("{} values exceed", u32::MAX)),
+            "{err}"
+        );
     }
 
     #[test]
@@ -489,7 +502,10 @@ mod tests {
         let mut huge = h.clone();
         huge.tables[0].count = MAX_ROWS + 1;
         let err = decode(huge, &body).unwrap_err().to_string();
-        assert!(err.contains(&format!("{} rows exceed", MAX_ROWS + 1)), "{err}");
+        assert!(
+            err.contains(&format!("{} rows exceed", MAX_ROWS + 1)),
+            "{err}"
+        );
         let mut wide = h.clone();
         wide.tables[0].dim = MAX_DIM + 1;
         let err = decode(wide, &body).unwrap_err().to_string();
