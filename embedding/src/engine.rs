@@ -386,6 +386,29 @@ impl Engine {
         Ok(stats)
     }
 
+    /// The smallest `limit` ids above `after` (all when `None`) with a row in table `table`, ascending: a
+    /// page of a full scan of the table. Rows in memory and, for a table that evicted rows to the store
+    /// ([`Table::spilled`]), rows there too; each id once. Cost: a pass over the table's memory
+    /// ([`Table::ids_after`]) plus a seek in the store.
+    pub fn scan_ids(
+        &self,
+        table: u32,
+        after: Option<u64>,
+        limit: usize,
+    ) -> Result<Vec<u64>, EmbeddingError> {
+        let t = self.table(table)?;
+        let mut ids = Vec::new();
+        t.ids_after(after, limit, &mut ids);
+        if t.spilled() {
+            // The smallest `limit` of the union are among the smallest `limit` of each part.
+            self.store.scan_ids(table, after, limit, &mut ids)?;
+            ids.sort_unstable();
+            ids.dedup();
+            ids.truncate(limit);
+        }
+        Ok(ids)
+    }
+
     /// Every table, by id.
     pub(crate) fn tables_snapshot(&self) -> Vec<Arc<Table>> {
         self.tables.read().values().cloned().collect()

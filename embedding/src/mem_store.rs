@@ -125,6 +125,30 @@ impl Store for MemStore {
         Ok(())
     }
 
+    fn scan_ids(
+        &self,
+        table: u32,
+        after: Option<u64>,
+        limit: usize,
+        out: &mut Vec<u64>,
+    ) -> Result<(), StoreError> {
+        let inner = self.inner.read();
+        let t = inner
+            .tables
+            .get(&table)
+            .ok_or(StoreError::UnknownTable(table))?;
+        let from = match after {
+            None => std::ops::Bound::Unbounded,
+            Some(a) => std::ops::Bound::Excluded(a),
+        };
+        out.extend(
+            t.range((from, std::ops::Bound::Unbounded))
+                .map(|(&id, _)| id)
+                .take(limit),
+        );
+        Ok(())
+    }
+
     fn get_rows(&self, table: u32, ids: &[u64], f: &mut GetFn<'_>) -> Result<(), StoreError> {
         let inner = self.inner.read();
         let t = inner

@@ -362,6 +362,34 @@ impl Store for RocksStore {
             .map_err(backend(format!("scan_rows table {table}")))
     }
 
+    fn scan_ids(
+        &self,
+        table: u32,
+        after: Option<u64>,
+        limit: usize,
+        out: &mut Vec<u64>,
+    ) -> Result<(), StoreError> {
+        let cf = self.table_cf(table)?;
+        let mut ro = ReadOptions::default();
+        ro.set_total_order_seek(true);
+        let mut it = self.db.raw_iterator_cf_opt(&cf, ro);
+        match after {
+            None => it.seek_to_first(),
+            // Big-endian keys sort like the ids: the first key at or above `after + 1`.
+            Some(u64::MAX) => return Ok(()),
+            Some(a) => it.seek((a + 1).to_be_bytes()),
+        }
+        let mut taken = 0;
+        while taken < limit {
+            let Some(key) = it.key() else { break };
+            out.push(decode_key(table, key)?);
+            taken += 1;
+            it.next();
+        }
+        it.status()
+            .map_err(backend(format!("scan_ids table {table}")))
+    }
+
     fn get_rows(&self, table: u32, ids: &[u64], f: &mut GetFn<'_>) -> Result<(), StoreError> {
         let cf = self.table_cf(table)?;
         let keys: Vec<[u8; 8]> = ids.iter().map(|id| id.to_be_bytes()).collect();

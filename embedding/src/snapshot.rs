@@ -248,6 +248,21 @@ impl Engine {
         shard: ShardInfo,
         created_unix_secs: u64,
     ) -> Result<Manifest, SnapshotError> {
+        self.checkpoint_with(dir, step, shard, created_unix_secs, &mut Vec::new)
+    }
+
+    /// [`Engine::checkpoint`], calling `on_pause` once while pushes are held (after the store checkpoint):
+    /// the files it returns, `(name, contents)`, are written into the shard directory (fsynced) before the
+    /// manifest. The server cuts its delta sync there and records where in `sync.json`, so the snapshot holds
+    /// exactly the changes up to that cut. Not called for a retry answered from a complete snapshot.
+    pub fn checkpoint_with(
+        &self,
+        dir: &Path,
+        step: u64,
+        shard: ShardInfo,
+        created_unix_secs: u64,
+        on_pause: &mut dyn FnMut() -> Vec<(String, Vec<u8>)>,
+    ) -> Result<Manifest, SnapshotError> {
         let target = shard_dir(dir, shard.index, shard.num_shards);
         // One checkpoint at a time per process: a retried request (its first attempt's answer was lost) waits for
         // the first attempt instead of racing it in the same directory.
@@ -279,7 +294,7 @@ impl Engine {
             },
             _ => io(&target, "create directory")(e),
         })?;
-        let result = self.checkpoint_into(&target, step, shard, created_unix_secs);
+        let result = self.checkpoint_into(&target, step, shard, created_unix_secs, on_pause);
         if result.is_err() {
             let _ = std::fs::remove_dir_all(&target);
         }
@@ -292,10 +307,11 @@ impl Engine {
         step: u64,
         shard: ShardInfo,
         created_unix_secs: u64,
+        on_pause: &mut dyn FnMut() -> Vec<(String, Vec<u8>)>,
     ) -> Result<Manifest, SnapshotError> {
         let started = std::time::Instant::now();
         self.flush_dirty()?;
-        let tables = {
+        let (tables, extra) = {
             let _quiet = self.push_gate.write();
             let paused = std::time::Instant::now();
             let flushed = self.flush_dirty()?;
@@ -310,8 +326,11 @@ impl Engine {
                 pause_secs = paused.elapsed().as_secs_f64(),
                 "pushes paused for the checkpoint"
             );
-            self.tables()
+            (self.tables(), on_pause())
         };
+        for (name, contents) in extra {
+            write_file(&target.join(name), &contents)?;
+        }
         let db = RocksStore::open_read_only(target.join(DB_DIR)).map_err(|source| {
             SnapshotError::Store {
                 path: target.to_owned(),
@@ -371,6 +390,13 @@ fn count_rows(db: &RocksStore, path: &Path, cfg: &TableConfig) -> Result<u64, Sn
         source,
     })?;
     Ok(rows)
+}
+
+/// Writes and fsyncs one file of a shard directory (the directory is fsynced with the manifest, last).
+fn write_file(path: &Path, contents: &[u8]) -> Result<(), SnapshotError> {
+    let mut f = std::fs::File::create(path).map_err(io(path, "create"))?;
+    f.write_all(contents).map_err(io(path, "write"))?;
+    f.sync_all().map_err(io(path, "fsync"))
 }
 
 fn write_manifest(target: &Path, manifest: &Manifest) -> Result<(), SnapshotError> {

@@ -54,6 +54,25 @@ pub trait Store: Send + Sync {
     /// store) stops the scan and is returned.
     fn scan_rows(&self, table: u32, f: &mut ScanFn<'_>) -> Result<(), StoreError>;
 
+    /// Appends to `out` the smallest `limit` ids of `table` above `after` (all when `None`), ascending: a page
+    /// of a full scan. This default walks [`Store::scan_rows`] from the first row; [`crate::RocksStore`] and
+    /// [`crate::MemStore`] seek to `after` and stop after `limit` ids. Wrappers forward it.
+    fn scan_ids(
+        &self,
+        table: u32,
+        after: Option<u64>,
+        limit: usize,
+        out: &mut Vec<u64>,
+    ) -> Result<(), StoreError> {
+        let start = out.len();
+        self.scan_rows(table, &mut |id, _| {
+            if after.is_none_or(|a| id > a) && out.len() - start < limit {
+                out.push(id);
+            }
+            Ok(())
+        })
+    }
+
     /// Reads the rows of `ids` in one batch: calls `f(i, value)` for each `ids[i]`, in order, with `None` for
     /// ids that have no stored row.
     fn get_rows(&self, table: u32, ids: &[u64], f: &mut GetFn<'_>) -> Result<(), StoreError>;

@@ -227,6 +227,38 @@ pub(crate) fn estimate_rows_counts_written_rows(h: &mut dyn Harness) {
     assert_eq!(s.estimate_rows(9).unwrap_err(), StoreError::UnknownTable(9));
 }
 
+pub(crate) fn scan_ids_pages_in_id_order(h: &mut dyn Harness) {
+    let s = h.open();
+    s.ensure_table(5).unwrap();
+    s.write_rows(
+        5,
+        &batch(&[
+            (u64::MAX, [1.0, 1.0]),
+            (256, [2.0, 2.0]),
+            (1, [3.0, 3.0]),
+            (2, [4.0, 4.0]),
+        ]),
+        false,
+    )
+    .unwrap();
+    let page = |after, limit| {
+        let mut out = vec![99];
+        s.scan_ids(5, after, limit, &mut out).unwrap();
+        out
+    };
+    // Appends after what `out` held.
+    assert_eq!(page(None, 2), [99, 1, 2]);
+    assert_eq!(page(Some(2), 2), [99, 256, u64::MAX]);
+    assert_eq!(page(Some(1), 10), [99, 2, 256, u64::MAX]);
+    assert_eq!(page(Some(u64::MAX), 10), [99]);
+    assert_eq!(page(None, 0), [99]);
+    let mut out = Vec::new();
+    assert_eq!(
+        s.scan_ids(6, None, 1, &mut out).unwrap_err(),
+        StoreError::UnknownTable(6)
+    );
+}
+
 /// Instantiates every conformance test for the harness built by `$make`.
 macro_rules! store_conformance_tests {
     ($make:expr) => {
@@ -241,6 +273,7 @@ macro_rules! store_conformance_tests {
             survives_reopen,
             delete_rows_removes_only_those_ids,
             estimate_rows_counts_written_rows,
+            scan_ids_pages_in_id_order,
         );
     };
     (@each $make:expr; $($name:ident),* $(,)?) => {

@@ -68,16 +68,15 @@ static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
 /// Histogram buckets for every `_batches` metric (small counts such as staleness): 0 .. 64.
 pub const COUNT_BUCKETS: &[f64] = &[0.0, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 32.0, 64.0];
 
-/// Histogram buckets for every `_rows` histogram (rows per batch or request): 1 .. 65536 in powers of 2.
-pub const ROW_BUCKETS: &[f64] = &[
-    1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0,
-    16384.0, 32768.0, 65536.0,
+/// Histogram buckets for every `_rows` metric (rows per delta, per micro-batch): powers of 4, 1 .. 16 Mi.
+pub const ROW_COUNT_BUCKETS: &[f64] = &[
+    1.0, 4.0, 16.0, 64.0, 256.0, 1024.0, 4096.0, 16384.0, 65536.0, 262144.0, 1048576.0, 4194304.0,
+    16777216.0,
 ];
 
 /// Installs the process-wide Prometheus recorder (once; later calls return the same handle) with explicit
 /// histogram buckets for every `_seconds` metric (`buckets`), every `_batches` metric ([`COUNT_BUCKETS`]) and
-/// every `_rows` histogram ([`ROW_BUCKETS`]; gauges of that suffix are unaffected), so
-/// histograms are rendered rather than summaries.
+/// every `_rows` metric ([`ROW_COUNT_BUCKETS`]), so histograms are rendered rather than summaries.
 pub fn install_recorder(buckets: &[f64]) -> PrometheusHandle {
     HANDLE
         .get_or_init(|| {
@@ -86,7 +85,7 @@ pub fn install_recorder(buckets: &[f64]) -> PrometheusHandle {
                 .expect("non-empty bucket list")
                 .set_buckets_for_metric(Matcher::Suffix("_batches".into()), COUNT_BUCKETS)
                 .expect("non-empty bucket list")
-                .set_buckets_for_metric(Matcher::Suffix("_rows".into()), ROW_BUCKETS)
+                .set_buckets_for_metric(Matcher::Suffix("_rows".into()), ROW_COUNT_BUCKETS)
                 .expect("non-empty bucket list")
                 .build_recorder();
             let handle = recorder.handle();

@@ -110,6 +110,8 @@ pub const PROBE_TIMEOUT: Duration = Duration::from_secs(3);
 pub const INITIAL_BACKOFF: Duration = Duration::from_millis(20);
 /// The longest wait between two retries.
 pub const MAX_BACKOFF: Duration = Duration::from_secs(1);
+/// Time a [`PsClient::sync_deltas`] long-poll is allowed beyond its `wait_ms`: gathering and sending the rows.
+pub const SYNC_TIMEOUT_MARGIN: Duration = Duration::from_secs(10);
 
 /// Sends one request on `conn`, and while its reply is outstanding, probes the connection every
 /// [`PROBE_AFTER`] with a `Hello` on the same connection. A server killed and restarted on the same port never
@@ -326,6 +328,7 @@ impl<D: Dialer> PsClient<D> {
         server: usize,
         req: &Request,
         payload: &Bytes,
+        timeout: Duration,
     ) -> Result<(Response, Bytes), ProtocolError> {
         let s = &self.servers[server];
         // Connecting is inside the timeout: a handshake with a dead server must not wait for the idle timeout.
@@ -342,7 +345,7 @@ impl<D: Dialer> PsClient<D> {
                     }
                 })
         };
-        match tokio::time::timeout(self.cfg.request_timeout, result).await {
+        match tokio::time::timeout(timeout, result).await {
             Ok(Ok(reply)) => Ok(reply),
             Ok(Err(e)) => {
                 if e.is_transient() {
@@ -354,7 +357,7 @@ impl<D: Dialer> PsClient<D> {
                 s.forget();
                 Err(ProtocolError::Timeout {
                     server: s.addr.to_string(),
-                    secs: self.cfg.request_timeout.as_secs_f64(),
+                    secs: timeout.as_secs_f64(),
                 })
             }
         }
@@ -373,10 +376,23 @@ impl<D: Dialer> PsClient<D> {
         req: &Request,
         payload: Bytes,
     ) -> Result<(Response, Bytes), ProtocolError> {
+        self.call_within(server, req, payload, self.cfg.request_timeout)
+            .await
+    }
+
+    /// [`PsClient::call`] allowing each attempt `timeout` instead of the configured request timeout (a
+    /// long-poll waits on the server longer than an ordinary request may take).
+    pub async fn call_within(
+        &self,
+        server: usize,
+        req: &Request,
+        payload: Bytes,
+        timeout: Duration,
+    ) -> Result<(Response, Bytes), ProtocolError> {
         let start = Instant::now();
         let mut backoff = INITIAL_BACKOFF;
         loop {
-            let result = self.call_once(server, req, &payload).await;
+            let result = self.call_once(server, req, &payload, timeout).await;
             let retry = match &result {
                 Err(e) => e.is_transient(),
                 Ok((Response::Error { code, .. }, _)) => code.is_transient(),
@@ -520,6 +536,64 @@ impl<D: Dialer> PsClient<D> {
         match resp {
             Response::Reduced { header } => Ok((header, payload)),
             other => Err(self.unexpected(server, &other, "Reduced")),
+        }
+    }
+
+    /// Asks server `server` for the rows changed after `cursor` ([`wire::sync`]): at most `max_rows` rows in
+    /// `encoding` (f32, f16 or bf16), and the dense parameters if the server holds a version newer than
+    /// `dense_version`. When the cursor is up to date the server waits up to `wait_ms` (cut to
+    /// [`wire::sync::MAX_WAIT_MS`]) for its next delta: a standing long-poll; this request is allowed that
+    /// wait plus [`SYNC_TIMEOUT_MARGIN`] (and at least the configured request timeout). Send the answer's
+    /// `header.cursor` next, at once while `header.complete` is false.
+    pub async fn sync_deltas(
+        &self,
+        server: usize,
+        cursor: wire::sync::SyncCursor,
+        encoding: Encoding,
+        max_rows: u32,
+        wait_ms: u32,
+        dense_version: u64,
+    ) -> Result<wire::sync::DeltaBatch, ProtocolError> {
+        let req = wire::sync::request(cursor, encoding, max_rows, wait_ms, dense_version);
+        let wait = Duration::from_millis(u64::from(wait_ms.min(wire::sync::MAX_WAIT_MS)));
+        let timeout = self.cfg.request_timeout.max(wait + SYNC_TIMEOUT_MARGIN);
+        let (resp, payload) = self
+            .call_within(server, &req, Bytes::new(), timeout)
+            .await?;
+        match resp {
+            Response::Deltas { header } if header.encoding == encoding => {
+                wire::sync::decode(header, &payload)
+            }
+            other => Err(self.unexpected(server, &other, "Deltas")),
+        }
+    }
+
+    /// Gives server 0 the dense parameters `values` of `version` (> 0, newer is larger) at training `step`,
+    /// for sync subscribers ([`wire::sync`]). Returns the newest version the server holds (larger than
+    /// `version` when a newer one was published first).
+    pub async fn publish_dense(
+        &self,
+        version: u64,
+        step: u64,
+        values: &[f32],
+    ) -> Result<u64, ProtocolError> {
+        let len = u32::try_from(values.len())
+            .ok()
+            .filter(|&n| n <= wire::sync::MAX_DENSE_VALUES)
+            .ok_or_else(|| {
+                ProtocolError::BadPayload(format!(
+                    "publish dense: {} values exceed the cap of {}",
+                    values.len(),
+                    wire::sync::MAX_DENSE_VALUES
+                ))
+            })?;
+        let mut payload = Vec::with_capacity(values.len() * 4);
+        wire::sync::put_dense(values, &mut payload);
+        let req = wire::sync::publish_request(version, step, len);
+        let (resp, _) = self.call(0, &req, Bytes::from(payload)).await?;
+        match resp {
+            Response::Published { version } => Ok(version),
+            other => Err(self.unexpected(0, &other, "Published")),
         }
     }
 

@@ -5,7 +5,8 @@
 //!
 //! # Layout
 //! - [`wire`]: what travels: framing, headers, id sections, and one file per request type
-//!   ([`wire::pull`], [`wire::pull_with_state`], [`wire::push`]) with its layout, encode and decode.
+//!   ([`wire::pull`], [`wire::pull_with_state`], [`wire::push`], [`wire::sync`] for serving's delta sync) with
+//!   its layout, encode and decode.
 //! - [`compression`]: row encodings ([`compression::codec`]: f32, f16, bf16, int8 with a per-row scale) and
 //!   top-k sparsification.
 //! - [`transport`]: how it travels: the [`transport::Dialer`] and [`transport::Connection`] traits the client
@@ -14,7 +15,8 @@
 //!   injected faults for tests under simulated time.
 //! - [`routing`]: stable id -> virtual shard -> server mapping ([`ShardMap`]).
 //! - [`client`]: [`PsClient`], the trainer's connection to every parameter server: retries with backoff,
-//!   liveness probes of overdue requests.
+//!   liveness probes of overdue requests; also serving's sync client ([`PsClient::sync_deltas`],
+//!   [`PsClient::publish_dense`]), which registers no table.
 //! - [`keyed`]: pulls and pushes of one table's ids in the caller's order (dedup, route, scatter), for
 //!   callers without a batch plan of their own (the Python package).
 //! - [`error`]: [`ProtocolError`] and the typed [`ErrorCode`]s servers answer with.

@@ -201,6 +201,13 @@ struct ServeArgs {
     /// Unread bytes buffered per QUIC connection (flow-control window) [default: 32 MiB].
     #[arg(long, env = "PS_CONNECTION_WINDOW_BYTES")]
     connection_window_bytes: Option<u64>,
+    /// Seconds between cuts of the delta sync to serving [default: 2; 0 = no change tracking, sync refused].
+    #[arg(long, alias = "sync-interval", env = "PS_SYNC_INTERVAL_SECS")]
+    sync_interval_secs: Option<f64>,
+    /// Ids the delta sync's retained deltas hold at most; a subscriber further behind scans [default:
+    /// 16777216].
+    #[arg(long, env = "PS_SYNC_RETAIN_ROWS")]
+    sync_retain_rows: Option<u64>,
 }
 
 impl ServeArgs {
@@ -231,6 +238,8 @@ impl ServeArgs {
             block_cache_mib: self.block_cache_mib,
             rocksdb_tuning: self.rocksdb_tuning,
             prefetch_pin_secs: self.prefetch_pin_secs,
+            sync_interval_secs: self.sync_interval_secs,
+            sync_retain_rows: self.sync_retain_rows,
         }
     }
 }

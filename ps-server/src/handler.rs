@@ -29,9 +29,27 @@ pub struct Reply {
     pub payload: Vec<u8>,
 }
 
-struct Refusal {
+/// Why a request is refused: the typed error it is answered with.
+#[derive(Debug)]
+pub struct Refusal {
     code: ErrorCode,
     message: String,
+}
+
+impl Refusal {
+    /// The error reply, counted in [`m::REQUEST_ERRORS_TOTAL`].
+    pub fn into_reply(self) -> Reply {
+        metrics::counter!(m::REQUEST_ERRORS_TOTAL, "code" => format!("{:?}", self.code))
+            .increment(1);
+        tracing::debug!(code = ?self.code, message = %self.message, "refused request");
+        Reply {
+            header: Response::Error {
+                code: self.code,
+                message: self.message,
+            },
+            payload: Vec::new(),
+        }
+    }
 }
 
 fn refuse(code: ErrorCode, message: impl Into<String>) -> Refusal {
@@ -77,10 +95,17 @@ impl From<protocol::ProtocolError> for Refusal {
 }
 
 impl Shard {
-    /// Handles one request at Unix time `now` (seconds): pushed rows are stamped with it for TTL expiry, and a
-    /// checkpoint's manifest records it. Never panics on peer input: every problem becomes a
-    /// [`Response::Error`].
+    /// Handles one request at Unix time `now` (seconds): [`Shard::handle_us`] at the start of that second.
     pub fn handle(&self, req: Request, payload: &[u8], now: u64) -> Reply {
+        self.handle_us(req, payload, now.saturating_mul(1_000_000))
+    }
+
+    /// Handles one request at Unix time `now_us` (microseconds): pushed rows are stamped with its second for
+    /// TTL expiry and recorded as changed at it for the delta sync, and a checkpoint's manifest records it.
+    /// A sync request is answered at once (the server loop waits for cuts: [`Shard::sync_deltas`]). Never
+    /// panics on peer input: every problem becomes a [`Response::Error`].
+    pub fn handle_us(&self, req: Request, payload: &[u8], now_us: u64) -> Reply {
+        let now = now_us / 1_000_000;
         let result = match req {
             Request::Hello { version } => self.hello(version),
             Request::RegisterTables { tables } => self.register(&tables),
@@ -94,9 +119,9 @@ impl Shard {
                 encoding,
                 grad_scale,
                 tables,
-            } => self.push(epoch, encoding, grad_scale, &tables, payload, now),
+            } => self.push(epoch, encoding, grad_scale, &tables, payload, now_us),
             Request::Flush => self.flush(),
-            Request::Checkpoint { dir, step } => self.checkpoint_request(&dir, step, now),
+            Request::Checkpoint { dir, step } => self.checkpoint_request(&dir, step, now_us),
             Request::PullWithState {
                 epoch,
                 encoding,
@@ -114,19 +139,29 @@ impl Shard {
                 ErrorCode::Internal,
                 "a reduce is answered by the server loop, not by Shard::handle",
             )),
-        };
-        result.unwrap_or_else(|r| {
-            metrics::counter!(m::REQUEST_ERRORS_TOTAL, "code" => format!("{:?}", r.code))
-                .increment(1);
-            tracing::debug!(code = ?r.code, message = %r.message, "refused request");
-            Reply {
-                header: Response::Error {
-                    code: r.code,
-                    message: r.message,
-                },
-                payload: Vec::new(),
+            Request::SyncDeltas {
+                cursor,
+                encoding,
+                max_rows,
+                wait_ms: _,
+                dense_version,
+            } => {
+                let ask = SyncAsk {
+                    cursor,
+                    encoding,
+                    max_rows,
+                    dense_version,
+                };
+                self.sync_deltas(ask, false).map(|o| match o {
+                    SyncOutcome::Reply(r) => r,
+                    SyncOutcome::UpToDate => unreachable!("may_wait is false"),
+                })
             }
-        })
+            Request::PublishDense { version, step, len } => {
+                self.publish_dense(version, step, len, payload, now_us)
+            }
+        };
+        result.unwrap_or_else(Refusal::into_reply)
     }
 
     fn hello(&self, version: u32) -> Result<Reply, Refusal> {
@@ -343,7 +378,8 @@ impl Shard {
         })
     }
 
-    /// A push, its rows stamped with `now` (Unix seconds) for TTL expiry.
+    /// A push, its rows stamped with `now_us`'s second for TTL expiry and recorded as changed at `now_us` for
+    /// the delta sync.
     fn push(
         &self,
         epoch: u64,
@@ -351,8 +387,9 @@ impl Shard {
         grad_scale: f32,
         tables: &[TableCount],
         payload: &[u8],
-        now: u64,
+        now_us: u64,
     ) -> Result<Reply, Refusal> {
+        let now = now_us / 1_000_000;
         self.check_epoch(epoch)?;
         if let Some(failure) = self.writes.failure() {
             return Err(refuse(
@@ -401,6 +438,17 @@ impl Shard {
             id_at += n;
             grad_at += width;
         }
+        // Recorded under the push gate: a checkpoint's cut sees every push its snapshot holds
+        // (`crate::checkpoint`). One lock for all tables of the push.
+        let mut at = 0;
+        self.sync.record(
+            tables.iter().map(|t| {
+                let ids = &all_ids[at..at + t.count as usize];
+                at += t.count as usize;
+                (t.table, ids)
+            }),
+            now_us,
+        );
         drop(guard);
         metrics::counter!(m::ROWS_PUSHED_TOTAL).increment(applied);
         if rejected > 0 {
@@ -436,8 +484,8 @@ impl Shard {
         Ok(())
     }
 
-    /// A checkpoint into `dir`, its manifest created at `now`.
-    fn checkpoint_request(&self, dir: &str, step: u64, now: u64) -> Result<Reply, Refusal> {
+    /// A checkpoint into `dir`, its manifest created at `now_us`.
+    fn checkpoint_request(&self, dir: &str, step: u64, now_us: u64) -> Result<Reply, Refusal> {
         let path = std::path::Path::new(dir);
         if !path.is_absolute()
             || path
@@ -449,7 +497,7 @@ impl Shard {
                 format!("checkpoint directory {dir:?}: expected an absolute path without '..'"),
             ));
         }
-        match self.checkpoint(path, step, now) {
+        match self.checkpoint(path, step, now_us) {
             Ok((manifest, written)) => Ok(Reply {
                 header: Response::Checkpointed {
                     rows: manifest.rows(),
@@ -476,9 +524,17 @@ impl Shard {
     }
 }
 
+#[path = "handler_sync.rs"]
+mod sync;
+pub use sync::{SyncAsk, SyncOutcome};
+
 #[cfg(test)]
 #[path = "handler_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "handler_sync_tests.rs"]
+mod sync_tests;
 
 #[cfg(test)]
 #[path = "handler_prefetch_tests.rs"]

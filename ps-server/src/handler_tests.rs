@@ -18,6 +18,7 @@ fn shard(num_servers: u32, index: u32) -> Shard {
         writes: Default::default(),
         pin_secs: crate::config::DEFAULT_PIN_SECS,
         reducer: Default::default(),
+        sync: Default::default(),
     };
     let r = s.handle(
         Request::RegisterTables {
@@ -142,6 +143,7 @@ fn pushed_rows_are_stamped_with_the_time_passed_in() {
         writes: Default::default(),
         pin_secs: crate::config::DEFAULT_PIN_SECS,
         reducer: Default::default(),
+        sync: Default::default(),
     };
     s.engine.set_table_policy(None, Some(10));
     let r = s.handle(
@@ -382,6 +384,7 @@ fn sync_push_is_stored_before_the_reply_and_a_store_error_is_a_storage_refusal()
         writes: Default::default(),
         pin_secs: crate::config::DEFAULT_PIN_SECS,
         reducer: Default::default(),
+        sync: Default::default(),
     };
     let r = s.handle(
         Request::RegisterTables {

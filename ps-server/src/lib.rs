@@ -9,6 +9,8 @@
 //! - [`write_health`]: whether storage writes work; pushes are refused while they fail.
 //! - [`writeback`]: dirty-row write-back to RocksDB, memory-budget eviction and TTL expiry, each an engine call
 //!   with its metrics.
+//! - [`sync`]: the delta sync to serving: changed rows recorded by pushes, cut into deltas, the dense
+//!   parameters published (answered by `handler`, waited for by `server`).
 //! - [`checkpoint`]: the server side of a checkpoint request (a snapshot of every table).
 //! - [`restore`]: `ps-server restore`, re-routing the snapshots of N servers onto shard I of M.
 //! - [`plan`]: `ps-server plan`, memory, disk and servers for a table from the engine's row layout.
@@ -35,5 +37,6 @@ pub mod reduce;
 pub mod restore;
 pub mod server;
 pub mod shard;
+pub mod sync;
 pub mod write_health;
 pub mod writeback;

@@ -55,6 +55,23 @@ pub const WRITEBACK_ERRORS_TOTAL: &str = "ps_writeback_errors_total";
 pub const SYNC_PUSH_WRITE_SECONDS: &str = "ps_sync_push_write_duration_seconds";
 /// Rows written by synced push writes (`durability = "sync"`).
 pub const SYNC_PUSH_ROWS_TOTAL: &str = "ps_sync_push_rows_total";
+/// Deltas cut by the delta sync ([`crate::sync`]).
+pub const SYNC_DELTAS_CUT_TOTAL: &str = "ps_sync_deltas_cut_total";
+/// Histogram: distinct rows per delta cut; buckets 1 .. 16 Mi, powers of 4 (`ops::http::ROW_COUNT_BUCKETS`).
+pub const SYNC_DELTA_ROWS: &str = "ps_sync_delta_rows";
+/// Sync requests answered, labelled `answer`: `deltas`, `scan` (a page of a full scan) or `empty` (nothing
+/// new when the wait ended).
+pub const SYNC_REQUESTS_TOTAL: &str = "ps_sync_requests_total";
+/// Rows sent to sync subscribers (deltas and scans).
+pub const SYNC_ROWS_SENT_TOTAL: &str = "ps_sync_rows_sent_total";
+/// Full scans begun (a subscriber of another incarnation, or whose deltas were dropped).
+pub const SYNC_SCANS_TOTAL: &str = "ps_sync_scans_total";
+/// Gauge: sync long-polls waiting for the next cut.
+pub const SYNC_SUBSCRIBERS_WAITING: &str = "ps_sync_subscribers_waiting";
+/// Gauge: ids held in retained deltas (bounded by `--sync-retain-rows`).
+pub const SYNC_RETAINED_IDS: &str = "ps_sync_retained_ids";
+/// Dense parameter publications received.
+pub const SYNC_DENSE_PUBLISHED_TOTAL: &str = "ps_sync_dense_published_total";
 /// Seconds a reduce contribution waited for the other trainers of its step (hybrid dense mode).
 pub const REDUCE_WAIT_SECONDS: &str = "ps_reduce_wait_seconds";
 /// Ranks missing from reduce steps finalized at their deadline.
@@ -113,6 +130,7 @@ pub fn describe() {
     describe_rows();
     describe_writes();
     describe_load();
+    describe_sync();
 }
 
 /// Requests and their bytes, rows pulled and pushed, open connections.
@@ -267,6 +285,36 @@ fn describe_writes() {
     describe_counter!(
         STORAGE_RECOVERIES_TOTAL,
         "Times storage became writable again after failing writes."
+    );
+}
+
+/// The delta sync to serving ([`crate::sync`]).
+fn describe_sync() {
+    describe_counter!(SYNC_DELTAS_CUT_TOTAL, "Deltas cut by the delta sync.");
+    describe_histogram!(SYNC_DELTA_ROWS, "Distinct rows per delta cut.");
+    describe_counter!(
+        SYNC_REQUESTS_TOTAL,
+        "Sync requests answered, by answer: deltas, scan, empty."
+    );
+    describe_counter!(
+        SYNC_ROWS_SENT_TOTAL,
+        "Rows sent to sync subscribers (deltas and scans)."
+    );
+    describe_counter!(
+        SYNC_SCANS_TOTAL,
+        "Full scans begun for sync subscribers of another incarnation or with dropped deltas."
+    );
+    describe_gauge!(
+        SYNC_SUBSCRIBERS_WAITING,
+        "Sync long-polls waiting for the next cut."
+    );
+    describe_gauge!(
+        SYNC_RETAINED_IDS,
+        "Ids held in retained deltas (bounded by sync-retain-rows)."
+    );
+    describe_counter!(
+        SYNC_DENSE_PUBLISHED_TOTAL,
+        "Dense parameter publications received."
     );
 }
 

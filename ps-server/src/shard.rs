@@ -38,6 +38,8 @@ pub struct Shard {
     pub pin_secs: u64,
     /// Sums of the trainers' reduce contributions (hybrid dense mode, [`crate::reduce`]).
     pub reducer: crate::reduce::Reducer,
+    /// Changed rows and published dense parameters for serving's delta sync ([`crate::sync`]).
+    pub sync: crate::sync::SyncState,
 }
 
 impl Shard {
@@ -71,16 +73,17 @@ impl Shard {
         }
     }
 
-    /// Writes a snapshot of every table into `dir/shard-<index>-of-<num_shards>/`, its manifest created at
-    /// Unix time `now`; returns the manifest and that directory ([`checkpoint::checkpoint`]).
+    /// Writes a snapshot of every table and its `sync.json` into `dir/shard-<index>-of-<num_shards>/`, its
+    /// manifest created at Unix time `now_us`; returns the manifest and that directory
+    /// ([`checkpoint::checkpoint`]).
     pub fn checkpoint(
         &self,
         dir: &Path,
         step: u64,
-        now: u64,
+        now_us: u64,
     ) -> Result<(Manifest, PathBuf), SnapshotError> {
         let info = checkpoint::shard_info(&self.shard_map, self.shard_index);
-        checkpoint::checkpoint(&self.engine, info, dir, step, now)
+        checkpoint::checkpoint(&self.engine, &self.sync, info, dir, step, now_us)
     }
 
     /// Evicts rows of tables over their memory budget ([`writeback::enforce_budget`]); a failed write of an

@@ -80,6 +80,15 @@ impl<S: Store> Store for MeteredStore<S> {
     fn scan_rows(&self, table: u32, f: &mut ScanFn<'_>) -> Result<(), StoreError> {
         self.0.scan_rows(table, f)
     }
+    fn scan_ids(
+        &self,
+        table: u32,
+        after: Option<u64>,
+        limit: usize,
+        out: &mut Vec<u64>,
+    ) -> Result<(), StoreError> {
+        self.0.scan_ids(table, after, limit, out)
+    }
     fn get_rows(&self, table: u32, ids: &[u64], f: &mut GetFn<'_>) -> Result<(), StoreError> {
         let start = Instant::now();
         let mut found = 0u64;

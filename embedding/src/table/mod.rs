@@ -11,6 +11,7 @@
 //! - `expire.rs`: last-touched stamps and TTL expiry ([`Table::expired`], [`Table::remove_expired`]).
 //! - `budget.rs`: the capacity tier (memory budget, CLOCK eviction, batched read-back).
 //! - `pin.rs`: lookahead prefetch into the tier: read rows back ahead of their pull and pin them.
+//! - `scan.rs`: listing the rows in id order, a page at a time ([`Table::ids_after`]).
 //! - `tests.rs`: unit tests of the whole table.
 //!
 //! # Stripes
@@ -59,6 +60,7 @@ mod dirty;
 mod expire;
 mod index;
 mod pin;
+mod scan;
 mod stripe;
 
 use budget::Tier;

@@ -16,6 +16,8 @@
 //! | [`Request::PullWithState`] | ids of table 0, ... | [`Response::PulledWithState`] | rows of table 0, ..., then optimizer state of table 0, ... (f32 LE) |
 //! | [`Request::Prefetch`] | ids of table 0, ids of table 1, ... | [`Response::Prefetched`] | none |
 //! | [`Request::Reduce`] | f32 LE values | [`Response::Reduced`] | f32 LE sums |
+//! | [`Request::SyncDeltas`] | none | [`Response::Deltas`] | ids of every table, rows of every table, then dense f32 LE values if announced ([`crate::wire::sync`]) |
+//! | [`Request::PublishDense`] | f32 LE values | [`Response::Published`] | none |
 //!
 //! Any request may be answered by [`Response::Error`].
 
@@ -116,6 +118,31 @@ pub enum Request {
         /// Who, which step, how many values.
         header: crate::wire::reduce::ReduceHeader,
     },
+    /// The current values of the rows changed after `cursor` (or a full scan), for serving
+    /// ([`crate::wire::sync`]); waits up to `wait_ms` for the next delta when there is none.
+    SyncDeltas {
+        /// What the subscriber holds: the cursor of its last answer, or [`crate::wire::sync::SyncCursor::START`].
+        cursor: crate::wire::sync::SyncCursor,
+        /// Encoding of the rows in the answer: f32, f16 or bf16.
+        encoding: Encoding,
+        /// Most rows in one answer, `1..=`[`crate::wire::sync::MAX_ROWS`].
+        max_rows: u32,
+        /// Milliseconds to wait for a delta when the subscriber is up to date (cut to
+        /// [`crate::wire::sync::MAX_WAIT_MS`]; 0 answers at once).
+        wait_ms: u32,
+        /// The dense version the subscriber holds: a newer one held by the server is appended (0: none held).
+        dense_version: u64,
+    },
+    /// Keep these dense parameters (payload: `len` f32 LE) for sync subscribers; a server keeps the newest
+    /// version it was given.
+    PublishDense {
+        /// The publisher's version, > 0 (newer is larger).
+        version: u64,
+        /// The training step of the values.
+        step: u64,
+        /// Values in the payload, `<=` [`crate::wire::sync::MAX_DENSE_VALUES`].
+        len: u32,
+    },
 }
 
 /// A response header.
@@ -192,6 +219,16 @@ pub enum Response {
         /// Samples, contributors and missing ranks of the sum.
         header: crate::wire::reduce::ReducedHeader,
     },
+    /// Answer to [`Request::SyncDeltas`]: ids, rows and dense values follow in the payload.
+    Deltas {
+        /// Cursor, completeness, tables, times, dense version.
+        header: crate::wire::sync::DeltasHeader,
+    },
+    /// Answer to [`Request::PublishDense`].
+    Published {
+        /// The newest version the server holds (the one published, or a newer one published before).
+        version: u64,
+    },
 }
 
 impl Response {
@@ -208,6 +245,8 @@ impl Response {
             Response::PulledWithState { .. } => "PulledWithState",
             Response::Prefetched { .. } => "Prefetched",
             Response::Reduced { .. } => "Reduced",
+            Response::Deltas { .. } => "Deltas",
+            Response::Published { .. } => "Published",
         }
     }
 }

@@ -12,6 +12,8 @@
 //! - [`reduce`]: `Reduce`, a vector summed over the trainers of a job, step by step (hybrid dense mode).
 //! - [`dense`]: the dense table: a model's dense parameters as rows of one reserved table, pulled and pushed
 //!   with `Pull` and `Push`.
+//! - [`sync`]: `SyncDeltas` and `PublishDense`, the delta sync from training servers to serving, and the
+//!   snapshot's `sync.json` ([`sync::SyncPoint`]).
 
 pub mod dense;
 pub mod frame;
@@ -22,3 +24,4 @@ pub mod pull;
 pub mod pull_with_state;
 pub mod push;
 pub mod reduce;
+pub mod sync;

@@ -77,6 +77,12 @@ pub struct FileConfig {
     /// Seconds a prefetch's pins last at most when no later prefetch of its trainer releases them, >= 1.
     /// Default 60.
     pub prefetch_pin_secs: Option<u64>,
+    /// Seconds between cuts of the delta sync to serving (`crate::sync`): the changed rows are tracked and
+    /// a delta is cut this often. Default 2; 0 turns tracking off (sync requests are refused).
+    pub sync_interval_secs: Option<f64>,
+    /// Ids the retained deltas of the delta sync hold at most (oldest dropped first; a subscriber further
+    /// behind gets a full scan), >= 1. Default 16777216 (16 Mi ids, 128 MiB).
+    pub sync_retain_rows: Option<u64>,
 }
 
 /// Which transports a server listens on; both use the `listen` address (UDP and TCP port of the same number).
@@ -165,7 +171,9 @@ impl FileConfig {
             connection_window_bytes,
             block_cache_mib,
             rocksdb_tuning,
-            prefetch_pin_secs
+            prefetch_pin_secs,
+            sync_interval_secs,
+            sync_retain_rows
         );
         self
     }
@@ -196,8 +204,17 @@ impl FileConfig {
         }
         let limits = self.load_limits()?;
         let tier = self.tier()?;
+        let sync_interval = secs("sync-interval-secs", self.sync_interval_secs, 2.0)?;
+        let sync_retain_rows = at_least(
+            "sync-retain-rows",
+            self.sync_retain_rows,
+            crate::sync::DEFAULT_RETAIN_ROWS as u64,
+            1,
+        )? as usize;
         Ok(ServerConfig {
             tier,
+            sync_interval,
+            sync_retain_rows,
             max_inflight_bytes: limits.max_inflight_bytes,
             max_connections: limits.max_connections,
             max_streams_per_connection: limits.max_streams_per_connection,
@@ -432,6 +449,10 @@ pub struct ServerConfig {
     pub max_streams_per_connection: u32,
     /// QUIC flow-control window per connection, bytes.
     pub connection_window_bytes: u64,
+    /// Period of the delta sync's cuts; zero turns change tracking off.
+    pub sync_interval: Duration,
+    /// Ids the retained deltas hold at most.
+    pub sync_retain_rows: usize,
 }
 
 /// A config that cannot be used.

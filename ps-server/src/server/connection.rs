@@ -103,6 +103,8 @@ fn kind(req: &Request) -> &'static str {
         Request::Checkpoint { .. } => "checkpoint",
         Request::Prefetch { .. } => "prefetch",
         Request::Reduce { .. } => "reduce",
+        Request::SyncDeltas { .. } => "sync",
+        Request::PublishDense { .. } => "publish_dense",
     }
 }
 
@@ -248,8 +250,24 @@ async fn answer(
     metrics::counter!(m::BYTES_RECEIVED_TOTAL)
         .increment((protocol::wire::frame::PREFIX_LEN + payload.len()) as u64);
     // The handler reads no clock (STYLE.md, "Sans-IO cores"): the time of this request, read once.
-    let now = super::unix_secs();
+    let now = super::unix_us();
     let reply = match req {
+        // A sync long-poll waits for the next cut, asynchronously.
+        Request::SyncDeltas {
+            cursor,
+            encoding,
+            max_rows,
+            wait_ms,
+            dense_version,
+        } => {
+            let ask = crate::handler::SyncAsk {
+                cursor,
+                encoding,
+                max_rows,
+                dense_version,
+            };
+            super::sync::answer(shard, ask, wait_ms).await
+        }
         // A reduce waits for the other trainers of its step, asynchronously.
         Request::Reduce { header } => {
             let (header, payload) = super::reduce::answer(shard, header, &payload).await;
@@ -260,26 +278,26 @@ async fn answer(
             });
         }
         // Flushes touch the disk: keep them off the async workers.
-        Request::Flush => tokio::task::block_in_place(|| shard.handle(Request::Flush, &[], now)),
+        Request::Flush => tokio::task::block_in_place(|| shard.handle_us(Request::Flush, &[], now)),
         // A checkpoint writes back, flushes memtables and fsyncs: off the async workers too.
         req @ Request::Checkpoint { .. } => {
-            tokio::task::block_in_place(|| shard.handle(req, &[], now))
+            tokio::task::block_in_place(|| shard.handle_us(req, &[], now))
         }
         // With durability `sync`, a push waits for an fsync.
         req @ Request::Push { .. } if shard.durability == Durability::Sync => {
-            tokio::task::block_in_place(|| shard.handle(req, &payload, now))
+            tokio::task::block_in_place(|| shard.handle_us(req, &payload, now))
         }
         // A prefetch reads RocksDB; so may pulls and pushes once a table has evicted rows (its read-backs, or
         // waits for a prefetch's): off the async workers (DESIGN.md, "Tier with lookahead prefetch").
         req @ Request::Prefetch { .. } => {
-            tokio::task::block_in_place(|| shard.handle(req, &payload, now))
+            tokio::task::block_in_place(|| shard.handle_us(req, &payload, now))
         }
         req @ (Request::Pull { .. } | Request::PullWithState { .. } | Request::Push { .. })
             if shard.engine.spilled() =>
         {
-            tokio::task::block_in_place(|| shard.handle(req, &payload, now))
+            tokio::task::block_in_place(|| shard.handle_us(req, &payload, now))
         }
-        req => shard.handle(req, &payload, now),
+        req => shard.handle_us(req, &payload, now),
     };
     Ok(Answer {
         header: reply.header,

@@ -12,6 +12,7 @@
 mod connection;
 mod listen;
 mod reduce;
+mod sync;
 mod tasks;
 
 use std::future::Future;
@@ -43,6 +44,14 @@ pub struct Bound {
     pub tcp: Option<SocketAddr>,
     /// HTTP address.
     pub metrics: SocketAddr,
+}
+
+/// Microseconds since the Unix epoch, from the same clock as [`unix_secs`]: the time of a request for the
+/// delta sync's change times.
+pub fn unix_us() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
 }
 
 /// Seconds since the Unix epoch: the server's one wall clock. The connection loop reads it once per request
@@ -137,6 +146,11 @@ async fn open_shard(cfg: &ServerConfig) -> anyhow::Result<Arc<Shard>> {
         writes: Default::default(),
         pin_secs: cfg.tier.pin_secs,
         reducer: Default::default(),
+        sync: crate::sync::SyncState::new(
+            !cfg.sync_interval.is_zero(),
+            cfg.sync_retain_rows,
+            crate::sync::draw_incarnation(),
+        ),
     }))
 }
 
@@ -223,6 +237,8 @@ async fn shut_down(
     health.set_ready(false);
     endpoints.stop_accepting();
     in_flight.draining.cancel();
+    // Sync long-polls answer now instead of at the end of their wait.
+    shard.sync.close();
     in_flight.requests.close();
     if tokio::time::timeout(cfg.drain_timeout, in_flight.requests.wait())
         .await

@@ -1,6 +1,6 @@
 //! The server's background tasks besides serving requests: the write-back timer (which probes storage while
-//! writes fail, [`crate::write_health`]), the expiry of rows past their TTL, and eviction under a memory
-//! budget. Each runs the shard's blocking storage operations on a blocking thread, with the time read here and
+//! writes fail, [`crate::write_health`]), the expiry of rows past their TTL, eviction under a memory
+//! budget, and the delta sync's cuts ([`crate::sync`]). Each runs the shard's blocking storage operations on a blocking thread, with the time read here and
 //! passed in, until [`Background::stop`].
 
 use std::future::Future;
@@ -71,6 +71,11 @@ pub(super) fn spawn_timers(cfg: &ServerConfig, shard: &Arc<Shard>, background: &
         let interval = cfg.expire_interval;
         background.spawn(|stop| run_expiry_timer(shard.clone(), interval, stop));
     }
+    if !cfg.sync_interval.is_zero() {
+        tracing::info!(interval = ?cfg.sync_interval, retain_rows = cfg.sync_retain_rows, incarnation = shard.sync.incarnation, "delta sync");
+        let interval = cfg.sync_interval;
+        background.spawn(|stop| run_sync_timer(shard.clone(), interval, stop));
+    }
     if let Some(rows) = cfg.memory_budget_rows {
         tracing::info!(rows, "memory budget per table");
         background.spawn(|stop| run_budget_timer(shard.clone(), stop));
@@ -92,6 +97,22 @@ async fn run_expiry_timer(shard: Arc<Shard>, interval: Duration, stop: Cancellat
             writeback::expire(&shard.engine, super::unix_secs())
         })
         .await;
+    }
+}
+
+/// Cuts a delta of the rows changed since the last cut ([`crate::sync::SyncState::cut`]) every `interval`
+/// until `stop` is cancelled; the sort runs on a blocking thread.
+async fn run_sync_timer(shard: Arc<Shard>, interval: Duration, stop: CancellationToken) {
+    let mut tick = tokio::time::interval(interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.tick().await;
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let shard = shard.clone();
+        let _ = tokio::task::spawn_blocking(move || shard.sync.cut(super::unix_us())).await;
     }
 }
 

@@ -1,0 +1,224 @@
+//! Answering `SyncDeltas` and `PublishDense` ([`crate::sync`], `protocol::wire::sync`): the change log says
+//! which ids, the engine gives their current values, as a pull would.
+
+use embedding::TableConfig;
+use protocol::compression::codec;
+use protocol::wire::dense::DENSE_TABLE;
+use protocol::wire::sync::{self, DeltasHeader, DenseInfo, SyncCursor, SyncResume};
+use protocol::{Encoding, ErrorCode, Response, TableCount};
+
+use super::{refuse, Refusal, Reply};
+use crate::metrics as m;
+use crate::shard::Shard;
+use crate::sync::{DenseVersion, Plan, MAX_PAGE_BYTES};
+
+/// What a sync request gets.
+#[derive(Debug)]
+pub enum SyncOutcome {
+    /// The answer.
+    Reply(Reply),
+    /// The subscriber is up to date and the caller allowed waiting: wait for the next cut, then ask again.
+    UpToDate,
+}
+
+/// The fields of a [`protocol::Request::SyncDeltas`].
+#[derive(Debug, Clone, Copy)]
+pub struct SyncAsk {
+    /// The subscriber's cursor.
+    pub cursor: SyncCursor,
+    /// Encoding of the rows.
+    pub encoding: Encoding,
+    /// Most rows in the answer.
+    pub max_rows: u32,
+    /// The dense version the subscriber holds.
+    pub dense_version: u64,
+}
+
+/// Rows of one table in an answer.
+type Part = (TableConfig, Vec<u64>);
+
+impl Shard {
+    /// Answers a sync request, or with `may_wait` says [`SyncOutcome::UpToDate`] when there is nothing to
+    /// send (no delta after the cursor, no newer dense version).
+    pub fn sync_deltas(&self, ask: SyncAsk, may_wait: bool) -> Result<SyncOutcome, Refusal> {
+        let Some(log) = self.sync.log() else {
+            return Err(refuse(
+                ErrorCode::BadRequest,
+                "delta sync is off on this server (--sync-interval 0)",
+            ));
+        };
+        sync::validate_request(ask.encoding, ask.max_rows)?;
+        let incarnation = self.sync.incarnation;
+        let dense = self.sync.dense_newer_than(ask.dense_version);
+        let row_bytes = |t: u32| {
+            self.engine
+                .table(t)
+                .map_or(0, |t| ask.encoding.row_bytes(t.dim()))
+        };
+        let plan = log.plan(
+            incarnation,
+            &ask.cursor,
+            ask.max_rows as usize,
+            MAX_PAGE_BYTES,
+            &row_bytes,
+        );
+        let mut header = DeltasHeader {
+            incarnation,
+            cursor: SyncCursor {
+                incarnation,
+                seq: ask.cursor.seq,
+                resume: None,
+            },
+            complete: true,
+            scan: false,
+            encoding: ask.encoding,
+            tables: Vec::new(),
+            oldest_change_unix_us: 0,
+            cut_unix_us: 0,
+            dense: None,
+        };
+        let (parts, kind) = match plan {
+            Plan::UpToDate if dense.is_none() && may_wait => return Ok(SyncOutcome::UpToDate),
+            Plan::UpToDate => (Vec::new(), "empty"),
+            Plan::Deltas(page) => {
+                let last = page
+                    .tables
+                    .last()
+                    .and_then(|(t, ids)| Some((*t, *ids.last()?)));
+                header.complete = page.complete;
+                header.cursor.seq = if page.complete { page.upto } else { page.from };
+                if let (false, Some((table, after))) = (page.complete, last) {
+                    header.cursor.resume = Some(SyncResume::Deltas {
+                        upto: page.upto,
+                        table,
+                        after,
+                    });
+                }
+                header.oldest_change_unix_us = page.oldest_us;
+                header.cut_unix_us = page.cut_us;
+                let parts = page
+                    .tables
+                    .into_iter()
+                    .map(|(t, ids)| Ok((self.engine.table(t)?.config().clone(), ids)))
+                    .collect::<Result<Vec<Part>, embedding::EmbeddingError>>()?;
+                (parts, "deltas")
+            }
+            Plan::Scan { base, resume } => {
+                if resume.is_none() {
+                    metrics::counter!(m::SYNC_SCANS_TOTAL).increment(1);
+                }
+                let (parts, next) = self.scan_page(resume, ask.encoding, ask.max_rows as usize)?;
+                header.scan = true;
+                header.cursor.seq = base;
+                header.complete = next.is_none();
+                header.cursor.resume = next.map(|(table, after)| SyncResume::Scan { table, after });
+                (parts, "scan")
+            }
+        };
+        let mut payload = Vec::new();
+        for (cfg, ids) in &parts {
+            header.tables.push(TableCount {
+                table: cfg.id,
+                count: ids.len() as u32,
+                dim: cfg.dim as u32,
+            });
+            sync::put_ids(ids, &mut payload);
+        }
+        let mut rows = Vec::new();
+        let mut sent = 0u64;
+        for (cfg, ids) in &parts {
+            rows.clear();
+            rows.resize(ids.len() * cfg.dim, 0.0);
+            self.engine.gather(cfg.id, ids, &mut rows)?;
+            codec::encode_rows(&rows, cfg.dim, ask.encoding, &mut payload);
+            sent += ids.len() as u64;
+        }
+        if let Some(d) = dense {
+            header.dense = Some(DenseInfo {
+                version: d.version,
+                step: d.step,
+                published_unix_us: d.published_us,
+                len: d.values.len() as u32,
+            });
+            sync::put_dense(&d.values, &mut payload);
+        }
+        metrics::counter!(m::SYNC_REQUESTS_TOTAL, "answer" => kind).increment(1);
+        metrics::counter!(m::SYNC_ROWS_SENT_TOTAL).increment(sent);
+        Ok(SyncOutcome::Reply(Reply {
+            header: Response::Deltas { header },
+            payload,
+        }))
+    }
+
+    /// A page of a full scan from `resume` ((table, last id sent), `None`: the start), tables in id order
+    /// then ids ascending, the dense table left out; returns the rows' (table, ids) and where the next page
+    /// starts (`None`: the scan is complete).
+    #[allow(clippy::type_complexity)]
+    fn scan_page(
+        &self,
+        resume: Option<(u32, Option<u64>)>,
+        encoding: Encoding,
+        max_rows: usize,
+    ) -> Result<(Vec<Part>, Option<(u32, Option<u64>)>), Refusal> {
+        let (start, start_after) = resume.unwrap_or((0, None));
+        let (mut rows, mut bytes) = (0usize, 0usize);
+        let mut parts = Vec::new();
+        for cfg in self.engine.tables() {
+            if cfg.id < start || cfg.id == DENSE_TABLE {
+                continue;
+            }
+            let after = if cfg.id == start { start_after } else { None };
+            let cost = encoding.row_bytes(cfg.dim).max(1);
+            let by_bytes = if rows == 0 {
+                usize::MAX
+            } else {
+                (MAX_PAGE_BYTES - bytes) / cost
+            };
+            let limit = (max_rows - rows).min(by_bytes);
+            if limit == 0 {
+                return Ok((parts, Some((cfg.id, after))));
+            }
+            let ids = self.engine.scan_ids(cfg.id, after, limit)?;
+            rows += ids.len();
+            bytes += ids.len() * cost;
+            let full = ids.len() == limit;
+            let last = ids.last().copied();
+            if !ids.is_empty() {
+                parts.push((cfg.clone(), ids));
+            }
+            if full {
+                return Ok((parts, Some((cfg.id, last))));
+            }
+        }
+        Ok((parts, None))
+    }
+
+    /// Keeps published dense parameters (the newest version wins), received at `now_us`.
+    pub(super) fn publish_dense(
+        &self,
+        version: u64,
+        step: u64,
+        len: u32,
+        payload: &[u8],
+        now_us: u64,
+    ) -> Result<Reply, Refusal> {
+        if version == 0 {
+            return Err(refuse(
+                ErrorCode::BadRequest,
+                "publish dense: version 0, expected > 0",
+            ));
+        }
+        let values = sync::decode_dense(len, payload)?;
+        let held = self.sync.publish(DenseVersion {
+            version,
+            step,
+            published_us: now_us,
+            values,
+        });
+        metrics::counter!(m::SYNC_DENSE_PUBLISHED_TOTAL).increment(1);
+        Ok(Reply {
+            header: Response::Published { version: held },
+            payload: Vec::new(),
+        })
+    }
+}

@@ -1,0 +1,341 @@
+//! Tests of the delta sync through [`super::Shard::handle`]: pushes recorded, deltas answered with current
+//! values, paging, scans, retention, dense publication, checkpoints and refusals. Cuts are called directly
+//! (no timer), so nothing depends on time or machine speed.
+
+use super::*;
+use crate::sync::SyncState;
+use embedding::{Engine, MemStore};
+use protocol::wire::dense::{self, DENSE_TABLE};
+use protocol::wire::message::put_ids;
+use protocol::wire::sync::{self, DeltaBatch, SyncCursor, SyncPoint, SYNC_FILE};
+use protocol::ShardMap;
+use std::sync::Arc;
+
+const NOW: u64 = 1_000_000;
+const INC: u64 = 0xabc;
+
+fn shard_with(retain_rows: usize) -> Shard {
+    let s = Shard {
+        engine: Engine::open(Arc::new(MemStore::new())).unwrap(),
+        shard_map: ShardMap::new(1),
+        shard_index: 0,
+        durability: Durability::Periodic,
+        writes: Default::default(),
+        pin_secs: crate::config::DEFAULT_PIN_SECS,
+        reducer: Default::default(),
+        sync: SyncState::new(true, retain_rows, INC),
+    };
+    let r = s.handle(
+        Request::RegisterTables {
+            tables: vec![
+                TableSpec::counter(1, 2),
+                TableSpec::counter(2, 1),
+                dense::table_spec(),
+            ],
+        },
+        &[],
+        NOW,
+    );
+    assert!(matches!(r.header, Response::Registered { .. }), "{r:?}");
+    s
+}
+
+fn shard() -> Shard {
+    shard_with(1 << 20)
+}
+
+/// Pushes `grad` to every id of `ids` in `table` of dim `dim`.
+fn push(s: &Shard, table: u32, dim: u32, ids: &[u64], grad: f32) {
+    let mut payload = Vec::new();
+    put_ids(ids, &mut payload);
+    codec::encode(
+        &vec![grad; ids.len() * dim as usize],
+        Encoding::F32,
+        &mut payload,
+    );
+    let r = s.handle(
+        Request::Push {
+            epoch: 1,
+            encoding: Encoding::F32,
+            grad_scale: 1.0,
+            tables: vec![TableCount {
+                table,
+                count: ids.len() as u32,
+                dim,
+            }],
+        },
+        &payload,
+        NOW,
+    );
+    assert!(matches!(r.header, Response::Pushed { .. }), "{r:?}");
+}
+
+fn ask(s: &Shard, cursor: SyncCursor, max_rows: u32, dense_version: u64) -> DeltaBatch {
+    ask_in(s, cursor, Encoding::F32, max_rows, dense_version)
+}
+
+fn ask_in(
+    s: &Shard,
+    cursor: SyncCursor,
+    encoding: Encoding,
+    max_rows: u32,
+    dense_version: u64,
+) -> DeltaBatch {
+    let r = s.handle(
+        sync::request(cursor, encoding, max_rows, 0, dense_version),
+        &[],
+        NOW,
+    );
+    match r.header {
+        Response::Deltas { header } => sync::decode(header, &r.payload).unwrap(),
+        other => panic!("expected deltas, got {other:?}"),
+    }
+}
+
+/// Every (table, id, row) of answers from `cursor` until one is complete; returns them and the last cursor.
+fn drain(
+    s: &Shard,
+    mut cursor: SyncCursor,
+    max_rows: u32,
+) -> (Vec<(u32, u64, Vec<f32>)>, SyncCursor, bool) {
+    let mut rows = Vec::new();
+    let mut scan = false;
+    loop {
+        let b = ask(s, cursor, max_rows, u64::MAX);
+        scan |= b.header.scan;
+        assert!(b.rows() <= max_rows as usize);
+        for t in &b.tables {
+            for (i, &id) in t.ids.iter().enumerate() {
+                let d = t.dim as usize;
+                rows.push((t.table, id, t.rows[i * d..(i + 1) * d].to_vec()));
+            }
+        }
+        cursor = b.header.cursor;
+        if b.header.complete {
+            return (rows, cursor, scan);
+        }
+    }
+}
+
+fn error_of(r: Reply) -> (ErrorCode, String) {
+    match r.header {
+        Response::Error { code, message } => (code, message),
+        other => panic!("expected an error, got {other:?}"),
+    }
+}
+
+#[test]
+fn the_next_delta_holds_exactly_the_pushed_ids_with_current_values() {
+    let s = shard();
+    // A subscriber starting from nothing scans: nothing yet.
+    let (rows, cursor, scan) = drain(&s, SyncCursor::START, 100);
+    assert!(rows.is_empty() && scan);
+    assert_eq!((cursor.incarnation, cursor.seq), (INC, 0));
+    push(&s, 1, 2, &[5, 9], 1.0);
+    push(&s, 2, 1, &[7], 2.0);
+    push(&s, 1, 2, &[9], 1.0);
+    push(&s, DENSE_TABLE, 64, &[0], 1.0);
+    assert_eq!(s.sync.cut(NOW * 1_000_000 + 5), 1);
+    let b = ask(&s, cursor, 100, 0);
+    assert!(b.header.complete && !b.header.scan);
+    assert_eq!(b.header.cursor.seq, 1);
+    assert_eq!(b.header.cut_unix_us, NOW * 1_000_000 + 5);
+    assert_eq!(b.header.oldest_change_unix_us, NOW * 1_000_000);
+    assert_eq!(b.tables.len(), 2, "the dense table is not synced");
+    assert_eq!((b.tables[0].table, &b.tables[0].ids), (1, &vec![5, 9]));
+    // Counter tables are SGD with lr 1: the row is minus the summed gradients.
+    assert_eq!(b.tables[0].rows, [-1.0, -1.0, -2.0, -2.0]);
+    assert_eq!(
+        (b.tables[1].table, &b.tables[1].ids, &b.tables[1].rows),
+        (2, &vec![7], &vec![-2.0])
+    );
+    // Up to date: an empty, complete answer (no wait through `handle`).
+    let b = ask(&s, b.header.cursor, 100, 0);
+    assert!(b.tables.is_empty() && b.header.complete);
+    assert_eq!(b.header.cursor.seq, 1);
+    // F16 answers carry the same ids.
+    push(&s, 1, 2, &[3], 0.5);
+    s.sync.cut(NOW * 1_000_000 + 9);
+    let b = ask_in(&s, b.header.cursor, Encoding::F16, 10, 0);
+    assert_eq!(
+        (b.tables[0].ids.as_slice(), b.tables[0].rows.as_slice()),
+        (&[3u64][..], &[-0.5f32, -0.5][..])
+    );
+}
+
+#[test]
+fn pages_deliver_the_union_once_with_later_values() {
+    let s = shard();
+    let (_, start, _) = drain(&s, SyncCursor::START, 10);
+    let ids: Vec<u64> = (0..25).collect();
+    push(&s, 1, 2, &ids, 1.0);
+    s.sync.cut(1);
+    push(&s, 2, 1, &[100, 200], 1.0);
+    push(&s, 1, 2, &[3], 1.0);
+    s.sync.cut(2);
+    let (rows, cursor, scan) = drain(&s, start, 4);
+    assert!(!scan);
+    assert_eq!(cursor.seq, 2);
+    let got: Vec<(u32, u64)> = rows.iter().map(|(t, id, _)| (*t, *id)).collect();
+    let mut want: Vec<(u32, u64)> = ids.iter().map(|&i| (1, i)).collect();
+    want.extend([(2, 100), (2, 200)]);
+    assert_eq!(got, want);
+    // Id 3 was pushed twice: its current value.
+    assert_eq!(rows[3].2, [-2.0, -2.0]);
+}
+
+#[test]
+fn another_incarnation_gets_a_full_scan_then_the_deltas_after_it() {
+    let s = shard();
+    push(&s, 1, 2, &[1, 2, 3], 1.0);
+    push(&s, 2, 1, &[4], 1.0);
+    push(&s, DENSE_TABLE, 64, &[0], 1.0);
+    s.sync.cut(1);
+    let stale = SyncCursor {
+        incarnation: INC + 1,
+        seq: 7,
+        resume: None,
+    };
+    let (rows, cursor, scan) = drain(&s, stale, 2);
+    assert!(scan);
+    let got: Vec<(u32, u64)> = rows.iter().map(|(t, id, _)| (*t, *id)).collect();
+    assert_eq!(got, [(1, 1), (1, 2), (1, 3), (2, 4)]);
+    assert_eq!((cursor.incarnation, cursor.seq), (INC, 1));
+    // A change during or after the scan arrives as a delta.
+    push(&s, 2, 1, &[4], 1.0);
+    s.sync.cut(2);
+    let (rows, _, scan) = drain(&s, cursor, 2);
+    assert!(!scan);
+    assert_eq!(rows, [(2, 4, vec![-2.0])]);
+}
+
+#[test]
+fn dropped_deltas_fall_back_to_a_scan() {
+    let s = shard_with(2);
+    let (_, start, _) = drain(&s, SyncCursor::START, 10);
+    push(&s, 1, 2, &[1, 2], 1.0);
+    s.sync.cut(1);
+    push(&s, 1, 2, &[3, 4], 1.0);
+    s.sync.cut(2);
+    // Delta 1 was dropped: a subscriber at seq 0 scans every row.
+    let (rows, cursor, scan) = drain(&s, start, 10);
+    assert!(scan);
+    assert_eq!(rows.len(), 4);
+    assert_eq!(cursor.seq, 2);
+    // One at seq 1 still gets delta 2.
+    let (rows, _, scan) = drain(&s, SyncCursor { seq: 1, ..cursor }, 10);
+    assert!(!scan);
+    assert_eq!(rows.iter().map(|r| r.1).collect::<Vec<_>>(), [3, 4]);
+}
+
+#[test]
+fn the_newest_dense_version_is_appended_for_older_subscribers() {
+    let s = shard();
+    let publish = |version: u64, values: &[f32]| {
+        let mut p = Vec::new();
+        sync::put_dense(values, &mut p);
+        s.handle(
+            sync::publish_request(version, version * 10, values.len() as u32),
+            &p,
+            NOW,
+        )
+    };
+    assert!(matches!(
+        publish(2, &[1.0, 2.0]).header,
+        Response::Published { version: 2 }
+    ));
+    // An older version is not kept: the answer names the newer one held.
+    assert!(matches!(
+        publish(1, &[9.0]).header,
+        Response::Published { version: 2 }
+    ));
+    let (_, cursor, _) = drain(&s, SyncCursor::START, 10);
+    let b = ask(&s, cursor, 10, 0);
+    let d = b.header.dense.unwrap();
+    assert_eq!(
+        (d.version, d.step, d.published_unix_us, d.len),
+        (2, 20, NOW * 1_000_000, 2)
+    );
+    assert_eq!(b.dense.unwrap(), [1.0, 2.0]);
+    assert!(ask(&s, cursor, 10, 2).dense.is_none());
+    let (code, msg) = error_of(publish(0, &[1.0]));
+    assert_eq!(code, ErrorCode::BadRequest);
+    assert!(msg.contains("version 0"), "{msg}");
+    let r = s.handle(sync::publish_request(3, 1, 4), &[0; 8], NOW);
+    let (code, msg) = error_of(r);
+    assert_eq!(code, ErrorCode::BadRequest);
+    assert!(msg.contains("8 bytes, expected 16"), "{msg}");
+}
+
+#[test]
+fn bad_sync_requests_get_typed_errors() {
+    let s = shard();
+    for (req, needle) in [
+        (
+            sync::request(SyncCursor::START, Encoding::Int8, 10, 0, 0),
+            "encoding int8",
+        ),
+        (
+            sync::request(SyncCursor::START, Encoding::F32, 0, 0, 0),
+            "max_rows 0",
+        ),
+    ] {
+        let (code, msg) = error_of(s.handle(req, &[], NOW));
+        assert_eq!(code, ErrorCode::BadRequest);
+        assert!(msg.contains(needle), "{msg} lacks {needle}");
+    }
+    let off = Shard {
+        sync: SyncState::new(false, 10, INC),
+        ..shard()
+    };
+    push(&off, 1, 2, &[1], 1.0);
+    assert_eq!(off.sync.cut(1), 0);
+    let (code, msg) = error_of(off.handle(
+        sync::request(SyncCursor::START, Encoding::F32, 10, 0, 0),
+        &[],
+        NOW,
+    ));
+    assert_eq!(code, ErrorCode::BadRequest);
+    assert!(msg.contains("sync-interval"), "{msg}");
+}
+
+#[test]
+fn a_checkpoint_records_the_seq_its_snapshot_holds() {
+    let s = shard();
+    let dir = tempfile::tempdir().unwrap();
+    push(&s, 1, 2, &[1], 1.0);
+    s.sync.cut(1);
+    push(&s, 1, 2, &[2], 1.0);
+    let r = s.handle(
+        Request::Checkpoint {
+            dir: dir.path().join("snap").display().to_string(),
+            step: 5,
+        },
+        &[],
+        NOW,
+    );
+    let Response::Checkpointed {
+        rows,
+        dir: shard_dir,
+    } = r.header
+    else {
+        panic!("{r:?}")
+    };
+    assert_eq!(rows, 2, "both pushes are in the snapshot");
+    let point = SyncPoint::read(std::path::Path::new(&shard_dir)).unwrap();
+    assert_eq!(
+        point,
+        SyncPoint {
+            incarnation: INC,
+            seq: 2
+        },
+        "the checkpoint cut the pending push"
+    );
+    assert!(std::path::Path::new(&shard_dir).join(SYNC_FILE).exists());
+    // A push after the checkpoint is in the next delta, and only it.
+    push(&s, 2, 1, &[8], 1.0);
+    s.sync.cut(3);
+    let (rows, _, scan) = drain(&s, SyncCursor::at(point), 10);
+    assert!(!scan);
+    assert_eq!(rows, [(2, 8, vec![-1.0])]);
+}

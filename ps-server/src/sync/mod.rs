@@ -1,0 +1,163 @@
+//! Delta sync, the server side (docs/serving.md, "Delta sync"; the wire side is `protocol::wire::sync`).
+//!
+//! [`SyncState`] holds this process's incarnation (a random `u64` drawn at start), the [`ChangeLog`] pushes
+//! record into and a timer cuts, the newest dense parameters published, and a generation counter that wakes
+//! waiting long-polls at every cut and publication. Answering a request (gathering the rows' current values)
+//! is the handler's (`Shard::sync_deltas`); waiting for the next cut is the server loop's.
+//!
+//! # What counts as a change
+//! - Every id of an accepted push (rows refused as non-finite or not admitted included: their current value
+//!   is sent, which is what a pull would answer).
+//! - Not the dense table ([`protocol::wire::dense::DENSE_TABLE`]); dense parameters travel by
+//!   `PublishDense`.
+//! - Not eviction to RocksDB (values do not change) nor recovery at start (a new incarnation: subscribers
+//!   scan).
+//! - Not TTL expiry: an expired row reads as its initializer on the training servers, but serving keeps the
+//!   last value it synced until a push changes the row again (the trained value predicts better than a
+//!   random one). A scan after a restart no longer lists expired rows.
+
+mod log;
+
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use tokio::sync::watch;
+
+pub use log::{ChangeLog, Delta, DeltaPage, Plan};
+
+/// Default `--sync-retain-rows`: ids kept in retained deltas (16 Mi ids, 128 MiB).
+pub const DEFAULT_RETAIN_ROWS: usize = 16 << 20;
+
+/// Bytes of rows one answer carries at most (beside `max_rows`), below the default frame cap of 64 MiB.
+pub const MAX_PAGE_BYTES: usize = 32 << 20;
+
+/// Dense parameters published by a trainer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DenseVersion {
+    /// The publisher's version.
+    pub version: u64,
+    /// Training step.
+    pub step: u64,
+    /// When this server received them, Unix microseconds.
+    pub published_us: u64,
+    /// The values.
+    pub values: Vec<f32>,
+}
+
+/// The sync state of one server (module docs).
+#[derive(Debug)]
+pub struct SyncState {
+    /// This process's incarnation, never 0.
+    pub incarnation: u64,
+    /// `None` when tracking is off (`--sync-interval 0`): pushes record nothing, sync requests are refused.
+    log: Option<ChangeLog>,
+    dense: Mutex<Option<Arc<DenseVersion>>>,
+    /// Bumped at every cut, publication and at shutdown; long-polls wait for it to change.
+    generation: watch::Sender<u64>,
+    closing: std::sync::atomic::AtomicBool,
+}
+
+impl Default for SyncState {
+    /// Tracking on, [`DEFAULT_RETAIN_ROWS`], a random incarnation.
+    fn default() -> SyncState {
+        SyncState::new(true, DEFAULT_RETAIN_ROWS, draw_incarnation())
+    }
+}
+
+/// A random, non-zero `u64`: std's per-process random hash keys, mixed with the time and process id.
+pub fn draw_incarnation() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    h.write_u32(std::process::id());
+    h.finish().max(1)
+}
+
+impl SyncState {
+    /// Sync state with tracking on or off, keeping `retain_rows` ids of deltas, as process `incarnation` (> 0).
+    pub fn new(tracking: bool, retain_rows: usize, incarnation: u64) -> SyncState {
+        SyncState {
+            incarnation: incarnation.max(1),
+            log: tracking.then(|| ChangeLog::new(retain_rows)),
+            dense: Mutex::new(None),
+            generation: watch::Sender::new(0),
+            closing: Default::default(),
+        }
+    }
+
+    /// The change log, if tracking is on.
+    pub fn log(&self) -> Option<&ChangeLog> {
+        self.log.as_ref()
+    }
+
+    /// Records a push's changed rows ([`ChangeLog::record`]); nothing when tracking is off.
+    #[inline]
+    pub fn record<'a>(&self, parts: impl IntoIterator<Item = (u32, &'a [u64])>, now_us: u64) {
+        if let Some(log) = &self.log {
+            log.record(parts, now_us);
+        }
+    }
+
+    /// Cuts a delta ([`ChangeLog::cut`]) and wakes waiting long-polls if one was cut; returns the newest seq
+    /// (0 with tracking off).
+    pub fn cut(&self, now_us: u64) -> u64 {
+        let Some(log) = &self.log else { return 0 };
+        if let Some(delta) = log.cut(now_us) {
+            metrics::counter!(crate::metrics::SYNC_DELTAS_CUT_TOTAL).increment(1);
+            metrics::histogram!(crate::metrics::SYNC_DELTA_ROWS).record(delta.ids() as f64);
+            metrics::gauge!(crate::metrics::SYNC_RETAINED_IDS).set(log.retained_ids() as f64);
+            self.wake();
+        }
+        log.newest()
+    }
+
+    /// Keeps `dense` if it is newer than the version held; returns the version held afterwards.
+    pub fn publish(&self, dense: DenseVersion) -> u64 {
+        let mut held = self.dense.lock();
+        match &*held {
+            Some(d) if d.version >= dense.version => d.version,
+            _ => {
+                let v = dense.version;
+                *held = Some(Arc::new(dense));
+                drop(held);
+                self.wake();
+                v
+            }
+        }
+    }
+
+    /// The dense parameters held, if newer than `version`.
+    pub fn dense_newer_than(&self, version: u64) -> Option<Arc<DenseVersion>> {
+        self.dense
+            .lock()
+            .as_ref()
+            .filter(|d| d.version > version)
+            .cloned()
+    }
+
+    /// A receiver that sees the next cut, publication or shutdown (subscribe before planning, so that a cut
+    /// between the plan and the wait is not missed).
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.generation.subscribe()
+    }
+
+    /// Whether the server is shutting down (long-polls answer at once).
+    pub fn closing(&self) -> bool {
+        self.closing.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Ends every wait: the server is shutting down.
+    pub fn close(&self) {
+        self.closing
+            .store(true, std::sync::atomic::Ordering::Release);
+        self.wake();
+    }
+
+    fn wake(&self) {
+        self.generation.send_modify(|g| *g += 1);
+    }
+}
