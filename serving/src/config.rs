@@ -217,7 +217,9 @@ impl ServeOptions {
                 }
                 let resolve = self.resolve_timeout_secs.unwrap_or(0.0);
                 if !(resolve.is_finite() && (0.0..=86_400.0).contains(&resolve)) {
-                    return bad(format!("--resolve-timeout-secs {resolve}, expected 0..=86400"));
+                    return bad(format!(
+                        "--resolve-timeout-secs {resolve}, expected 0..=86400"
+                    ));
                 }
                 Some(SyncConfig {
                     resolve_timeout: Duration::from_secs_f64(resolve),

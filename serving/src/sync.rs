@@ -152,7 +152,8 @@ impl Follower {
             let batch = match answer {
                 Ok(b) => b,
                 Err(e) => {
-                    metrics::counter!(m::SYNC_ERRORS_TOTAL, "server" => server.clone()).increment(1);
+                    metrics::counter!(m::SYNC_ERRORS_TOTAL, "server" => server.clone())
+                        .increment(1);
                     tracing::warn!(%server, error = %e, "delta sync failed; serving the last synced state");
                     tokio::time::sleep(backoff).await;
                     backoff = (backoff * 2).min(MAX_BACKOFF);
@@ -183,7 +184,9 @@ impl Follower {
                 .apply_rows(t.table, &t.ids, &t.rows)
                 .with_context(|| format!("apply {} rows of table {}", t.ids.len(), t.table))?;
         }
-        self.store.enforce_budget().context("enforce the memory budget")?;
+        self.store
+            .enforce_budget()
+            .context("enforce the memory budget")?;
         let rows = batch.rows() as u64;
         metrics::counter!(m::DELTA_ROWS_TOTAL).increment(rows);
         self.fresh.delta_rows.fetch_add(rows, Ordering::Relaxed);

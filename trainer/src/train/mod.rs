@@ -377,7 +377,9 @@ impl Trainer {
         self.client
             .publish_dense(self.step, self.step, &values)
             .await
-            .map_err(TrainError::servers("publish the dense parameters for serving"))?;
+            .map_err(TrainError::servers(
+                "publish the dense parameters for serving",
+            ))?;
         metrics::counter!(m::DENSE_PUBLISHED_TOTAL).increment(1);
         Ok(())
     }

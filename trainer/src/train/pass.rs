@@ -398,6 +398,11 @@ impl Trainer {
         if let (Some(dir), false) = (&opts.checkpoint_dir, just_written && t.batches > 0) {
             on_event(self.checkpoint(dir).await?);
         }
+        let published =
+            opts.publish_dense_every > 0 && self.step.is_multiple_of(opts.publish_dense_every);
+        if opts.publish_dense_every > 0 && self.rank == 0 && !(published && t.batches > 0) {
+            self.publish_for_serving().await?;
+        }
         if !(export_due(self.step, opts) && t.batches > 0) {
             if let Some(e) = self.export(opts).await? {
                 on_event(e);
