@@ -120,11 +120,14 @@ impl std::fmt::Debug for Predictor {
 
 impl Predictor {
     /// The predictor of `export`'s model.
-    pub fn new(export: &Export) -> Result<Predictor, trainer::model::ModelError> {
+    pub fn new(
+        export: &Export,
+        dense_version: u64,
+    ) -> Result<Predictor, trainer::model::ModelError> {
         let spec = &export.manifest.spec;
         let params: Vec<f32> = export.params.concat();
         Ok(Predictor {
-            dense: DenseTemplate::of(export).build(&params, export.manifest.version)?,
+            dense: DenseTemplate::of(export).build(&params, dense_version)?,
             layout: spec.sparse_layout(),
             pull: spec.tables.iter().map(|t| t.pull).collect(),
             map: ShardMap::new(1),

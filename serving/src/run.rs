@@ -197,16 +197,21 @@ fn load(
         &export.manifest.tables,
     )
     .with_context(|| format!("open the rows of export {}", export.dir.display()))?;
-    let predictor = Predictor::new(&export)?;
+    // Dense versions are Unix µs (a trainer's publications, docs/serving.md); the export's is its creation.
+    let dense_version = export.manifest.created_unix_ms.saturating_mul(1000);
+    let predictor = Predictor::new(&export, dense_version)?;
     let template = DenseTemplate::of(&export);
     let fresh = Arc::new(Freshness::default());
     fresh.saw(export.manifest.created_unix_ms.saturating_mul(1000));
-    fresh.dense_version.store(
+    fresh
+        .dense_version
+        .store(dense_version, std::sync::atomic::Ordering::Relaxed);
+    fresh.dense_step.store(
         export.manifest.version,
         std::sync::atomic::Ordering::Relaxed,
     );
     metrics::gauge!(crate::metrics::EXPORT_VERSION).set(export.manifest.version as f64);
-    metrics::gauge!(crate::metrics::DENSE_VERSION).set(export.manifest.version as f64);
+    metrics::gauge!(crate::metrics::DENSE_VERSION).set(dense_version as f64);
     metrics::gauge!(crate::metrics::ROWS_IN_MEMORY).set(store.rows_in_memory() as f64);
     Ok(Some((
         Loaded {

@@ -33,8 +33,10 @@ pub struct Freshness {
     pub deltas: AtomicU64,
     /// Rows applied from deltas.
     pub delta_rows: AtomicU64,
-    /// The dense version in use.
+    /// The dense version in use (Unix µs of its publication or of the export).
     pub dense_version: AtomicU64,
+    /// The training step of the dense parameters in use.
+    pub dense_step: AtomicU64,
 }
 
 impl Freshness {
@@ -65,6 +67,7 @@ impl Loaded {
             "export_version": self.export_version,
             "export_dir": self.export_dir.display().to_string(),
             "dense_version": f.dense_version.load(Ordering::Relaxed),
+            "dense_step": f.dense_step.load(Ordering::Relaxed),
             "newest_update_unix_us": f.newest_unix_us.load(Ordering::Relaxed),
             "age_seconds": f.age_seconds(now_unix_us()),
             "deltas_applied": f.deltas.load(Ordering::Relaxed),

@@ -203,6 +203,7 @@ impl Follower {
                 self.fresh
                     .dense_version
                     .store(info.version, Ordering::Relaxed);
+                self.fresh.dense_step.store(info.step, Ordering::Relaxed);
                 self.fresh.saw(info.published_unix_us);
             }
         }

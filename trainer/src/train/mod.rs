@@ -370,12 +370,15 @@ impl Trainer {
         Ok(loss)
     }
 
-    /// Sends the dense parameters to server 0 as version `step` (serving's delta sync picks them up).
+    /// Sends the dense parameters to server 0 (serving's delta sync picks them up), versioned by the time of
+    /// publication in Unix µs: newer is larger across jobs and restarts too (the servers keep the largest),
+    /// and an export's dense parameters are versioned by its creation time on the same scale.
     async fn publish_for_serving(&mut self) -> Result<()> {
         self.flush_dense().await?;
         let values: Vec<f32> = self.model.params().concat();
+        let version = crate::export::now_unix_ms().saturating_mul(1000).max(1);
         self.client
-            .publish_dense(self.step, self.step, &values)
+            .publish_dense(version, self.step, &values)
             .await
             .map_err(TrainError::servers(
                 "publish the dense parameters for serving",
