@@ -22,6 +22,7 @@
 
 pub mod audit;
 pub mod bins;
+pub mod freshness;
 pub mod gen;
 pub mod load;
 pub mod serve_load;

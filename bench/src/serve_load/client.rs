@@ -185,6 +185,21 @@ impl Connection {
             .header(CONTENT_TYPE, content_type)
             .body(Full::new(body))
             .expect("method, path and headers are valid");
+        self.send(req).await
+    }
+
+    /// Sends `GET {route}` (with its query) and returns the status and the whole answer body.
+    pub async fn get(&mut self, route: &str) -> Result<(u16, Bytes), ClientError> {
+        let req = Request::builder()
+            .method(Method::GET)
+            .uri(self.endpoint.path(route))
+            .header(HOST, &self.endpoint.authority)
+            .body(Full::new(Bytes::new()))
+            .expect("method, path and headers are valid");
+        self.send(req).await
+    }
+
+    async fn send(&mut self, req: Request<Full<Bytes>>) -> Result<(u16, Bytes), ClientError> {
         let url = &self.endpoint.url;
         let http = |source| ClientError::Http {
             url: url.clone(),
