@@ -72,10 +72,16 @@ async fn a_long_poll_returns_the_pushed_rows_after_the_next_cut() {
     let pulled = common::pull(&trainer, ids).await.unwrap();
     let mut want = vec![0.0f32; ids.len() * 8];
     protocol::compression::codec::decode(&pulled, Encoding::F32, &mut want).unwrap();
-    assert_eq!(b.tables[0].rows, want, "current values, as a pull reads them");
+    assert_eq!(
+        b.tables[0].rows, want,
+        "current values, as a pull reads them"
+    );
 
     // Dense parameters reach a subscriber holding an older version.
-    assert_eq!(trainer.publish_dense(3, 300, &[1.0, -2.0]).await.unwrap(), 3);
+    assert_eq!(
+        trainer.publish_dense(3, 300, &[1.0, -2.0]).await.unwrap(),
+        3
+    );
     let b = serving
         .sync_deltas(0, b.header.cursor, Encoding::F16, 10, 20_000, 2)
         .await
