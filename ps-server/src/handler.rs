@@ -415,40 +415,55 @@ impl Shard {
         let (mut applied, mut rejected, mut not_admitted) = (0u64, 0u64, 0u64);
         // One guard for all tables: a checkpoint holds all of this push or none of it.
         let guard = self.engine.begin_push();
+        let mut outcome = Ok(());
+        let mut tried = 0;
         for t in tables {
             let n = t.count as usize;
             let elements = n * t.dim as usize;
             let width = n * encoding.row_bytes(t.dim as usize);
             grads.clear();
             grads.resize(elements, 0.0);
-            codec::decode_rows(
+            if let Err(e) = codec::decode_rows(
                 &grad_bytes[grad_at..grad_at + width],
                 t.dim as usize,
                 encoding,
                 &mut grads,
-            )?;
+            ) {
+                outcome = Err(Refusal::from(e));
+                break;
+            }
             if grad_scale != 1.0 {
                 let inv = 1.0 / grad_scale;
                 grads.iter_mut().for_each(|g| *g *= inv);
             }
-            let stats = guard.apply_at(t.table, &all_ids[id_at..id_at + n], &grads, now)?;
-            applied += stats.applied as u64;
-            rejected += stats.rejected_nonfinite as u64;
-            not_admitted += stats.rejected_admission as u64;
+            tried += 1;
+            match guard.apply_at(t.table, &all_ids[id_at..id_at + n], &grads, now) {
+                Ok(stats) => {
+                    applied += stats.applied as u64;
+                    rejected += stats.rejected_nonfinite as u64;
+                    not_admitted += stats.rejected_admission as u64;
+                }
+                Err(e) => {
+                    outcome = Err(e.into());
+                    break;
+                }
+            }
             id_at += n;
             grad_at += width;
         }
-        // Recorded under the push gate: a checkpoint's cut sees every push its snapshot holds
-        // (`crate::checkpoint`). One lock for all tables of the push.
+        // Recorded after the applies (a cut between a record and its apply would send the old value) and
+        // under the push gate (a checkpoint's cut sees every push its snapshot holds, `crate::checkpoint`);
+        // the tables a failed push tried are recorded too, as they may have changed. One lock for the push.
         let mut at = 0;
         self.sync.record(
-            tables.iter().map(|t| {
+            tables[..tried].iter().map(|t| {
                 let ids = &all_ids[at..at + t.count as usize];
                 at += t.count as usize;
                 (t.table, ids)
             }),
             now_us,
         );
+        outcome?;
         drop(guard);
         metrics::counter!(m::ROWS_PUSHED_TOTAL).increment(applied);
         if rejected > 0 {

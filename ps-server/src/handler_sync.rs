@@ -37,6 +37,9 @@ pub struct SyncAsk {
 /// Rows of one table in an answer.
 type Part = (TableConfig, Vec<u64>);
 
+/// Where a scan page starts or the next one will: (table, last id sent of it); `None`: the start, or done.
+type ScanAt = Option<(u32, Option<u64>)>;
+
 impl Shard {
     /// Answers a sync request, or with `may_wait` says [`SyncOutcome::UpToDate`] when there is nothing to
     /// send (no delta after the cursor, no newer dense version).
@@ -153,13 +156,12 @@ impl Shard {
     /// A page of a full scan from `resume` ((table, last id sent), `None`: the start), tables in id order
     /// then ids ascending, the dense table left out; returns the rows' (table, ids) and where the next page
     /// starts (`None`: the scan is complete).
-    #[allow(clippy::type_complexity)]
     fn scan_page(
         &self,
-        resume: Option<(u32, Option<u64>)>,
+        resume: ScanAt,
         encoding: Encoding,
         max_rows: usize,
-    ) -> Result<(Vec<Part>, Option<(u32, Option<u64>)>), Refusal> {
+    ) -> Result<(Vec<Part>, ScanAt), Refusal> {
         let (start, start_after) = resume.unwrap_or((0, None));
         let (mut rows, mut bytes) = (0usize, 0usize);
         let mut parts = Vec::new();

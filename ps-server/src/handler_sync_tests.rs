@@ -92,12 +92,11 @@ fn ask_in(
     }
 }
 
+/// A (table, id, row) of an answer.
+type SyncedRow = (u32, u64, Vec<f32>);
+
 /// Every (table, id, row) of answers from `cursor` until one is complete; returns them and the last cursor.
-fn drain(
-    s: &Shard,
-    mut cursor: SyncCursor,
-    max_rows: u32,
-) -> (Vec<(u32, u64, Vec<f32>)>, SyncCursor, bool) {
+fn drain(s: &Shard, mut cursor: SyncCursor, max_rows: u32) -> (Vec<SyncedRow>, SyncCursor, bool) {
     let mut rows = Vec::new();
     let mut scan = false;
     loop {

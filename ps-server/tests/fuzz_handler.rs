@@ -325,7 +325,37 @@ fn input(r: &mut Rng, shard: &Shard) -> (Request, Vec<u8>) {
             },
             Vec::new(),
         ),
-        2 => (Request::Flush, Vec::new()),
+        2 if r.chance(2) => (Request::Flush, Vec::new()),
+        // Delta sync: a cursor of this or another incarnation, any encoding, row limit and dense version.
+        2 if r.chance(2) => {
+            // Pushes since the last sync request become a delta.
+            shard.sync.cut(r.below(1 << 40));
+            let cursor = protocol::wire::sync::SyncCursor {
+                incarnation: if r.chance(2) {
+                    shard.sync.incarnation
+                } else {
+                    r.next_u64()
+                },
+                seq: r.below(4),
+                resume: None,
+            };
+            let encoding =
+                [Encoding::F32, Encoding::F16, Encoding::Bf16, Encoding::Int8][r.below(4) as usize];
+            let max_rows = r.u32_or_edge(&U32_EDGES);
+            (
+                protocol::wire::sync::request(cursor, encoding, max_rows, 0, r.next_u64()),
+                Vec::new(),
+            )
+        }
+        2 => {
+            let len = r.below(4) as u32;
+            let mut payload = Vec::new();
+            protocol::wire::sync::put_dense(&vec![1.0; r.below(4) as usize], &mut payload);
+            (
+                protocol::wire::sync::publish_request(r.below(3), r.next_u64(), len),
+                payload,
+            )
+        }
         3 | 4 => {
             // Through the frame codec: a mutated frame that still decodes to some request.
             let (req, payload) = valid(r, shard);
@@ -387,9 +417,16 @@ fn check(shard: &Shard, req: &Request, payload: &[u8], reply: &Reply, before: Op
             | (Request::Push { .. }, Response::Pushed { .. })
             | (Request::Prefetch { .. }, Response::Prefetched { .. })
             | (Request::Flush, Response::Flushed { .. })
+            | (Request::SyncDeltas { .. }, Response::Deltas { .. })
+            | (Request::PublishDense { .. }, Response::Published { .. })
     );
     assert!(kind_ok, "reply {:?} to {req:?}", reply.header);
     match (&reply.header, req) {
+        // Every answer decodes, rows within the limit asked for.
+        (Response::Deltas { header }, Request::SyncDeltas { max_rows, .. }) => {
+            let batch = protocol::wire::sync::decode(header.clone(), &reply.payload).unwrap();
+            assert!(batch.rows() <= *max_rows as usize);
+        }
         (Response::Error { message, .. }, _) => {
             assert!(!message.is_empty());
             assert!(reply.payload.is_empty());
