@@ -16,7 +16,10 @@ use crate::serve_load::client::{Connection, Endpoint};
 
 /// The flags.
 #[derive(Debug, Clone, clap::Parser)]
-#[command(name = "freshness-probe", about = "Push-acknowledged to served latency of delta sync")]
+#[command(
+    name = "freshness-probe",
+    about = "Push-acknowledged to served latency of delta sync"
+)]
 pub struct ProbeArgs {
     /// Training servers, `host:port` in shard order, comma separated.
     #[arg(long, value_delimiter = ',', required = true)]
@@ -65,7 +68,12 @@ pub async fn run(args: &ProbeArgs) -> anyhow::Result<String> {
         let before = row(&mut http, &route).await?;
         let mut payload = Vec::new();
         protocol::wire::message::put_ids(&[id], &mut payload);
-        codec::encode_rows(&vec![0.5f32; args.dim], args.dim, Encoding::F32, &mut payload);
+        codec::encode_rows(
+            &vec![0.5f32; args.dim],
+            args.dim,
+            Encoding::F32,
+            &mut payload,
+        );
         let server = client.shard_map().server_of(id) as usize;
         let counts = vec![TableCount {
             table: args.table,

@@ -131,7 +131,7 @@ pub async fn run(
         }
     };
     let store = loaded.store.clone();
-    let (batcher, _predict_thread) = Batcher::spawn(
+    let (batcher, predict_thread) = Batcher::spawn(
         predictor,
         store,
         BatchLimits {
@@ -148,13 +148,32 @@ pub async fn run(
         loaded.store.rows_in_memory(),
         loaded.store.shards()
     );
+    let store = loaded.store.clone();
     let _ = shared.batcher.set(batcher.clone());
     let _ = shared.loaded.set(loaded);
     let loaded = shared.loaded.get().expect("just set");
-    crate::sync::start(&cfg, loaded, &batcher, template, stopping.clone()).await?;
+    let tasks = crate::sync::start(&cfg, loaded, &batcher, template, stopping.clone()).await?;
     health.set_ready(true);
     tracing::info!("ready");
     server.await.context("HTTP server task")?;
+    // Close the rows before the process exits: RocksDB must not be open while its statics are destroyed.
+    for t in tasks {
+        t.abort();
+        let _ = t.await;
+    }
+    drop(batcher);
+    drop(shared);
+    let _ = tokio::task::spawn_blocking(move || predict_thread.join()).await;
+    for _ in 0..500 {
+        if Arc::strong_count(&store) == 1 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    if Arc::strong_count(&store) > 1 {
+        tracing::warn!("embedding rows still in use at exit");
+    }
+    drop(store);
     if temporary {
         let _ = std::fs::remove_dir_all(&data_dir);
     }

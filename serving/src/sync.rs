@@ -31,19 +31,24 @@ const MAX_ROWS: u32 = 65_536;
 /// Longest pause between retries of a failing server.
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
-/// Starts following the training servers when `cfg` subscribes to any (and the gauges' updater always).
+/// Starts following the training servers when `cfg` subscribes to any (and the gauges' updater always);
+/// returns the tasks, for the caller to abort at shutdown.
 pub async fn start(
     cfg: &ServeConfig,
     loaded: &Loaded,
     batcher: &Batcher,
     dense: DenseTemplate,
     stopping: Arc<tokio::sync::Notify>,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<Vec<tokio::task::JoinHandle<()>>> {
     let store = loaded.store.clone();
     let fresh = loaded.fresh.clone();
-    tokio::spawn(gauges(store.clone(), fresh.clone(), stopping.clone()));
+    let mut tasks = vec![tokio::spawn(gauges(
+        store.clone(),
+        fresh.clone(),
+        stopping.clone(),
+    ))];
     let Some(sync) = cfg.sync.clone() else {
-        return Ok(());
+        return Ok(tasks);
     };
     let snapshot = loaded.export_dir.join(trainer::export::SNAPSHOT_DIR);
     let n = store.shards();
@@ -73,8 +78,8 @@ pub async fn start(
         dense,
         sync,
     };
-    tokio::spawn(follower.run(cursors, stopping));
-    Ok(())
+    tasks.push(tokio::spawn(follower.run(cursors, stopping)));
+    Ok(tasks)
 }
 
 struct Follower {
