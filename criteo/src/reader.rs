@@ -138,7 +138,7 @@ impl ReaderConfig {
     }
 
     /// Whether the input is a stream (a followed file or standard input): the paths are taken as they are.
-    fn is_stream(&self) -> bool {
+    pub fn is_stream(&self) -> bool {
         self.follow || self.paths.iter().any(|p| p.as_os_str() == STDIN)
     }
 

@@ -10,6 +10,7 @@
 //!   pull ahead under the staleness gate, compute, push.
 //! - [`checkpoint`]: trainer checkpoints (dense parameters, optimizer state, data position, step).
 //! - [`eval`]: exact AUC and logloss.
+//! - [`progressive`]: progressive validation, the training predictions' AUC and logloss over a sliding window.
 //! - [`run`]: one job end to end and its [`run::Summary`].
 //! - [`demo`]: `trainer demo`: data, local servers, training, summary.
 //! - [`config`]: model, optimizer and cluster flags.
@@ -30,6 +31,7 @@ pub mod eval;
 pub mod metrics;
 pub mod model;
 pub mod preprocess;
+pub mod progressive;
 pub mod run;
 pub mod spec;
 pub mod step;

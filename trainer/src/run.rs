@@ -1,5 +1,12 @@
 //! One training job end to end, shared by `trainer train` and `trainer demo`: connect, train one pass per
 //! epoch with progress lines (evaluating after each epoch but the last), evaluate, and summarize.
+//!
+//! A streaming job (`--follow` on a growing file, or `--train -` for standard input) is one pass that ends
+//! on the shutdown signal (or at the end of standard input): the reader stops taking lines and hands out
+//! the rows it holds, the pass trains them, drains its pushes and writes its checkpoint, and the job
+//! evaluates and summarizes as any other.
+
+use std::future::Future;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -10,8 +17,9 @@ use protocol::{PsClient, PsClientConfig};
 use serde::Serialize;
 
 use crate::config::{ClusterArgs, ModelArgs};
-use crate::criteo::ReaderConfig;
+use crate::criteo::{ReaderConfig, StreamEnd, STDIN};
 use crate::eval::EvalReport;
+use crate::progressive::ProgressiveReport;
 use crate::train::{Event, PassOptions, TrainReport, Trainer};
 
 /// Job flags beyond the model: periodic evaluation, checkpoints and resume, dense placement, an early stop.
@@ -47,6 +55,11 @@ pub struct JobArgs {
     /// Use the test set only for periodic evaluations (the demo evaluates once every trainer is done).
     #[arg(long, hide = true)]
     pub skip_final_eval: bool,
+    /// Rows of progressive validation's sliding window: the AUC and logloss of the predictions each
+    /// training batch gets before training on its rows, over the last N rows, on the progress lines, the
+    /// `trainer_progressive_*` gauges and the summary (0 = off).
+    #[arg(long, default_value_t = 100_000)]
+    pub progressive_window: usize,
 }
 
 impl JobArgs {
@@ -118,6 +131,10 @@ pub struct Summary {
     /// Embedding rows and gradients on the wire during training, both directions (bytes).
     #[serde(default)]
     pub wire_bytes: u64,
+    /// Progressive validation over the last `--progressive-window` training rows at the end (rank 0's in
+    /// the demo's combined summary).
+    #[serde(default)]
+    pub progressive: Option<ProgressiveReport>,
 }
 
 impl Summary {
@@ -125,11 +142,20 @@ impl Summary {
     pub fn render(&self) -> String {
         let opt = |v: Option<f64>| v.map_or("n/a".to_string(), |v| format!("{v:.4}"));
         format!(
-            "samples         {}\nseconds         {:.2}\nsamples/s       {:.0}\nfinal train loss {:.4}\ntest AUC        {}\ntest logloss    {}\noracle AUC      {}\ntest samples    {}\ncalibration     {}\nbad lines       {}\nwire bytes/sample {:.0}\n",
+            "samples         {}\nseconds         {:.2}\nsamples/s       {:.0}\nfinal train loss {:.4}\nprogressive AUC {}\ntest AUC        {}\ntest logloss    {}\noracle AUC      {}\ntest samples    {}\ncalibration     {}\nbad lines       {}\nwire bytes/sample {:.0}\n",
             self.samples,
             self.seconds,
             self.samples_per_sec,
             self.train_loss,
+            match &self.progressive {
+                Some(p) => format!(
+                    "{} (logloss {:.4}, last {} training rows)",
+                    opt(p.auc),
+                    p.logloss,
+                    p.rows
+                ),
+                None => "n/a".to_string(),
+            },
             opt(self.auc),
             opt(self.logloss),
             opt(self.oracle_auc),
@@ -159,6 +185,84 @@ pub struct Inputs {
     pub rank: usize,
     /// Number of trainers.
     pub world: usize,
+    /// Follow the one training file as it grows (`--follow`).
+    pub follow: bool,
+}
+
+impl Inputs {
+    /// Whether the training data is a stream: a followed file, or standard input (`--train -`).
+    pub fn is_stream(&self) -> bool {
+        self.follow || self.stdin()
+    }
+
+    fn stdin(&self) -> bool {
+        self.train.iter().any(|p| p.as_os_str() == STDIN)
+    }
+
+    /// Refuses what a stream cannot do, naming the flag.
+    fn check_stream(&self, model: &ModelArgs, job: &JobArgs) -> anyhow::Result<()> {
+        let flag = if self.follow { "--follow" } else { "--train -" };
+        if self.stdin() {
+            anyhow::ensure!(
+                self.train.len() == 1,
+                "--train - (standard input) must be the only training input, got {} paths",
+                self.train.len()
+            );
+            anyhow::ensure!(
+                !self.follow,
+                "--follow follows a file; --train - reads standard input until it closes without it"
+            );
+            anyhow::ensure!(
+                self.world == 1,
+                "--train - (standard input) feeds one trainer, got --world {}: split the stream into files \
+                 and --follow one per trainer, or follow one file from every rank",
+                self.world
+            );
+        }
+        if self.follow {
+            anyhow::ensure!(
+                self.train.len() == 1,
+                "--follow follows one text file, got {} --train paths",
+                self.train.len()
+            );
+            let path = &self.train[0];
+            let meta =
+                std::fs::metadata(path).with_context(|| format!("--follow {}", path.display()))?;
+            anyhow::ensure!(
+                meta.is_file(),
+                "--follow follows one text file; {} is not a file",
+                path.display()
+            );
+            let mut head = Vec::new();
+            use std::io::Read;
+            std::fs::File::open(path)
+                .and_then(|f| f.take(8).read_to_end(&mut head))
+                .with_context(|| format!("--follow {}", path.display()))?;
+            anyhow::ensure!(
+                !criteo::Shard::is_shard(&head),
+                "--follow reads text lines as they are appended; {} is a preprocessed columnar shard",
+                path.display()
+            );
+            anyhow::ensure!(
+                !head.starts_with(&[0x1f, 0x8b]) && !head.starts_with(&[0x28, 0xb5, 0x2f, 0xfd]),
+                "--follow reads plain text lines as they are appended; {} is compressed",
+                path.display()
+            );
+            let hybrid = self.world > 1 && model.dense_mode == crate::config::DenseMode::Hybrid;
+            anyhow::ensure!(
+                !hybrid,
+                "--follow with --world {} needs --dense-mode async: the hybrid mode steps every trainer \
+                 together, and ranks following a file get their rows at different times",
+                self.world
+            );
+        }
+        anyhow::ensure!(
+            job.epochs() == 1,
+            "--epochs {} with {flag}: a stream is read once, in arrival order (no epochs, no shuffle)",
+            job.epochs()
+        );
+        Ok(())
+    }
 }
 
 /// Connects to the cluster (flags checked, names resolved).
@@ -185,13 +289,28 @@ pub async fn connect(cluster: &ClusterArgs) -> anyhow::Result<Arc<PsClient>> {
 }
 
 /// Connects to the cluster, trains `job.epochs()` passes (resuming a checkpoint if asked, within its epoch)
-/// and evaluates.
+/// and evaluates. A streaming job's pass ends when `shutdown` resolves (or standard input closes); other
+/// jobs ignore `shutdown`.
 pub async fn train_and_evaluate(
     cluster: &ClusterArgs,
     model: &ModelArgs,
     inputs: &Inputs,
     job: &JobArgs,
+    shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<Summary> {
+    let streaming = inputs.is_stream();
+    if streaming {
+        inputs.check_stream(model, job)?;
+    }
+    let stream_end = StreamEnd::new();
+    let watcher = streaming.then(|| {
+        let end = stream_end.clone();
+        tokio::spawn(async move {
+            shutdown.await;
+            eprintln!("stopping: training the rows read, then the checkpoint and the summary");
+            end.end();
+        })
+    });
     let client = connect(cluster).await?;
     let dense_on_ps = job.dense_on_ps || inputs.world > 1;
     let mut trainer = Trainer::with_ranks(
@@ -230,6 +349,8 @@ pub async fn train_and_evaluate(
         rank: inputs.rank,
         world: inputs.world,
         shuffle_seed: (epochs > 1).then(|| epoch_seed(job.shuffle_seed, epoch)),
+        follow: inputs.follow,
+        stream_end: stream_end.clone(),
         ..ReaderConfig::new(inputs.train.iter().cloned(), model.batch_size)
     };
     let eval_cfg = (!inputs.test.is_empty()).then(|| ReaderConfig {
@@ -243,6 +364,7 @@ pub async fn train_and_evaluate(
         checkpoint_dir: job.checkpoint_dir.clone(),
         checkpoint_every: job.checkpoint_every,
         max_steps: job.max_steps,
+        progressive_window: job.progressive_window,
     };
     let mut summary: Option<Summary> = None;
     for epoch in trainer.epoch()..epochs {
@@ -286,6 +408,9 @@ pub async fn train_and_evaluate(
             point.epoch = Some(epoch + 1);
             summary.evals.push(point);
         }
+    }
+    if let Some(watcher) = watcher {
+        watcher.abort();
     }
     let mut summary = summary.expect("at least one epoch runs");
     if let (Some(cfg), 0, false) = (eval_cfg, inputs.rank, job.skip_final_eval) {
@@ -345,8 +470,21 @@ fn print_job(client: &PsClient, model: &ModelArgs, inputs: &Inputs, dense_on_ps:
 fn print_event(e: Event) {
     match e {
         Event::Progress(p) => eprintln!(
-            "[{:>6.1}s] rows {:>9}  samples/s {:>8.0}  loss {:.4}  calibration {:.3}",
-            p.seconds, p.samples, p.samples_per_sec, p.loss, p.calibration
+            "[{:>6.1}s] rows {:>9}  samples/s {:>8.0}  loss {:.4}  calibration {:.3}{}",
+            p.seconds,
+            p.samples,
+            p.samples_per_sec,
+            p.loss,
+            p.calibration,
+            match p.progressive {
+                Some(r) => format!(
+                    "  progressive AUC {} logloss {:.4} ({} rows)",
+                    r.auc.map_or("n/a".to_string(), |a| format!("{a:.4}")),
+                    r.logloss,
+                    r.rows
+                ),
+                None => String::new(),
+            }
         ),
         Event::Eval { step, report } => eprintln!("eval at step {step}: {}", report.render()),
         Event::Checkpoint {
@@ -383,6 +521,7 @@ impl Summary {
         self.step = pass.step;
         self.evals.extend(pass.evals);
         self.wire_bytes += pass.wire_bytes;
+        self.progressive = pass.progressive.or(self.progressive);
     }
 
     /// The summary of one trainer's pass that ended at `step`, before the final evaluation.
@@ -407,6 +546,7 @@ impl Summary {
                 .map(|(step, r)| EvalPoint::new(*step, r))
                 .collect(),
             wire_bytes: report.wire_bytes,
+            progressive: report.progressive,
         }
     }
 }
