@@ -102,7 +102,11 @@ fn wait_trained(child: &mut Child, rx: &mpsc::Receiver<String>, seen: &mut Vec<S
 }
 
 /// Waits for the trainer to exit; its status, then every stderr line.
-fn wait_exit(mut child: Child, rx: mpsc::Receiver<String>, mut seen: Vec<String>) -> (ExitStatus, String) {
+fn wait_exit(
+    mut child: Child,
+    rx: mpsc::Receiver<String>,
+    mut seen: Vec<String>,
+) -> (ExitStatus, String) {
     let deadline = Instant::now() + DEADLINE;
     let status = loop {
         if let Some(status) = child.try_wait().unwrap() {
@@ -230,7 +234,11 @@ fn standard_input_is_trained_until_it_closes() {
     assert!(status.success(), "{status}: {stderr}");
     cluster.shutdown(Duration::from_secs(30)).unwrap();
     let s = summary(&json);
-    assert_eq!((s["samples"].as_u64(), s["bad_lines"].as_u64()), (Some(3000), Some(0)), "{s}");
+    assert_eq!(
+        (s["samples"].as_u64(), s["bad_lines"].as_u64()),
+        (Some(3000), Some(0)),
+        "{s}"
+    );
     assert!(stdout.contains("progressive AUC"), "{stdout}");
     assert!(s["progressive"]["auc"].as_f64().is_some(), "{s}");
 }
@@ -242,11 +250,23 @@ fn streams_refuse_flags_they_cannot_honor() {
     std::fs::write(&file, "").unwrap();
     let f = file.to_str().unwrap();
     let cases: &[(&[&str], &str)] = &[
-        (&["--train", f, "--follow", "--epochs", "2"], "--epochs 2 with --follow"),
-        (&["--train", "-", "--world", "2"], "--train - (standard input) feeds one trainer"),
-        (&["--train", f, f, "--follow"], "--follow follows one text file, got 2"),
+        (
+            &["--train", f, "--follow", "--epochs", "2"],
+            "--epochs 2 with --follow",
+        ),
+        (
+            &["--train", "-", "--world", "2"],
+            "--train - (standard input) feeds one trainer",
+        ),
+        (
+            &["--train", f, f, "--follow"],
+            "--follow follows one text file, got 2",
+        ),
         (&["--train", "-", "--follow"], "--follow follows a file"),
-        (&["--train", f, "--follow", "--world", "2"], "needs --dense-mode async"),
+        (
+            &["--train", f, "--follow", "--world", "2"],
+            "needs --dense-mode async",
+        ),
     ];
     for (args, want) in cases {
         let out = trainer()
