@@ -12,15 +12,22 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use crossbeam_channel::{Receiver, RecvError};
 
 use super::batch::Batch;
 use super::columnar::Shard;
 use super::error::ReadError;
+use super::follow::Follow;
 use super::layout::FeatureLayout;
+use super::lines::{Next, Source, StreamEnd};
 use super::parse::{LineKind, Row, TextFormat};
-use super::source::{input_files, open, Input, LineReader, MAX_LINE};
+use super::piped::Piped;
+use super::source::{input_files, open, Input, TextFile, MAX_LINE};
+
+/// The input path that means standard input (`--train -`).
+pub const STDIN: &str = "-";
 
 /// How many bad-line messages [`ReadStats::first_errors`] keeps.
 pub const MAX_FIRST_ERRORS: usize = 10;
@@ -51,6 +58,21 @@ pub struct ReaderConfig {
     /// multi-hot, table salts and caps. Default: 26 one-hot features, today's ids. Columnar shards must
     /// have been written for the same layout.
     pub layout: FeatureLayout,
+    /// Follow the one input file as it grows (`--follow`, [`Follow`]): at its end, wait for more lines
+    /// instead of ending. The read ends when [`stream_end`](Self::stream_end) is ended. One plain-text file,
+    /// no shuffle. Default off.
+    pub follow: bool,
+    /// How long a stream (a followed file, standard input) is waited on at a time: after such a wait
+    /// without a complete line, the reader hands out the rows it holds as a short batch (a stream's rows
+    /// are trained as they arrive). Default 50 ms.
+    pub poll: Duration,
+    /// Ends the read early and cleanly ([`StreamEnd`]): the only end of a followed file. Default: a handle
+    /// nobody else holds.
+    pub stream_end: StreamEnd,
+    /// Rows of this rank parsed and dropped before the first batch (counted in [`ReadStats`] like the
+    /// others): the position of a resumed stream, whose batches have no fixed size. Streams only (a
+    /// followed file or standard input). Default 0.
+    pub skip_rows: u64,
 }
 
 impl ReaderConfig {
@@ -80,7 +102,66 @@ impl ReaderConfig {
         if let Err(e) = self.layout.validate() {
             return invalid(e.to_string());
         }
+        let stdin = self.paths.iter().any(|p| p.as_os_str() == STDIN);
+        if stdin && self.paths.len() > 1 {
+            return invalid(format!(
+                "standard input ('{STDIN}') must be the only input, got {} paths",
+                self.paths.len()
+            ));
+        }
+        if self.follow && self.paths.len() > 1 {
+            return invalid(format!(
+                "--follow follows one file, got {} paths",
+                self.paths.len()
+            ));
+        }
+        if self.follow && stdin {
+            return invalid(format!(
+                "--follow follows a file; standard input ('{STDIN}') is read until it closes without it"
+            ));
+        }
+        if (self.follow || stdin) && self.shuffle_seed.is_some() {
+            return invalid(
+                "a stream (--follow or standard input) is read in arrival order: no shuffle (--epochs > 1)"
+                    .into(),
+            );
+        }
+        if self.skip_rows > 0 && !(self.follow || stdin) {
+            return invalid(
+                "skip_rows applies to streams (--follow or standard input) only".into(),
+            );
+        }
+        if self.poll.is_zero() {
+            return invalid("poll interval 0".into());
+        }
         Ok(())
+    }
+
+    /// Whether the input is a stream (a followed file or standard input): the paths are taken as they are.
+    pub fn is_stream(&self) -> bool {
+        self.follow || self.paths.iter().any(|p| p.as_os_str() == STDIN)
+    }
+
+    /// The files to read: the paths expanded ([`input_files`]); a stream's path as it is (a followed one
+    /// checked to be a file).
+    fn files(&self) -> Result<Vec<PathBuf>, ReadError> {
+        if !self.is_stream() {
+            return Ok(shuffled(input_files(&self.paths)?, self.shuffle_seed));
+        }
+        if self.follow {
+            let path = &self.paths[0];
+            let meta = std::fs::metadata(path).map_err(|source| ReadError::Open {
+                path: path.clone(),
+                source,
+            })?;
+            if !meta.is_file() {
+                return Err(ReadError::InvalidConfig(format!(
+                    "--follow follows one file; {} is not a regular file",
+                    path.display()
+                )));
+            }
+        }
+        Ok(self.paths.clone())
     }
 }
 
@@ -95,6 +176,10 @@ impl Default for ReaderConfig {
             queue_depth: 4,
             shuffle_seed: None,
             layout: FeatureLayout::default(),
+            follow: false,
+            poll: Duration::from_millis(50),
+            stream_end: StreamEnd::new(),
+            skip_rows: 0,
         }
     }
 }
@@ -134,12 +219,11 @@ impl BatchReader {
     /// Checks the config and the paths (errors name a missing path), then starts the reader thread.
     pub fn spawn(cfg: ReaderConfig) -> Result<BatchReader, ReadError> {
         cfg.validate()?;
-        let files = input_files(&cfg.paths)?;
+        let files = cfg.files()?;
         let (tx, rx) = crossbeam_channel::bounded(cfg.queue_depth);
         let stop = Arc::new(AtomicBool::new(false));
         let stats = Arc::new(Mutex::new(ReadStats::default()));
         let (thread_stop, thread_stats) = (Arc::clone(&stop), Arc::clone(&stats));
-        let files = shuffled(files, cfg.shuffle_seed);
         let thread = std::thread::Builder::new()
             .name(format!("criteo-reader-{}", cfg.rank))
             .spawn(move || {
@@ -211,7 +295,7 @@ impl Drop for BatchReader {
 /// `queue_depth` is ignored.
 pub fn read_all(cfg: &ReaderConfig) -> Result<(Vec<Batch>, ReadStats), ReadError> {
     cfg.validate()?;
-    let files = shuffled(input_files(&cfg.paths)?, cfg.shuffle_seed);
+    let files = cfg.files()?;
     let stop = AtomicBool::new(false);
     let mut pipeline = Pipeline::new(cfg, &stop);
     let mut batches = Vec::new();
@@ -247,6 +331,8 @@ struct Pipeline<'a> {
     index: u64,
     /// Whether the layout is the default one (the one-hot fast path).
     default_layout: bool,
+    /// Rows still to drop ([`ReaderConfig::skip_rows`]).
+    skip_rows: u64,
 }
 
 impl<'a> Pipeline<'a> {
@@ -257,6 +343,7 @@ impl<'a> Pipeline<'a> {
             stats: ReadStats::default(),
             index: 0,
             default_layout: cfg.layout.is_default(),
+            skip_rows: cfg.skip_rows,
         }
     }
 
@@ -269,10 +356,30 @@ impl<'a> Pipeline<'a> {
         mut emit: impl FnMut(Batch, &ReadStats) -> bool,
     ) -> Result<(), ReadError> {
         let mut batch = self.new_batch();
+        let open_err = |path: &Path| {
+            let path = path.to_path_buf();
+            move |source| ReadError::Open { path, source }
+        };
         for path in files {
-            let go_on = match open(path)? {
-                Input::Text(lines) => self.read_text(path, lines, &mut batch, &mut emit)?,
-                Input::Columnar(map) => self.read_columnar(path, &map, &mut batch, &mut emit)?,
+            if self.cfg.stream_end.is_ended() {
+                break;
+            }
+            let go_on = if path.as_os_str() == STDIN {
+                let mut stdin = Piped::stdin(self.cfg.poll).map_err(ReadError::Spawn)?;
+                self.read_text(&mut stdin, &mut batch, &mut emit)?
+            } else if self.cfg.follow {
+                let mut file = Follow::open(path, self.cfg.poll).map_err(open_err(path))?;
+                self.read_text(&mut file, &mut batch, &mut emit)?
+            } else {
+                match open(path)? {
+                    Input::Text(lines) => {
+                        let mut file = TextFile::new(path, lines);
+                        self.read_text(&mut file, &mut batch, &mut emit)?
+                    }
+                    Input::Columnar(map) => {
+                        self.read_columnar(path, &map, &mut batch, &mut emit)?
+                    }
+                }
             };
             if !go_on {
                 return Ok(());
@@ -316,25 +423,43 @@ impl<'a> Pipeline<'a> {
         emit(full, &self.stats)
     }
 
-    /// Reads one text file (TSV, or CSV if its first line is the Kaggle header); `false` to stop.
+    /// Reads the lines of one source (TSV, or CSV if its first line is the Kaggle header) to its end, or
+    /// until [`ReaderConfig::stream_end`]; `false` to stop. While a stream is idle, the rows read so far go
+    /// out as a short batch.
     fn read_text(
         &mut self,
-        path: &Path,
-        mut lines: LineReader,
+        source: &mut dyn Source,
         batch: &mut Batch,
         emit: &mut impl FnMut(Batch, &ReadStats) -> bool,
     ) -> Result<bool, ReadError> {
         let (world, rank) = (self.cfg.world as u64, self.cfg.rank as u64);
+        let name = source.name().to_string();
         let mut row = Row::default();
         let mut format = TextFormat::Tsv;
         let mut line_no = 0u64;
         loop {
-            let (line, cut) = match lines.next_line() {
-                Ok(Some(line)) => line,
-                Ok(None) => return Ok(true),
+            if self.cfg.stream_end.is_ended() {
+                return Ok(true);
+            }
+            let (line, cut) = match source.next_line() {
+                Ok(Next::Line(line, cut)) => (line, cut),
+                Ok(Next::End) => return Ok(true),
+                Ok(Next::Idle) => {
+                    if self.stop.load(Ordering::Relaxed) {
+                        return Ok(false);
+                    }
+                    if !batch.is_empty() {
+                        let short = std::mem::replace(batch, self.new_batch());
+                        self.stats.truncated_tokens += short.truncated;
+                        if !emit(short, &self.stats) {
+                            return Ok(false);
+                        }
+                    }
+                    continue;
+                }
                 Err(source) => {
                     return Err(ReadError::Read {
-                        path: path.to_path_buf(),
+                        path: PathBuf::from(&name),
                         line: line_no,
                         source,
                     })
@@ -364,6 +489,10 @@ impl<'a> Pipeline<'a> {
                 Ok(kind) => {
                     self.stats.padded_lines += u64::from(kind != LineKind::Full);
                     self.stats.rows += 1;
+                    if self.skip_rows > 0 {
+                        self.skip_rows -= 1;
+                        continue;
+                    }
                     if self.default_layout {
                         batch.push_row(&row);
                     } else {
@@ -373,9 +502,7 @@ impl<'a> Pipeline<'a> {
                         return Ok(false);
                     }
                 }
-                Err(message) => {
-                    self.bad_line(format!("{}:{line_no}: {message}", path.display()))?
-                }
+                Err(message) => self.bad_line(format!("{name}:{line_no}: {message}"))?,
             }
         }
     }
@@ -455,3 +582,7 @@ impl<'a> Pipeline<'a> {
         Ok(())
     }
 }
+
+#[cfg(test)]
+#[path = "stream_tests.rs"]
+mod stream_tests;

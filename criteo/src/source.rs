@@ -16,6 +16,7 @@ use memmap2::Mmap;
 
 use super::columnar::{Shard, MAGIC};
 use super::error::ReadError;
+use super::lines::{Next, Source};
 
 /// Read buffer size, both for the file and for decompressed text.
 const BUF_SIZE: usize = 1 << 20;
@@ -133,6 +134,35 @@ pub fn count_rows(paths: &[PathBuf]) -> Result<u64, ReadError> {
         }
     }
     Ok(rows)
+}
+
+/// A text file (plain or decompressed) read to its end, as a [`Source`].
+pub(crate) struct TextFile {
+    name: String,
+    lines: LineReader,
+}
+
+impl TextFile {
+    /// The lines of `lines`, read from `path`.
+    pub(crate) fn new(path: &Path, lines: LineReader) -> TextFile {
+        TextFile {
+            name: path.display().to_string(),
+            lines,
+        }
+    }
+}
+
+impl Source for TextFile {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn next_line(&mut self) -> io::Result<Next<'_>> {
+        Ok(match self.lines.next_line()? {
+            Some((line, cut)) => Next::Line(line, cut),
+            None => Next::End,
+        })
+    }
 }
 
 /// Splits a byte stream into lines without copying those that lie within one buffer fill.

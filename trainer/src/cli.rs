@@ -34,9 +34,18 @@ enum Command {
 struct TrainArgs {
     #[command(flatten)]
     cluster: ClusterArgs,
-    /// Training files or directories (Criteo TSV or Kaggle CSV, plain, gzip or zstd; or preprocessed shards).
-    #[arg(long, num_args = 1.., required = true)]
+    /// Training files or directories (Criteo TSV or Kaggle CSV, plain, gzip or zstd; or preprocessed shards);
+    /// `-` reads plain text from standard input, training rows as they arrive until it closes (or until
+    /// SIGTERM/SIGINT), one trainer only.
+    #[arg(long, alias = "train-data", num_args = 1.., required = true)]
     train: Vec<PathBuf>,
+    /// Follow the one training file as it grows (like `tail -F`): rows are trained as they are appended,
+    /// and the pass ends on SIGTERM or SIGINT (it trains the rows read, drains its pushes, writes the
+    /// checkpoint with --checkpoint-dir, evaluates and prints the summary). Plain text only; not with
+    /// --epochs > 1; several trainers (each takes its lines of the file) need --dense-mode async. A file
+    /// replaced by a rename is followed from the new file's start; one truncated in place is an error.
+    #[arg(long)]
+    follow: bool,
     /// Test files or directories for evaluation after training.
     #[arg(long, num_args = 1..)]
     test: Vec<PathBuf>,
@@ -113,11 +122,13 @@ fn run_cli(cli: Cli) -> anyhow::Result<i32> {
                 test: args.test.clone(),
                 rank: args.rank,
                 world: args.world,
+                follow: args.follow,
             };
             let summary = runtime()?.block_on(async {
                 let addr = serve_metrics(args.metrics_listen).await?;
                 eprintln!("trainer metrics: http://{addr}/metrics");
-                run::train_and_evaluate(&args.cluster, &model, &inputs, &args.job).await
+                let shutdown = ops::shutdown::signal();
+                run::train_and_evaluate(&args.cluster, &model, &inputs, &args.job, shutdown).await
             })?;
             print!("{}", summary.render());
             if let Some(path) = &args.summary_json {

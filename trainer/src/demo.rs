@@ -268,6 +268,7 @@ pub fn run_demo(mut args: DemoArgs) -> anyhow::Result<Summary> {
         test: vec![test.clone()],
         rank: 0,
         world: 1,
+        follow: false,
     };
     let runtime = crate::run::runtime()?;
     let mut summary = if args.trainers > 1 || args.pin_trainers {
@@ -285,7 +286,8 @@ pub fn run_demo(mut args: DemoArgs) -> anyhow::Result<Summary> {
         runtime.block_on(async {
             let addr = crate::run::serve_metrics(args.metrics_listen).await?;
             eprintln!("  trainer: metrics http://{addr}/metrics");
-            run::train_and_evaluate(&cluster_args, &args.model, &inputs, &args.job).await
+            let shutdown = std::future::pending(); // not a stream: the pass ends with its data
+            run::train_and_evaluate(&cluster_args, &args.model, &inputs, &args.job, shutdown).await
         })?
     };
     eprintln!("stopping parameter servers");

@@ -11,6 +11,7 @@
 //! - [`checkpoint`]: trainer checkpoints (dense parameters, optimizer state, data position, step).
 //! - [`eval`]: exact AUC and logloss.
 //! - [`export`]: exports, the servable models a job writes (docs/serving.md).
+//! - [`progressive`]: progressive validation, the training predictions' AUC and logloss over a sliding window.
 //! - [`run`]: one job end to end and its [`run::Summary`].
 //! - [`demo`]: `trainer demo`: data, local servers, training, summary.
 //! - [`config`]: model, optimizer and cluster flags.
@@ -32,6 +33,7 @@ pub mod export;
 pub mod metrics;
 pub mod model;
 pub mod preprocess;
+pub mod progressive;
 pub mod run;
 pub mod spec;
 pub mod step;

@@ -85,6 +85,11 @@ pub const EXPORT_SECONDS: &str = "trainer_export_duration_seconds";
 pub const DENSE_PUBLISHED_TOTAL: &str = "trainer_dense_published_total";
 /// The trainer's step (batches trained, including a resumed run's).
 pub const STEP: &str = "trainer_step";
+/// Progressive validation ([`crate::progressive`]): AUC of the training rows' predictions, made before the
+/// model trained on them, over the last `--progressive-window` rows; set at each progress line.
+pub const PROGRESSIVE_AUC: &str = "trainer_progressive_auc";
+/// Progressive validation: logloss of the same predictions over the same window.
+pub const PROGRESSIVE_LOGLOSS: &str = "trainer_progressive_logloss";
 
 /// Histogram buckets for every `_seconds` metric.
 pub const LATENCY_BUCKETS: &[f64] = &[
@@ -111,6 +116,14 @@ pub fn describe() {
         "Training samples per second over the last progress interval."
     );
     describe_gauge!(LOSS, "Mean training loss over the last progress interval.");
+    describe_gauge!(
+        PROGRESSIVE_AUC,
+        "AUC of training predictions made before training on their rows, over the last --progressive-window rows."
+    );
+    describe_gauge!(
+        PROGRESSIVE_LOGLOSS,
+        "Logloss of training predictions made before training on their rows, over the last --progressive-window rows."
+    );
     describe_histogram!(
         PULL_SECONDS,
         Unit::Seconds,

@@ -1,5 +1,12 @@
 //! One training job end to end, shared by `trainer train` and `trainer demo`: connect, train one pass per
 //! epoch with progress lines (evaluating after each epoch but the last), evaluate, and summarize.
+//!
+//! A streaming job (`--follow` on a growing file, or `--train -` for standard input) is one pass that ends
+//! on the shutdown signal (or at the end of standard input): the reader stops taking lines and hands out
+//! the rows it holds, the pass trains them, drains its pushes and writes its checkpoint, and the job
+//! evaluates and summarizes as any other.
+
+use std::future::Future;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -10,9 +17,13 @@ use protocol::{PsClient, PsClientConfig};
 use serde::Serialize;
 
 use crate::config::{ClusterArgs, ModelArgs};
-use crate::criteo::ReaderConfig;
+use crate::criteo::{ReaderConfig, StreamEnd};
 use crate::eval::EvalReport;
+use crate::progressive::ProgressiveReport;
+
+mod inputs;
 use crate::train::{Event, PassOptions, TrainReport, Trainer};
+pub use inputs::Inputs;
 
 /// Job flags beyond the model: periodic evaluation, checkpoints and resume, dense placement, an early stop.
 #[derive(Debug, Clone, Default, clap::Args)]
@@ -62,6 +73,11 @@ pub struct JobArgs {
     /// Use the test set only for periodic evaluations (the demo evaluates once every trainer is done).
     #[arg(long, hide = true)]
     pub skip_final_eval: bool,
+    /// Rows of progressive validation's sliding window: the AUC and logloss of the predictions each
+    /// training batch gets before training on its rows, over the last N rows, on the progress lines, the
+    /// `trainer_progressive_*` gauges and the summary (0 = off).
+    #[arg(long, default_value_t = 100_000)]
+    pub progressive_window: usize,
 }
 
 impl JobArgs {
@@ -133,6 +149,10 @@ pub struct Summary {
     /// Embedding rows and gradients on the wire during training, both directions (bytes).
     #[serde(default)]
     pub wire_bytes: u64,
+    /// Progressive validation over the last `--progressive-window` training rows at the end (rank 0's in
+    /// the demo's combined summary).
+    #[serde(default)]
+    pub progressive: Option<ProgressiveReport>,
 }
 
 impl Summary {
@@ -140,11 +160,20 @@ impl Summary {
     pub fn render(&self) -> String {
         let opt = |v: Option<f64>| v.map_or("n/a".to_string(), |v| format!("{v:.4}"));
         format!(
-            "samples         {}\nseconds         {:.2}\nsamples/s       {:.0}\nfinal train loss {:.4}\ntest AUC        {}\ntest logloss    {}\noracle AUC      {}\ntest samples    {}\ncalibration     {}\nbad lines       {}\nwire bytes/sample {:.0}\n",
+            "samples         {}\nseconds         {:.2}\nsamples/s       {:.0}\nfinal train loss {:.4}\nprogressive AUC {}\ntest AUC        {}\ntest logloss    {}\noracle AUC      {}\ntest samples    {}\ncalibration     {}\nbad lines       {}\nwire bytes/sample {:.0}\n",
             self.samples,
             self.seconds,
             self.samples_per_sec,
             self.train_loss,
+            match &self.progressive {
+                Some(p) => format!(
+                    "{} (logloss {:.4}, last {} training rows)",
+                    opt(p.auc),
+                    p.logloss,
+                    p.rows
+                ),
+                None => "n/a".to_string(),
+            },
             opt(self.auc),
             opt(self.logloss),
             opt(self.oracle_auc),
@@ -161,19 +190,6 @@ impl Summary {
         std::fs::write(path, text + "\n")
             .with_context(|| format!("write summary {}", path.display()))
     }
-}
-
-/// Where a job reads its data.
-#[derive(Debug, Clone)]
-pub struct Inputs {
-    /// Training files or directories.
-    pub train: Vec<PathBuf>,
-    /// Test files or directories (may be empty).
-    pub test: Vec<PathBuf>,
-    /// This trainer's rank.
-    pub rank: usize,
-    /// Number of trainers.
-    pub world: usize,
 }
 
 /// Connects to the cluster (flags checked, names resolved).
@@ -200,13 +216,28 @@ pub async fn connect(cluster: &ClusterArgs) -> anyhow::Result<Arc<PsClient>> {
 }
 
 /// Connects to the cluster, trains `job.epochs()` passes (resuming a checkpoint if asked, within its epoch)
-/// and evaluates.
+/// and evaluates. A streaming job's pass ends when `shutdown` resolves (or standard input closes); other
+/// jobs ignore `shutdown`.
 pub async fn train_and_evaluate(
     cluster: &ClusterArgs,
     model: &ModelArgs,
     inputs: &Inputs,
     job: &JobArgs,
+    shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<Summary> {
+    let streaming = inputs.is_stream();
+    if streaming {
+        inputs.check_stream(model, job)?;
+    }
+    let stream_end = StreamEnd::new();
+    let watcher = streaming.then(|| {
+        let end = stream_end.clone();
+        tokio::spawn(async move {
+            shutdown.await;
+            eprintln!("stopping: training the rows read, then the checkpoint and the summary");
+            end.end();
+        })
+    });
     let client = connect(cluster).await?;
     let dense_on_ps = job.dense_on_ps || inputs.world > 1;
     let mut trainer = Trainer::with_ranks(
@@ -245,6 +276,8 @@ pub async fn train_and_evaluate(
         rank: inputs.rank,
         world: inputs.world,
         shuffle_seed: (epochs > 1).then(|| epoch_seed(job.shuffle_seed, epoch)),
+        follow: inputs.follow,
+        stream_end: stream_end.clone(),
         ..ReaderConfig::new(inputs.train.iter().cloned(), model.batch_size)
     };
     let eval_cfg = (!inputs.test.is_empty()).then(|| ReaderConfig {
@@ -262,6 +295,7 @@ pub async fn train_and_evaluate(
         export_every: job.export_every,
         export_keep: job.export_keep as usize,
         publish_dense_every: job.publish_dense_every,
+        progressive_window: job.progressive_window,
     };
     let mut summary: Option<Summary> = None;
     for epoch in trainer.epoch()..epochs {
@@ -305,6 +339,9 @@ pub async fn train_and_evaluate(
             point.epoch = Some(epoch + 1);
             summary.evals.push(point);
         }
+    }
+    if let Some(watcher) = watcher {
+        watcher.abort();
     }
     let mut summary = summary.expect("at least one epoch runs");
     if let (Some(cfg), 0, false) = (eval_cfg, inputs.rank, job.skip_final_eval) {
@@ -364,8 +401,21 @@ fn print_job(client: &PsClient, model: &ModelArgs, inputs: &Inputs, dense_on_ps:
 fn print_event(e: Event) {
     match e {
         Event::Progress(p) => eprintln!(
-            "[{:>6.1}s] rows {:>9}  samples/s {:>8.0}  loss {:.4}  calibration {:.3}",
-            p.seconds, p.samples, p.samples_per_sec, p.loss, p.calibration
+            "[{:>6.1}s] rows {:>9}  samples/s {:>8.0}  loss {:.4}  calibration {:.3}{}",
+            p.seconds,
+            p.samples,
+            p.samples_per_sec,
+            p.loss,
+            p.calibration,
+            match p.progressive {
+                Some(r) => format!(
+                    "  progressive AUC {} logloss {:.4} ({} rows)",
+                    r.auc.map_or("n/a".to_string(), |a| format!("{a:.4}")),
+                    r.logloss,
+                    r.rows
+                ),
+                None => String::new(),
+            }
         ),
         Event::Eval { step, report } => eprintln!("eval at step {step}: {}", report.render()),
         Event::Checkpoint {
@@ -403,6 +453,7 @@ impl Summary {
         self.step = pass.step;
         self.evals.extend(pass.evals);
         self.wire_bytes += pass.wire_bytes;
+        self.progressive = pass.progressive.or(self.progressive);
     }
 
     /// The summary of one trainer's pass that ended at `step`, before the final evaluation.
@@ -427,6 +478,7 @@ impl Summary {
                 .map(|(step, r)| EvalPoint::new(*step, r))
                 .collect(),
             wire_bytes: report.wire_bytes,
+            progressive: report.progressive,
         }
     }
 }

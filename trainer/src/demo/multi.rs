@@ -162,6 +162,7 @@ fn combine(run_dir: &Path, n: usize) -> anyhow::Result<Summary> {
             trainers: 1,
             evals: Vec::new(),
             wire_bytes: num("wire_bytes") as u64,
+            progressive: serde_json::from_value(s["progressive"].clone()).unwrap_or_default(),
         };
         if rank == 0 {
             let evals = serde_json::from_value(s["evals"].clone()).unwrap_or_default();

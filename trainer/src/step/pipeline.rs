@@ -96,6 +96,25 @@ impl PlanStage {
         item
     }
 
+    /// Like [`next_planned`](Self::next_planned) without waiting: `Pending` while the next batch is not
+    /// planned yet (a stream's training loop computes the batch it has instead of waiting to fill its
+    /// pull window).
+    pub fn poll_planned(&mut self) -> std::task::Poll<Option<Result<Planned, ReadError>>> {
+        use crossbeam_channel::TryRecvError;
+        use std::task::Poll;
+        let Some(rx) = self.rx.as_ref() else {
+            return Poll::Ready(None);
+        };
+        match rx.try_recv() {
+            Ok(item) => Poll::Ready(Some(item)),
+            Err(TryRecvError::Empty) => Poll::Pending,
+            Err(TryRecvError::Disconnected) => {
+                self.rx = None;
+                Poll::Ready(None)
+            }
+        }
+    }
+
     /// A sender for handing finished plans back from another thread.
     pub fn recycler(&self) -> Sender<Plan> {
         self.recycle.clone()

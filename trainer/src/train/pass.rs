@@ -15,6 +15,7 @@ use super::{Event, PassOptions, Progress, Result, TrainError, TrainReport, Train
 use crate::criteo::{BatchReader, ReaderConfig};
 use crate::eval::EvalReport;
 use crate::metrics as m;
+use crate::progressive::Window as Progressive;
 use crate::step::pipeline::PlanStage;
 use crate::step::prefetch::Prefetcher;
 use crate::step::push::{PushEncoder, PushRecord};
@@ -36,6 +37,9 @@ struct Window {
     issued: u64,
     /// The data ran out.
     exhausted: bool,
+    /// The data is a stream (a followed file, standard input): batches are computed as they come, without
+    /// waiting for the pull window to fill.
+    streaming: bool,
     /// The staleness bound.
     k: u64,
 }
@@ -77,11 +81,14 @@ struct Tally {
     evals: Vec<(u64, EvalReport)>,
     /// [`Trainer::wire_total`] when the pass began.
     wire_at_start: u64,
+    /// Progressive validation's window of predictions made before training on their rows.
+    progressive: Progressive,
 }
 
 impl Tally {
-    fn new(wire_at_start: u64) -> Tally {
+    fn new(wire_at_start: u64, progressive_window: usize) -> Tally {
         Tally {
+            progressive: Progressive::new(progressive_window),
             wire_at_start,
             begin: Instant::now(),
             paused: Duration::ZERO,
@@ -109,13 +116,15 @@ impl Trainer {
         mut on_event: impl FnMut(Event),
     ) -> Result<TrainReport> {
         let mut w = self.open_window(reader_cfg)?;
-        let mut tally = Tally::new(self.wire_total());
+        let mut tally = Tally::new(self.wire_total(), opts.progressive_window);
         loop {
             self.fill(&mut w, opts)?;
             let Some(stage) = w.ahead.pop_front() else {
                 break;
             };
-            let trained = self.train_batch(&mut w, stage).await?;
+            let trained = self
+                .train_batch(&mut w, stage, &mut tally.progressive)
+                .await?;
             tally.rejected += w.reap()?;
             self.count(&mut tally, trained, &mut on_event);
             self.periodic(&mut w, &mut tally, opts, &mut on_event)
@@ -134,6 +143,18 @@ impl Trainer {
     /// Starts the pass's parse, plan and push-encoder threads.
     fn open_window(&mut self, mut reader_cfg: ReaderConfig) -> Result<Window> {
         let k = self.args.staleness_bound(self.world) as u64;
+        // A resumed run skips the batches it trained; a followed file's batches have no fixed size (short
+        // ones go out while the writer is idle), so it skips the rows instead. Standard input skips nothing:
+        // a pipe brings new data.
+        let streaming = reader_cfg.is_stream();
+        let skip_batches = if streaming {
+            if reader_cfg.follow {
+                reader_cfg.skip_rows = self.samples;
+            }
+            0
+        } else {
+            self.step - self.epoch_start_step
+        };
         // The reader makes the model's features (columns, tables, caps, bags), whatever the caller set.
         reader_cfg.layout = self.features.clone();
         let reader =
@@ -155,7 +176,7 @@ impl Trainer {
             self.layout.clone(),
             self.map,
             depth,
-            self.step - self.epoch_start_step,
+            skip_batches,
             prefetch.clone(),
         )
         .map_err(TrainError::thread("plan"))?;
@@ -176,6 +197,7 @@ impl Trainer {
             in_flight: VecDeque::new(),
             issued: 0,
             exhausted: false,
+            streaming,
             k,
         })
     }
@@ -188,7 +210,15 @@ impl Trainer {
             && (w.ahead.len() as u64) <= w.k
             && !at_limit(self.step + w.ahead.len() as u64)
         {
-            match tokio::task::block_in_place(|| w.stage_in.next_planned()) {
+            let next = if w.streaming && !w.ahead.is_empty() {
+                match w.stage_in.poll_planned() {
+                    std::task::Poll::Ready(next) => next,
+                    std::task::Poll::Pending => break,
+                }
+            } else {
+                tokio::task::block_in_place(|| w.stage_in.next_planned())
+            };
+            match next {
                 None => w.exhausted = true,
                 Some(planned) => {
                     let p = planned.map_err(TrainError::data("read training data"))?;
@@ -205,7 +235,13 @@ impl Trainer {
     }
 
     /// Receives a batch's rows, computes it and sends its push (not awaited); returns its size, loss and sums.
-    async fn train_batch(&mut self, w: &mut Window, mut stage: Stage) -> Result<Trained> {
+    /// Its predictions, made before its update, go to `progressive`.
+    async fn train_batch(
+        &mut self,
+        w: &mut Window,
+        mut stage: Stage,
+        progressive: &mut Progressive,
+    ) -> Result<Trained> {
         self.receive(&mut stage, &w.in_flight).await?;
         if self.step == 0 && self.args.init_output_bias && self.dense.is_none() {
             self.start_output_bias(&stage.batch).await?;
@@ -220,6 +256,10 @@ impl Trainer {
                 .sum(),
             label_sum: stage.batch.labels.iter().map(|&y| y as f64).sum(),
         };
+        progressive.push(
+            &self.model.last_probs()[..stage.batch.len],
+            &stage.batch.labels[..stage.batch.len],
+        );
         let Stage {
             batch, plan, index, ..
         } = stage;
@@ -299,6 +339,7 @@ impl Trainer {
                 } else {
                     f64::NAN
                 },
+                progressive: t.progressive.export(),
             };
             metrics::gauge!(m::SAMPLES_PER_SECOND).set(p.samples_per_sec);
             metrics::gauge!(m::LOSS).set(p.loss);
@@ -419,6 +460,7 @@ impl Trainer {
             read,
             evals: t.evals,
             wire_bytes: self.wire_total() - t.wire_at_start,
+            progressive: t.progressive.export(),
         })
     }
 }

@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 use crate::criteo::{ReadStats, ReaderConfig};
 use crate::eval::EvalReport;
+use crate::progressive::ProgressiveReport;
 
 /// What one pass over the training data did.
 #[derive(Debug, Clone)]
@@ -28,6 +29,9 @@ pub struct TrainReport {
     /// Embedding rows and gradients on the wire during the pass (frame payloads, both directions; the
     /// pulls of evaluations within the pass included).
     pub wire_bytes: u64,
+    /// Progressive validation over the pass's last `--progressive-window` rows ([`crate::progressive`]);
+    /// `None` when off or without rows.
+    pub progressive: Option<ProgressiveReport>,
 }
 
 /// Progress of a running pass, reported every progress interval.
@@ -44,6 +48,8 @@ pub struct Progress {
     /// Over the last interval, the mean prediction (made before each batch's update) over the positive rate:
     /// the training-time calibration (NaN without positives).
     pub calibration: f64,
+    /// Progressive validation over the last `--progressive-window` rows (`None` when off).
+    pub progressive: Option<ProgressiveReport>,
 }
 
 /// Something a pass reports while it runs.
@@ -99,6 +105,8 @@ pub struct PassOptions {
     /// Publish the dense parameters to server 0 for serving's delta sync every this many steps (rank 0;
     /// 0 = never).
     pub publish_dense_every: u64,
+    /// Rows of progressive validation's sliding window (0 = off; [`crate::progressive`]).
+    pub progressive_window: usize,
 }
 
 /// Sample-weighted mean loss over the last `tail` samples (at least the last batch).
