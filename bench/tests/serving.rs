@@ -28,6 +28,9 @@ fn logloss(probs: &[f64], labels: &[bool]) -> f64 {
     trainer::eval::logloss(&probs, &labels)
 }
 
+/// A refused request: the status, path, content type, body and a part of the error message expected.
+type BadRequest<'a> = (u16, &'a str, Option<&'a str>, Vec<u8>, &'a str);
+
 /// Equal to float rounding.
 fn close(a: &[f64], b: &[f64]) {
     assert_eq!(a.len(), b.len());
@@ -109,7 +112,7 @@ fn served_predictions_are_the_trainers() {
     // Bad requests: 4xx naming the problem; the server keeps serving.
     let unlabeled = |l: &String| l.split_once('\t').unwrap().1.to_owned();
     let row = unlabeled(&lines[0]);
-    let cases: Vec<(u16, &str, Option<&str>, Vec<u8>, &str)> = vec![
+    let cases: Vec<BadRequest> = vec![
         (
             400,
             "/v1/predict",

@@ -51,7 +51,7 @@ struct Job {
 
 enum Command {
     Predict(Job),
-    SetDense(DenseModel),
+    SetDense(Box<DenseModel>),
 }
 
 /// The handle requests predict through; cloning shares the thread.
@@ -92,7 +92,7 @@ impl Batcher {
     /// Makes `dense` the model of every batch after the current one.
     pub fn set_dense(&self, dense: DenseModel) -> Result<(), BatchError> {
         self.tx
-            .send(Command::SetDense(dense))
+            .send(Command::SetDense(Box::new(dense)))
             .map_err(|_| BatchError::Closed)
     }
 }
@@ -111,7 +111,7 @@ fn run(mut predictor: Predictor, store: &RowStore, limits: BatchLimits, rx: &Rec
         };
         let job = match first {
             Command::SetDense(d) => {
-                set_dense(&mut predictor, d);
+                set_dense(&mut predictor, *d);
                 continue;
             }
             Command::Predict(job) => job,
