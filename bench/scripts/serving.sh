@@ -32,7 +32,8 @@ trap cleanup EXIT
 
 # Starts ps-server I of 2 (the first generates the development certificates both use); sets ADDR_I.
 start_server() {
-  local i=$1 dir=$OUT/run/ps-$i
+  local i=$1
+  local dir=$OUT/run/ps-$i
   mkdir -p "$dir"
   "$BIN/ps-server" --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 --data-dir "$dir/data" \
     --tls-dir "$OUT/run/tls" --dev-certs --shard-index "$i" --num-shards 2 --sync-interval-secs "$SYNC" \
@@ -69,7 +70,7 @@ for spec in "1 16" "256 8"; do
 done
 
 echo "== freshness under training load (job 2 trains on ${LOAD_ROWS:-1000000} other rows; sync interval ${SYNC} s)"
-"$BIN/trainer" train --ps "$PS" --tls-dir "$TLS" --train "$OUT/load.tsv" --publish-dense-every 50 \
+"$BIN/trainer" train --ps "$PS" --tls-dir "$TLS" --train "$OUT/load.tsv" --epochs 8 --publish-dense-every 50 \
   --summary-json "$OUT/job2.json" >"$OUT/job2.log" 2>&1 &
 JOB2=$!
 sleep 5
