@@ -5,17 +5,7 @@
 
 mod support;
 
-use std::path::Path;
-
 use support::{http, predict_lines, Serve};
-
-fn read_lines(path: &Path) -> Vec<String> {
-    std::fs::read_to_string(path)
-        .unwrap()
-        .lines()
-        .map(str::to_owned)
-        .collect()
-}
 
 fn labels(lines: &[String]) -> Vec<bool> {
     lines.iter().map(|l| l.starts_with('1')).collect()
@@ -53,7 +43,7 @@ fn served_predictions_are_the_trainers() {
         &["--export-dir", export.to_str().unwrap()],
     );
     assert!(stderr.contains("export at step"), "{stderr}");
-    let lines = read_lines(&test);
+    let lines = support::read_lines(&test);
     let labels = labels(&lines);
 
     let serve = Serve::start(&[

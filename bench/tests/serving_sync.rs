@@ -10,14 +10,6 @@ use std::time::{Duration, Instant};
 
 use support::{http, predict_lines, Serve};
 
-fn read_lines(path: &Path) -> Vec<String> {
-    std::fs::read_to_string(path)
-        .unwrap()
-        .lines()
-        .map(str::to_owned)
-        .collect()
-}
-
 /// Runs `trainer train` against `ps` with `args`; returns its summary.
 fn train(dir: &Path, ps: &str, tls: &Path, name: &str, args: &[&str]) -> serde_json::Value {
     let json = dir.join(format!("{name}.json"));
@@ -72,7 +64,7 @@ fn training_changes_reach_serving() {
     support::generate(6_000, 1, &first);
     support::generate(6_000, 3, &second);
     support::generate(2_000, 2, &test);
-    let lines = read_lines(&test);
+    let lines = support::read_lines(&test);
     let cluster = support::start_servers(
         2,
         &dir.path().join("run"),

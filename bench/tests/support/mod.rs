@@ -238,3 +238,12 @@ pub fn predict_lines(addr: std::net::SocketAddr, lines: &[String], chunk: usize)
     }
     probs
 }
+
+/// The lines of a text file.
+pub fn read_lines(path: &Path) -> Vec<String> {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
