@@ -1,5 +1,6 @@
 //! Micro-batching: requests hand their parsed rows to one predicting thread, which gathers the rows of the
-//! requests arriving within `--batch-deadline-us` of the first (up to `--max-batch-rows`) into one batch,
+//! requests arriving within `--batch-deadline-us` of the first (default 0: those already queued, which
+//! arrived while the previous batch was predicted; up to `--max-batch-rows`) into one batch,
 //! predicts it once and answers each request with its share. One thread owns the model, so a new dense
 //! version ([`Batcher::set_dense`]) takes effect between two batches: no prediction mixes two versions.
 //! The model's own work is parallel (rayon over chunks of rows).

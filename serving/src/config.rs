@@ -25,7 +25,8 @@ pub struct ServeOptions {
     /// Default: none (every row the export holds is loaded).
     #[arg(long, env = "PS_SERVE_MEMORY_BUDGET_ROWS")]
     pub memory_budget_rows: Option<u64>,
-    /// Microseconds the first request of a micro-batch waits for others. Default 1000.
+    /// Microseconds the first request of a micro-batch waits for others. Default 0: a batch is every request
+    /// that queued while the previous one was predicted (lowest latency; BENCHMARKS.md).
     #[arg(long, env = "PS_SERVE_BATCH_DEADLINE_US")]
     pub batch_deadline_us: Option<u64>,
     /// Rows that close a micro-batch at once. Default 2048.
@@ -187,7 +188,7 @@ impl ServeOptions {
                 "--memory-budget-rows 0, expected at least 1 (omit it for no budget)".into(),
             );
         }
-        let deadline_us = self.batch_deadline_us.unwrap_or(1000);
+        let deadline_us = self.batch_deadline_us.unwrap_or(0);
         if deadline_us > 1_000_000 {
             return bad(format!(
                 "--batch-deadline-us {deadline_us}, expected at most 1000000 (one second)"
@@ -267,7 +268,7 @@ mod tests {
     fn defaults_and_precedence() {
         let c = opts("/e").validate().unwrap();
         assert_eq!(c.listen.port(), 8500);
-        assert_eq!(c.batch_deadline, Duration::from_micros(1000));
+        assert_eq!(c.batch_deadline, Duration::ZERO);
         assert_eq!((c.max_batch_rows, c.max_rows), (2048, 8192));
         assert!(c.sync.is_none());
         let file: ServeOptions =
