@@ -30,7 +30,8 @@ PIDS=()
 cleanup() { for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
 trap cleanup EXIT
 
-# Starts ps-server I of 2 (the first generates the development certificates both use); sets ADDR_I.
+# Starts ps-server I of 2 (the first generates the development certificates both use); sets ADDR. Not called
+# in a command substitution: that subshell's PIDS would not reach the cleanup.
 start_server() {
   local i=$1
   local dir=$OUT/run/ps-$i
@@ -40,10 +41,12 @@ start_server() {
     >"$dir/ready" 2>"$dir/log" &
   PIDS+=($!)
   for _ in $(seq 1 600); do grep -q ready "$dir/ready" 2>/dev/null && break; sleep 0.1; done
-  grep -o 'quic=[^ ]*' "$dir/ready" | cut -d= -f2
+  ADDR=$(grep -o 'quic=[^ ]*' "$dir/ready" | cut -d= -f2)
 }
-A=$(start_server 0)
-B=$(start_server 1)
+start_server 0
+A=$ADDR
+start_server 1
+B=$ADDR
 PS="$A,$B"
 TLS=$OUT/run/tls
 
