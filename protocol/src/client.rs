@@ -47,6 +47,11 @@ pub struct PsClientConfig {
     pub retry_for: Duration,
     /// QUIC or TCP.
     pub transport: Transport,
+    /// The other replicas of each shard (`backups[i]` for shard `i`, in replica order after `servers[i]`);
+    /// empty, or an empty list for a shard, when shards have one replica ([`PsClientConfig::replicated`]).
+    pub backups: Vec<Vec<SocketAddr>>,
+    /// Send pulls to an in-sync backup of a shard when it has one (pushes always go to the primary).
+    pub read_from_backups: bool,
 }
 
 impl PsClientConfig {
@@ -60,6 +65,22 @@ impl PsClientConfig {
             request_timeout: Duration::from_secs(30),
             retry_for: Duration::from_secs(20),
             transport: Transport::Quic,
+            backups: Vec::new(),
+            read_from_backups: false,
+        }
+    }
+
+    /// Defaults for a cluster whose shard `i` runs on the replicas `shards[i]` (replica order; the first is
+    /// the one tried first). Shards with one address have one replica.
+    pub fn replicated(shards: Vec<Vec<SocketAddr>>, tls_dir: PathBuf) -> PsClientConfig {
+        let servers = shards.iter().filter_map(|r| r.first().copied()).collect();
+        let backups = shards
+            .into_iter()
+            .map(|r| r.into_iter().skip(1).collect())
+            .collect();
+        PsClientConfig {
+            backups,
+            ..PsClientConfig::new(servers, tls_dir)
         }
     }
 }

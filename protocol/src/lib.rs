@@ -13,6 +13,7 @@
 //!   is written against; [`Transport`] (QUIC or TCP, picked in configs) and the [`transport::NetDialer`] it
 //!   builds; TLS, QUIC endpoints, framing on streams; [`transport::memory`], an in-memory transport with
 //!   injected faults for tests under simulated time.
+//! - [`cluster`]: how a cluster's shards and their replicas are written in `--ps` flags.
 //! - [`routing`]: stable id -> virtual shard -> server mapping ([`ShardMap`]).
 //! - [`client`]: [`PsClient`], the trainer's connection to every parameter server: retries with backoff,
 //!   liveness probes of overdue requests; also serving's sync client ([`PsClient::sync_deltas`],
@@ -26,6 +27,7 @@
 #![warn(missing_docs)]
 
 pub mod client;
+pub mod cluster;
 pub mod compression;
 pub mod error;
 pub mod keyed;
