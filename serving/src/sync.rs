@@ -131,7 +131,7 @@ impl Follower {
         let addrs = trainer::config::resolve_servers(&self.sync.servers, self.sync.resolve_timeout)
             .await
             .map_err(anyhow::Error::msg)?;
-        let mut cfg = PsClientConfig::new(addrs, self.sync.tls_dir.clone());
+        let mut cfg = PsClientConfig::replicated(addrs, self.sync.tls_dir.clone());
         cfg.server_name = self.sync.server_name.clone();
         cfg.transport = self.sync.transport;
         cfg.retry_for = Duration::from_secs(2);

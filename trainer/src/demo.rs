@@ -262,6 +262,7 @@ pub fn run_demo(mut args: DemoArgs) -> anyhow::Result<Summary> {
         server_name: protocol::transport::tls::DEFAULT_SERVER_NAME.into(),
         resolve_timeout_secs: 0.0,
         transport: protocol::Transport::default(),
+        read_from_backups: false,
     };
     let inputs = Inputs {
         train: vec![train],

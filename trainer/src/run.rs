@@ -205,7 +205,8 @@ pub async fn connect(cluster: &ClusterArgs) -> anyhow::Result<Arc<PsClient>> {
     )
     .await
     .map_err(anyhow::Error::msg)?;
-    let mut cfg = PsClientConfig::new(servers, cluster.tls_dir.clone());
+    let mut cfg = PsClientConfig::replicated(servers, cluster.tls_dir.clone());
+    cfg.read_from_backups = cluster.read_from_backups;
     cfg.server_name = cluster.server_name.clone();
     cfg.transport = cluster.transport;
     Ok(Arc::new(

@@ -133,7 +133,7 @@ pub fn put_rows(ids: &[u64], rows: &[f32], out: &mut Vec<u8>) {
 pub fn decode(tables: &[RowsTable], payload: &[u8]) -> Result<Vec<(Vec<u64>, Vec<f32>)>, ProtocolError> {
     let expected = tables.iter().try_fold(0u64, |acc, t| {
         let per_row = 8 + 4 * u64::from(t.row_len);
-        acc.checked_add(u64::from(t.count) * per_row)
+        acc.checked_add(u64::from(t.count).checked_mul(per_row)?)
     });
     if expected != Some(payload.len() as u64) {
         return Err(ProtocolError::BadPayload(format!(

@@ -10,9 +10,13 @@ use clap::Args;
 #[derive(Debug, Clone, Args)]
 pub struct ClusterArgs {
     /// Parameter servers as `host:port` (IP or DNS name, e.g. the pods of a headless Service), comma separated,
-    /// in shard order; names are resolved when connecting.
+    /// in shard order; a shard with replicas lists them separated by `/` (`a0/a1,b0/b1`,
+    /// docs/replication.md). Names are resolved when connecting.
     #[arg(long, value_delimiter = ',', required = true, env = "TRAINER_PS")]
     pub ps: Vec<String>,
+    /// Send pulls to an in-sync backup of each replicated shard (pushes always go to the primary).
+    #[arg(long, env = "TRAINER_READ_FROM_BACKUPS")]
+    pub read_from_backups: bool,
     /// TLS directory with ca.pem, client.pem and client.key.
     #[arg(long, env = "TRAINER_TLS_DIR")]
     pub tls_dir: PathBuf,
@@ -29,13 +33,26 @@ pub struct ClusterArgs {
     pub transport: protocol::Transport,
 }
 
-/// Resolves each `host:port` entry of `--ps` to its first address, in order. Retries names that do not resolve
-/// for up to `timeout` (1 s apart); the error names the entry that failed.
+/// Resolves each `--ps` entry (a shard: `host:port`, or its replicas `host:port/host:port...`) to the first
+/// address of each replica, in order. Retries names that do not resolve for up to `timeout` (1 s apart); the
+/// error names the entry that failed.
 pub async fn resolve_servers(
     entries: &[String],
     timeout: Duration,
-) -> Result<Vec<SocketAddr>, String> {
+) -> Result<Vec<Vec<SocketAddr>>, String> {
     let deadline = tokio::time::Instant::now() + timeout;
+    let mut shards = Vec::with_capacity(entries.len());
+    for shard in entries {
+        let replicas = protocol::cluster::split_replicas(shard.trim()).map_err(|e| e.to_string())?;
+        shards.push(resolve_all(&replicas, deadline).await?);
+    }
+    Ok(shards)
+}
+
+async fn resolve_all(
+    entries: &[&str],
+    deadline: tokio::time::Instant,
+) -> Result<Vec<SocketAddr>, String> {
     let mut out = Vec::with_capacity(entries.len());
     for entry in entries {
         let entry = entry.trim();

@@ -49,10 +49,19 @@ fn bad_values_named() {
 async fn ps_entries_resolve_or_name_the_entry() {
     let entries = vec!["127.0.0.1:7000".to_string(), "localhost:7001".to_string()];
     let addrs = resolve_servers(&entries, Duration::ZERO).await.unwrap();
-    assert_eq!(addrs[0], "127.0.0.1:7000".parse().unwrap());
-    assert_eq!(addrs[1].port(), 7001);
-    assert!(addrs[1].ip().is_loopback());
-    for bad in ["no-such-host.invalid:7000", "localhost"] {
+    assert_eq!(addrs[0], vec!["127.0.0.1:7000".parse().unwrap()]);
+    assert_eq!(addrs[1][0].port(), 7001);
+    assert!(addrs[1][0].ip().is_loopback());
+    let replicated = vec!["127.0.0.1:7000/localhost:7002".to_string()];
+    let addrs = resolve_servers(&replicated, Duration::ZERO).await.unwrap();
+    assert_eq!(addrs[0].len(), 2);
+    assert_eq!(addrs[0][1].port(), 7002);
+    for bad in [
+        "no-such-host.invalid:7000",
+        "localhost",
+        "127.0.0.1:7000/",
+        "127.0.0.1:7000/no-such-host.invalid:7000",
+    ] {
         let err = resolve_servers(&[bad.to_string()], Duration::ZERO)
             .await
             .unwrap_err();
