@@ -354,6 +354,13 @@ impl Engine {
         self.table(table)?.apply_at(ids, grads, now)
     }
 
+    /// [`Table::store_rows`] on table `table`, under the push gate (a checkpoint holds all of these rows or
+    /// none): a backup taking rows its primary computed.
+    pub fn store_rows(&self, table: u32, ids: &[u64], rows: &[f32], now: u64) -> Result<usize, EmbeddingError> {
+        let _push = self.push_gate.read();
+        self.table(table)?.store_rows(ids, rows, now)
+    }
+
     /// Deletes the rows of every table with a TTL that were untouched for `ttl_secs` at `now_secs`, first from
     /// the store (one atomic delete batch per table), then from memory, and advances every table's logical
     /// clock to `now_secs`. Runs under the flush lock, so a flush never rewrites a row this call deletes.

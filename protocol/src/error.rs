@@ -27,12 +27,24 @@ pub enum ErrorCode {
     Storage,
     /// Anything else.
     Internal,
+    // Codes below were added after the first release (bincode numbers variants by position).
+    /// This replica is not its shard's primary (a backup, or a primary that stepped down): find the primary.
+    NotPrimary,
+    /// The request carries an older shard epoch than this replica holds: the sender is a deposed primary, or
+    /// a client that has not seen the last promotion.
+    StaleEpoch,
+    /// A backup asked to promote itself does not hold every acknowledged row (still catching up), or still
+    /// hears from its primary.
+    NotInSync,
 }
 
 impl ErrorCode {
     /// Whether a client may retry the same request later with a chance of success.
     pub fn is_transient(self) -> bool {
-        matches!(self, ErrorCode::ShuttingDown | ErrorCode::Storage)
+        matches!(
+            self,
+            ErrorCode::ShuttingDown | ErrorCode::Storage | ErrorCode::NotPrimary
+        )
     }
 }
 
@@ -151,6 +163,16 @@ pub enum ProtocolError {
         /// This peer's version digits.
         expected: String,
     },
+    /// A replica is not the primary its client needs: a backup, a replica still starting, or a primary of an
+    /// older shard epoch than the client has seen (a deposed primary that came back: fenced). The client
+    /// looks for the shard's primary and retries.
+    #[error("server {server} is not the primary of its shard: {why}")]
+    NotPrimary {
+        /// Address of the replica.
+        server: String,
+        /// Its role and epoch against what the client knows.
+        why: String,
+    },
 }
 
 impl ProtocolError {
@@ -164,6 +186,7 @@ impl ProtocolError {
             | ProtocolError::Read(_)
             | ProtocolError::Closed(_)
             | ProtocolError::ConnectionLost { .. }
+            | ProtocolError::NotPrimary { .. }
             | ProtocolError::Timeout { .. } => true,
             _ => false,
         }

@@ -46,5 +46,6 @@ pub use wire::prefetch::PrefetchCounts;
 /// ALPN protocol name; bumped when the wire format changes incompatibly.
 pub const ALPN: &[u8] = b"ps/1";
 /// Protocol version carried in [`Request::Hello`].
-/// Version 2: id sections delta + varint coded, [`Encoding::Int8`].
-pub const PROTOCOL_VERSION: u32 = 2;
+/// Version 2: id sections delta + varint coded, [`Encoding::Int8`]. Version 3: replicas (`Hello` says which,
+/// `Replicate`, `Join`, `Promote`).
+pub const PROTOCOL_VERSION: u32 = 3;

@@ -134,6 +134,24 @@ struct ServeArgs {
         conflicts_with = "shard_index"
     )]
     shard_index_from_hostname: bool,
+    /// This server's index among its shard's replicas [default: 0].
+    #[arg(long, env = "PS_REPLICA_INDEX")]
+    replica_index: Option<u32>,
+    /// Take the replica index from the trailing `-<ordinal>` of the hostname (pod ps-0-1 is replica 1 of its
+    /// shard); wins over the config file's replica-index.
+    #[arg(
+        long,
+        env = "PS_REPLICA_INDEX_FROM_HOSTNAME",
+        conflicts_with = "replica_index"
+    )]
+    replica_index_from_hostname: bool,
+    /// host:port of every replica of this server's shard, its own included, comma separated, in replica order
+    /// (docs/replication.md) [default: none, one replica].
+    #[arg(long, value_delimiter = ',', env = "PS_REPLICAS")]
+    replicas: Option<Vec<String>>,
+    /// TLS server name of the other replicas' certificates [default: the development name].
+    #[arg(long, env = "PS_REPLICA_SERVER_NAME")]
+    replica_server_name: Option<String>,
     /// Number of servers [default: 1].
     #[arg(long, env = "PS_NUM_SHARDS")]
     num_shards: Option<u32>,
@@ -167,7 +185,8 @@ struct ServeArgs {
     #[arg(long, env = "PS_PREFETCH_PIN_SECS")]
     prefetch_pin_secs: Option<u64>,
     /// When pushed rows reach RocksDB: none (memory only), periodic (every flush interval and at shutdown),
-    /// sync (before each push is acknowledged) [default: periodic].
+    /// sync (before each push is acknowledged), replicated (periodic, and each push is held by every in-sync
+    /// backup before it is acknowledged) [default: periodic].
     #[arg(long, env = "PS_DURABILITY", value_enum)]
     durability: Option<Durability>,
     /// Frequency admission for every table: an id gets a row at its N-th push; earlier pushes are dropped and
@@ -240,6 +259,9 @@ impl ServeArgs {
             prefetch_pin_secs: self.prefetch_pin_secs,
             sync_interval_secs: self.sync_interval_secs,
             sync_retain_rows: self.sync_retain_rows,
+            replica_index: self.replica_index,
+            replicas: self.replicas.clone(),
+            replica_server_name: self.replica_server_name.clone(),
         }
     }
 }
@@ -331,6 +353,11 @@ fn run_cli(cli: Cli) -> anyhow::Result<()> {
         flags.shard_index = Some(crate::config::shard_index_from_hostname(&host)?);
         tracing::info!(hostname = %host, shard_index = flags.shard_index, "shard index from hostname");
     }
+    if args.replica_index_from_hostname {
+        let host = crate::config::hostname()?;
+        flags.replica_index = Some(crate::config::shard_index_from_hostname(&host)?);
+        tracing::info!(hostname = %host, replica_index = flags.replica_index, "replica index from hostname");
+    }
     let cfg = file.overlay(flags).validate()?;
     if args.dev_certs {
         protocol::transport::tls::init_dev_certs(&cfg.tls_dir, &[])
@@ -347,10 +374,11 @@ fn run_cli(cli: Cli) -> anyhow::Result<()> {
             a.map(|a| format!(" {key}={a}")).unwrap_or_default()
         };
         println!(
-            "ps-server ready{}{} metrics={}",
+            "ps-server ready{}{} metrics={} role={}",
             addr("quic", bound.quic),
             addr("tcp", bound.tcp),
-            bound.metrics
+            bound.metrics,
+            bound.role.name()
         );
     }))
 }

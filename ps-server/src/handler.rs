@@ -52,7 +52,7 @@ impl Refusal {
     }
 }
 
-fn refuse(code: ErrorCode, message: impl Into<String>) -> Refusal {
+pub(crate) fn refuse(code: ErrorCode, message: impl Into<String>) -> Refusal {
     Refusal {
         code,
         message: message.into(),
@@ -105,7 +105,20 @@ impl Shard {
     /// A sync request is answered at once (the server loop waits for cuts: [`Shard::sync_deltas`]). Never
     /// panics on peer input: every problem becomes a [`Response::Error`].
     pub fn handle_us(&self, req: Request, payload: &[u8], now_us: u64) -> Reply {
+        self.handle_replicated(req, payload, now_us).0
+    }
+
+    /// [`Shard::handle_us`], and for a push on a primary with `replicated` durability, what its reply must
+    /// wait for: its rows stored by every in-sync backup ([`crate::replica::AckWait`]). `Join` needs the
+    /// shard's `Arc` and is answered by the server loop ([`Shard::join`]).
+    pub fn handle_replicated(
+        &self,
+        req: Request,
+        payload: &[u8],
+        now_us: u64,
+    ) -> (Reply, Option<crate::replica::AckWait>) {
         let now = now_us / 1_000_000;
+        let mut wait = None;
         let result = match req {
             Request::Hello { version } => self.hello(version),
             Request::RegisterTables { tables } => self.register(&tables),
@@ -119,7 +132,12 @@ impl Shard {
                 encoding,
                 grad_scale,
                 tables,
-            } => self.push(epoch, encoding, grad_scale, &tables, payload, now_us),
+            } => self
+                .push(epoch, encoding, grad_scale, &tables, payload, now_us)
+                .map(|(reply, w)| {
+                    wait = w;
+                    reply
+                }),
             Request::Flush => self.flush(),
             Request::Checkpoint { dir, step } => self.checkpoint_request(&dir, step, now_us),
             Request::PullWithState {
@@ -157,11 +175,18 @@ impl Shard {
                     SyncOutcome::UpToDate => unreachable!("may_wait is false"),
                 })
             }
-            Request::PublishDense { version, step, len } => {
-                self.publish_dense(version, step, len, payload, now_us)
-            }
+            Request::PublishDense { version, step, len } => self
+                .replica
+                .require_primary("publish dense")
+                .and_then(|()| self.publish_dense(version, step, len, payload, now_us)),
+            Request::Replicate { header } => self.replicate(&header, payload, now),
+            Request::Promote { shard_epoch } => self.promote(shard_epoch),
+            Request::Join { .. } => Err(refuse(
+                ErrorCode::Internal,
+                "a join is answered by the server loop, not by Shard::handle",
+            )),
         };
-        result.unwrap_or_else(Refusal::into_reply)
+        (result.unwrap_or_else(Refusal::into_reply), wait)
     }
 
     fn hello(&self, version: u32) -> Result<Reply, Refusal> {
@@ -183,15 +208,18 @@ impl Shard {
                     .iter()
                     .filter_map(|cfg| table_spec(&self.engine.without_policy(cfg)))
                     .collect(),
+                replica: self.replica.info(),
             },
             payload: Vec::new(),
         })
     }
 
     fn register(&self, tables: &[TableSpec]) -> Result<Reply, Refusal> {
+        self.replica.require_primary("register tables")?;
         for spec in tables {
             self.engine.register_table(table_config(spec))?;
         }
+        self.replica.links.tables_registered(tables.to_vec());
         Ok(Reply {
             header: Response::Registered {
                 tables: self.engine.tables().len() as u32,
@@ -260,6 +288,7 @@ impl Shard {
         tables: &[TableCount],
         payload: &[u8],
     ) -> Result<(PayloadLayout, Vec<u64>), Refusal> {
+        self.replica.require_readable("pull")?;
         self.check_epoch(epoch)?;
         self.check_tables(tables)?;
         let mut all_ids = Vec::new();
@@ -333,6 +362,7 @@ impl Shard {
         payload: &[u8],
         now: u64,
     ) -> Result<Reply, Refusal> {
+        self.replica.require_primary("prefetch")?;
         self.check_epoch(epoch)?;
         self.check_tables(tables)?;
         let mut all_ids = Vec::new();
@@ -388,8 +418,9 @@ impl Shard {
         tables: &[TableCount],
         payload: &[u8],
         now_us: u64,
-    ) -> Result<Reply, Refusal> {
+    ) -> Result<(Reply, Option<crate::replica::AckWait>), Refusal> {
         let now = now_us / 1_000_000;
+        self.replica.require_primary("push")?;
         self.check_epoch(epoch)?;
         if let Some(failure) = self.writes.failure() {
             return Err(refuse(
@@ -463,6 +494,21 @@ impl Shard {
             }),
             now_us,
         );
+        // The rows go to the backups whatever the outcome: a failed push may have changed some.
+        let wait = {
+            let mut at = 0;
+            let parts: Vec<(u32, &[u64])> = tables[..tried]
+                .iter()
+                .map(|t| {
+                    let ids = &all_ids[at..at + t.count as usize];
+                    at += t.count as usize;
+                    (t.table, ids)
+                })
+                .collect();
+            self.replica
+                .links
+                .after_push(&self.engine, &parts, self.replica.waits_for_backups())
+        };
         outcome?;
         drop(guard);
         metrics::counter!(m::ROWS_PUSHED_TOTAL).increment(applied);
@@ -475,13 +521,14 @@ impl Shard {
         if self.durability == Durability::Sync {
             self.persist_push(tables, &all_ids)?;
         }
-        Ok(Reply {
+        let reply = Reply {
             header: Response::Pushed {
                 rows: applied,
                 rejected_nonfinite: rejected,
             },
             payload: Vec::new(),
-        })
+        };
+        Ok((reply, wait))
     }
 
     /// Writes the rows of a push, already applied, with a synced store write ([`Durability::Sync`]). On a store

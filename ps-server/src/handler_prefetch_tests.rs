@@ -21,6 +21,7 @@ fn spilled_shard(num_servers: u32) -> Shard {
         writes: Default::default(),
         pin_secs: 30,
         reducer: Default::default(),
+        replica: crate::replica::Replica::single(),
         sync: Default::default(),
     };
     let r = s.handle(

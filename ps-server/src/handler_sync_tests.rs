@@ -23,6 +23,7 @@ fn shard_with(retain_rows: usize) -> Shard {
         writes: Default::default(),
         pin_secs: crate::config::DEFAULT_PIN_SECS,
         reducer: Default::default(),
+        replica: crate::replica::Replica::single(),
         sync: SyncState::new(true, retain_rows, INC),
     };
     let r = s.handle(

@@ -18,6 +18,7 @@ fn shard(num_servers: u32, index: u32) -> Shard {
         writes: Default::default(),
         pin_secs: crate::config::DEFAULT_PIN_SECS,
         reducer: Default::default(),
+        replica: crate::replica::Replica::single(),
         sync: Default::default(),
     };
     let r = s.handle(
@@ -143,6 +144,7 @@ fn pushed_rows_are_stamped_with_the_time_passed_in() {
         writes: Default::default(),
         pin_secs: crate::config::DEFAULT_PIN_SECS,
         reducer: Default::default(),
+        replica: crate::replica::Replica::single(),
         sync: Default::default(),
     };
     s.engine.set_table_policy(None, Some(10));
@@ -384,6 +386,7 @@ fn sync_push_is_stored_before_the_reply_and_a_store_error_is_a_storage_refusal()
         writes: Default::default(),
         pin_secs: crate::config::DEFAULT_PIN_SECS,
         reducer: Default::default(),
+        replica: crate::replica::Replica::single(),
         sync: Default::default(),
     };
     let r = s.handle(

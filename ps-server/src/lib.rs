@@ -34,6 +34,7 @@ pub mod load_limits;
 pub mod metrics;
 pub mod plan;
 pub mod reduce;
+pub mod replica;
 pub mod restore;
 pub mod server;
 pub mod shard;

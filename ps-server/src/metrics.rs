@@ -117,6 +117,31 @@ pub const INFLIGHT_WAIT_SECONDS: &str = "ps_inflight_wait_seconds";
 /// Connections refused because `max-connections` were open.
 pub const CONNECTIONS_REFUSED_TOTAL: &str = "ps_connections_refused_total";
 
+/// 1 on the shard's primary, 0 on a backup or a replica still starting (`docs/replication.md`).
+pub const REPLICA_PRIMARY: &str = "ps_replica_primary";
+/// 1 on a primary and on an in-sync backup, 0 while a backup catches up.
+pub const REPLICA_IN_SYNC: &str = "ps_replica_in_sync";
+/// The shard epoch this replica holds (bumped by every promotion).
+pub const SHARD_EPOCH: &str = "ps_shard_epoch";
+/// On a primary: backups in sync.
+pub const REPLICATION_BACKUPS_IN_SYNC: &str = "ps_replication_backups_in_sync";
+/// Backups configured for the shard (replicas - 1).
+pub const REPLICATION_BACKUPS_CONFIGURED: &str = "ps_replication_backups_configured";
+/// On a primary: most messages (pushes) queued and not yet stored by one backup.
+pub const REPLICATION_LAG_PUSHES: &str = "ps_replication_lag_pushes";
+/// On a primary: age of the oldest message not yet stored by a backup.
+pub const REPLICATION_LAG_SECONDS: &str = "ps_replication_lag_seconds";
+/// Rows sent to backups, labelled `phase` (`stream`, `catchup`).
+pub const REPLICATION_ROWS_TOTAL: &str = "ps_replication_rows_total";
+/// On a backup: rows stored from the primary's stream.
+pub const REPLICATION_ROWS_STORED_TOTAL: &str = "ps_replication_rows_stored_total";
+/// On a primary with `replicated` durability: time a push waited for its backups.
+pub const REPLICATION_WAIT_SECONDS: &str = "ps_replication_wait_seconds";
+/// Promotions of this replica to primary.
+pub const FAILOVERS_TOTAL: &str = "ps_failovers_total";
+/// Backups dropped from the stream, labelled `why`.
+pub const REPLICATION_DROPPED_TOTAL: &str = "ps_replication_dropped_total";
+
 /// Histogram buckets for every `_seconds` metric: 50 µs .. 10 s.
 pub const LATENCY_BUCKETS: &[f64] = &[
     0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
@@ -131,6 +156,43 @@ pub fn describe() {
     describe_writes();
     describe_load();
     describe_sync();
+    describe_replication();
+}
+
+/// Replication between the replicas of a shard ([`crate::replica`]).
+fn describe_replication() {
+    describe_gauge!(REPLICA_PRIMARY, "1 on the shard's primary, else 0.");
+    describe_gauge!(
+        REPLICA_IN_SYNC,
+        "1 on a primary or an in-sync backup, 0 while catching up."
+    );
+    describe_gauge!(SHARD_EPOCH, "Shard epoch held (bumped by every promotion).");
+    describe_gauge!(REPLICATION_BACKUPS_IN_SYNC, "On a primary: backups in sync.");
+    describe_gauge!(REPLICATION_BACKUPS_CONFIGURED, "Backups configured (replicas - 1).");
+    describe_gauge!(
+        REPLICATION_LAG_PUSHES,
+        "On a primary: most messages queued and not yet stored by one backup."
+    );
+    describe_gauge!(
+        REPLICATION_LAG_SECONDS,
+        Unit::Seconds,
+        "On a primary: age of the oldest message not yet stored by a backup."
+    );
+    describe_counter!(REPLICATION_ROWS_TOTAL, "Rows sent to backups, by phase.");
+    describe_counter!(
+        REPLICATION_ROWS_STORED_TOTAL,
+        "On a backup: rows stored from the primary's stream."
+    );
+    describe_histogram!(
+        REPLICATION_WAIT_SECONDS,
+        Unit::Seconds,
+        "Time a replicated push waited for its in-sync backups."
+    );
+    describe_counter!(FAILOVERS_TOTAL, "Promotions of this replica to primary.");
+    describe_counter!(
+        REPLICATION_DROPPED_TOTAL,
+        "Backups dropped from the stream, by why."
+    );
 }
 
 /// Requests and their bytes, rows pulled and pushed, open connections.

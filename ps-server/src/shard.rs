@@ -40,6 +40,8 @@ pub struct Shard {
     pub reducer: crate::reduce::Reducer,
     /// Changed rows and published dense parameters for serving's delta sync ([`crate::sync`]).
     pub sync: crate::sync::SyncState,
+    /// This server's place among its shard's replicas ([`crate::replica`]).
+    pub replica: crate::replica::Replica,
 }
 
 impl Shard {

@@ -143,6 +143,7 @@ fn new_shard(num_servers: u32, durability: Durability, budget: Option<u64>) -> S
         writes: Default::default(),
         pin_secs: ps_server::config::DEFAULT_PIN_SECS,
         reducer: Default::default(),
+        replica: ps_server::replica::Replica::single(),
         sync: Default::default(),
     };
     let tables = TABLES.iter().map(|&(id, dim)| base_spec(id, dim)).collect();

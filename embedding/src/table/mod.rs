@@ -60,6 +60,7 @@ mod dirty;
 mod expire;
 mod index;
 mod pin;
+mod replica;
 mod scan;
 mod stripe;
 

@@ -18,6 +18,9 @@
 //! | [`Request::Reduce`] | f32 LE values | [`Response::Reduced`] | f32 LE sums |
 //! | [`Request::SyncDeltas`] | none | [`Response::Deltas`] | ids of every table, rows of every table, then dense f32 LE values if announced ([`crate::wire::sync`]) |
 //! | [`Request::PublishDense`] | f32 LE values | [`Response::Published`] | none |
+//! | [`Request::Replicate`] | ids then full rows of every table ([`crate::wire::replicate`]) | [`Response::Replicated`] | none |
+//! | [`Request::Join`] | none | [`Response::Joined`] | none |
+//! | [`Request::Promote`] | none | [`Response::Promoted`] | none |
 //!
 //! Any request may be answered by [`Response::Error`].
 
@@ -143,6 +146,26 @@ pub enum Request {
         /// Values in the payload, `<=` [`crate::wire::sync::MAX_DENSE_VALUES`].
         len: u32,
     },
+    /// From a primary to one of its backups: whole rows to store ([`crate::wire::replicate`]).
+    Replicate {
+        /// Epoch, session, sequence, tables.
+        header: crate::wire::replicate::ReplicateHeader,
+    },
+    /// From a backup to its primary: stream to me (replica `replica_index` of the shard), starting with every
+    /// table and row (a catch-up scan), under `session`.
+    Join {
+        /// The shard epoch the backup holds: a primary with an older one steps down instead.
+        shard_epoch: u64,
+        /// The backup's replica index.
+        replica_index: u32,
+        /// A number the backup draws for this join; the stream's messages carry it.
+        session: u64,
+    },
+    /// From a client to an in-sync backup whose primary it cannot reach: become the primary.
+    Promote {
+        /// The highest shard epoch the client has seen for this shard.
+        shard_epoch: u64,
+    },
 }
 
 /// A response header.
@@ -160,6 +183,8 @@ pub enum Response {
         routing: u64,
         /// Tables known to this server.
         tables: Vec<TableSpec>,
+        /// Its place among its shard's replicas.
+        replica: crate::wire::replicate::ReplicaInfo,
     },
     /// Answer to [`Request::RegisterTables`].
     Registered {
@@ -229,6 +254,21 @@ pub enum Response {
         /// The newest version the server holds (the one published, or a newer one published before).
         version: u64,
     },
+    /// Answer to [`Request::Replicate`]: the rows are stored (in memory).
+    Replicated {
+        /// Sequence number of the last message stored.
+        seq: u64,
+    },
+    /// Answer to [`Request::Join`]: the primary starts streaming.
+    Joined {
+        /// The primary's shard epoch.
+        shard_epoch: u64,
+    },
+    /// Answer to [`Request::Promote`]: the replica is the primary now (or already was).
+    Promoted {
+        /// Its shard epoch.
+        shard_epoch: u64,
+    },
 }
 
 impl Response {
@@ -247,6 +287,9 @@ impl Response {
             Response::Reduced { .. } => "Reduced",
             Response::Deltas { .. } => "Deltas",
             Response::Published { .. } => "Published",
+            Response::Replicated { .. } => "Replicated",
+            Response::Joined { .. } => "Joined",
+            Response::Promoted { .. } => "Promoted",
         }
     }
 }

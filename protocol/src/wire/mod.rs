@@ -24,4 +24,5 @@ pub mod pull;
 pub mod pull_with_state;
 pub mod push;
 pub mod reduce;
+pub mod replicate;
 pub mod sync;

@@ -83,6 +83,14 @@ pub struct FileConfig {
     /// Ids the retained deltas of the delta sync hold at most (oldest dropped first; a subscriber further
     /// behind gets a full scan), >= 1. Default 16777216 (16 Mi ids, 128 MiB).
     pub sync_retain_rows: Option<u64>,
+    /// This server's index among its shard's replicas, `0..replicas.len()`. Default 0.
+    pub replica_index: Option<u32>,
+    /// `host:port` of every replica of this server's shard, its own included, in replica order
+    /// (`docs/replication.md`). Default none: one replica.
+    pub replicas: Option<Vec<String>>,
+    /// Name the other replicas' certificates carry (TLS server name when this server dials them). Default
+    /// the development name.
+    pub replica_server_name: Option<String>,
 }
 
 /// Which transports a server listens on; both use the `listen` address (UDP and TCP port of the same number).
@@ -126,6 +134,11 @@ pub enum Durability {
     /// with a `Storage` error, but the rows were applied in memory and stay dirty, so the timer's write-back
     /// retries them. Loss bound: nothing acknowledged. Costs one WAL fsync per push.
     Sync,
+    /// Every acknowledged push is held in memory by every in-sync backup of the shard before its
+    /// acknowledgement (`docs/replication.md`); each replica writes back periodically as with `periodic`.
+    /// Loss bound: nothing acknowledged unless every replica of the shard crashes within a flush interval.
+    /// Without in-sync backups, as `periodic`.
+    Replicated,
 }
 
 impl FileConfig {
@@ -173,7 +186,10 @@ impl FileConfig {
             rocksdb_tuning,
             prefetch_pin_secs,
             sync_interval_secs,
-            sync_retain_rows
+            sync_retain_rows,
+            replica_index,
+            replicas,
+            replica_server_name
         );
         self
     }
@@ -211,7 +227,13 @@ impl FileConfig {
             crate::sync::DEFAULT_RETAIN_ROWS as u64,
             1,
         )? as usize;
+        let (replica_index, replicas) = self.replica_position()?;
         Ok(ServerConfig {
+            replica_index,
+            replicas,
+            replica_server_name: self
+                .replica_server_name
+                .unwrap_or_else(|| protocol::transport::tls::DEFAULT_SERVER_NAME.into()),
             tier,
             sync_interval,
             sync_retain_rows,
@@ -258,6 +280,51 @@ impl FileConfig {
             )));
         }
         Ok((shard_index, num_shards))
+    }
+
+    /// `(replica_index, replicas)`: no replicas by default; with a list, the index must lie in it and no
+    /// address may repeat.
+    fn replica_position(&self) -> Result<(u32, Vec<String>), ConfigError> {
+        let index = self.replica_index.unwrap_or(0);
+        let replicas: Vec<String> = self
+            .replicas
+            .iter()
+            .flatten()
+            .map(|r| r.trim().to_owned())
+            .collect();
+        if replicas.is_empty() {
+            if index != 0 {
+                return Err(ConfigError::Invalid(format!(
+                    "replica-index = {index} without a replicas list: give every replica's address"
+                )));
+            }
+            return Ok((0, replicas));
+        }
+        if replicas.len() > 64 {
+            return Err(ConfigError::Invalid(format!(
+                "replicas: {} addresses, expected at most 64",
+                replicas.len()
+            )));
+        }
+        if index as usize >= replicas.len() {
+            return Err(ConfigError::Invalid(format!(
+                "replica-index = {index}, expected less than the {} replicas listed",
+                replicas.len()
+            )));
+        }
+        for (i, r) in replicas.iter().enumerate() {
+            if r.is_empty() || !r.contains(':') {
+                return Err(ConfigError::Invalid(format!(
+                    "replicas: entry {i} {r:?} is not host:port"
+                )));
+            }
+            if replicas[..i].contains(r) {
+                return Err(ConfigError::Invalid(format!(
+                    "replicas: {r} listed twice"
+                )));
+            }
+        }
+        Ok((index, replicas))
     }
 
     /// The admission filter: none with `admission-min-count` 0 (the default), else a sketch of the configured
@@ -405,6 +472,12 @@ pub const SKETCH_DEPTH: usize = 4;
 /// Validated runtime settings.
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
+    /// This server's index among its shard's replicas.
+    pub replica_index: u32,
+    /// `host:port` of every replica of the shard, in replica order (empty: one replica).
+    pub replicas: Vec<String>,
+    /// TLS server name of the other replicas.
+    pub replica_server_name: String,
     /// Listen address (QUIC on UDP, TCP transport on TCP, same port).
     pub listen: SocketAddr,
     /// Transports served.

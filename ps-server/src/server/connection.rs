@@ -105,6 +105,9 @@ fn kind(req: &Request) -> &'static str {
         Request::Reduce { .. } => "reduce",
         Request::SyncDeltas { .. } => "sync",
         Request::PublishDense { .. } => "publish_dense",
+        Request::Replicate { .. } => "replicate",
+        Request::Join { .. } => "join",
+        Request::Promote { .. } => "promote",
     }
 }
 
@@ -112,7 +115,7 @@ fn kind(req: &Request) -> &'static str {
 async fn serve_request(
     mut send: quinn::SendStream,
     mut recv: quinn::RecvStream,
-    shard: &Shard,
+    shard: &Arc<Shard>,
     max_frame: u64,
     admission: &LoadLimits,
 ) -> Result<(), ProtocolError> {
@@ -221,7 +224,7 @@ impl Answer {
 /// Answers one request, or the framing error that kept it from being read (a typed error reply). Errors that
 /// leave nothing to answer (the connection is gone) are returned.
 async fn answer(
-    shard: &Shard,
+    shard: &Arc<Shard>,
     frame: Result<(Request, Bytes), ProtocolError>,
 ) -> Result<Answer, ProtocolError> {
     let (req, payload) = match frame {
@@ -277,23 +280,39 @@ async fn answer(
                 kind: Some(kind),
             });
         }
+        // A join starts the stream tasks, which hold the shard.
+        Request::Join {
+            shard_epoch,
+            replica_index,
+            session,
+        } => shard
+            .join(shard_epoch, replica_index, session)
+            .unwrap_or_else(crate::handler::Refusal::into_reply),
+        // A push waits for its backups in `replicated` durability (and for an fsync in `sync`).
+        req @ Request::Push { .. } => {
+            let blocking = shard.durability == Durability::Sync || shard.engine.spilled();
+            let (reply, wait) = if blocking {
+                tokio::task::block_in_place(|| shard.handle_replicated(req, &payload, now))
+            } else {
+                shard.handle_replicated(req, &payload, now)
+            };
+            if let Some(wait) = wait {
+                wait.wait().await;
+            }
+            reply
+        }
         // Flushes touch the disk: keep them off the async workers.
         Request::Flush => tokio::task::block_in_place(|| shard.handle_us(Request::Flush, &[], now)),
         // A checkpoint writes back, flushes memtables and fsyncs: off the async workers too.
         req @ Request::Checkpoint { .. } => {
             tokio::task::block_in_place(|| shard.handle_us(req, &[], now))
         }
-        // With durability `sync`, a push waits for an fsync.
-        req @ Request::Push { .. } if shard.durability == Durability::Sync => {
-            tokio::task::block_in_place(|| shard.handle_us(req, &payload, now))
-        }
         // A prefetch reads RocksDB; so may pulls and pushes once a table has evicted rows (its read-backs, or
         // waits for a prefetch's): off the async workers (DESIGN.md, "Tier with lookahead prefetch").
         req @ Request::Prefetch { .. } => {
             tokio::task::block_in_place(|| shard.handle_us(req, &payload, now))
         }
-        req @ (Request::Pull { .. } | Request::PullWithState { .. } | Request::Push { .. })
-            if shard.engine.spilled() =>
+        req @ (Request::Pull { .. } | Request::PullWithState { .. }) if shard.engine.spilled() =>
         {
             tokio::task::block_in_place(|| shard.handle_us(req, &payload, now))
         }

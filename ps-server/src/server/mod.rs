@@ -44,6 +44,8 @@ pub struct Bound {
     pub tcp: Option<SocketAddr>,
     /// HTTP address.
     pub metrics: SocketAddr,
+    /// The role the server settled on ([`crate::replica::startup`]).
+    pub role: protocol::wire::replicate::Role,
 }
 
 /// Microseconds since the Unix epoch, from the same clock as [`unix_secs`]: the time of a request for the
@@ -93,19 +95,34 @@ pub async fn run(
     tasks::spawn_timers(&cfg, &shard, &background);
 
     let (quic_addr, tcp_addr) = (endpoints.quic_addr, endpoints.tcp_addr);
-    on_bound(Bound {
-        quic: quic_addr,
-        tcp: tcp_addr,
-        metrics: metrics_addr,
-    });
-    tracing::info!(?quic_addr, ?tcp_addr, %metrics_addr, shard = cfg.shard_index, of = cfg.num_shards, "serving");
-    report_ready(&health, &shard);
-
     let in_flight = InFlight {
         requests: TaskTracker::new(),
         draining: CancellationToken::new(),
     };
-    accept_loop(&cfg, &shard, &endpoints, &admission, &in_flight, shutdown).await;
+    {
+        let accept = accept_loop(&cfg, &shard, &endpoints, &admission, &in_flight, shutdown);
+        tokio::pin!(accept);
+        // A replica settles its role while it already answers its peers' `Hello` (they settle theirs too).
+        let role = tokio::select! {
+            role = crate::replica::startup::settle(&shard) => Some(role),
+            _ = &mut accept => None,
+        };
+        if let Some(role) = role {
+            if shard.replica.replicated() {
+                let follower = shard.clone();
+                background.spawn(|stop| crate::replica::backup::follow(follower, stop));
+            }
+            on_bound(Bound {
+                quic: quic_addr,
+                tcp: tcp_addr,
+                metrics: metrics_addr,
+                role,
+            });
+            tracing::info!(?quic_addr, ?tcp_addr, %metrics_addr, shard = cfg.shard_index, of = cfg.num_shards, replica = cfg.replica_index, role = role.name(), "serving");
+            report_ready(&health, &shard);
+            accept.await;
+        }
+    }
     shut_down(&cfg, shard, endpoints, &health, in_flight, background).await
 }
 
@@ -135,6 +152,7 @@ async fn open_shard(cfg: &ServerConfig) -> anyhow::Result<Arc<Shard>> {
     );
     writeback::update_gauges(&engine);
     engine.set_table_policy(cfg.admission, cfg.row_ttl_secs);
+    let replica = crate::replica::Replica::new(cfg, &engine);
     Ok(Arc::new(Shard {
         engine,
         shard_map: ShardMap {
@@ -146,6 +164,7 @@ async fn open_shard(cfg: &ServerConfig) -> anyhow::Result<Arc<Shard>> {
         writes: Default::default(),
         pin_secs: cfg.tier.pin_secs,
         reducer: Default::default(),
+        replica,
         sync: crate::sync::SyncState::new(
             !cfg.sync_interval.is_zero(),
             cfg.sync_retain_rows,
@@ -247,6 +266,7 @@ async fn shut_down(
         tracing::warn!(timeout = ?cfg.drain_timeout, "requests still in flight after the drain timeout");
     }
     endpoints.close();
+    shard.replica.shut_down().await;
     if cfg.durability != Durability::None {
         let shard_for_flush = shard.clone();
         let flushed =

@@ -12,8 +12,11 @@
 //! ([`NetDialer`], built by [`PsClient::connect`]), and [`crate::transport::memory`] drives the same client
 //! in memory for tests ([`PsClient::connect_with`]).
 
+mod replicas;
+
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -29,6 +32,8 @@ use crate::transport::tls;
 use crate::transport::{Connection, Dialer, NetDialer, Transport};
 use crate::wire::message::{Request, Response, TableCount, TableSpec};
 use crate::{wire, PROTOCOL_VERSION};
+use replicas::ShardReplicas;
+pub use replicas::FAILOVER_CALL_TIMEOUT;
 
 /// How to reach the cluster.
 #[derive(Debug, Clone)]
@@ -92,10 +97,11 @@ struct ServerConn<D: Dialer> {
 }
 
 impl<D: Dialer> ServerConn<D> {
-    async fn connection(&self, cfg: &PsClientConfig) -> Result<D::Conn, ProtocolError> {
+    /// The open connection, or a new one; `true` with a new one.
+    async fn connection(&self, cfg: &PsClientConfig) -> Result<(D::Conn, bool), ProtocolError> {
         if let Some(c) = self.conn.lock().expect("not poisoned").as_ref() {
             if c.close_reason(self.addr).is_none() {
-                return Ok(c.clone());
+                return Ok((c.clone(), false));
             }
         }
         // A QUIC handshake with a server that is gone (or stopped accepting while it shuts down) gets no answer
@@ -111,7 +117,7 @@ impl<D: Dialer> ServerConn<D> {
             secs: CONNECT_TIMEOUT.as_secs_f64(),
         })??;
         *self.conn.lock().expect("not poisoned") = Some(conn.clone());
-        Ok(conn)
+        Ok((conn, true))
     }
 
     fn forget(&self) {
@@ -183,9 +189,12 @@ async fn call_watched<C: Connection>(
 /// any other [`Dialer`].
 pub struct PsClient<D: Dialer = NetDialer> {
     cfg: PsClientConfig,
-    servers: Vec<ServerConn<D>>,
+    /// Each shard's replicas (one without replication).
+    shards: Vec<ShardReplicas<D>>,
     shard_map: ShardMap,
     tables: Vec<TableSpec>,
+    /// Times a shard moved to another replica ([`PsClient::failovers`]).
+    failovers: AtomicU64,
 }
 
 /// Rows and optimizer state answering [`PsClient::pull_with_state`].
@@ -201,20 +210,22 @@ pub struct PulledState {
 
 impl PsClient<NetDialer> {
     /// Connects to every server over `cfg.transport`, checks that server `i` serves shard `i` of
-    /// `servers.len()` and that all agree on the epoch.
+    /// `servers.len()` and that all agree on the epoch. With replicas (`cfg.backups`), each shard's primary
+    /// is found first.
     pub async fn connect(cfg: PsClientConfig) -> Result<PsClient, ProtocolError> {
-        let dialers = cfg
-            .servers
-            .iter()
-            .map(|&addr| cfg.transport.dialer(addr, &cfg.tls_dir))
+        let dialers = replica_addrs(&cfg)
+            .into_iter()
+            .flatten()
+            .map(|addr| cfg.transport.dialer(addr, &cfg.tls_dir))
             .collect::<Result<Vec<_>, _>>()?;
         PsClient::connect_with(cfg, dialers).await
     }
 }
 
 impl<D: Dialer> PsClient<D> {
-    /// [`PsClient::connect`] with a dialer per server: `dialers[i]` reaches `cfg.servers[i]` (whose address
-    /// then only names the server in errors and logs); `cfg.transport` and `cfg.tls_dir` are not used.
+    /// [`PsClient::connect`] with a dialer per replica: `dialers` reach, in order, the replicas of shard 0
+    /// (`cfg.servers[0]`, then `cfg.backups[0]`), then those of shard 1, ... (the addresses then only name the
+    /// replicas in errors and logs); `cfg.transport` and `cfg.tls_dir` are not used.
     pub async fn connect_with(
         cfg: PsClientConfig,
         dialers: Vec<D>,
@@ -225,34 +236,45 @@ impl<D: Dialer> PsClient<D> {
                 message: "no parameter server addresses given".into(),
             });
         }
-        if dialers.len() != cfg.servers.len() {
+        let addrs = replica_addrs(&cfg);
+        let total: usize = addrs.iter().map(Vec::len).sum();
+        if dialers.len() != total {
             return Err(ProtocolError::Connect {
                 server: "-".into(),
                 message: format!(
-                    "{} dialers for {} server addresses",
+                    "{} dialers for {total} server addresses",
                     dialers.len(),
-                    cfg.servers.len()
                 ),
             });
         }
-        let servers = cfg
-            .servers
-            .iter()
-            .zip(dialers)
-            .map(|(&addr, dialer)| ServerConn {
-                addr,
-                dialer,
-                conn: Mutex::new(None),
+        let mut dialers = dialers.into_iter();
+        let shards = addrs
+            .into_iter()
+            .map(|replicas| {
+                ShardReplicas::new(
+                    replicas
+                        .into_iter()
+                        .map(|addr| ServerConn {
+                            addr,
+                            dialer: dialers.next().expect("counted"),
+                            conn: Mutex::new(None),
+                        })
+                        .collect(),
+                )
             })
             .collect();
         let mut client = PsClient {
             shard_map: ShardMap::new(cfg.servers.len() as u32),
             cfg,
-            servers,
+            shards,
             tables: Vec::new(),
+            failovers: AtomicU64::new(0),
         };
+        if client.shards.iter().any(|s| s.replicated()) {
+            client.find_primaries().await?;
+        }
         let mut epoch = None;
-        for i in 0..client.servers.len() {
+        for i in 0..client.shards.len() {
             let (resp, _) = client
                 .call(
                     i,
@@ -268,17 +290,18 @@ impl<D: Dialer> PsClient<D> {
                 epoch: e,
                 routing,
                 tables,
+                replica: _,
             } = resp
             else {
                 return Err(client.unexpected(i, &resp, "Hello"));
             };
-            let addr = client.servers[i].addr;
-            if shard_index as usize != i || num_shards as usize != client.servers.len() {
+            let addr = client.addr(i);
+            if shard_index as usize != i || num_shards as usize != client.shards.len() {
                 return Err(ProtocolError::Connect {
                     server: addr.to_string(),
                     message: format!(
                         "server is shard {shard_index} of {num_shards}, but it is listed at position {i} of {}",
-                        client.servers.len()
+                        client.shards.len()
                     ),
                 });
             }
@@ -314,14 +337,26 @@ impl<D: Dialer> PsClient<D> {
         self.shard_map
     }
 
-    /// Number of servers.
+    /// Number of servers (shards; a shard's replicas count once).
     pub fn num_servers(&self) -> usize {
-        self.servers.len()
+        self.shards.len()
     }
 
-    /// Address of server `i`.
+    /// Address of server `i`: the replica of shard `i` taken as primary.
     pub fn addr(&self, i: usize) -> SocketAddr {
-        self.servers[i].addr
+        let s = &self.shards[i];
+        s.conns[s.primary()].addr
+    }
+
+    /// Times a shard moved to another replica (a failover) since connecting.
+    pub fn failovers(&self) -> u64 {
+        self.failovers.load(Ordering::Relaxed)
+    }
+
+    /// The shard epoch the client holds for shard `i` (the highest its replicas reported; 1 without
+    /// replication).
+    pub fn shard_epoch(&self, i: usize) -> u64 {
+        self.shards[i].epoch().max(1)
     }
 
     /// Tables server 0 knew at connect time.
@@ -330,31 +365,66 @@ impl<D: Dialer> PsClient<D> {
     }
 
     fn unexpected(&self, server: usize, got: &Response, expected: &'static str) -> ProtocolError {
+        self.unexpected_at(server, self.shards[server].primary(), got, expected)
+    }
+
+    fn unexpected_at(
+        &self,
+        shard: usize,
+        r: usize,
+        got: &Response,
+        expected: &'static str,
+    ) -> ProtocolError {
+        let server = self.shards[shard].conns[r].addr.to_string();
         if let Response::Error { code, message } = got {
             return ProtocolError::Remote {
-                server: self.servers[server].addr.to_string(),
+                server,
                 code: *code,
                 message: message.clone(),
             };
         }
         ProtocolError::UnexpectedResponse {
-            server: self.servers[server].addr.to_string(),
+            server,
             got: got.kind().into(),
             expected,
         }
     }
 
-    async fn call_once(
+    /// One attempt of `req` on replica `r` of shard `shard`. On a freshly dialed connection to a replicated
+    /// shard, the replica is first asked who it is: one that is not what the client uses it for (the
+    /// primary, or an in-sync backup for `read_from_backups` pulls), or reports an older shard epoch than the
+    /// client has seen, fails the attempt with a transient [`ProtocolError::NotPrimary`].
+    async fn call_replica(
         &self,
-        server: usize,
+        shard: usize,
+        r: usize,
         req: &Request,
         payload: &Bytes,
         timeout: Duration,
     ) -> Result<(Response, Bytes), ProtocolError> {
-        let s = &self.servers[server];
+        let replicas = &self.shards[shard];
+        let s = &replicas.conns[r];
         // Connecting is inside the timeout: a handshake with a dead server must not wait for the idle timeout.
         let result = async {
-            let conn = s.connection(&self.cfg).await?;
+            let (conn, fresh) = s.connection(&self.cfg).await?;
+            let hello = matches!(req, Request::Hello { .. } | Request::Promote { .. });
+            if fresh && replicas.replicated() && !hello {
+                let probe = Request::Hello {
+                    version: PROTOCOL_VERSION,
+                };
+                if let (Response::Hello { replica, .. }, _) =
+                    call_watched(&conn, s.addr, &probe, &Bytes::new()).await?
+                {
+                    let as_reader = r != replicas.primary();
+                    if let Err(why) = replicas.check(r, &replica, as_reader) {
+                        s.forget();
+                        return Err(ProtocolError::NotPrimary {
+                            server: s.addr.to_string(),
+                            why,
+                        });
+                    }
+                }
+            }
             call_watched(&conn, s.addr, req, payload)
                 .await
                 .map_err(|e| {
@@ -390,7 +460,9 @@ impl<D: Dialer> PsClient<D> {
     ///
     /// Retries wait [`INITIAL_BACKOFF`], then twice as long each time up to [`MAX_BACKOFF`]; a retry that would
     /// start more than `retry_for` after the first attempt is not made, and the last attempt's result is
-    /// returned. A transient error drops the server's connection, so the retry dials a fresh one.
+    /// returned. A transient error drops the server's connection, so the retry dials a fresh one. On a
+    /// replicated shard, a transient failure or a `NotPrimary` answer first looks for the shard's primary
+    /// (a failover, [`replicas`]).
     pub async fn call(
         &self,
         server: usize,
@@ -412,25 +484,43 @@ impl<D: Dialer> PsClient<D> {
     ) -> Result<(Response, Bytes), ProtocolError> {
         let start = Instant::now();
         let mut backoff = INITIAL_BACKOFF;
+        let shard = &self.shards[server];
+        let reads = self.cfg.read_from_backups
+            && matches!(req, Request::Pull { .. } | Request::PullWithState { .. });
         loop {
-            let result = self.call_once(server, req, &payload, timeout).await;
+            let r = if reads {
+                shard.reader()
+            } else {
+                shard.primary()
+            };
+            let result = self.call_replica(server, r, req, &payload, timeout).await;
             let retry = match &result {
                 Err(e) => e.is_transient(),
                 Ok((Response::Error { code, .. }, _)) => code.is_transient(),
                 Ok(_) => false,
             };
+            if retry && shard.replicated() {
+                if r != shard.primary() {
+                    // A backup that pulls went to failed: read from the primary.
+                    shard.read_from(shard.primary());
+                    continue;
+                }
+                if self.failover(server, r).await {
+                    continue;
+                }
+            }
             if !retry || start.elapsed() + backoff > self.cfg.retry_for {
                 return result;
             }
-            tracing::debug!(server = %self.servers[server].addr, ?backoff, "retrying request after a transient failure");
+            tracing::debug!(server = %shard.conns[r].addr, ?backoff, "retrying request after a transient failure");
             tokio::time::sleep(backoff).await;
             backoff = (backoff * 2).min(MAX_BACKOFF);
         }
     }
 
-    /// Registers tables on every server.
+    /// Registers tables on every server (each shard's primary, which passes them to its backups).
     pub async fn register_tables(&self, tables: &[TableSpec]) -> Result<(), ProtocolError> {
-        for i in 0..self.servers.len() {
+        for i in 0..self.shards.len() {
             let req = Request::RegisterTables {
                 tables: tables.to_vec(),
             };
@@ -621,7 +711,7 @@ impl<D: Dialer> PsClient<D> {
     /// Asks every server to write its dirty rows to storage; returns the rows written.
     pub async fn flush(&self) -> Result<u64, ProtocolError> {
         let mut total = 0;
-        for i in 0..self.servers.len() {
+        for i in 0..self.shards.len() {
             let (resp, _) = self.call(i, &Request::Flush, Bytes::new()).await?;
             match resp {
                 Response::Flushed { rows } => total += rows,
@@ -645,8 +735,8 @@ impl<D: Dialer> PsClient<D> {
             dir: dir.to_owned(),
             step,
         };
-        let mut out = Vec::with_capacity(self.servers.len());
-        for i in 0..self.servers.len() {
+        let mut out = Vec::with_capacity(self.shards.len());
+        for i in 0..self.shards.len() {
             let (resp, _) = self.call(i, &req, Bytes::new()).await?;
             match resp {
                 Response::Checkpointed { rows, dir } => out.push((rows, dir)),
@@ -658,13 +748,27 @@ impl<D: Dialer> PsClient<D> {
 
     /// Closes every connection gracefully.
     pub async fn close(&self) {
-        for s in &self.servers {
+        let all = || self.shards.iter().flat_map(|s| s.conns.iter());
+        for s in all() {
             if let Some(c) = s.conn.lock().expect("not poisoned").take() {
                 c.close();
             }
         }
-        for s in &self.servers {
+        for s in all() {
             s.dialer.wait_idle().await;
         }
     }
+}
+
+/// Every shard's replica addresses: `cfg.servers[i]` then `cfg.backups[i]`.
+fn replica_addrs(cfg: &PsClientConfig) -> Vec<Vec<SocketAddr>> {
+    cfg.servers
+        .iter()
+        .enumerate()
+        .map(|(i, &primary)| {
+            std::iter::once(primary)
+                .chain(cfg.backups.get(i).into_iter().flatten().copied())
+                .collect()
+        })
+        .collect()
 }
