@@ -1,19 +1,31 @@
 #!/usr/bin/env bash
-# Chaos run (issue 7): two ps-servers, two trainers (ranks 0 and 1 of 2, disjoint halves of the data) and the
-# ps-audit auditor on loopback. SIGKILLs a random process (a server, a trainer or the auditor; seeded) N times
-# at random intervals and restarts it: a server on its port and data directory, a trainer with --resume from
-# its last checkpoint if it has written one (else from the start of its share), the auditor on its log. Then
-# checks the audit (acknowledged pushes against the servers' counters) and prints, last, one line:
+# Chaos run (issues 7 and 22): two parameter-server shards, two trainers (ranks 0 and 1 of 2, disjoint halves of
+# the data) and the ps-audit auditor on loopback. Injects N faults at random intervals (seeded) and checks the
+# audit (acknowledged pushes against the servers' counters) at the end.
 #
-#   faults=N lost_acked_updates=N auc=X undisturbed_auc=Y
+# --replicas 1 (default): one ps-server per shard. Each fault SIGKILLs a random process (a server, a trainer
+# or the auditor) and restarts it: a server on its port and data directory, a trainer with --resume from its
+# last checkpoint if it has written one (else from the start of its share), the auditor on its log.
+# --replicas R >= 2: R ps-servers per shard (docs/replication.md) on ports picked before the start, each with
+# --replica-index r --replicas <its shard's R addresses>; trainers and the auditor get --ps a0/a1,b0/b1. Each
+# fault SIGKILLs the current primary of a random shard (the replica whose metrics endpoint, from the
+# `metrics=` of its ready line, reports `ps_replica_primary 1`) and restarts it on its port and data
+# directory, where it rejoins as a backup. Trainers and the auditor are not killed.
 #
-# where undisturbed_auc comes from the same job (same data, seeds and flags) run first without kills. Installs
-# nothing; builds the release binaries if missing. Everything lives in a temporary directory; every process it
-# started is killed on exit or interrupt.
+# Prints, last, one line:
 #
-# Usage: bench/chaos.sh --kills N --durability sync|periodic [--seed S] [--rows R] [--test-rows R]
-#        [--flush-interval-secs I] [--batch-size B] [--checkpoint-every K] [--keep]
+#   faults=N lost_acked_updates=N max_pause_s=X duplicates=N auc=X undisturbed_auc=Y
+#
+# where max_pause_s is the audit's longest gap between two acknowledged pushes of one shard (restarts of the
+# auditor excluded) and undisturbed_auc comes from the same job (same data, seeds, flags and replicas) run
+# first without faults. Installs nothing (needs python3 to pick ports with --replicas >= 2); builds the release
+# binaries if missing, in $CARGO_TARGET_DIR/release if set, else target/release. Everything lives in a
+# temporary directory; every process it started is killed on exit or interrupt.
+#
+# Usage: bench/chaos.sh --kills N --durability sync|periodic|replicated [--replicas R] [--seed S] [--rows R]
+#        [--test-rows R] [--flush-interval-secs I] [--batch-size B] [--checkpoint-every K] [--keep]
 # --checkpoint-every 0: no checkpoints; a killed trainer restarts from the start of its share.
+# --durability replicated needs --replicas 2 or more.
 set -euo pipefail
 
 KILLS=5
@@ -25,15 +37,17 @@ FLUSH=2
 BATCH=1024
 CKPT_EVERY=8
 KEEP=0
+REPLICAS=1
 # Interval between faults: MIN_GAP_MS + uniform [0, GAP_SPAN_MS).
 MIN_GAP_MS=1500
 GAP_SPAN_MS=2500
 
-usage() { sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 while [ $# -gt 0 ]; do
     case "$1" in
         --kills) KILLS=$2; shift 2 ;;
         --durability) DURABILITY=$2; shift 2 ;;
+        --replicas) REPLICAS=$2; shift 2 ;;
         --seed) SEED=$2; shift 2 ;;
         --rows) ROWS=$2; shift 2 ;;
         --test-rows) TEST_ROWS=$2; shift 2 ;;
@@ -45,11 +59,21 @@ while [ $# -gt 0 ]; do
         *) echo "chaos: unknown argument $1" >&2; usage ;;
     esac
 done
-case "$DURABILITY" in sync|periodic|none) ;; *) echo "chaos: --durability $DURABILITY: expected sync or periodic" >&2; exit 2 ;; esac
+case "$DURABILITY" in
+    sync|periodic|none|replicated) ;;
+    *) echo "chaos: --durability $DURABILITY: expected sync, periodic or replicated" >&2; exit 2 ;;
+esac
 [[ "$KILLS" =~ ^[0-9]+$ ]] || { echo "chaos: --kills $KILLS: expected a count" >&2; exit 2; }
+[[ "$REPLICAS" =~ ^[1-9][0-9]*$ ]] || { echo "chaos: --replicas $REPLICAS: expected 1 or more" >&2; exit 2; }
+if [ "$DURABILITY" = replicated ] && [ "$REPLICAS" -lt 2 ]; then
+    echo "chaos: --durability replicated needs --replicas 2 or more" >&2; exit 2
+fi
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-B="$ROOT/target/release"
+# cargo puts the binaries under CARGO_TARGET_DIR when set (relative to where it runs: $ROOT below).
+TARGET_DIR=${CARGO_TARGET_DIR:-target}
+case "$TARGET_DIR" in /*) ;; *) TARGET_DIR="$ROOT/$TARGET_DIR" ;; esac
+B="$TARGET_DIR/release"
 need=()
 for bin in ps-server trainer ps-audit gen-criteo; do [ -x "$B/$bin" ] || need+=("$bin"); done
 if [ ${#need[@]} -gt 0 ]; then
@@ -87,24 +111,113 @@ T0=$(now_ms)
 "$B/gen-criteo" --rows "$ROWS" --seed "$SEED" --teacher-seed 7 --out "$TMP/train.tsv" >/dev/null
 "$B/gen-criteo" --rows "$TEST_ROWS" --seed $((SEED + 1000)) --teacher-seed 7 --out "$TMP/test.tsv" >/dev/null
 
-# start_server DIR I PORT: starts server I on PORT (0 = a free one) and sets PORT_$I once it is ready.
-start_server() {
-    local dir=$1 i=$2 port=$3
-    : > "$dir/ps-$i.ready"
-    "$B/ps-server" --listen "127.0.0.1:$port" --metrics-listen 127.0.0.1:0 --data-dir "$dir/ps-$i" \
-        --tls-dir "$dir/tls" --shard-index "$i" --num-shards 2 --durability "$DURABILITY" \
-        --flush-interval-secs "$FLUSH" > "$dir/ps-$i.ready" 2>> "$dir/ps-$i.log" &
-    PID[ps$i]=$!
-    local waited=0
-    until grep -q 'quic=' "$dir/ps-$i.ready"; do
+SHARDS=2
+declare -A PORT=()     # server name -> its listen port (fixed after its first start)
+declare -A METRICS=()  # server name -> its metrics address, from its last ready line
+
+# Server names: ps0 ps1 with one replica per shard (files ps-0.*), else ps<shard>r<replica> (files
+# ps-<shard>-r<replica>.*).
+server_name() { if [ "$REPLICAS" = 1 ]; then echo "ps$1"; else echo "ps$1r$2"; fi; }
+server_file() { if [ "$REPLICAS" = 1 ]; then echo "ps-$1"; else echo "ps-$1-r$2"; fi; }
+all_servers() {
+    local i r
+    for i in $(seq 0 $((SHARDS - 1))); do
+        for r in $(seq 0 $((REPLICAS - 1))); do echo "$i $r"; done
+    done
+}
+
+# pick_ports N: N distinct loopback ports, each free for UDP (QUIC) and TCP when picked (held until all are
+# picked, then released).
+pick_ports() {
+    python3 - "$1" <<'PY'
+import socket, sys
+held, ports = [], []
+while len(ports) < int(sys.argv[1]):
+    u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    u.bind(("127.0.0.1", 0))
+    port = u.getsockname()[1]
+    t = socket.socket()
+    try:
+        t.bind(("127.0.0.1", port))
+    except OSError:
+        u.close(); t.close(); continue
+    held += [u, t]; ports.append(port)
+print(" ".join(map(str, ports)))
+PY
+}
+
+# launch_server DIR I R: starts replica R of shard I on PORT[name] (0 = a free one) without waiting.
+launch_server() {
+    local dir=$1 i=$2 r=$3 name file replica_flags=()
+    name=$(server_name "$i" "$r")
+    file=$(server_file "$i" "$r")
+    if [ "$REPLICAS" -gt 1 ]; then
+        local peers=() k
+        for k in $(seq 0 $((REPLICAS - 1))); do peers+=("127.0.0.1:${PORT[$(server_name "$i" "$k")]}"); done
+        replica_flags=(--replica-index "$r" --replicas "$(IFS=,; echo "${peers[*]}")")
+    fi
+    : > "$dir/$file.ready"
+    "$B/ps-server" --listen "127.0.0.1:${PORT[$name]:-0}" --metrics-listen 127.0.0.1:0 --data-dir "$dir/$file" \
+        --tls-dir "$dir/tls" --shard-index "$i" --num-shards "$SHARDS" "${replica_flags[@]}" \
+        --durability "$DURABILITY" --flush-interval-secs "$FLUSH" < /dev/null > "$dir/$file.ready" 2>> "$dir/$file.log" &
+    PID[$name]=$!
+}
+
+# await_server DIR I R: waits for the ready line of replica R of shard I; sets PORT[name] and METRICS[name].
+await_server() {
+    local dir=$1 i=$2 r=$3 name file waited=0
+    name=$(server_name "$i" "$r")
+    file=$(server_file "$i" "$r")
+    until grep -q 'quic=' "$dir/$file.ready"; do
         sleep 0.05; waited=$((waited + 1))
-        if [ $waited -gt 1200 ] || ! kill -0 "${PID[ps$i]}" 2>/dev/null; then
-            echo "chaos: ps-server $i did not start; see $dir/ps-$i.log" >&2; tail -5 "$dir/ps-$i.log" >&2; exit 1
+        if [ $waited -gt 1200 ] || ! kill -0 "${PID[$name]}" 2>/dev/null; then
+            echo "chaos: ps-server $name did not start; see $dir/$file.log" >&2; tail -5 "$dir/$file.log" >&2; exit 1
         fi
     done
     local addr
-    addr=$(grep -o 'quic=[^ ]*' "$dir/ps-$i.ready" | cut -d= -f2)
-    printf -v "PORT_$i" '%s' "${addr##*:}"
+    addr=$(grep -o 'quic=[^ ]*' "$dir/$file.ready" | cut -d= -f2)
+    PORT[$name]=${addr##*:}
+    METRICS[$name]=$(grep -o 'metrics=[^ ]*' "$dir/$file.ready" | cut -d= -f2)
+    ROLE=$(grep -o 'role=[^ ]*' "$dir/$file.ready" | cut -d= -f2 || true)
+}
+
+# start_servers DIR: every replica of every shard, all launched before any is awaited (replicas look for
+# their peers while starting); with replicas, on ports picked first. Sets PS (the --ps argument).
+start_servers() {
+    local dir=$1 i r
+    PORT=()
+    if [ "$REPLICAS" -gt 1 ]; then
+        local ports
+        read -r -a ports <<< "$(pick_ports $((SHARDS * REPLICAS)))"
+        while read -r i r; do PORT[$(server_name "$i" "$r")]=${ports[$((i * REPLICAS + r))]}; done < <(all_servers)
+    fi
+    while read -r i r; do launch_server "$dir" "$i" "$r"; done < <(all_servers)
+    while read -r i r; do await_server "$dir" "$i" "$r"; done < <(all_servers)
+    local shards=() addrs
+    for i in $(seq 0 $((SHARDS - 1))); do
+        addrs=()
+        for r in $(seq 0 $((REPLICAS - 1))); do addrs+=("127.0.0.1:${PORT[$(server_name "$i" "$r")]}"); done
+        shards+=("$(IFS=/; echo "${addrs[*]}")")
+    done
+    PS=$(IFS=,; echo "${shards[*]}")
+}
+
+# metric ADDR NAME: the value of the unlabelled sample NAME on the metrics endpoint ADDR (empty if it does
+# not answer within 2 s or has no such sample). Plain bash: HTTP/1.0 over /dev/tcp.
+metric() {
+    local addr=$1 name=$2
+    timeout 2 bash -c 'exec 3<>"/dev/tcp/$1/$2" && printf "GET /metrics HTTP/1.0\r\nHost: %s\r\n\r\n" "$1" >&3 && cat <&3' \
+        _ "${addr%:*}" "${addr##*:}" 2>/dev/null | tr -d '\r' | awk -v n="$name" '$1 == n { print $2; exit }'
+}
+
+# primaries: the names of the replicas that report ps_replica_primary 1 now, one per line.
+primaries() {
+    local i r name
+    while read -r i r; do
+        name=$(server_name "$i" "$r")
+        [ "$(metric "${METRICS[$name]}" ps_replica_primary)" = 1 ] && echo "$name"
+    done < <(all_servers)
+    return 0
 }
 
 start_auditor() {
@@ -131,13 +244,18 @@ start_trainer() {
 }
 
 restart() {
-    local dir=$1 name=$2
+    local dir=$1 name=$2 i r
     case "$name" in
-        ps0) start_server "$dir" 0 "$PORT_0" ;;
-        ps1) start_server "$dir" 1 "$PORT_1" ;;
         audit) start_auditor "$dir" ;;
         trainer0) start_trainer "$dir" 0 ;;
         trainer1) start_trainer "$dir" 1 ;;
+        ps*)  # ps<i> or ps<i>r<r>: on its port and data directory
+            i=${name#ps}; i=${i%%r*}; r=0
+            [[ "$name" == *r* ]] && r=${name##*r}
+            launch_server "$dir" "$i" "$r"
+            await_server "$dir" "$i" "$r"
+            [ -z "$ROLE" ] || log "$name is back as $ROLE"
+            ;;
     esac
 }
 
@@ -149,24 +267,22 @@ reap() {
     unset "PID[$1]"
 }
 
-# run_job NAME KILLS: one whole job; sets FAULTS, LOST, DUPS, AUC.
+# run_job NAME KILLS: one whole job; sets FAULTS, LOST, DUPS, PAUSE, AUC.
 run_job() {
     local name=$1 kills=$2 dir="$TMP/$1"
     mkdir -p "$dir/ckpt"
     "$B/ps-server" certs init --tls-dir "$dir/tls" >/dev/null 2>&1
-    start_server "$dir" 0 0
-    start_server "$dir" 1 0
-    PS="127.0.0.1:$PORT_0,127.0.0.1:$PORT_1"
+    start_servers "$dir"
     start_auditor "$dir"
     start_trainer "$dir" 0
     start_trainer "$dir" 1
-    log "$name: servers $PS, durability $DURABILITY, $kills faults to inject"
+    log "$name: servers $PS, durability $DURABILITY, $REPLICAS replica(s) per shard, $kills faults to inject"
     local started
     started=$(now_ms)
 
     RANDOM=$SEED
     FAULTS=0
-    local done0=0 done1=0
+    local done0=0 done1=0 misses=0
     finished() {  # trainer R exited on its own: check its status
         local r=$1
         reap "trainer$r"
@@ -178,13 +294,30 @@ run_job() {
     while [ "$FAULTS" -lt "$kills" ]; do
         local gap=$((MIN_GAP_MS + RANDOM % GAP_SPAN_MS))
         sleep "$((gap / 1000)).$(printf %03d $((gap % 1000)))"
-        local victims=(ps0 ps1 audit)
+        local victims=()
+        if [ "$REPLICAS" = 1 ]; then victims=(ps0 ps1 audit); fi
         for r in 0 1; do
             local d="done$r"
             if [ "${!d}" = 0 ]; then
-                if kill -0 "${PID[trainer$r]}" 2>/dev/null; then victims+=("trainer$r"); else finished "$r"; printf -v "done$r" 1; fi
+                if kill -0 "${PID[trainer$r]}" 2>/dev/null; then
+                    if [ "$REPLICAS" = 1 ]; then victims+=("trainer$r"); fi
+                else
+                    finished "$r"; printf -v "done$r" 1
+                fi
             fi
         done
+        if [ "$REPLICAS" -gt 1 ]; then  # the current primary of a random shard
+            mapfile -t victims < <(primaries)
+            if [ ${#victims[@]} = 0 ]; then
+                misses=$((misses + 1))
+                log "$name: no replica reports ps_replica_primary 1 (a failover in progress?); waiting"
+                if [ $misses -ge 20 ]; then
+                    echo "chaos: $name: no primary found in 20 rounds; see $dir/ps-*.log" >&2; exit 1
+                fi
+                continue
+            fi
+            misses=0
+        fi
         local victim=${victims[$((RANDOM % ${#victims[@]}))]}
         kill -KILL "${PID[$victim]}" 2>/dev/null || true
         reap "$victim"
@@ -206,15 +339,19 @@ run_job() {
     log "$name: $verdict"
     LOST=$(sed -n 's/.*lost_acked_updates=\([0-9]*\).*/\1/p' <<< "$verdict")
     DUPS=$(sed -n 's/.*duplicates=\([0-9]*\).*/\1/p' <<< "$verdict")
+    PAUSE=$(sed -n 's/.*max_pause_s=\([0-9.]*\).*/\1/p' <<< "$verdict")
     AUC=$(tr -d ' \n' < "$dir/summary-0.json" | sed -n 's/.*"auc":\([0-9.]*\).*/\1/p')
-    [ -n "$LOST" ] && [ -n "$AUC" ] || { echo "chaos: $name: no audit verdict or AUC" >&2; exit 1; }
-    for i in 0 1; do kill -TERM "${PID[ps$i]}"; done
-    for i in 0 1; do reap "ps$i"; done
+    [ -n "$LOST" ] && [ -n "$PAUSE" ] && [ -n "$AUC" ] || { echo "chaos: $name: no audit verdict or AUC" >&2; exit 1; }
+    local i r
+    while read -r i r; do kill -TERM "${PID[$(server_name "$i" "$r")]}"; done < <(all_servers)
+    while read -r i r; do reap "$(server_name "$i" "$r")"; done < <(all_servers)
 }
 
 run_job undisturbed 0
 UNDISTURBED_AUC=$AUC
 [ "$LOST" = 0 ] || log "WARNING: the undisturbed run lost $LOST acknowledged updates"
+log "undisturbed run: longest pause of a shard ${PAUSE}s"
 run_job chaos "$KILLS"
 log "chaos run: $FAULTS faults, $DUPS duplicate increments (at-least-once retries, unlogged acks), flush interval ${FLUSH}s"
-printf 'faults=%d lost_acked_updates=%d auc=%.4f undisturbed_auc=%.4f\n' "$FAULTS" "$LOST" "$AUC" "$UNDISTURBED_AUC"
+printf 'faults=%d lost_acked_updates=%d max_pause_s=%s duplicates=%d auc=%.4f undisturbed_auc=%.4f\n' \
+    "$FAULTS" "$LOST" "$PAUSE" "$DUPS" "$AUC" "$UNDISTURBED_AUC"

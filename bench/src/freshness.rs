@@ -21,9 +21,10 @@ use crate::serve_load::client::{Connection, Endpoint};
     about = "Push-acknowledged to served latency of delta sync"
 )]
 pub struct ProbeArgs {
-    /// Training servers, `host:port` in shard order, comma separated.
+    /// Training servers, `host:port` in shard order, comma separated; the replicas of one shard separated by
+    /// `/` (docs/replication.md).
     #[arg(long, value_delimiter = ',', required = true)]
-    pub ps: Vec<std::net::SocketAddr>,
+    pub ps: Vec<protocol::cluster::ShardAddrs>,
     /// TLS directory with the cluster's client certificate.
     #[arg(long)]
     pub tls_dir: std::path::PathBuf,
@@ -49,7 +50,8 @@ pub struct ProbeArgs {
 
 /// Runs the probes; returns one summary line.
 pub async fn run(args: &ProbeArgs) -> anyhow::Result<String> {
-    let client = PsClient::connect(PsClientConfig::new(args.ps.clone(), args.tls_dir.clone()))
+    let shards = protocol::cluster::shards(&args.ps);
+    let client = PsClient::connect(PsClientConfig::replicated(shards, args.tls_dir.clone()))
         .await
         .context("connect to the training servers")?;
     let endpoint = Endpoint::parse(&args.serve)?;

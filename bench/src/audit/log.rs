@@ -2,6 +2,12 @@
 //! hex>`, appended with a single `write` after the acknowledgement arrives and before the next push to that
 //! server. A SIGKILL of the auditor leaves every completed `write` in the file (the page cache outlives the
 //! process); a torn last line is cut off when the log is reopened and ignored when it is read.
+//!
+//! Every [`AckLog::open`] appends a marker line `# open <unix ms>` (after the header of a new log), and an
+//! orderly stop appends `# close <unix ms>` ([`AckLog::close`]), so a reader can tell the auditor's lives
+//! apart (the pause between two acknowledgements that span a restart of the auditor is the auditor's own
+//! downtime, not the servers'). [`read`] skips marker lines, [`read_records`] returns them; logs written
+//! before the markers existed read as one life. Lines starting with `#` that are not markers are skipped.
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
@@ -81,6 +87,17 @@ pub struct Ack {
     pub mask: u64,
 }
 
+/// One line of the log after the header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Record {
+    /// An acknowledged push.
+    Ack(Ack),
+    /// The auditor opened the log (a new life of the auditor starts), ms since the Unix epoch.
+    Open(u64),
+    /// The auditor stopped in order (every push in flight finished), ms since the Unix epoch.
+    Close(u64),
+}
+
 /// An open log, appended to by every push task.
 pub struct AckLog {
     path: PathBuf,
@@ -122,15 +139,20 @@ impl AckLog {
             }
             file.seek(SeekFrom::Start(complete as u64)).map_err(io)?;
         }
-        Ok(AckLog {
+        let log = AckLog {
             path: path.to_owned(),
             file: Mutex::new(file),
-        })
+        };
+        log.write_line(&format!("# open {}\n", super::pusher::now_ms()))?;
+        Ok(log)
     }
 
-    /// Appends one acknowledged push with a single `write`.
-    pub fn append(&self, ack: Ack) -> Result<(), AuditError> {
-        let line = format!("{} {} {:x}\n", ack.t_ms, ack.server, ack.mask);
+    /// Appends the `# close` marker: the auditor stops in order, every acknowledgement is logged.
+    pub fn close(&self) -> Result<(), AuditError> {
+        self.write_line(&format!("# close {}\n", super::pusher::now_ms()))
+    }
+
+    fn write_line(&self, line: &str) -> Result<(), AuditError> {
         self.file
             .lock()
             .expect("not poisoned")
@@ -140,10 +162,29 @@ impl AckLog {
                 source,
             })
     }
+
+    /// Appends one acknowledged push with a single `write`.
+    pub fn append(&self, ack: Ack) -> Result<(), AuditError> {
+        self.write_line(&format!("{} {} {:x}\n", ack.t_ms, ack.server, ack.mask))
+    }
 }
 
-/// Reads a log: its header and every complete record (a torn last line is ignored).
+/// Reads a log: its header and every acknowledged push (a torn last line and marker lines are skipped).
 pub fn read(path: &Path) -> Result<(LogHeader, Vec<Ack>), AuditError> {
+    let (header, records) = read_records(path)?;
+    let acks = records
+        .into_iter()
+        .filter_map(|r| match r {
+            Record::Ack(a) => Some(a),
+            _ => None,
+        })
+        .collect();
+    Ok((header, acks))
+}
+
+/// Reads a log: its header and every complete record in order, acknowledgements and the auditor's open and
+/// close markers (a torn last line is ignored, other `#` lines are skipped).
+pub fn read_records(path: &Path) -> Result<(LogHeader, Vec<Record>), AuditError> {
     let text = std::fs::read_to_string(path).map_err(|source| AuditError::Io {
         path: path.to_owned(),
         source,
@@ -157,8 +198,27 @@ pub fn read(path: &Path) -> Result<(LogHeader, Vec<Ack>), AuditError> {
     let mut lines = complete.lines();
     let first = lines.next().unwrap_or_default();
     let header = parse_header(first).ok_or_else(|| bad(1, format!("bad header {first:?}")))?;
-    let mut acks = Vec::new();
+    let mut records = Vec::new();
     for (i, line) in lines.enumerate() {
+        if let Some(comment) = line.strip_prefix('#') {
+            let marker = |kind: &str| {
+                comment
+                    .trim_start()
+                    .strip_prefix(kind)
+                    .and_then(|t| t.strip_prefix(' '))
+                    .map(|t| {
+                        t.trim()
+                            .parse::<u64>()
+                            .map_err(|e| bad(i + 2, format!("{kind} marker {line:?}: {e}")))
+                    })
+            };
+            if let Some(t) = marker("open") {
+                records.push(Record::Open(t?));
+            } else if let Some(t) = marker("close") {
+                records.push(Record::Close(t?));
+            }
+            continue;
+        }
         let mut f = line.split(' ');
         let (Some(t), Some(s), Some(m), None) = (f.next(), f.next(), f.next(), f.next()) else {
             return Err(bad(i + 2, format!("expected 3 fields in {line:?}")));
@@ -178,9 +238,9 @@ pub fn read(path: &Path) -> Result<(LogHeader, Vec<Ack>), AuditError> {
                 format!("server {} of {}", ack.server, header.servers),
             ));
         }
-        acks.push(ack);
+        records.push(Record::Ack(ack));
     }
-    Ok((header, acks))
+    Ok((header, records))
 }
 
 fn parse_header(line: &str) -> Option<LogHeader> {
@@ -224,7 +284,52 @@ mod tests {
             mask: 1,
         };
         log.append(b).unwrap();
+        log.close().unwrap();
         assert_eq!(read(&path).unwrap().1, vec![a, b]);
+        // Each open and the orderly stop are marked, in order.
+        let records = read_records(&path).unwrap().1;
+        assert!(
+            matches!(
+                records[..],
+                [
+                    Record::Open(_),
+                    Record::Ack(x),
+                    Record::Open(_),
+                    Record::Ack(y),
+                    Record::Close(_)
+                ] if x == a && y == b
+            ),
+            "{records:?}"
+        );
+    }
+
+    #[test]
+    fn logs_without_markers_still_read_and_unknown_comments_are_skipped() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("acks.log");
+        // A log written before the markers existed.
+        std::fs::write(
+            &path,
+            "# ps-audit v1 servers=2 rows-per-server=8\n5 1 ff\n# a note\n9 0 1\n",
+        )
+        .unwrap();
+        let (header, records) = read_records(&path).unwrap();
+        assert_eq!(header, HEADER);
+        assert_eq!(records.len(), 2);
+        assert_eq!(read(&path).unwrap().1.len(), 2);
+        // Reopening it appends records after the old ones.
+        drop(AckLog::open(&path, HEADER).unwrap());
+        assert!(matches!(
+            read_records(&path).unwrap().1[..],
+            [Record::Ack(_), Record::Ack(_), Record::Open(_)]
+        ));
+        std::fs::write(
+            &path,
+            "# ps-audit v1 servers=2 rows-per-server=8\n# open soon\n",
+        )
+        .unwrap();
+        let err = read(&path).unwrap_err().to_string();
+        assert!(err.contains(":2: open marker"), "{err}");
     }
 
     #[test]

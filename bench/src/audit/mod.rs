@@ -14,15 +14,18 @@
 //! - [`log`]: the append-only acknowledgement log (survives the auditor's SIGKILL: one `write` per record).
 //! - [`pusher`]: the push loop, one task per server.
 //! - [`verify`]: tallies the log, pulls the counters, and compares.
+//! - [`pause`]: the longest gap between two acknowledged pushes of one shard (failover or restart time).
 
 pub mod log;
+pub mod pause;
 pub mod pusher;
 pub mod verify;
 
 use protocol::routing::{mix64, ShardMap};
 use protocol::wire::message::TableSpec;
 
-pub use log::{Ack, AckLog, AuditError, LogHeader};
+pub use log::{Ack, AckLog, AuditError, LogHeader, Record};
+pub use pause::Pause;
 pub use pusher::{PushConfig, PushTotals};
 pub use verify::Verdict;
 

@@ -1,5 +1,7 @@
 //! The verdict: acknowledged increments per counter (from the log) against the counters' values (pulled as
 //! f32). `lost_acked` sums `max(0, acked - found)` over the rows, `duplicates` sums `max(0, found - acked)`.
+//! The verdict also carries the longest pause of a shard ([`super::pause`]), which the caller sets from the
+//! log's records ([`Verdict::max_pause`]).
 
 use bytes::Bytes;
 use protocol::compression::codec;
@@ -8,7 +10,7 @@ use protocol::wire::pull::IdSections;
 use protocol::{Encoding, ProtocolError, PsClient};
 use serde::Serialize;
 
-use super::{Ack, AuditRows, AUDIT_TABLE_ID};
+use super::{Ack, AuditRows, Pause, AUDIT_TABLE_ID};
 
 /// One counter row.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -53,14 +55,22 @@ pub struct Verdict {
     pub duplicates: u64,
     /// Counters that are not whole numbers (should never happen: a sign of foreign writes to the table).
     pub non_integral: u64,
+    /// The longest gap between two acknowledged pushes of one server within one life of the auditor
+    /// ([`super::pause::max_pause`]); `None` when not computed or nothing to measure (printed as 0).
+    pub max_pause: Option<Pause>,
 }
 
 impl Verdict {
-    /// One line, `key=value` pairs.
+    /// One line, `key=value` pairs (`max_pause_s` with millisecond precision, 0 when nothing was measured;
+    /// `max_pause_server` is the server it was on, `-` then).
     pub fn line(&self) -> String {
+        let (pause, server) = match self.max_pause {
+            Some(p) => (p.seconds, p.server.to_string()),
+            None => (0.0, "-".to_owned()),
+        };
         format!(
             "audit rows={} acked_pushes={} acked_increments={} found_increments={} lost_acked_updates={} \
-             duplicates={} non_integral={}",
+             duplicates={} max_pause_s={pause:.3} max_pause_server={server} non_integral={}",
             self.rows.len(),
             self.acked_pushes,
             self.acked_increments,
@@ -113,6 +123,7 @@ pub fn compare(rows: &AuditRows, acks: &[Ack], found: &[Vec<f32>]) -> Verdict {
         lost_acked: 0,
         duplicates: 0,
         non_integral: 0,
+        max_pause: None,
     };
     for (s, ids) in rows.per_server.iter().enumerate() {
         for (i, &id) in ids.iter().enumerate() {
@@ -154,5 +165,22 @@ mod tests {
         let v = compare(&rows, &acks, &[vec![2.0, 1.5], vec![0.0, 1.0]]);
         assert_eq!(v.non_integral, 1);
         assert!(v.line().contains("lost_acked_updates=0"), "{}", v.line());
+        assert!(v.line().contains("max_pause_s=0.000 "), "{}", v.line());
+        let v = Verdict {
+            max_pause: Some(Pause {
+                seconds: 1.25,
+                server: 1,
+                from_ms: 1000,
+                to_ms: 2250,
+            }),
+            ..v
+        };
+        // chaos.sh reads these three, in this order.
+        assert!(
+            v.line()
+                .contains("lost_acked_updates=0 duplicates=1 max_pause_s=1.250 max_pause_server=1"),
+            "{}",
+            v.line()
+        );
     }
 }

@@ -2,7 +2,6 @@
 //! rows on every server and logs each acknowledged push; `verify` compares the log with the counters. See
 //! `bench::audit`.
 
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -12,6 +11,7 @@ use std::time::Duration;
 use anyhow::Context;
 use bench::audit::{self, AckLog, AuditRows, LogHeader, PushConfig};
 use clap::{Args, Parser, Subcommand};
+use protocol::cluster::ShardAddrs;
 use protocol::{PsClient, PsClientConfig};
 
 /// Audit of acknowledged pushes against the parameter servers' counters.
@@ -38,7 +38,9 @@ enum Command {
         #[arg(long)]
         duration_secs: Option<f64>,
     },
-    /// Pull the counters and compare them with the log; prints `lost_acked_updates=N duplicates=N` last.
+    /// Pull the counters and compare them with the log; prints `lost_acked_updates=N duplicates=N
+    /// max_pause_s=X` last (X: the longest gap between two acknowledged pushes of one shard, within one life
+    /// of the auditor).
     Verify {
         #[command(flatten)]
         common: Common,
@@ -50,9 +52,10 @@ enum Command {
 
 #[derive(Debug, Args)]
 struct Common {
-    /// Server addresses in shard order, comma separated.
+    /// Shards in shard order, comma separated; the replicas of one shard separated by `/`, in replica order
+    /// (`a0/a1,b0/b1`; docs/replication.md).
     #[arg(long, required = true, value_delimiter = ',')]
-    ps: Vec<SocketAddr>,
+    ps: Vec<ShardAddrs>,
     /// TLS directory with ca.pem, client.pem and client.key.
     #[arg(long)]
     tls_dir: PathBuf,
@@ -74,7 +77,8 @@ impl Common {
             servers: self.ps.len(),
             rows_per_server: self.rows_per_server,
         };
-        let mut cfg = PsClientConfig::new(self.ps.clone(), self.tls_dir.clone());
+        let mut cfg =
+            PsClientConfig::replicated(protocol::cluster::shards(&self.ps), self.tls_dir.clone());
         cfg.server_name = self.server_name.clone();
         let client = PsClient::connect(cfg)
             .await
@@ -144,9 +148,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 pause: Duration::from_millis(pause_ms),
                 seed,
             };
+            let log = Arc::new(log);
             let totals =
-                audit::pusher::run(client.clone(), Arc::new(rows), Arc::new(log), cfg, stop)
-                    .await?;
+                audit::pusher::run(client.clone(), Arc::new(rows), log.clone(), cfg, stop).await?;
+            log.close()?;
             client.close().await;
             println!(
                 "ps-audit pushed acked={} increments={} failed={}",
@@ -156,7 +161,14 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Verify { common, json } => {
             let (client, rows, header) = common.connect().await?;
-            let (found_header, acks) = audit::log::read(&common.log)?;
+            let (found_header, records) = audit::log::read_records(&common.log)?;
+            let acks: Vec<audit::Ack> = records
+                .iter()
+                .filter_map(|r| match r {
+                    audit::Record::Ack(a) => Some(*a),
+                    _ => None,
+                })
+                .collect();
             anyhow::ensure!(
                 found_header == header,
                 "{} was written for {found_header:?}, verify was asked for {header:?}",
@@ -166,7 +178,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 .await
                 .context("pull the audit counters")?;
             client.close().await;
-            let verdict = audit::verify::compare(&rows, &acks, &found);
+            let mut verdict = audit::verify::compare(&rows, &acks, &found);
+            verdict.max_pause = audit::pause::max_pause(header.servers, &records);
             if let Some(path) = json {
                 let text = serde_json::to_string_pretty(&verdict)?;
                 std::fs::write(&path, text + "\n")

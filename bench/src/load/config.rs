@@ -4,6 +4,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use anyhow::{bail, Context};
+use protocol::cluster::ShardAddrs;
 use protocol::{Encoding, Transport};
 use serde::Serialize;
 
@@ -56,15 +57,29 @@ pub enum Optimizer {
 #[derive(Debug, Clone, clap::Parser)]
 #[command(version, about)]
 pub struct LoadArgs {
-    /// QUIC addresses of a running cluster, in shard order (comma-separated).
+    /// QUIC addresses of a running cluster, in shard order (comma-separated); the replicas of one shard
+    /// separated by `/`, in replica order (`a0/a1,b0/b1`; docs/replication.md).
     #[arg(long, value_delimiter = ',', requires = "tls_dir")]
-    pub ps: Vec<SocketAddr>,
+    pub ps: Vec<ShardAddrs>,
     /// TLS directory with `ca.pem`, `client.pem`, `client.key` (with `--ps`).
     #[arg(long)]
     pub tls_dir: Option<PathBuf>,
     /// Start N `ps-server` processes on loopback (the binary next to `ps-bench`), and stop them at the end.
+    /// With `--replicas R`: N shards of R replicas each (N x R processes).
     #[arg(long, conflicts_with = "ps")]
     pub local_cluster: Option<usize>,
+    /// Replicas per shard of the local cluster (`--local-cluster`); 2 or more start each replica with
+    /// `--replica-index r --replicas <its shard's addresses>` on pre-picked ports (docs/replication.md).
+    #[arg(long, default_value_t = 1, requires = "local_cluster")]
+    pub replicas: usize,
+    /// `--durability` of the local cluster's servers: none, periodic, sync or replicated (default: the
+    /// server's own default, periodic).
+    #[arg(long, requires = "local_cluster")]
+    pub durability: Option<String>,
+    /// One more flag for every local server, as one argument (repeatable), e.g.
+    /// `--server-arg=--flush-interval-secs=2`.
+    #[arg(long, requires = "local_cluster", allow_hyphen_values = true)]
+    pub server_arg: Vec<String>,
     /// Run against an in-process engine over an in-memory store: no network, no codec (the upper limit).
     #[arg(long, conflicts_with_all = ["ps", "local_cluster"])]
     pub in_process: bool,
@@ -149,13 +164,20 @@ pub struct LoadArgs {
 pub enum Target {
     /// A running cluster.
     Cluster {
-        /// QUIC addresses in shard order.
-        addrs: Vec<SocketAddr>,
+        /// QUIC addresses in shard order, each shard's replicas in replica order.
+        shards: Vec<Vec<SocketAddr>>,
         /// TLS directory.
         tls_dir: PathBuf,
     },
-    /// N local `ps-server` processes started by the benchmark.
-    Local(usize),
+    /// Local `ps-server` processes started by the benchmark.
+    Local {
+        /// Shards.
+        shards: usize,
+        /// Replicas per shard.
+        replicas: usize,
+        /// Flags for every server (`--durability` and `--server-arg`).
+        server_args: Vec<String>,
+    },
     /// An in-process engine.
     InProcess,
 }
@@ -165,8 +187,12 @@ pub enum Target {
 pub struct LoadConfig {
     /// Target, for the report ("cluster", "local-cluster", "in-process").
     pub target: String,
-    /// Servers (0 in process).
+    /// Servers (0 in process): shards.
     pub servers: usize,
+    /// Replicas per shard (1 without replication; of a running cluster, the most any shard lists).
+    pub replicas: usize,
+    /// `--durability` of the local cluster's servers (`None`: their default, or a cluster not started here).
+    pub durability: Option<String>,
     /// Transport to the servers (unused in process).
     #[serde(serialize_with = "display")]
     pub transport: Transport,
@@ -222,16 +248,38 @@ fn display<S: serde::Serializer>(e: &impl std::fmt::Display, s: S) -> Result<S::
 impl LoadArgs {
     /// Checks the flags.
     pub fn validate(&self) -> anyhow::Result<LoadConfig> {
+        if self.local_cluster.is_none()
+            && (self.replicas != 1 || self.durability.is_some() || !self.server_arg.is_empty())
+        {
+            bail!("--replicas, --durability and --server-arg configure the servers of --local-cluster N");
+        }
         let where_to = if self.in_process {
             Target::InProcess
         } else if let Some(n) = self.local_cluster {
             if n == 0 {
                 bail!("--local-cluster must be at least 1");
             }
-            Target::Local(n)
+            if self.replicas == 0 {
+                bail!("--replicas must be at least 1");
+            }
+            if let Some(d) = &self.durability {
+                if !["none", "periodic", "sync", "replicated"].contains(&d.as_str()) {
+                    bail!("--durability {d}: expected none, periodic, sync or replicated");
+                }
+            }
+            let mut server_args = Vec::new();
+            if let Some(d) = &self.durability {
+                server_args.extend(["--durability".to_owned(), d.clone()]);
+            }
+            server_args.extend(self.server_arg.iter().cloned());
+            Target::Local {
+                shards: n,
+                replicas: self.replicas,
+                server_args,
+            }
         } else if !self.ps.is_empty() {
             Target::Cluster {
-                addrs: self.ps.clone(),
+                shards: protocol::cluster::shards(&self.ps),
                 tls_dir: self.tls_dir.clone().context("--ps needs --tls-dir")?,
             }
         } else {
@@ -285,14 +333,22 @@ impl LoadArgs {
                 "--rate (open loop) needs servers: the in-process driver runs a closed loop only"
             );
         }
-        let (target, servers) = match &where_to {
-            Target::Cluster { addrs, .. } => ("cluster", addrs.len()),
-            Target::Local(n) => ("local-cluster", *n),
-            Target::InProcess => ("in-process", 0),
+        let (target, servers, replicas) = match &where_to {
+            Target::Cluster { shards, .. } => (
+                "cluster",
+                shards.len(),
+                shards.iter().map(Vec::len).max().unwrap_or(1),
+            ),
+            Target::Local {
+                shards, replicas, ..
+            } => ("local-cluster", *shards, *replicas),
+            Target::InProcess => ("in-process", 0, 1),
         };
         Ok(LoadConfig {
             target: target.into(),
             servers,
+            replicas,
+            durability: self.durability.clone(),
             transport: self.transport,
             tables: self.tables,
             dim: self.dim,

@@ -43,14 +43,22 @@ use stats::Latencies;
 pub fn run(cfg: &LoadConfig) -> anyhow::Result<Report> {
     match &cfg.where_to {
         Target::InProcess => inproc::run(cfg),
-        Target::Cluster { addrs, tls_dir } => quic::run(cfg, addrs.clone(), tls_dir.clone()),
-        Target::Local(n) => {
+        Target::Cluster { shards, tls_dir } => quic::run(cfg, shards.clone(), tls_dir.clone()),
+        Target::Local {
+            shards,
+            replicas,
+            server_args,
+        } => {
             let dir = tempfile::Builder::new()
                 .prefix("ps-bench-")
                 .tempdir()
                 .context("create a temporary directory")?;
-            let cluster = LocalCluster::start(*n, dir.path(), &[])?;
-            let report = quic::run(cfg, cluster.quic.clone(), cluster.tls_dir.clone());
+            let cluster = if *replicas > 1 {
+                LocalCluster::start_replicated(*shards, *replicas, dir.path(), server_args)?
+            } else {
+                LocalCluster::start(*shards, dir.path(), server_args)?
+            };
+            let report = quic::run(cfg, cluster.replicas.clone(), cluster.tls_dir.clone());
             // Stop the servers whatever the run's outcome; report the run's error first.
             let stopped = cluster.shutdown(Duration::from_secs(60));
             let report = report?;

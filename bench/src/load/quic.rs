@@ -87,21 +87,26 @@ fn wire_sizes(r: &ServerRequests, cfg: &LoadConfig, epoch: u64) -> anyhow::Resul
     Ok((pull, push))
 }
 
-/// Runs the workload against the cluster at `addrs`.
-pub fn run(cfg: &LoadConfig, addrs: Vec<SocketAddr>, tls_dir: PathBuf) -> anyhow::Result<Report> {
+/// Runs the workload against the cluster whose shard `i` runs on the replicas `shards[i]` (one address per
+/// shard without replication).
+pub fn run(
+    cfg: &LoadConfig,
+    shards: Vec<Vec<SocketAddr>>,
+    tls_dir: PathBuf,
+) -> anyhow::Result<Report> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .context("start the tokio runtime")?;
-    rt.block_on(run_async(cfg, addrs, tls_dir))
+    rt.block_on(run_async(cfg, shards, tls_dir))
 }
 
 async fn run_async(
     cfg: &LoadConfig,
-    addrs: Vec<SocketAddr>,
+    addrs: Vec<Vec<SocketAddr>>,
     tls_dir: PathBuf,
 ) -> anyhow::Result<Report> {
-    let mut client_cfg = PsClientConfig::new(addrs.clone(), tls_dir);
+    let mut client_cfg = PsClientConfig::replicated(addrs.clone(), tls_dir);
     client_cfg.transport = cfg.transport;
     let client = PsClient::connect(client_cfg)
         .await

@@ -170,7 +170,7 @@ impl Report {
     fn load_text(&self) -> String {
         let c = &self.config;
         format!(
-            "ps-bench: {transport} ({target}, {servers} server(s)), codec {codec}, {tables} tables x {ids} ids \
+            "ps-bench: {transport} ({target}, {servers} server(s){repl}), codec {codec}, {tables} tables x {ids} ids \
              ({dist:?}, s {s}, vocab {vocab}), dim {dim}, concurrency {conc}, mix {mix:?}, {secs:.1} s\n\
              pull: {prs:>12.0} rows/s  p50 {p50:.2} ms  p99 {p99:.2} ms  p999 {p999:.2} ms  ({pn} requests)\n\
              push: {ups:>12.0} rows/s  p50 {u50:.2} ms  p99 {u99:.2} ms  p999 {u999:.2} ms  ({un} requests)\n\
@@ -178,6 +178,11 @@ impl Report {
             transport = self.transport,
             target = c.target,
             servers = c.servers,
+            repl = match (c.replicas, &c.durability) {
+                (1, None) => String::new(),
+                (r, None) => format!(" x {r} replicas"),
+                (r, Some(d)) => format!(" x {r} replicas, durability {d}"),
+            },
             codec = self.codec,
             tables = c.tables,
             ids = c.ids_per_table,
