@@ -7,12 +7,19 @@ Usage: validate.py K8S_VERSION KUBERNETES_VALIDATE_BIN SCHEMA_DIR RENDERED.yaml.
   (the PyPI package ships the schemas: no network). A core kind without a schema is an error, not a skip.
 - CRD objects (PodMonitor, PrometheusRule, Certificate, Issuer) are validated with jsonschema against the
   hand-written subsets in SCHEMA_DIR, which refuse unknown fields.
-- Cross-object checks of this deployment: StatefulSet replicas == num-shards in ps-server.toml == entries of
-  TRAINER_PS == entries of ps-serve's --subscribe (both in shard order); Job completions == TRAINER_WORLD; every
-  Service's named targetPort exists in the pods it selects; serving (docs/serving.md): probes on /readyz and
-  /healthz, --listen on the container port the Service targets, --export = the read-only mount of the PVC the
-  trainer's --export-dir is mounted from, a PDB and a PodMonitor endpoint for it, and the PS NetworkPolicy lets it
-  reach the data port.
+- Cross-object checks of this deployment (docs/replication.md, docs/deploy.md): one StatefulSet ps-N per shard,
+  N = 0..num-shards-1 (ps-server.toml), each with --shard-index=N, --replica-index-from-hostname, the pod label
+  pstrain/shard: "N" and --replicas naming its own pods ps-N-0.<service>:<port>, ... in ordinal order, exactly
+  `replicas` of them, on the headless Service it names (which publishes not-ready pods) and the port of `listen`;
+  TRAINER_PS and ps-serve's --subscribe have one `,` entry per shard whose `/` replicas are that --replicas list;
+  one replica per node for each shard (an anti-affinity term on hostname selecting exactly the shard's pods); a
+  PodDisruptionBudget per shard selecting exactly its pods; the PS NetworkPolicy admits PS pods (replication) and
+  the PodMonitor selects PS pods and sets `shard` from pstrain/shard; alerts and dashboard queries name only
+  metrics declared in a metrics.rs or in the contract's Metrics section (docs/replication.md); Job completions ==
+  TRAINER_WORLD; every Service's named targetPort exists in the pods it selects; serving (docs/serving.md): probes
+  on /readyz and /healthz, --listen on the container port the Service targets, --export = the read-only mount of
+  the PVC the trainer's --export-dir is mounted from, a PDB and a PodMonitor endpoint for it, and the PS
+  NetworkPolicy lets it reach the data port.
 """
 import json
 import os
@@ -78,7 +85,7 @@ def service_checks(path, by_kind):
     return errors
 
 
-def serving_checks(path, by_kind, ps_replicas):
+def serving_checks(path, by_kind, shards):
     errors = []
     deps = [d for d in by_kind.get("Deployment", []) if d["metadata"]["name"] == "ps-serve"]
     if not deps:
@@ -102,13 +109,9 @@ def serving_checks(path, by_kind, ps_replicas):
     svcs = [s for s in by_kind.get("Service", []) if s["metadata"]["name"] == "ps-serve"]
     if not svcs or not selects(svcs[0]["spec"].get("selector"), labels):
         errors.append(f"{path}: Service ps-serve missing or not selecting the ps-serve pods")
-    # --subscribe: every PS, in shard order.
-    subscribe = [e for e in (arg_value(c, "--subscribe") or "").split(",") if e]
-    if ps_replicas is not None and len(subscribe) != ps_replicas:
-        errors.append(f"{where}: --subscribe has {len(subscribe)} entries, StatefulSet ps has {ps_replicas} replicas")
-    for i, entry in enumerate(subscribe):
-        if not entry.startswith(f"ps-{i}."):
-            errors.append(f"{where}: --subscribe entry {i} is {entry!r}, expected ps-{i}.<service>:<port> (shard order)")
+    # --subscribe: every shard's replicas, like TRAINER_PS.
+    if shards is not None:
+        errors.extend(cluster_arg_checks(where, "--subscribe", arg_value(c, "--subscribe"), shards))
     # --export: the read-only mount of the PVC the trainer exports into.
     export = arg_value(c, "--export")
     mounts = {m["mountPath"]: m for m in c.get("volumeMounts", [])}
@@ -146,32 +149,266 @@ def serving_checks(path, by_kind, ps_replicas):
     return errors
 
 
-def cross_checks(path, docs):
+PS_NAME = "pstrain-ps"
+SHARD_LABEL = "pstrain/shard"
+HOSTNAME_KEY = "kubernetes.io/hostname"
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+METRIC_RE = re.compile(r"\b((?:ps|trainer|serving)_[a-z0-9_]+)")
+
+
+def declared_metrics():
+    """Metric names declared in the metrics.rs files, plus the contract's Metrics section of docs/replication.md
+    (names the servers are to export; they may not be in ps-server/src/metrics.rs yet)."""
+    names = set()
+    for rel in ("ps-server/src/metrics.rs", "trainer/src/metrics.rs", "serving/src/metrics.rs"):
+        path = os.path.join(ROOT, rel)
+        if not os.path.exists(path) and rel.startswith("serving/"):
+            path = os.path.join(ROOT, "docs/serving.md")
+        if os.path.exists(path):
+            names |= set(re.findall(r'(?:"|`)((?:ps|trainer|serving)_[a-z0-9_]+)', open(path).read()))
+    contract = os.path.join(ROOT, "docs/replication.md")
+    if os.path.exists(contract):
+        text = open(contract).read()
+        m = re.search(r"^## Metrics.*?(?=^## |\Z)", text, re.M | re.S)
+        if m:
+            names |= set(re.findall(r"`((?:ps|trainer)_[a-z0-9_]+)`", m.group(0)))
+    return names
+
+
+def metric_names(expr, declared):
+    found = set()
+    for n in METRIC_RE.findall(expr):
+        for suffix in ("_bucket", "_count", "_sum"):
+            if n.endswith(suffix) and n[: -len(suffix)] in declared:
+                n = n[: -len(suffix)]
+        found.add(n)
+    return found
+
+
+def metrics_checks(path, by_kind, declared):
+    """Alerts (and, once per run, the Grafana dashboards) name only declared metrics."""
+    errors = []
+    for rule_obj in by_kind.get("PrometheusRule", []):
+        for group in rule_obj["spec"].get("groups", []):
+            for rule in group.get("rules", []):
+                name = rule.get("alert") or rule.get("record")
+                for n in sorted(metric_names(str(rule.get("expr", "")), declared) - declared):
+                    errors.append(
+                        f"{path}: PrometheusRule {rule_obj['metadata']['name']} rule {name} uses {n}, which no "
+                        f"metrics.rs and no Metrics section of docs/replication.md declares"
+                    )
+    return errors
+
+
+def dashboard_checks(declared):
+    errors = []
+    grafana = os.path.join(ROOT, "k8s", "grafana")
+    for fname in sorted(os.listdir(grafana)) if os.path.isdir(grafana) else []:
+        if not fname.endswith(".json"):
+            continue
+        exprs = []
+
+        def walk(o):
+            if isinstance(o, dict):
+                for k, v in o.items():
+                    if k == "expr":
+                        exprs.append(v)
+                    else:
+                        walk(v)
+            elif isinstance(o, list):
+                for v in o:
+                    walk(v)
+
+        walk(json.load(open(os.path.join(grafana, fname))))
+        for n in sorted({n for e in exprs for n in metric_names(e, declared)} - declared):
+            errors.append(f"k8s/grafana/{fname}: a query uses {n}, which no metrics.rs and no docs/replication.md declares")
+    return errors
+
+
+def labels_of(template):
+    return template["metadata"].get("labels", {}) or {}
+
+
+def selector_matches(selector, labels):
+    """matchLabels and matchExpressions (In, NotIn, Exists, DoesNotExist) of a LabelSelector against labels."""
+    if not selector:
+        return False
+    for k, v in (selector.get("matchLabels") or {}).items():
+        if labels.get(k) != v:
+            return False
+    for e in selector.get("matchExpressions") or []:
+        op, key, values = e.get("operator"), e.get("key"), e.get("values") or []
+        if op == "In" and labels.get(key) not in values:
+            return False
+        if op == "NotIn" and key in labels and labels[key] in values:
+            return False
+        if op == "Exists" and key not in labels:
+            return False
+        if op == "DoesNotExist" and key in labels:
+            return False
+    return True
+
+
+def toml_value(text, key):
+    m = re.search(rf'^{re.escape(key)}\s*=\s*"?([^"\n#]*)"?', text, re.M)
+    return m.group(1).strip() if m else None
+
+
+def cluster_arg_checks(where, what, value, shards):
+    """`value` (TRAINER_PS or --subscribe) lists, per shard in order, that shard's --replicas in the same order."""
+    errors = []
+    entries = [e for e in (value or "").split(",") if e]
+    if len(entries) != len(shards):
+        errors.append(f"{where}: {what} has {len(entries)} shard entries, there are {len(shards)} shards (StatefulSets ps-N)")
+    for i, entry in enumerate(entries):
+        want = shards.get(i, {}).get("replicas_arg")
+        got = entry.split("/")
+        if want is not None and got != want:
+            errors.append(
+                f"{where}: {what} entry {i} is {entry!r}; shard {i}'s replicas in replica order are {'/'.join(want)!r} "
+                f"(the --replicas of StatefulSet ps-{i})"
+            )
+    return errors
+
+
+def shard_checks(path, by_kind, toml):
+    """The per-shard StatefulSets. Returns (errors, {shard: {sts, labels, replicas, replicas_arg}})."""
+    errors = []
+    shards = {}
+    num_shards = int(toml_value(toml, "num-shards") or 1)
+    listen_port = (toml_value(toml, "listen") or "127.0.0.1:7000").rsplit(":", 1)[-1]
+    services = {s["metadata"]["name"]: s for s in by_kind.get("Service", [])}
+    ps_sets = [d for d in by_kind.get("StatefulSet", []) if labels_of(d["spec"]["template"]).get("app.kubernetes.io/name") == PS_NAME]
+    for sts in ps_sets:
+        name = sts["metadata"]["name"]
+        where = f"{path}: StatefulSet {name}"
+        m = re.fullmatch(r"ps-(\d+)", name)
+        if not m:
+            errors.append(f"{where}: a PS StatefulSet must be named ps-<shard> (its pods ps-<shard>-<replica>)")
+            continue
+        n = int(m.group(1))
+        if n in shards:
+            errors.append(f"{where}: shard {n} has two StatefulSets")
+            continue
+        tmpl = sts["spec"]["template"]
+        labels = labels_of(tmpl)
+        c = tmpl["spec"]["containers"][0]
+        replicas = sts["spec"].get("replicas", 1)
+        if labels.get(SHARD_LABEL) != str(n):
+            errors.append(f"{where}: pod label {SHARD_LABEL} is {labels.get(SHARD_LABEL)!r}, expected {str(n)!r}")
+        if (sts["spec"]["selector"].get("matchLabels") or {}).get(SHARD_LABEL) != str(n):
+            errors.append(f"{where}: selector must include {SHARD_LABEL}: {str(n)!r} (StatefulSets of two shards must not select each other's pods)")
+        if arg_value(c, "--shard-index") != str(n):
+            errors.append(f"{where}: --shard-index is {arg_value(c, '--shard-index')!r}, expected {n}")
+        args = [str(a) for a in c.get("args", [])]
+        if "--shard-index-from-hostname" in args:
+            errors.append(f"{where}: --shard-index-from-hostname reads the replica ordinal from ps-N-r, use --shard-index={n}")
+        if replicas > 1 and "--replica-index-from-hostname" not in args:
+            errors.append(f"{where}: {replicas} replicas need --replica-index-from-hostname (pod ps-{n}-r is replica r)")
+        svc_name = sts["spec"].get("serviceName")
+        svc = services.get(svc_name)
+        if not svc:
+            errors.append(f"{where}: serviceName {svc_name!r} is not a Service here (pods get no DNS names ps-{n}-r.{svc_name})")
+        else:
+            if svc["spec"].get("clusterIP") != "None":
+                errors.append(f"{path}: Service {svc_name} must be headless (clusterIP: None) for per-pod DNS names")
+            if not svc["spec"].get("publishNotReadyAddresses"):
+                errors.append(f"{path}: Service {svc_name} must set publishNotReadyAddresses: replicas find each other before they are ready")
+            if not selects(svc["spec"].get("selector"), labels):
+                errors.append(f"{path}: Service {svc_name} does not select the pods of StatefulSet {name}")
+        # --replicas: this StatefulSet's pods, in ordinal order, on the listen port.
+        got = [e for e in (arg_value(c, "--replicas") or "").split(",") if e]
+        want_hosts = [f"ps-{n}-{r}.{svc_name}" for r in range(replicas)]
+        replicas_arg = got
+        if len(got) != replicas:
+            errors.append(f"{where}: --replicas has {len(got)} entries, the StatefulSet has replicas: {replicas}")
+        for r, entry in enumerate(got):
+            host, _, port = entry.rpartition(":")
+            if r < replicas and not (host == want_hosts[r] or host.startswith(want_hosts[r] + ".")):
+                errors.append(f"{where}: --replicas entry {r} is {entry!r}, expected {want_hosts[r]}:{listen_port} (pod ordinal order)")
+            if port != listen_port:
+                errors.append(f"{where}: --replicas entry {r} is on port {port!r}, ps-server.toml listens on {listen_port}")
+        # One replica per node: a term on hostname whose selector matches this shard's pods and no other shard's.
+        others = [labels_of(o["spec"]["template"]) for o in ps_sets if o is not sts]
+        anti = (tmpl["spec"].get("affinity") or {}).get("podAntiAffinity") or {}
+        terms = list(anti.get("requiredDuringSchedulingIgnoredDuringExecution") or []) + [
+            t.get("podAffinityTerm", {}) for t in anti.get("preferredDuringSchedulingIgnoredDuringExecution") or []
+        ]
+        if replicas > 1 and not any(
+            t.get("topologyKey") == HOSTNAME_KEY
+            and selector_matches(t.get("labelSelector"), labels)
+            and not any(selector_matches(t.get("labelSelector"), o) for o in others)
+            for t in terms
+        ):
+            errors.append(f"{where}: no pod anti-affinity term on {HOSTNAME_KEY} selecting exactly shard {n}'s pods (its replicas may share a node)")
+        shards[n] = {"sts": sts, "labels": labels, "replicas": replicas, "replicas_arg": replicas_arg}
+    if sorted(shards) != list(range(num_shards)):
+        errors.append(
+            f"{path}: PS StatefulSets are for shards {sorted(shards)}, ps-server.toml num-shards = {num_shards}: "
+            f"expected one StatefulSet ps-N for each N in 0..{num_shards - 1}"
+        )
+    durability = toml_value(toml, "durability")
+    if durability is not None and durability not in ("none", "periodic", "sync", "replicated"):
+        errors.append(f"{path}: ps-server.toml durability = {durability!r}, expected none, periodic, sync or replicated")
+    # A PodDisruptionBudget per shard, selecting exactly its pods.
+    for n, sh in sorted(shards.items()):
+        pdbs = [p for p in by_kind.get("PodDisruptionBudget", []) if selector_matches(p["spec"].get("selector"), sh["labels"])]
+        if len(pdbs) != 1:
+            errors.append(f"{path}: shard {n}: {len(pdbs)} PodDisruptionBudgets select its pods, expected exactly one")
+        for pdb in pdbs:
+            wide = [m for m, o in shards.items() if m != n and selector_matches(pdb["spec"].get("selector"), o["labels"])]
+            if wide:
+                errors.append(f"{path}: PodDisruptionBudget {pdb['metadata']['name']} also selects the pods of shards {wide}: one budget per shard")
+            mu = pdb["spec"].get("maxUnavailable")
+            if mu is None or str(mu) not in ("1",):
+                errors.append(f"{path}: PodDisruptionBudget {pdb['metadata']['name']} must have maxUnavailable: 1 (one replica of a shard at a time)")
+    if shards:
+        ps_labels = next(iter(shards.values()))["labels"]
+        for np in by_kind.get("NetworkPolicy", []):
+            if not selector_matches(np["spec"].get("podSelector"), ps_labels):
+                continue
+            for proto in ("UDP", "TCP"):
+                ok = any(
+                    any(selects(f.get("podSelector", {}).get("matchLabels"), ps_labels) for f in rule.get("from", []))
+                    and any(p.get("port") == int(listen_port) and p.get("protocol", "TCP") == proto for p in rule.get("ports", []))
+                    for rule in np["spec"].get("ingress", [])
+                )
+                if not ok:
+                    errors.append(f"{path}: NetworkPolicy {np['metadata']['name']} does not admit PS pods on {proto} {listen_port} (replication between replicas)")
+        for pm in by_kind.get("PodMonitor", []):
+            if not selector_matches(pm["spec"].get("selector"), ps_labels):
+                errors.append(f"{path}: PodMonitor {pm['metadata']['name']} does not select the PS pods")
+                continue
+            eps = [e for e in pm["spec"]["podMetricsEndpoints"] if e.get("port") == "metrics"]
+            sanitized = "__meta_kubernetes_pod_label_" + re.sub(r"[^a-zA-Z0-9_]", "_", SHARD_LABEL)
+            if not any(
+                r.get("targetLabel") == "shard" and sanitized in (r.get("sourceLabels") or [])
+                and r.get("action", "replace").lower() == "replace"
+                for e in eps for r in e.get("relabelings") or []
+            ):
+                errors.append(f"{path}: PodMonitor {pm['metadata']['name']} endpoint `metrics` must set label shard from {sanitized} (the replication alerts group by it)")
+    return errors, shards
+
+
+def cross_checks(path, docs, declared):
     errors = []
     by_kind = {}
     for d in docs:
         by_kind.setdefault(d.get("kind"), []).append(d)
-    sts = [d for d in by_kind.get("StatefulSet", []) if d["metadata"]["name"] == "ps"]
     cms = [d for d in by_kind.get("ConfigMap", []) if "ps-server.toml" in d.get("data", {})]
     jobs = [d for d in by_kind.get("Job", []) if d["metadata"]["name"] == "trainer"]
     errors.extend(service_checks(path, by_kind))
-    errors.extend(serving_checks(path, by_kind, sts[0]["spec"].get("replicas", 1) if sts else None))
-    if not (sts and cms and jobs):
+    errors.extend(metrics_checks(path, by_kind, declared))
+    shards = None
+    if cms:
+        shard_errors, shards = shard_checks(path, by_kind, cms[0]["data"]["ps-server.toml"])
+        errors.extend(shard_errors)
+    errors.extend(serving_checks(path, by_kind, shards))
+    if not (shards and jobs):
         return errors
-    replicas = sts[0]["spec"].get("replicas", 1)
-    m = re.search(r"^num-shards\s*=\s*(\d+)", cms[0]["data"]["ps-server.toml"], re.M)
-    shards = int(m.group(1)) if m else 1
     job = jobs[0]["spec"]
     container = job["template"]["spec"]["containers"][0]
-    ps = [p for p in (env_value(container, "TRAINER_PS") or "").split(",") if p]
-    if not (replicas == shards == len(ps)):
-        errors.append(
-            f"{path}: StatefulSet ps replicas = {replicas}, ps-server.toml num-shards = {shards} and "
-            f"TRAINER_PS has {len(ps)} entries; they must be equal"
-        )
-    for i, entry in enumerate(ps):
-        if not entry.startswith(f"ps-{i}."):
-            errors.append(f"{path}: TRAINER_PS entry {i} is {entry!r}, expected ps-{i}.<service>:<port> (shard order)")
+    errors.extend(cluster_arg_checks(f"{path}: Job trainer", "TRAINER_PS", env_value(container, "TRAINER_PS"), shards))
     world = env_value(container, "TRAINER_WORLD")
     if str(job.get("completions")) != str(world):
         errors.append(f"{path}: Job trainer completions = {job.get('completions')} but TRAINER_WORLD = {world}")
@@ -186,6 +423,8 @@ def main():
     core_files = []
     tmp = tempfile.mkdtemp(prefix="pstrain-validate-")
     counts = {"core": 0, "crd": 0}
+    declared = declared_metrics()
+    errors.extend(dashboard_checks(declared))
     for path in files:
         with open(path) as f:
             docs = [d for d in yaml.safe_load_all(f) if d]
@@ -209,7 +448,7 @@ def main():
                     yaml.safe_dump(doc, f)
                 core_files.append((out, where))
                 counts["core"] += 1
-        errors.extend(cross_checks(path, docs))
+        errors.extend(cross_checks(path, docs, declared))
     if core_files:
         r = subprocess.run(
             [kv_bin, "--strict", "-k", version, *[p for p, _ in core_files]],
