@@ -132,6 +132,9 @@ pub const PROBE_AFTER: Duration = Duration::from_secs(1);
 /// How long a liveness probe may go unanswered, with nothing at all heard on the connection meanwhile, before
 /// the connection is declared dead and the request fails with a transient [`ProtocolError::Timeout`].
 pub const PROBE_TIMEOUT: Duration = Duration::from_secs(3);
+/// [`PROBE_TIMEOUT`] on a replicated shard: a backup can take over, so a silent primary is given up sooner
+/// (a live but busy one still acknowledges packets, and a failover that finds it answering keeps it).
+pub const REPLICATED_PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 /// The wait before the first retry of a transient failure; each further retry waits twice as long as the one
 /// before, up to [`MAX_BACKOFF`].
 pub const INITIAL_BACKOFF: Duration = Duration::from_millis(20);
@@ -152,6 +155,7 @@ async fn call_watched<C: Connection>(
     addr: SocketAddr,
     req: &Request,
     payload: &Bytes,
+    probe_timeout: Duration,
 ) -> Result<(Response, Bytes), ProtocolError> {
     let call = conn.call(addr, req, payload);
     tokio::pin!(call);
@@ -165,7 +169,7 @@ async fn call_watched<C: Connection>(
             _ = tokio::time::sleep(PROBE_AFTER) => {}
         }
         let heard = conn.packets_received();
-        let probe = tokio::time::timeout(PROBE_TIMEOUT, conn.call(addr, &hello, &empty));
+        let probe = tokio::time::timeout(probe_timeout, conn.call(addr, &hello, &empty));
         tokio::select! {
             r = &mut call => return r,
             p = probe => match p {
@@ -177,7 +181,7 @@ async fn call_watched<C: Connection>(
                     tracing::warn!(server = %addr, "no answer to a liveness probe: connection presumed dead");
                     return Err(ProtocolError::Timeout {
                         server: addr.to_string(),
-                        secs: PROBE_TIMEOUT.as_secs_f64(),
+                        secs: probe_timeout.as_secs_f64(),
                     });
                 }
             },
@@ -404,6 +408,11 @@ impl<D: Dialer> PsClient<D> {
     ) -> Result<(Response, Bytes), ProtocolError> {
         let replicas = &self.shards[shard];
         let s = &replicas.conns[r];
+        let probe_timeout = if replicas.replicated() {
+            REPLICATED_PROBE_TIMEOUT
+        } else {
+            PROBE_TIMEOUT
+        };
         // Connecting is inside the timeout: a handshake with a dead server must not wait for the idle timeout.
         let result = async {
             let (conn, fresh) = s.connection(&self.cfg).await?;
@@ -413,7 +422,7 @@ impl<D: Dialer> PsClient<D> {
                     version: PROTOCOL_VERSION,
                 };
                 if let (Response::Hello { replica, .. }, _) =
-                    call_watched(&conn, s.addr, &probe, &Bytes::new()).await?
+                    call_watched(&conn, s.addr, &probe, &Bytes::new(), probe_timeout).await?
                 {
                     let as_reader = r != replicas.primary();
                     if let Err(why) = replicas.check(r, &replica, as_reader) {
@@ -425,7 +434,7 @@ impl<D: Dialer> PsClient<D> {
                     }
                 }
             }
-            call_watched(&conn, s.addr, req, payload)
+            call_watched(&conn, s.addr, req, payload, probe_timeout)
                 .await
                 .map_err(|e| {
                     // A request that failed because its connection closed: report why the connection closed (e.g.

@@ -123,13 +123,19 @@ impl Peers {
             }),
         };
         if result.is_err() {
-            if let Some((_, _, c)) = self.peers[r as usize].link.lock().as_mut() {
-                if let Some(conn) = c.take() {
-                    conn.close();
-                }
-            }
+            self.forget(r);
         }
         result
+    }
+
+    /// Drops the connection to replica `r` (it restarted: the next call dials the new process instead of
+    /// waiting on a connection to the old one).
+    pub fn forget(&self, r: u32) {
+        if let Some((_, _, c)) = self.peers[r as usize].link.lock().as_mut() {
+            if let Some(conn) = c.take() {
+                conn.close();
+            }
+        }
     }
 
     /// Replica `r`'s answer to `Hello`.

@@ -270,6 +270,8 @@ impl Links {
 pub fn join(shard: &Arc<Shard>, replica: u32, session: u64) {
     let rep = &shard.replica;
     let link = Arc::new(Link::new(replica, session));
+    // A join comes from a (re)started backup: a connection to its previous process would only time out.
+    rep.peers.forget(replica);
     {
         let mut links = rep.links.links.lock();
         if let Some(at) = links.iter().position(|l| l.replica == replica) {
