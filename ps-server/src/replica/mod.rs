@@ -356,3 +356,6 @@ impl Shard {
         })
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,187 @@
+//! The replica rules of one server without sockets: fencing by shard epoch, the order of a backup's stream,
+//! what a backup refuses, and when it accepts a promotion.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use embedding::{Engine, MemStore};
+use protocol::wire::message::put_ids;
+use protocol::wire::replicate::{self, ReplicateHeader, ReplicateKind, Role, RowsTable};
+use protocol::{Encoding, ErrorCode, Request, Response, ShardMap, TableCount, TableSpec};
+
+use super::Replica;
+use crate::config::Durability;
+use crate::handler::Reply;
+use crate::shard::Shard;
+
+const NOW: u64 = 1_000_000;
+
+/// A backup at shard epoch 3 that joined under session 7, holding table 1 (dim 2, SGD: rows of 2 f32s).
+fn backup() -> Shard {
+    let s = Shard {
+        engine: Engine::open(Arc::new(MemStore::new())).unwrap(),
+        shard_map: ShardMap::new(1),
+        shard_index: 0,
+        durability: Durability::Replicated,
+        writes: Default::default(),
+        pin_secs: crate::config::DEFAULT_PIN_SECS,
+        reducer: Default::default(),
+        replica: Replica::single(),
+        sync: Default::default(),
+    };
+    s.handle(
+        Request::RegisterTables {
+            tables: vec![TableSpec::counter(1, 2)],
+        },
+        &[],
+        NOW,
+    );
+    s.replica.epoch.store(3, Ordering::Release);
+    s.replica.step_down(None);
+    s.replica.stream.lock().session = 7;
+    s.replica.stream.lock().next_seq = 1;
+    s
+}
+
+fn header(epoch: u64, session: u64, seq: u64, kind: ReplicateKind, rows: u32) -> ReplicateHeader {
+    ReplicateHeader {
+        shard_epoch: epoch,
+        session,
+        seq,
+        messages: 1,
+        kind,
+        new_tables: Vec::new(),
+        tables: vec![RowsTable {
+            table: 1,
+            count: rows,
+            row_len: 2,
+        }],
+    }
+}
+
+fn rows_payload(ids: &[u64], value: f32) -> Vec<u8> {
+    let mut p = Vec::new();
+    replicate::put_rows(ids, &vec![value; ids.len() * 2], &mut p);
+    p
+}
+
+fn code(r: Reply) -> (ErrorCode, String) {
+    match r.header {
+        Response::Error { code, message } => (code, message),
+        other => panic!("expected an error, got {other:?}"),
+    }
+}
+
+fn replicate(s: &Shard, h: ReplicateHeader, payload: &[u8]) -> Reply {
+    s.handle(Request::Replicate { header: h }, payload, NOW)
+}
+
+#[test]
+fn an_older_epoch_is_refused_typed_and_a_gap_or_another_session_too() {
+    let s = backup();
+    let p = rows_payload(&[5, 9], 0.5);
+    let (c, m) = code(replicate(&s, header(2, 7, 1, ReplicateKind::Stream, 2), &p));
+    assert_eq!(c, ErrorCode::StaleEpoch, "{m}");
+    assert!(m.contains("epoch 2") && m.contains("epoch 3"), "{m}");
+    let (c, m) = code(replicate(&s, header(3, 8, 1, ReplicateKind::Stream, 2), &p));
+    assert_eq!(c, ErrorCode::BadRequest);
+    assert!(m.contains("session"), "{m}");
+    let (c, m) = code(replicate(&s, header(3, 7, 2, ReplicateKind::Stream, 2), &p));
+    assert_eq!(c, ErrorCode::BadRequest);
+    assert!(m.contains("message 2, expected 1"), "{m}");
+    let (c, m) = code(replicate(&s, header(3, 7, 1, ReplicateKind::Stream, 3), &p));
+    assert_eq!(c, ErrorCode::BadRequest, "{m}");
+    // Nothing refused was stored.
+    assert_eq!(s.engine.table(1).unwrap().row(5), None);
+}
+
+#[test]
+fn the_stream_is_stored_in_order_and_ends_the_catch_up() {
+    let s = backup();
+    let r = replicate(&s, header(3, 7, 1, ReplicateKind::CatchUp, 2), &rows_payload(&[5, 9], 0.5));
+    assert_eq!(r.header, Response::Replicated { seq: 1 });
+    assert!(!s.replica.in_sync.load(Ordering::Acquire));
+    let r = replicate(&s, header(3, 7, 2, ReplicateKind::CaughtUp, 1), &rows_payload(&[5], -1.0));
+    assert_eq!(r.header, Response::Replicated { seq: 2 });
+    assert!(s.replica.info().in_sync);
+    let t = s.engine.table(1).unwrap();
+    assert_eq!(t.row(5).unwrap(), vec![-1.0, -1.0]);
+    assert_eq!(t.row(9).unwrap(), vec![0.5, 0.5]);
+    assert_eq!(t.dirty_len(), 2, "a backup writes back the rows it stores");
+    // A newer epoch from the primary (it was promoted meanwhile) is taken.
+    let r = replicate(&s, header(4, 7, 3, ReplicateKind::Stream, 1), &rows_payload(&[9], 2.0));
+    assert_eq!(r.header, Response::Replicated { seq: 3 });
+    assert_eq!(s.replica.epoch(), 4);
+}
+
+#[test]
+fn a_backup_refuses_pushes_and_reads_until_in_sync() {
+    let s = backup();
+    let mut ids = Vec::new();
+    put_ids(&[5], &mut ids);
+    let tables = vec![TableCount {
+        table: 1,
+        count: 1,
+        dim: 2,
+    }];
+    let mut push = ids.clone();
+    push.extend_from_slice(&[0u8; 8]);
+    let (c, m) = code(s.handle(
+        Request::Push {
+            epoch: 1,
+            encoding: Encoding::F32,
+            grad_scale: 1.0,
+            tables: tables.clone(),
+        },
+        &push,
+        NOW,
+    ));
+    assert_eq!(c, ErrorCode::NotPrimary);
+    assert!(m.contains("backup"), "{m}");
+    let pull = || {
+        s.handle(
+            Request::Pull {
+                epoch: 1,
+                encoding: Encoding::F32,
+                tables: tables.clone(),
+            },
+            &ids,
+            NOW,
+        )
+    };
+    assert_eq!(code(pull()).0, ErrorCode::NotPrimary);
+    s.replica.in_sync.store(true, Ordering::Release);
+    assert!(matches!(pull().header, Response::Pulled { .. }));
+}
+
+#[test]
+fn promotion_needs_sync_and_silence_and_bumps_the_epoch_once() {
+    let s = backup();
+    let promote = |e| s.handle(Request::Promote { shard_epoch: e }, &[], NOW);
+    let (c, m) = code(promote(3));
+    assert_eq!(c, ErrorCode::NotInSync);
+    assert!(m.contains("catching up"), "{m}");
+    s.replica.in_sync.store(true, Ordering::Release);
+    s.replica.heard();
+    let (c, m) = code(promote(3));
+    assert_eq!(c, ErrorCode::NotInSync);
+    assert!(m.contains("heard from its primary"), "{m}");
+    s.replica.last_heard_ms.store(0, Ordering::Release);
+    let (c, m) = code(promote(5));
+    assert!(c == ErrorCode::NotInSync && m.contains("newer primary"), "{m}");
+    assert_eq!(promote(3).header, Response::Promoted { shard_epoch: 4 });
+    assert_eq!(s.replica.role(), Role::Primary);
+    assert_eq!(promote(3).header, Response::Promoted { shard_epoch: 4 });
+    // Persisted: a restart reads it back.
+    let restarted = Replica::new(
+        &crate::config::FileConfig {
+            data_dir: Some("/x".into()),
+            tls_dir: Some("/x".into()),
+            ..Default::default()
+        }
+        .validate()
+        .unwrap(),
+        &s.engine,
+    );
+    assert_eq!(restarted.epoch(), 4);
+}
