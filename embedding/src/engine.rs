@@ -356,7 +356,13 @@ impl Engine {
 
     /// [`Table::store_rows`] on table `table`, under the push gate (a checkpoint holds all of these rows or
     /// none): a backup taking rows its primary computed.
-    pub fn store_rows(&self, table: u32, ids: &[u64], rows: &[f32], now: u64) -> Result<usize, EmbeddingError> {
+    pub fn store_rows(
+        &self,
+        table: u32,
+        ids: &[u64],
+        rows: &[f32],
+        now: u64,
+    ) -> Result<usize, EmbeddingError> {
         let _push = self.push_gate.read();
         self.table(table)?.store_rows(ids, rows, now)
     }

@@ -128,7 +128,8 @@ async fn client(s: &Shard, retry_for: Duration) -> PsClient<memory::MemoryDialer
 }
 
 async fn push(c: &PsClient<memory::MemoryDialer>) -> Result<(u64, u64), ProtocolError> {
-    c.push(0, Encoding::F32, 1.0, Vec::new(), Bytes::new()).await
+    c.push(0, Encoding::F32, 1.0, Vec::new(), Bytes::new())
+        .await
 }
 
 /// The primary dies (its connections hang, new ones are refused): the client promotes the in-sync backup and
@@ -164,7 +165,11 @@ async fn a_deposed_primary_with_an_older_epoch_is_fenced() {
     for _ in 0..5 {
         push(&c).await.unwrap();
     }
-    assert_eq!(s.states[0].lock().unwrap().pushes, 0, "no push reached the deposed primary");
+    assert_eq!(
+        s.states[0].lock().unwrap().pushes,
+        0,
+        "no push reached the deposed primary"
+    );
     assert_eq!(s.states[1].lock().unwrap().pushes, 6);
     assert_eq!(c.addr(0), "10.0.0.2:7000".parse().unwrap());
 }
@@ -199,7 +204,11 @@ async fn a_partition_from_every_replica_fails_then_heals() {
     let started = tokio::time::Instant::now();
     let err = push(&c).await.unwrap_err();
     assert!(err.is_transient(), "{err}");
-    assert!(started.elapsed() < Duration::from_secs(30), "{:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "{:?}",
+        started.elapsed()
+    );
     for m in &s.servers {
         m.refuse_connections(0);
     }

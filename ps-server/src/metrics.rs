@@ -167,8 +167,14 @@ fn describe_replication() {
         "1 on a primary or an in-sync backup, 0 while catching up."
     );
     describe_gauge!(SHARD_EPOCH, "Shard epoch held (bumped by every promotion).");
-    describe_gauge!(REPLICATION_BACKUPS_IN_SYNC, "On a primary: backups in sync.");
-    describe_gauge!(REPLICATION_BACKUPS_CONFIGURED, "Backups configured (replicas - 1).");
+    describe_gauge!(
+        REPLICATION_BACKUPS_IN_SYNC,
+        "On a primary: backups in sync."
+    );
+    describe_gauge!(
+        REPLICATION_BACKUPS_CONFIGURED,
+        "Backups configured (replicas - 1)."
+    );
     describe_gauge!(
         REPLICATION_LAG_PUSHES,
         "On a primary: most messages queued and not yet stored by one backup."

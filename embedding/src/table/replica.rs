@@ -62,16 +62,18 @@ impl Table {
                         stripe.arena.row_mut(slot).copy_from_slice(row);
                         slot
                     }
-                    None => match stripe.insert(ids[i], hash(ids[i]), |dst| dst.copy_from_slice(row)) {
-                        Ok(slot) => {
-                            created += 1;
-                            slot
+                    None => {
+                        match stripe.insert(ids[i], hash(ids[i]), |dst| dst.copy_from_slice(row)) {
+                            Ok(slot) => {
+                                created += 1;
+                                slot
+                            }
+                            Err(n) => {
+                                full = Some(self.full(s, n));
+                                return;
+                            }
                         }
-                        Err(n) => {
-                            full = Some(self.full(s, n));
-                            return;
-                        }
-                    },
+                    }
                 };
                 stripe.arena.set_stamp(slot, stamp);
                 if clock {

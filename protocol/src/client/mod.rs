@@ -245,10 +245,7 @@ impl<D: Dialer> PsClient<D> {
         if dialers.len() != total {
             return Err(ProtocolError::Connect {
                 server: "-".into(),
-                message: format!(
-                    "{} dialers for {total} server addresses",
-                    dialers.len(),
-                ),
+                message: format!("{} dialers for {total} server addresses", dialers.len(),),
             });
         }
         let mut dialers = dialers.into_iter();

@@ -81,7 +81,12 @@ impl<D: Dialer> ShardReplicas<D> {
 
     /// Whether `info`, from replica `r`, is acceptable for what the client uses `r` for: the primary must say
     /// it is one, of at least the epoch seen; a reader may be an in-sync backup of that epoch.
-    pub(super) fn check(&self, r: usize, info: &ReplicaInfo, as_reader: bool) -> Result<(), String> {
+    pub(super) fn check(
+        &self,
+        r: usize,
+        info: &ReplicaInfo,
+        as_reader: bool,
+    ) -> Result<(), String> {
         let known = self.epoch();
         if info.shard_epoch < known {
             return Err(format!(

@@ -128,9 +128,12 @@ pub fn put_rows(ids: &[u64], rows: &[f32], out: &mut Vec<u8>) {
     }
 }
 
+/// One table's ids and full rows, as decoded from a `Replicate` payload.
+pub type TableRows = (Vec<u64>, Vec<f32>);
+
 /// Splits a `Replicate` payload into each table's (ids, rows), in header order; refuses a payload whose
 /// length differs from what the header announces, naming both.
-pub fn decode(tables: &[RowsTable], payload: &[u8]) -> Result<Vec<(Vec<u64>, Vec<f32>)>, ProtocolError> {
+pub fn decode(tables: &[RowsTable], payload: &[u8]) -> Result<Vec<TableRows>, ProtocolError> {
     let expected = tables.iter().try_fold(0u64, |acc, t| {
         let per_row = 8 + 4 * u64::from(t.row_len);
         acc.checked_add(u64::from(t.count).checked_mul(per_row)?)

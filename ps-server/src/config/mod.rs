@@ -319,9 +319,7 @@ impl FileConfig {
                 )));
             }
             if replicas[..i].contains(r) {
-                return Err(ConfigError::Invalid(format!(
-                    "replicas: {r} listed twice"
-                )));
+                return Err(ConfigError::Invalid(format!("replicas: {r} listed twice")));
             }
         }
         Ok((index, replicas))

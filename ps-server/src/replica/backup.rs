@@ -30,7 +30,12 @@ pub struct StreamState {
 impl Shard {
     /// Stores a `Replicate` request's rows (a backup): checks role, epoch, session and sequence, registers the
     /// new tables, stores every table's rows, and marks the backup in sync at the end of its catch-up.
-    pub fn replicate(&self, header: &ReplicateHeader, payload: &[u8], now: u64) -> Result<Reply, Refusal> {
+    pub fn replicate(
+        &self,
+        header: &ReplicateHeader,
+        payload: &[u8],
+        now: u64,
+    ) -> Result<Reply, Refusal> {
         let rep = &self.replica;
         let epoch = rep.epoch();
         if header.shard_epoch < epoch {
@@ -61,7 +66,10 @@ impl Shard {
         if header.seq != stream.next_seq {
             return Err(refuse(
                 ErrorCode::BadRequest,
-                format!("replicate message {}, expected {}: a gap in the stream", header.seq, stream.next_seq),
+                format!(
+                    "replicate message {}, expected {}: a gap in the stream",
+                    header.seq, stream.next_seq
+                ),
             ));
         }
         let parts = replicate::decode(&header.tables, payload)?;
@@ -91,7 +99,10 @@ impl Shard {
             rep.adopt_epoch(&self.engine, header.shard_epoch);
         }
         if header.kind == ReplicateKind::CaughtUp && !rep.in_sync.swap(true, Ordering::AcqRel) {
-            tracing::info!(epoch = header.shard_epoch, "caught up with the primary: in sync");
+            tracing::info!(
+                epoch = header.shard_epoch,
+                "caught up with the primary: in sync"
+            );
             metrics::gauge!(m::REPLICA_IN_SYNC).set(1.0);
         }
         metrics::counter!(m::REPLICATION_ROWS_STORED_TOTAL).increment(rows as u64);
@@ -153,7 +164,8 @@ async fn follow_once(rep: &Replica) -> Result<(), String> {
         // The primary is gone (or not known yet): stay as we are; an in-sync backup waits to be promoted.
         return Err(format!("no primary among {} answers", census.len()));
     };
-    if joined && rep.in_sync.load(Ordering::Acquire) && info.in_sync_backups & (1 << rep.index) != 0 {
+    if joined && rep.in_sync.load(Ordering::Acquire) && info.in_sync_backups & (1 << rep.index) != 0
+    {
         // Quiet, but the primary still counts us in sync.
         return Ok(());
     }
@@ -169,9 +181,18 @@ async fn follow_once(rep: &Replica) -> Result<(), String> {
         replica_index: rep.index,
         session,
     };
-    match rep.peers.call(p, &req, Bytes::new(), super::peer::PEER_TIMEOUT).await {
+    match rep
+        .peers
+        .call(p, &req, Bytes::new(), super::peer::PEER_TIMEOUT)
+        .await
+    {
         Ok(Response::Joined { shard_epoch }) => {
-            tracing::info!(primary = rep.peers.name(p), shard_epoch, session, "joined the primary");
+            tracing::info!(
+                primary = rep.peers.name(p),
+                shard_epoch,
+                session,
+                "joined the primary"
+            );
             rep.heard();
             Ok(())
         }

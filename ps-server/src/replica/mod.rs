@@ -105,7 +105,8 @@ impl Replica {
             tasks: Default::default(),
         };
         r.record_gauges();
-        metrics::gauge!(m::REPLICATION_BACKUPS_CONFIGURED).set(cfg.replicas.len().saturating_sub(1) as f64);
+        metrics::gauge!(m::REPLICATION_BACKUPS_CONFIGURED)
+            .set(cfg.replicas.len().saturating_sub(1) as f64);
         r
     }
 
@@ -179,8 +180,10 @@ impl Replica {
 
     /// Records that the primary was heard from now.
     pub(crate) fn heard(&self) {
-        self.last_heard_ms
-            .store(self.born.elapsed().as_millis() as u64 + 1, Ordering::Release);
+        self.last_heard_ms.store(
+            self.born.elapsed().as_millis() as u64 + 1,
+            Ordering::Release,
+        );
     }
 
     /// Whether the primary was heard from within `d`.
@@ -221,7 +224,11 @@ impl Replica {
         self.stream.lock().session = 0;
         self.in_sync.store(true, Ordering::Release);
         self.set_role(Role::Primary);
-        tracing::warn!(epoch, replica = self.index, "this replica is the shard's primary");
+        tracing::warn!(
+            epoch,
+            replica = self.index,
+            "this replica is the shard's primary"
+        );
     }
 
     fn record_gauges(&self) {
@@ -293,14 +300,20 @@ impl Shard {
         match rep.role() {
             Role::Primary => return Ok(reply(rep.epoch())),
             Role::Starting => {
-                return Err(refuse(ErrorCode::NotInSync, "this replica is still starting"));
+                return Err(refuse(
+                    ErrorCode::NotInSync,
+                    "this replica is still starting",
+                ));
             }
             Role::Backup => {}
         }
         if !rep.in_sync.load(Ordering::Acquire) {
             return Err(refuse(
                 ErrorCode::NotInSync,
-                format!("replica {} is catching up with its primary: it cannot take over", rep.index),
+                format!(
+                    "replica {} is catching up with its primary: it cannot take over",
+                    rep.index
+                ),
             ));
         }
         if client_epoch > rep.epoch() {
@@ -327,7 +340,12 @@ impl Shard {
 
     /// Answers `Join` (a primary): starts streaming to the backup; a primary holding an older epoch than the
     /// backup steps down instead.
-    pub fn join(self: &Arc<Self>, shard_epoch: u64, replica: u32, session: u64) -> Result<Reply, Refusal> {
+    pub fn join(
+        self: &Arc<Self>,
+        shard_epoch: u64,
+        replica: u32,
+        session: u64,
+    ) -> Result<Reply, Refusal> {
         let rep = &self.replica;
         rep.require_primary("join")?;
         if shard_epoch > rep.epoch() {

@@ -16,12 +16,15 @@ use protocol::{ProtocolError, Request, Response, Transport, PROTOCOL_VERSION};
 /// Time allowed for one request to a peer (connecting included).
 pub const PEER_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// A peer's resolved address, its dialer, and the open connection if any.
+type Link = (SocketAddr, Arc<NetDialer>, Option<NetConn>);
+
 /// One other replica.
 struct Peer {
     /// `host:port` as configured.
     name: String,
     /// The dialer and the connection, made on first use.
-    link: Mutex<Option<(SocketAddr, Arc<NetDialer>, Option<NetConn>)>>,
+    link: Mutex<Option<Link>>,
 }
 
 /// The other replicas of this server's shard, by replica index (this server's own slot is never dialed).
@@ -35,7 +38,13 @@ pub struct Peers {
 
 impl Peers {
     /// Peers at `names` (every replica, this one at `own`).
-    pub fn new(names: &[String], own: u32, tls_dir: PathBuf, server_name: String, max_frame: u64) -> Peers {
+    pub fn new(
+        names: &[String],
+        own: u32,
+        tls_dir: PathBuf,
+        server_name: String,
+        max_frame: u64,
+    ) -> Peers {
         Peers {
             peers: names
                 .iter()
@@ -93,7 +102,9 @@ impl Peers {
                 }
             }
         };
-        let conn = dialer.connect(addr, &self.server_name, self.max_frame).await?;
+        let conn = dialer
+            .connect(addr, &self.server_name, self.max_frame)
+            .await?;
         if let Some((a, _, c)) = peer.link.lock().as_mut() {
             if *a == addr {
                 *c = Some(conn.clone());
@@ -155,7 +166,9 @@ impl Peers {
 
     /// Every other replica's answer to `Hello`, asked concurrently: `(replica, info)` of those that answered.
     pub async fn census(&self) -> Vec<(u32, ReplicaInfo)> {
-        let asks = self.others().map(|r| async move { (r, self.info(r).await) });
+        let asks = self
+            .others()
+            .map(|r| async move { (r, self.info(r).await) });
         let mut out = Vec::new();
         for (r, answer) in futures_util::future::join_all(asks).await {
             match answer {
@@ -169,7 +182,9 @@ impl Peers {
     /// Closes every connection.
     pub fn close(&self) {
         for p in &self.peers {
-            if let Some((_, _, Some(conn))) = p.link.lock().as_mut().map(|(a, d, c)| (a, d, c.take())) {
+            if let Some((_, _, Some(conn))) =
+                p.link.lock().as_mut().map(|(a, d, c)| (a, d, c.take()))
+            {
                 conn.close();
             }
         }

@@ -176,7 +176,8 @@ impl AckWait {
                 .wait_for(|&acked| acked >= *seq || link.dead.load(Ordering::Acquire))
                 .await;
         }
-        metrics::histogram!(m::REPLICATION_WAIT_SECONDS).record(self.started.elapsed().as_secs_f64());
+        metrics::histogram!(m::REPLICATION_WAIT_SECONDS)
+            .record(self.started.elapsed().as_secs_f64());
     }
 }
 
@@ -197,7 +198,12 @@ impl Links {
 
     /// Copies the rows of a push just applied to every backup; returns what the push waits for when
     /// `wait_for_backups` (the in-sync ones), or `None` when there is nothing to wait for.
-    pub fn after_push(&self, engine: &Engine, parts: &[(u32, &[u64])], wait_for_backups: bool) -> Option<AckWait> {
+    pub fn after_push(
+        &self,
+        engine: &Engine,
+        parts: &[(u32, &[u64])],
+        wait_for_backups: bool,
+    ) -> Option<AckWait> {
         if self.links.lock().is_empty() {
             return None;
         }
@@ -260,8 +266,12 @@ impl Links {
         let secs = links.iter().map(|l| l.oldest_secs()).fold(0.0, f64::max);
         metrics::gauge!(m::REPLICATION_LAG_PUSHES).set(pushes as f64);
         metrics::gauge!(m::REPLICATION_LAG_SECONDS).set(secs);
-        metrics::gauge!(m::REPLICATION_BACKUPS_IN_SYNC)
-            .set(links.iter().filter(|l| l.in_sync.load(Ordering::Acquire)).count() as f64);
+        metrics::gauge!(m::REPLICATION_BACKUPS_IN_SYNC).set(
+            links
+                .iter()
+                .filter(|l| l.in_sync.load(Ordering::Acquire))
+                .count() as f64,
+        );
     }
 }
 
@@ -280,7 +290,12 @@ pub fn join(shard: &Arc<Shard>, replica: u32, session: u64) {
         // Registered before the scan reads anything: every push from now on is queued to it too.
         links.push(link.clone());
     }
-    tracing::info!(replica, session, backup = rep.peers.name(replica), "backup joined: catching up");
+    tracing::info!(
+        replica,
+        session,
+        backup = rep.peers.name(replica),
+        "backup joined: catching up"
+    );
     let scan = (shard.clone(), link.clone());
     rep.tasks
         .spawn(async move { catch_up(&scan.0, &scan.1).await });
@@ -326,7 +341,10 @@ async fn catch_up(shard: &Arc<Shard>, link: &Arc<Link>) {
             let mut after = None;
             loop {
                 ids.clear();
-                if let Err(e) = engine.store().scan_ids(table, after, CATCHUP_ROWS, &mut ids) {
+                if let Err(e) = engine
+                    .store()
+                    .scan_ids(table, after, CATCHUP_ROWS, &mut ids)
+                {
                     tracing::error!(table, error = %e, "catch-up scan of the store failed; backup dropped");
                     links.remove(link);
                     return;
@@ -428,8 +446,14 @@ async fn sender(shard: &Arc<Shard>, link: Arc<Link>) {
             kind: batch
                 .last()
                 .map_or(ReplicateKind::Heartbeat, |(_, m)| m.kind),
-            new_tables: batch.iter().flat_map(|(_, m)| m.new_tables.iter().cloned()).collect(),
-            tables: batch.iter().flat_map(|(_, m)| m.tables.iter().copied()).collect(),
+            new_tables: batch
+                .iter()
+                .flat_map(|(_, m)| m.new_tables.iter().cloned())
+                .collect(),
+            tables: batch
+                .iter()
+                .flat_map(|(_, m)| m.tables.iter().copied())
+                .collect(),
         };
         let mut payload = Vec::with_capacity(batch.iter().map(|(_, m)| m.payload.len()).sum());
         for (_, m) in &batch {
@@ -438,7 +462,12 @@ async fn sender(shard: &Arc<Shard>, link: Arc<Link>) {
         let req = Request::Replicate { header };
         let answer = rep
             .peers
-            .call(link.replica, &req, Bytes::from(payload), super::peer::PEER_TIMEOUT)
+            .call(
+                link.replica,
+                &req,
+                Bytes::from(payload),
+                super::peer::PEER_TIMEOUT,
+            )
             .await;
         match answer {
             Ok(Response::Replicated { .. }) => {

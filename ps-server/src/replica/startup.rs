@@ -36,9 +36,15 @@ pub async fn settle(shard: &Arc<Shard>) -> Role {
             .filter(|(_, i)| i.role == Role::Primary)
             .max_by_key(|(_, i)| i.shard_epoch)
         {
-            tracing::info!(primary = rep.peers.name(p), epoch = info.shard_epoch, "found the shard's primary: joining as a backup");
-            rep.epoch
-                .store(info.shard_epoch.max(epoch), std::sync::atomic::Ordering::Release);
+            tracing::info!(
+                primary = rep.peers.name(p),
+                epoch = info.shard_epoch,
+                "found the shard's primary: joining as a backup"
+            );
+            rep.epoch.store(
+                info.shard_epoch.max(epoch),
+                std::sync::atomic::Ordering::Release,
+            );
             rep.step_down(None);
             return Role::Backup;
         }
@@ -47,23 +53,37 @@ pub async fn settle(shard: &Arc<Shard>) -> Role {
             .filter(|(_, i)| i.role == Role::Backup && i.in_sync)
         {
             let req = Request::Promote { shard_epoch: epoch };
-            match rep.peers.call(b, &req, Bytes::new(), super::peer::PEER_TIMEOUT).await {
+            match rep
+                .peers
+                .call(b, &req, Bytes::new(), super::peer::PEER_TIMEOUT)
+                .await
+            {
                 Ok(Response::Promoted { shard_epoch }) => {
-                    tracing::info!(primary = rep.peers.name(b), shard_epoch, "an in-sync backup took over: joining it");
+                    tracing::info!(
+                        primary = rep.peers.name(b),
+                        shard_epoch,
+                        "an in-sync backup took over: joining it"
+                    );
                     rep.step_down(Some(shard_epoch));
                     return Role::Backup;
                 }
-                other => tracing::debug!(replica = b, answer = ?other, "backup did not take over yet"),
+                other => {
+                    tracing::debug!(replica = b, answer = ?other, "backup did not take over yet")
+                }
             }
         }
         let all_answered = census.len() + 1 == rep.peers.len();
         let out_of_time = began.elapsed() >= STARTUP_WAIT;
         if all_answered || out_of_time {
-            let waiting_for_catch_up = census.iter().any(|(_, i)| i.role == Role::Backup && i.in_sync);
+            let waiting_for_catch_up = census
+                .iter()
+                .any(|(_, i)| i.role == Role::Backup && i.in_sync);
             let best = census
                 .iter()
                 .filter(|(_, i)| i.role == Role::Starting)
-                .all(|(r, i)| (epoch, std::cmp::Reverse(rep.index)) > (i.shard_epoch, std::cmp::Reverse(*r)));
+                .all(|(r, i)| {
+                    (epoch, std::cmp::Reverse(rep.index)) > (i.shard_epoch, std::cmp::Reverse(*r))
+                });
             if best && !waiting_for_catch_up {
                 tracing::warn!(
                     epoch = epoch + 1,

@@ -98,10 +98,18 @@ fn an_older_epoch_is_refused_typed_and_a_gap_or_another_session_too() {
 #[test]
 fn the_stream_is_stored_in_order_and_ends_the_catch_up() {
     let s = backup();
-    let r = replicate(&s, header(3, 7, 1, ReplicateKind::CatchUp, 2), &rows_payload(&[5, 9], 0.5));
+    let r = replicate(
+        &s,
+        header(3, 7, 1, ReplicateKind::CatchUp, 2),
+        &rows_payload(&[5, 9], 0.5),
+    );
     assert_eq!(r.header, Response::Replicated { seq: 1 });
     assert!(!s.replica.in_sync.load(Ordering::Acquire));
-    let r = replicate(&s, header(3, 7, 2, ReplicateKind::CaughtUp, 1), &rows_payload(&[5], -1.0));
+    let r = replicate(
+        &s,
+        header(3, 7, 2, ReplicateKind::CaughtUp, 1),
+        &rows_payload(&[5], -1.0),
+    );
     assert_eq!(r.header, Response::Replicated { seq: 2 });
     assert!(s.replica.info().in_sync);
     let t = s.engine.table(1).unwrap();
@@ -109,7 +117,11 @@ fn the_stream_is_stored_in_order_and_ends_the_catch_up() {
     assert_eq!(t.row(9).unwrap(), vec![0.5, 0.5]);
     assert_eq!(t.dirty_len(), 2, "a backup writes back the rows it stores");
     // A newer epoch from the primary (it was promoted meanwhile) is taken.
-    let r = replicate(&s, header(4, 7, 3, ReplicateKind::Stream, 1), &rows_payload(&[9], 2.0));
+    let r = replicate(
+        &s,
+        header(4, 7, 3, ReplicateKind::Stream, 1),
+        &rows_payload(&[9], 2.0),
+    );
     assert_eq!(r.header, Response::Replicated { seq: 3 });
     assert_eq!(s.replica.epoch(), 4);
 }
@@ -168,7 +180,10 @@ fn promotion_needs_sync_and_silence_and_bumps_the_epoch_once() {
     assert!(m.contains("heard from its primary"), "{m}");
     s.replica.last_heard_ms.store(0, Ordering::Release);
     let (c, m) = code(promote(5));
-    assert!(c == ErrorCode::NotInSync && m.contains("newer primary"), "{m}");
+    assert!(
+        c == ErrorCode::NotInSync && m.contains("newer primary"),
+        "{m}"
+    );
     assert_eq!(promote(3).header, Response::Promoted { shard_epoch: 4 });
     assert_eq!(s.replica.role(), Role::Primary);
     assert_eq!(promote(3).header, Response::Promoted { shard_epoch: 4 });

@@ -312,8 +312,7 @@ async fn answer(
         req @ Request::Prefetch { .. } => {
             tokio::task::block_in_place(|| shard.handle_us(req, &payload, now))
         }
-        req @ (Request::Pull { .. } | Request::PullWithState { .. }) if shard.engine.spilled() =>
-        {
+        req @ (Request::Pull { .. } | Request::PullWithState { .. }) if shard.engine.spilled() => {
             tokio::task::block_in_place(|| shard.handle_us(req, &payload, now))
         }
         req => shard.handle_us(req, &payload, now),

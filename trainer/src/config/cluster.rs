@@ -43,7 +43,8 @@ pub async fn resolve_servers(
     let deadline = tokio::time::Instant::now() + timeout;
     let mut shards = Vec::with_capacity(entries.len());
     for shard in entries {
-        let replicas = protocol::cluster::split_replicas(shard.trim()).map_err(|e| e.to_string())?;
+        let replicas =
+            protocol::cluster::split_replicas(shard.trim()).map_err(|e| e.to_string())?;
         shards.push(resolve_all(&replicas, deadline).await?);
     }
     Ok(shards)

@@ -1,0 +1,249 @@
+//! Replicated shards end to end (docs/replication.md): 2 shards x 2 replicas of the real `ps-server` with
+//! `durability = "replicated"`, a pusher counting every acknowledged `+1` (the audit table of
+//! `bench::audit`) on one client while primaries and backups are SIGKILLed and restarted:
+//!
+//! - a primary killed while pushes flow: they go on (failover), and no acknowledged push is lost;
+//! - the old primary restarts, rejoins as a backup and catches up: every row is bit-identical on both
+//!   replicas after a flush;
+//! - a backup killed and restarted catches up the same way.
+//!
+//! Every wait is for an event (a count of acknowledged pushes, a replica's `in_sync`), never for a time.
+
+mod support;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bench::audit::{audit_table, AuditRows};
+use bytes::Bytes;
+use ops::local_cluster::LocalCluster;
+use protocol::wire::message::put_ids;
+use protocol::wire::replicate::ReplicaInfo;
+use protocol::{
+    Encoding, PsClient, PsClientConfig, Request, Response, TableCount, PROTOCOL_VERSION,
+};
+
+const ROWS_PER_SHARD: usize = 8;
+
+/// Acknowledged increments per counter id, and the count of acknowledged pushes.
+#[derive(Default)]
+struct Acks {
+    per_id: std::sync::Mutex<HashMap<u64, u64>>,
+    pushes: AtomicU64,
+}
+
+/// Pushes `+1` to every counter of each shard in turn until `stop`, recording each acknowledged push.
+async fn pusher(client: Arc<PsClient>, rows: AuditRows, acks: Arc<Acks>, stop: Arc<AtomicBool>) {
+    let table = audit_table();
+    while !stop.load(Ordering::Acquire) {
+        for (shard, ids) in rows.per_server.iter().enumerate() {
+            let mut payload = Vec::new();
+            put_ids(ids, &mut payload);
+            for _ in ids {
+                payload.extend_from_slice(&(-1.0f32).to_le_bytes());
+            }
+            let counts = vec![TableCount {
+                table: table.id,
+                count: ids.len() as u32,
+                dim: 1,
+            }];
+            client
+                .push(shard, Encoding::F32, 1.0, counts, Bytes::from(payload))
+                .await
+                .expect("a push fails only after retry_for: no primary came back");
+            let mut per_id = acks.per_id.lock().unwrap();
+            for &id in ids {
+                *per_id.entry(id).or_default() += 1;
+            }
+            acks.pushes.fetch_add(1, Ordering::Release);
+        }
+    }
+}
+
+/// Waits until `acks` counts `more` pushes beyond now.
+async fn acked_more(acks: &Acks, more: u64) {
+    let target = acks.pushes.load(Ordering::Acquire) + more;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while acks.pushes.load(Ordering::Acquire) < target {
+        assert!(Instant::now() < deadline, "pushes stalled");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Sends one request to replica `r` of `shard` alone (not through failover), on a fresh connection.
+async fn raw_call(
+    c: &LocalCluster,
+    shard: usize,
+    r: usize,
+    req: &Request,
+    payload: Bytes,
+) -> Result<(Response, Bytes), protocol::ProtocolError> {
+    use protocol::transport::{Connection, Dialer};
+    let addr = c.replicas[shard][r];
+    let dialer = protocol::Transport::Quic.dialer(addr, &c.tls_dir)?;
+    let conn = tokio::time::timeout(
+        Duration::from_secs(5),
+        dialer.connect(
+            addr,
+            protocol::transport::tls::DEFAULT_SERVER_NAME,
+            64 << 20,
+        ),
+    )
+    .await
+    .map_err(|_| protocol::ProtocolError::Timeout {
+        server: addr.to_string(),
+        secs: 5.0,
+    })??;
+    let reply = conn.call(addr, req, &payload).await;
+    conn.close();
+    dialer.wait_idle().await;
+    reply
+}
+
+/// What replica `r` of `shard` says about itself (`None` while it does not answer).
+async fn info(c: &LocalCluster, shard: usize, r: usize) -> Option<ReplicaInfo> {
+    let hello = Request::Hello {
+        version: PROTOCOL_VERSION,
+    };
+    match raw_call(c, shard, r, &hello, Bytes::new()).await.ok()? {
+        (Response::Hello { replica, .. }, _) => Some(replica),
+        _ => None,
+    }
+}
+
+async fn wait_in_sync(c: &LocalCluster, shard: usize, r: usize) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        if info(c, shard, r).await.is_some_and(|i| i.in_sync) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "replica {shard}/{r} never caught up"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The counter rows of `shard` as replica `r` holds them (f32 bits).
+async fn rows_of(c: &LocalCluster, shard: usize, r: usize, ids: &[u64]) -> Vec<u32> {
+    let mut sections = Vec::new();
+    put_ids(ids, &mut sections);
+    let counts = vec![TableCount {
+        table: audit_table().id,
+        count: ids.len() as u32,
+        dim: 1,
+    }];
+    let req = protocol::wire::pull::request(1, Encoding::F32, counts);
+    match raw_call(c, shard, r, &req, Bytes::from(sections)).await {
+        Ok((Response::Pulled { .. }, rows)) => rows
+            .chunks_exact(4)
+            .map(|b| u32::from_le_bytes(b.try_into().unwrap()))
+            .collect(),
+        other => panic!("pull from replica {shard}/{r}: {other:?}"),
+    }
+}
+
+/// Every shard's rows are the same bits on both replicas, and hold at least every acknowledged increment.
+async fn check(c: &LocalCluster, client: &PsClient, rows: &AuditRows, acks: &Acks) {
+    client.flush().await.unwrap();
+    let per_id = acks.per_id.lock().unwrap().clone();
+    for (shard, ids) in rows.per_server.iter().enumerate() {
+        for r in 0..2 {
+            wait_in_sync(c, shard, r).await;
+        }
+        let a = rows_of(c, shard, 0, ids).await;
+        let b = rows_of(c, shard, 1, ids).await;
+        assert_eq!(a, b, "shard {shard}: the replicas diverge");
+        for (i, &id) in ids.iter().enumerate() {
+            let found = f32::from_bits(a[i]);
+            let acked = per_id.get(&id).copied().unwrap_or(0) as f32;
+            assert!(
+                found >= acked,
+                "shard {shard} id {id}: {found} < {acked} acknowledged: lost updates"
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_primaries_and_backups_lose_no_acknowledged_push_and_replicas_converge() {
+    let began = Instant::now();
+    let stage = |what: &str| eprintln!("[{:6.2} s] {what}", began.elapsed().as_secs_f64());
+    let dir = tempfile::tempdir().unwrap();
+    let bin = bench::bins::path("ps-server");
+    let extra = [
+        "--durability",
+        "replicated",
+        "--flush-interval-secs",
+        "1",
+        "--drain-timeout-secs",
+        "5",
+    ]
+    .map(String::from);
+    let mut c = LocalCluster::start_replicated_with(
+        &|| Ok(std::process::Command::new(&bin)),
+        2,
+        2,
+        dir.path(),
+        &extra,
+    )
+    .unwrap();
+    stage("started");
+    let mut cfg = PsClientConfig::replicated(c.replicas.clone(), c.tls_dir.clone());
+    cfg.retry_for = Duration::from_secs(60);
+    let client = Arc::new(PsClient::connect(cfg).await.unwrap());
+    stage("connected");
+    client.register_tables(&[audit_table()]).await.unwrap();
+    stage("registered");
+    let rows = AuditRows::new(2, ROWS_PER_SHARD).unwrap();
+    let (acks, stop) = (Arc::new(Acks::default()), Arc::new(AtomicBool::new(false)));
+    let task = tokio::spawn(pusher(
+        client.clone(),
+        rows.clone(),
+        acks.clone(),
+        stop.clone(),
+    ));
+    acked_more(&acks, 60).await;
+    stage("pushing");
+
+    // The primary of shard 0 dies while pushes flow; they go on through its backup.
+    let old = c.primary_of(0).expect("shard 0 has a primary");
+    c.kill_replica(0, old).unwrap();
+    acked_more(&acks, 60).await;
+    assert!(client.failovers() >= 1, "the client moved shard 0");
+    assert_eq!(c.primary_of(0), Some(1 - old), "the backup took over");
+    stage("failed over");
+    // The old primary comes back: as a backup, which catches up.
+    let role = c.restart_replica(0, old).unwrap();
+    assert_eq!(role.as_deref(), Some("backup"));
+    stage("old primary restarted");
+    wait_in_sync(&c, 0, old).await;
+    acked_more(&acks, 30).await;
+    stage("old primary in sync");
+
+    // A backup of shard 1 dies and comes back; it catches up while pushes flow.
+    let primary1 = c.primary_of(1).expect("shard 1 has a primary");
+    let backup1 = 1 - primary1;
+    c.kill_replica(1, backup1).unwrap();
+    acked_more(&acks, 60).await;
+    c.restart_replica(1, backup1).unwrap();
+    stage("backup restarted");
+    wait_in_sync(&c, 1, backup1).await;
+    acked_more(&acks, 30).await;
+    stage("backup in sync");
+
+    stop.store(true, Ordering::Release);
+    task.await.unwrap();
+    check(&c, &client, &rows, &acks).await;
+    stage("checked");
+    assert_eq!(
+        c.primary_of(1),
+        Some(primary1),
+        "a backup's restart moves no primary"
+    );
+    client.close().await;
+    c.shutdown(Duration::from_secs(60)).unwrap();
+}
