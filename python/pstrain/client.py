@@ -83,7 +83,8 @@ def _check_grads(grads, n: int, dim: int, what: str) -> np.ndarray:
 class Client:
     """Connections to every server of a cluster.
 
-    ``servers``: ``host:port`` addresses in shard order (a list, or one comma-separated string); ``tls_dir``: the
+    ``servers``: ``host:port`` addresses in shard order (a list, or one comma-separated string; a replicated
+    shard's replicas joined by ``/``); ``tls_dir``: the
     cluster's TLS directory (``ca.pem``, ``client.pem``, ``client.key``); ``transport``: ``quic`` or ``tcp``;
     ``timeout_secs``: the most any call may take before it raises ``PsTimeoutError``.
     """

@@ -10,7 +10,6 @@
 //! wire bytes, none after. The client also counts, per kind, calls, rows, and seconds spent in requests and
 //! in `wait` (`stats()`), for the package's per-batch timing.
 
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -103,14 +102,18 @@ impl Client {
                 "timeout_secs = {timeout_secs}: expected a number > 0"
             )));
         }
+        // One entry per shard; a shard's replicas separated by `/` (docs/replication.md).
         let addrs = servers
             .iter()
             .map(|s| {
-                s.parse::<SocketAddr>().map_err(|e| {
-                    PyValueError::new_err(format!(
-                        "servers: {s:?} is not host:port with a numeric address ({e})"
-                    ))
-                })
+                s.parse::<protocol::cluster::ShardAddrs>()
+                    .map(|a| a.0)
+                    .map_err(|e| {
+                        PyValueError::new_err(format!(
+                            "servers: {s:?} is not host:port (replicas separated by '/') with numeric \
+                             addresses ({e})"
+                        ))
+                    })
             })
             .collect::<PyResult<Vec<_>>>()?;
         let transport = match transport {
@@ -129,7 +132,7 @@ impl Client {
             )));
         }
         let timeout = Duration::from_secs_f64(timeout_secs);
-        let mut cfg = PsClientConfig::new(addrs, tls_dir);
+        let mut cfg = PsClientConfig::replicated(addrs, tls_dir);
         cfg.transport = transport;
         cfg.request_timeout = timeout;
         // Retries of transient failures stop well inside the operation's deadline.

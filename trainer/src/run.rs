@@ -153,6 +153,9 @@ pub struct Summary {
     /// the demo's combined summary).
     #[serde(default)]
     pub progressive: Option<ProgressiveReport>,
+    /// Times the client moved a replicated shard to another replica (docs/replication.md).
+    #[serde(default)]
+    pub failovers: u64,
 }
 
 impl Summary {
@@ -352,6 +355,13 @@ pub async fn train_and_evaluate(
         eprintln!("eval at step {} (final): {}", trainer.step(), eval.render());
         summary.apply_eval(trainer.step(), &eval);
     }
+    summary.failovers = client.failovers();
+    if summary.failovers > 0 {
+        tracing::warn!(
+            failovers = summary.failovers,
+            "shards moved to another replica during the job"
+        );
+    }
     client.close().await;
     Ok(summary)
 }
@@ -455,6 +465,7 @@ impl Summary {
         self.evals.extend(pass.evals);
         self.wire_bytes += pass.wire_bytes;
         self.progressive = pass.progressive.or(self.progressive);
+        self.failovers += pass.failovers;
     }
 
     /// The summary of one trainer's pass that ended at `step`, before the final evaluation.
@@ -480,6 +491,7 @@ impl Summary {
                 .collect(),
             wire_bytes: report.wire_bytes,
             progressive: report.progressive,
+            failovers: 0,
         }
     }
 }
