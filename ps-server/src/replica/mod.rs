@@ -84,26 +84,21 @@ impl Replica {
         } else {
             Role::Starting
         };
-        let r = Replica {
-            index: cfg.replica_index,
-            peers: peer::Peers::new(
-                &cfg.replicas,
-                cfg.replica_index,
-                cfg.tls_dir.clone(),
-                cfg.replica_server_name.clone(),
-                cfg.max_frame,
-            ),
-            wait_for_backups: cfg.durability == Durability::Replicated,
-            role: AtomicU8::new(role_code(role)),
-            epoch: AtomicU64::new(persisted.unwrap_or(1).max(1)),
-            in_sync: AtomicBool::new(role == Role::Primary),
-            last_heard_ms: AtomicU64::new(0),
-            born: Instant::now(),
-            links: Default::default(),
-            stream: Mutex::new(backup::StreamState::default()),
-            changed: Notify::new(),
-            tasks: Default::default(),
-        };
+        let peers = peer::Peers::new(
+            &cfg.replicas,
+            cfg.replica_index,
+            cfg.tls_dir.clone(),
+            cfg.replica_server_name.clone(),
+            cfg.max_frame,
+        );
+        let wait = cfg.durability == Durability::Replicated;
+        let r = Replica::build(
+            cfg.replica_index,
+            peers,
+            wait,
+            role,
+            persisted.unwrap_or(1).max(1),
+        );
         r.record_gauges();
         metrics::gauge!(m::REPLICATION_BACKUPS_CONFIGURED)
             .set(cfg.replicas.len().saturating_sub(1) as f64);
@@ -112,13 +107,24 @@ impl Replica {
 
     /// A single replica at epoch 1 (tests).
     pub fn single() -> Replica {
+        let peers = peer::Peers::new(&[], 0, Default::default(), String::new(), 0);
+        Replica::build(0, peers, false, Role::Primary, 1)
+    }
+
+    fn build(
+        index: u32,
+        peers: peer::Peers,
+        wait_for_backups: bool,
+        role: Role,
+        epoch: u64,
+    ) -> Replica {
         Replica {
-            index: 0,
-            peers: peer::Peers::new(&[], 0, Default::default(), String::new(), 0),
-            wait_for_backups: false,
-            role: AtomicU8::new(role_code(Role::Primary)),
-            epoch: AtomicU64::new(1),
-            in_sync: AtomicBool::new(true),
+            index,
+            peers,
+            wait_for_backups,
+            role: AtomicU8::new(role_code(role)),
+            epoch: AtomicU64::new(epoch),
+            in_sync: AtomicBool::new(role == Role::Primary),
             last_heard_ms: AtomicU64::new(0),
             born: Instant::now(),
             links: Default::default(),
