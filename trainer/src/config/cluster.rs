@@ -45,7 +45,11 @@ pub async fn resolve_servers(
     for shard in entries {
         let replicas =
             protocol::cluster::split_replicas(shard.trim()).map_err(|e| e.to_string())?;
-        shards.push(resolve_all(&replicas, deadline).await?);
+        let addrs = resolve_all(&replicas, deadline).await;
+        shards.push(addrs.map_err(|e| match replicas.len() {
+            1 => e,
+            _ => format!("--ps entry {:?}: {e}", shard.trim()),
+        })?);
     }
     Ok(shards)
 }
