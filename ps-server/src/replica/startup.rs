@@ -5,9 +5,11 @@
 //! 2. an in-sync backup answers (its primary is gone, possibly this process's previous life): ask it to
 //!    promote itself, then become its backup — this replica's own disk may miss acknowledged pushes the
 //!    backup holds;
-//! 3. otherwise, once every replica answered (or [`STARTUP_WAIT`] passed), the starting replica with the
-//!    highest persisted epoch (ties: the lowest index) becomes the primary from its own disk, at epoch + 1:
-//!    a cold start of the shard.
+//! 3. otherwise, once every replica answered (or [`STARTUP_WAIT`] passed with some silent), the starting
+//!    replica with the highest persisted epoch (ties: the lowest index) becomes the primary from its own disk,
+//!    at one more than every epoch it has heard of: a cold start of the shard. The wait for silent replicas is
+//!    long on purpose: a peer that is only slow to answer may be the primary, and starting a second one would
+//!    split the shard.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -19,7 +21,7 @@ use protocol::{Request, Response};
 use crate::shard::Shard;
 
 /// How long a starting replica waits for silent peers before a cold start without them.
-pub const STARTUP_WAIT: Duration = Duration::from_secs(3);
+pub const STARTUP_WAIT: Duration = Duration::from_secs(30);
 
 /// Settles this replica's role; returns it. Without replicas, the primary at once.
 pub async fn settle(shard: &Arc<Shard>) -> Role {
@@ -85,13 +87,17 @@ pub async fn settle(shard: &Arc<Shard>) -> Role {
                     (epoch, std::cmp::Reverse(rep.index)) > (i.shard_epoch, std::cmp::Reverse(*r))
                 });
             if best && !waiting_for_catch_up {
+                let newest = census
+                    .iter()
+                    .map(|(_, i)| i.shard_epoch)
+                    .fold(epoch, u64::max);
                 tracing::warn!(
-                    epoch = epoch + 1,
+                    epoch = newest + 1,
                     answered = census.len(),
                     of = rep.peers.len() - 1,
                     "no primary and no in-sync backup: cold start of the shard from this replica's disk"
                 );
-                rep.become_primary(&shard.engine, epoch + 1);
+                rep.become_primary(&shard.engine, newest + 1);
                 return Role::Primary;
             }
         }
