@@ -3,17 +3,15 @@
 use super::*;
 
 #[test]
-fn free_ports_are_distinct_and_bindable_for_udp_and_tcp() {
+fn free_ports_are_distinct_and_nonzero() {
+    // Whether a released port binds again is a race with every other process (and the other tests of this
+    // binary, which pick ports too), so it is not asserted; `free_ports` held each for UDP and TCP at once.
     let ports = free_ports(6).unwrap();
     let mut sorted = ports.clone();
     sorted.sort_unstable();
     sorted.dedup();
     assert_eq!(sorted.len(), 6, "{ports:?}");
-    for p in ports {
-        // Released: both protocols bind again (barring a race with another process).
-        let _u = UdpSocket::bind(("127.0.0.1", p)).unwrap();
-        let _t = TcpListener::bind(("127.0.0.1", p)).unwrap();
-    }
+    assert!(ports.iter().all(|&p| p != 0), "{ports:?}");
 }
 
 #[test]
