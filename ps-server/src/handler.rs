@@ -486,29 +486,20 @@ impl Shard {
         // under the push gate (a checkpoint's cut sees every push its snapshot holds, `crate::checkpoint`);
         // the tables a failed push tried are recorded too, as they may have changed. One lock for the push.
         let mut at = 0;
-        self.sync.record(
-            tables[..tried].iter().map(|t| {
+        let parts: Vec<(u32, &[u64])> = tables[..tried]
+            .iter()
+            .map(|t| {
                 let ids = &all_ids[at..at + t.count as usize];
                 at += t.count as usize;
                 (t.table, ids)
-            }),
-            now_us,
-        );
+            })
+            .collect();
+        self.sync.record(parts.iter().copied(), now_us);
         // The rows go to the backups whatever the outcome: a failed push may have changed some.
-        let wait = {
-            let mut at = 0;
-            let parts: Vec<(u32, &[u64])> = tables[..tried]
-                .iter()
-                .map(|t| {
-                    let ids = &all_ids[at..at + t.count as usize];
-                    at += t.count as usize;
-                    (t.table, ids)
-                })
-                .collect();
+        let wait =
             self.replica
                 .links
-                .after_push(&self.engine, &parts, self.replica.waits_for_backups())
-        };
+                .after_push(&self.engine, &parts, self.replica.waits_for_backups());
         outcome?;
         drop(guard);
         metrics::counter!(m::ROWS_PUSHED_TOTAL).increment(applied);
