@@ -36,6 +36,9 @@ pub enum ErrorCode {
     /// A backup asked to promote itself does not hold every acknowledged row (still catching up), or still
     /// hears from its primary.
     NotInSync,
+    /// A reshard step that does not fit the server's state (no reshard prepared, another one under way, a
+    /// replicated shard).
+    Resharding,
 }
 
 impl ErrorCode {
@@ -51,6 +54,15 @@ impl ErrorCode {
 /// Errors of framing, codecs, TLS set-up and requests.
 #[derive(Debug, thiserror::Error)]
 pub enum ProtocolError {
+    /// A request was addressed to a server index the current shard map does not have (a reshard removed it
+    /// since the request's ids were grouped); the client re-routes such requests itself.
+    #[error("server index {server} is not in the shard map of {servers} servers")]
+    NotInMap {
+        /// The index.
+        server: usize,
+        /// Servers in the current map.
+        servers: usize,
+    },
     /// A frame announced more bytes than the cap allows.
     #[error("frame of {size} bytes exceeds the cap of {cap} bytes")]
     FrameTooLarge {

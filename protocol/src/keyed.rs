@@ -215,7 +215,7 @@ pub async fn pull_tables<D: Dialer>(
     let map = client.shard_map();
     let plans: Vec<KeyedPlan> = parts.iter().map(|p| KeyedPlan::new(p.ids, &map)).collect();
     let mut set = JoinSet::new();
-    for server in 0..client.num_servers() {
+    for server in 0..map.num_servers as usize {
         let (sections, order) = server_sections(&plans, parts, server);
         if order.is_empty() {
             continue;
@@ -298,7 +298,7 @@ pub async fn push_tables<D: Dialer>(
         }
     }
     let mut set = JoinSet::new();
-    for server in 0..client.num_servers() {
+    for server in 0..map.num_servers as usize {
         let (mut sections, order) = server_sections(&plans, parts, server);
         if order.is_empty() {
             continue;

@@ -38,7 +38,7 @@ pub mod wire;
 pub use client::{PsClient, PsClientConfig, PulledState};
 pub use compression::codec::Encoding;
 pub use error::{ErrorCode, ProtocolError};
-pub use routing::ShardMap;
+pub use routing::{MapError, ShardMap};
 pub use transport::Transport;
 pub use wire::message::{InitSpec, OptimizerSpec, Request, Response, TableCount, TableSpec};
 pub use wire::prefetch::PrefetchCounts;
@@ -47,5 +47,6 @@ pub use wire::prefetch::PrefetchCounts;
 pub const ALPN: &[u8] = b"ps/1";
 /// Protocol version carried in [`Request::Hello`].
 /// Version 2: id sections delta + varint coded, [`Encoding::Int8`]. Version 3: replicas (`Hello` says which,
-/// `Replicate`, `Join`, `Promote`).
-pub const PROTOCOL_VERSION: u32 = 3;
+/// `Replicate`, `Join`, `Promote`). Version 4: live resharding (`GetShardMap`, `Reshard`, `MoveRows`; a
+/// standby server answers `Hello` with 0 shards).
+pub const PROTOCOL_VERSION: u32 = 4;

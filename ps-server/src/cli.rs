@@ -32,6 +32,28 @@ enum Command {
     Restore(RestoreArgs),
     /// Print bytes per row, memory and disk totals and the servers needed for a table.
     Plan(PlanArgs),
+    /// Grow or shrink a running cluster: move virtual shards between servers while training goes on
+    /// (add servers at the end of --to, started with --standby; or drop the last ones, then stop them).
+    Reshard(ReshardArgs),
+}
+
+#[derive(Debug, Args)]
+struct ReshardArgs {
+    /// The cluster's servers now, in shard order (host:port,...).
+    #[arg(long, value_delimiter = ',', required = true)]
+    ps: Vec<String>,
+    /// The servers after the reshard: --ps with servers appended, or its first ones.
+    #[arg(long, value_delimiter = ',', required = true)]
+    to: Vec<String>,
+    /// TLS directory with ca.pem, client.pem and client.key.
+    #[arg(long, env = "PS_TLS_DIR")]
+    tls_dir: PathBuf,
+    /// Name the servers' certificates carry.
+    #[arg(long, default_value = protocol::transport::tls::DEFAULT_SERVER_NAME)]
+    server_name: String,
+    /// Milliseconds between progress polls.
+    #[arg(long, default_value_t = 200)]
+    poll_ms: u64,
 }
 
 #[derive(Debug, Args)]
@@ -208,6 +230,10 @@ struct ServeArgs {
     /// Development only: accept clients without a certificate signed by the cluster CA (logs a warning).
     #[arg(long)]
     insecure_dev: bool,
+    /// Start owning no virtual shards until `ps-server reshard` moves some here (a server added to a running
+    /// cluster; give it the index it will have: --shard-index N --num-shards N+1).
+    #[arg(long, env = "PS_STANDBY")]
+    standby: bool,
     /// Bytes of requests (and, separately, of pull responses) handled at once; more wait [default: 256 MiB].
     #[arg(long, env = "PS_MAX_INFLIGHT_BYTES")]
     max_inflight_bytes: Option<u64>,
@@ -246,6 +272,7 @@ impl ServeArgs {
             memory_budget_rows: self.memory_budget_rows,
             durability: self.durability,
             insecure_dev: self.insecure_dev.then_some(true),
+            standby: self.standby.then_some(true),
             admission_min_count: self.admission_min_count,
             admission_sketch_width: self.admission_sketch_width,
             row_ttl_secs: self.row_ttl_secs,
@@ -296,6 +323,28 @@ fn run_restore(a: RestoreArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+fn run_reshard(a: ReshardArgs) -> anyhow::Result<()> {
+    let settings = crate::reshard::PeerSettings {
+        tls_dir: a.tls_dir,
+        server_name: a.server_name,
+        max_frame: protocol::wire::frame::DEFAULT_MAX_FRAME,
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .context("start the async runtime")?;
+    let report = rt.block_on(crate::reshard::coordinator::run(
+        &a.ps,
+        &a.to,
+        &settings,
+        std::time::Duration::from_millis(a.poll_ms.max(10)),
+        |line| println!("{line}"),
+    ))?;
+    println!("{report}");
+    Ok(())
+}
+
 fn run_plan(a: PlanArgs) -> anyhow::Result<()> {
     let plan = crate::plan::plan(crate::plan::PlanInput {
         rows: a.rows,
@@ -313,6 +362,7 @@ fn run_cli(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Some(Command::Restore(a)) => return run_restore(a),
         Some(Command::Plan(a)) => return run_plan(a),
+        Some(Command::Reshard(a)) => return run_reshard(a),
         _ => {}
     }
     if let Some(Command::Certs { action }) = cli.command {

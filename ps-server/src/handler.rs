@@ -13,7 +13,8 @@ use embedding::EmbeddingError;
 use protocol::compression::codec;
 use protocol::wire::{self, message::PayloadLayout};
 use protocol::{
-    Encoding, ErrorCode, PrefetchCounts, Request, Response, TableCount, TableSpec, PROTOCOL_VERSION,
+    Encoding, ErrorCode, PrefetchCounts, Request, Response, ShardMap, TableCount, TableSpec,
+    PROTOCOL_VERSION,
 };
 
 use crate::config::Durability;
@@ -181,10 +182,12 @@ impl Shard {
                 .and_then(|()| self.publish_dense(version, step, len, payload, now_us)),
             Request::Replicate { header } => self.replicate(&header, payload, now),
             Request::Promote { shard_epoch } => self.promote(shard_epoch),
-            Request::Join { .. } => Err(refuse(
+            Request::Join { .. } | Request::Reshard { .. } => Err(refuse(
                 ErrorCode::Internal,
-                "a join is answered by the server loop, not by Shard::handle",
+                "joins and reshard steps are answered by the server loop, not by Shard::handle",
             )),
+            Request::GetShardMap => self.shard_map_info(),
+            Request::MoveRows { header } => self.move_rows(&header, payload, now_us),
         };
         (result.unwrap_or_else(Refusal::into_reply), wait)
     }
@@ -196,12 +199,13 @@ impl Shard {
                 format!("protocol version {version}, this server speaks {PROTOCOL_VERSION}"),
             ));
         }
+        let map = self.routing.map();
         Ok(Reply {
             header: Response::Hello {
                 shard_index: self.shard_index,
-                num_shards: self.shard_map.num_servers,
-                epoch: self.shard_map.epoch,
-                routing: self.shard_map.routing_fingerprint(),
+                num_shards: map.num_servers,
+                epoch: map.epoch,
+                routing: map.routing_fingerprint(),
                 tables: self
                     .engine
                     .tables()
@@ -228,13 +232,13 @@ impl Shard {
         })
     }
 
-    fn check_epoch(&self, epoch: u64) -> Result<(), Refusal> {
-        if epoch != self.shard_map.epoch {
+    fn check_epoch(map: &ShardMap, epoch: u64) -> Result<(), Refusal> {
+        if epoch != map.epoch {
             return Err(refuse(
                 ErrorCode::WrongEpoch,
                 format!(
                     "request epoch {epoch}, server shard-map epoch {}: refresh the shard map",
-                    self.shard_map.epoch
+                    map.epoch
                 ),
             ));
         }
@@ -260,19 +264,19 @@ impl Shard {
         Ok(())
     }
 
-    fn check_ownership(&self, table: u32, ids: &[u64]) -> Result<(), Refusal> {
-        if self.shard_map.num_servers == 1 {
+    fn check_ownership(&self, map: &ShardMap, table: u32, ids: &[u64]) -> Result<(), Refusal> {
+        if map.num_servers == 1 && self.shard_index == 0 {
             return Ok(());
         }
         if let Some(&id) = ids
             .iter()
-            .find(|&&id| self.shard_map.server_of(id) != self.shard_index)
+            .find(|&&id| map.server_of(id) != self.shard_index)
         {
             return Err(refuse(
                 ErrorCode::WrongShard,
                 format!(
                     "table {table}: id {id} belongs to shard {}, this is shard {}",
-                    self.shard_map.server_of(id),
+                    map.server_of(id),
                     self.shard_index
                 ),
             ));
@@ -284,12 +288,13 @@ impl Shard {
     /// before anything is read).
     fn pull_ids(
         &self,
+        map: &ShardMap,
         epoch: u64,
         tables: &[TableCount],
         payload: &[u8],
     ) -> Result<(PayloadLayout, Vec<u64>), Refusal> {
         self.replica.require_readable("pull")?;
-        self.check_epoch(epoch)?;
+        Self::check_epoch(map, epoch)?;
         self.check_tables(tables)?;
         let mut all_ids = Vec::new();
         let layout = wire::pull::decode(tables, payload, &mut all_ids)?;
@@ -305,7 +310,9 @@ impl Shard {
         payload: &[u8],
         with_state: bool,
     ) -> Result<Reply, Refusal> {
-        let (layout, all_ids) = self.pull_ids(epoch, tables, payload)?;
+        // Held while reading: a reshard's switch waits for pulls under the old map (then deletes moved rows).
+        let route = self.routing.read();
+        let (layout, all_ids) = self.pull_ids(&route.map, epoch, tables, payload)?;
         let mut out = Vec::with_capacity(layout.pull_response_bytes(encoding));
         let (mut state, mut state_lens) = (Vec::new(), Vec::new());
         let (mut full, mut rows) = (Vec::new(), Vec::new());
@@ -314,7 +321,7 @@ impl Shard {
             let (n, dim) = (t.count as usize, t.dim as usize);
             let ids = &all_ids[start..start + n];
             start += n;
-            self.check_ownership(t.table, ids)?;
+            self.check_ownership(&route.map, t.table, ids)?;
             rows.clear();
             if with_state {
                 let row_len = self.engine.table(t.table)?.row_len();
@@ -363,7 +370,8 @@ impl Shard {
         now: u64,
     ) -> Result<Reply, Refusal> {
         self.replica.require_primary("prefetch")?;
-        self.check_epoch(epoch)?;
+        let map = self.routing.map();
+        Self::check_epoch(&map, epoch)?;
         self.check_tables(tables)?;
         let mut all_ids = Vec::new();
         wire::prefetch::decode(tables, payload, &mut all_ids)?;
@@ -371,7 +379,7 @@ impl Shard {
         let mut start = 0;
         for t in tables {
             let ids = &all_ids[start..start + t.count as usize];
-            self.check_ownership(t.table, ids)?;
+            self.check_ownership(&map, t.table, ids)?;
             parts.push((t.table, ids));
             start += t.count as usize;
         }
@@ -421,7 +429,10 @@ impl Shard {
     ) -> Result<(Reply, Option<crate::replica::AckWait>), Refusal> {
         let now = now_us / 1_000_000;
         self.replica.require_primary("push")?;
-        self.check_epoch(epoch)?;
+        // Held until the push's rows are queued to a reshard's destinations: the switch to a new map sees
+        // every push either forwarded or refused (`crate::reshard`).
+        let route = self.routing.read();
+        Self::check_epoch(&route.map, epoch)?;
         if let Some(failure) = self.writes.failure() {
             return Err(refuse(
                 ErrorCode::Storage,
@@ -438,7 +449,11 @@ impl Shard {
         let grad_bytes = wire::push::decode(tables, encoding, payload, &mut all_ids)?;
         let mut start = 0;
         for t in tables {
-            self.check_ownership(t.table, &all_ids[start..start + t.count as usize])?;
+            self.check_ownership(
+                &route.map,
+                t.table,
+                &all_ids[start..start + t.count as usize],
+            )?;
             start += t.count as usize;
         }
         let (mut id_at, mut grad_at) = (0usize, 0usize);
@@ -500,6 +515,10 @@ impl Shard {
             self.replica
                 .links
                 .after_push(&self.engine, &parts, self.replica.waits_for_backups());
+        if let Some(mover) = &route.mover {
+            mover.forward(&self.engine, &parts);
+        }
+        drop(route);
         outcome?;
         drop(guard);
         metrics::counter!(m::ROWS_PUSHED_TOTAL).increment(applied);

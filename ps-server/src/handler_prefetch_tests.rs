@@ -15,7 +15,7 @@ const BUDGET: u64 = 64;
 fn spilled_shard(num_servers: u32) -> Shard {
     let s = Shard {
         engine: Engine::open_with_budget(Arc::new(MemStore::new()), Some(BUDGET)).unwrap(),
-        shard_map: ShardMap::new(num_servers),
+        routing: crate::reshard::Routing::new(ShardMap::new(num_servers)),
         shard_index: 0,
         durability: Durability::Periodic,
         writes: Default::default(),
@@ -37,7 +37,7 @@ fn spilled_shard(num_servers: u32) -> Shard {
         r.header
     );
     let ids: Vec<u64> = (0..300)
-        .filter(|&id| s.shard_map.server_of(id) == 0)
+        .filter(|&id| s.routing.map().server_of(id) == 0)
         .collect();
     s.engine.apply(1, &ids, &vec![1.0; ids.len() * 4]).unwrap();
     s.engine.enforce_budget().unwrap();
@@ -111,14 +111,14 @@ fn bad_prefetches_get_typed_errors() {
     let (code, msg) = error_of(prefetch(&s, 0, 0, &[(1, 8, &[1])]));
     assert_eq!(code, ErrorCode::WrongDimension, "{msg}");
     let many: Vec<u64> = (0..1000)
-        .filter(|&id| s.shard_map.server_of(id) == 0)
+        .filter(|&id| s.routing.map().server_of(id) == 0)
         .take(BUDGET as usize / 2 + 1)
         .collect();
     let (code, msg) = error_of(prefetch(&s, 0, 0, &[(1, 4, &many)]));
     assert_eq!(code, ErrorCode::BadRequest, "{msg}");
     assert!(msg.contains("exceeds its pin limit of 32"), "{msg}");
     let foreign = (0..1000)
-        .find(|&id| s.shard_map.server_of(id) == 1)
+        .find(|&id| s.routing.map().server_of(id) == 1)
         .unwrap();
     let (code, msg) = error_of(prefetch(&s, 0, 0, &[(1, 4, &[foreign])]));
     assert_eq!(code, ErrorCode::WrongShard, "{msg}");

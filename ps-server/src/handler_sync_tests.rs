@@ -17,7 +17,7 @@ const INC: u64 = 0xabc;
 fn shard_with(retain_rows: usize) -> Shard {
     let s = Shard {
         engine: Engine::open(Arc::new(MemStore::new())).unwrap(),
-        shard_map: ShardMap::new(1),
+        routing: crate::reshard::Routing::new(ShardMap::new(1)),
         shard_index: 0,
         durability: Durability::Periodic,
         writes: Default::default(),

@@ -12,7 +12,7 @@ const NOW: u64 = 1_000_000;
 fn shard(num_servers: u32, index: u32) -> Shard {
     let s = Shard {
         engine: Engine::open(Arc::new(MemStore::new())).unwrap(),
-        shard_map: ShardMap::new(num_servers),
+        routing: crate::reshard::Routing::new(ShardMap::new(num_servers)),
         shard_index: index,
         durability: Durability::Periodic,
         writes: Default::default(),
@@ -138,7 +138,7 @@ fn push_then_pull_applies_sgd() {
 fn pushed_rows_are_stamped_with_the_time_passed_in() {
     let s = Shard {
         engine: Engine::open(Arc::new(MemStore::new())).unwrap(),
-        shard_map: ShardMap::new(1),
+        routing: crate::reshard::Routing::new(ShardMap::new(1)),
         shard_index: 0,
         durability: Durability::Periodic,
         writes: Default::default(),
@@ -251,7 +251,7 @@ fn nonfinite_gradients_rejected() {
 fn ids_of_other_shards_refused() {
     let s = shard(2, 0);
     let foreign = (0..100u64)
-        .find(|&id| s.shard_map.server_of(id) == 1)
+        .find(|&id| s.routing.map().server_of(id) == 1)
         .unwrap();
     let (code, msg) = error_of(pull(&s, 1, 4, &[foreign]));
     assert_eq!(code, ErrorCode::WrongShard);
@@ -380,7 +380,7 @@ fn sync_push_is_stored_before_the_reply_and_a_store_error_is_a_storage_refusal()
     });
     let s = Shard {
         engine: Engine::open(store.clone()).unwrap(),
-        shard_map: ShardMap::new(1),
+        routing: crate::reshard::Routing::new(ShardMap::new(1)),
         shard_index: 0,
         durability: Durability::Sync,
         writes: Default::default(),

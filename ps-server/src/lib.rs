@@ -35,6 +35,7 @@ pub mod metrics;
 pub mod plan;
 pub mod reduce;
 pub mod replica;
+pub mod reshard;
 pub mod restore;
 pub mod server;
 pub mod shard;

@@ -141,6 +141,18 @@ pub const REPLICATION_WAIT_SECONDS: &str = "ps_replication_wait_seconds";
 pub const FAILOVERS_TOTAL: &str = "ps_failovers_total";
 /// Backups dropped from the stream, labelled `why`.
 pub const REPLICATION_DROPPED_TOTAL: &str = "ps_replication_dropped_total";
+/// This server's shard-map epoch (bumped by every live reshard).
+pub const SHARD_MAP_EPOCH: &str = "ps_shard_map_epoch";
+/// Virtual shards this server is moving out (a reshard under way).
+pub const RESHARD_VSHARDS_MOVING: &str = "ps_reshard_vshards_moving";
+/// Rows sent to other servers by a reshard, labelled `phase` (`scan`, `forward`).
+pub const RESHARD_ROWS_SENT_TOTAL: &str = "ps_reshard_rows_sent_total";
+/// Rows stored from other servers by a reshard.
+pub const RESHARD_ROWS_RECEIVED_TOTAL: &str = "ps_reshard_rows_received_total";
+/// Rows deleted after a reshard moved their virtual shards away.
+pub const RESHARD_ROWS_DELETED_TOTAL: &str = "ps_reshard_rows_deleted_total";
+/// Time a source's commit took: switching the map and draining its streams.
+pub const RESHARD_COMMIT_SECONDS: &str = "ps_reshard_commit_seconds";
 
 /// Histogram buckets for every `_seconds` metric: 50 µs .. 10 s.
 pub const LATENCY_BUCKETS: &[f64] = &[
@@ -198,6 +210,27 @@ fn describe_replication() {
     describe_counter!(
         REPLICATION_DROPPED_TOTAL,
         "Backups dropped from the stream, by why."
+    );
+    describe_gauge!(SHARD_MAP_EPOCH, "This server's shard-map epoch.");
+    describe_gauge!(
+        RESHARD_VSHARDS_MOVING,
+        "Virtual shards this server is moving out in a reshard."
+    );
+    describe_counter!(
+        RESHARD_ROWS_SENT_TOTAL,
+        "Rows sent to other servers by a reshard, by phase."
+    );
+    describe_counter!(
+        RESHARD_ROWS_RECEIVED_TOTAL,
+        "Rows stored from other servers by a reshard."
+    );
+    describe_counter!(
+        RESHARD_ROWS_DELETED_TOTAL,
+        "Rows deleted after a reshard moved them away."
+    );
+    describe_histogram!(
+        RESHARD_COMMIT_SECONDS,
+        "Time a reshard source took to switch maps and drain its streams."
     );
 }
 

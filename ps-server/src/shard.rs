@@ -15,7 +15,6 @@ use std::time::Instant;
 
 use embedding::snapshot::Manifest;
 use embedding::{EmbeddingError, Engine, EvictStats, FlushStats, SnapshotError};
-use protocol::ShardMap;
 
 use crate::config::Durability;
 use crate::metrics as m;
@@ -26,8 +25,8 @@ use crate::{checkpoint, writeback};
 pub struct Shard {
     /// The tables.
     pub engine: Engine,
-    /// The cluster's shard map.
-    pub shard_map: ShardMap,
+    /// The cluster's shard map, which a live reshard changes ([`crate::reshard`]).
+    pub routing: crate::reshard::Routing,
     /// This server's index in the map.
     pub shard_index: u32,
     /// When pushed rows reach the store; with [`Durability::Sync`], a push is persisted before its reply.
@@ -84,7 +83,7 @@ impl Shard {
         step: u64,
         now_us: u64,
     ) -> Result<(Manifest, PathBuf), SnapshotError> {
-        let info = checkpoint::shard_info(&self.shard_map, self.shard_index);
+        let info = checkpoint::shard_info(&self.routing.map(), self.shard_index);
         checkpoint::checkpoint(&self.engine, &self.sync, info, dir, step, now_us)
     }
 

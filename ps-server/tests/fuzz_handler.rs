@@ -137,7 +137,7 @@ fn random_spec(r: &mut Rng) -> TableSpec {
 fn new_shard(num_servers: u32, durability: Durability, budget: Option<u64>) -> Shard {
     let shard = Shard {
         engine: Engine::open_with_budget(Arc::new(MemStore::new()), budget).unwrap(),
-        shard_map: ShardMap::new(num_servers),
+        routing: ps_server::reshard::Routing::new(ShardMap::new(num_servers)),
         shard_index: 0,
         durability,
         writes: Default::default(),
@@ -165,7 +165,7 @@ fn ids(r: &mut Rng, shard: &Shard, n: usize, coding: IdCoding) -> Vec<u64> {
         } else {
             r.below(1000)
         };
-        let owned = shard.shard_map.server_of(id) == shard.shard_index;
+        let owned = shard.routing.map().server_of(id) == shard.shard_index;
         if !out.contains(&id) && (owned || r.chance(2000)) {
             out.push(id);
         }

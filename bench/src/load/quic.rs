@@ -217,7 +217,8 @@ async fn populate_rows(
     let mut next = 0;
     loop {
         while next < chunks && tasks.len() < cfg.concurrency {
-            let (client, cfg, map, grads) = (client.clone(), cfg.clone(), *map, grads.clone());
+            let (client, cfg, map, grads) =
+                (client.clone(), cfg.clone(), map.clone(), grads.clone());
             let index = next;
             tasks.spawn(async move {
                 let batch = populate::chunk(cfg.tables, cfg.populate_rows, index);

@@ -9,6 +9,27 @@ use super::stripe::{group_by_stripe, hash};
 use super::{EmbeddingError, Table};
 
 impl Table {
+    /// Deletes the rows of `ids` from memory (a reshard moved them to another server), dirty changes
+    /// included; returns how many were held. Their slots are reused by later rows.
+    pub fn remove_rows(&self, ids: &[u64]) -> usize {
+        let (order, bounds) = group_by_stripe(ids);
+        let mut removed = 0;
+        // The closure never fails.
+        let _ = self.for_each_group(&order, &bounds, |_, stripe, group| {
+            for &i in group {
+                let id = ids[i];
+                let h = hash(id);
+                if let Some(slot) = stripe.find(id, h) {
+                    stripe.remove(id, h, slot);
+                    removed += 1;
+                }
+            }
+            Ok(())
+        });
+        self.rows.fetch_sub(removed, Ordering::Relaxed);
+        removed
+    }
+
     /// Number of stripes ([`Table::stripe_ids`] takes `0..stripe_count()`).
     pub fn stripe_count(&self) -> usize {
         self.stripes.len()

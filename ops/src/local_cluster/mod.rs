@@ -585,5 +585,6 @@ impl Drop for LocalCluster {
     }
 }
 
+mod grow;
 #[cfg(test)]
 mod tests;

@@ -14,11 +14,12 @@
 
 mod replicas;
 mod requests;
+mod reroute;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -189,16 +190,29 @@ async fn call_watched<C: Connection>(
     }
 }
 
+/// Makes the dialer of a server the client learns of from a new shard map (a live reshard added it).
+pub type DialFn<D> = Arc<dyn Fn(SocketAddr) -> Result<D, ProtocolError> + Send + Sync>;
+
 /// Connections to every parameter server of a cluster, over the real transports ([`NetDialer`], the default) or
 /// any other [`Dialer`].
+///
+/// The shard map can change while the client runs (a live reshard, [`crate::wire::reshard`]): a request
+/// refused with `WrongEpoch` or `WrongShard` makes the client fetch the server's map, connect to servers it
+/// did not know, and re-route the request's ids ([`reroute`]).
 pub struct PsClient<D: Dialer = NetDialer> {
     cfg: PsClientConfig,
-    /// Each shard's replicas (one without replication).
-    shards: Vec<ShardReplicas<D>>,
-    shard_map: ShardMap,
+    /// Each shard's replicas (one without replication), by server index in the current map.
+    shards: RwLock<Vec<Arc<ShardReplicas<D>>>>,
+    shard_map: RwLock<ShardMap>,
+    /// Dials servers of a new map; `None`: the client cannot follow a map that adds servers.
+    dial: Option<DialFn<D>>,
+    /// One map refresh at a time.
+    refresh: tokio::sync::Mutex<()>,
     tables: Vec<TableSpec>,
     /// Times a shard moved to another replica ([`PsClient::failovers`]).
     failovers: AtomicU64,
+    /// Times the client followed a new shard map ([`PsClient::map_changes`]).
+    map_changes: AtomicU64,
 }
 
 /// Rows and optimizer state answering [`PsClient::pull_with_state`].
@@ -222,7 +236,9 @@ impl PsClient<NetDialer> {
             .flatten()
             .map(|addr| cfg.transport.dialer(addr, &cfg.tls_dir))
             .collect::<Result<Vec<_>, _>>()?;
-        PsClient::connect_with(cfg, dialers).await
+        let (transport, tls_dir) = (cfg.transport, cfg.tls_dir.clone());
+        let dial: DialFn<NetDialer> = Arc::new(move |addr| transport.dialer(addr, &tls_dir));
+        PsClient::connect_following(cfg, dialers, Some(dial)).await
     }
 }
 
@@ -233,6 +249,17 @@ impl<D: Dialer> PsClient<D> {
     pub async fn connect_with(
         cfg: PsClientConfig,
         dialers: Vec<D>,
+    ) -> Result<PsClient<D>, ProtocolError> {
+        PsClient::connect_following(cfg, dialers, None).await
+    }
+
+    /// [`PsClient::connect_with`], with `dial` making the dialers of servers a new shard map adds. When the
+    /// servers hold a map changed live (a reshard) whose server list differs from `cfg.servers`, the client
+    /// takes the servers' list (it needs `dial` for the ones it was not given).
+    pub async fn connect_following(
+        cfg: PsClientConfig,
+        dialers: Vec<D>,
+        dial: Option<DialFn<D>>,
     ) -> Result<PsClient<D>, ProtocolError> {
         if cfg.servers.is_empty() {
             return Err(ProtocolError::Connect {
@@ -263,19 +290,25 @@ impl<D: Dialer> PsClient<D> {
                         .collect(),
                 )
             })
-            .collect();
+            .map(Arc::new)
+            .collect::<Vec<_>>();
+        let replicated = shards.iter().any(|s| s.replicated());
         let mut client = PsClient {
-            shard_map: ShardMap::new(cfg.servers.len() as u32),
+            shard_map: RwLock::new(ShardMap::new(cfg.servers.len() as u32)),
             cfg,
-            shards,
+            shards: RwLock::new(shards),
+            dial,
+            refresh: tokio::sync::Mutex::new(()),
             tables: Vec::new(),
             failovers: AtomicU64::new(0),
+            map_changes: AtomicU64::new(0),
         };
-        if client.shards.iter().any(|s| s.replicated()) {
+        if replicated {
             client.find_primaries().await?;
         }
         let mut epoch = None;
-        for i in 0..client.shards.len() {
+        let given = client.num_servers();
+        for i in 0..given {
             let (resp, _) = client
                 .call(
                     i,
@@ -297,22 +330,25 @@ impl<D: Dialer> PsClient<D> {
                 return Err(client.unexpected(i, &resp, "Hello"));
             };
             let addr = client.addr(i);
-            if shard_index as usize != i || num_shards as usize != client.shards.len() {
+            let fingerprint = client.shard_map().routing_fingerprint();
+            if routing != fingerprint {
                 return Err(ProtocolError::Connect {
                     server: addr.to_string(),
                     message: format!(
-                        "server is shard {shard_index} of {num_shards}, but it is listed at position {i} of {}",
-                        client.shards.len()
+                        "server routes ids to shards differently (fingerprint {routing:#x}, this client {fingerprint:#x}): \
+                         client and server are different versions",
                     ),
                 });
             }
-            if routing != client.shard_map.routing_fingerprint() {
+            if e > 1 && client.follow_map_at_connect(i).await? {
+                // The servers' map (changed live) names the servers: connected through it.
+                return Ok(client);
+            }
+            if shard_index as usize != i || num_shards as usize != given {
                 return Err(ProtocolError::Connect {
                     server: addr.to_string(),
                     message: format!(
-                        "server routes ids to shards differently (fingerprint {routing:#x}, this client {:#x}): \
-                         client and server are different versions",
-                        client.shard_map.routing_fingerprint()
+                        "server is shard {shard_index} of {num_shards}, but it is listed at position {i} of {given}"
                     ),
                 });
             }
@@ -329,24 +365,36 @@ impl<D: Dialer> PsClient<D> {
                 client.tables = tables;
             }
         }
-        client.shard_map.epoch = epoch.unwrap_or(1);
+        client.shard_map.get_mut().expect("not poisoned").epoch = epoch.unwrap_or(1);
         Ok(client)
     }
 
-    /// The cluster's shard map.
+    /// The cluster's shard map (the newest the client has followed).
     pub fn shard_map(&self) -> ShardMap {
-        self.shard_map
+        self.shard_map.read().expect("not poisoned").clone()
     }
 
-    /// Number of servers (shards; a shard's replicas count once).
+    /// Number of servers in the current shard map (shards; a shard's replicas count once).
     pub fn num_servers(&self) -> usize {
-        self.shards.len()
+        self.shards.read().expect("not poisoned").len()
     }
 
-    /// Address of server `i`: the replica of shard `i` taken as primary.
+    /// Server `i`'s replicas, or [`ProtocolError::NotInMap`] when the current map has no server `i`.
+    fn shard(&self, i: usize) -> Result<Arc<ShardReplicas<D>>, ProtocolError> {
+        let shards = self.shards.read().expect("not poisoned");
+        shards.get(i).cloned().ok_or(ProtocolError::NotInMap {
+            server: i,
+            servers: shards.len(),
+        })
+    }
+
+    /// Address of server `i`: the replica of shard `i` taken as primary (`0.0.0.0:0` for a server the
+    /// current map no longer has).
     pub fn addr(&self, i: usize) -> SocketAddr {
-        let s = &self.shards[i];
-        s.conns[s.primary()].addr
+        self.shard(i)
+            .map_or(SocketAddr::from(([0, 0, 0, 0], 0)), |s| {
+                s.conns[s.primary()].addr
+            })
     }
 
     /// Times a shard moved to another replica (a failover) since connecting.
@@ -354,10 +402,15 @@ impl<D: Dialer> PsClient<D> {
         self.failovers.load(Ordering::Relaxed)
     }
 
+    /// Times the client followed a new shard map (a live reshard) since connecting.
+    pub fn map_changes(&self) -> u64 {
+        self.map_changes.load(Ordering::Relaxed)
+    }
+
     /// The shard epoch the client holds for shard `i` (the highest its replicas reported; 1 without
     /// replication).
     pub fn shard_epoch(&self, i: usize) -> u64 {
-        self.shards[i].epoch().max(1)
+        self.shard(i).map_or(1, |s| s.epoch().max(1))
     }
 
     /// Tables server 0 knew at connect time.
@@ -366,7 +419,8 @@ impl<D: Dialer> PsClient<D> {
     }
 
     fn unexpected(&self, server: usize, got: &Response, expected: &'static str) -> ProtocolError {
-        self.unexpected_at(server, self.shards[server].primary(), got, expected)
+        let r = self.shard(server).map_or(0, |s| s.primary());
+        self.unexpected_at(server, r, got, expected)
     }
 
     fn unexpected_at(
@@ -376,7 +430,10 @@ impl<D: Dialer> PsClient<D> {
         got: &Response,
         expected: &'static str,
     ) -> ProtocolError {
-        let server = self.shards[shard].conns[r].addr.to_string();
+        let server = self.shard(shard).map_or_else(
+            |_| format!("server {shard}"),
+            |s| s.conns[r].addr.to_string(),
+        );
         if let Response::Error { code, message } = got {
             return ProtocolError::Remote {
                 server,
@@ -403,7 +460,7 @@ impl<D: Dialer> PsClient<D> {
         payload: &Bytes,
         timeout: Duration,
     ) -> Result<(Response, Bytes), ProtocolError> {
-        let replicas = &self.shards[shard];
+        let replicas = self.shard(shard)?;
         let s = &replicas.conns[r];
         let probe_timeout = if replicas.replicated() {
             REPLICATED_PROBE_TIMEOUT
@@ -490,7 +547,7 @@ impl<D: Dialer> PsClient<D> {
     ) -> Result<(Response, Bytes), ProtocolError> {
         let start = Instant::now();
         let mut backoff = INITIAL_BACKOFF;
-        let shard = &self.shards[server];
+        let shard = self.shard(server)?;
         let reads = self.cfg.read_from_backups
             && matches!(req, Request::Pull { .. } | Request::PullWithState { .. });
         loop {
@@ -526,7 +583,8 @@ impl<D: Dialer> PsClient<D> {
 
     /// Closes every connection gracefully.
     pub async fn close(&self) {
-        let all = || self.shards.iter().flat_map(|s| s.conns.iter());
+        let shards = self.shards.read().expect("not poisoned").clone();
+        let all = || shards.iter().flat_map(|s| s.conns.iter());
         for s in all() {
             if let Some(c) = s.conn.lock().expect("not poisoned").take() {
                 c.close();

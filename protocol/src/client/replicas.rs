@@ -144,7 +144,7 @@ impl<D: Dialer> PsClient<D> {
 
     /// Every replica's answer to `Hello`, asked concurrently.
     async fn census(&self, shard: usize) -> Census {
-        let n = self.shards[shard].conns.len();
+        let n = self.shard(shard).map_or(0, |s| s.conns.len());
         let answers =
             futures_util::future::join_all((0..n).map(|r| self.replica_info(shard, r))).await;
         answers
@@ -159,7 +159,9 @@ impl<D: Dialer> PsClient<D> {
     /// away from `failed`; leaves the shard as it was when no replica can be primary now (the caller retries
     /// later). Returns whether the shard now has another primary.
     pub(super) async fn failover(&self, shard: usize, failed: usize) -> bool {
-        let s = &self.shards[shard];
+        let Ok(s) = self.shard(shard) else {
+            return false;
+        };
         let _one = s.failover.lock().await;
         if s.primary() != failed {
             return true;
@@ -201,7 +203,7 @@ impl<D: Dialer> PsClient<D> {
     }
 
     fn moved(&self, shard: usize, from: usize, to: usize, epoch: u64, how: &str) {
-        let s = &self.shards[shard];
+        let Ok(s) = self.shard(shard) else { return };
         s.take(to, epoch);
         self.failovers.fetch_add(1, Ordering::Relaxed);
         tracing::warn!(
@@ -219,8 +221,8 @@ impl<D: Dialer> PsClient<D> {
     /// `read_from_backups`, an in-sync backup of the primary becomes the shard's reader.
     pub(super) async fn find_primaries(&self) -> Result<(), ProtocolError> {
         let start = tokio::time::Instant::now();
-        for shard in 0..self.shards.len() {
-            let s = &self.shards[shard];
+        for shard in 0..self.num_servers() {
+            let s = self.shard(shard)?;
             let mut wait = Duration::from_millis(50);
             loop {
                 let census = self.census(shard).await;

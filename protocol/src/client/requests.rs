@@ -16,7 +16,7 @@ use crate::wire::message::{Request, Response, TableCount, TableSpec};
 impl<D: Dialer> PsClient<D> {
     /// Registers tables on every server (each shard's primary, which passes them to its backups).
     pub async fn register_tables(&self, tables: &[TableSpec]) -> Result<(), ProtocolError> {
-        for i in 0..self.shards.len() {
+        for i in 0..self.num_servers() {
             let req = Request::RegisterTables {
                 tables: tables.to_vec(),
             };
@@ -28,16 +28,16 @@ impl<D: Dialer> PsClient<D> {
         Ok(())
     }
 
-    /// Pulls rows from server `server`: `ids` holds one id section per table of `tables`, in order
-    /// ([`wire::pull::IdSections`]). Returns the encoded rows, checked for length.
-    pub async fn pull(
+    /// One pull from server `server` under map `epoch` ([`PsClient::pull`] re-routes).
+    pub(super) async fn pull_once(
         &self,
         server: usize,
+        epoch: u64,
         encoding: Encoding,
         tables: Vec<TableCount>,
         ids: Bytes,
     ) -> Result<Bytes, ProtocolError> {
-        let req = wire::pull::request(self.shard_map.epoch, encoding, tables);
+        let req = wire::pull::request(epoch, encoding, tables);
         let (resp, rows) = self.call(server, &req, ids).await?;
         match (resp, &req) {
             (Response::Pulled { encoding: e, .. }, Request::Pull { tables, .. })
@@ -50,17 +50,17 @@ impl<D: Dialer> PsClient<D> {
         }
     }
 
-    /// Pulls rows and their optimizer state from server `server` (see [`wire::pull_with_state`]). Returns the
-    /// encoded rows, the state (f32 LE, `count x state_len` per table) and the state length of each table,
-    /// checked for length.
-    pub async fn pull_with_state(
+    /// One pull with state from server `server` under map `epoch` ([`PsClient::pull_with_state`]
+    /// re-routes).
+    pub(super) async fn pull_with_state_once(
         &self,
         server: usize,
+        epoch: u64,
         encoding: Encoding,
         tables: Vec<TableCount>,
         ids: Bytes,
     ) -> Result<PulledState, ProtocolError> {
-        let req = wire::pull_with_state::request(self.shard_map.epoch, encoding, tables.clone());
+        let req = wire::pull_with_state::request(epoch, encoding, tables.clone());
         let (resp, payload) = self.call(server, &req, ids).await?;
         match resp {
             Response::PulledWithState {
@@ -81,19 +81,18 @@ impl<D: Dialer> PsClient<D> {
         }
     }
 
-    /// Pushes gradients to server `server`: `payload` is the ids of every table then the encoded gradient rows
-    /// of every table, each multiplied by `grad_scale` (the server divides it out). Returns (rows applied, rows
-    /// rejected as non-finite).
-    pub async fn push(
+    /// One push to server `server` under map `epoch` ([`PsClient::push`] re-routes).
+    pub(super) async fn push_once(
         &self,
         server: usize,
+        epoch: u64,
         encoding: Encoding,
         grad_scale: f32,
         tables: Vec<TableCount>,
         payload: Bytes,
     ) -> Result<(u64, u64), ProtocolError> {
         let req = Request::Push {
-            epoch: self.shard_map.epoch,
+            epoch,
             encoding,
             grad_scale,
             tables,
@@ -108,21 +107,16 @@ impl<D: Dialer> PsClient<D> {
         }
     }
 
-    /// Asks server `server` to bring the rows of `ids` (one id section per table of `tables`, as for
-    /// [`PsClient::pull`]) into memory and pin them under lease `(owner, lease)`, after releasing `owner`'s
-    /// leases numbered below `release_below` ([`wire::prefetch`]). Empty `tables` only release. Returns when
-    /// the rows are in memory, with the server's counts.
-    pub async fn prefetch(
+    /// One prefetch on server `server` under map `epoch` ([`PsClient::prefetch`] re-routes).
+    pub(super) async fn prefetch_once(
         &self,
         server: usize,
-        owner: u64,
-        lease: u64,
-        release_below: u64,
+        epoch: u64,
+        (owner, lease, release_below): (u64, u64, u64),
         tables: Vec<TableCount>,
         ids: Bytes,
     ) -> Result<wire::prefetch::PrefetchCounts, ProtocolError> {
-        let req =
-            wire::prefetch::request(self.shard_map.epoch, owner, lease, release_below, tables);
+        let req = wire::prefetch::request(epoch, owner, lease, release_below, tables);
         let (resp, _) = self.call(server, &req, ids).await?;
         match resp {
             Response::Prefetched { stats } => Ok(stats),
@@ -207,7 +201,7 @@ impl<D: Dialer> PsClient<D> {
     /// Asks every server to write its dirty rows to storage; returns the rows written.
     pub async fn flush(&self) -> Result<u64, ProtocolError> {
         let mut total = 0;
-        for i in 0..self.shards.len() {
+        for i in 0..self.num_servers() {
             let (resp, _) = self.call(i, &Request::Flush, Bytes::new()).await?;
             match resp {
                 Response::Flushed { rows } => total += rows,
@@ -231,8 +225,8 @@ impl<D: Dialer> PsClient<D> {
             dir: dir.to_owned(),
             step,
         };
-        let mut out = Vec::with_capacity(self.shards.len());
-        for i in 0..self.shards.len() {
+        let mut out = Vec::with_capacity(self.num_servers());
+        for i in 0..self.num_servers() {
             let (resp, _) = self.call(i, &req, Bytes::new()).await?;
             match resp {
                 Response::Checkpointed { rows, dir } => out.push((rows, dir)),

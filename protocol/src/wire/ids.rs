@@ -53,7 +53,8 @@ impl IdCoding {
         }
     }
 
-    fn from_byte(b: u8) -> Result<IdCoding, IdError> {
+    /// The coding a section's first byte names.
+    pub fn from_byte(b: u8) -> Result<IdCoding, IdError> {
         match b {
             0 => Ok(IdCoding::Plain),
             1 => Ok(IdCoding::Unmixed),

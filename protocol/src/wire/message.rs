@@ -21,6 +21,9 @@
 //! | [`Request::Replicate`] | ids then full rows of every table ([`crate::wire::replicate`]) | [`Response::Replicated`] | none |
 //! | [`Request::Join`] | none | [`Response::Joined`] | none |
 //! | [`Request::Promote`] | none | [`Response::Promoted`] | none |
+//! | [`Request::GetShardMap`] | none | [`Response::ShardMap`] | none |
+//! | [`Request::Reshard`] | none | [`Response::Resharding`] | none |
+//! | [`Request::MoveRows`] | ids then full rows of every table ([`crate::wire::reshard`]) | [`Response::MovedRows`] | none |
 //!
 //! Any request may be answered by [`Response::Error`].
 
@@ -166,6 +169,18 @@ pub enum Request {
         /// The highest shard epoch the client has seen for this shard.
         shard_epoch: u64,
     },
+    /// The server's shard map (a client told `WrongEpoch` re-routes with it, [`crate::wire::reshard`]).
+    GetShardMap,
+    /// A step of a live reshard, from its coordinator (`ps-server reshard`).
+    Reshard {
+        /// Prepare, status, commit or abort.
+        step: crate::wire::reshard::ReshardStep,
+    },
+    /// From a source server to a destination during a reshard: whole rows of moving virtual shards.
+    MoveRows {
+        /// Target epoch, source, sequence, tables.
+        header: crate::wire::reshard::MoveHeader,
+    },
 }
 
 /// A response header.
@@ -269,6 +284,21 @@ pub enum Response {
         /// Its shard epoch.
         shard_epoch: u64,
     },
+    /// Answer to [`Request::GetShardMap`].
+    ShardMap {
+        /// The map.
+        map: crate::wire::reshard::MapInfo,
+    },
+    /// Answer to [`Request::Reshard`].
+    Resharding {
+        /// Where the server is.
+        status: crate::wire::reshard::ReshardStatus,
+    },
+    /// Answer to [`Request::MoveRows`]: the rows are stored (in memory).
+    MovedRows {
+        /// Sequence number of the request stored.
+        seq: u64,
+    },
 }
 
 impl Response {
@@ -290,6 +320,9 @@ impl Response {
             Response::Replicated { .. } => "Replicated",
             Response::Joined { .. } => "Joined",
             Response::Promoted { .. } => "Promoted",
+            Response::ShardMap { .. } => "ShardMap",
+            Response::Resharding { .. } => "Resharding",
+            Response::MovedRows { .. } => "MovedRows",
         }
     }
 }

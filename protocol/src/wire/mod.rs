@@ -12,6 +12,7 @@
 //! - [`reduce`]: `Reduce`, a vector summed over the trainers of a job, step by step (hybrid dense mode).
 //! - [`dense`]: the dense table: a model's dense parameters as rows of one reserved table, pulled and pushed
 //!   with `Pull` and `Push`.
+//! - [`reshard`]: `GetShardMap`, `Reshard` and `MoveRows`, moving virtual shards between servers live.
 //! - [`sync`]: `SyncDeltas` and `PublishDense`, the delta sync from training servers to serving, and the
 //!   snapshot's `sync.json` ([`sync::SyncPoint`]).
 
@@ -25,4 +26,5 @@ pub mod pull_with_state;
 pub mod push;
 pub mod reduce;
 pub mod replicate;
+pub mod reshard;
 pub mod sync;

@@ -44,6 +44,9 @@ pub struct FileConfig {
     /// Development only: accept clients without a certificate signed by the cluster CA (the server still
     /// presents its own). Logs a warning at start. Default false.
     pub insecure_dev: Option<bool>,
+    /// Start owning no virtual shards, at shard-map epoch 0, until `ps-server reshard` moves some here (a
+    /// server added to a running cluster). Ignored once a reshard persisted a map. Default false.
+    pub standby: Option<bool>,
     /// Frequency admission of every table this server registers: an id gets a row at its
     /// `admission-min-count`-th push; earlier pushes are dropped (counted in `ps_rows_rejected_admission_total`)
     /// and pulls return the initializer. Default 0: off.
@@ -174,6 +177,7 @@ impl FileConfig {
             memory_budget_rows,
             durability,
             insecure_dev,
+            standby,
             admission_min_count,
             admission_sketch_width,
             row_ttl_secs,
@@ -244,6 +248,7 @@ impl FileConfig {
             memory_budget_rows: self.memory_budget_rows,
             durability: self.durability.unwrap_or_default(),
             insecure_dev: self.insecure_dev.unwrap_or(false),
+            standby: self.standby.unwrap_or(false),
             admission,
             row_ttl_secs,
             expire_interval,
@@ -506,6 +511,8 @@ pub struct ServerConfig {
     pub durability: Durability,
     /// Accept clients without a CA-signed certificate (development only).
     pub insecure_dev: bool,
+    /// Start owning nothing until a reshard moves virtual shards here.
+    pub standby: bool,
     /// Frequency admission given to every registered table, if on.
     pub admission: Option<embedding::AdmissionConfig>,
     /// TTL in seconds given to every registered table, if on.

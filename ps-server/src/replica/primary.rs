@@ -35,19 +35,20 @@ const CATCHUP_ROWS: usize = 4096;
 /// The catch-up scan waits while this many messages are queued for its backup.
 const CATCHUP_QUEUE: usize = 16;
 
-/// One message of the stream: rows of one or more tables, or tables to register.
+/// One message of the stream: rows of one or more tables, or tables to register (also the unit of a
+/// reshard's stream, [`crate::reshard`]).
 pub struct Msg {
-    kind: ReplicateKind,
-    new_tables: Vec<TableSpec>,
-    tables: Vec<RowsTable>,
-    payload: Vec<u8>,
-    queued: Instant,
+    pub(crate) kind: ReplicateKind,
+    pub(crate) new_tables: Vec<TableSpec>,
+    pub(crate) tables: Vec<RowsTable>,
+    pub(crate) payload: Vec<u8>,
+    pub(crate) queued: Instant,
 }
 
 impl Msg {
     /// Reads the current full rows of `parts` ((table, ids)) into a message. Unknown tables are skipped
     /// (a push naming one was refused before anything was applied).
-    fn gather(engine: &Engine, kind: ReplicateKind, parts: &[(u32, &[u64])]) -> Msg {
+    pub(crate) fn gather(engine: &Engine, kind: ReplicateKind, parts: &[(u32, &[u64])]) -> Msg {
         let mut tables = Vec::with_capacity(parts.len());
         let mut payload = Vec::new();
         let mut rows = Vec::new();
@@ -79,7 +80,7 @@ impl Msg {
         }
     }
 
-    fn rows(&self) -> u64 {
+    pub(crate) fn rows(&self) -> u64 {
         self.tables.iter().map(|t| u64::from(t.count)).sum()
     }
 }

@@ -20,7 +20,7 @@ const NOW: u64 = 1_000_000;
 fn backup() -> Shard {
     let s = Shard {
         engine: Engine::open(Arc::new(MemStore::new())).unwrap(),
-        shard_map: ShardMap::new(1),
+        routing: crate::reshard::Routing::new(ShardMap::new(1)),
         shard_index: 0,
         durability: Durability::Replicated,
         writes: Default::default(),

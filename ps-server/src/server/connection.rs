@@ -108,6 +108,9 @@ fn kind(req: &Request) -> &'static str {
         Request::Replicate { .. } => "replicate",
         Request::Join { .. } => "join",
         Request::Promote { .. } => "promote",
+        Request::GetShardMap => "get_shard_map",
+        Request::Reshard { .. } => "reshard",
+        Request::MoveRows { .. } => "move_rows",
     }
 }
 
@@ -288,6 +291,12 @@ async fn answer(
         } => shard
             .join(shard_epoch, replica_index, session)
             .unwrap_or_else(crate::handler::Refusal::into_reply),
+        // A reshard step may start tasks (prepare) or wait for streams (commit).
+        Request::Reshard { step } => crate::reshard::receive::answer(shard, step).await,
+        // Storing moved rows may read back or write: off the async workers.
+        req @ Request::MoveRows { .. } => {
+            tokio::task::block_in_place(|| shard.handle_us(req, &payload, now))
+        }
         // A push waits for its backups in `replicated` durability (and for an fsync in `sync`).
         req @ Request::Push { .. } => {
             let blocking = shard.durability == Durability::Sync || shard.engine.spilled();

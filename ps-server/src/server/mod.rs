@@ -22,7 +22,6 @@ use std::time::Instant;
 
 use anyhow::Context;
 use embedding::{Engine, RocksStore};
-use protocol::ShardMap;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -153,12 +152,10 @@ async fn open_shard(cfg: &ServerConfig) -> anyhow::Result<Arc<Shard>> {
     writeback::update_gauges(&engine);
     engine.set_table_policy(cfg.admission, cfg.row_ttl_secs);
     let replica = crate::replica::Replica::new(cfg, &engine);
+    let routing = crate::reshard::Routing::open(cfg, &engine)?;
     Ok(Arc::new(Shard {
         engine,
-        shard_map: ShardMap {
-            epoch: cfg.epoch,
-            ..ShardMap::new(cfg.num_shards)
-        },
+        routing,
         shard_index: cfg.shard_index,
         durability: cfg.durability,
         writes: Default::default(),
@@ -267,6 +264,7 @@ async fn shut_down(
     }
     endpoints.close();
     shard.replica.shut_down().await;
+    shard.routing.shut_down().await;
     if cfg.durability != Durability::None {
         let shard_for_flush = shard.clone();
         let flushed =

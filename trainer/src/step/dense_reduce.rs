@@ -283,10 +283,12 @@ impl DenseReduce {
 
 impl Link {
     async fn sum(&self, step: u64, mut values: Vec<f32>, samples: u64, done: bool) -> Summed {
+        // Sliced over the servers of connect time (every trainer the same way, whatever a live reshard did
+        // since: servers keep their indices; a shrink below that count fails the reduce with `NotInMap`).
         let slices = if values.len() == self.flat_len {
             self.slices.clone()
         } else {
-            reduce::slices(values.len(), self.client.num_servers())
+            reduce::slices(values.len(), self.slices.len())
         };
         let mut set = JoinSet::new();
         for (server, range) in slices.iter().enumerate() {

@@ -35,14 +35,15 @@ pub struct PlanStage {
 }
 
 impl PlanStage {
-    /// Starts planning `reader`'s batches for rows of `dim` on the servers of `map`, at most `depth` planned
+    /// Starts planning `reader`'s batches for rows of `dim` on the servers of `map()` (asked for each batch,
+    /// so batches planned after a live reshard go to the new servers), at most `depth` planned
     /// batches waiting (at least 1), after discarding the first `skip` batches. An empty batch ends the data.
     /// With `prefetch`, each planned batch is prefetched under its index in the pass (skipped batches not
     /// counted).
     pub fn spawn(
         reader: BatchReader,
         layout: SparseLayout,
-        map: ShardMap,
+        map: impl Fn() -> ShardMap + Send + 'static,
         depth: usize,
         skip: u64,
         prefetch: Option<std::sync::Arc<Prefetcher>>,
@@ -64,7 +65,7 @@ impl PlanStage {
                                 batch.len,
                                 &batch.sparse,
                                 &batch.offsets,
-                                &map,
+                                &map(),
                             );
                             if let Some(p) = &prefetch {
                                 p.send(index - skip, &plan);
@@ -160,6 +161,11 @@ mod tests {
             .collect()
     }
 
+    fn fixed(map: &ShardMap) -> impl Fn() -> ShardMap + Send + 'static {
+        let map = map.clone();
+        move || map.clone()
+    }
+
     #[test]
     fn plans_every_batch_in_order_and_skips_a_prefix() {
         let dir = tempfile::tempdir().unwrap();
@@ -167,8 +173,15 @@ mod tests {
         std::fs::write(&path, lines(10)).unwrap();
         let map = ShardMap::new(2);
         let reader = BatchReader::spawn(ReaderConfig::new([&path], 3)).unwrap();
-        let mut stage =
-            PlanStage::spawn(reader, SparseLayout::uniform(26, 4), map, 1, 0, None).unwrap();
+        let mut stage = PlanStage::spawn(
+            reader,
+            SparseLayout::uniform(26, 4),
+            fixed(&map),
+            1,
+            0,
+            None,
+        )
+        .unwrap();
         let mut seen = Vec::new();
         while let Some(p) = stage.next_planned() {
             let p = p.unwrap();
@@ -181,8 +194,15 @@ mod tests {
         assert_eq!(stage.finish().rows, 10);
 
         let reader = BatchReader::spawn(ReaderConfig::new([&path], 3)).unwrap();
-        let mut stage =
-            PlanStage::spawn(reader, SparseLayout::uniform(26, 4), map, 2, 2, None).unwrap();
+        let mut stage = PlanStage::spawn(
+            reader,
+            SparseLayout::uniform(26, 4),
+            fixed(&map),
+            2,
+            2,
+            None,
+        )
+        .unwrap();
         let first = stage.next_planned().unwrap().unwrap();
         assert_eq!((first.index, first.batch.labels[0]), (2, 0.0));
         // Dropped early: the threads stop.

@@ -68,6 +68,13 @@ impl Prefetcher {
         embedding::init::SplitMix64::new(seed).next_u64()
     }
 
+    /// Whether server `s` is not asked again this pass (servers a live reshard added are asked).
+    fn skips(&self, s: usize) -> bool {
+        self.untiered
+            .get(s)
+            .is_some_and(|u| u.load(Ordering::Relaxed))
+    }
+
     /// Sends the prefetch of the pass's batch `lease` (planned as `plan`) to every server with work for it,
     /// without waiting for the answers. Callable from any thread.
     pub fn send(&self, lease: u64, plan: &Plan) {
@@ -75,7 +82,7 @@ impl Prefetcher {
         let mut tasks = self.tasks.lock().unwrap_or_else(|p| p.into_inner());
         while tasks.try_join_next().is_some() {}
         for s in 0..plan.servers() {
-            if !plan.has_work(s) || self.untiered[s].load(Ordering::Relaxed) {
+            if !plan.has_work(s) || self.skips(s) {
                 continue;
             }
             let (counts, ids) = plan.pull_request(s);
@@ -93,7 +100,7 @@ impl Prefetcher {
                             metrics::counter!(m::PREFETCH_ROWS_READ_BACK_TOTAL)
                                 .increment(stats.read_back);
                             if stats.untiered == sent {
-                                untiered[s].store(true, Ordering::Relaxed);
+                                skip(&untiered, s);
                                 tracing::debug!(server = s, "no memory budget on this server: prefetch off for it");
                             }
                         }
@@ -103,7 +110,7 @@ impl Prefetcher {
                             // batch: stop asking that server for this pass. A transient failure may not.
                             let refused = !e.is_transient();
                             if refused {
-                                untiered[s].store(true, Ordering::Relaxed);
+                                skip(&untiered, s);
                             }
                             tracing::warn!(server = s, lease, error = %e, stopped = refused, "prefetch failed; the pull reads its rows itself");
                         }
@@ -120,7 +127,7 @@ impl Prefetcher {
         let mut tasks = std::mem::take(&mut *self.tasks.lock().unwrap_or_else(|p| p.into_inner()));
         while tasks.join_next().await.is_some() {}
         for s in 0..self.client.num_servers() {
-            if self.untiered[s].load(Ordering::Relaxed) {
+            if self.skips(s) {
                 continue;
             }
             let released = self
@@ -131,5 +138,12 @@ impl Prefetcher {
                 tracing::warn!(server = s, error = %e, "releasing the pass's prefetch leases failed; they end at the server's deadline");
             }
         }
+    }
+}
+
+/// Stops asking server `s` this pass (a server a live reshard added has no flag: it stays asked).
+fn skip(untiered: &[AtomicBool], s: usize) {
+    if let Some(u) = untiered.get(s) {
+        u.store(true, Ordering::Relaxed);
     }
 }

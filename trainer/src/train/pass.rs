@@ -171,10 +171,11 @@ impl Trainer {
         });
         // The plan queue holds the batches between their prefetch and their pull.
         let depth = (k as usize + 1).max(distance);
+        let client = self.client.clone();
         let stage_in = PlanStage::spawn(
             reader,
             self.layout.clone(),
-            self.map,
+            move || client.shard_map(),
             depth,
             skip_batches,
             prefetch.clone(),

@@ -1,0 +1,529 @@
+//! Following a shard map that changes while the client runs (a live reshard, [`crate::wire::reshard`]).
+//!
+//! Pulls, pushes and prefetches name their server and carry the client's map epoch. A server refuses one
+//! with `WrongEpoch` (it holds another map) or `WrongShard` (the ids were grouped by an older map); the
+//! client then asks that server for its map ([`PsClient::refresh_map`]):
+//! - a newer map is taken (connecting to servers it adds), and the request's ids are split by it
+//!   ([`wire::reshard::split`]) and sent to their new servers; a pull's rows come back in the order the one
+//!   server would have answered, so callers see one answer;
+//! - an older map means the server has not switched yet (a reshard commits sources before destinations):
+//!   the request is retried with backoff, like a transient failure, for up to `retry_for`.
+//!
+//! A refused request changed nothing on the server, so re-routing a push applies each row once.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::time::Instant;
+
+use super::replicas::ShardReplicas;
+use super::{PsClient, PulledState, ServerConn, INITIAL_BACKOFF, MAX_BACKOFF};
+use crate::compression::codec::Encoding;
+use crate::error::{ErrorCode, ProtocolError};
+use crate::routing::ShardMap;
+use crate::transport::Dialer;
+use crate::wire;
+use crate::wire::message::{PayloadLayout, Request, Response, TableCount};
+use crate::wire::prefetch::PrefetchCounts;
+use crate::wire::reshard::{MapInfo, SplitPart};
+
+/// How often one request may be split again (a map that changes while its parts are in flight).
+const MAX_REROUTES: u32 = 4;
+
+type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, ProtocolError>> + Send + 'a>>;
+
+/// How a server's map compares with the client's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Seen {
+    /// Newer: the client took it.
+    Newer,
+    /// The same epoch.
+    Same,
+    /// Older: the server has not switched yet.
+    Older,
+}
+
+/// What to do after one attempt.
+enum Next {
+    /// Return the attempt's result.
+    Done,
+    /// Send the same request again.
+    Retry,
+    /// Split the request by the current map.
+    Reroute,
+}
+
+impl<D: Dialer> PsClient<D> {
+    fn map_epoch(&self) -> u64 {
+        self.shard_map.read().expect("not poisoned").epoch
+    }
+
+    /// Asks server `server` for its shard map; a newer one than the client's is taken (servers it adds are
+    /// connected, servers it drops forgotten).
+    pub(super) async fn refresh_map(&self, server: usize) -> Result<Seen, ProtocolError> {
+        let (resp, _) = self
+            .call(server, &Request::GetShardMap, Bytes::new())
+            .await?;
+        let Response::ShardMap { map: info } = resp else {
+            return Err(self.unexpected(server, &resp, "ShardMap"));
+        };
+        self.take_map(&info).await
+    }
+
+    /// Takes `info` if it is newer than the client's map.
+    async fn take_map(&self, info: &MapInfo) -> Result<Seen, ProtocolError> {
+        let _one = self.refresh.lock().await;
+        let current = self.map_epoch();
+        if info.epoch < current {
+            return Ok(Seen::Older);
+        }
+        if info.epoch == current {
+            return Ok(Seen::Same);
+        }
+        let map = info.map()?;
+        let shards = self.shards_for(info, &map).await?;
+        let old = self.num_servers();
+        *self.shards.write().expect("not poisoned") = shards;
+        *self.shard_map.write().expect("not poisoned") = map;
+        self.map_changes.fetch_add(1, Ordering::Relaxed);
+        tracing::info!(
+            from_epoch = current,
+            epoch = info.epoch,
+            servers_before = old,
+            servers = info.num_servers,
+            "followed a new shard map"
+        );
+        Ok(Seen::Newer)
+    }
+
+    /// The connections for `map`: a server at an index the client knows at the same address keeps its
+    /// connection; others are dialed on first use.
+    async fn shards_for(
+        &self,
+        info: &MapInfo,
+        map: &ShardMap,
+    ) -> Result<Vec<Arc<ShardReplicas<D>>>, ProtocolError> {
+        let current = self.shards.read().expect("not poisoned").clone();
+        if info.servers.is_empty() {
+            // A map without addresses keeps the servers the client was given.
+            if current.len() < map.num_servers as usize {
+                return Err(ProtocolError::Connect {
+                    server: "-".into(),
+                    message: format!(
+                        "shard map epoch {} has {} servers but lists no addresses, and the client knows {}",
+                        info.epoch,
+                        map.num_servers,
+                        current.len()
+                    ),
+                });
+            }
+            return Ok(current[..map.num_servers as usize].to_vec());
+        }
+        let mut out = Vec::with_capacity(info.servers.len());
+        for (i, name) in info.servers.iter().enumerate() {
+            let addr = resolve(name).await?;
+            match current.get(i) {
+                Some(s) if !s.replicated() && s.conns[0].addr == addr => out.push(s.clone()),
+                _ => {
+                    let dial = self.dial.as_ref().ok_or_else(|| ProtocolError::Connect {
+                        server: name.clone(),
+                        message: format!(
+                            "shard map epoch {} adds server {i} at {name}, and this client cannot dial new servers",
+                            info.epoch
+                        ),
+                    })?;
+                    out.push(Arc::new(ShardReplicas::new(vec![ServerConn {
+                        addr,
+                        dialer: dial(addr)?,
+                        conn: Mutex::new(None),
+                    }])));
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// At connect time: when server `i` holds a map changed live whose servers differ from the ones given,
+    /// takes it (and its servers). Returns whether it did.
+    pub(super) async fn follow_map_at_connect(&self, i: usize) -> Result<bool, ProtocolError> {
+        let (resp, _) = self.call(i, &Request::GetShardMap, Bytes::new()).await?;
+        let Response::ShardMap { map: info } = resp else {
+            return Err(self.unexpected(i, &resp, "ShardMap"));
+        };
+        if info.servers.is_empty() {
+            return Ok(false);
+        }
+        let mut given = Vec::new();
+        for name in &info.servers {
+            given.push(resolve(name).await?);
+        }
+        if given == self.cfg.servers {
+            return Ok(false);
+        }
+        // Force the take: the client's own epoch is the placeholder of connect time.
+        self.shard_map.write().expect("not poisoned").epoch = 0;
+        self.take_map(&info).await?;
+        Ok(true)
+    }
+
+    /// Decides what follows an attempt sent to `server` under map `epoch`.
+    async fn after<T>(
+        &self,
+        server: usize,
+        epoch: u64,
+        result: &Result<T, ProtocolError>,
+        (start, backoff): (Instant, &mut Duration),
+    ) -> Result<Next, ProtocolError> {
+        let code = match result {
+            Err(ProtocolError::NotInMap { .. }) => return Ok(Next::Reroute),
+            Err(ProtocolError::Remote { code, .. })
+                if matches!(code, ErrorCode::WrongEpoch | ErrorCode::WrongShard) =>
+            {
+                *code
+            }
+            _ => return Ok(Next::Done),
+        };
+        if self.map_epoch() > epoch {
+            // Another request already followed a newer map.
+            return Ok(Next::Reroute);
+        }
+        match self.refresh_map(server).await? {
+            Seen::Newer => Ok(Next::Reroute),
+            Seen::Same if code == ErrorCode::WrongShard => Ok(Next::Reroute),
+            _ => {
+                // The server has not switched to the client's map yet: wait for it.
+                if start.elapsed() + *backoff > self.cfg.retry_for {
+                    return Ok(Next::Done);
+                }
+                tokio::time::sleep(*backoff).await;
+                *backoff = (*backoff * 2).min(MAX_BACKOFF);
+                Ok(Next::Retry)
+            }
+        }
+    }
+
+    /// Pulls rows from server `server`: `ids` holds one id section per table of `tables`, in order
+    /// ([`wire::pull::IdSections`]). Returns the encoded rows, checked for length. Ids the server no longer
+    /// owns (the map changed) are pulled from their new servers.
+    pub async fn pull(
+        &self,
+        server: usize,
+        encoding: Encoding,
+        tables: Vec<TableCount>,
+        ids: Bytes,
+    ) -> Result<Bytes, ProtocolError> {
+        self.pull_at(server, encoding, tables, ids, 0).await
+    }
+
+    fn pull_at(
+        &self,
+        server: usize,
+        encoding: Encoding,
+        tables: Vec<TableCount>,
+        ids: Bytes,
+        depth: u32,
+    ) -> BoxFuture<'_, Bytes> {
+        Box::pin(async move {
+            let (start, mut backoff) = (Instant::now(), INITIAL_BACKOFF);
+            loop {
+                let epoch = self.map_epoch();
+                let result = self
+                    .pull_once(server, epoch, encoding, tables.clone(), ids.clone())
+                    .await;
+                match self
+                    .after(server, epoch, &result, (start, &mut backoff))
+                    .await?
+                {
+                    Next::Done => return result,
+                    Next::Retry => continue,
+                    Next::Reroute if depth < MAX_REROUTES => {}
+                    Next::Reroute => return result,
+                }
+                let (parts, _) = self.split(&tables, &ids)?;
+                let answers = futures_util::future::try_join_all(parts.iter().map(|p| {
+                    self.pull_at(
+                        p.server as usize,
+                        encoding,
+                        p.sections.counts.clone(),
+                        Bytes::from(p.sections.payload.clone()),
+                        depth + 1,
+                    )
+                }))
+                .await?;
+                let mut out = vec![0u8; PayloadLayout::of(&tables)?.pull_response_bytes(encoding)];
+                for (p, rows) in parts.iter().zip(&answers) {
+                    p.scatter_rows(&tables, encoding, rows, &mut out)?;
+                }
+                return Ok(Bytes::from(out));
+            }
+        })
+    }
+
+    /// Pulls rows and their optimizer state from server `server` (see [`wire::pull_with_state`]). Returns the
+    /// encoded rows, the state (f32 LE, `count x state_len` per table) and the state length of each table,
+    /// checked for length. Re-routed like [`PsClient::pull`].
+    pub async fn pull_with_state(
+        &self,
+        server: usize,
+        encoding: Encoding,
+        tables: Vec<TableCount>,
+        ids: Bytes,
+    ) -> Result<PulledState, ProtocolError> {
+        self.pull_with_state_at(server, encoding, tables, ids, 0)
+            .await
+    }
+
+    fn pull_with_state_at(
+        &self,
+        server: usize,
+        encoding: Encoding,
+        tables: Vec<TableCount>,
+        ids: Bytes,
+        depth: u32,
+    ) -> BoxFuture<'_, PulledState> {
+        Box::pin(async move {
+            let (start, mut backoff) = (Instant::now(), INITIAL_BACKOFF);
+            loop {
+                let epoch = self.map_epoch();
+                let result = self
+                    .pull_with_state_once(server, epoch, encoding, tables.clone(), ids.clone())
+                    .await;
+                match self
+                    .after(server, epoch, &result, (start, &mut backoff))
+                    .await?
+                {
+                    Next::Done => return result,
+                    Next::Retry => continue,
+                    Next::Reroute if depth < MAX_REROUTES => {}
+                    Next::Reroute => return result,
+                }
+                let (parts, _) = self.split(&tables, &ids)?;
+                let answers = futures_util::future::try_join_all(parts.iter().map(|p| {
+                    self.pull_with_state_at(
+                        p.server as usize,
+                        encoding,
+                        p.sections.counts.clone(),
+                        Bytes::from(p.sections.payload.clone()),
+                        depth + 1,
+                    )
+                }))
+                .await?;
+                return merge_with_state(&tables, encoding, &parts, &answers);
+            }
+        })
+    }
+
+    /// Pushes gradients to server `server`: `payload` is the ids of every table then the encoded gradient rows
+    /// of every table, each multiplied by `grad_scale` (the server divides it out). Returns (rows applied, rows
+    /// rejected as non-finite). Rows of ids the server no longer owns go to their new servers.
+    pub async fn push(
+        &self,
+        server: usize,
+        encoding: Encoding,
+        grad_scale: f32,
+        tables: Vec<TableCount>,
+        payload: Bytes,
+    ) -> Result<(u64, u64), ProtocolError> {
+        self.push_at(server, encoding, grad_scale, tables, payload, 0)
+            .await
+    }
+
+    fn push_at(
+        &self,
+        server: usize,
+        encoding: Encoding,
+        grad_scale: f32,
+        tables: Vec<TableCount>,
+        payload: Bytes,
+        depth: u32,
+    ) -> BoxFuture<'_, (u64, u64)> {
+        Box::pin(async move {
+            let (start, mut backoff) = (Instant::now(), INITIAL_BACKOFF);
+            loop {
+                let epoch = self.map_epoch();
+                let result = self
+                    .push_once(
+                        server,
+                        epoch,
+                        encoding,
+                        grad_scale,
+                        tables.clone(),
+                        payload.clone(),
+                    )
+                    .await;
+                match self
+                    .after(server, epoch, &result, (start, &mut backoff))
+                    .await?
+                {
+                    Next::Done => return result,
+                    Next::Retry => continue,
+                    Next::Reroute if depth < MAX_REROUTES => {}
+                    Next::Reroute => return result,
+                }
+                let (mut parts, used) = self.split(&tables, &payload)?;
+                let layout = PayloadLayout::of(&tables)?;
+                wire::message::check_len(
+                    "re-routed push rows",
+                    payload.len() - used,
+                    layout.rows_bytes(encoding),
+                )?;
+                for p in &mut parts {
+                    p.append_rows(&tables, encoding, &payload[used..]);
+                }
+                let answers = futures_util::future::try_join_all(parts.iter().map(|p| {
+                    self.push_at(
+                        p.server as usize,
+                        encoding,
+                        grad_scale,
+                        p.sections.counts.clone(),
+                        Bytes::from(p.sections.payload.clone()),
+                        depth + 1,
+                    )
+                }))
+                .await?;
+                return Ok(answers
+                    .into_iter()
+                    .fold((0, 0), |(a, r), (a2, r2)| (a + a2, r + r2)));
+            }
+        })
+    }
+
+    /// Asks server `server` to bring the rows of `ids` (one id section per table of `tables`, as for
+    /// [`PsClient::pull`]) into memory and pin them under lease `(owner, lease)`, after releasing `owner`'s
+    /// leases numbered below `release_below` ([`wire::prefetch`]). Empty `tables` only release. Returns when
+    /// the rows are in memory, with the server's counts (summed over the new servers when re-routed).
+    pub async fn prefetch(
+        &self,
+        server: usize,
+        owner: u64,
+        lease: u64,
+        release_below: u64,
+        tables: Vec<TableCount>,
+        ids: Bytes,
+    ) -> Result<PrefetchCounts, ProtocolError> {
+        self.prefetch_at(server, (owner, lease, release_below), tables, ids, 0)
+            .await
+    }
+
+    fn prefetch_at(
+        &self,
+        server: usize,
+        lease: (u64, u64, u64),
+        tables: Vec<TableCount>,
+        ids: Bytes,
+        depth: u32,
+    ) -> BoxFuture<'_, PrefetchCounts> {
+        Box::pin(async move {
+            let (start, mut backoff) = (Instant::now(), INITIAL_BACKOFF);
+            loop {
+                let epoch = self.map_epoch();
+                let result = self
+                    .prefetch_once(server, epoch, lease, tables.clone(), ids.clone())
+                    .await;
+                match self
+                    .after(server, epoch, &result, (start, &mut backoff))
+                    .await?
+                {
+                    Next::Done => return result,
+                    Next::Retry => continue,
+                    Next::Reroute if depth < MAX_REROUTES => {}
+                    Next::Reroute => return result,
+                }
+                let (parts, _) = self.split(&tables, &ids)?;
+                let answers = futures_util::future::try_join_all(parts.iter().map(|p| {
+                    self.prefetch_at(
+                        p.server as usize,
+                        lease,
+                        p.sections.counts.clone(),
+                        Bytes::from(p.sections.payload.clone()),
+                        depth + 1,
+                    )
+                }))
+                .await?;
+                let mut sum = PrefetchCounts::default();
+                for a in answers {
+                    sum += a;
+                }
+                return Ok(sum);
+            }
+        })
+    }
+
+    fn split(
+        &self,
+        tables: &[TableCount],
+        payload: &[u8],
+    ) -> Result<(Vec<SplitPart>, usize), ProtocolError> {
+        wire::reshard::split(tables, payload, &self.shard_map())
+    }
+}
+
+/// One answer with state from the parts' answers, laid out as one server would have answered.
+fn merge_with_state(
+    tables: &[TableCount],
+    encoding: Encoding,
+    parts: &[SplitPart],
+    answers: &[PulledState],
+) -> Result<PulledState, ProtocolError> {
+    let mut rows = vec![0u8; PayloadLayout::of(tables)?.pull_response_bytes(encoding)];
+    let mut state_lens = vec![0u32; tables.len()];
+    for (p, a) in parts.iter().zip(answers) {
+        p.scatter_rows(tables, encoding, &a.rows, &mut rows)?;
+        for ((t, _), &len) in p.origin.iter().zip(&a.state_lens) {
+            state_lens[*t] = len;
+        }
+    }
+    let state_bytes = PayloadLayout::state_bytes(tables, &state_lens)?;
+    let mut state = vec![0u8; state_bytes];
+    let mut offsets = Vec::with_capacity(tables.len());
+    let mut at = 0;
+    for (t, &len) in tables.iter().zip(&state_lens) {
+        offsets.push(at);
+        at += t.count as usize * len as usize * 4;
+    }
+    for (p, a) in parts.iter().zip(answers) {
+        let mut from = 0;
+        for ((t, positions), &len) in p.origin.iter().zip(&a.state_lens) {
+            let width = len as usize * 4;
+            for &i in positions {
+                let src = a.state.get(from..from + width).ok_or_else(|| {
+                    ProtocolError::BadPayload(format!(
+                        "re-routed state reply from server {} is short",
+                        p.server
+                    ))
+                })?;
+                let to = offsets[*t] + i as usize * width;
+                state[to..to + width].copy_from_slice(src);
+                from += width;
+            }
+        }
+    }
+    Ok(PulledState {
+        rows: Bytes::from(rows),
+        state: Bytes::from(state),
+        state_lens,
+    })
+}
+
+/// Resolves a `host:port` of a shard map (servers of a resharded cluster have one replica).
+async fn resolve(name: &str) -> Result<SocketAddr, ProtocolError> {
+    let failed = |message: String| ProtocolError::Connect {
+        server: name.to_owned(),
+        message,
+    };
+    if name.contains('/') {
+        return Err(failed(
+            "a shard map lists replicas: resharding replicated shards is not supported".into(),
+        ));
+    }
+    tokio::net::lookup_host(name)
+        .await
+        .map_err(|e| failed(format!("cannot resolve: {e}")))?
+        .next()
+        .ok_or_else(|| failed("resolves to no address".into()))
+}

@@ -1,0 +1,302 @@
+//! A destination storing a source's `MoveRows`, the map answered to `GetShardMap`, and every server's
+//! answers to the coordinator's `Reshard` steps.
+
+use std::sync::Arc;
+
+use embedding::spec::table_config;
+use protocol::wire::replicate;
+use protocol::wire::reshard::{MapInfo, MoveHeader, ReshardPhase, ReshardStatus, ReshardStep};
+use protocol::{ErrorCode, Response};
+
+use super::mover::{self, Mover};
+use crate::handler::{refuse, Refusal, Reply};
+use crate::metrics as m;
+use crate::replica::peer::Peers;
+use crate::shard::Shard;
+
+impl Shard {
+    /// Answers `GetShardMap`.
+    pub fn shard_map_info(&self) -> Result<Reply, Refusal> {
+        Ok(Reply {
+            header: Response::ShardMap {
+                map: self.routing.info(),
+            },
+            payload: Vec::new(),
+        })
+    }
+
+    /// Stores a source's `MoveRows` (a destination of a prepared reshard): checks the target epoch and the
+    /// sequence, registers the tables, overwrites whole rows and marks them dirty; recorded for the delta
+    /// sync at `now_us`.
+    pub fn move_rows(
+        &self,
+        header: &MoveHeader,
+        payload: &[u8],
+        now_us: u64,
+    ) -> Result<Reply, Refusal> {
+        // Lock order: the routing state before `incoming` (as `reshard_status`).
+        let current = self.routing.map().epoch;
+        let mut incoming = self.routing.incoming.lock();
+        if header.target_epoch != incoming.target_epoch && header.target_epoch != current {
+            return Err(refuse(
+                ErrorCode::WrongEpoch,
+                format!(
+                    "rows moving to map epoch {}, this server is prepared for {} (at {current})",
+                    header.target_epoch, incoming.target_epoch
+                ),
+            ));
+        }
+        let next = incoming.next_seq.get(&header.source).copied().unwrap_or(1);
+        if header.seq > next {
+            return Err(refuse(
+                ErrorCode::BadRequest,
+                format!(
+                    "moved rows from server {} start at message {}, expected at most {next}: a gap",
+                    header.source, header.seq
+                ),
+            ));
+        }
+        let parts = replicate::decode(&header.tables, payload)?;
+        for spec in &header.new_tables {
+            self.engine.register_table(table_config(spec))?;
+        }
+        let mut rows = 0u64;
+        let now = now_us / 1_000_000;
+        for (t, (ids, values)) in header.tables.iter().zip(&parts) {
+            let table = self.engine.table(t.table)?;
+            if table.row_len() != t.row_len as usize {
+                return Err(refuse(
+                    ErrorCode::WrongDimension,
+                    format!(
+                        "moved rows of table {}: {} f32s, this server's rows have {}",
+                        t.table,
+                        t.row_len,
+                        table.row_len()
+                    ),
+                ));
+            }
+            self.engine.store_rows(t.table, ids, values, now)?;
+            rows += ids.len() as u64;
+        }
+        self.sync.record(
+            header
+                .tables
+                .iter()
+                .zip(&parts)
+                .map(|(t, (ids, _))| (t.table, &ids[..])),
+            now_us,
+        );
+        let end = header.seq + u64::from(header.messages);
+        incoming.next_seq.insert(header.source, end.max(next));
+        incoming.rows += rows;
+        metrics::counter!(m::RESHARD_ROWS_RECEIVED_TOTAL).increment(rows);
+        Ok(Reply {
+            header: Response::MovedRows { seq: end - 1 },
+            payload: Vec::new(),
+        })
+    }
+
+    /// Where this server is in a reshard.
+    pub fn reshard_status(&self) -> ReshardStatus {
+        let st = self.routing.read();
+        let incoming = self.routing.incoming.lock();
+        let (vshards_out, (rows_sent, rows_acked, _), ready) = match &st.mover {
+            Some(m) => (m.vshards_out(), m.progress(), m.ready()),
+            None => (0, (0, 0, true), true),
+        };
+        let target_epoch = st
+            .mover
+            .as_ref()
+            .map_or(incoming.target_epoch, |m| m.target.epoch);
+        ReshardStatus {
+            epoch: st.map.epoch,
+            phase: if target_epoch > st.map.epoch {
+                ReshardPhase::Moving
+            } else {
+                ReshardPhase::Idle
+            },
+            target_epoch,
+            vshards_out,
+            rows_sent,
+            rows_acked,
+            rows_received: incoming.rows,
+            ready,
+        }
+    }
+}
+
+/// Answers a `Reshard` step (the server loop calls this: a prepare starts tasks, a commit waits for the
+/// streams).
+pub async fn answer(shard: &Arc<Shard>, step: ReshardStep) -> Reply {
+    let result = match step {
+        ReshardStep::Prepare { target } => prepare(shard, &target),
+        ReshardStep::Status => Ok(()),
+        ReshardStep::Commit { epoch } => commit(shard, epoch).await,
+        ReshardStep::Abort => {
+            abort(shard);
+            Ok(())
+        }
+    };
+    match result {
+        Ok(()) => Reply {
+            header: Response::Resharding {
+                status: shard.reshard_status(),
+            },
+            payload: Vec::new(),
+        },
+        Err(r) => r.into_reply(),
+    }
+}
+
+/// Prepares the move to `target`: checks it follows this server's map, expects the sources' streams, and
+/// starts moving what this server loses. Preparing the same target again only answers the status.
+fn prepare(shard: &Arc<Shard>, info: &MapInfo) -> Result<(), Refusal> {
+    if shard.replica.replicated() {
+        return Err(refuse(
+            ErrorCode::Resharding,
+            "this shard has replicas: live resharding of replicated shards is not supported",
+        ));
+    }
+    let target = info
+        .map()
+        .map_err(|e| refuse(ErrorCode::BadRequest, e.to_string()))?;
+    if info.servers.len() != target.num_servers as usize {
+        return Err(refuse(
+            ErrorCode::BadRequest,
+            format!(
+                "target map of {} servers lists {} addresses",
+                target.num_servers,
+                info.servers.len()
+            ),
+        ));
+    }
+    let routing = &shard.routing;
+    let current = routing.map();
+    let mut incoming = routing.incoming.lock();
+    if incoming.target_epoch == target.epoch {
+        return Ok(());
+    }
+    if incoming.target_epoch > current.epoch {
+        return Err(refuse(
+            ErrorCode::Resharding,
+            format!(
+                "a reshard to epoch {} is under way: commit or abort it first",
+                incoming.target_epoch
+            ),
+        ));
+    }
+    // A standby (epoch 0) takes any target; others only the next epoch.
+    if current.epoch != 0 && target.epoch != current.epoch + 1 {
+        return Err(refuse(
+            ErrorCode::WrongEpoch,
+            format!(
+                "target map epoch {}, this server is at {}: expected {}",
+                target.epoch,
+                current.epoch,
+                current.epoch + 1
+            ),
+        ));
+    }
+    incoming.target_epoch = target.epoch;
+    incoming.target = Some((target.clone(), info.servers.clone()));
+    incoming.next_seq.clear();
+    incoming.rows = 0;
+    drop(incoming);
+    if current.epoch == 0 {
+        // A standby holds no rows to move.
+        tracing::info!(epoch = target.epoch, "standby prepared: receiving rows");
+        return Ok(());
+    }
+    let peers = Peers::new(
+        &info.servers,
+        shard.shard_index,
+        routing.peers.tls_dir.clone(),
+        routing.peers.server_name.clone(),
+        routing.peers.max_frame,
+    );
+    match Mover::new(
+        &current,
+        shard.shard_index,
+        target.clone(),
+        info.servers.clone(),
+        peers,
+    ) {
+        Some(m) => {
+            let m = Arc::new(m);
+            tracing::info!(
+                epoch = target.epoch,
+                vshards = m.vshards_out(),
+                "reshard prepared: moving rows out"
+            );
+            routing.set_mover(Some(m.clone()));
+            mover::start(shard, m);
+        }
+        None => tracing::info!(
+            epoch = target.epoch,
+            "reshard prepared: nothing leaves this server"
+        ),
+    }
+    Ok(())
+}
+
+/// Commits the target of `epoch`: a source through [`mover::commit`], others by switching maps.
+async fn commit(shard: &Arc<Shard>, epoch: u64) -> Result<(), Refusal> {
+    let routing = &shard.routing;
+    let mover = routing.read().mover.clone();
+    if let Some(m) = mover {
+        if m.target.epoch != epoch {
+            return Err(refuse(
+                ErrorCode::Resharding,
+                format!(
+                    "commit of epoch {epoch}, the move under way is to {}",
+                    m.target.epoch
+                ),
+            ));
+        }
+        mover::commit(shard, m).await?;
+    } else if routing.map().epoch != epoch {
+        let target = {
+            let incoming = routing.incoming.lock();
+            match &incoming.target {
+                Some((map, servers)) if map.epoch == epoch => (map.clone(), servers.clone()),
+                _ => {
+                    return Err(refuse(
+                        ErrorCode::Resharding,
+                        format!(
+                            "commit of epoch {epoch}, but this server was prepared for {}",
+                            incoming.target_epoch
+                        ),
+                    ))
+                }
+            }
+        };
+        routing
+            .switch(&shard.engine, target.0, target.1)
+            .map_err(|e| refuse(ErrorCode::Storage, e))?;
+    }
+    let mut incoming = routing.incoming.lock();
+    incoming.target = None;
+    Ok(())
+}
+
+/// Gives a prepared reshard up: stops the move (rows already copied stay on the destinations, which do
+/// not own them) and forgets the target. A committed map stays.
+fn abort(shard: &Arc<Shard>) {
+    let routing = &shard.routing;
+    let mover = routing.read().mover.clone();
+    if let Some(m) = mover {
+        if routing.map().epoch == m.target.epoch {
+            // Already switched: the commit must finish, not be undone.
+            return;
+        }
+        m.stop();
+    }
+    routing.set_mover(None);
+    let current = routing.map().epoch;
+    let mut incoming = routing.incoming.lock();
+    if incoming.target_epoch > current {
+        tracing::warn!(target = incoming.target_epoch, "reshard aborted");
+        incoming.target_epoch = current;
+    }
+    incoming.target = None;
+}
