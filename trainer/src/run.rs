@@ -156,6 +156,9 @@ pub struct Summary {
     /// Times the client moved a replicated shard to another replica (docs/replication.md).
     #[serde(default)]
     pub failovers: u64,
+    /// Times the client followed a new shard map (a live reshard, docs/replication.md).
+    #[serde(default)]
+    pub map_changes: u64,
 }
 
 impl Summary {
@@ -356,6 +359,15 @@ pub async fn train_and_evaluate(
         summary.apply_eval(trainer.step(), &eval);
     }
     summary.failovers = client.failovers();
+    summary.map_changes = client.map_changes();
+    if summary.map_changes > 0 {
+        tracing::info!(
+            map_changes = summary.map_changes,
+            epoch = client.shard_map().epoch,
+            servers = client.num_servers(),
+            "the cluster was resharded during the job"
+        );
+    }
     if summary.failovers > 0 {
         tracing::warn!(
             failovers = summary.failovers,
@@ -466,6 +478,7 @@ impl Summary {
         self.wire_bytes += pass.wire_bytes;
         self.progressive = pass.progressive.or(self.progressive);
         self.failovers += pass.failovers;
+        self.map_changes += pass.map_changes;
     }
 
     /// The summary of one trainer's pass that ended at `step`, before the final evaluation.
@@ -492,6 +505,7 @@ impl Summary {
             wire_bytes: report.wire_bytes,
             progressive: report.progressive,
             failovers: 0,
+            map_changes: 0,
         }
     }
 }

@@ -164,6 +164,7 @@ fn combine(run_dir: &Path, n: usize) -> anyhow::Result<Summary> {
             wire_bytes: num("wire_bytes") as u64,
             progressive: serde_json::from_value(s["progressive"].clone()).unwrap_or_default(),
             failovers: num("failovers") as u64,
+            map_changes: num("map_changes") as u64,
         };
         if rank == 0 {
             let evals = serde_json::from_value(s["evals"].clone()).unwrap_or_default();
