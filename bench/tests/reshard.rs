@@ -142,7 +142,6 @@ async fn run(
     for (epoch, side) in during.into_iter().enumerate() {
         t.begin_epoch(epoch as u64);
         let side = tokio::task::spawn_blocking(side);
-        let t0 = std::time::Instant::now();
         t.train_pass(
             ReaderConfig::new([train], args.batch_size),
             &PassOptions::default(),
@@ -150,9 +149,7 @@ async fn run(
         )
         .await
         .unwrap();
-        eprintln!("pass took {:?}", t0.elapsed());
         side.await.unwrap();
-        eprintln!("side done at {:?}", t0.elapsed());
     }
     let eval = t.evaluate(ReaderConfig::new([test], 1000)).await.unwrap();
     let params = t.model().params().iter().map(|p| p.to_vec()).collect();
@@ -202,6 +199,17 @@ async fn growing_and_shrinking_mid_training_is_bit_identical_to_an_undisturbed_r
         Box::new(move || *out.lock().unwrap() = reshard(&three, &two, &tls))
     };
     let resharded = run(&b, &train, &test, vec![grow, shrink]).await;
+    // A client connecting afterwards takes the map changed live (its owner table), whether it lists the
+    // servers of the map or the three that took part.
+    for given in [&two, &three] {
+        let fresh = connect(given, &tls).await;
+        assert_eq!((fresh.shard_map().epoch, fresh.num_servers()), (3, 2));
+        assert!(
+            rows(&fresh).await == resharded.rows,
+            "rows read by a new client"
+        );
+        fresh.close().await;
+    }
     b.shutdown(Duration::from_secs(30)).unwrap();
 
     let grow_out = grow_out.lock().unwrap().clone();

@@ -340,7 +340,7 @@ impl<D: Dialer> PsClient<D> {
                     ),
                 });
             }
-            if e > 1 && client.follow_map_at_connect(i).await? {
+            if i == 0 && e > 1 && client.follow_map_at_connect(i).await? {
                 // The servers' map (changed live) names the servers: connected through it.
                 return Ok(client);
             }
@@ -365,7 +365,10 @@ impl<D: Dialer> PsClient<D> {
                 client.tables = tables;
             }
         }
-        client.shard_map.get_mut().expect("not poisoned").epoch = epoch.unwrap_or(1);
+        let map = client.shard_map.get_mut().expect("not poisoned");
+        if map.epoch != epoch.unwrap_or(1) {
+            map.epoch = epoch.unwrap_or(1);
+        }
         Ok(client)
     }
 

@@ -148,27 +148,29 @@ impl<D: Dialer> PsClient<D> {
         Ok(out)
     }
 
-    /// At connect time: when server `i` holds a map changed live whose servers differ from the ones given,
-    /// takes it (and its servers). Returns whether it did.
+    /// At connect time, server `i` reported a map epoch other than 1 (changed live): takes its map, owner
+    /// table included, and when the map names other servers than the ones given, those servers. Returns
+    /// whether the servers changed (the client is then connected through the map's list).
     pub(super) async fn follow_map_at_connect(&self, i: usize) -> Result<bool, ProtocolError> {
         let (resp, _) = self.call(i, &Request::GetShardMap, Bytes::new()).await?;
         let Response::ShardMap { map: info } = resp else {
             return Err(self.unexpected(i, &resp, "ShardMap"));
         };
-        if info.servers.is_empty() {
-            return Ok(false);
+        let map = info.map()?;
+        if !info.servers.is_empty() {
+            let mut named = Vec::new();
+            for name in &info.servers {
+                named.push(resolve(name).await?);
+            }
+            if named != self.cfg.servers {
+                // Force the take: the client's own epoch is the placeholder of connect time.
+                self.shard_map.write().expect("not poisoned").epoch = 0;
+                self.take_map(&info).await?;
+                return Ok(true);
+            }
         }
-        let mut given = Vec::new();
-        for name in &info.servers {
-            given.push(resolve(name).await?);
-        }
-        if given == self.cfg.servers {
-            return Ok(false);
-        }
-        // Force the take: the client's own epoch is the placeholder of connect time.
-        self.shard_map.write().expect("not poisoned").epoch = 0;
-        self.take_map(&info).await?;
-        Ok(true)
+        *self.shard_map.write().expect("not poisoned") = map;
+        Ok(false)
     }
 
     /// Decides what follows an attempt sent to `server` under map `epoch`.
