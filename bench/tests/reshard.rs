@@ -2,7 +2,8 @@
 //! a synchronous (k = 0) training run whose cluster grows from 2 to 3 servers during its first pass and
 //! shrinks back to 2 during its second ends with every embedding row (weights and optimizer state), the
 //! dense parameters and the test predictions bit-identical to an undisturbed run's. Also: the command refuses
-//! plans that would renumber servers, naming the server.
+//! plans that would renumber servers, naming the server, and finishes or aborts a reshard whose coordinator
+//! died.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -17,8 +18,9 @@ use bytes::Bytes;
 use ops::local_cluster::LocalCluster;
 use protocol::wire::ids::IdCoding;
 use protocol::wire::pull::IdSections;
+use protocol::wire::reshard::{MapInfo, ReshardStep};
 use protocol::wire::sync::SyncCursor;
-use protocol::{Encoding, PsClient, PsClientConfig};
+use protocol::{Encoding, PsClient, PsClientConfig, Request, Response, ShardMap};
 use trainer::config::ModelArgs;
 use trainer::criteo::ReaderConfig;
 use trainer::eval::EvalReport;
@@ -267,4 +269,98 @@ fn the_command_refuses_a_plan_that_renumbers_servers() {
         err.contains("server 0 is 127.0.0.1:7000 in --ps but 127.0.0.1:7001 in --to"),
         "{err}"
     );
+}
+
+/// Sends one reshard request to server `i` alone, on a fresh connection.
+async fn raw(c: &LocalCluster, i: usize, req: Request) -> Response {
+    use protocol::transport::{Connection, Dialer};
+    let addr = c.quic[i];
+    let dialer = protocol::Transport::Quic.dialer(addr, &c.tls_dir).unwrap();
+    let conn = dialer
+        .connect(
+            addr,
+            protocol::transport::tls::DEFAULT_SERVER_NAME,
+            64 << 20,
+        )
+        .await
+        .unwrap();
+    let (resp, _) = conn.call(addr, &req, &Bytes::new()).await.unwrap();
+    conn.close();
+    dialer.wait_idle().await;
+    resp
+}
+
+fn epoch_of(resp: &Response) -> u64 {
+    match resp {
+        Response::Resharding { status } => status.epoch,
+        other => panic!("expected a reshard status, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interrupted_reshard_is_aborted_or_finished_by_the_next_command() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = support::start_servers(2, &dir.path().join("c"), &[]);
+    c.add_standby(&[]).unwrap();
+    let (two, three) = (c.quic[..2].to_vec(), c.quic.clone());
+    let names = |v: &[SocketAddr]| v.iter().map(SocketAddr::to_string).collect::<Vec<_>>();
+    let prepare = |map: &ShardMap, servers: &[SocketAddr]| Request::Reshard {
+        step: ReshardStep::Prepare {
+            target: MapInfo::of(map, names(servers)),
+        },
+    };
+    // A coordinator died after preparing the standby and one source: nothing switched, so the next
+    // command aborts it, then does its own reshard.
+    let grown = ShardMap::new(2).resized(3).unwrap();
+    for i in [2, 0] {
+        epoch_of(&raw(&c, i, prepare(&grown, &three)).await);
+    }
+    let out = reshard(&two, &three, &c.tls_dir);
+    assert!(
+        out.contains("aborting an interrupted reshard prepared on servers [0, 2]"),
+        "{out}"
+    );
+    assert!(
+        out.contains("resharded 2 -> 3 servers: epoch 1 -> 2"),
+        "{out}"
+    );
+    // A coordinator died after the source of a shrink committed: the next command finishes the commits
+    // (then refuses its own plan, which no longer matches the cluster).
+    let shrunk = grown.resized(2).unwrap();
+    for i in [0, 1, 2] {
+        epoch_of(&raw(&c, i, prepare(&shrunk, &two)).await);
+    }
+    let commit = Request::Reshard {
+        step: ReshardStep::Commit { epoch: 3 },
+    };
+    assert_eq!(epoch_of(&raw(&c, 2, commit).await), 3);
+    let failed = bench::bins::command("ps-server")
+        .args([
+            "reshard",
+            "--ps",
+            &list(&three),
+            "--to",
+            &list(&two),
+            "--tls-dir",
+        ])
+        .arg(&c.tls_dir)
+        .output()
+        .unwrap();
+    let (out, err) = (
+        String::from_utf8_lossy(&failed.stdout),
+        String::from_utf8_lossy(&failed.stderr),
+    );
+    assert!(
+        out.contains("finishing an interrupted reshard to map epoch 3"),
+        "{out}"
+    );
+    assert!(!failed.status.success());
+    assert!(err.contains("has 2 servers, --ps lists 3"), "{err}");
+    for i in 0..3 {
+        let status = Request::Reshard {
+            step: ReshardStep::Status,
+        };
+        assert_eq!(epoch_of(&raw(&c, i, status).await), 3, "server {i}");
+    }
+    c.shutdown(Duration::from_secs(30)).unwrap();
 }

@@ -37,7 +37,7 @@ pub enum ErrorCode {
     /// hears from its primary.
     NotInSync,
     /// A reshard step that does not fit the server's state (no reshard prepared, another one under way, a
-    /// replicated shard).
+    /// replicated shard), or a request that must wait until a reshard commits (a checkpoint): transient.
     Resharding,
 }
 
@@ -46,7 +46,10 @@ impl ErrorCode {
     pub fn is_transient(self) -> bool {
         matches!(
             self,
-            ErrorCode::ShuttingDown | ErrorCode::Storage | ErrorCode::NotPrimary
+            ErrorCode::ShuttingDown
+                | ErrorCode::Storage
+                | ErrorCode::NotPrimary
+                | ErrorCode::Resharding
         )
     }
 }

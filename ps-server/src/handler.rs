@@ -224,6 +224,10 @@ impl Shard {
             self.engine.register_table(table_config(spec))?;
         }
         self.replica.links.tables_registered(tables.to_vec());
+        let mover = self.routing.read().mover.clone();
+        if let Some(m) = mover {
+            m.tables_registered(tables.to_vec());
+        }
         Ok(Reply {
             header: Response::Registered {
                 tables: self.engine.tables().len() as u32,
@@ -540,61 +544,10 @@ impl Shard {
         };
         Ok((reply, wait))
     }
-
-    /// Writes the rows of a push, already applied, with a synced store write ([`Durability::Sync`]). On a store
-    /// error the push is refused with `Storage`, though its rows were applied in memory: they stay dirty, and
-    /// the timer's write-back retries them ([`Shard::persist_synced`]).
-    fn persist_push(&self, tables: &[TableCount], all_ids: &[u64]) -> Result<(), Refusal> {
-        let mut parts = Vec::with_capacity(tables.len());
-        let mut start = 0;
-        for t in tables {
-            let n = t.count as usize;
-            parts.push((t.table, &all_ids[start..start + n]));
-            start += n;
-        }
-        self.persist_synced(&parts)?;
-        Ok(())
-    }
-
-    /// A checkpoint into `dir`, its manifest created at `now_us`.
-    fn checkpoint_request(&self, dir: &str, step: u64, now_us: u64) -> Result<Reply, Refusal> {
-        let path = std::path::Path::new(dir);
-        if !path.is_absolute()
-            || path
-                .components()
-                .any(|c| c == std::path::Component::ParentDir)
-        {
-            return Err(refuse(
-                ErrorCode::BadRequest,
-                format!("checkpoint directory {dir:?}: expected an absolute path without '..'"),
-            ));
-        }
-        match self.checkpoint(path, step, now_us) {
-            Ok((manifest, written)) => Ok(Reply {
-                header: Response::Checkpointed {
-                    rows: manifest.rows(),
-                    dir: written.display().to_string(),
-                },
-                payload: Vec::new(),
-            }),
-            Err(embedding::SnapshotError::Engine(e)) => Err(e.into()),
-            Err(e @ embedding::SnapshotError::Exists { .. }) => {
-                Err(refuse(ErrorCode::BadRequest, e.to_string()))
-            }
-            Err(e) => Err(refuse(ErrorCode::Internal, e.to_string())),
-        }
-    }
-
-    fn flush(&self) -> Result<Reply, Refusal> {
-        let stats = self.write_back("flush")?;
-        Ok(Reply {
-            header: Response::Flushed {
-                rows: stats.rows as u64,
-            },
-            payload: Vec::new(),
-        })
-    }
 }
+
+#[path = "handler_storage.rs"]
+mod storage;
 
 #[path = "handler_sync.rs"]
 mod sync;

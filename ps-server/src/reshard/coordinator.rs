@@ -10,12 +10,14 @@
 //!    shards, between a source's switch and the last destination's.
 //!
 //! A failure before the commits aborts the reshard on every server (the old map stays); a commit that
-//! times out is sent again.
+//! times out is sent again. A reshard left half done by a coordinator that died is finished (some server
+//! switched maps: the others commit) or aborted (none did) by the next `ps-server reshard`, before its own
+//! plan.
 
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use protocol::wire::reshard::{MapInfo, ReshardStatus, ReshardStep};
+use protocol::wire::reshard::{MapInfo, ReshardPhase, ReshardStatus, ReshardStep};
 use protocol::{Request, Response, PROTOCOL_VERSION};
 
 use super::PeerSettings;
@@ -162,6 +164,42 @@ pub async fn run(
                     all[i]
                 )));
             }
+        }
+    }
+    // A reshard whose coordinator died: finish its commits if a server already switched, else abort it.
+    let mut statuses = Vec::with_capacity(all.len());
+    for i in 0..all.len() {
+        let step = ReshardStep::Status;
+        let resp = ask(i, "status", Request::Reshard { step }).await?;
+        statuses.push(status_of(i, all, "status", resp)?);
+    }
+    let newest = statuses.iter().map(|s| s.epoch).max().unwrap_or(0);
+    let prepared: Vec<usize> = (0..all.len())
+        .filter(|&i| statuses[i].phase == ReshardPhase::Moving)
+        .collect();
+    if prepared.iter().any(|&i| statuses[i].target_epoch == newest) {
+        progress(&format!(
+            "finishing an interrupted reshard to map epoch {newest} (servers {prepared:?} not committed)"
+        ));
+        let (sources, rest): (Vec<usize>, Vec<usize>) =
+            prepared.iter().partition(|&&i| statuses[i].vshards_out > 0);
+        for i in sources.into_iter().chain(rest) {
+            let step = ReshardStep::Commit { epoch: newest };
+            let resp = ask(i, "commit", Request::Reshard { step }).await?;
+            status_of(i, all, "commit", resp)?;
+        }
+    } else if !prepared.is_empty() {
+        progress(&format!(
+            "aborting an interrupted reshard prepared on servers {prepared:?} (none switched maps)"
+        ));
+        for &i in &prepared {
+            let step = ReshardStep::Abort;
+            status_of(
+                i,
+                all,
+                "abort",
+                ask(i, "abort", Request::Reshard { step }).await?,
+            )?;
         }
     }
     let current = match ask(0, "get shard map", Request::GetShardMap).await? {

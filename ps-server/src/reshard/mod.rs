@@ -153,6 +153,13 @@ impl Routing {
         MapInfo::of(&st.map, st.servers.clone())
     }
 
+    /// The target epoch of a reshard prepared here and not committed yet.
+    pub fn moving_to(&self) -> Option<u64> {
+        let current = self.state.read().map.epoch;
+        let target = self.incoming.lock().target_epoch;
+        (target > current).then_some(target)
+    }
+
     /// Whether this server is a standby that never had a map (epoch 0).
     pub fn standby(&self) -> bool {
         self.state.read().map.epoch == 0

@@ -102,12 +102,13 @@ pub struct Mover {
 }
 
 impl Mover {
-    /// The move of server `own` from `current` to `target`; `None` when it loses no virtual shard.
+    /// The move of server `own` from `current` to `target`; `None` when it loses no virtual shard. Each
+    /// stream starts with the tables `specs` (the destination registers them before any row arrives).
     pub fn new(
         current: &ShardMap,
         own: u32,
-        target: ShardMap,
-        servers: Vec<String>,
+        (target, servers): (ShardMap, Vec<String>),
+        specs: Vec<TableSpec>,
         peers: Peers,
     ) -> Option<Mover> {
         let mut dest_of = vec![STAYS; current.num_virtual as usize];
@@ -129,7 +130,7 @@ impl Mover {
         let links = dests
             .into_iter()
             .map(|dest| {
-                Arc::new(MoveLink {
+                let link = MoveLink {
                     dest,
                     queue: Mutex::new(LinkQueue {
                         msgs: VecDeque::new(),
@@ -137,7 +138,9 @@ impl Mover {
                     }),
                     wake: Notify::new(),
                     acked: watch::Sender::new(0),
-                })
+                };
+                link.push(tables_msg(specs.clone()));
+                Arc::new(link)
             })
             .collect();
         Some(Mover {
@@ -200,6 +203,17 @@ impl Mover {
         }
     }
 
+    /// Queues tables registered here during the move to every destination (before any of their rows).
+    pub fn tables_registered(&self, specs: Vec<TableSpec>) {
+        if specs.is_empty() {
+            return;
+        }
+        let _order = self.order.lock();
+        for l in &self.links {
+            l.push(tables_msg(specs.clone()));
+        }
+    }
+
     /// Queues the rows a push just changed in moving virtual shards to their destinations. Called under the
     /// routing read lock, after the push applied.
     pub fn forward(&self, engine: &Engine, parts: &[(u32, &[u64])]) {
@@ -231,6 +245,26 @@ impl Mover {
     }
 }
 
+/// A message registering `specs` on the destination.
+fn tables_msg(specs: Vec<TableSpec>) -> Msg {
+    Msg {
+        kind: ReplicateKind::Stream,
+        new_tables: specs,
+        tables: Vec::new(),
+        payload: Vec::new(),
+        queued: std::time::Instant::now(),
+    }
+}
+
+/// The tables of `engine`, as registered (without the server's own policies).
+pub fn table_specs(engine: &Engine) -> Vec<TableSpec> {
+    engine
+        .tables()
+        .iter()
+        .filter_map(|cfg| table_spec(&engine.without_policy(cfg)))
+        .collect()
+}
+
 /// Starts `mover` on `shard`: the scan and one sender per destination, as tasks.
 pub fn start(shard: &Arc<Shard>, mover: Arc<Mover>) {
     let tasks = &shard.routing.tasks;
@@ -246,23 +280,6 @@ pub fn start(shard: &Arc<Shard>, mover: Arc<Mover>) {
 async fn scan(shard: &Arc<Shard>, mover: &Arc<Mover>) {
     let engine = &shard.engine;
     let began = Instant::now();
-    let specs: Vec<TableSpec> = engine
-        .tables()
-        .iter()
-        .filter_map(|cfg| table_spec(&engine.without_policy(cfg)))
-        .collect();
-    {
-        let _order = mover.order.lock();
-        for link in &mover.links {
-            link.push(Msg {
-                kind: ReplicateKind::CatchUp,
-                new_tables: specs.clone(),
-                tables: Vec::new(),
-                payload: Vec::new(),
-                queued: std::time::Instant::now(),
-            });
-        }
-    }
     let mut ids = Vec::new();
     let mut split = vec![Vec::new(); mover.links.len()];
     let mut rows = 0u64;

@@ -214,11 +214,13 @@ fn prepare(shard: &Arc<Shard>, info: &MapInfo) -> Result<(), Refusal> {
         routing.peers.server_name.clone(),
         routing.peers.max_frame,
     );
+    // Tables registered from here on are queued by the register handler; these go first.
+    let specs = mover::table_specs(&shard.engine);
     match Mover::new(
         &current,
         shard.shard_index,
-        target.clone(),
-        info.servers.clone(),
+        (target.clone(), info.servers.clone()),
+        specs,
         peers,
     ) {
         Some(m) => {
@@ -229,6 +231,9 @@ fn prepare(shard: &Arc<Shard>, info: &MapInfo) -> Result<(), Refusal> {
                 "reshard prepared: moving rows out"
             );
             routing.set_mover(Some(m.clone()));
+            // A table registered between the list above and now is queued here (registering twice is
+            // harmless); from now on the register handler queues new ones.
+            m.tables_registered(mover::table_specs(&shard.engine));
             mover::start(shard, m);
         }
         None => tracing::info!(

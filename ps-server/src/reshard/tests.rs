@@ -219,7 +219,8 @@ fn a_source_forwards_only_rows_of_moving_vshards() {
         "localhost".into(),
         1 << 20,
     );
-    let mover = Mover::new(&two, 0, three.clone(), servers(3), peers).expect("server 0 gives some");
+    let mover = Mover::new(&two, 0, (three.clone(), servers(3)), Vec::new(), peers)
+        .expect("server 0 gives some");
     let ids: Vec<u64> = (0..2000u64).filter(|&id| two.server_of(id) == 0).collect();
     let moving = ids.iter().filter(|&&id| three.server_of(id) == 2).count() as u64;
     assert!(moving > 0 && moving < ids.len() as u64);
@@ -229,5 +230,5 @@ fn a_source_forwards_only_rows_of_moving_vshards() {
     // In the shrink back, server 0 only receives: no mover.
     let back = three.resized(2).unwrap();
     let none = Peers::new(&[], 0, Default::default(), String::new(), 0);
-    assert!(Mover::new(&three, 0, back, servers(2), none).is_none());
+    assert!(Mover::new(&three, 0, (back, servers(2)), Vec::new(), none).is_none());
 }
