@@ -3,7 +3,7 @@
 #   - `promtool check metrics` accepts every /metrics output (ps-server and trainer, mid-training);
 #   - the project's series are ingested and increase (ps_rows_pulled_total, trainer_samples_total, ...);
 #   - the PrometheusRule in k8s/base passes `promtool check rules` and its rules evaluate in Prometheus; the
-#     replication alerts pass the unit test k8s/prometheus-rules-test.yaml (`promtool test rules`);
+#     replication and resharding alerts pass the unit test k8s/prometheus-rules-test.yaml (`promtool test rules`);
 #   - every metric the Grafana dashboard and the alert rules use is declared in a metrics.rs file (serving's: in
 #     serving/src/metrics.rs, or docs/serving.md until that crate exists; ps-serve itself is not run here), or in
 #     the Metrics section of docs/replication.md (the replication contract; the names not yet in a metrics.rs are
