@@ -51,6 +51,12 @@ impl Shard {
                 format!("a reshard to map epoch {target} is under way: checkpoint once it commits"),
             ));
         }
+        if *self.routing.cleaning.borrow() {
+            return Err(refuse(
+                ErrorCode::Resharding,
+                "rows the last reshard moved away are being deleted here: checkpoint once they are",
+            ));
+        }
         match self.checkpoint(path, step, now_us) {
             Ok((manifest, written)) => Ok(Reply {
                 header: Response::Checkpointed {

@@ -75,6 +75,8 @@ pub struct Routing {
     pub peers: PeerSettings,
     /// The mover's tasks, waited for at shutdown.
     pub(crate) tasks: tokio_util::task::TaskTracker,
+    /// True while rows a committed reshard moved away are being deleted here.
+    pub(crate) cleaning: tokio::sync::watch::Sender<bool>,
 }
 
 impl Routing {
@@ -94,7 +96,14 @@ impl Routing {
             incoming: Mutex::new(Incoming::default()),
             peers,
             tasks: Default::default(),
+            cleaning: tokio::sync::watch::Sender::new(false),
         }
+    }
+
+    /// Waits until the rows the last reshard moved away are deleted here.
+    pub async fn cleaned(&self) {
+        let mut rx = self.cleaning.subscribe();
+        let _ = rx.wait_for(|cleaning| !cleaning).await;
     }
 
     /// The map of a server with `cfg`: the one persisted in `engine`'s store by a reshard if any, else
@@ -165,7 +174,7 @@ impl Routing {
         self.state.read().map.epoch == 0
     }
 
-    /// Switches to `map` with `servers` (and ends a move), persisting it first (synced) so a restart keeps it.
+    /// Switches to `map` with `servers`, persisting it first (synced) so a restart keeps it.
     pub(crate) fn switch(
         &self,
         engine: &Engine,
@@ -176,11 +185,13 @@ impl Routing {
         let bytes = bincode::serde::encode_to_vec(&info, bincode::config::standard())
             .map_err(|e| e.to_string())?;
         let store = engine.store();
-        let mut st = self.state.write();
+        // Persisted before the switch, outside the lock: requests go on meanwhile (a crash in between
+        // restarts on the new map, like a crash just after the switch).
         store
             .put_meta(MAP_KEY, &bytes)
             .and_then(|()| store.flush())
             .map_err(|e| format!("persist the shard map of epoch {}: {e}", map.epoch))?;
+        let mut st = self.state.write();
         tracing::info!(
             from_epoch = st.map.epoch,
             epoch = map.epoch,

@@ -10,7 +10,7 @@
 //!
 //! The commit ([`commit`]) switches the map under the routing write lock (every push before it was
 //! forwarded, every push after it is refused with `WrongEpoch`), waits until every destination stored its
-//! whole stream, then deletes the moved rows here.
+//! whole stream, and answers; the moved rows are deleted here afterwards, before the next prepare.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -443,7 +443,7 @@ async fn sender(shard: &Arc<Shard>, mover: &Mover, link: &MoveLink) {
 
 /// A source's commit of the target of epoch `epoch`: switches the map (pushes of the old epoch are refused
 /// from then on), waits until every destination stored its stream (up to [`COMMIT_DRAIN`]; the coordinator
-/// commits again after a timeout), deletes the moved rows here and ends the move.
+/// commits again after a timeout) and ends the move; the moved rows are deleted here in the background.
 pub async fn commit(shard: &Arc<Shard>, mover: Arc<Mover>) -> Result<(), Refusal> {
     let began = Instant::now();
     let routing = &shard.routing;
@@ -477,13 +477,6 @@ pub async fn commit(shard: &Arc<Shard>, mover: Arc<Mover>) -> Result<(), Refusal
             ),
         ));
     }
-    let deleted = {
-        let (s, m) = (shard.clone(), mover.clone());
-        tokio::task::spawn_blocking(move || delete_moved(&s, &m))
-            .await
-            .map_err(|e| refuse(protocol::ErrorCode::Internal, e.to_string()))?
-    };
-    let deleted = deleted.map_err(|e| refuse(protocol::ErrorCode::Storage, e))?;
     mover.stop();
     routing.set_mover(None);
     let secs = began.elapsed().as_secs_f64();
@@ -493,10 +486,22 @@ pub async fn commit(shard: &Arc<Shard>, mover: Arc<Mover>) -> Result<(), Refusal
         epoch = mover.target.epoch,
         rows_sent = sent,
         rows_acked = acked,
-        rows_deleted = deleted,
         secs,
-        "reshard committed: moved rows deleted here"
+        "reshard committed: deleting the moved rows here"
     );
+    // The moved rows are deleted after the answer (the destinations commit meanwhile); the next prepare
+    // waits for it (`Routing::cleaned`), so a later move back cannot race with the deletion.
+    routing.cleaning.send_replace(true);
+    let (s, m) = (shard.clone(), mover);
+    routing.tasks.spawn_blocking(move || {
+        match delete_moved(&s, &m) {
+            Ok(rows) => tracing::info!(rows, "rows moved away deleted"),
+            Err(e) => {
+                tracing::error!(error = %e, "deleting rows moved away failed; they stay (unowned)")
+            }
+        }
+        s.routing.cleaning.send_replace(false);
+    });
     Ok(())
 }
 

@@ -129,7 +129,11 @@ impl Shard {
 /// streams).
 pub async fn answer(shard: &Arc<Shard>, step: ReshardStep) -> Reply {
     let result = match step {
-        ReshardStep::Prepare { target } => prepare(shard, &target),
+        ReshardStep::Prepare { target } => {
+            // Rows the last reshard moved away are deleted first: this move may bring some back.
+            shard.routing.cleaned().await;
+            prepare(shard, &target)
+        }
         ReshardStep::Status => Ok(()),
         ReshardStep::Commit { epoch } => commit(shard, epoch).await,
         ReshardStep::Abort => {
