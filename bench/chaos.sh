@@ -18,7 +18,8 @@
 #
 # where max_pause_s is the audit's longest gap between two acknowledged pushes of one shard (restarts of the
 # auditor excluded) and undisturbed_auc comes from the same job (same data, seeds, flags and replicas) run
-# first without faults. Installs nothing (needs python3 to pick ports with --replicas >= 2); builds the release
+# first without faults; auc is rank 0's test AUC (its summary's top-level "auc"). Installs nothing (needs python3:
+# picking ports, reading the summary); builds the release
 # binaries if missing, in $CARGO_TARGET_DIR/release if set, else target/release. Everything lives in a
 # temporary directory; every process it started is killed on exit or interrupt.
 #
@@ -42,7 +43,7 @@ REPLICAS=1
 MIN_GAP_MS=1500
 GAP_SPAN_MS=2500
 
-usage() { sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 while [ $# -gt 0 ]; do
     case "$1" in
         --kills) KILLS=$2; shift 2 ;;
@@ -340,7 +341,7 @@ run_job() {
     LOST=$(sed -n 's/.*lost_acked_updates=\([0-9]*\).*/\1/p' <<< "$verdict")
     DUPS=$(sed -n 's/.*duplicates=\([0-9]*\).*/\1/p' <<< "$verdict")
     PAUSE=$(sed -n 's/.*max_pause_s=\([0-9.]*\).*/\1/p' <<< "$verdict")
-    AUC=$(tr -d ' \n' < "$dir/summary-0.json" | sed -n 's/.*"auc":\([0-9.]*\).*/\1/p')
+    AUC=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["auc"] or "")' "$dir/summary-0.json")
     [ -n "$LOST" ] && [ -n "$PAUSE" ] && [ -n "$AUC" ] || { echo "chaos: $name: no audit verdict or AUC" >&2; exit 1; }
     local i r
     while read -r i r; do kill -TERM "${PID[$(server_name "$i" "$r")]}"; done < <(all_servers)

@@ -12,7 +12,8 @@
 # (one line) where max_pause_s is the audit's longest gap between two acknowledged pushes of one shard over
 # the resharded run, *_rows_per_s are the rows each reshard moved over its whole duration (`ps-server
 # reshard`'s report), *_commit_s the time its commits took (the window in which moving rows are refused),
-# and undisturbed_auc comes from the run without resharding (same data, seeds and flags). A reshard that
+# and auc is rank 0's test AUC, undisturbed_auc the same from the run without resharding (same data, seeds
+# and flags). A reshard that
 # would not happen mid-training (a trainer already finished) fails the script.
 #
 # Installs nothing; builds the release binaries if missing, in $CARGO_TARGET_DIR/release if set, else
@@ -31,7 +32,7 @@ DURABILITY=periodic
 SETTLE=4
 KEEP=0
 
-usage() { sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 while [ $# -gt 0 ]; do
     case "$1" in
         --seed) SEED=$2; shift 2 ;;
@@ -153,7 +154,7 @@ run_job() {
     LOST=$(sed -n 's/.*lost_acked_updates=\([0-9]*\).*/\1/p' <<< "$verdict")
     DUPS=$(sed -n 's/.*duplicates=\([0-9]*\).*/\1/p' <<< "$verdict")
     PAUSE=$(sed -n 's/.*max_pause_s=\([0-9.]*\).*/\1/p' <<< "$verdict")
-    AUC=$(tr -d ' \n' < "$DIR/summary-0.json" | sed -n 's/.*"auc":\([0-9.]*\).*/\1/p')
+    AUC=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["auc"] or "")' "$DIR/summary-0.json")
     [ -n "$LOST" ] && [ -n "$PAUSE" ] && [ -n "$AUC" ] || { echo "reshard_live: $name: no audit verdict or AUC" >&2; exit 1; }
     kill -TERM "${PID[ps0]}" "${PID[ps1]}"; reap ps0; reap ps1
 }

@@ -578,6 +578,14 @@ impl<D: Dialer> PsClient<D> {
             if !retry || start.elapsed() + backoff > self.cfg.retry_for {
                 return result;
             }
+            if !self.shard(server).is_ok_and(|now| Arc::ptr_eq(&now, &shard)) {
+                // The client followed a map without this server (a reshard removed or replaced it while it
+                // failed): the caller re-routes instead of waiting for it.
+                return Err(ProtocolError::NotInMap {
+                    server,
+                    servers: self.num_servers(),
+                });
+            }
             tracing::debug!(server = %shard.conns[r].addr, ?backoff, "retrying request after a transient failure");
             tokio::time::sleep(backoff).await;
             backoff = (backoff * 2).min(MAX_BACKOFF);

@@ -190,13 +190,14 @@ impl<D: Dialer> PsClient<D> {
             }
             _ => return Ok(Next::Done),
         };
-        if self.map_epoch() > epoch {
-            // Another request already followed a newer map.
+        if self.map_epoch() > epoch || code == ErrorCode::WrongShard {
+            // Another request already followed a newer map; or the server holds the request's epoch (it checks
+            // the epoch first) and the ids were grouped by an older map than that: split them by the current
+            // one, no need to ask.
             return Ok(Next::Reroute);
         }
         match self.refresh_map(server).await? {
             Seen::Newer => Ok(Next::Reroute),
-            Seen::Same if code == ErrorCode::WrongShard => Ok(Next::Reroute),
             _ => {
                 // The server has not switched to the client's map yet: wait for it.
                 if start.elapsed() + *backoff > self.cfg.retry_for {
