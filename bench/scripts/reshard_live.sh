@@ -134,19 +134,19 @@ run_job() {
         PID[trainer$r]=$!
     done
     log "$name: servers $two, trainers and auditor started"
-    local started; started=$(now_ms)
     if [ "$resharding" = 1 ]; then
         sleep "$SETTLE"
         reshard "$two" "$three" grow
         sleep "$SETTLE"
         reshard "$three" "$two" shrink
-        kill -TERM "${PID[ps2]}"; reap ps2
+        # The leaving server is stopped at once (as an operator would); it drains while training goes on.
+        kill -TERM "${PID[ps2]}"
     fi
     for r in 0 1; do
         reap "trainer$r"
         [ "$RC" = 0 ] || { echo "reshard_live: $name: trainer $r failed (exit $RC):" >&2; tail -20 "$DIR/trainer-$r.log" >&2; exit 1; }
     done
-    log "$name: training done in $(( ($(now_ms) - started) / 1000 )) s"
+    log "$name: training done in $(python3 -c 'import json, sys; print(round(json.load(open(sys.argv[1]))["seconds"], 1))' "$DIR/summary-0.json") s (rank 0's summary)"
     kill -TERM "${PID[audit]}"; reap audit
     local verdict
     verdict=$("$B/ps-audit" verify --ps "$two" --tls-dir "$DIR/tls" --log "$DIR/acks.log" | tail -1)
@@ -157,6 +157,7 @@ run_job() {
     AUC=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["auc"] or "")' "$DIR/summary-0.json")
     [ -n "$LOST" ] && [ -n "$PAUSE" ] && [ -n "$AUC" ] || { echo "reshard_live: $name: no audit verdict or AUC" >&2; exit 1; }
     kill -TERM "${PID[ps0]}" "${PID[ps1]}"; reap ps0; reap ps1
+    [ "$resharding" = 0 ] || reap ps2
 }
 
 field() { sed -n "s/.* $2=\([0-9.]*\).*/\1/p" "$TMP/resharded/$1.out" | tail -1; }

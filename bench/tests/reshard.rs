@@ -33,6 +33,8 @@ fn model_args() -> ModelArgs {
         top_mlp: vec![32, 1],
         max_in_flight: Some(0),
         eval_batch_size: 1000,
+        // f16 pushes with error feedback: the residuals are keyed by id, so re-routed pushes keep them.
+        error_feedback: trainer::config::FeedbackMode::On,
         ..ModelArgs::default()
     }
 }

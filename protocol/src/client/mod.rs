@@ -18,7 +18,7 @@ mod reroute;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
@@ -98,12 +98,20 @@ struct ServerConn<D: Dialer> {
 }
 
 impl<D: Dialer> ServerConn<D> {
-    /// The open connection, or a new one; `true` with a new one.
-    async fn connection(&self, cfg: &PsClientConfig) -> Result<(D::Conn, bool), ProtocolError> {
+    /// The open connection, or a new one; `true` with a new one. `None` instead of dialing once `retired` is
+    /// set (the client followed a map without this server; set before its connection is closed).
+    async fn connection(
+        &self,
+        cfg: &PsClientConfig,
+        retired: &AtomicBool,
+    ) -> Result<Option<(D::Conn, bool)>, ProtocolError> {
         if let Some(c) = self.conn.lock().expect("not poisoned").as_ref() {
             if c.close_reason(self.addr).is_none() {
-                return Ok((c.clone(), false));
+                return Ok(Some((c.clone(), false)));
             }
+        }
+        if retired.load(Ordering::Acquire) {
+            return Ok(None);
         }
         // A QUIC handshake with a server that is gone (or stopped accepting while it shuts down) gets no answer
         // at all and would otherwise wait for the request timeout; the caller retries the transient timeout.
@@ -118,7 +126,7 @@ impl<D: Dialer> ServerConn<D> {
             secs: CONNECT_TIMEOUT.as_secs_f64(),
         })??;
         *self.conn.lock().expect("not poisoned") = Some(conn.clone());
-        Ok((conn, true))
+        Ok(Some((conn, true)))
     }
 
     fn forget(&self) {
@@ -464,6 +472,12 @@ impl<D: Dialer> PsClient<D> {
         timeout: Duration,
     ) -> Result<(Response, Bytes), ProtocolError> {
         let replicas = self.shard(shard)?;
+        if replicas.retired.load(Ordering::Acquire) {
+            return Err(ProtocolError::NotInMap {
+                server: shard,
+                servers: self.num_servers(),
+            });
+        }
         let s = &replicas.conns[r];
         let probe_timeout = if replicas.replicated() {
             REPLICATED_PROBE_TIMEOUT
@@ -472,7 +486,12 @@ impl<D: Dialer> PsClient<D> {
         };
         // Connecting is inside the timeout: a handshake with a dead server must not wait for the idle timeout.
         let result = async {
-            let (conn, fresh) = s.connection(&self.cfg).await?;
+            let Some((conn, fresh)) = s.connection(&self.cfg, &replicas.retired).await? else {
+                return Err(ProtocolError::NotInMap {
+                    server: shard,
+                    servers: self.num_servers(),
+                });
+            };
             let hello = matches!(req, Request::Hello { .. } | Request::Promote { .. });
             if fresh && replicas.replicated() && !hello {
                 let probe = Request::Hello {
@@ -578,7 +597,11 @@ impl<D: Dialer> PsClient<D> {
             if !retry || start.elapsed() + backoff > self.cfg.retry_for {
                 return result;
             }
-            if !self.shard(server).is_ok_and(|now| Arc::ptr_eq(&now, &shard)) {
+            if shard.retired.load(Ordering::Acquire)
+                || !self
+                    .shard(server)
+                    .is_ok_and(|now| Arc::ptr_eq(&now, &shard))
+            {
                 // The client followed a map without this server (a reshard removed or replaced it while it
                 // failed): the caller re-routes instead of waiting for it.
                 return Err(ProtocolError::NotInMap {

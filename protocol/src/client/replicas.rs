@@ -34,6 +34,9 @@ pub(super) struct ShardReplicas<D: Dialer> {
     epoch: AtomicU64,
     /// One failover at a time per shard.
     failover: tokio::sync::Mutex<()>,
+    /// Set when the client followed a shard map without this server: requests still holding it stop (and
+    /// are re-routed) instead of dialing a server that is leaving.
+    pub(super) retired: std::sync::atomic::AtomicBool,
 }
 
 impl<D: Dialer> ShardReplicas<D> {
@@ -44,6 +47,7 @@ impl<D: Dialer> ShardReplicas<D> {
             reader: AtomicUsize::new(0),
             epoch: AtomicU64::new(0),
             failover: tokio::sync::Mutex::new(()),
+            retired: std::sync::atomic::AtomicBool::new(false),
         }
     }
 

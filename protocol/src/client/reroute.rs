@@ -26,7 +26,7 @@ use super::{PsClient, PulledState, ServerConn, INITIAL_BACKOFF, MAX_BACKOFF};
 use crate::compression::codec::Encoding;
 use crate::error::{ErrorCode, ProtocolError};
 use crate::routing::ShardMap;
-use crate::transport::Dialer;
+use crate::transport::{Connection, Dialer};
 use crate::wire;
 use crate::wire::message::{PayloadLayout, Request, Response, TableCount};
 use crate::wire::prefetch::PrefetchCounts;
@@ -75,6 +75,29 @@ impl<D: Dialer> PsClient<D> {
         self.take_map(&info).await
     }
 
+    /// [`PsClient::refresh_map`] from `server`, or when it cannot answer (a server a reshard removed may be
+    /// stopping), from the others in turn. A map newer than `epoch` followed meanwhile counts as newer.
+    async fn refresh_from_any(&self, server: usize, epoch: u64) -> Result<Seen, ProtocolError> {
+        let first = self.refresh_map(server).await;
+        if self.map_epoch() > epoch {
+            return Ok(Seen::Newer);
+        }
+        let err = match first {
+            Ok(seen) => return Ok(seen),
+            Err(e) => e,
+        };
+        for other in (0..self.num_servers()).filter(|&i| i != server) {
+            if let Ok(seen) = self.refresh_map(other).await {
+                return Ok(if self.map_epoch() > epoch {
+                    Seen::Newer
+                } else {
+                    seen
+                });
+            }
+        }
+        Err(err)
+    }
+
     /// Takes `info` if it is newer than the client's map.
     async fn take_map(&self, info: &MapInfo) -> Result<Seen, ProtocolError> {
         let _one = self.refresh.lock().await;
@@ -87,9 +110,26 @@ impl<D: Dialer> PsClient<D> {
         }
         let map = info.map()?;
         let shards = self.shards_for(info, &map).await?;
+        let dropped: Vec<Arc<ShardReplicas<D>>> = {
+            let current = self.shards.read().expect("not poisoned");
+            current
+                .iter()
+                .filter(|c| !shards.iter().any(|s| Arc::ptr_eq(c, s)))
+                .cloned()
+                .collect()
+        };
         let old = self.num_servers();
         *self.shards.write().expect("not poisoned") = shards;
         *self.shard_map.write().expect("not poisoned") = map;
+        // Servers the map dropped: close their connections (a leaving server drains until its clients go).
+        for s in dropped {
+            s.retired.store(true, Ordering::Release);
+            for c in &s.conns {
+                if let Some(conn) = c.conn.lock().expect("not poisoned").take() {
+                    conn.close();
+                }
+            }
+        }
         self.map_changes.fetch_add(1, Ordering::Relaxed);
         tracing::info!(
             from_epoch = current,
@@ -196,7 +236,7 @@ impl<D: Dialer> PsClient<D> {
             // one, no need to ask.
             return Ok(Next::Reroute);
         }
-        match self.refresh_map(server).await? {
+        match self.refresh_from_any(server, epoch).await? {
             Seen::Newer => Ok(Next::Reroute),
             _ => {
                 // The server has not switched to the client's map yet: wait for it.
