@@ -352,7 +352,11 @@ async fn a_wrong_shard_is_rerouted_by_the_current_map_a_bounded_number_of_times(
         ),
         "{err:?}"
     );
-    assert_eq!(s.log().work().len(), 2 + 5, "the first send and 4 re-routes");
+    assert_eq!(
+        s.log().work().len(),
+        2 + 5,
+        "the first send and 4 re-routes"
+    );
 }
 
 #[tokio::test(start_paused = true)]

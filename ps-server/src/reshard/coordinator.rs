@@ -153,15 +153,14 @@ pub async fn run(
             }
         }
     };
-    for i in 0..all.len() {
+    for (i, name) in all.iter().enumerate() {
         let hello = Request::Hello {
             version: PROTOCOL_VERSION,
         };
         if let Response::Hello { shard_index, .. } = ask(i, "hello", hello).await? {
             if shard_index as usize != i {
                 return Err(ReshardError::Plan(format!(
-                    "{} is shard {shard_index}, but it is listed at position {i}",
-                    all[i]
+                    "{name} is shard {shard_index}, but it is listed at position {i}"
                 )));
             }
         }
