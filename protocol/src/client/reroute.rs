@@ -250,6 +250,36 @@ impl<D: Dialer> PsClient<D> {
         }
     }
 
+    /// Sends one request to `server` (`attempt` builds it for a map epoch) until it is answered, retrying
+    /// while the server has not switched to the client's map yet. `None` asks the caller to re-route (split by
+    /// the current map); after [`MAX_REROUTES`] levels the result is returned as it is.
+    async fn attempt<T, F, Fut>(
+        &self,
+        server: usize,
+        depth: u32,
+        mut attempt: F,
+    ) -> Option<Result<T, ProtocolError>>
+    where
+        F: FnMut(u64) -> Fut,
+        Fut: Future<Output = Result<T, ProtocolError>>,
+    {
+        let (start, mut backoff) = (Instant::now(), INITIAL_BACKOFF);
+        loop {
+            let epoch = self.map_epoch();
+            let result = attempt(epoch).await;
+            match self
+                .after(server, epoch, &result, (start, &mut backoff))
+                .await
+            {
+                Err(e) => return Some(Err(e)),
+                Ok(Next::Done) => return Some(result),
+                Ok(Next::Retry) => continue,
+                Ok(Next::Reroute) if depth < MAX_REROUTES => return None,
+                Ok(Next::Reroute) => return Some(result),
+            }
+        }
+    }
+
     /// Pulls rows from server `server`: `ids` holds one id section per table of `tables`, in order
     /// ([`wire::pull::IdSections`]). Returns the encoded rows, checked for length. Ids the server no longer
     /// owns (the map changed) are pulled from their new servers.
@@ -272,38 +302,30 @@ impl<D: Dialer> PsClient<D> {
         depth: u32,
     ) -> BoxFuture<'_, Bytes> {
         Box::pin(async move {
-            let (start, mut backoff) = (Instant::now(), INITIAL_BACKOFF);
-            loop {
-                let epoch = self.map_epoch();
-                let result = self
-                    .pull_once(server, epoch, encoding, tables.clone(), ids.clone())
-                    .await;
-                match self
-                    .after(server, epoch, &result, (start, &mut backoff))
-                    .await?
-                {
-                    Next::Done => return result,
-                    Next::Retry => continue,
-                    Next::Reroute if depth < MAX_REROUTES => {}
-                    Next::Reroute => return result,
-                }
-                let (parts, _) = self.split(&tables, &ids)?;
-                let answers = futures_util::future::try_join_all(parts.iter().map(|p| {
-                    self.pull_at(
-                        p.server as usize,
-                        encoding,
-                        p.sections.counts.clone(),
-                        Bytes::from(p.sections.payload.clone()),
-                        depth + 1,
-                    )
-                }))
-                .await?;
-                let mut out = vec![0u8; PayloadLayout::of(&tables)?.pull_response_bytes(encoding)];
-                for (p, rows) in parts.iter().zip(&answers) {
-                    p.scatter_rows(&tables, encoding, rows, &mut out)?;
-                }
-                return Ok(Bytes::from(out));
+            if let Some(done) = self
+                .attempt(server, depth, |epoch| {
+                    self.pull_once(server, epoch, encoding, tables.clone(), ids.clone())
+                })
+                .await
+            {
+                return done;
             }
+            let (parts, _) = self.split(&tables, &ids)?;
+            let answers = futures_util::future::try_join_all(parts.iter().map(|p| {
+                self.pull_at(
+                    p.server as usize,
+                    encoding,
+                    p.sections.counts.clone(),
+                    Bytes::from(p.sections.payload.clone()),
+                    depth + 1,
+                )
+            }))
+            .await?;
+            let mut out = vec![0u8; PayloadLayout::of(&tables)?.pull_response_bytes(encoding)];
+            for (p, rows) in parts.iter().zip(&answers) {
+                p.scatter_rows(&tables, encoding, rows, &mut out)?;
+            }
+            Ok(Bytes::from(out))
         })
     }
 
@@ -330,34 +352,26 @@ impl<D: Dialer> PsClient<D> {
         depth: u32,
     ) -> BoxFuture<'_, PulledState> {
         Box::pin(async move {
-            let (start, mut backoff) = (Instant::now(), INITIAL_BACKOFF);
-            loop {
-                let epoch = self.map_epoch();
-                let result = self
-                    .pull_with_state_once(server, epoch, encoding, tables.clone(), ids.clone())
-                    .await;
-                match self
-                    .after(server, epoch, &result, (start, &mut backoff))
-                    .await?
-                {
-                    Next::Done => return result,
-                    Next::Retry => continue,
-                    Next::Reroute if depth < MAX_REROUTES => {}
-                    Next::Reroute => return result,
-                }
-                let (parts, _) = self.split(&tables, &ids)?;
-                let answers = futures_util::future::try_join_all(parts.iter().map(|p| {
-                    self.pull_with_state_at(
-                        p.server as usize,
-                        encoding,
-                        p.sections.counts.clone(),
-                        Bytes::from(p.sections.payload.clone()),
-                        depth + 1,
-                    )
-                }))
-                .await?;
-                return merge_with_state(&tables, encoding, &parts, &answers);
+            if let Some(done) = self
+                .attempt(server, depth, |epoch| {
+                    self.pull_with_state_once(server, epoch, encoding, tables.clone(), ids.clone())
+                })
+                .await
+            {
+                return done;
             }
+            let (parts, _) = self.split(&tables, &ids)?;
+            let answers = futures_util::future::try_join_all(parts.iter().map(|p| {
+                self.pull_with_state_at(
+                    p.server as usize,
+                    encoding,
+                    p.sections.counts.clone(),
+                    Bytes::from(p.sections.payload.clone()),
+                    depth + 1,
+                )
+            }))
+            .await?;
+            merge_with_state(&tables, encoding, &parts, &answers)
         })
     }
 
@@ -386,11 +400,9 @@ impl<D: Dialer> PsClient<D> {
         depth: u32,
     ) -> BoxFuture<'_, (u64, u64)> {
         Box::pin(async move {
-            let (start, mut backoff) = (Instant::now(), INITIAL_BACKOFF);
-            loop {
-                let epoch = self.map_epoch();
-                let result = self
-                    .push_once(
+            if let Some(done) = self
+                .attempt(server, depth, |epoch| {
+                    self.push_once(
                         server,
                         epoch,
                         encoding,
@@ -398,41 +410,35 @@ impl<D: Dialer> PsClient<D> {
                         tables.clone(),
                         payload.clone(),
                     )
-                    .await;
-                match self
-                    .after(server, epoch, &result, (start, &mut backoff))
-                    .await?
-                {
-                    Next::Done => return result,
-                    Next::Retry => continue,
-                    Next::Reroute if depth < MAX_REROUTES => {}
-                    Next::Reroute => return result,
-                }
-                let (mut parts, used) = self.split(&tables, &payload)?;
-                let layout = PayloadLayout::of(&tables)?;
-                wire::message::check_len(
-                    "re-routed push rows",
-                    payload.len() - used,
-                    layout.rows_bytes(encoding),
-                )?;
-                for p in &mut parts {
-                    p.append_rows(&tables, encoding, &payload[used..]);
-                }
-                let answers = futures_util::future::try_join_all(parts.iter().map(|p| {
-                    self.push_at(
-                        p.server as usize,
-                        encoding,
-                        grad_scale,
-                        p.sections.counts.clone(),
-                        Bytes::from(p.sections.payload.clone()),
-                        depth + 1,
-                    )
-                }))
-                .await?;
-                return Ok(answers
-                    .into_iter()
-                    .fold((0, 0), |(a, r), (a2, r2)| (a + a2, r + r2)));
+                })
+                .await
+            {
+                return done;
             }
+            let (mut parts, used) = self.split(&tables, &payload)?;
+            let layout = PayloadLayout::of(&tables)?;
+            wire::message::check_len(
+                "re-routed push rows",
+                payload.len() - used,
+                layout.rows_bytes(encoding),
+            )?;
+            for p in &mut parts {
+                p.append_rows(&tables, encoding, &payload[used..]);
+            }
+            let answers = futures_util::future::try_join_all(parts.iter().map(|p| {
+                self.push_at(
+                    p.server as usize,
+                    encoding,
+                    grad_scale,
+                    p.sections.counts.clone(),
+                    Bytes::from(p.sections.payload.clone()),
+                    depth + 1,
+                )
+            }))
+            .await?;
+            Ok(answers
+                .into_iter()
+                .fold((0, 0), |(a, r), (a2, r2)| (a + a2, r + r2)))
         })
     }
 
@@ -462,38 +468,30 @@ impl<D: Dialer> PsClient<D> {
         depth: u32,
     ) -> BoxFuture<'_, PrefetchCounts> {
         Box::pin(async move {
-            let (start, mut backoff) = (Instant::now(), INITIAL_BACKOFF);
-            loop {
-                let epoch = self.map_epoch();
-                let result = self
-                    .prefetch_once(server, epoch, lease, tables.clone(), ids.clone())
-                    .await;
-                match self
-                    .after(server, epoch, &result, (start, &mut backoff))
-                    .await?
-                {
-                    Next::Done => return result,
-                    Next::Retry => continue,
-                    Next::Reroute if depth < MAX_REROUTES => {}
-                    Next::Reroute => return result,
-                }
-                let (parts, _) = self.split(&tables, &ids)?;
-                let answers = futures_util::future::try_join_all(parts.iter().map(|p| {
-                    self.prefetch_at(
-                        p.server as usize,
-                        lease,
-                        p.sections.counts.clone(),
-                        Bytes::from(p.sections.payload.clone()),
-                        depth + 1,
-                    )
-                }))
-                .await?;
-                let mut sum = PrefetchCounts::default();
-                for a in answers {
-                    sum += a;
-                }
-                return Ok(sum);
+            if let Some(done) = self
+                .attempt(server, depth, |epoch| {
+                    self.prefetch_once(server, epoch, lease, tables.clone(), ids.clone())
+                })
+                .await
+            {
+                return done;
             }
+            let (parts, _) = self.split(&tables, &ids)?;
+            let answers = futures_util::future::try_join_all(parts.iter().map(|p| {
+                self.prefetch_at(
+                    p.server as usize,
+                    lease,
+                    p.sections.counts.clone(),
+                    Bytes::from(p.sections.payload.clone()),
+                    depth + 1,
+                )
+            }))
+            .await?;
+            let mut sum = PrefetchCounts::default();
+            for a in answers {
+                sum += a;
+            }
+            Ok(sum)
         })
     }
 

@@ -72,27 +72,12 @@ impl Shard {
                 ),
             ));
         }
-        let parts = replicate::decode(&header.tables, payload)?;
-        for spec in &header.new_tables {
-            self.engine.register_table(table_config(spec))?;
-        }
-        let mut rows = 0;
-        for (t, (ids, values)) in header.tables.iter().zip(&parts) {
-            let table = self.engine.table(t.table)?;
-            if table.row_len() != t.row_len as usize {
-                return Err(refuse(
-                    ErrorCode::WrongDimension,
-                    format!(
-                        "replicate: table {} rows of {} f32s, this replica's rows have {}",
-                        t.table,
-                        t.row_len,
-                        table.row_len()
-                    ),
-                ));
-            }
-            self.engine.store_rows(t.table, ids, values, now)?;
-            rows += ids.len();
-        }
+        let (rows, _) = self.store_whole_rows(
+            "replicate",
+            (&header.new_tables, &header.tables),
+            payload,
+            now,
+        )?;
         stream.next_seq += u64::from(header.messages);
         rep.heard();
         if header.shard_epoch > epoch {
@@ -198,5 +183,41 @@ async fn follow_once(rep: &Replica) -> Result<(), String> {
         }
         Ok(other) => Err(format!("join answered {other:?}")),
         Err(e) => Err(format!("join failed: {e}")),
+    }
+}
+
+impl Shard {
+    /// Decodes a payload of whole rows ([`replicate::decode`]: a `Replicate` or a `MoveRows`), registers
+    /// `new_tables`, checks each table's row length and stores every row as it is, dirty. Returns the rows
+    /// stored and the decoded (ids, rows) of each table. `what` names the request in errors.
+    pub(crate) fn store_whole_rows(
+        &self,
+        what: &str,
+        (new_tables, tables): (&[protocol::TableSpec], &[replicate::RowsTable]),
+        payload: &[u8],
+        now: u64,
+    ) -> Result<(usize, Vec<replicate::TableRows>), Refusal> {
+        let parts = replicate::decode(tables, payload)?;
+        for spec in new_tables {
+            self.engine.register_table(table_config(spec))?;
+        }
+        let mut rows = 0;
+        for (t, (ids, values)) in tables.iter().zip(&parts) {
+            let table = self.engine.table(t.table)?;
+            if table.row_len() != t.row_len as usize {
+                return Err(refuse(
+                    ErrorCode::WrongDimension,
+                    format!(
+                        "{what}: table {} rows of {} f32s, this server's rows have {}",
+                        t.table,
+                        t.row_len,
+                        table.row_len()
+                    ),
+                ));
+            }
+            self.engine.store_rows(t.table, ids, values, now)?;
+            rows += ids.len();
+        }
+        Ok((rows, parts))
     }
 }

@@ -3,8 +3,6 @@
 
 use std::sync::Arc;
 
-use embedding::spec::table_config;
-use protocol::wire::replicate;
 use protocol::wire::reshard::{MapInfo, MoveHeader, ReshardPhase, ReshardStatus, ReshardStep};
 use protocol::{ErrorCode, Response};
 
@@ -56,28 +54,14 @@ impl Shard {
                 ),
             ));
         }
-        let parts = replicate::decode(&header.tables, payload)?;
-        for spec in &header.new_tables {
-            self.engine.register_table(table_config(spec))?;
-        }
-        let mut rows = 0u64;
         let now = now_us / 1_000_000;
-        for (t, (ids, values)) in header.tables.iter().zip(&parts) {
-            let table = self.engine.table(t.table)?;
-            if table.row_len() != t.row_len as usize {
-                return Err(refuse(
-                    ErrorCode::WrongDimension,
-                    format!(
-                        "moved rows of table {}: {} f32s, this server's rows have {}",
-                        t.table,
-                        t.row_len,
-                        table.row_len()
-                    ),
-                ));
-            }
-            self.engine.store_rows(t.table, ids, values, now)?;
-            rows += ids.len() as u64;
-        }
+        let (rows, parts) = self.store_whole_rows(
+            "moved rows",
+            (&header.new_tables, &header.tables),
+            payload,
+            now,
+        )?;
+        let rows = rows as u64;
         self.sync.record(
             header
                 .tables
