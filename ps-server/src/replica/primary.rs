@@ -413,22 +413,7 @@ async fn sender(shard: &Arc<Shard>, link: Arc<Link>) {
         if link.dead.load(Ordering::Acquire) {
             break;
         }
-        let batch: Vec<(u64, Arc<Msg>)> = {
-            let q = link.queue.lock();
-            let mut bytes = 0;
-            let mut out = Vec::new();
-            for (seq, msg) in q.msgs.iter() {
-                if !out.is_empty() && bytes + msg.payload.len() > MAX_BATCH_BYTES {
-                    break;
-                }
-                bytes += msg.payload.len();
-                out.push((*seq, msg.clone()));
-                if msg.kind == ReplicateKind::CaughtUp {
-                    break;
-                }
-            }
-            out
-        };
+        let batch = take_batch(&link.queue.lock().msgs);
         if batch.is_empty() {
             let notified = link.wake.notified();
             if link.queued() == 0 {
@@ -439,6 +424,7 @@ async fn sender(shard: &Arc<Shard>, link: Arc<Link>) {
                 continue;
             }
         }
+        let (new_tables, tables, payload) = joined(&batch);
         let header = ReplicateHeader {
             shard_epoch: rep.epoch(),
             session: link.session,
@@ -447,19 +433,9 @@ async fn sender(shard: &Arc<Shard>, link: Arc<Link>) {
             kind: batch
                 .last()
                 .map_or(ReplicateKind::Heartbeat, |(_, m)| m.kind),
-            new_tables: batch
-                .iter()
-                .flat_map(|(_, m)| m.new_tables.iter().cloned())
-                .collect(),
-            tables: batch
-                .iter()
-                .flat_map(|(_, m)| m.tables.iter().copied())
-                .collect(),
+            new_tables,
+            tables,
         };
-        let mut payload = Vec::with_capacity(batch.iter().map(|(_, m)| m.payload.len()).sum());
-        for (_, m) in &batch {
-            payload.extend_from_slice(&m.payload);
-        }
         let req = Request::Replicate { header };
         let answer = rep
             .peers
@@ -509,6 +485,41 @@ async fn sender(shard: &Arc<Shard>, link: Arc<Link>) {
         }
     }
     rep.links.remove(&link);
+}
+
+/// The queued messages one request carries: from the front, up to [`MAX_BATCH_BYTES`] of rows (at least
+/// one message), ending at a `CaughtUp`.
+pub(crate) fn take_batch(msgs: &VecDeque<(u64, Arc<Msg>)>) -> Vec<(u64, Arc<Msg>)> {
+    let mut bytes = 0;
+    let mut out = Vec::new();
+    for (seq, msg) in msgs {
+        if !out.is_empty() && bytes + msg.payload.len() > MAX_BATCH_BYTES {
+            break;
+        }
+        bytes += msg.payload.len();
+        out.push((*seq, msg.clone()));
+        if msg.kind == ReplicateKind::CaughtUp {
+            break;
+        }
+    }
+    out
+}
+
+/// A batch's tables to register, row tables and rows, in order: one request's header fields and payload.
+pub(crate) fn joined(batch: &[(u64, Arc<Msg>)]) -> (Vec<TableSpec>, Vec<RowsTable>, Vec<u8>) {
+    let new_tables = batch
+        .iter()
+        .flat_map(|(_, m)| m.new_tables.iter().cloned())
+        .collect();
+    let tables = batch
+        .iter()
+        .flat_map(|(_, m)| m.tables.iter().copied())
+        .collect();
+    let mut payload = Vec::with_capacity(batch.iter().map(|(_, m)| m.payload.len()).sum());
+    for (_, m) in batch {
+        payload.extend_from_slice(&m.payload);
+    }
+    (new_tables, tables, payload)
 }
 
 fn links_drop(rep: &Replica, link: &Arc<Link>, why: &'static str) {

@@ -29,11 +29,9 @@ use tokio::sync::{watch, Notify};
 use crate::handler::{refuse, Refusal};
 use crate::metrics as m;
 use crate::replica::peer::Peers;
-use crate::replica::primary::Msg;
+use crate::replica::primary::{joined, take_batch, Msg};
 use crate::shard::Shard;
 
-/// Most bytes of rows in one `MoveRows` request.
-const MAX_BATCH_BYTES: usize = 16 << 20;
 /// Rows per scan message.
 const SCAN_ROWS: usize = 4096;
 /// The scan waits while this many messages are queued for a destination.
@@ -269,8 +267,8 @@ pub fn table_specs(engine: &Engine) -> Vec<TableSpec> {
 pub fn start(shard: &Arc<Shard>, mover: Arc<Mover>) {
     let tasks = &shard.routing.tasks;
     for link in &mover.links {
-        let (s, m, l) = (shard.clone(), mover.clone(), link.clone());
-        tasks.spawn(async move { sender(&s, &m, &l).await });
+        let (m, l) = (mover.clone(), link.clone());
+        tasks.spawn(async move { sender(&m, &l).await });
     }
     let (s, m) = (shard.clone(), mover);
     tasks.spawn(async move { scan(&s, &m).await });
@@ -356,26 +354,13 @@ async fn send_pages(
 
 /// Sends `link`'s queue to its destination, batched, until the move stops; a failed request is sent again
 /// (with backoff) from the same first message.
-async fn sender(shard: &Arc<Shard>, mover: &Mover, link: &MoveLink) {
-    let _ = shard;
+async fn sender(mover: &Mover, link: &MoveLink) {
     let mut backoff = Duration::from_millis(50);
     loop {
         if mover.stopped.load(Ordering::Acquire) {
             return;
         }
-        let batch: Vec<(u64, Arc<Msg>)> = {
-            let q = link.queue.lock();
-            let mut bytes = 0;
-            let mut out = Vec::new();
-            for (seq, msg) in q.msgs.iter() {
-                if !out.is_empty() && bytes + msg.payload.len() > MAX_BATCH_BYTES {
-                    break;
-                }
-                bytes += msg.payload.len();
-                out.push((*seq, msg.clone()));
-            }
-            out
-        };
+        let batch = take_batch(&link.queue.lock().msgs);
         let Some(&(first, _)) = batch.first() else {
             let notified = link.wake.notified();
             if link.queued() == 0 {
@@ -384,25 +369,16 @@ async fn sender(shard: &Arc<Shard>, mover: &Mover, link: &MoveLink) {
             continue;
         };
         let last = batch.last().map_or(first, |(s, _)| *s);
+        let rows: u64 = batch.iter().map(|(_, m)| m.rows()).sum();
+        let (new_tables, tables, payload) = joined(&batch);
         let header = MoveHeader {
             target_epoch: mover.target.epoch,
             source: mover.own,
             seq: first,
             messages: batch.len() as u32,
-            new_tables: batch
-                .iter()
-                .flat_map(|(_, m)| m.new_tables.iter().cloned())
-                .collect(),
-            tables: batch
-                .iter()
-                .flat_map(|(_, m)| m.tables.iter().copied())
-                .collect(),
+            new_tables,
+            tables,
         };
-        let rows: u64 = batch.iter().map(|(_, m)| m.rows()).sum();
-        let mut payload = Vec::with_capacity(batch.iter().map(|(_, m)| m.payload.len()).sum());
-        for (_, m) in &batch {
-            payload.extend_from_slice(&m.payload);
-        }
         let answer = mover
             .peers
             .call(
