@@ -82,7 +82,7 @@ async fn raw_call(
 ) -> Result<(Response, Bytes), protocol::ProtocolError> {
     use protocol::transport::{Connection, Dialer};
     let addr = c.replicas[shard][r];
-    let dialer = protocol::Transport::Quic.dialer(addr, &c.tls_dir)?;
+    let dialer = protocol::Transport::Quic.dialer(addr, &c.tls_dir, protocol::Role::Trainer)?;
     let conn = tokio::time::timeout(
         Duration::from_secs(5),
         dialer.connect(

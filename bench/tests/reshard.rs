@@ -277,7 +277,9 @@ fn the_command_refuses_a_plan_that_renumbers_servers() {
 async fn raw(c: &LocalCluster, i: usize, req: Request) -> Response {
     use protocol::transport::{Connection, Dialer};
     let addr = c.quic[i];
-    let dialer = protocol::Transport::Quic.dialer(addr, &c.tls_dir).unwrap();
+    let dialer = protocol::Transport::Quic
+        .dialer(addr, &c.tls_dir, protocol::Role::Admin)
+        .unwrap();
     let conn = dialer
         .connect(
             addr,

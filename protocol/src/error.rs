@@ -39,6 +39,8 @@ pub enum ErrorCode {
     /// A reshard step that does not fit the server's state (no reshard prepared, another one under way, a
     /// replicated shard), or a request that must wait until a reshard commits (a checkpoint): transient.
     Resharding,
+    /// The connection's role may not send this request (`crate::auth`): the message names both.
+    Forbidden,
 }
 
 impl ErrorCode {

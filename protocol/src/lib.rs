@@ -21,11 +21,13 @@
 //! - [`keyed`]: pulls and pushes of one table's ids in the caller's order (dedup, route, scatter), for
 //!   callers without a batch plan of their own (the Python package).
 //! - [`error`]: [`ProtocolError`] and the typed [`ErrorCode`]s servers answer with.
+//! - [`auth`]: the [`Role`] a client certificate names and what each role may send ([`Access`]).
 //!
 //! Table specs ([`TableSpec`]) are plain types defined beside the tables they describe (`embedding::spec`)
 //! and re-exported here; nothing else of the storage crate is visible from the wire.
 #![warn(missing_docs)]
 
+pub mod auth;
 pub mod client;
 pub mod cluster;
 pub mod compression;
@@ -40,7 +42,10 @@ pub use compression::codec::Encoding;
 pub use error::{ErrorCode, ProtocolError};
 pub use routing::{MapError, ShardMap};
 pub use transport::Transport;
-pub use wire::message::{InitSpec, OptimizerSpec, Request, Response, TableCount, TableSpec};
+pub use auth::{Access, Role};
+pub use wire::message::{
+    InitSpec, OptimizerSpec, Request, RequestKind, Response, TableCount, TableSpec,
+};
 pub use wire::prefetch::PrefetchCounts;
 
 /// ALPN protocol name; bumped when the wire format changes incompatibly.
@@ -48,5 +53,6 @@ pub const ALPN: &[u8] = b"ps/1";
 /// Protocol version carried in [`Request::Hello`].
 /// Version 2: id sections delta + varint coded, [`Encoding::Int8`]. Version 3: replicas (`Hello` says which,
 /// `Replicate`, `Join`, `Promote`). Version 4: live resharding (`GetShardMap`, `Reshard`, `MoveRows`; a
-/// standby server answers `Hello` with 0 shards).
-pub const PROTOCOL_VERSION: u32 = 4;
+/// standby server answers `Hello` with 0 shards). Version 5: roles (`ErrorCode::Forbidden`), `PublishDense`
+/// names its job, `Promote` may force a cold start, checkpoints go under the server's checkpoint root.
+pub const PROTOCOL_VERSION: u32 = 5;

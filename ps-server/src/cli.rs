@@ -35,6 +35,26 @@ enum Command {
     /// Grow or shrink a running cluster: move virtual shards between servers while training goes on
     /// (add servers at the end of --to, started with --standby; or drop the last ones, then stop them).
     Reshard(ReshardArgs),
+    /// Operator's cold start of a replicated shard: make a replica that is still starting (it cannot hear
+    /// from enough of its peers to elect a primary) the primary from its own disk. Admin certificate.
+    Promote(PromoteArgs),
+}
+
+#[derive(Debug, Args)]
+struct PromoteArgs {
+    /// The replica to promote (host:port).
+    #[arg(long)]
+    ps: String,
+    /// TLS directory with ca.pem and admin.pem/admin.key (or client.pem/client.key).
+    #[arg(long, env = "PS_TLS_DIR")]
+    tls_dir: PathBuf,
+    /// Name the server's certificate carries [default: the host of --ps].
+    #[arg(long)]
+    server_name: Option<String>,
+    /// Required: promoting a replica that is not the most recent one loses what the others acknowledged
+    /// since (docs/replication.md, "Roles").
+    #[arg(long, required = true)]
+    force: bool,
 }
 
 #[derive(Debug, Args)]
@@ -45,12 +65,12 @@ struct ReshardArgs {
     /// The servers after the reshard: --ps with servers appended, or its first ones.
     #[arg(long, value_delimiter = ',', required = true)]
     to: Vec<String>,
-    /// TLS directory with ca.pem, client.pem and client.key.
+    /// TLS directory with ca.pem and admin.pem/admin.key (or client.pem/client.key).
     #[arg(long, env = "PS_TLS_DIR")]
     tls_dir: PathBuf,
-    /// Name the servers' certificates carry.
-    #[arg(long, default_value = protocol::transport::tls::DEFAULT_SERVER_NAME)]
-    server_name: String,
+    /// Name the servers' certificates carry [default: the host of each server's address].
+    #[arg(long)]
+    server_name: Option<String>,
     /// Milliseconds between progress polls.
     #[arg(long, default_value_t = 200)]
     poll_ms: u64,
@@ -97,42 +117,70 @@ struct PlanArgs {
 
 #[derive(Debug, Subcommand)]
 enum CertsAction {
-    /// Create a development CA plus a server certificate (localhost, 127.0.0.1, ::1 and --name) and a client
-    /// certificate in DIR; existing files are kept.
+    /// Create a development CA, a server certificate (localhost, 127.0.0.1, ::1 and --name) and one client
+    /// certificate per role (trainer.pem, serving.pem, peer.pem, admin.pem) in DIR, valid for --days; files
+    /// that exist are kept unless they expire within a day (or the server's lacks a --name).
     Init {
         /// TLS directory.
         #[arg(long)]
         tls_dir: PathBuf,
-        /// Extra DNS names or IPs for the server certificate (repeatable).
+        /// Extra DNS names (wildcards such as *.ps too) or IPs for the server certificate (repeatable).
         #[arg(long = "name")]
         names: Vec<String>,
+        /// The server certificate names only --name, not localhost, 127.0.0.1 and ::1: certificates like
+        /// production's (clients then dial with --server-name).
+        #[arg(long, requires = "names")]
+        only_names: bool,
     },
-    /// Issue a certificate signed by the CA in DIR (overwrites server.pem/key or client.pem/key).
+    /// Issue one certificate signed by the CA in DIR: a server certificate (server.pem/key) for --name, or a
+    /// client certificate of a role (<role>.pem/key, carrying the URI pstrain:role/<role>). Overwrites.
     Issue {
         /// TLS directory holding ca.pem and ca.key.
         #[arg(long)]
         tls_dir: PathBuf,
-        /// Which certificate.
+        /// Which certificate: server, or the client role (trainer, serving, peer, admin).
         #[arg(long, value_enum)]
-        role: RoleArg,
-        /// DNS names or IPs (repeatable; the first is the common name).
-        #[arg(long = "name", required = true)]
+        role: LeafArg,
+        /// DNS names or IPs of a server certificate (repeatable; the first is the common name); a client
+        /// certificate's common name.
+        #[arg(long = "name")]
         names: Vec<String>,
+        /// Days the certificate is valid.
+        #[arg(long, default_value_t = 90)]
+        days: u32,
     },
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
-enum RoleArg {
+enum LeafArg {
     Server,
-    Client,
+    Trainer,
+    Serving,
+    Peer,
+    Admin,
+}
+
+impl LeafArg {
+    fn leaf(self) -> protocol::transport::tls::Leaf {
+        use protocol::transport::tls::Leaf;
+        use protocol::Role;
+        match self {
+            LeafArg::Server => Leaf::Server,
+            LeafArg::Trainer => Leaf::Client(Role::Trainer),
+            LeafArg::Serving => Leaf::Client(Role::Serving),
+            LeafArg::Peer => Leaf::Client(Role::Peer),
+            LeafArg::Admin => Leaf::Client(Role::Admin),
+        }
+    }
 }
 
 /// Flags of the serve command; each overrides the TOML file's field of the same name.
 #[derive(Debug, Args)]
 struct ServeArgs {
-    /// TOML config file with the same fields as the flags (kebab-case).
-    #[arg(long, env = "PS_CONFIG")]
-    config: Option<PathBuf>,
+    /// TOML config file with the same fields as the flags (kebab-case). Repeatable: each file's fields
+    /// override the ones before (a deployment's base file, then an overlay's patch of it).
+    #[arg(long, env = "PS_CONFIG", value_delimiter = ',')]
+    config: Vec<PathBuf>,
     /// Listen address, UDP for QUIC and TCP for the TCP transport [default: 127.0.0.1:7000].
     #[arg(long, env = "PS_LISTEN")]
     listen: Option<SocketAddr>,
@@ -171,9 +219,17 @@ struct ServeArgs {
     /// (docs/replication.md) [default: none, one replica].
     #[arg(long, value_delimiter = ',', env = "PS_REPLICAS")]
     replicas: Option<Vec<String>>,
-    /// TLS server name of the other replicas' certificates [default: the development name].
+    /// TLS server name of the other replicas' certificates [default: the host of each --replicas entry].
     #[arg(long, env = "PS_REPLICA_SERVER_NAME")]
     replica_server_name: Option<String>,
+    /// Seconds a starting replica waits for every peer before a cold start with a majority of them
+    /// [default: 30].
+    #[arg(long, env = "PS_REPLICA_STARTUP_WAIT_SECS")]
+    replica_startup_wait_secs: Option<f64>,
+    /// Directory checkpoints are written under (requests name a folder in it) [default: `checkpoints`
+    /// beside --data-dir].
+    #[arg(long, env = "PS_CHECKPOINT_ROOT")]
+    checkpoint_root: Option<PathBuf>,
     /// Number of servers [default: 1].
     #[arg(long, env = "PS_NUM_SHARDS")]
     num_shards: Option<u32>,
@@ -289,6 +345,8 @@ impl ServeArgs {
             replica_index: self.replica_index,
             replicas: self.replicas.clone(),
             replica_server_name: self.replica_server_name.clone(),
+            checkpoint_root: self.checkpoint_root.clone(),
+            replica_startup_wait_secs: self.replica_startup_wait_secs,
         }
     }
 }
@@ -328,6 +386,7 @@ fn run_reshard(a: ReshardArgs) -> anyhow::Result<()> {
         tls_dir: a.tls_dir,
         server_name: a.server_name,
         max_frame: protocol::wire::frame::DEFAULT_MAX_FRAME,
+        role: protocol::Role::Admin,
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
@@ -342,6 +401,21 @@ fn run_reshard(a: ReshardArgs) -> anyhow::Result<()> {
         |line| println!("{line}"),
     ))?;
     println!("{report}");
+    Ok(())
+}
+
+fn run_promote(a: PromoteArgs) -> anyhow::Result<()> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("start the async runtime")?;
+    let epoch = rt.block_on(crate::replica::startup::force_promote(
+        &a.ps,
+        &a.tls_dir,
+        a.server_name.as_deref(),
+        a.force,
+    ))?;
+    println!("{} is the primary of its shard at shard epoch {epoch}", a.ps);
     Ok(())
 }
 
@@ -363,13 +437,22 @@ fn run_cli(cli: Cli) -> anyhow::Result<()> {
         Some(Command::Restore(a)) => return run_restore(a),
         Some(Command::Plan(a)) => return run_plan(a),
         Some(Command::Reshard(a)) => return run_reshard(a),
+        Some(Command::Promote(a)) => return run_promote(a),
         _ => {}
     }
     if let Some(Command::Certs { action }) = cli.command {
         return match action {
-            CertsAction::Init { tls_dir, names } => {
-                protocol::transport::tls::init_dev_certs(&tls_dir, &names)
-                    .with_context(|| format!("create certificates in {}", tls_dir.display()))?;
+            CertsAction::Init {
+                tls_dir,
+                names,
+                only_names,
+            } => {
+                if only_names {
+                    protocol::transport::tls::init_certs(&tls_dir, &names)
+                } else {
+                    protocol::transport::tls::init_dev_certs(&tls_dir, &names)
+                }
+                .with_context(|| format!("create certificates in {}", tls_dir.display()))?;
                 println!("certificates in {}", tls_dir.display());
                 Ok(())
             }
@@ -377,15 +460,18 @@ fn run_cli(cli: Cli) -> anyhow::Result<()> {
                 tls_dir,
                 role,
                 names,
+                days,
             } => {
-                let role = match role {
-                    RoleArg::Server => protocol::transport::tls::Role::Server,
-                    RoleArg::Client => protocol::transport::tls::Role::Client,
-                };
-                protocol::transport::tls::issue(&tls_dir, role, &names)
+                if matches!(role, LeafArg::Server) && names.is_empty() {
+                    anyhow::bail!("a server certificate needs at least one --name");
+                }
+                let validity = std::time::Duration::from_secs(u64::from(days) * 24 * 3600);
+                protocol::transport::tls::issue(&tls_dir, role.leaf(), &names, validity)
                     .with_context(|| format!("issue certificate in {}", tls_dir.display()))?;
+                let (file, _) = role.leaf().files();
                 println!(
-                    "issued {role:?} certificate for {names:?} in {}",
+                    "issued {} for {role:?} ({names:?}, {days} days) in {}",
+                    file,
                     tls_dir.display()
                 );
                 Ok(())
@@ -393,10 +479,10 @@ fn run_cli(cli: Cli) -> anyhow::Result<()> {
         };
     }
     let args = cli.serve;
-    let file = match &args.config {
-        Some(path) => FileConfig::load(path)?,
-        None => FileConfig::default(),
-    };
+    let mut file = FileConfig::default();
+    for path in &args.config {
+        file = file.overlay(FileConfig::load(path)?);
+    }
     let mut flags = args.to_file_config();
     if args.shard_index_from_hostname {
         let host = crate::config::hostname()?;

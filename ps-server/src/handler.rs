@@ -38,6 +38,11 @@ pub struct Refusal {
 }
 
 impl Refusal {
+    /// The message naming the offending value.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
     /// The error reply, counted in [`m::REQUEST_ERRORS_TOTAL`].
     pub fn into_reply(self) -> Reply {
         metrics::counter!(m::REQUEST_ERRORS_TOTAL, "code" => format!("{:?}", self.code))
@@ -95,7 +100,37 @@ impl From<protocol::ProtocolError> for Refusal {
     }
 }
 
+/// The typed refusal of a request the connection's role may not send, counted in
+/// [`m::REQUESTS_FORBIDDEN_TOTAL`] by role and kind.
+pub fn authorize(access: &protocol::Access, req: &Request) -> Result<(), Refusal> {
+    access.authorize_request(req).map_err(|forbidden| {
+        metrics::counter!(
+            m::REQUESTS_FORBIDDEN_TOTAL,
+            "role" => access.label(),
+            "kind" => req.kind().label()
+        )
+        .increment(1);
+        tracing::warn!(role = access.label(), request = req.kind().name(), "forbidden request");
+        refuse(ErrorCode::Forbidden, forbidden.message)
+    })
+}
+
 impl Shard {
+    /// [`Shard::handle_us`] for a connection with `access`: a request its role may not send is answered
+    /// `Forbidden` ([`authorize`]) and changes nothing.
+    pub fn handle_as(
+        &self,
+        access: &protocol::Access,
+        req: Request,
+        payload: &[u8],
+        now_us: u64,
+    ) -> Reply {
+        match authorize(access, &req) {
+            Ok(()) => self.handle_us(req, payload, now_us),
+            Err(refusal) => refusal.into_reply(),
+        }
+    }
+
     /// Handles one request at Unix time `now` (seconds): [`Shard::handle_us`] at the start of that second.
     pub fn handle(&self, req: Request, payload: &[u8], now: u64) -> Reply {
         self.handle_us(req, payload, now.saturating_mul(1_000_000))
@@ -176,12 +211,17 @@ impl Shard {
                     SyncOutcome::UpToDate => unreachable!("may_wait is false"),
                 })
             }
-            Request::PublishDense { version, step, len } => self
+            Request::PublishDense {
+                job,
+                version,
+                step,
+                len,
+            } => self
                 .replica
                 .require_primary("publish dense")
-                .and_then(|()| self.publish_dense(version, step, len, payload, now_us)),
+                .and_then(|()| self.publish_dense((job, version), step, len, payload, now_us)),
             Request::Replicate { header } => self.replicate(&header, payload, now),
-            Request::Promote { shard_epoch } => self.promote(shard_epoch),
+            Request::Promote { shard_epoch, force } => self.promote(shard_epoch, force),
             Request::Join { .. } | Request::Reshard { .. } => Err(refuse(
                 ErrorCode::Internal,
                 "joins and reshard steps are answered by the server loop, not by Shard::handle",

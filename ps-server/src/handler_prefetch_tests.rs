@@ -22,6 +22,7 @@ fn spilled_shard(num_servers: u32) -> Shard {
         pin_secs: 30,
         reducer: Default::default(),
         replica: crate::replica::Replica::single(),
+        checkpoint_root: std::env::temp_dir(),
         sync: Default::default(),
     };
     let r = s.handle(

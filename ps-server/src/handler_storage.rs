@@ -1,5 +1,7 @@
 //! The requests that write to storage: a push's synced write, checkpoints and flushes.
 
+use std::path::{Component, Path, PathBuf};
+
 use protocol::{ErrorCode, Response, TableCount};
 
 use super::{refuse, Refusal, Reply};
@@ -32,17 +34,7 @@ impl Shard {
         step: u64,
         now_us: u64,
     ) -> Result<Reply, Refusal> {
-        let path = std::path::Path::new(dir);
-        if !path.is_absolute()
-            || path
-                .components()
-                .any(|c| c == std::path::Component::ParentDir)
-        {
-            return Err(refuse(
-                ErrorCode::BadRequest,
-                format!("checkpoint directory {dir:?}: expected an absolute path without '..'"),
-            ));
-        }
+        let path = checkpoint_dir(&self.checkpoint_root, dir)?;
         if let Some(target) = self.routing.moving_to() {
             // Rows of moving virtual shards are on two servers until the commit: a snapshot cut now could
             // restore both copies.
@@ -57,7 +49,7 @@ impl Shard {
                 "rows the last reshard moved away are being deleted here: checkpoint once they are",
             ));
         }
-        match self.checkpoint(path, step, now_us) {
+        match self.checkpoint(&path, step, now_us) {
             Ok((manifest, written)) => Ok(Reply {
                 header: Response::Checkpointed {
                     rows: manifest.rows(),
@@ -81,5 +73,96 @@ impl Shard {
             },
             payload: Vec::new(),
         })
+    }
+}
+
+/// Where a checkpoint request's `dir` points under `root`: a relative name (no `..`, no root or drive) is
+/// joined to it, an absolute path must lie inside it; the deepest folder of it that exists must resolve
+/// (symbolic links followed) inside the resolved root too. `root` is created if missing.
+pub(crate) fn checkpoint_dir(root: &Path, dir: &str) -> Result<PathBuf, Refusal> {
+    let bad = |why: &str| {
+        Err(refuse(
+            ErrorCode::BadRequest,
+            format!(
+                "checkpoint directory {dir:?}: {why}; checkpoints go under this server's checkpoint root {} \
+                 (a name relative to it, or an absolute path inside it)",
+                root.display()
+            ),
+        ))
+    };
+    let path = Path::new(dir);
+    if dir.is_empty() || path.components().all(|c| c == Component::CurDir) {
+        return bad("empty");
+    }
+    if path.components().any(|c| c == Component::ParentDir) {
+        return bad("'..' is not allowed");
+    }
+    let candidate = if path.is_absolute() {
+        if !path.starts_with(root) {
+            return bad("outside the checkpoint root");
+        }
+        path.to_path_buf()
+    } else {
+        root.join(path)
+    };
+    std::fs::create_dir_all(root).map_err(|e| {
+        refuse(
+            ErrorCode::Storage,
+            format!("create the checkpoint root {}: {e}", root.display()),
+        )
+    })?;
+    let real_root = root.canonicalize().map_err(|e| {
+        refuse(
+            ErrorCode::Storage,
+            format!("resolve the checkpoint root {}: {e}", root.display()),
+        )
+    })?;
+    let existing = candidate
+        .ancestors()
+        .find(|a| a.exists())
+        .unwrap_or(root);
+    match existing.canonicalize() {
+        Ok(real) if real.starts_with(&real_root) => Ok(candidate),
+        Ok(real) => bad(&format!(
+            "{} resolves to {}, outside the checkpoint root",
+            existing.display(),
+            real.display()
+        )),
+        Err(e) => bad(&format!("resolve {}: {e}", existing.display())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::checkpoint_dir;
+
+    #[test]
+    fn checkpoints_stay_under_the_root() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().join("ckpt");
+        assert_eq!(
+            checkpoint_dir(&root, "job/step-5").unwrap(),
+            root.join("job/step-5")
+        );
+        let inside = root.join("abs");
+        assert_eq!(
+            checkpoint_dir(&root, inside.to_str().unwrap()).unwrap(),
+            inside
+        );
+        for bad in ["", ".", "../x", "job/../../x", "/etc", "/tmp/x"] {
+            let e = checkpoint_dir(&root, bad).unwrap_err().into_reply();
+            let protocol::Response::Error { code, message } = e.header else {
+                panic!("{bad}");
+            };
+            assert_eq!(code, protocol::ErrorCode::BadRequest, "{bad}");
+            assert!(message.contains("checkpoint root"), "{message}");
+        }
+        // A link inside the root that points out of it.
+        std::os::unix::fs::symlink(tmp.path(), root.join("out")).unwrap();
+        let e = checkpoint_dir(&root, "out/x").unwrap_err().into_reply();
+        let protocol::Response::Error { message, .. } = e.header else {
+            panic!()
+        };
+        assert!(message.contains("outside the checkpoint root"), "{message}");
     }
 }

@@ -195,10 +195,12 @@ impl Shard {
         Ok((parts, None))
     }
 
-    /// Keeps published dense parameters (the newest version wins), received at `now_us`.
+    /// Keeps published dense parameters (the newest version wins), received at `now_us` from `job`: a version
+    /// is the publication's Unix microseconds, at most [`sync::MAX_DENSE_CLOCK_SKEW_US`] ahead of this
+    /// server's clock (so no publisher can pin a version later ones cannot pass), and growing within a job.
     pub(super) fn publish_dense(
         &self,
-        version: u64,
+        (job, version): (u64, u64),
         step: u64,
         len: u32,
         payload: &[u8],
@@ -210,13 +212,29 @@ impl Shard {
                 "publish dense: version 0, expected > 0",
             ));
         }
+        let latest = now_us.saturating_add(sync::MAX_DENSE_CLOCK_SKEW_US);
+        if version > latest {
+            return Err(refuse(
+                ErrorCode::BadRequest,
+                format!(
+                    "publish dense: version {version} is more than {} s ahead of this server's clock                      ({now_us} us): versions are the publication's Unix microseconds",
+                    sync::MAX_DENSE_CLOCK_SKEW_US / 1_000_000
+                ),
+            ));
+        }
         let values = sync::decode_dense(len, payload)?;
-        let held = self.sync.publish(DenseVersion {
-            version,
-            step,
-            published_us: now_us,
-            values,
-        });
+        let held = self
+            .sync
+            .publish(
+                job,
+                DenseVersion {
+                    version,
+                    step,
+                    published_us: now_us,
+                    values,
+                },
+            )
+            .map_err(|e| refuse(ErrorCode::BadRequest, e))?;
         metrics::counter!(m::SYNC_DENSE_PUBLISHED_TOTAL).increment(1);
         Ok(Reply {
             header: Response::Published { version: held },

@@ -24,6 +24,7 @@ fn shard_with(retain_rows: usize) -> Shard {
         pin_secs: crate::config::DEFAULT_PIN_SECS,
         reducer: Default::default(),
         replica: crate::replica::Replica::single(),
+        checkpoint_root: std::env::temp_dir(),
         sync: SyncState::new(true, retain_rows, INC),
     };
     let r = s.handle(
@@ -231,24 +232,36 @@ fn dropped_deltas_fall_back_to_a_scan() {
 #[test]
 fn the_newest_dense_version_is_appended_for_older_subscribers() {
     let s = shard();
-    let publish = |version: u64, values: &[f32]| {
+    let publish_by = |job: u64, version: u64, values: &[f32]| {
         let mut p = Vec::new();
         sync::put_dense(values, &mut p);
         s.handle(
-            sync::publish_request(version, version * 10, values.len() as u32),
+            sync::publish_request(job, version, version.wrapping_mul(10), values.len() as u32),
             &p,
             NOW,
         )
     };
+    let publish = |version: u64, values: &[f32]| publish_by(7, version, values);
     assert!(matches!(
         publish(2, &[1.0, 2.0]).header,
         Response::Published { version: 2 }
     ));
-    // An older version is not kept: the answer names the newer one held.
+    // An older version of another job is not kept: the answer names the newer one held.
     assert!(matches!(
-        publish(1, &[9.0]).header,
+        publish_by(8, 1, &[9.0]).header,
         Response::Published { version: 2 }
     ));
+    // Within a job, versions grow.
+    let (code, msg) = error_of(publish(2, &[9.0]));
+    assert_eq!(code, ErrorCode::BadRequest);
+    assert!(msg.contains("versions grow within a job"), "{msg}");
+    // A version past the server's clock plus the skew allowed cannot pin later publications.
+    let now_us = NOW * 1_000_000;
+    for version in [u64::MAX, now_us + sync::MAX_DENSE_CLOCK_SKEW_US + 1] {
+        let (code, msg) = error_of(publish_by(9, version, &[9.0]));
+        assert_eq!(code, ErrorCode::BadRequest);
+        assert!(msg.contains("ahead of this server's clock"), "{msg}");
+    }
     let (_, cursor, _) = drain(&s, SyncCursor::START, 10);
     let b = ask(&s, cursor, 10, 0);
     let d = b.header.dense.unwrap();
@@ -261,7 +274,7 @@ fn the_newest_dense_version_is_appended_for_older_subscribers() {
     let (code, msg) = error_of(publish(0, &[1.0]));
     assert_eq!(code, ErrorCode::BadRequest);
     assert!(msg.contains("version 0"), "{msg}");
-    let r = s.handle(sync::publish_request(3, 1, 4), &[0; 8], NOW);
+    let r = s.handle(sync::publish_request(7, 3, 1, 4), &[0; 8], NOW);
     let (code, msg) = error_of(r);
     assert_eq!(code, ErrorCode::BadRequest);
     assert!(msg.contains("8 bytes, expected 16"), "{msg}");

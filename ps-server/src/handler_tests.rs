@@ -19,6 +19,7 @@ fn shard(num_servers: u32, index: u32) -> Shard {
         pin_secs: crate::config::DEFAULT_PIN_SECS,
         reducer: Default::default(),
         replica: crate::replica::Replica::single(),
+        checkpoint_root: std::env::temp_dir(),
         sync: Default::default(),
     };
     let r = s.handle(
@@ -145,6 +146,7 @@ fn pushed_rows_are_stamped_with_the_time_passed_in() {
         pin_secs: crate::config::DEFAULT_PIN_SECS,
         reducer: Default::default(),
         replica: crate::replica::Replica::single(),
+        checkpoint_root: std::env::temp_dir(),
         sync: Default::default(),
     };
     s.engine.set_table_policy(None, Some(10));
@@ -387,6 +389,7 @@ fn sync_push_is_stored_before_the_reply_and_a_store_error_is_a_storage_refusal()
         pin_secs: crate::config::DEFAULT_PIN_SECS,
         reducer: Default::default(),
         replica: crate::replica::Replica::single(),
+        checkpoint_root: std::env::temp_dir(),
         sync: Default::default(),
     };
     let r = s.handle(

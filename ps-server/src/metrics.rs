@@ -141,6 +141,18 @@ pub const REPLICATION_WAIT_SECONDS: &str = "ps_replication_wait_seconds";
 pub const FAILOVERS_TOTAL: &str = "ps_failovers_total";
 /// Backups dropped from the stream, labelled `why`.
 pub const REPLICATION_DROPPED_TOTAL: &str = "ps_replication_dropped_total";
+/// Certificate failures dialing another server (a peer replica, a reshard destination), labelled `peer`
+/// (its index): TLS could not verify its certificate for the name expected, or it refused ours.
+pub const PEER_TLS_FAILURES_TOTAL: &str = "ps_peer_tls_failures_total";
+/// Gauge, labelled `peer`: 1 while dialing that peer fails over its certificate, 0 once a dial works.
+pub const PEER_TLS_FAILING: &str = "ps_peer_tls_failing";
+/// Gauge: 1 while this replica is starting and cannot elect a primary because too few of its peers answer
+/// (a cold start needs all of them, or a majority after `replica-startup-wait-secs`), else 0.
+pub const REPLICA_STARTUP_BLOCKED: &str = "ps_replica_startup_blocked";
+/// Gauge: the other replicas of this shard that answered this replica's last census.
+pub const REPLICA_PEERS_ANSWERING: &str = "ps_replica_peers_answering";
+/// Requests refused because the connection's role may not send them, labelled `role` and `kind`.
+pub const REQUESTS_FORBIDDEN_TOTAL: &str = "ps_requests_forbidden_total";
 /// This server's shard-map epoch (bumped by every live reshard).
 pub const SHARD_MAP_EPOCH: &str = "ps_shard_map_epoch";
 /// Virtual shards this server is moving out (a reshard under way).
@@ -207,6 +219,26 @@ fn describe_replication() {
         "Time a replicated push waited for its in-sync backups."
     );
     describe_counter!(FAILOVERS_TOTAL, "Promotions of this replica to primary.");
+    describe_counter!(
+        PEER_TLS_FAILURES_TOTAL,
+        "Certificate failures dialing another server, by peer index."
+    );
+    describe_gauge!(
+        PEER_TLS_FAILING,
+        "1 while dialing that peer fails over its certificate, by peer index."
+    );
+    describe_gauge!(
+        REPLICA_STARTUP_BLOCKED,
+        "1 while a starting replica cannot elect a primary: too few peers answer."
+    );
+    describe_gauge!(
+        REPLICA_PEERS_ANSWERING,
+        "Other replicas of the shard that answered the last census."
+    );
+    describe_counter!(
+        REQUESTS_FORBIDDEN_TOTAL,
+        "Requests refused because the connection's role may not send them, by role and kind."
+    );
     describe_counter!(
         REPLICATION_DROPPED_TOTAL,
         "Backups dropped from the stream, by why."

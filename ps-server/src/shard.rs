@@ -41,6 +41,8 @@ pub struct Shard {
     pub sync: crate::sync::SyncState,
     /// This server's place among its shard's replicas ([`crate::replica`]).
     pub replica: crate::replica::Replica,
+    /// Checkpoints are written under this directory only ([`crate::config::ServerConfig::checkpoint_root`]).
+    pub checkpoint_root: PathBuf,
 }
 
 impl Shard {

@@ -4,12 +4,21 @@
 //! Inputs: valid pulls and pushes against registered tables (owned and foreign ids), the same with mutated
 //! headers (unknown tables, wrong counts and dims, other epochs and encodings, bad loss scales) and mutated
 //! payloads (truncated, extended, bit flips: NaN gradients, foreign ids), registrations with random specs,
-//! hellos with random versions, flushes, and frames of random or mutated bytes that decode to some request.
+//! hellos with random versions, flushes, and frames of random or mutated bytes that decode to some request;
+//! and every peer and admin request with random fields (joins, promotions forced or not, replicate and
+//! moved-rows streams with rows, checkpoints to names and paths in and out of the root, reshard steps, shard
+//! maps, dense publications). Each input comes on a connection of a random role (trainer, serving, peer,
+//! admin, a certificate without a role, or an unauthenticated development server), through the one
+//! authorization ([`ps_server::handler::authorize`]).
 //! Invariants checked on every input:
 //! - no panic (a panic prints the seed, iteration and request);
 //! - the reply is of the request's kind or a typed error with a message;
+//! - a request the role may not send is answered `Forbidden`, and one it may send never is;
 //! - a pull's reply payload has exactly the length its header announces;
-//! - a push applies at most as many rows as it carries, and a refused push changes no row.
+//! - a push applies at most as many rows as it carries, and a refused push changes no row;
+//! - no request changes rows it has no business writing: a `Replicate` to these primaries and a `MoveRows`
+//!   with no reshard prepared are refused and change no row;
+//! - these unreplicated shards stay the primary at shard epoch 1, whatever joins and promotions say.
 //!
 //! CI runs a few thousand inputs; `FUZZ_ITERS=1000000 FUZZ_SEED=n` runs more (BENCHMARKS.md records a run).
 
@@ -134,7 +143,12 @@ fn random_spec(r: &mut Rng) -> TableSpec {
 
 /// A shard of `num_servers`; with `budget`, its tables keep that many rows in memory (the capacity tier,
 /// exercised by prefetches, read-backs and the loop's evictions).
-fn new_shard(num_servers: u32, durability: Durability, budget: Option<u64>) -> Shard {
+fn new_shard(
+    num_servers: u32,
+    durability: Durability,
+    budget: Option<u64>,
+    checkpoint_root: &std::path::Path,
+) -> Shard {
     let shard = Shard {
         engine: Engine::open_with_budget(Arc::new(MemStore::new()), budget).unwrap(),
         routing: ps_server::reshard::Routing::new(ShardMap::new(num_servers)),
@@ -144,6 +158,7 @@ fn new_shard(num_servers: u32, durability: Durability, budget: Option<u64>) -> S
         pin_secs: ps_server::config::DEFAULT_PIN_SECS,
         reducer: Default::default(),
         replica: ps_server::replica::Replica::single(),
+        checkpoint_root: checkpoint_root.to_owned(),
         sync: Default::default(),
     };
     let tables = TABLES.iter().map(|&(id, dim)| base_spec(id, dim)).collect();
@@ -352,11 +367,17 @@ fn input(r: &mut Rng, shard: &Shard) -> (Request, Vec<u8>) {
             let len = r.below(4) as u32;
             let mut payload = Vec::new();
             protocol::wire::sync::put_dense(&vec![1.0; r.below(4) as usize], &mut payload);
+            let version = match r.below(3) {
+                0 => r.next_u64(),
+                1 => u64::MAX,
+                _ => (START + r.below(1 << 20)) * 1_000_000,
+            };
             (
-                protocol::wire::sync::publish_request(r.below(3), r.next_u64(), len),
+                protocol::wire::sync::publish_request(r.below(3), version, r.next_u64(), len),
                 payload,
             )
         }
+        10 | 11 => peer_or_admin(r),
         3 | 4 => {
             // Through the frame codec: a mutated frame that still decodes to some request.
             let (req, payload) = valid(r, shard);
@@ -383,6 +404,178 @@ fn input(r: &mut Rng, shard: &Shard) -> (Request, Vec<u8>) {
     }
 }
 
+/// An epoch, sequence number or session a fuzzed peer request carries: small, or an edge.
+fn counter(r: &mut Rng) -> u64 {
+    match r.below(4) {
+        0 => u64::MAX,
+        1 => u64::MAX - 1,
+        2 => 0,
+        _ => r.below(8),
+    }
+}
+
+/// Whole rows of the base tables (weights and optimizer state), some of them NaN, for a `Replicate` or a
+/// `MoveRows` payload.
+fn whole_rows(r: &mut Rng) -> (Vec<protocol::wire::replicate::RowsTable>, Vec<u8>) {
+    let mut tables = Vec::new();
+    let mut payload = Vec::new();
+    for _ in 0..r.below(3) {
+        let (table, dim) = TABLES[r.below(TABLES.len() as u64) as usize];
+        let row_len = dim + if r.chance(2) { 0 } else { r.below(3) as u32 };
+        let count = r.below(5) as u32;
+        let ids: Vec<u64> = (0..count as u64).map(|_| r.below(1000)).collect();
+        let rows: Vec<f32> = (0..count * row_len)
+            .map(|_| r.f32_or_edge(&F32_EDGES))
+            .collect();
+        protocol::wire::replicate::put_rows(&ids, &rows, &mut payload);
+        tables.push(protocol::wire::replicate::RowsTable {
+            table,
+            count,
+            row_len,
+        });
+    }
+    if r.chance(4) {
+        payload.truncate(r.below(payload.len() as u64 + 1) as usize);
+    }
+    (tables, payload)
+}
+
+/// A peer or admin request with random fields.
+fn peer_or_admin(r: &mut Rng) -> (Request, Vec<u8>) {
+    use protocol::wire::replicate::{ReplicateHeader, ReplicateKind};
+    use protocol::wire::reshard::{MapInfo, MoveHeader, ReshardStep};
+    match r.below(9) {
+        0 => (
+            Request::Join {
+                shard_epoch: counter(r),
+                replica_index: r.u32_or_edge(&U32_EDGES),
+                session: counter(r),
+            },
+            Vec::new(),
+        ),
+        1 => (
+            Request::Promote {
+                shard_epoch: counter(r),
+                force: r.chance(2),
+            },
+            Vec::new(),
+        ),
+        2 => {
+            let (tables, payload) = whole_rows(r);
+            let kind = if r.chance(2) {
+                ReplicateKind::Stream
+            } else {
+                ReplicateKind::CaughtUp
+            };
+            let header = ReplicateHeader {
+                shard_epoch: counter(r),
+                session: counter(r),
+                seq: counter(r),
+                messages: r.u32_or_edge(&U32_EDGES),
+                kind,
+                new_tables: Vec::new(),
+                tables,
+            };
+            (Request::Replicate { header }, payload)
+        }
+        3 => {
+            let (tables, payload) = whole_rows(r);
+            let header = MoveHeader {
+                target_epoch: counter(r),
+                source: r.u32_or_edge(&U32_EDGES),
+                seq: counter(r),
+                messages: r.u32_or_edge(&U32_EDGES),
+                new_tables: Vec::new(),
+                tables,
+            };
+            (Request::MoveRows { header }, payload)
+        }
+        4 => {
+            // Names under the root (a fresh one each time, so none exists yet), and paths out of it.
+            let dir = match r.below(5) {
+                0 => "/etc/pstrain-fuzz".to_owned(),
+                1 => "../../escape".to_owned(),
+                2 => String::new(),
+                _ => format!("fuzz-{}", r.next_u64()),
+            };
+            (
+                Request::Checkpoint {
+                    dir,
+                    step: r.next_u64(),
+                },
+                Vec::new(),
+            )
+        }
+        5 => (Request::GetShardMap, Vec::new()),
+        6 => {
+            let step = match r.below(4) {
+                0 => ReshardStep::Status,
+                1 => ReshardStep::Abort,
+                2 => ReshardStep::Commit { epoch: counter(r) },
+                _ => ReshardStep::Prepare {
+                    target: MapInfo {
+                        epoch: counter(r),
+                        num_servers: r.u32_or_edge(&U32_EDGES),
+                        owners: Vec::new(),
+                        servers: Vec::new(),
+                    },
+                },
+            };
+            (Request::Reshard { step }, Vec::new())
+        }
+        7 => (
+            Request::Reduce {
+                header: protocol::wire::reduce::ReduceHeader {
+                    group: r.next_u64(),
+                    step: counter(r),
+                    rank: r.u32_or_edge(&U32_EDGES),
+                    world: r.u32_or_edge(&U32_EDGES),
+                    samples: r.next_u64(),
+                    done: r.chance(2),
+                    timeout_ms: 0,
+                    len: r.below(4) as u32,
+                    encoding: Encoding::F32,
+                },
+            },
+            vec![0; 4 * r.below(4) as usize],
+        ),
+        _ => (
+            Request::SyncDeltas {
+                cursor: protocol::wire::sync::SyncCursor::START,
+                encoding: Encoding::F32,
+                max_rows: r.u32_or_edge(&U32_EDGES),
+                wait_ms: 0,
+                dense_version: 0,
+            },
+            Vec::new(),
+        ),
+    }
+}
+
+/// A connection's access: a role, a certificate without one, or a development server without client
+/// authentication.
+fn access(r: &mut Rng) -> protocol::Access {
+    use protocol::{Access, Role};
+    match r.below(7) {
+        0..=3 => Access::Role(Role::ALL[r.below(4) as usize]),
+        4 => Access::Role(Role::Trainer),
+        5 => Access::NoRole("the client certificate names no role".into()),
+        _ => Access::Unauthenticated,
+    }
+}
+
+/// The bits of every base table's rows of ids 0..1000 (the ids a fuzzed `Replicate` or `MoveRows` names).
+fn all_rows(shard: &Shard) -> Vec<u32> {
+    let ids: Vec<u64> = (0..1000).collect();
+    let mut out = Vec::new();
+    for &(table, dim) in &TABLES {
+        let mut rows = vec![0.0; ids.len() * dim as usize];
+        shard.engine.gather(table, &ids, &mut rows).unwrap();
+        out.extend(rows.iter().map(|v| v.to_bits()));
+    }
+    out
+}
+
 /// The rows a push could touch (the ids of its sections, if they decode, in every base table), to check that
 /// a refused push changed nothing.
 fn snapshot(shard: &Shard, req: &Request, payload: &[u8]) -> Vec<f32> {
@@ -404,7 +597,39 @@ fn snapshot(shard: &Shard, req: &Request, payload: &[u8]) -> Vec<f32> {
     out
 }
 
-fn check(shard: &Shard, req: &Request, payload: &[u8], reply: &Reply, before: Option<&[f32]>) {
+fn check(
+    shard: &Shard,
+    (access, req): (&protocol::Access, &Request),
+    payload: &[u8],
+    reply: &Reply,
+    before: Option<&[f32]>,
+) {
+    let forbidden = matches!(
+        &reply.header,
+        Response::Error {
+            code: protocol::ErrorCode::Forbidden,
+            ..
+        }
+    );
+    assert_eq!(
+        forbidden,
+        access.authorize_request(req).is_err(),
+        "{access:?} sent {req:?}: {:?}",
+        reply.header
+    );
+    if matches!(req, Request::Replicate { .. } | Request::MoveRows { .. }) {
+        assert!(
+            matches!(reply.header, Response::Error { .. }),
+            "{req:?} was stored: {:?}",
+            reply.header
+        );
+    }
+    assert_eq!(
+        shard.replica.role(),
+        protocol::wire::replicate::Role::Primary,
+        "{req:?} deposed the primary"
+    );
+    assert_eq!(shard.replica.epoch(), 1, "{req:?} moved the shard epoch");
     let kind_ok = matches!(
         (req, &reply.header),
         (_, Response::Error { .. })
@@ -420,6 +645,9 @@ fn check(shard: &Shard, req: &Request, payload: &[u8], reply: &Reply, before: Op
             | (Request::Flush, Response::Flushed { .. })
             | (Request::SyncDeltas { .. }, Response::Deltas { .. })
             | (Request::PublishDense { .. }, Response::Published { .. })
+            | (Request::Promote { .. }, Response::Promoted { .. })
+            | (Request::GetShardMap, Response::ShardMap { .. })
+            | (Request::Checkpoint { .. }, Response::Checkpointed { .. })
     );
     assert!(kind_ok, "reply {:?} to {req:?}", reply.header);
     match (&reply.header, req) {
@@ -427,6 +655,12 @@ fn check(shard: &Shard, req: &Request, payload: &[u8], reply: &Reply, before: Op
         (Response::Deltas { header }, Request::SyncDeltas { max_rows, .. }) => {
             let batch = protocol::wire::sync::decode(header.clone(), &reply.payload).unwrap();
             assert!(batch.rows() <= *max_rows as usize);
+        }
+        (Response::Checkpointed { dir, .. }, Request::Checkpoint { .. }) => {
+            assert!(
+                std::path::Path::new(dir).starts_with(&shard.checkpoint_root),
+                "a checkpoint outside the root: {dir}"
+            );
         }
         (Response::Error { message, .. }, _) => {
             assert!(!message.is_empty());
@@ -523,10 +757,11 @@ fn request_handler_survives_structured_fuzzing() {
     let mut r = Rng::new(seed);
     // Two servers with periodic write-back (ownership checks), one with synced push writes, one whose tables
     // keep 16 rows in memory (evicted every 64 inputs, prefetch leases expired at the inputs' time).
+    let root = tempfile::tempdir().unwrap();
     let shards = [
-        new_shard(2, Durability::Periodic, None),
-        new_shard(1, Durability::Sync, None),
-        new_shard(1, Durability::Periodic, Some(16)),
+        new_shard(2, Durability::Periodic, None, root.path()),
+        new_shard(1, Durability::Sync, None, root.path()),
+        new_shard(1, Durability::Periodic, Some(16), root.path()),
     ];
     let debug = std::env::var("FUZZ_DEBUG").is_ok();
     let started = std::time::Instant::now();
@@ -539,15 +774,35 @@ fn request_handler_survives_structured_fuzzing() {
         }
         let shard = &shards[r.below(3) as usize];
         let (req, payload) = input(&mut r, shard);
+        let access = access(&mut r);
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             let before =
                 matches!(req, Request::Push { .. }).then(|| snapshot(shard, &req, &payload));
+            let streamed = matches!(req, Request::Replicate { .. } | Request::MoveRows { .. });
+            let rows_before = streamed.then(|| all_rows(shard));
             // One second per input, from a fixed start: TTL stamps are deterministic too.
-            let reply = shard.handle(req.clone(), &payload, START + i);
+            let now_us = (START + i) * 1_000_000;
+            let reply = match &req {
+                // Answered by the server loop, not by `Shard::handle`: called here as the loop does.
+                Request::Join {
+                    shard_epoch,
+                    replica_index,
+                    session,
+                } => match ps_server::handler::authorize(&access, &req) {
+                    Err(refusal) => refusal.into_reply(),
+                    Ok(()) => shard
+                        .join_checked(*shard_epoch, *replica_index, *session)
+                        .unwrap_or_else(ps_server::handler::Refusal::into_reply),
+                },
+                _ => shard.handle_as(&access, req.clone(), &payload, now_us),
+            };
             if let (Response::Error { message, .. }, true) = (&reply.header, debug) {
                 eprintln!("{message}");
             }
-            check(shard, &req, &payload, &reply, before.as_deref());
+            check(shard, (&access, &req), &payload, &reply, before.as_deref());
+            if let Some(rows_before) = rows_before {
+                assert!(rows_before == all_rows(shard), "{req:?} changed rows");
+            }
             match reply.header {
                 Response::Error { code, .. } => Some(code),
                 _ => None,

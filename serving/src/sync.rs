@@ -132,6 +132,8 @@ impl Follower {
             .await
             .map_err(anyhow::Error::msg)?;
         let mut cfg = PsClientConfig::replicated(addrs, self.sync.tls_dir.clone());
+        // serving.pem: the delta sync and reads, nothing that writes (protocol::auth).
+        cfg.role = protocol::Role::Serving;
         cfg.server_name = self.sync.server_name.clone();
         cfg.transport = self.sync.transport;
         cfg.retry_for = Duration::from_secs(2);

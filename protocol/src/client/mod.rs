@@ -27,6 +27,7 @@ use bytes::Bytes;
 // time, so the retry deadline advances with the timers the client sleeps on.
 use tokio::time::Instant;
 
+use crate::auth::Role;
 use crate::error::ProtocolError;
 use crate::routing::ShardMap;
 use crate::transport::tls;
@@ -41,8 +42,11 @@ pub use replicas::FAILOVER_CALL_TIMEOUT;
 pub struct PsClientConfig {
     /// Server addresses; position `i` must be the server with shard index `i`.
     pub servers: Vec<SocketAddr>,
-    /// TLS directory with `ca.pem`, `client.pem` and `client.key`.
+    /// TLS directory with `ca.pem` and the certificate of `role` (`<role>.pem`/`.key`, or `client.pem`).
     pub tls_dir: PathBuf,
+    /// The role this client's certificate carries ([`crate::auth`]): which certificate of `tls_dir` it
+    /// presents. Default [`Role::Trainer`].
+    pub role: Role,
     /// Name the servers' certificates must carry.
     pub server_name: String,
     /// Cap on a response frame, bytes.
@@ -66,6 +70,7 @@ impl PsClientConfig {
         PsClientConfig {
             servers,
             tls_dir,
+            role: Role::Trainer,
             server_name: tls::DEFAULT_SERVER_NAME.into(),
             max_frame: crate::wire::frame::DEFAULT_MAX_FRAME,
             request_timeout: Duration::from_secs(30),
@@ -221,6 +226,21 @@ pub struct PsClient<D: Dialer = NetDialer> {
     failovers: AtomicU64,
     /// Times the client followed a new shard map ([`PsClient::map_changes`]).
     map_changes: AtomicU64,
+    /// The job this client publishes dense parameters for ([`PsClient::publish_dense`]): drawn once.
+    job: u64,
+}
+
+/// A random, non-zero job number: std's per-process random hash keys, mixed with the time and process id.
+fn draw_job() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    h.write_u32(std::process::id());
+    h.finish().max(1)
 }
 
 /// Rows and optimizer state answering [`PsClient::pull_with_state`].
@@ -242,10 +262,10 @@ impl PsClient<NetDialer> {
         let dialers = replica_addrs(&cfg)
             .into_iter()
             .flatten()
-            .map(|addr| cfg.transport.dialer(addr, &cfg.tls_dir))
+            .map(|addr| cfg.transport.dialer(addr, &cfg.tls_dir, cfg.role))
             .collect::<Result<Vec<_>, _>>()?;
-        let (transport, tls_dir) = (cfg.transport, cfg.tls_dir.clone());
-        let dial: DialFn<NetDialer> = Arc::new(move |addr| transport.dialer(addr, &tls_dir));
+        let (transport, tls_dir, role) = (cfg.transport, cfg.tls_dir.clone(), cfg.role);
+        let dial: DialFn<NetDialer> = Arc::new(move |addr| transport.dialer(addr, &tls_dir, role));
         PsClient::connect_following(cfg, dialers, Some(dial)).await
     }
 }
@@ -310,6 +330,7 @@ impl<D: Dialer> PsClient<D> {
             tables: Vec::new(),
             failovers: AtomicU64::new(0),
             map_changes: AtomicU64::new(0),
+            job: draw_job(),
         };
         if replicated {
             client.find_primaries().await?;

@@ -180,7 +180,10 @@ impl<D: Dialer> PsClient<D> {
             // The failed replica still says it is the primary (it answered `Hello`): retry it.
             return false;
         }
-        let promote = Request::Promote { shard_epoch: known };
+        let promote = Request::Promote {
+            shard_epoch: known,
+            force: false,
+        };
         let mut backups: Vec<&(usize, ReplicaInfo)> = census
             .iter()
             .filter(|(_, i)| i.role == Role::Backup && i.in_sync && i.shard_epoch >= known)

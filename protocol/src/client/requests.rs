@@ -169,8 +169,9 @@ impl<D: Dialer> PsClient<D> {
         }
     }
 
-    /// Gives server 0 the dense parameters `values` of `version` (> 0, newer is larger) at training `step`,
-    /// for sync subscribers ([`wire::sync`]). Returns the newest version the server holds (larger than
+    /// Gives server 0 the dense parameters `values` of `version` (> 0, newer is larger: Unix microseconds of
+    /// the publication, [`wire::sync::MAX_DENSE_CLOCK_SKEW_US`]) at training `step`, for sync subscribers
+    /// ([`wire::sync`]), under this client's job number (versions grow within a job). Returns the newest version the server holds (larger than
     /// `version` when a newer one was published first).
     pub async fn publish_dense(
         &self,
@@ -190,7 +191,7 @@ impl<D: Dialer> PsClient<D> {
             })?;
         let mut payload = Vec::with_capacity(values.len() * 4);
         wire::sync::put_dense(values, &mut payload);
-        let req = wire::sync::publish_request(version, step, len);
+        let req = wire::sync::publish_request(self.job, version, step, len);
         let (resp, _) = self.call(0, &req, Bytes::from(payload)).await?;
         match resp {
             Response::Published { version } => Ok(version),

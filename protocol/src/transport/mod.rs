@@ -56,11 +56,16 @@ pub enum Transport {
 }
 
 impl Transport {
-    /// A dialer for the server at `peer` over this transport, presenting the client certificate in `tls_dir`
-    /// (`ca.pem`, `client.pem`, `client.key`). QUIC binds one UDP endpoint per server, tuned for the path to
-    /// `peer` ([`endpoint::PathKind`]).
-    pub fn dialer(self, peer: SocketAddr, tls_dir: &Path) -> Result<NetDialer, ProtocolError> {
-        NetDialer::new(self, peer, tls_dir)
+    /// A dialer for the server at `peer` over this transport, presenting the client certificate of `role`
+    /// from `tls_dir` (`ca.pem` and `<role>.pem`/`<role>.key`, or `client.pem`/`client.key`). QUIC binds one
+    /// UDP endpoint per server, tuned for the path to `peer` ([`endpoint::PathKind`]).
+    pub fn dialer(
+        self,
+        peer: SocketAddr,
+        tls_dir: &Path,
+        role: crate::auth::Role,
+    ) -> Result<NetDialer, ProtocolError> {
+        NetDialer::new(self, peer, tls_dir, role)
     }
 
     /// The transport's name as written in configs and flags.

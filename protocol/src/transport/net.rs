@@ -21,18 +21,20 @@ enum DialerKind {
 }
 
 impl NetDialer {
-    /// A dialer for `peer` over `transport` with the client certificate in `tls_dir`.
+    /// A dialer for `peer` over `transport`, presenting the client certificate of `role` from `tls_dir`
+    /// ([`tls::client_files`]).
     pub fn new(
         transport: Transport,
         peer: SocketAddr,
         tls_dir: &Path,
+        role: crate::auth::Role,
     ) -> Result<NetDialer, ProtocolError> {
         Ok(NetDialer(match transport {
             Transport::Quic => {
-                DialerKind::Quic(endpoint::client(peer, tls::client_config(tls_dir)?)?)
+                DialerKind::Quic(endpoint::client(peer, tls::client_config(tls_dir, role)?)?)
             }
             Transport::Tcp => {
-                DialerKind::Tcp(tcp::Dialer::new(tls::rustls_client_config(tls_dir)?))
+                DialerKind::Tcp(tcp::Dialer::new(tls::rustls_client_config(tls_dir, role)?))
             }
         }))
     }

@@ -354,10 +354,16 @@ impl Handshake {
                 server: peer.to_string(),
                 message: format!("tls handshake with client: {e}"),
             })?;
+        let peer_certificates = tls
+            .get_ref()
+            .1
+            .peer_certificates()
+            .map(|c| c.iter().map(|c| c.clone().into_owned()).collect());
         let (r, w) = tokio::io::split(tls);
         let (tx, rx) = mpsc::unbounded_channel();
         let writer = tokio::spawn(write_loop(w, rx));
         Ok(ServerConn {
+            peer_certificates,
             reader: Box::new(r),
             buf: BytesMut::with_capacity(READ_RESERVE),
             demux: Demux::new(max_frame),
@@ -373,6 +379,8 @@ impl Handshake {
 
 /// A server's side of one TCP connection: yields requests, each with a [`Responder`] for its answer.
 pub struct ServerConn {
+    /// The client's verified certificate chain, leaf first (none without client authentication).
+    peer_certificates: Option<Vec<rustls::pki_types::CertificateDer<'static>>>,
     reader: Box<dyn AsyncRead + Send + Unpin>,
     buf: BytesMut,
     demux: Demux,
@@ -414,6 +422,11 @@ impl ServerConn {
     /// The client's address.
     pub fn peer(&self) -> SocketAddr {
         self.peer
+    }
+
+    /// The client's verified certificate chain, leaf first; `None` when the server does not ask for one.
+    pub fn peer_certificates(&self) -> Option<&[rustls::pki_types::CertificateDer<'static>]> {
+        self.peer_certificates.as_deref()
     }
 
     /// The next request; `Ok(None)` when the client closed the connection cleanly.

@@ -83,10 +83,12 @@ pub enum Request {
     Flush,
     // Variants below were added after the first release; bincode numbers variants by position, so new ones go
     // last.
-    /// Write a consistent snapshot of the server's tables into `dir/shard-<index>-of-<num_shards>/` (a path on
-    /// the server's file system; it must not exist yet): dirty rows, a RocksDB checkpoint and `manifest.json`.
+    /// Write a consistent snapshot of the server's tables into `<root>/dir/shard-<index>-of-<num_shards>/`
+    /// (`root` is the server's checkpoint root, `--checkpoint-root`; the shard folder must not exist yet):
+    /// dirty rows, a RocksDB checkpoint and `manifest.json`.
     Checkpoint {
-        /// Snapshot directory, shared by every server of the cluster.
+        /// Snapshot directory: a relative name under the server's checkpoint root (no `..`), or an absolute
+        /// path inside it. Anything else is refused.
         dir: String,
         /// The caller's training step, recorded in the manifest.
         step: u64,
@@ -142,7 +144,10 @@ pub enum Request {
     /// Keep these dense parameters (payload: `len` f32 LE) for sync subscribers; a server keeps the newest
     /// version it was given.
     PublishDense {
-        /// The publisher's version, > 0 (newer is larger).
+        /// The publishing job (a number it draws once): versions must grow within a job.
+        job: u64,
+        /// The publisher's version, > 0 (newer is larger): the time of publication in Unix microseconds,
+        /// no later than the server's clock plus [`crate::wire::sync::MAX_DENSE_CLOCK_SKEW_US`].
         version: u64,
         /// The training step of the values.
         step: u64,
@@ -168,6 +173,9 @@ pub enum Request {
     Promote {
         /// The highest shard epoch the client has seen for this shard.
         shard_epoch: u64,
+        /// An operator's cold start (`ps-server promote --force`, admin role only): a replica still starting
+        /// because it cannot hear from enough of its peers becomes the primary from its own disk.
+        force: bool,
     },
     /// The server's shard map (a client told `WrongEpoch` re-routes with it, [`crate::wire::reshard`]).
     GetShardMap,
@@ -181,6 +189,140 @@ pub enum Request {
         /// Target epoch, source, sequence, tables.
         header: crate::wire::reshard::MoveHeader,
     },
+}
+
+/// Which request a [`Request`] is, without its fields: what roles are checked against
+/// ([`crate::auth::Role::allows`]) and what request metrics are labelled with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RequestKind {
+    /// [`Request::Hello`].
+    Hello,
+    /// [`Request::RegisterTables`].
+    RegisterTables,
+    /// [`Request::Pull`].
+    Pull,
+    /// [`Request::Push`].
+    Push,
+    /// [`Request::Flush`].
+    Flush,
+    /// [`Request::Checkpoint`].
+    Checkpoint,
+    /// [`Request::PullWithState`].
+    PullWithState,
+    /// [`Request::Prefetch`].
+    Prefetch,
+    /// [`Request::Reduce`].
+    Reduce,
+    /// [`Request::SyncDeltas`].
+    SyncDeltas,
+    /// [`Request::PublishDense`].
+    PublishDense,
+    /// [`Request::Replicate`].
+    Replicate,
+    /// [`Request::Join`].
+    Join,
+    /// [`Request::Promote`].
+    Promote,
+    /// [`Request::GetShardMap`].
+    GetShardMap,
+    /// [`Request::Reshard`].
+    Reshard,
+    /// [`Request::MoveRows`].
+    MoveRows,
+}
+
+impl RequestKind {
+    /// Every kind, in wire order.
+    pub const ALL: [RequestKind; 17] = [
+        RequestKind::Hello,
+        RequestKind::RegisterTables,
+        RequestKind::Pull,
+        RequestKind::Push,
+        RequestKind::Flush,
+        RequestKind::Checkpoint,
+        RequestKind::PullWithState,
+        RequestKind::Prefetch,
+        RequestKind::Reduce,
+        RequestKind::SyncDeltas,
+        RequestKind::PublishDense,
+        RequestKind::Replicate,
+        RequestKind::Join,
+        RequestKind::Promote,
+        RequestKind::GetShardMap,
+        RequestKind::Reshard,
+        RequestKind::MoveRows,
+    ];
+
+    /// The request's name, for messages (the variant's name).
+    pub fn name(self) -> &'static str {
+        match self {
+            RequestKind::Hello => "Hello",
+            RequestKind::RegisterTables => "RegisterTables",
+            RequestKind::Pull => "Pull",
+            RequestKind::Push => "Push",
+            RequestKind::Flush => "Flush",
+            RequestKind::Checkpoint => "Checkpoint",
+            RequestKind::PullWithState => "PullWithState",
+            RequestKind::Prefetch => "Prefetch",
+            RequestKind::Reduce => "Reduce",
+            RequestKind::SyncDeltas => "SyncDeltas",
+            RequestKind::PublishDense => "PublishDense",
+            RequestKind::Replicate => "Replicate",
+            RequestKind::Join => "Join",
+            RequestKind::Promote => "Promote",
+            RequestKind::GetShardMap => "GetShardMap",
+            RequestKind::Reshard => "Reshard",
+            RequestKind::MoveRows => "MoveRows",
+        }
+    }
+
+    /// The `kind` label of the request's metrics. A pull with state is a pull (dashboards and alerts select
+    /// `kind="pull"`).
+    pub fn label(self) -> &'static str {
+        match self {
+            RequestKind::Hello => "hello",
+            RequestKind::RegisterTables => "register",
+            RequestKind::Pull | RequestKind::PullWithState => "pull",
+            RequestKind::Push => "push",
+            RequestKind::Flush => "flush",
+            RequestKind::Checkpoint => "checkpoint",
+            RequestKind::Prefetch => "prefetch",
+            RequestKind::Reduce => "reduce",
+            RequestKind::SyncDeltas => "sync",
+            RequestKind::PublishDense => "publish_dense",
+            RequestKind::Replicate => "replicate",
+            RequestKind::Join => "join",
+            RequestKind::Promote => "promote",
+            RequestKind::GetShardMap => "get_shard_map",
+            RequestKind::Reshard => "reshard",
+            RequestKind::MoveRows => "move_rows",
+        }
+    }
+}
+
+impl Request {
+    /// Which request this is.
+    pub fn kind(&self) -> RequestKind {
+        match self {
+            Request::Hello { .. } => RequestKind::Hello,
+            Request::RegisterTables { .. } => RequestKind::RegisterTables,
+            Request::Pull { .. } => RequestKind::Pull,
+            Request::Push { .. } => RequestKind::Push,
+            Request::Flush => RequestKind::Flush,
+            Request::Checkpoint { .. } => RequestKind::Checkpoint,
+            Request::PullWithState { .. } => RequestKind::PullWithState,
+            Request::Prefetch { .. } => RequestKind::Prefetch,
+            Request::Reduce { .. } => RequestKind::Reduce,
+            Request::SyncDeltas { .. } => RequestKind::SyncDeltas,
+            Request::PublishDense { .. } => RequestKind::PublishDense,
+            Request::Replicate { .. } => RequestKind::Replicate,
+            Request::Join { .. } => RequestKind::Join,
+            Request::Promote { .. } => RequestKind::Promote,
+            Request::GetShardMap => RequestKind::GetShardMap,
+            Request::Reshard { .. } => RequestKind::Reshard,
+            Request::MoveRows { .. } => RequestKind::MoveRows,
+        }
+    }
 }
 
 /// A response header.

@@ -50,6 +50,10 @@ pub const MAX_DIM: u32 = embedding::MAX_DIM as u32;
 /// Most dense values a `PublishDense` (and so an answer) may carry.
 pub const MAX_DENSE_VALUES: u32 = 64 << 20;
 
+/// How far ahead of the server's clock a dense version (Unix microseconds) may be: 10 minutes. A later
+/// version is refused, so no publisher can pin a version that later publications cannot pass.
+pub const MAX_DENSE_CLOCK_SKEW_US: u64 = 600_000_000;
+
 /// File name of the sync point in a snapshot's shard directory ([`SyncPoint`]).
 pub const SYNC_FILE: &str = "sync.json";
 
@@ -227,9 +231,15 @@ pub fn request(
     }
 }
 
-/// The header of a publication of `len` dense values (payload: [`put_dense`]) of `version` at `step`.
-pub fn publish_request(version: u64, step: u64, len: u32) -> Request {
-    Request::PublishDense { version, step, len }
+/// The header of a publication by `job` of `len` dense values (payload: [`put_dense`]) of `version` at
+/// `step`.
+pub fn publish_request(job: u64, version: u64, step: u64, len: u32) -> Request {
+    Request::PublishDense {
+        job,
+        version,
+        step,
+        len,
+    }
 }
 
 /// Checks a sync request's encoding and row limit; the message names the offending value.
@@ -452,7 +462,7 @@ mod tests {
     fn requests_round_trip_and_bad_ones_are_named() {
         for req in [
             request(SyncCursor::START, Encoding::F16, 100, 5000, 3),
-            publish_request(4, 1000, 2),
+            publish_request(9, 4, 1000, 2),
         ] {
             let frame = encode_frame(&req, &[]).unwrap();
             let (back, _, _) = decode_frame::<Request>(&frame, DEFAULT_MAX_FRAME)

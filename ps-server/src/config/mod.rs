@@ -91,9 +91,19 @@ pub struct FileConfig {
     /// `host:port` of every replica of this server's shard, its own included, in replica order
     /// (`docs/replication.md`). Default none: one replica.
     pub replicas: Option<Vec<String>>,
-    /// Name the other replicas' certificates carry (TLS server name when this server dials them). Default
-    /// the development name.
+    /// Name the other replicas' certificates carry (TLS server name when this server dials them). Default:
+    /// the host of each replica's `replicas` entry (`ps-0-1.ps` of `ps-0-1.ps:7000`), as any TLS client
+    /// verifies the name it dialed.
     pub replica_server_name: Option<String>,
+    /// Directory checkpoints are written under: a `Checkpoint` request names a folder relative to it (or an
+    /// absolute path inside it); anything else is refused. Default: `checkpoints` beside the data directory
+    /// (`/var/lib/pstrain/checkpoints` for `data-dir = "/var/lib/pstrain/db"`), on the same file system so
+    /// that a checkpoint's hard links work.
+    pub checkpoint_root: Option<PathBuf>,
+    /// Seconds a starting replica waits for every other replica of its shard to answer before a cold start
+    /// with only a majority of them (`docs/replication.md`, "Roles"). With 2 replicas a majority is both, so
+    /// a replica that cannot reach its peer never becomes primary by itself. Default 30.
+    pub replica_startup_wait_secs: Option<f64>,
 }
 
 /// Which transports a server listens on; both use the `listen` address (UDP and TCP port of the same number).
@@ -193,7 +203,9 @@ impl FileConfig {
             sync_retain_rows,
             replica_index,
             replicas,
-            replica_server_name
+            replica_server_name,
+            checkpoint_root,
+            replica_startup_wait_secs
         );
         self
     }
@@ -232,12 +244,34 @@ impl FileConfig {
             1,
         )? as usize;
         let (replica_index, replicas) = self.replica_position()?;
+        let replica_startup_wait = secs(
+            "replica-startup-wait-secs",
+            self.replica_startup_wait_secs,
+            30.0,
+        )?;
+        let data_dir = self.data_dir.ok_or(ConfigError::Missing("data-dir"))?;
+        let checkpoint_root = match self.checkpoint_root {
+            Some(root) if root.as_os_str().is_empty() => {
+                return Err(ConfigError::Invalid(
+                    "checkpoint-root is empty, expected a directory".into(),
+                ))
+            }
+            Some(root) => root,
+            None => default_checkpoint_root(&data_dir),
+        };
+        if let Some(name) = self.replica_server_name.as_deref() {
+            if rustls_pki_name(name).is_err() {
+                return Err(ConfigError::Invalid(format!(
+                    "replica-server-name = {name:?} is not a DNS name or IP address"
+                )));
+            }
+        }
         Ok(ServerConfig {
             replica_index,
             replicas,
-            replica_server_name: self
-                .replica_server_name
-                .unwrap_or_else(|| protocol::transport::tls::DEFAULT_SERVER_NAME.into()),
+            replica_server_name: self.replica_server_name,
+            replica_startup_wait,
+            checkpoint_root,
             tier,
             sync_interval,
             sync_retain_rows,
@@ -259,7 +293,7 @@ impl FileConfig {
             metrics_listen: self
                 .metrics_listen
                 .unwrap_or_else(|| "127.0.0.1:9100".parse().expect("valid")),
-            data_dir: self.data_dir.ok_or(ConfigError::Missing("data-dir"))?,
+            data_dir,
             shard_index,
             num_shards,
             epoch: self.epoch.unwrap_or(1),
@@ -467,6 +501,21 @@ pub fn hostname() -> Result<String, ConfigError> {
         })
 }
 
+/// `checkpoints` beside `data_dir` (`checkpoints` in the working directory for a data directory without a
+/// parent).
+pub fn default_checkpoint_root(data_dir: &Path) -> PathBuf {
+    data_dir
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."))
+        .join("checkpoints")
+}
+
+/// Whether `name` is a TLS server name a client can verify (a DNS name or an IP address).
+fn rustls_pki_name(name: &str) -> Result<(), ()> {
+    protocol::transport::tls::server_name(name).map(|_| ()).map_err(|_| ())
+}
+
 /// Default [`FileConfig::admission_sketch_width`].
 pub const DEFAULT_SKETCH_WIDTH: usize = 1 << 18;
 /// Rows (independent hashes) of each table's admission sketch.
@@ -479,8 +528,12 @@ pub struct ServerConfig {
     pub replica_index: u32,
     /// `host:port` of every replica of the shard, in replica order (empty: one replica).
     pub replicas: Vec<String>,
-    /// TLS server name of the other replicas.
-    pub replica_server_name: String,
+    /// TLS server name of the other replicas; `None`: the host of each one's `replicas` entry.
+    pub replica_server_name: Option<String>,
+    /// How long a starting replica waits for every peer before a cold start with a majority.
+    pub replica_startup_wait: Duration,
+    /// Checkpoints are written under this directory only.
+    pub checkpoint_root: PathBuf,
     /// Listen address (QUIC on UDP, TCP transport on TCP, same port).
     pub listen: SocketAddr,
     /// Transports served.

@@ -54,6 +54,15 @@ impl Shard {
             ));
         }
         let mut stream = rep.stream.lock();
+        if stream.session == 0 {
+            return Err(refuse(
+                ErrorCode::BadRequest,
+                format!(
+                    "replicate of session {:#x}: this backup has not joined a primary",
+                    header.session
+                ),
+            ));
+        }
         if header.session != stream.session {
             return Err(refuse(
                 ErrorCode::BadRequest,
@@ -77,6 +86,7 @@ impl Shard {
             (&header.new_tables, &header.tables),
             payload,
             now,
+            |_, _| Ok(()),
         )?;
         stream.next_seq += u64::from(header.messages);
         rep.heard();
@@ -189,15 +199,20 @@ async fn follow_once(rep: &Replica) -> Result<(), String> {
 impl Shard {
     /// Decodes a payload of whole rows ([`replicate::decode`]: a `Replicate` or a `MoveRows`), registers
     /// `new_tables`, checks each table's row length and stores every row as it is, dirty. Returns the rows
-    /// stored and the decoded (ids, rows) of each table. `what` names the request in errors.
+    /// stored and the decoded (ids, rows) of each table. `what` names the request in errors; `check` sees
+    /// every table's ids before anything is registered or stored, and may refuse the whole request.
     pub(crate) fn store_whole_rows(
         &self,
         what: &str,
         (new_tables, tables): (&[protocol::TableSpec], &[replicate::RowsTable]),
         payload: &[u8],
         now: u64,
+        check: impl Fn(u32, &[u64]) -> Result<(), Refusal>,
     ) -> Result<(usize, Vec<replicate::TableRows>), Refusal> {
         let parts = replicate::decode(tables, payload)?;
+        for (t, (ids, _)) in tables.iter().zip(&parts) {
+            check(t.table, ids)?;
+        }
         for spec in new_tables {
             self.engine.register_table(table_config(spec))?;
         }

@@ -46,6 +46,8 @@ pub struct Replica {
     wait_for_backups: bool,
     role: AtomicU8,
     epoch: AtomicU64,
+    /// The highest shard epoch any peer reported (census answers), for a cold start above all of them.
+    heard_epoch: AtomicU64,
     /// A backup: it holds every row its primary acknowledged.
     pub(crate) in_sync: AtomicBool,
     /// Milliseconds since `born` when the primary was last heard from (a backup).
@@ -87,9 +89,12 @@ impl Replica {
         let peers = peer::Peers::new(
             &cfg.replicas,
             cfg.replica_index,
-            cfg.tls_dir.clone(),
-            cfg.replica_server_name.clone(),
-            cfg.max_frame,
+            peer::PeerSettings {
+                tls_dir: cfg.tls_dir.clone(),
+                server_name: cfg.replica_server_name.clone(),
+                max_frame: cfg.max_frame,
+                role: protocol::Role::Peer,
+            },
         );
         let wait = cfg.durability == Durability::Replicated;
         let r = Replica::build(
@@ -107,7 +112,7 @@ impl Replica {
 
     /// A single replica at epoch 1 (tests).
     pub fn single() -> Replica {
-        let peers = peer::Peers::new(&[], 0, Default::default(), String::new(), 0);
+        let peers = peer::Peers::new(&[], 0, Default::default());
         Replica::build(0, peers, false, Role::Primary, 1)
     }
 
@@ -124,6 +129,7 @@ impl Replica {
             wait_for_backups,
             role: AtomicU8::new(role_code(role)),
             epoch: AtomicU64::new(epoch),
+            heard_epoch: AtomicU64::new(0),
             in_sync: AtomicBool::new(role == Role::Primary),
             last_heard_ms: AtomicU64::new(0),
             born: Instant::now(),
@@ -223,6 +229,38 @@ impl Replica {
         tracing::warn!(epoch = self.epoch(), "stepped down to backup");
     }
 
+    /// Records a shard epoch a peer reported.
+    pub(crate) fn heard_of_epoch(&self, epoch: u64) {
+        self.heard_epoch.fetch_max(epoch, Ordering::AcqRel);
+    }
+
+    /// The epoch after every one this replica holds or heard of; refused at `u64::MAX` (never wraps).
+    fn next_epoch(&self) -> Result<u64, Refusal> {
+        let newest = self.epoch().max(self.heard_epoch.load(Ordering::Acquire));
+        newest.checked_add(1).ok_or_else(|| {
+            refuse(
+                ErrorCode::BadRequest,
+                format!("shard epoch {newest} cannot grow: refusing to wrap it"),
+            )
+        })
+    }
+
+    /// A cold start (a starting replica without a primary or an in-sync backup to follow): becomes the
+    /// primary from its own disk at the epoch after every one it knows; returns it.
+    pub(crate) fn cold_start(&self, engine: &Engine) -> Result<u64, Refusal> {
+        let _one = self.stream.lock();
+        if self.role() != Role::Starting {
+            return Err(refuse(
+                ErrorCode::BadRequest,
+                format!("a cold start of a {} replica", self.role().name()),
+            ));
+        }
+        let epoch = self.next_epoch()?;
+        drop(_one);
+        self.become_primary(engine, epoch);
+        Ok(epoch)
+    }
+
     /// Becomes the primary at `epoch` (persisted first, synced).
     pub(crate) fn become_primary(&self, engine: &Engine, epoch: u64) {
         persist_epoch(engine, epoch);
@@ -293,15 +331,40 @@ fn persist_epoch(engine: &Engine, epoch: u64) {
 }
 
 impl Shard {
-    /// Answers `Promote` (a backup whose primary a client cannot reach): an in-sync backup that has not heard
-    /// from its primary for [`PROMOTE_QUIET`] becomes the primary at epoch + 1; a primary answers with its
-    /// epoch.
-    pub fn promote(&self, client_epoch: u64) -> Result<Reply, Refusal> {
+    /// Answers `Promote`: an in-sync backup that has not heard from its primary for [`PROMOTE_QUIET`]
+    /// becomes the primary at epoch + 1 (a client or a peer finding the primary gone); a primary answers
+    /// with its epoch. With `force` (an operator, the admin role: checked at dispatch), a replica still
+    /// starting cold-starts as the primary ([`startup`]).
+    pub fn promote(&self, client_epoch: u64, force: bool) -> Result<Reply, Refusal> {
         let rep = &self.replica;
         let reply = |epoch| Reply {
             header: Response::Promoted { shard_epoch: epoch },
             payload: Vec::new(),
         };
+        if !rep.replicated() {
+            return match rep.role() {
+                Role::Primary => Ok(reply(rep.epoch())),
+                _ => Err(refuse(ErrorCode::BadRequest, "this shard is not replicated")),
+            };
+        }
+        if force {
+            return match rep.role() {
+                Role::Primary => Ok(reply(rep.epoch())),
+                Role::Starting => {
+                    let epoch = rep.cold_start(&self.engine)?;
+                    tracing::warn!(
+                        epoch,
+                        "an operator forced a cold start: this replica is the primary from its own disk"
+                    );
+                    metrics::counter!(m::FAILOVERS_TOTAL).increment(1);
+                    Ok(reply(epoch))
+                }
+                Role::Backup => Err(refuse(
+                    ErrorCode::BadRequest,
+                    "a forced promotion is for a replica still starting; this one follows a primary",
+                )),
+            };
+        }
         let _one = rep.stream.lock();
         match rep.role() {
             Role::Primary => return Ok(reply(rep.epoch())),
@@ -337,28 +400,46 @@ impl Shard {
                 "this backup heard from its primary less than 0.5 s ago: retry the primary",
             ));
         }
+        let epoch = rep.epoch().checked_add(1).ok_or_else(|| {
+            refuse(
+                ErrorCode::BadRequest,
+                format!("shard epoch {} cannot grow: refusing to wrap it", rep.epoch()),
+            )
+        })?;
         drop(_one);
-        let epoch = rep.epoch() + 1;
         rep.become_primary(&self.engine, epoch);
         metrics::counter!(m::FAILOVERS_TOTAL).increment(1);
         Ok(reply(epoch))
     }
 
     /// Answers `Join` (a primary): starts streaming to the backup; a primary holding an older epoch than the
-    /// backup steps down instead.
+    /// backup steps down instead ([`Shard::join_checked`]).
     pub fn join(
         self: &Arc<Self>,
         shard_epoch: u64,
         replica: u32,
         session: u64,
     ) -> Result<Reply, Refusal> {
+        let reply = self.join_checked(shard_epoch, replica, session)?;
+        primary::join(self, replica, session);
+        Ok(reply)
+    }
+
+    /// The checks of a `Join` and the answer, without starting the stream: the whole request is checked
+    /// (a replicated shard, another replica's index, a session) before a primary holding an older epoch
+    /// than the backup steps down.
+    pub fn join_checked(
+        &self,
+        shard_epoch: u64,
+        replica: u32,
+        session: u64,
+    ) -> Result<Reply, Refusal> {
         let rep = &self.replica;
-        rep.require_primary("join")?;
-        if shard_epoch > rep.epoch() {
-            rep.step_down(Some(shard_epoch));
+        // The request is checked whole before it may change anything (a primary stepping down).
+        if !rep.replicated() {
             return Err(refuse(
-                ErrorCode::NotPrimary,
-                format!("a backup holds shard epoch {shard_epoch}, newer than this primary's: stepped down"),
+                ErrorCode::BadRequest,
+                format!("join from replica {replica}: this shard is not replicated"),
             ));
         }
         if replica == rep.index || replica as usize >= rep.peers.len() {
@@ -371,7 +452,22 @@ impl Shard {
                 ),
             ));
         }
-        primary::join(self, replica, session);
+        if session == 0 {
+            return Err(refuse(
+                ErrorCode::BadRequest,
+                format!("join from replica {replica} under session 0: a session is non-zero"),
+            ));
+        }
+        rep.require_primary("join")?;
+        if shard_epoch > rep.epoch() {
+            // A backup that followed a newer primary (this one was deposed while away): step down. Only
+            // peers may send a join (the role check at dispatch).
+            rep.step_down(Some(shard_epoch));
+            return Err(refuse(
+                ErrorCode::NotPrimary,
+                format!("a backup holds shard epoch {shard_epoch}, newer than this primary's: stepped down"),
+            ));
+        }
         Ok(Reply {
             header: Response::Joined {
                 shard_epoch: rep.epoch(),

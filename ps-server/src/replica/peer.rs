@@ -1,62 +1,99 @@
-//! Connections from this replica to the other replicas of its shard: the primary's stream to each backup, a
-//! backup's `Join`, and the census of roles at start. One [`NetDialer`] per peer (QUIC, with the client
-//! certificate of the TLS directory), names resolved at each dial (a restarted pod may have a new address).
+//! Connections from this server to the other servers: the primary's stream to each backup, a backup's
+//! `Join`, the census of roles at start, and a reshard's moved rows. One [`NetDialer`] per peer (QUIC, with
+//! the `peer` certificate of the TLS directory), names resolved at each dial (a restarted pod may have a new
+//! address).
+//!
+//! A peer whose certificate this server cannot verify (or which refuses this server's) is a configuration
+//! error that retrying does not heal: it is logged at error level with the name expected and the names the
+//! certificate carries, counted in [`m::PEER_TLS_FAILURES_TOTAL`] and shown by
+//! [`m::PEER_TLS_FAILING`] until a connection succeeds (alert `PstrainReplicaPeerTlsFailure`).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use parking_lot::Mutex;
-use protocol::transport::{Connection, Dialer, NetConn, NetDialer};
+use protocol::transport::{tls, Connection, Dialer, NetConn, NetDialer};
 use protocol::wire::replicate::ReplicaInfo;
-use protocol::{ProtocolError, Request, Response, Transport, PROTOCOL_VERSION};
+use protocol::{ProtocolError, Request, Response, Role, Transport, PROTOCOL_VERSION};
+
+use crate::metrics as m;
 
 /// Time allowed for one request to a peer (connecting included).
 pub const PEER_TIMEOUT: Duration = Duration::from_secs(2);
+/// A peer's certificate failure is logged again at error level after this long.
+const TLS_FAILURE_LOG_EVERY: Duration = Duration::from_secs(60);
+
+/// How this server dials the others.
+#[derive(Debug, Clone)]
+pub struct PeerSettings {
+    /// TLS directory.
+    pub tls_dir: PathBuf,
+    /// Name the servers' certificates carry; `None`: the host of each one's address.
+    pub server_name: Option<String>,
+    /// Cap on a frame.
+    pub max_frame: u64,
+    /// The certificate presented: `peer` for a server, `admin` for the operator's tools.
+    pub role: Role,
+}
+
+impl Default for PeerSettings {
+    fn default() -> PeerSettings {
+        PeerSettings {
+            tls_dir: PathBuf::new(),
+            server_name: None,
+            max_frame: protocol::wire::frame::DEFAULT_MAX_FRAME,
+            role: Role::Peer,
+        }
+    }
+}
+
+impl PeerSettings {
+    /// The TLS name verified when dialing `addr` (`host:port`).
+    pub fn name_for<'a>(&'a self, addr: &'a str) -> &'a str {
+        self.server_name
+            .as_deref()
+            .unwrap_or_else(|| tls::host_of(addr))
+    }
+}
 
 /// A peer's resolved address, its dialer, and the open connection if any.
 type Link = (SocketAddr, Arc<NetDialer>, Option<NetConn>);
 
-/// One other replica.
+/// One other server.
 struct Peer {
     /// `host:port` as configured.
     name: String,
     /// The dialer and the connection, made on first use.
     link: Mutex<Option<Link>>,
+    /// When a certificate failure was last logged at error level (`None`: the last dial worked).
+    tls_failing_since_log: Mutex<Option<Instant>>,
 }
 
-/// The other replicas of this server's shard, by replica index (this server's own slot is never dialed).
+/// The other servers (a shard's replicas, or the cluster's servers), by index (this server's own slot is
+/// never dialed).
 pub struct Peers {
     peers: Vec<Peer>,
     own: u32,
-    tls_dir: PathBuf,
-    server_name: String,
-    max_frame: u64,
+    settings: PeerSettings,
 }
 
 impl Peers {
-    /// Peers at `names` (every replica, this one at `own`).
-    pub fn new(
-        names: &[String],
-        own: u32,
-        tls_dir: PathBuf,
-        server_name: String,
-        max_frame: u64,
-    ) -> Peers {
+    /// Peers at `names` (every server, this one at `own`), dialed with `settings`.
+    pub fn new(names: &[String], own: u32, settings: PeerSettings) -> Peers {
         Peers {
             peers: names
                 .iter()
                 .map(|n| Peer {
                     name: n.clone(),
                     link: Mutex::new(None),
+                    tls_failing_since_log: Mutex::new(None),
                 })
                 .collect(),
             own,
-            tls_dir,
-            server_name,
-            max_frame,
+            settings,
         }
     }
 
@@ -96,15 +133,30 @@ impl Peers {
             match link.as_ref() {
                 Some((a, d, _)) if *a == addr => d.clone(),
                 _ => {
-                    let d = Arc::new(NetDialer::new(Transport::Quic, addr, &self.tls_dir)?);
+                    let d = Arc::new(NetDialer::new(
+                        Transport::Quic,
+                        addr,
+                        &self.settings.tls_dir,
+                        self.settings.role,
+                    )?);
                     *link = Some((addr, d.clone(), None));
                     d
                 }
             }
         };
-        let conn = dialer
-            .connect(addr, &self.server_name, self.max_frame)
-            .await?;
+        let expected = self.settings.name_for(&peer.name);
+        let conn = match dialer.connect(addr, expected, self.settings.max_frame).await {
+            Ok(conn) => {
+                self.tls_healed(r);
+                conn
+            }
+            Err(e) => {
+                if let Some(why) = tls::certificate_failure(&e) {
+                    self.tls_failed(r, expected, &why);
+                }
+                return Err(e);
+            }
+        };
         if let Some((a, _, c)) = peer.link.lock().as_mut() {
             if *a == addr {
                 *c = Some(conn.clone());
@@ -137,6 +189,36 @@ impl Peers {
             self.forget(r);
         }
         result
+    }
+
+    /// Records a certificate failure dialing peer `r` (verified against `expected`): an error-level log
+    /// once a minute per peer, the counter and the gauge.
+    fn tls_failed(&self, r: u32, expected: &str, why: &str) {
+        let peer = &self.peers[r as usize];
+        let replica = r.to_string();
+        metrics::counter!(m::PEER_TLS_FAILURES_TOTAL, "peer" => replica.clone()).increment(1);
+        metrics::gauge!(m::PEER_TLS_FAILING, "peer" => replica).set(1.0);
+        let mut last = peer.tls_failing_since_log.lock();
+        if last.is_none_or(|t| t.elapsed() >= TLS_FAILURE_LOG_EVERY) {
+            *last = Some(Instant::now());
+            tracing::error!(
+                peer = %peer.name,
+                expected_name = expected,
+                error = why,
+                "TLS with a peer server failed: its certificate does not carry the name this server \
+                 verifies (set replica-server-name, or give --replicas the names the certificates carry), \
+                 or it is not signed by this cluster's CA; replication to it is stopped"
+            );
+        }
+    }
+
+    /// A connection to peer `r` succeeded: its certificate failure, if any, is over.
+    fn tls_healed(&self, r: u32) {
+        let peer = &self.peers[r as usize];
+        if peer.tls_failing_since_log.lock().take().is_some() {
+            metrics::gauge!(m::PEER_TLS_FAILING, "peer" => r.to_string()).set(0.0);
+            tracing::info!(peer = %peer.name, "TLS with the peer server works again");
+        }
     }
 
     /// Drops the connection to replica `r` (it restarted: the next call dials the new process instead of

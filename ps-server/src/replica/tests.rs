@@ -26,7 +26,8 @@ fn backup() -> Shard {
         writes: Default::default(),
         pin_secs: crate::config::DEFAULT_PIN_SECS,
         reducer: Default::default(),
-        replica: Replica::single(),
+        replica: two_replicas(0),
+        checkpoint_root: std::env::temp_dir(),
         sync: Default::default(),
     };
     s.handle(
@@ -41,6 +42,13 @@ fn backup() -> Shard {
     s.replica.stream.lock().session = 7;
     s.replica.stream.lock().next_seq = 1;
     s
+}
+
+/// Replica `index` of a shard of two (its peer is never dialed here), primary at epoch 1.
+fn two_replicas(index: u32) -> Replica {
+    let names = ["127.0.0.1:1".to_owned(), "127.0.0.1:2".to_owned()];
+    let peers = super::peer::Peers::new(&names, index, Default::default());
+    Replica::build(index, peers, true, Role::Primary, 1)
 }
 
 fn header(epoch: u64, session: u64, seq: u64, kind: ReplicateKind, rows: u32) -> ReplicateHeader {
@@ -169,7 +177,16 @@ fn a_backup_refuses_pushes_and_reads_until_in_sync() {
 #[test]
 fn promotion_needs_sync_and_silence_and_bumps_the_epoch_once() {
     let s = backup();
-    let promote = |e| s.handle(Request::Promote { shard_epoch: e }, &[], NOW);
+    let promote = |e| {
+        s.handle(
+            Request::Promote {
+                shard_epoch: e,
+                force: false,
+            },
+            &[],
+            NOW,
+        )
+    };
     let (c, m) = code(promote(3));
     assert_eq!(c, ErrorCode::NotInSync);
     assert!(m.contains("catching up"), "{m}");
@@ -199,4 +216,86 @@ fn promotion_needs_sync_and_silence_and_bumps_the_epoch_once() {
         &s.engine,
     );
     assert_eq!(restarted.epoch(), 4);
+}
+
+#[test]
+fn a_backup_that_never_joined_refuses_replicate_of_session_0() {
+    let s = backup();
+    s.replica.stream.lock().session = 0;
+    let r = s.handle(
+        Request::Replicate {
+            header: header(3, 0, 1, ReplicateKind::Stream, 0),
+        },
+        &[],
+        NOW,
+    );
+    let (c, m) = code(r);
+    assert_eq!(c, ErrorCode::BadRequest);
+    assert!(m.contains("has not joined"), "{m}");
+}
+
+#[test]
+fn epochs_never_wrap() {
+    let s = backup();
+    s.replica.in_sync.store(true, Ordering::Release);
+    s.replica.epoch.store(u64::MAX, Ordering::Release);
+    let r = s.handle(
+        Request::Promote {
+            shard_epoch: 0,
+            force: false,
+        },
+        &[],
+        NOW,
+    );
+    let (c, m) = code(r);
+    assert_eq!(c, ErrorCode::BadRequest);
+    assert!(m.contains("refusing to wrap"), "{m}");
+    assert_eq!(s.replica.role(), Role::Backup);
+    assert_eq!(s.replica.epoch(), u64::MAX);
+}
+
+#[test]
+fn a_join_is_checked_whole_before_a_primary_steps_down() {
+    let s = Arc::new(backup());
+    s.replica.become_primary(&s.engine, 3);
+    // Its own index, an index out of range, session 0: refused, still the primary at epoch 3.
+    for (replica, session) in [(0, 9), (2, 9), (u32::MAX, 9), (1, 0)] {
+        let (c, _) = code(s.join(u64::MAX, replica, session).unwrap_err().into_reply());
+        assert_eq!(c, ErrorCode::BadRequest);
+        assert_eq!(s.replica.role(), Role::Primary);
+        assert_eq!(s.replica.epoch(), 3);
+    }
+    // An unreplicated server never steps down.
+    let single = Arc::new(Shard {
+        replica: Replica::single(),
+        ..backup()
+    });
+    let (c, m) = code(single.join(u64::MAX, 1, 9).unwrap_err().into_reply());
+    assert_eq!(c, ErrorCode::BadRequest);
+    assert!(m.contains("not replicated"), "{m}");
+    assert_eq!(single.replica.role(), Role::Primary);
+}
+
+#[test]
+fn a_forced_promotion_cold_starts_only_a_starting_replica() {
+    let s = backup();
+    let force = || {
+        s.handle(
+            Request::Promote {
+                shard_epoch: 0,
+                force: true,
+            },
+            &[],
+            NOW,
+        )
+    };
+    // A backup follows a primary: no forced takeover.
+    let (c, m) = code(force());
+    assert_eq!(c, ErrorCode::BadRequest);
+    assert!(m.contains("still starting"), "{m}");
+    s.replica.set_role(Role::Starting);
+    s.replica.heard_of_epoch(6);
+    assert_eq!(force().header, Response::Promoted { shard_epoch: 7 });
+    assert_eq!(s.replica.role(), Role::Primary);
+    assert_eq!(force().header, Response::Promoted { shard_epoch: 7 });
 }

@@ -125,13 +125,7 @@ pub async fn run(
     check_plan(from, to)?;
     let began = Instant::now();
     let all: &[String] = if to.len() > from.len() { to } else { from };
-    let peers = Peers::new(
-        all,
-        u32::MAX,
-        settings.tls_dir.clone(),
-        settings.server_name.clone(),
-        settings.max_frame,
-    );
+    let peers = Peers::new(all, u32::MAX, settings.clone());
     let ask = |server: usize, what: &'static str, req: Request| {
         let peers = &peers;
         async move {

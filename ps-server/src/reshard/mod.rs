@@ -18,7 +18,6 @@ pub mod receive;
 mod tests;
 
 use std::collections::HashMap;
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use embedding::Engine;
@@ -55,16 +54,7 @@ pub struct Incoming {
     pub rows: u64,
 }
 
-/// How this server dials the others (the client certificate of its TLS directory).
-#[derive(Debug, Clone, Default)]
-pub struct PeerSettings {
-    /// TLS directory.
-    pub tls_dir: PathBuf,
-    /// Name the servers' certificates carry.
-    pub server_name: String,
-    /// Cap on a frame.
-    pub max_frame: u64,
-}
+pub use crate::replica::peer::PeerSettings;
 
 /// This server's shard map and its part in a reshard.
 pub struct Routing {
@@ -114,6 +104,7 @@ impl Routing {
             tls_dir: cfg.tls_dir.clone(),
             server_name: cfg.replica_server_name.clone(),
             max_frame: cfg.max_frame,
+            role: protocol::Role::Peer,
         };
         let persisted = engine
             .store()

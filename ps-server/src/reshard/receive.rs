@@ -23,9 +23,11 @@ impl Shard {
         })
     }
 
-    /// Stores a source's `MoveRows` (a destination of a prepared reshard): checks the target epoch and the
-    /// sequence, registers the tables, overwrites whole rows and marks them dirty; recorded for the delta
-    /// sync at `now_us`.
+    /// Stores a source's `MoveRows` (a destination of a prepared reshard): checks that a reshard to the
+    /// header's target epoch is prepared here, that the sender is another server of the target map, that
+    /// every id belongs to this server under the target map (and to the sender under the current one, unless
+    /// this is a standby that knows no map yet), and the sequence; then registers the tables, overwrites
+    /// whole rows and marks them dirty; recorded for the delta sync at `now_us`.
     pub fn move_rows(
         &self,
         header: &MoveHeader,
@@ -33,33 +35,87 @@ impl Shard {
         now_us: u64,
     ) -> Result<Reply, Refusal> {
         // Lock order: the routing state before `incoming` (as `reshard_status`).
-        let current = self.routing.map().epoch;
+        let current = self.routing.map();
         let mut incoming = self.routing.incoming.lock();
-        if header.target_epoch != incoming.target_epoch && header.target_epoch != current {
+        let target = match &incoming.target {
+            Some((map, _)) if map.epoch == header.target_epoch => map.clone(),
+            Some((map, _)) => {
+                return Err(refuse(
+                    ErrorCode::WrongEpoch,
+                    format!(
+                        "rows moving to map epoch {}, this server is prepared for {} (at {})",
+                        header.target_epoch, map.epoch, current.epoch
+                    ),
+                ))
+            }
+            None => {
+                return Err(refuse(
+                    ErrorCode::WrongEpoch,
+                    format!(
+                        "rows moving to map epoch {}, but no reshard is prepared on this server (at {}): \
+                         moved rows are taken only between a reshard's prepare and its commit",
+                        header.target_epoch, current.epoch
+                    ),
+                ))
+            }
+        };
+        if header.source == self.shard_index || header.source >= target.num_servers {
             return Err(refuse(
-                ErrorCode::WrongEpoch,
+                ErrorCode::BadRequest,
                 format!(
-                    "rows moving to map epoch {}, this server is prepared for {} (at {current})",
-                    header.target_epoch, incoming.target_epoch
+                    "moved rows from server {}: the target map has servers 0..{} and this is server {}",
+                    header.source, target.num_servers, self.shard_index
                 ),
             ));
         }
         let next = incoming.next_seq.get(&header.source).copied().unwrap_or(1);
-        if header.seq > next {
+        if header.seq == 0 || header.seq > next {
             return Err(refuse(
                 ErrorCode::BadRequest,
                 format!(
-                    "moved rows from server {} start at message {}, expected at most {next}: a gap",
+                    "moved rows from server {} start at message {}, expected 1..={next}: a gap",
                     header.source, header.seq
                 ),
             ));
         }
+        let end = header
+            .seq
+            .checked_add(u64::from(header.messages))
+            .filter(|_| header.messages > 0)
+            .ok_or_else(|| {
+                refuse(
+                    ErrorCode::BadRequest,
+                    format!(
+                        "moved rows: {} messages from message {}",
+                        header.messages, header.seq
+                    ),
+                )
+            })?;
+        let (me, source) = (self.shard_index, header.source);
+        let owned = |table: u32, ids: &[u64]| -> Result<(), Refusal> {
+            let stray = ids.iter().find(|&&id| {
+                target.server_of(id) != me || (current.epoch != 0 && current.server_of(id) != source)
+            });
+            match stray {
+                None => Ok(()),
+                Some(&id) => Err(refuse(
+                    ErrorCode::WrongShard,
+                    format!(
+                        "moved rows from server {source}: table {table} id {id} belongs to server {} now and \
+                         to server {} after the move, not from {source} to {me}",
+                        current.server_of(id),
+                        target.server_of(id)
+                    ),
+                )),
+            }
+        };
         let now = now_us / 1_000_000;
         let (rows, parts) = self.store_whole_rows(
             "moved rows",
             (&header.new_tables, &header.tables),
             payload,
             now,
+            owned,
         )?;
         let rows = rows as u64;
         self.sync.record(
@@ -70,7 +126,6 @@ impl Shard {
                 .map(|(t, (ids, _))| (t.table, &ids[..])),
             now_us,
         );
-        let end = header.seq + u64::from(header.messages);
         incoming.next_seq.insert(header.source, end.max(next));
         incoming.rows += rows;
         metrics::counter!(m::RESHARD_ROWS_RECEIVED_TOTAL).increment(rows);
@@ -195,13 +250,7 @@ fn prepare(shard: &Arc<Shard>, info: &MapInfo) -> Result<(), Refusal> {
         tracing::info!(epoch = target.epoch, "standby prepared: receiving rows");
         return Ok(());
     }
-    let peers = Peers::new(
-        &info.servers,
-        shard.shard_index,
-        routing.peers.tls_dir.clone(),
-        routing.peers.server_name.clone(),
-        routing.peers.max_frame,
-    );
+    let peers = Peers::new(&info.servers, shard.shard_index, routing.peers.clone());
     // Tables registered from here on are queued by the register handler; these go first.
     let specs = mover::table_specs(&shard.engine);
     match Mover::new(

@@ -31,6 +31,7 @@ fn server(map: ShardMap, index: u32) -> Arc<Shard> {
         pin_secs: crate::config::DEFAULT_PIN_SECS,
         reducer: Default::default(),
         replica: Replica::single(),
+        checkpoint_root: std::env::temp_dir(),
         sync: Default::default(),
     };
     s.handle(
@@ -212,13 +213,7 @@ fn a_source_forwards_only_rows_of_moving_vshards() {
     let two = ShardMap::new(2);
     let three = two.resized(3).unwrap();
     let s = server(two.clone(), 0);
-    let peers = Peers::new(
-        &servers(3),
-        0,
-        Default::default(),
-        "localhost".into(),
-        1 << 20,
-    );
+    let peers = Peers::new(&servers(3), 0, Default::default());
     let mover = Mover::new(&two, 0, (three.clone(), servers(3)), Vec::new(), peers)
         .expect("server 0 gives some");
     let ids: Vec<u64> = (0..2000u64).filter(|&id| two.server_of(id) == 0).collect();
@@ -229,6 +224,6 @@ fn a_source_forwards_only_rows_of_moving_vshards() {
     assert_eq!(mover.progress(), (moving, 0, false));
     // In the shrink back, server 0 only receives: no mover.
     let back = three.resized(2).unwrap();
-    let none = Peers::new(&[], 0, Default::default(), String::new(), 0);
+    let none = Peers::new(&[], 0, Default::default());
     assert!(Mover::new(&three, 0, (back, servers(2)), Vec::new(), none).is_none());
 }

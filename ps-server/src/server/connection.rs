@@ -1,14 +1,15 @@
-//! One connection's requests: read a frame, admit its bytes, call [`Shard::handle`] with the time, write the
-//! reply. QUIC requests arrive one per stream ([`serve_connection`]); TCP requests arrive multiplexed on one
-//! connection ([`protocol::transport::tcp`], [`serve_tcp_connection`]); both go through [`answer`], which reads
-//! the wall clock once per request and passes it in.
+//! One connection's requests: read a frame, admit its bytes, authorize it by the connection's role, call
+//! [`Shard::handle`] with the time, write the reply. QUIC requests arrive one per stream
+//! ([`serve_connection`]); TCP requests arrive multiplexed on one connection ([`protocol::transport::tcp`],
+//! [`serve_tcp_connection`]); both go through [`answer`], the one dispatch point, which checks the role
+//! ([`crate::handler::authorize`]) and reads the wall clock once per request.
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
 use protocol::transport::{stream, tcp};
-use protocol::{ErrorCode, ProtocolError, Request, Response};
+use protocol::{Access, ErrorCode, ProtocolError, Request, Response};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -27,18 +28,31 @@ pub(super) async fn serve(
     draining: CancellationToken,
     max_frame: u64,
     admission: Arc<LoadLimits>,
+    authenticate: bool,
 ) {
     let ended = match accepted {
-        Accepted::Quic(incoming) => {
-            serve_connection(*incoming, shard, tracker, draining, max_frame, admission)
-                .await
-                .map_err(|e| e.to_string())
-        }
-        Accepted::Tcp(handshake) => {
-            serve_tcp_connection(handshake, shard, tracker, draining, max_frame, admission)
-                .await
-                .map_err(|e| e.to_string())
-        }
+        Accepted::Quic(incoming) => serve_connection(
+            *incoming,
+            shard,
+            tracker,
+            draining,
+            max_frame,
+            admission,
+            authenticate,
+        )
+        .await
+        .map_err(|e| e.to_string()),
+        Accepted::Tcp(handshake) => serve_tcp_connection(
+            handshake,
+            shard,
+            tracker,
+            draining,
+            max_frame,
+            admission,
+            authenticate,
+        )
+        .await
+        .map_err(|e| e.to_string()),
     };
     if let Err(e) = ended {
         tracing::debug!(error = %e, "connection ended");
@@ -54,10 +68,20 @@ async fn serve_connection(
     draining: CancellationToken,
     max_frame: u64,
     admission: Arc<LoadLimits>,
+    authenticate: bool,
 ) -> Result<(), quinn::ConnectionError> {
     let conn = incoming.await?;
     let _open = ConnectionGauge::new();
-    tracing::debug!(peer = %conn.remote_address(), "connection accepted");
+    let access = Arc::new(if authenticate {
+        let chain = conn.peer_identity().and_then(|id| {
+            id.downcast::<Vec<quinn::rustls::pki_types::CertificateDer<'static>>>()
+                .ok()
+        });
+        Access::of_chain(chain.as_deref().map(Vec::as_slice))
+    } else {
+        Access::Unauthenticated
+    });
+    tracing::debug!(peer = %conn.remote_address(), role = access.label(), "connection accepted");
     loop {
         let (send, recv) = tokio::select! {
             _ = draining.cancelled() => return Ok(()),
@@ -69,8 +93,9 @@ async fn serve_connection(
         };
         let shard = shard.clone();
         let admission = admission.clone();
+        let access = access.clone();
         tracker.spawn(async move {
-            if let Err(e) = serve_request(send, recv, &shard, max_frame, &admission).await {
+            if let Err(e) = serve_request(send, recv, &shard, &access, max_frame, &admission).await {
                 tracing::debug!(error = %e, "request stream failed");
             }
         });
@@ -91,34 +116,12 @@ impl Drop for ConnectionGauge {
     }
 }
 
-/// The `kind` label of a request's metrics.
-fn kind(req: &Request) -> &'static str {
-    match req {
-        Request::Hello { .. } => "hello",
-        Request::RegisterTables { .. } => "register",
-        // A pull with state is a pull (dashboards and alerts select kind="pull").
-        Request::Pull { .. } | Request::PullWithState { .. } => "pull",
-        Request::Push { .. } => "push",
-        Request::Flush => "flush",
-        Request::Checkpoint { .. } => "checkpoint",
-        Request::Prefetch { .. } => "prefetch",
-        Request::Reduce { .. } => "reduce",
-        Request::SyncDeltas { .. } => "sync",
-        Request::PublishDense { .. } => "publish_dense",
-        Request::Replicate { .. } => "replicate",
-        Request::Join { .. } => "join",
-        Request::Promote { .. } => "promote",
-        Request::GetShardMap => "get_shard_map",
-        Request::Reshard { .. } => "reshard",
-        Request::MoveRows { .. } => "move_rows",
-    }
-}
-
 /// Serves one QUIC request stream: admission, the request, the reply, its metrics.
 async fn serve_request(
     mut send: quinn::SendStream,
     mut recv: quinn::RecvStream,
     shard: &Arc<Shard>,
+    access: &Access,
     max_frame: u64,
     admission: &LoadLimits,
 ) -> Result<(), ProtocolError> {
@@ -129,7 +132,7 @@ async fn serve_request(
         let _ = recv.stop(0u32.into());
     }
     let answer = match admit_response(frame, max_frame, admission, &mut admitted).await {
-        Ok(frame) => answer(shard, frame).await?,
+        Ok(frame) => answer(shard, access, frame).await?,
         Err(refusal) => refusal,
     };
     stream::write_frame(&mut send, &answer.header, answer.payload.clone()).await?;
@@ -194,7 +197,7 @@ async fn admit_response(
                 ),
             },
             payload: Bytes::new(),
-            kind: Some(kind(req)),
+            kind: Some(req.kind().label()),
         });
     }
     if let Some(admitted) = admitted {
@@ -228,6 +231,7 @@ impl Answer {
 /// leave nothing to answer (the connection is gone) are returned.
 async fn answer(
     shard: &Arc<Shard>,
+    access: &Access,
     frame: Result<(Request, Bytes), ProtocolError>,
 ) -> Result<Answer, ProtocolError> {
     let (req, payload) = match frame {
@@ -252,9 +256,17 @@ async fn answer(
             });
         }
     };
-    let kind = kind(&req);
+    let kind = req.kind().label();
     metrics::counter!(m::BYTES_RECEIVED_TOTAL)
         .increment((protocol::wire::frame::PREFIX_LEN + payload.len()) as u64);
+    if let Err(refusal) = crate::handler::authorize(access, &req) {
+        let reply = refusal.into_reply();
+        return Ok(Answer {
+            header: reply.header,
+            payload: Bytes::new(),
+            kind: Some(kind),
+        });
+    }
     // The handler reads no clock (STYLE.md, "Sans-IO cores"): the time of this request, read once.
     let now = super::unix_us();
     let reply = match req {
@@ -342,10 +354,16 @@ async fn serve_tcp_connection(
     draining: CancellationToken,
     max_frame: u64,
     admission: Arc<LoadLimits>,
+    authenticate: bool,
 ) -> Result<(), ProtocolError> {
     let mut conn = handshake.finish(max_frame).await?;
     let _open = ConnectionGauge::new();
-    tracing::debug!(peer = %conn.peer(), "tcp connection accepted");
+    let access = Arc::new(if authenticate {
+        Access::of_chain(conn.peer_certificates())
+    } else {
+        Access::Unauthenticated
+    });
+    tracing::debug!(peer = %conn.peer(), role = access.label(), "tcp connection accepted");
     loop {
         let incoming = tokio::select! {
             _ = draining.cancelled() => break,
@@ -356,6 +374,7 @@ async fn serve_tcp_connection(
         };
         let shard = shard.clone();
         let admission = admission.clone();
+        let access = access.clone();
         // Admitted before the next request is read: past the cap, the connection stops being read and TCP
         // flow control holds the client back (the frame itself was read already).
         let bytes = incoming.request.as_ref().map(|(_, p)| p.len()).unwrap_or(0);
@@ -373,7 +392,7 @@ async fn serve_tcp_connection(
                     return;
                 }
             };
-            let sent = answer(&shard, request).await.and_then(|a| {
+            let sent = answer(&shard, &access, request).await.and_then(|a| {
                 reply.send(&a.header, a.payload.clone())?;
                 Ok(a)
             });

@@ -103,7 +103,7 @@ pub async fn run(
         tokio::pin!(accept);
         // A replica settles its role while it already answers its peers' `Hello` (they settle theirs too).
         let role = tokio::select! {
-            role = crate::replica::startup::settle(&shard) => Some(role),
+            role = crate::replica::startup::settle(&shard, cfg.replica_startup_wait) => Some(role),
             _ = &mut accept => None,
         };
         if let Some(role) = role {
@@ -162,6 +162,7 @@ async fn open_shard(cfg: &ServerConfig) -> anyhow::Result<Arc<Shard>> {
         pin_secs: cfg.tier.pin_secs,
         reducer: Default::default(),
         replica,
+        checkpoint_root: cfg.checkpoint_root.clone(),
         sync: crate::sync::SyncState::new(
             !cfg.sync_interval.is_zero(),
             cfg.sync_retain_rows,
@@ -230,6 +231,7 @@ async fn accept_loop(
             in_flight.draining.clone(),
             cfg.max_frame,
             admission.clone(),
+            !cfg.insecure_dev,
         );
         in_flight.requests.spawn(async move {
             let _slot = slot;

@@ -52,6 +52,8 @@ pub struct SyncState {
     /// `None` when tracking is off (`--sync-interval 0`): pushes record nothing, sync requests are refused.
     log: Option<ChangeLog>,
     dense: Mutex<Option<Arc<DenseVersion>>>,
+    /// The last version each publishing job gave, at most [`MAX_DENSE_JOBS`] jobs.
+    dense_jobs: Mutex<std::collections::HashMap<u64, u64>>,
     /// Bumped at every cut, publication and at shutdown; long-polls wait for it to change.
     generation: watch::Sender<u64>,
     closing: std::sync::atomic::AtomicBool,
@@ -63,6 +65,9 @@ impl Default for SyncState {
         SyncState::new(true, DEFAULT_RETAIN_ROWS, draw_incarnation())
     }
 }
+
+/// Publishing jobs whose last version a server remembers (the oldest is forgotten past it).
+pub const MAX_DENSE_JOBS: usize = 1024;
 
 /// A random, non-zero `u64`: std's per-process random hash keys, mixed with the time and process id.
 pub fn draw_incarnation() -> u64 {
@@ -84,6 +89,7 @@ impl SyncState {
             incarnation: incarnation.max(1),
             log: tracking.then(|| ChangeLog::new(retain_rows)),
             dense: Mutex::new(None),
+            dense_jobs: Mutex::default(),
             generation: watch::Sender::new(0),
             closing: Default::default(),
         }
@@ -115,10 +121,29 @@ impl SyncState {
         log.newest()
     }
 
-    /// Keeps `dense` if it is newer than the version held; returns the version held afterwards.
-    pub fn publish(&self, dense: DenseVersion) -> u64 {
+    /// Keeps `dense`, published by `job`, if it is newer than the version held; returns the version held
+    /// afterwards. Refuses a version not above `job`'s last one (versions grow within a job).
+    pub fn publish(&self, job: u64, dense: DenseVersion) -> Result<u64, String> {
+        let mut jobs = self.dense_jobs.lock();
+        if let Some(&last) = jobs.get(&job) {
+            if dense.version <= last {
+                return Err(format!(
+                    "publish dense: job {job:#x} published version {} after version {last}: versions grow \
+                     within a job",
+                    dense.version
+                ));
+            }
+        }
+        if jobs.len() >= MAX_DENSE_JOBS && !jobs.contains_key(&job) {
+            // Forget the job that published longest ago (its versions are the smallest).
+            if let Some((&oldest, _)) = jobs.iter().min_by_key(|(_, &v)| v) {
+                jobs.remove(&oldest);
+            }
+        }
+        jobs.insert(job, dense.version);
+        drop(jobs);
         let mut held = self.dense.lock();
-        match &*held {
+        Ok(match &*held {
             Some(d) if d.version >= dense.version => d.version,
             _ => {
                 let v = dense.version;
@@ -127,7 +152,7 @@ impl SyncState {
                 self.wake();
                 v
             }
-        }
+        })
     }
 
     /// The dense parameters held, if newer than `version`.

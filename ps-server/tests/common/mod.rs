@@ -201,7 +201,7 @@ pub async fn client_retrying_for(s: &Server, tls: &Path, retry_for: Duration) ->
 
 /// A bare QUIC connection to the server with the cluster's client certificate, for writing raw bytes.
 pub async fn raw_connection(s: &Server, tls: &Path) -> (quinn::Endpoint, quinn::Connection) {
-    let cfg = protocol::transport::tls::client_config(tls).unwrap();
+    let cfg = protocol::transport::tls::client_config(tls, protocol::Role::Trainer).unwrap();
     let endpoint = protocol::transport::endpoint::client(s.quic, cfg).unwrap();
     let conn = endpoint
         .connect(s.quic, protocol::transport::tls::DEFAULT_SERVER_NAME)
