@@ -113,6 +113,8 @@ T0=$(now_ms)
 "$B/gen-criteo" --rows "$TEST_ROWS" --seed $((SEED + 1000)) --teacher-seed 7 --out "$TMP/test.tsv" >/dev/null
 
 SHARDS=2
+# The TLS name every process verifies: the only name on the servers' certificate (with *.ps).
+TLS_NAME=ps
 declare -A PORT=()     # server name -> its listen port (fixed after its first start)
 declare -A METRICS=()  # server name -> its metrics address, from its last ready line
 
@@ -160,6 +162,7 @@ launch_server() {
     : > "$dir/$file.ready"
     "$B/ps-server" --listen "127.0.0.1:${PORT[$name]:-0}" --metrics-listen 127.0.0.1:0 --data-dir "$dir/$file" \
         --tls-dir "$dir/tls" --shard-index "$i" --num-shards "$SHARDS" "${replica_flags[@]}" \
+        --replica-server-name "$TLS_NAME" --checkpoint-root "$dir" \
         --durability "$DURABILITY" --flush-interval-secs "$FLUSH" < /dev/null > "$dir/$file.ready" 2>> "$dir/$file.log" &
     PID[$name]=$!
 }
@@ -223,7 +226,7 @@ primaries() {
 
 start_auditor() {
     local dir=$1
-    "$B/ps-audit" run --ps "$PS" --tls-dir "$dir/tls" --log "$dir/acks.log" --seed "$SEED" \
+    "$B/ps-audit" run --ps "$PS" --tls-dir "$dir/tls" --server-name "$TLS_NAME" --log "$dir/acks.log" --seed "$SEED" \
         >> "$dir/audit.out" 2>&1 &
     PID[audit]=$!
 }
@@ -237,7 +240,7 @@ start_trainer() {
         log "trainer $r resumes from its checkpoint"
     fi
     [ "$r" = 0 ] && test=(--test "$TMP/test.tsv")
-    "$B/trainer" train --ps "$PS" --tls-dir "$dir/tls" --train "$TMP/train.tsv" "${test[@]}" \
+    "$B/trainer" train --ps "$PS" --tls-dir "$dir/tls" --server-name "$TLS_NAME" --train "$TMP/train.tsv" "${test[@]}" \
         --rank "$r" --world 2 --seed "$SEED" --batch-size "$BATCH" --progress-secs 5 \
         "${ckpt[@]}" "${resume[@]}" \
         --summary-json "$dir/summary-$r.json" >> "$dir/trainer-$r.out" 2>> "$dir/trainer-$r.log" &
@@ -272,7 +275,9 @@ reap() {
 run_job() {
     local name=$1 kills=$2 dir="$TMP/$1"
     mkdir -p "$dir/ckpt"
-    "$B/ps-server" certs init --tls-dir "$dir/tls" >/dev/null 2>&1
+    # Certificates like production's (issue 39): the server certificate names only ps and *.ps, no localhost
+    # nor 127.0.0.1; every process dials with the name ps, and each presents its role's certificate.
+    "$B/ps-server" certs init --tls-dir "$dir/tls" --only-names --name "$TLS_NAME" --name "*.$TLS_NAME" >/dev/null
     start_servers "$dir"
     start_auditor "$dir"
     start_trainer "$dir" 0
@@ -336,7 +341,7 @@ run_job() {
     kill -TERM "${PID[audit]}"
     reap audit
     local verdict
-    verdict=$("$B/ps-audit" verify --ps "$PS" --tls-dir "$dir/tls" --log "$dir/acks.log" | tail -1)
+    verdict=$("$B/ps-audit" verify --ps "$PS" --tls-dir "$dir/tls" --server-name "$TLS_NAME" --log "$dir/acks.log" | tail -1)
     log "$name: $verdict"
     LOST=$(sed -n 's/.*lost_acked_updates=\([0-9]*\).*/\1/p' <<< "$verdict")
     DUPS=$(sed -n 's/.*duplicates=\([0-9]*\).*/\1/p' <<< "$verdict")

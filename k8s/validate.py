@@ -19,7 +19,12 @@ Usage: validate.py K8S_VERSION KUBERNETES_VALIDATE_BIN SCHEMA_DIR RENDERED.yaml.
   TRAINER_WORLD; every Service's named targetPort exists in the pods it selects; serving (docs/serving.md): probes
   on /readyz and /healthz, --listen on the container port the Service targets, --export = the read-only mount of
   the PVC the trainer's --export-dir is mounted from, a PDB and a PodMonitor endpoint for it, and the PS
-  NetworkPolicy lets it reach the data port.
+  NetworkPolicy lets it reach the data port. TLS (issue 39): the PS config is the ConfigMap files the PS pods
+  name with --config, later over earlier (an overlay patches the base file, never replaces it); the name each
+  server verifies its peers' certificates against (replica-server-name, else the --replicas hosts) is one the
+  servers' certificate carries (cert-manager dnsNames, or the generated Secret's PEM); the PS pods, trainers and
+  ps-serve each present a client certificate carrying exactly their role's URI (pstrain:role/peer, trainer,
+  serving).
 """
 import json
 import os
@@ -249,9 +254,140 @@ def selector_matches(selector, labels):
     return True
 
 
-def toml_value(text, key):
-    m = re.search(rf'^{re.escape(key)}\s*=\s*"?([^"\n#]*)"?', text, re.M)
-    return m.group(1).strip() if m else None
+def toml_value(cfg, key):
+    """A setting of the effective PS config (a dict, see `effective_config`) as text, or None."""
+    v = cfg.get(key)
+    return None if v is None else str(v)
+
+
+def effective_config(by_kind, path, errors):
+    """The PS config every PS pod runs with: the ConfigMap files its container names with --config, in order,
+    each one's settings over the ones before (as ps-server reads them). None without PS pods or ConfigMap."""
+    import tomllib
+
+    cms = [d for d in by_kind.get("ConfigMap", []) if "ps-server.toml" in d.get("data", {})]
+    ps_sets = [d for d in by_kind.get("StatefulSet", []) if labels_of(d["spec"]["template"]).get("app.kubernetes.io/name") == PS_NAME]
+    if not cms:
+        return None
+    data = cms[0]["data"]
+    files = ["ps-server.toml"]
+    if ps_sets:
+        c = ps_sets[0]["spec"]["template"]["spec"]["containers"][0]
+        args = [str(a) for a in c.get("args", [])]
+        named = [args[i + 1] for i, a in enumerate(args[:-1]) if a == "--config"]
+        named += [a[len("--config="):] for a in args if a.startswith("--config=")]
+        files = [os.path.basename(f) for f in named] or files
+    cfg = {}
+    for name in files:
+        if name not in data:
+            errors.append(f"{path}: the PS pods read --config {name}, which ConfigMap {cms[0]['metadata']['name']} lacks")
+            continue
+        try:
+            cfg.update(tomllib.loads(data[name]))
+        except tomllib.TOMLDecodeError as e:
+            errors.append(f"{path}: ConfigMap file {name}: {e}")
+    return cfg
+
+
+def certificate_info(by_kind, secret, workdir):
+    """(DNS names and IPs, role URIs) of the certificate in Secret `secret`: from the cert-manager Certificate
+    that writes it, or from the PEM a generated Secret holds (read with openssl). None if neither exists."""
+    for cert in by_kind.get("Certificate", []):
+        spec = cert["spec"]
+        if spec.get("secretName") == secret:
+            return (list(spec.get("dnsNames") or []) + list(spec.get("ipAddresses") or []), list(spec.get("uris") or []))
+    for sec in by_kind.get("Secret", []):
+        if sec["metadata"]["name"] != secret or "tls.crt" not in (sec.get("data") or {}):
+            continue
+        import base64
+
+        pem = base64.b64decode(sec["data"]["tls.crt"])
+        f = os.path.join(workdir, f"{secret}.pem")
+        with open(f, "wb") as out:
+            out.write(pem)
+        r = subprocess.run(["openssl", "x509", "-in", f, "-noout", "-ext", "subjectAltName"], capture_output=True, text=True)
+        if r.returncode != 0:
+            return ([], [])
+        names, uris = [], []
+        for item in re.split(r",\s*", r.stdout.split("\n", 1)[-1].strip()):
+            kind, _, value = item.partition(":")
+            if kind == "DNS":
+                names.append(value)
+            elif kind == "IP Address":
+                names.append(value)
+            elif kind == "URI":
+                uris.append(value)
+        return (names, uris)
+    return None
+
+
+def name_matches(name, pattern):
+    """Whether a certificate name (`ps`, `*.ps`, an IP) covers the TLS name `name`: a wildcard covers exactly
+    one leftmost label."""
+    name, pattern = name.lower().rstrip("."), pattern.lower().rstrip(".")
+    if pattern.startswith("*."):
+        head, _, rest = name.partition(".")
+        return bool(head) and rest == pattern[2:]
+    return name == pattern
+
+
+def mounted_secret(pod_spec, filename):
+    """The Secret whose key a pod's `tls` volume maps onto `filename` (e.g. server.pem), or None."""
+    for v in pod_spec.get("volumes", []):
+        sources = [{"secret": v["secret"]}] if "secret" in v else (v.get("projected") or {}).get("sources", [])
+        for src in sources:
+            sec = src.get("secret")
+            if sec and any(i.get("path") == filename for i in sec.get("items", [])):
+                return sec["secretName"]
+    return None
+
+
+def tls_checks(path, by_kind, cfg, shards, workdir):
+    """Each overlay's servers verify their peers against a name the servers' certificate carries (the cause of
+    a prod overlay whose replicas could never reach each other), and each workload presents a client
+    certificate of its role (protocol::auth)."""
+    errors = []
+    # The name a server verifies its peers' certificates against: replica-server-name, else each --replicas
+    # entry's host (ps-server's default).
+    configured = cfg.get("replica-server-name") if cfg else None
+    expected = set()
+    for n, sh in (shards or {}).items():
+        for entry in sh["replicas_arg"]:
+            expected.add(configured or entry.rpartition(":")[0].strip("[]"))
+    for n, sh in sorted((shards or {}).items()):
+        spec = sh["sts"]["spec"]["template"]["spec"]
+        server = mounted_secret(spec, "server.pem")
+        info = certificate_info(by_kind, server, workdir) if server else None
+        if info is None:
+            errors.append(f"{path}: StatefulSet ps-{n} mounts no server certificate (server.pem) from a Secret or Certificate here")
+            continue
+        names, _ = info
+        for want in sorted(expected):
+            if not any(name_matches(want, p) for p in names):
+                errors.append(
+                    f"{path}: StatefulSet ps-{n}: its replicas verify each other's certificates against {want!r} "
+                    f"(replica-server-name {'= ' + repr(configured) if configured else 'unset: the --replicas hosts'}), "
+                    f"but the server certificate (Secret {server}) carries only {names}: every replica-to-replica "
+                    f"TLS connection would fail"
+                )
+    # Client certificates by workload: the PS pods' peer.pem, the trainers' trainer.pem, ps-serve's serving.pem.
+    workloads = [(f"StatefulSet {sh['sts']['metadata']['name']}", sh["sts"]["spec"]["template"]["spec"], "peer") for sh in (shards or {}).values()]
+    workloads += [(f"Job {j['metadata']['name']}", j["spec"]["template"]["spec"], "trainer") for j in by_kind.get("Job", [])]
+    workloads += [(f"Deployment {d['metadata']['name']}", d["spec"]["template"]["spec"], "serving") for d in by_kind.get("Deployment", []) if d["metadata"]["name"] == "ps-serve"]
+    for where, spec, role in workloads:
+        secret = mounted_secret(spec, f"{role}.pem")
+        if secret is None:
+            errors.append(f"{path}: {where} mounts no {role}.pem: its client certificate must be of role {role}")
+            continue
+        info = certificate_info(by_kind, secret, workdir)
+        if info is None:
+            errors.append(f"{path}: {where} mounts {role}.pem from Secret {secret}, which no Certificate or Secret here provides")
+            continue
+        _, uris = info
+        roles = [u for u in uris if u.startswith("pstrain:role/")]
+        if roles != [f"pstrain:role/{role}"]:
+            errors.append(f"{path}: {where}: {role}.pem (Secret {secret}) carries role URIs {roles}, expected exactly ['pstrain:role/{role}']")
+    return errors
 
 
 def cluster_arg_checks(where, what, value, shards):
@@ -272,7 +408,8 @@ def cluster_arg_checks(where, what, value, shards):
 
 
 def shard_checks(path, by_kind, toml):
-    """The per-shard StatefulSets. Returns (errors, {shard: {sts, labels, replicas, replicas_arg}})."""
+    """The per-shard StatefulSets, `toml` the effective PS config (a dict). Returns (errors, {shard: {sts,
+    labels, replicas, replicas_arg}})."""
     errors = []
     shards = {}
     num_shards = int(toml_value(toml, "num-shards") or 1)
@@ -395,14 +532,16 @@ def cross_checks(path, docs, declared):
     by_kind = {}
     for d in docs:
         by_kind.setdefault(d.get("kind"), []).append(d)
-    cms = [d for d in by_kind.get("ConfigMap", []) if "ps-server.toml" in d.get("data", {})]
     jobs = [d for d in by_kind.get("Job", []) if d["metadata"]["name"] == "trainer"]
     errors.extend(service_checks(path, by_kind))
     errors.extend(metrics_checks(path, by_kind, declared))
     shards = None
-    if cms:
-        shard_errors, shards = shard_checks(path, by_kind, cms[0]["data"]["ps-server.toml"])
+    cfg = effective_config(by_kind, path, errors)
+    if cfg is not None:
+        shard_errors, shards = shard_checks(path, by_kind, cfg)
         errors.extend(shard_errors)
+        with tempfile.TemporaryDirectory() as workdir:
+            errors.extend(tls_checks(path, by_kind, cfg, shards, workdir))
     errors.extend(serving_checks(path, by_kind, shards))
     if not (shards and jobs):
         return errors

@@ -40,17 +40,16 @@ WORK="$(mktemp -d)"
 trap 'rm -rf "$WORK"' EXIT
 
 # --- render ------------------------------------------------------------------------------------------------
-# Render from a copy so the dev overlay's TLS files (git-ignored, made by `ps-server certs init`) can be
-# stood in for by placeholders when absent: the Secret objects are still rendered and validated.
+# Render from a copy. The dev overlay's TLS files (git-ignored, made by `ps-server certs init --name ps` as
+# docs/deploy.md says) are made here the same way when absent, so the TLS checks (the name each server verifies
+# its peers against is on the server certificate; each workload's client certificate has its role) read real
+# certificates in every overlay.
 cp -r "$HERE/base" "$HERE/overlays" "$WORK/"
 mkdir -p "$WORK/overlays/dev/tls"
-for f in ca.pem server.pem server.key client.pem client.key; do
-    if [ ! -e "$WORK/overlays/dev/tls/$f" ]; then
-        echo "placeholder for $f" > "$WORK/overlays/dev/tls/$f"
-        placeholders=1
-    fi
-done
-[ -n "${placeholders:-}" ] && log "dev TLS files absent in k8s/overlays/dev/tls: rendering with placeholder contents"
+if [ ! -e "$WORK/overlays/dev/tls/server.pem" ]; then
+    log "dev TLS files absent in k8s/overlays/dev/tls: making them with ps-server certs init --name ps"
+    (cd "$HERE/.." && cargo run -q --release -p ps-server -- certs init --tls-dir "$WORK/overlays/dev/tls" --name ps) >/dev/null
+fi
 
 rendered=()
 for target in base overlays/dev overlays/prod; do
@@ -109,5 +108,14 @@ selftest serve-no-readiness "del $serve"'["containers"][0]["readinessProbe"]'
 selftest serve-export-rw "$serve"'["containers"][0]["volumeMounts"][0]["readOnly"] = False'
 selftest serve-port 'by[("Service","ps-serve")]["spec"]["ports"][0]["targetPort"] = "metrics"'
 selftest serve-no-pdb 'docs.remove(by[("PodDisruptionBudget","ps-serve")])'
+# TLS (issue 39): an overlay whose servers verify their peers against a name the certificate lacks (what the
+# prod overlay did when it replaced ps-server.toml), one that replaces the base file, and client certificates
+# of the wrong role.
+cm='by[("ConfigMap","pstrain-config")]["data"]'
+selftest peer-name-not-on-cert "$cm"'["overlay.toml"] = "replica-server-name = \"ps-peers.example\"\n"'
+selftest overlay-replaces-base "$cm"'["ps-server.toml"] = "listen = \"0.0.0.0:7000\"\nnum-shards = 2\nreplica-server-name = \"nowhere.example\"\n"'
+tls='by[("Job","trainer")]["spec"]["template"]["spec"]["volumes"]'
+selftest trainer-peer-cert 'v = [v for v in '"$tls"' if v["name"] == "tls"][0]; v["secret"]["secretName"] = "pstrain-ps-peer-tls"'
+selftest ps-no-peer-cert 'v = [v for v in '"$ps0"'["template"]["spec"]["volumes"] if v["name"] == "tls"][0]; v["projected"]["sources"][1]["secret"]["items"][0]["path"] = "client.pem"'
 
 log "all overlays valid; self-tests passed ($(( $(date +%s) - start ))s)"

@@ -248,10 +248,20 @@ pub fn run_demo(mut args: DemoArgs) -> anyhow::Result<Summary> {
         args.servers,
         run_dir.display()
     );
-    let server_flags: Vec<String> = match args.server_memory_budget_rows {
+    let mut server_flags: Vec<String> = match args.server_memory_budget_rows {
         Some(rows) => vec!["--memory-budget-rows".into(), rows.to_string()],
         None => Vec::new(),
     };
+    // The demo's servers write the job's snapshots (`--checkpoint-dir DIR` puts them in DIR/ps) and exports:
+    // their checkpoint root is the folder that holds those, as an operator would set it.
+    let roots: Vec<&std::path::Path> = [&args.job.checkpoint_dir, &args.job.export_dir]
+        .into_iter()
+        .flatten()
+        .map(|d| d.as_path())
+        .collect();
+    if let Some(root) = common_root(&roots) {
+        server_flags.extend(["--checkpoint-root".into(), root.display().to_string()]);
+    }
     let cluster = ops::local_cluster::LocalCluster::start(args.servers, &run_dir, &server_flags)?;
     for (i, (q, m)) in cluster.quic.iter().zip(&cluster.metrics).enumerate() {
         eprintln!("  ps-server {i}: quic {q}, metrics http://{m}/metrics");
@@ -297,4 +307,17 @@ pub fn run_demo(mut args: DemoArgs) -> anyhow::Result<Summary> {
         summary.oracle_auc = run::oracle_auc(&test, &oracle)?;
     }
     Ok(summary)
+}
+
+/// The deepest folder holding every path of `paths` (made absolute against the working directory), if any.
+fn common_root(paths: &[&std::path::Path]) -> Option<std::path::PathBuf> {
+    let cwd = std::env::current_dir().ok()?;
+    let mut abs = paths.iter().map(|p| cwd.join(p));
+    let mut root = abs.next()?;
+    for p in abs {
+        while !p.starts_with(&root) {
+            root = root.parent()?.to_path_buf();
+        }
+    }
+    Some(root)
 }

@@ -36,14 +36,20 @@ pub fn trainer() -> Command {
 }
 
 /// Starts `n` real `ps-server` processes under `run_dir` with `extra` flags (data directories
-/// `run_dir/ps-<i>`, which may hold a restored snapshot already).
+/// `run_dir/ps-<i>`, which may hold a restored snapshot already). Their checkpoint root is the folder holding
+/// `run_dir` (the test's temporary folder, where its checkpoints go).
 pub fn start_servers(
     n: usize,
     run_dir: &Path,
     extra: &[String],
 ) -> ops::local_cluster::LocalCluster {
     let bin = bench::bins::path("ps-server");
-    ops::local_cluster::LocalCluster::start_with(&|| Ok(Command::new(&bin)), n, run_dir, extra)
+    let mut flags = vec![
+        "--checkpoint-root".to_owned(),
+        run_dir.parent().unwrap_or(run_dir).display().to_string(),
+    ];
+    flags.extend(extra.iter().cloned());
+    ops::local_cluster::LocalCluster::start_with(&|| Ok(Command::new(&bin)), n, run_dir, &flags)
         .unwrap()
 }
 

@@ -542,7 +542,7 @@ impl Server {
 }
 
 /// `GET path` over HTTP/1.0 from `addr` (a metrics endpoint), the body as text; 2 s timeouts.
-fn http_get(addr: SocketAddr, path: &str) -> anyhow::Result<String> {
+pub fn http_get(addr: SocketAddr, path: &str) -> anyhow::Result<String> {
     let timeout = Duration::from_secs(2);
     let mut s =
         TcpStream::connect_timeout(&addr, timeout).with_context(|| format!("connect to {addr}"))?;
@@ -567,8 +567,9 @@ fn http_get(addr: SocketAddr, path: &str) -> anyhow::Result<String> {
     Ok(body.to_owned())
 }
 
-/// The value of an unlabelled sample `name` in Prometheus text.
-fn metric(text: &str, name: &str) -> Option<f64> {
+/// The value of the sample `name` in Prometheus text (labels included in `name`, as rendered:
+/// `ps_peer_tls_failing{peer="1"}`).
+pub fn metric(text: &str, name: &str) -> Option<f64> {
     text.lines().find_map(|l| {
         let rest = l.strip_prefix(name)?;
         let value = rest.strip_prefix(' ')?;

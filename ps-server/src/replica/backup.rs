@@ -63,6 +63,7 @@ impl Shard {
                 ),
             ));
         }
+        super::check_epoch_lead("a replicate stream", header.shard_epoch, epoch)?;
         if header.session != stream.session {
             return Err(refuse(
                 ErrorCode::BadRequest,

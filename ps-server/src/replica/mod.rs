@@ -33,6 +33,26 @@ pub use primary::AckWait;
 
 /// Metadata key of the persisted shard epoch.
 const EPOCH_KEY: &str = "replica/epoch";
+/// The most a peer's shard epoch may lead this replica's: epochs grow by one per promotion or cold start, so
+/// a claim further ahead is not a replica that followed newer primaries but a broken or hostile peer (a join
+/// or stream claiming it is refused, and the epoch space cannot be exhausted by one message).
+pub const MAX_EPOCH_LEAD: u64 = 1 << 32;
+
+/// Refuses a peer's shard epoch `claimed` that leads `held` by more than [`MAX_EPOCH_LEAD`]; `what` names the
+/// request.
+pub(crate) fn check_epoch_lead(what: &str, claimed: u64, held: u64) -> Result<(), Refusal> {
+    if claimed > held && claimed - held > MAX_EPOCH_LEAD {
+        return Err(refuse(
+            ErrorCode::BadRequest,
+            format!(
+                "{what} claims shard epoch {claimed}, more than {MAX_EPOCH_LEAD} ahead of this replica's {held}: \
+                 epochs grow by one per failover"
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// A backup refuses to be promoted while it heard from its primary this recently.
 pub const PROMOTE_QUIET: Duration = Duration::from_millis(500);
 
@@ -459,6 +479,7 @@ impl Shard {
             ));
         }
         rep.require_primary("join")?;
+        check_epoch_lead("a join", shard_epoch, rep.epoch())?;
         if shard_epoch > rep.epoch() {
             // A backup that followed a newer primary (this one was deposed while away): step down. Only
             // peers may send a join (the role check at dispatch).

@@ -265,6 +265,14 @@ fn a_join_is_checked_whole_before_a_primary_steps_down() {
         assert_eq!(s.replica.role(), Role::Primary);
         assert_eq!(s.replica.epoch(), 3);
     }
+    // An epoch no number of failovers reaches is refused; a newer one within reach deposes it.
+    let (c, m) = code(s.join_checked(u64::MAX, 1, 9).unwrap_err().into_reply());
+    assert_eq!(c, ErrorCode::BadRequest);
+    assert!(m.contains("epochs grow by one"), "{m}");
+    assert_eq!(s.replica.role(), Role::Primary);
+    let (c, _) = code(s.join_checked(5, 1, 9).unwrap_err().into_reply());
+    assert_eq!(c, ErrorCode::NotPrimary);
+    assert_eq!((s.replica.role(), s.replica.epoch()), (Role::Backup, 5));
     // An unreplicated server never steps down.
     let single = Arc::new(Shard {
         replica: Replica::single(),
