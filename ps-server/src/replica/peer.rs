@@ -204,7 +204,7 @@ impl Peers {
             tracing::error!(
                 peer = %peer.name,
                 expected_name = expected,
-                error = why,
+                error = %why,
                 "TLS with a peer server failed: its certificate does not carry the name this server \
                  verifies (set replica-server-name, or give --replicas the names the certificates carry), \
                  or it is not signed by this cluster's CA; replication to it is stopped"
