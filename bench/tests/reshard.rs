@@ -39,8 +39,11 @@ fn model_args() -> ModelArgs {
     }
 }
 
-async fn connect(servers: &[SocketAddr], tls_dir: &Path) -> Arc<PsClient> {
-    let cfg = PsClientConfig::new(servers.to_vec(), tls_dir.to_owned());
+/// A client of `servers` presenting the certificate of `role` (the trainer's; an admin's reads every row
+/// with the delta sync's scan).
+async fn connect(servers: &[SocketAddr], tls_dir: &Path, role: protocol::Role) -> Arc<PsClient> {
+    let mut cfg = PsClientConfig::new(servers.to_vec(), tls_dir.to_owned());
+    cfg.role = role;
     Arc::new(PsClient::connect(cfg).await.unwrap())
 }
 
@@ -140,7 +143,7 @@ async fn run(
     test: &Path,
     during: Vec<Box<dyn FnOnce() + Send>>,
 ) -> Outcome {
-    let client = connect(&cluster.quic[..2], &cluster.tls_dir).await;
+    let client = connect(&cluster.quic[..2], &cluster.tls_dir, protocol::Role::Trainer).await;
     let args = model_args();
     let mut t = Trainer::new(client.clone(), args.clone()).await.unwrap();
     for (epoch, side) in during.into_iter().enumerate() {
@@ -157,7 +160,9 @@ async fn run(
     }
     let eval = t.evaluate(ReaderConfig::new([test], 1000)).await.unwrap();
     let params = t.model().params().iter().map(|p| p.to_vec()).collect();
-    let rows = rows(&client).await;
+    let reader = connect(&cluster.quic[..2], &cluster.tls_dir, protocol::Role::Admin).await;
+    let rows = rows(&reader).await;
+    reader.close().await;
     let map_changes = client.map_changes();
     client.close().await;
     Outcome {
@@ -206,7 +211,7 @@ async fn growing_and_shrinking_mid_training_is_bit_identical_to_an_undisturbed_r
     // A client connecting afterwards takes the map changed live (its owner table), whether it lists the
     // servers of the map or the three that took part.
     for given in [&two, &three] {
-        let fresh = connect(given, &tls).await;
+        let fresh = connect(given, &tls, protocol::Role::Admin).await;
         assert_eq!((fresh.shard_map().epoch, fresh.num_servers()), (3, 2));
         assert!(
             rows(&fresh).await == resharded.rows,

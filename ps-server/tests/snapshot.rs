@@ -110,7 +110,8 @@ fn restore_cmd(from: &Path, num: u32, index: u32, out: &Path) -> std::process::O
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn checkpoint_of_two_servers_restores_onto_three() {
     let dir = tempfile::tempdir().unwrap();
-    let (tls, snap) = (dir.path().join("tls"), dir.path().join("snap"));
+    // The default checkpoint root: `checkpoints` beside the data directories.
+    let (tls, snap) = (dir.path().join("tls"), dir.path().join("checkpoints/snap"));
     protocol::transport::tls::init_dev_certs(&tls, &[]).unwrap();
     let two: Vec<Server> = (0..2)
         .map(|i| start_shard(&dir.path().join(format!("data-{i}")), &tls, i, 2))
@@ -160,8 +161,10 @@ async fn checkpoint_of_two_servers_restores_onto_three() {
     restore_refusals(&snap, dir.path());
 }
 
-/// A checkpoint never overwrites a snapshot, and never lands relative to a server's working directory.
+/// A checkpoint never overwrites a snapshot, and never lands outside the servers' checkpoint root (`snap`'s
+/// parent); a relative name lands under it.
 async fn checkpoint_refusals(c: &PsClient, snap: &Path) {
+    let root = snap.parent().unwrap();
     // Snapshots are never overwritten.
     match c.checkpoint(snap.to_str().unwrap(), 18).await {
         Err(ProtocolError::Remote {
@@ -174,15 +177,25 @@ async fn checkpoint_refusals(c: &PsClient, snap: &Path) {
         ),
         other => panic!("second checkpoint into the same directory: {other:?}"),
     }
-    // Only absolute paths: a checkpoint never lands relative to a server's working directory.
-    match c.checkpoint("relative/snap", 18).await {
-        Err(ProtocolError::Remote {
-            code: ErrorCode::BadRequest,
-            message,
-            ..
-        }) => assert!(message.contains("expected an absolute path"), "{message}"),
-        other => panic!("relative checkpoint directory: {other:?}"),
+    // Never outside the root, nor up out of it.
+    let outside = root.parent().unwrap().join("elsewhere");
+    for dir in [outside.to_str().unwrap(), "../elsewhere", "/etc/ps"] {
+        match c.checkpoint(dir, 18).await {
+            Err(ProtocolError::Remote {
+                code: ErrorCode::BadRequest,
+                message,
+                ..
+            }) => assert!(message.contains("checkpoint root"), "{message}"),
+            other => panic!("checkpoint into {dir}: {other:?}"),
+        }
     }
+    assert!(!outside.exists());
+    // A relative name is a folder of the root.
+    let written = c.checkpoint("job-2/snap", 19).await.unwrap();
+    assert!(
+        Path::new(&written[0].1).starts_with(root.join("job-2/snap")),
+        "{written:?}"
+    );
 }
 
 /// Restores the snapshot in `snap` onto 3 servers, into `dir/new-<i>`.

@@ -35,7 +35,7 @@ async fn a_long_poll_returns_the_pushed_rows_after_the_next_cut() {
     common::push(&trainer, &[10, 20], &[0.5; 16]).await;
 
     // Serving: a client that only syncs. Its first answers are a scan of what the server holds.
-    let serving = PsClient::connect(PsClientConfig::new(vec![server.quic], tls.clone()))
+    let serving = PsClient::connect(serving_config(&server, &tls))
         .await
         .unwrap();
     let mut cursor = SyncCursor::START;
@@ -56,7 +56,7 @@ async fn a_long_poll_returns_the_pushed_rows_after_the_next_cut() {
 
     // A standing long-poll: started before the push it returns.
     let poll = {
-        let serving = PsClient::connect(PsClientConfig::new(vec![server.quic], tls.clone()))
+        let serving = PsClient::connect(serving_config(&server, &tls))
             .await
             .unwrap();
         tokio::spawn(async move { poll_until(&serving, cursor, 30).await })
@@ -107,4 +107,11 @@ async fn a_long_poll_returns_the_pushed_rows_after_the_next_cut() {
         assert_eq!(b.rows(), 0);
     }
     trainer.close().await;
+}
+
+/// A client of role serving (the delta sync is for serving: docs/security.md).
+fn serving_config(server: &common::Server, tls: &std::path::Path) -> PsClientConfig {
+    let mut cfg = PsClientConfig::new(vec![server.quic], tls.to_owned());
+    cfg.role = protocol::Role::Serving;
+    cfg
 }

@@ -24,7 +24,7 @@ impl Shard {
     }
 
     /// Stores a source's `MoveRows` (a destination of a prepared reshard): checks that a reshard to the
-    /// header's target epoch is prepared here, that the sender is another server of the target map, that
+    /// header's target epoch is prepared here, that the sender is another server of the current map, that
     /// every id belongs to this server under the target map (and to the sender under the current one, unless
     /// this is a standby that knows no map yet), and the sequence; then registers the tables, overwrites
     /// whole rows and marks them dirty; recorded for the delta sync at `now_us`.
@@ -59,12 +59,18 @@ impl Shard {
                 ))
             }
         };
-        if header.source == self.shard_index || header.source >= target.num_servers {
+        // The sender gives rows up: a server of the current map (a standby knows none: of either map).
+        let servers = if current.epoch == 0 {
+            target.num_servers
+        } else {
+            current.num_servers
+        };
+        if header.source == self.shard_index || header.source >= servers {
             return Err(refuse(
                 ErrorCode::BadRequest,
                 format!(
-                    "moved rows from server {}: the target map has servers 0..{} and this is server {}",
-                    header.source, target.num_servers, self.shard_index
+                    "moved rows from server {}: the map has servers 0..{servers} and this is server {}",
+                    header.source, self.shard_index
                 ),
             ));
         }
