@@ -338,7 +338,8 @@ def mounted_secret(pod_spec, filename):
         for src in sources:
             sec = src.get("secret")
             if sec and any(i.get("path") == filename for i in sec.get("items", [])):
-                return sec["secretName"]
+                # A projected source names it `name`, a secret volume `secretName`.
+                return sec.get("secretName") or sec.get("name")
     return None
 
 
@@ -347,6 +348,8 @@ def tls_checks(path, by_kind, cfg, shards, workdir):
     a prod overlay whose replicas could never reach each other), and each workload presents a client
     certificate of its role (protocol::auth)."""
     errors = []
+    if not by_kind.get("Certificate") and not by_kind.get("Secret"):
+        return errors  # the base: TLS material comes from an overlay
     # The name a server verifies its peers' certificates against: replica-server-name, else each --replicas
     # entry's host (ps-server's default).
     configured = cfg.get("replica-server-name") if cfg else None
