@@ -143,7 +143,12 @@ async fn run(
     test: &Path,
     during: Vec<Box<dyn FnOnce() + Send>>,
 ) -> Outcome {
-    let client = connect(&cluster.quic[..2], &cluster.tls_dir, protocol::Role::Trainer).await;
+    let client = connect(
+        &cluster.quic[..2],
+        &cluster.tls_dir,
+        protocol::Role::Trainer,
+    )
+    .await;
     let args = model_args();
     let mut t = Trainer::new(client.clone(), args.clone()).await.unwrap();
     for (epoch, side) in during.into_iter().enumerate() {

@@ -33,9 +33,14 @@ use protocol::{
 /// The names production's server certificate carries (k8s/overlays/prod/certificates.yaml): the name
 /// clients dial (`ps`) and the pods' names, never `localhost`.
 fn prod_names() -> Vec<String> {
-    ["ps", "*.ps", "*.ps.pstrain.svc", "*.ps.pstrain.svc.cluster.local"]
-        .map(String::from)
-        .to_vec()
+    [
+        "ps",
+        "*.ps",
+        "*.ps.pstrain.svc",
+        "*.ps.pstrain.svc.cluster.local",
+    ]
+    .map(String::from)
+    .to_vec()
 }
 
 /// The TLS name clients and peers verify.
@@ -233,12 +238,16 @@ async fn rows(client: &PsClient, ids: &[u64]) -> Vec<f32> {
 /// One JSON object per rendered Kubernetes object of `overlay` (`kubectl kustomize`, then `kubectl label
 /// --local -o json`, which converts without a cluster).
 fn render(overlay: &str) -> Vec<serde_json::Value> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../k8s/overlays").join(overlay);
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../k8s/overlays")
+        .join(overlay);
     let yaml = Command::new("kubectl")
         .arg("kustomize")
         .arg(&dir)
         .output()
-        .expect("kubectl (with its built-in kustomize) renders the overlays: install it (k8s/validate.sh)");
+        .expect(
+        "kubectl (with its built-in kustomize) renders the overlays: install it (k8s/validate.sh)",
+    );
     assert!(
         yaml.status.success(),
         "kubectl kustomize {}: {}",
@@ -288,7 +297,11 @@ fn prod_overlay_replicates_with_production_certificates() {
     let mut flags = Vec::new();
     for (i, a) in args.iter().enumerate() {
         if a == "--config" {
-            let name = Path::new(&args[i + 1]).file_name().unwrap().to_str().unwrap();
+            let name = Path::new(&args[i + 1])
+                .file_name()
+                .unwrap()
+                .to_str()
+                .unwrap();
             let text = config[name]
                 .as_str()
                 .unwrap_or_else(|| panic!("the pods read --config {name}, the ConfigMap lacks it"));
@@ -364,7 +377,12 @@ fn prod_overlay_replicates_with_production_certificates() {
     });
     wait_for(
         "the backup to store the push",
-        || backup.metric("ps_replication_rows_stored_total").unwrap_or(0.0) >= 3.0,
+        || {
+            backup
+                .metric("ps_replication_rows_stored_total")
+                .unwrap_or(0.0)
+                >= 3.0
+        },
         diagnose,
     );
     for s in &servers {
@@ -450,10 +468,16 @@ fn a_replica_that_cannot_verify_its_peers_is_loud_and_never_primary() {
         cfg.server_name = SERVER_NAME.into();
         cfg.retry_for = Duration::ZERO;
         match PsClient::connect(cfg).await {
-            Err(e) => assert!(e.to_string().contains("not the primary") || e.to_string().contains("starting"), "{e}"),
+            Err(e) => assert!(
+                e.to_string().contains("not the primary") || e.to_string().contains("starting"),
+                "{e}"
+            ),
             Ok(c) => {
                 let err = c.register_tables(&[table()]).await.unwrap_err().to_string();
-                assert!(err.contains("NotPrimary") || err.contains("starting"), "{err}");
+                assert!(
+                    err.contains("NotPrimary") || err.contains("starting"),
+                    "{err}"
+                );
             }
         }
         // A trainer may not force a cold start; an operator may.
@@ -657,11 +681,17 @@ fn one_message_cannot_disable_a_shard() {
         })
         .collect();
     single.await_ready();
-    let diagnose = || pair.iter().map(|s| s.log_text()).collect::<Vec<_>>().join("\n----\n");
+    let diagnose = || {
+        pair.iter()
+            .map(|s| s.log_text())
+            .collect::<Vec<_>>()
+            .join("\n----\n")
+    };
     wait_for(
         "the pair's primary and in-sync backup",
         || {
-            pair.iter().any(|s| s.metric("ps_replica_primary") == Some(1.0))
+            pair.iter()
+                .any(|s| s.metric("ps_replica_primary") == Some(1.0))
                 && pair.iter().any(|s| {
                     s.metric("ps_replica_primary") == Some(0.0)
                         && s.metric("ps_replica_in_sync") == Some(1.0)
@@ -683,11 +713,26 @@ fn one_message_cannot_disable_a_shard() {
         };
         // The unreplicated server: a trainer may not join; a peer's join is refused, and it stays primary.
         let (code, _) = error(
-            call_as(single.quic, &tls_dir, Role::Trainer, &join(u64::MAX, 1), Vec::new()).await,
+            call_as(
+                single.quic,
+                &tls_dir,
+                Role::Trainer,
+                &join(u64::MAX, 1),
+                Vec::new(),
+            )
+            .await,
         );
         assert_eq!(code, ErrorCode::Forbidden);
-        let (code, message) =
-            error(call_as(single.quic, &tls_dir, Role::Peer, &join(u64::MAX, 1), Vec::new()).await);
+        let (code, message) = error(
+            call_as(
+                single.quic,
+                &tls_dir,
+                Role::Peer,
+                &join(u64::MAX, 1),
+                Vec::new(),
+            )
+            .await,
+        );
         assert_eq!(code, ErrorCode::BadRequest);
         assert!(message.contains("not replicated"), "{message}");
         let client = trainer(vec![vec![single.quic]], &tls_dir).await;
@@ -697,8 +742,16 @@ fn one_message_cannot_disable_a_shard() {
         assert_eq!(single.metric("ps_replica_primary"), Some(1.0));
         // The pair's primary: an epoch no failover can reach is refused, and it stays primary.
         let other = (1 - p) as u32;
-        let (code, message) =
-            error(call_as(primary.quic, &tls_dir, Role::Peer, &join(u64::MAX, other), Vec::new()).await);
+        let (code, message) = error(
+            call_as(
+                primary.quic,
+                &tls_dir,
+                Role::Peer,
+                &join(u64::MAX, other),
+                Vec::new(),
+            )
+            .await,
+        );
         assert_eq!(code, ErrorCode::BadRequest, "{message}");
         assert!(message.contains("shard epoch"), "{message}");
         // The backup: a replicate stream of a session it did not join is refused, its rows unchanged.
@@ -798,7 +851,10 @@ fn rows_and_dense_parameters_are_written_only_through_the_protocol() {
         let pin = protocol::wire::sync::publish_request(1, u64::MAX, 1, 2);
         let (code, message) = error(call_as(addr, &tls_dir, Role::Trainer, &pin, dense).await);
         assert_eq!(code, ErrorCode::BadRequest);
-        assert!(message.contains("ahead of this server's clock"), "{message}");
+        assert!(
+            message.contains("ahead of this server's clock"),
+            "{message}"
+        );
         let now_us = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap()

@@ -205,9 +205,9 @@ fn role_of_certificate(der: &[u8]) -> Result<Role, String> {
     use x509_parser::prelude::{FromDer, GeneralName, X509Certificate};
     let (_, cert) = X509Certificate::from_der(der)
         .map_err(|e| format!("the client certificate does not parse: {e}"))?;
-    let san = cert
-        .subject_alternative_name()
-        .map_err(|e| format!("the client certificate's subject alternative names do not parse: {e}"))?;
+    let san = cert.subject_alternative_name().map_err(|e| {
+        format!("the client certificate's subject alternative names do not parse: {e}")
+    })?;
     let mut roles = Vec::new();
     for name in san.iter().flat_map(|s| s.value.general_names.iter()) {
         if let GeneralName::URI(uri) = name {
@@ -303,7 +303,11 @@ mod tests {
             "role trainer may not send Reshard: it is for the admin role"
         );
         assert!(s.authorize(K::SyncDeltas).is_ok() && t.authorize(K::SyncDeltas).is_err());
-        assert!(s.authorize(K::Push).unwrap_err().message.contains("the trainer role"));
+        assert!(s
+            .authorize(K::Push)
+            .unwrap_err()
+            .message
+            .contains("the trainer role"));
         assert!(p.authorize(K::Pull).is_err());
         for k in RequestKind::ALL {
             assert!(Access::Unauthenticated.authorize(k).is_ok());

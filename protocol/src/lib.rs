@@ -37,12 +37,12 @@ pub mod routing;
 pub mod transport;
 pub mod wire;
 
+pub use auth::{Access, Role};
 pub use client::{PsClient, PsClientConfig, PulledState};
 pub use compression::codec::Encoding;
 pub use error::{ErrorCode, ProtocolError};
 pub use routing::{MapError, ShardMap};
 pub use transport::Transport;
-pub use auth::{Access, Role};
 pub use wire::message::{
     InitSpec, OptimizerSpec, Request, RequestKind, Response, TableCount, TableSpec,
 };

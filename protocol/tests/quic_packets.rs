@@ -88,7 +88,11 @@ fn endpoints(tls_dir: &Path, kind: PathKind) -> (quinn::Endpoint, quinn::Endpoin
     server_config.transport_config(transport.clone());
     server.set_server_config(Some(server_config));
     let addr = server.local_addr().unwrap();
-    let mut client = endpoint::client(addr, tls::client_config(tls_dir, protocol::Role::Trainer).unwrap()).unwrap();
+    let mut client = endpoint::client(
+        addr,
+        tls::client_config(tls_dir, protocol::Role::Trainer).unwrap(),
+    )
+    .unwrap();
     let mut client_config = tls::client_config(tls_dir, protocol::Role::Trainer).unwrap();
     client_config.transport_config(transport);
     client.set_default_client_config(client_config);

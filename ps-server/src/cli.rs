@@ -415,7 +415,10 @@ fn run_promote(a: PromoteArgs) -> anyhow::Result<()> {
         a.server_name.as_deref(),
         a.force,
     ))?;
-    println!("{} is the primary of its shard at shard epoch {epoch}", a.ps);
+    println!(
+        "{} is the primary of its shard at shard epoch {epoch}",
+        a.ps
+    );
     Ok(())
 }
 

@@ -110,7 +110,11 @@ pub fn authorize(access: &protocol::Access, req: &Request) -> Result<(), Refusal
             "kind" => req.kind().label()
         )
         .increment(1);
-        tracing::warn!(role = access.label(), request = req.kind().name(), "forbidden request");
+        tracing::warn!(
+            role = access.label(),
+            request = req.kind().name(),
+            "forbidden request"
+        );
         refuse(ErrorCode::Forbidden, forbidden.message)
     })
 }

@@ -117,10 +117,7 @@ pub(crate) fn checkpoint_dir(root: &Path, dir: &str) -> Result<PathBuf, Refusal>
             format!("resolve the checkpoint root {}: {e}", root.display()),
         )
     })?;
-    let existing = candidate
-        .ancestors()
-        .find(|a| a.exists())
-        .unwrap_or(root);
+    let existing = candidate.ancestors().find(|a| a.exists()).unwrap_or(root);
     match existing.canonicalize() {
         Ok(real) if real.starts_with(&real_root) => Ok(candidate),
         Ok(real) => bad(&format!(

@@ -268,8 +268,12 @@ pub fn certificate_names(path: &Path) -> Result<Vec<String>, ProtocolError> {
         match name {
             GeneralName::DNSName(d) => names.push((*d).to_owned()),
             GeneralName::IPAddress(ip) => match ip.len() {
-                4 => names.push(std::net::Ipv4Addr::from(<[u8; 4]>::try_from(*ip).expect("4")).to_string()),
-                16 => names.push(std::net::Ipv6Addr::from(<[u8; 16]>::try_from(*ip).expect("16")).to_string()),
+                4 => names.push(
+                    std::net::Ipv4Addr::from(<[u8; 4]>::try_from(*ip).expect("4")).to_string(),
+                ),
+                16 => names.push(
+                    std::net::Ipv6Addr::from(<[u8; 16]>::try_from(*ip).expect("16")).to_string(),
+                ),
                 _ => {}
             },
             _ => {}
@@ -374,7 +378,10 @@ pub fn server_config_without_client_auth(dir: &Path) -> Result<quinn::ServerConf
 
 /// Client-side QUIC crypto config from a TLS directory: presents the certificate of `role` and trusts only
 /// the CA.
-pub fn client_config(dir: &Path, role: crate::auth::Role) -> Result<quinn::ClientConfig, ProtocolError> {
+pub fn client_config(
+    dir: &Path,
+    role: crate::auth::Role,
+) -> Result<quinn::ClientConfig, ProtocolError> {
     let tls = rustls_client_config(dir, role)?;
     let quic = quinn::crypto::rustls::QuicClientConfig::try_from(tls).map_err(tls_err)?;
     Ok(quinn::ClientConfig::new(Arc::new(quic)))
@@ -382,8 +389,14 @@ pub fn client_config(dir: &Path, role: crate::auth::Role) -> Result<quinn::Clien
 
 /// The certificate and key files a client of `role` presents from `dir`: the role's own
 /// ([`files::role_cert`]), else `client.pem`/`client.key`.
-pub fn client_files(dir: &Path, role: crate::auth::Role) -> Result<(PathBuf, PathBuf), ProtocolError> {
-    let own = (path(dir, &files::role_cert(role)), path(dir, &files::role_key(role)));
+pub fn client_files(
+    dir: &Path,
+    role: crate::auth::Role,
+) -> Result<(PathBuf, PathBuf), ProtocolError> {
+    let own = (
+        path(dir, &files::role_cert(role)),
+        path(dir, &files::role_key(role)),
+    );
     if own.0.exists() {
         return Ok(own);
     }
@@ -440,10 +453,7 @@ pub fn certificate_failure(err: &ProtocolError) -> Option<String> {
         "certificate expired",
         "received fatal alert",
     ];
-    markers
-        .iter()
-        .any(|m| text.contains(m))
-        .then_some(text)
+    markers.iter().any(|m| text.contains(m)).then_some(text)
 }
 
 /// QUIC's CRYPTO_ERROR range (0x100..0x200): a TLS alert.
@@ -472,7 +482,10 @@ mod tests {
         }
         init_dev_certs(dir.path(), &[]).unwrap();
         assert_eq!(ca, std::fs::read(dir.path().join(files::CA_CERT)).unwrap());
-        assert_eq!(server, std::fs::read(dir.path().join(files::SERVER_CERT)).unwrap());
+        assert_eq!(
+            server,
+            std::fs::read(dir.path().join(files::SERVER_CERT)).unwrap()
+        );
         // A name the server certificate lacks is added.
         init_dev_certs(dir.path(), &["ps".into()]).unwrap();
         let names = certificate_names(&dir.path().join(files::SERVER_CERT)).unwrap();
@@ -506,8 +519,13 @@ mod tests {
     fn a_client_without_its_role_file_uses_client_pem_or_names_what_is_missing() {
         let dir = tempfile::tempdir().unwrap();
         init_ca(dir.path()).unwrap();
-        let err = client_config(dir.path(), Role::Serving).unwrap_err().to_string();
-        assert!(err.contains("serving.pem") && err.contains("client.pem"), "{err}");
+        let err = client_config(dir.path(), Role::Serving)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("serving.pem") && err.contains("client.pem"),
+            "{err}"
+        );
         issue(dir.path(), Leaf::Client(Role::Serving), &[], DEV_VALIDITY).unwrap();
         std::fs::rename(
             dir.path().join("serving.pem"),

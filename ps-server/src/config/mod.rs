@@ -513,7 +513,9 @@ pub fn default_checkpoint_root(data_dir: &Path) -> PathBuf {
 
 /// Whether `name` is a TLS server name a client can verify (a DNS name or an IP address).
 fn rustls_pki_name(name: &str) -> Result<(), ()> {
-    protocol::transport::tls::server_name(name).map(|_| ()).map_err(|_| ())
+    protocol::transport::tls::server_name(name)
+        .map(|_| ())
+        .map_err(|_| ())
 }
 
 /// Default [`FileConfig::admission_sketch_width`].

@@ -364,7 +364,10 @@ impl Shard {
         if !rep.replicated() {
             return match rep.role() {
                 Role::Primary => Ok(reply(rep.epoch())),
-                _ => Err(refuse(ErrorCode::BadRequest, "this shard is not replicated")),
+                _ => Err(refuse(
+                    ErrorCode::BadRequest,
+                    "this shard is not replicated",
+                )),
             };
         }
         if force {
@@ -423,7 +426,10 @@ impl Shard {
         let epoch = rep.epoch().checked_add(1).ok_or_else(|| {
             refuse(
                 ErrorCode::BadRequest,
-                format!("shard epoch {} cannot grow: refusing to wrap it", rep.epoch()),
+                format!(
+                    "shard epoch {} cannot grow: refusing to wrap it",
+                    rep.epoch()
+                ),
             )
         })?;
         drop(_one);

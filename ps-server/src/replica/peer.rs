@@ -145,7 +145,10 @@ impl Peers {
             }
         };
         let expected = self.settings.name_for(&peer.name);
-        let conn = match dialer.connect(addr, expected, self.settings.max_frame).await {
+        let conn = match dialer
+            .connect(addr, expected, self.settings.max_frame)
+            .await
+        {
             Ok(conn) => {
                 self.tls_healed(r);
                 conn

@@ -100,7 +100,8 @@ impl Shard {
         let (me, source) = (self.shard_index, header.source);
         let owned = |table: u32, ids: &[u64]| -> Result<(), Refusal> {
             let stray = ids.iter().find(|&&id| {
-                target.server_of(id) != me || (current.epoch != 0 && current.server_of(id) != source)
+                target.server_of(id) != me
+                    || (current.epoch != 0 && current.server_of(id) != source)
             });
             match stray {
                 None => Ok(()),

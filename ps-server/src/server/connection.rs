@@ -95,7 +95,8 @@ async fn serve_connection(
         let admission = admission.clone();
         let access = access.clone();
         tracker.spawn(async move {
-            if let Err(e) = serve_request(send, recv, &shard, &access, max_frame, &admission).await {
+            if let Err(e) = serve_request(send, recv, &shard, &access, max_frame, &admission).await
+            {
                 tracing::debug!(error = %e, "request stream failed");
             }
         });
