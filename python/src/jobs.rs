@@ -34,6 +34,14 @@ fn failed(what: &str, e: ProtocolError, start: Instant) -> RequestError {
     r
 }
 
+/// The error of a request still unanswered at the client's deadline: names the servers it went to.
+fn timed_out(what: &str, client: &PsClient, secs: f64) -> RequestError {
+    let servers: Vec<String> = (0..client.num_servers())
+        .map(|i| client.addr(i).to_string())
+        .collect();
+    RequestError::timeout(&format!("{what} to servers {}", servers.join(", ")), secs)
+}
+
 /// Rows and optimizer state of several tables' unique ids, one request per server in parallel: `rows` is
 /// every table's `ids x dim` one table after another, `state` every table's `ids x state_lens[t]`.
 async fn pull_tables_with_state(
@@ -231,7 +239,7 @@ impl PullJob {
         let r = match tokio::time::timeout(timeout, pulled).await {
             Ok(Ok(got)) => Ok(got),
             Ok(Err(e)) => Err(failed(&self.what, e, start)),
-            Err(_) => Err(RequestError::timeout(&self.what, timeout.as_secs_f64())),
+            Err(_) => Err(timed_out(&self.what, client, timeout.as_secs_f64())),
         };
         let n: usize = self.ids.iter().map(Vec::len).sum();
         counters.pull_calls.fetch_add(1, Ordering::Relaxed);
@@ -312,7 +320,7 @@ impl PushJob {
         let r = match r {
             Ok(Ok(applied)) => Ok(applied),
             Ok(Err(e)) => Err(failed(&self.what, e, start)),
-            Err(_) => Err(RequestError::timeout(&self.what, timeout.as_secs_f64())),
+            Err(_) => Err(timed_out(&self.what, client, timeout.as_secs_f64())),
         };
         let n: usize = self.ids.iter().map(Vec::len).sum();
         counters.push_calls.fetch_add(1, Ordering::Relaxed);
