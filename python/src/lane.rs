@@ -2,11 +2,12 @@
 //!
 //! A collection that replays its own pushes (DESIGN.md, "Wave 3", TorchRec; `trainer/src/step/replay.rs` for the
 //! Rust trainer) must know exactly which of its pushes a pulled row holds. A pull that reads while one of the
-//! collection's pushes is being applied may hold it or not. So requests on a lane run in runs of one kind: a
-//! pull waits until every push entered before it is answered, and a push waits until every pull entered before
-//! it is answered; requests of the same kind overlap freely. Then a pull holds exactly the pushes entered before
-//! it (those that succeeded), and none entered after it, and the Python side replays the latter (their sequence
-//! numbers are larger than the pull's).
+//! collection's pushes is being applied may hold it or not. So a pull waits until every push entered before it
+//! is answered, and a push waits until every request entered before it (pulls and pushes) is answered; pulls
+//! overlap each other freely. Then a pull holds exactly the pushes entered before it (those that succeeded),
+//! and none entered after it, and the Python side replays the latter (their sequence numbers are larger than
+//! the pull's). Pushes are applied in the order they were entered: two updates of one row by row-wise Adagrad
+//! or Adam give other bits in the other order, and the replayed rows must be the servers' rows.
 //!
 //! Nothing here blocks a thread: a request waits on the runtime, after its handle was returned to Python.
 
@@ -77,11 +78,16 @@ impl Lane {
             s.kind = Some(push);
         }
         let (tx, rx) = watch::channel(false);
+        let mut after = s.before.clone();
+        if push {
+            // Pushes of one run follow each other too.
+            after.extend(s.current.iter().cloned());
+        }
         s.current.push(rx);
         s.seq += 1;
         Entry {
             seq: s.seq,
-            after: s.before.clone(),
+            after,
             done: DoneGuard(Some(tx)),
         }
     }
