@@ -182,6 +182,7 @@ class EmbeddingCollection(nn.Module):
 
     def __init__(self, client: Client, tables: Sequence[EmbeddingTable], staleness: int = 0, fused: bool = True,
                  grad_scaler=None):
+        """Registers ``tables`` on the servers of ``client``; the arguments are described on the class."""
         super().__init__()
         self.client = client
         self.specs = list(tables)

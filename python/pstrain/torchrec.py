@@ -249,6 +249,8 @@ class EmbeddingBagCollection(_Collection):
                  device: Optional[torch.device] = None, optimizer: str = "sgd", lr: float = 0.01,
                  table_options: Optional[Dict[str, dict]] = None, staleness: int = 0, fused: bool = True,
                  grad_scaler=None, check_ids: bool = True, table_prefix: str = "", **options):
+        """Registers ``tables`` on the servers of ``client`` (attaching to them if the cluster holds them with
+        the same settings); the arguments are described on the class."""
         super().__init__()
         for t in tables:
             if not isinstance(t, EmbeddingBagConfig):
@@ -296,6 +298,8 @@ class EmbeddingCollection(_Collection):
                  need_indices: bool = False, optimizer: str = "sgd", lr: float = 0.01,
                  table_options: Optional[Dict[str, dict]] = None, staleness: int = 0, fused: bool = True,
                  grad_scaler=None, check_ids: bool = True, table_prefix: str = "", **options):
+        """Registers ``tables`` on the servers of ``client``; the arguments are described on the class and on
+        :class:`EmbeddingBagCollection`."""
         super().__init__()
         for t in tables:
             if not isinstance(t, EmbeddingConfig):

@@ -363,7 +363,8 @@ impl Client {
         }
         let reg = embedding::optimizer::Regularizer::of(&cfg);
         Ok(py.detach(|| {
-            let at: HashMap<u64, usize> = pushed.iter().enumerate().map(|(i, &id)| (id, i)).collect();
+            let at: HashMap<u64, usize> =
+                pushed.iter().enumerate().map(|(i, &id)| (id, i)).collect();
             let mut updated = 0;
             for (i, id) in target.iter().enumerate() {
                 let Some(&j) = at.get(id) else { continue };

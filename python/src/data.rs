@@ -102,5 +102,10 @@ pub fn read_criteo<'py>(
     d.set_item("empty_lines", stats.empty_lines)?;
     d.set_item("truncated_tokens", stats.truncated_tokens)?;
     d.set_item("first_errors", stats.first_errors)?;
-    Ok((PyArray1::from_vec(py, labels), PyArray1::from_vec(py, dense), features, d))
+    Ok((
+        PyArray1::from_vec(py, labels),
+        PyArray1::from_vec(py, dense),
+        features,
+        d,
+    ))
 }

@@ -145,7 +145,9 @@ impl PullHandle {
     /// another), after `wait`; once.
     fn take_state<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyArray1<f32>>> {
         let s = self.opt_state.take().ok_or_else(|| {
-            PyRuntimeError::new_err("take_state: no state (wait() first, on a pull with state; once)")
+            PyRuntimeError::new_err(
+                "take_state: no state (wait() first, on a pull with state; once)",
+            )
         })?;
         Ok(PyArray1::from_vec(py, s))
     }

@@ -59,7 +59,10 @@ async fn pull_tables_with_state(
         map.group(p.ids, &mut by_server);
         for pos in &mut by_server {
             pos.sort_unstable_by_key(|&i| p.ids[i as usize]);
-            if pos.windows(2).any(|w| p.ids[w[0] as usize] == p.ids[w[1] as usize]) {
+            if pos
+                .windows(2)
+                .any(|w| p.ids[w[0] as usize] == p.ids[w[1] as usize])
+            {
                 return Err(ProtocolError::BadPayload(format!(
                     "pull with state of table {}: ids must be distinct",
                     p.table
@@ -86,7 +89,14 @@ async fn pull_tables_with_state(
         })
         .collect();
     let mut rows = vec![0f32; parts.iter().map(|p| p.ids.len() * p.dim).sum()];
-    let mut state = vec![0f32; parts.iter().zip(state_lens).map(|(p, l)| p.ids.len() * l).sum()];
+    let mut state = vec![
+        0f32;
+        parts
+            .iter()
+            .zip(state_lens)
+            .map(|(p, l)| p.ids.len() * l)
+            .sum()
+    ];
     let mut set = JoinSet::new();
     for server in 0..servers {
         let mut sections = IdSections::new();
@@ -108,7 +118,12 @@ async fn pull_tables_with_state(
         let client = client.clone();
         set.spawn(async move {
             let got = client
-                .pull_with_state(server, encoding, sections.counts, Bytes::from(sections.payload))
+                .pull_with_state(
+                    server,
+                    encoding,
+                    sections.counts,
+                    Bytes::from(sections.payload),
+                )
                 .await?;
             Ok::<_, ProtocolError>((server, order, got))
         });
@@ -129,7 +144,10 @@ async fn pull_tables_with_state(
             }
             let r_len = pos.len() * encoding.row_bytes(p.dim);
             let s_len = pos.len() * want * 4;
-            let (rb, sb) = match (got.rows.get(r_at..r_at + r_len), got.state.get(s_at..s_at + s_len)) {
+            let (rb, sb) = match (
+                got.rows.get(r_at..r_at + r_len),
+                got.state.get(s_at..s_at + s_len),
+            ) {
                 (Some(r), Some(s)) => (r, s),
                 _ => {
                     return Err(ProtocolError::BadPayload(format!(

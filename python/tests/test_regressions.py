@@ -182,6 +182,10 @@ def test_issue_42_types_and_docs_ship():
     assert (root / "py.typed").is_file()
     for stub in ("_pstrain.pyi",):
         assert (root / stub).is_file()
-    assert "KeyedJaggedTensor" in tr.EmbeddingBagCollection.__doc__
-    assert "tables" in tr.EmbeddingBagCollection.__init__.__doc__ if tr.EmbeddingBagCollection.__init__.__doc__ \
-        else "tables" in tr.EmbeddingBagCollection.__doc__
+    from pstrain.torch import EmbeddingCollection as TorchCollection
+
+    assert "KeyedJaggedTensor" in tr.EmbeddingBagCollection.__doc__ and ">>>" not in tr.__doc__
+    assert "import pstrain" in tr.__doc__  # an example
+    for cls in (tr.EmbeddingBagCollection, tr.EmbeddingCollection, TorchCollection):
+        # help() shows the class's own __init__ doc, not nn.Module's generic one.
+        assert "client" in cls.__init__.__doc__, cls
