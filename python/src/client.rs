@@ -329,6 +329,7 @@ impl Client {
     /// and state in `state` (`len(target) x state_len`) are updated in place with table `table`'s optimizer
     /// and the pushed gradient row of `grads` (`len(pushed) x dim`, as pushed: summed per id, unscaled).
     /// Rows whose gradient is not finite are left, as the servers refuse them. Returns the rows updated.
+    #[allow(clippy::too_many_arguments)]
     fn replay(
         &self,
         py: Python<'_>,
@@ -391,6 +392,7 @@ impl Client {
     /// answered, `crate::lane`); `with_state`: the rows' optimizer state too (`PullHandle.take_state`; ids
     /// distinct within each table).
     #[pyo3(signature = (tables, what, encoding, ids, lane = None, with_state = false))]
+    #[allow(clippy::too_many_arguments)]
     fn pull_async(
         &self,
         py: Python<'_>,

@@ -98,6 +98,8 @@ async fn pull_tables_with_state(
             .sum()
     ];
     let mut set = JoinSet::new();
+    // Servers index the inner level of `routed` (`routed[table][server]`), which the lint takes for the outer.
+    #[allow(clippy::needless_range_loop)]
     for server in 0..servers {
         let mut sections = IdSections::new();
         let mut order = Vec::new();

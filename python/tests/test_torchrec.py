@@ -371,3 +371,46 @@ def test_sequence_example_learns_in_time_order():
     s = mod.main(["--users", "600", "--events", "30", "--windows", "3", "--items", "500", "--clusters", "10"])
     hr = [w["hit_rate_at_10"] for w in s["windows"]]
     assert len(hr) == 2 and hr[-1] > 0.3, hr
+
+
+def test_dlrm_v2_spec_multi_hot_data_trains_from_python(client, tmp_path):
+    """A DLRM-v2-shaped spec's multi-hot layout read from Python (read_criteo(spec=...)), fed as a KJT to
+    DLRM_DCN with our collection and with TorchRec's: the same losses and rows."""
+    import pathlib
+    import multihot_data
+
+    root = pathlib.Path(__file__).resolve().parents[2]
+    spec = root / "trainer" / "specs" / "dlrm-v2-small.toml"
+    layout = pstrain.data.spec_layout(str(spec))
+    caps = [f["tokens"] for f in layout]
+    path = tmp_path / "mh.tsv"
+    multihot_data.write(str(path), caps, 96, 3)
+    y, dense, feats = pstrain.read_criteo(str(path), spec=str(spec))
+    names = list(feats)
+    assert max(int(feats[n][1].max()) for n in names) > 1  # multi-hot bags, cut to the spec's tokens
+    assert all(int(feats[n][1].max()) <= f["tokens"] for n, f in zip(names, layout))
+    # TorchRec's tables are indexed by row: map each feature's 64-bit ids to 0..vocab-1 (same for both).
+    vocab = {n: np.unique(feats[n][0]) for n in names}
+    cfgs = lambda: [EmbeddingBagConfig(name=f"t_{n}", embedding_dim=4, num_embeddings=max(1, len(vocab[n])),
+                                       feature_names=[n]) for n in names]
+    def kjt(a, b):
+        values, lengths = [], []
+        for n in names:
+            v, l = feats[n]
+            off = np.concatenate([[0], np.cumsum(l)])
+            values.append(np.searchsorted(vocab[n], v[off[a]:off[b]]))
+            lengths.append(l[a:b])
+        return KeyedJaggedTensor(keys=names, values=torch.from_numpy(np.concatenate(values).astype(np.int64)),
+                                 lengths=torch.from_numpy(np.concatenate(lengths)))
+    data = [(torch.from_numpy(dense[a:a + 32, :5]), kjt(a, a + 32), torch.from_numpy(y[a:a + 32]))
+            for a in range(0, 96, 32)]
+    ours = EmbeddingBagCollection(cfgs(), client, optimizer="sgd", lr=LR, table_prefix=prefix())
+    theirs = torchrec.EmbeddingBagCollection(tables=cfgs())
+    theirs.load_state_dict(ours.state_dict())
+    m_ours, m_theirs = make_dlrm(DLRM_DCN, ours), make_dlrm(DLRM_DCN, theirs)
+    l_ours = train(m_ours, data, torch.optim.SGD(m_ours.parameters(), lr=LR))
+    l_theirs = train(m_theirs, data, torch.optim.SGD(m_theirs.parameters(), lr=LR))
+    np.testing.assert_allclose(l_ours, l_theirs, rtol=1e-5, atol=1e-6)
+    ours.wait()
+    for k, v in theirs.state_dict().items():
+        torch.testing.assert_close(ours.state_dict()[k], v, rtol=1e-5, atol=1e-6)
