@@ -8,7 +8,7 @@ random items; chance is 0.10).
 
 The item table is a TorchRec ``EmbeddingConfig`` served by ``pstrain.torchrec.EmbeddingCollection`` (one table
 for the history, the target and the negative features: ids deduplicated across them each step); the
-encoder is plain PyTorch (positional embedding, one causal self-attention block). ``--local`` trains the same
+encoder is plain PyTorch (positional embedding, self-attention of the latest position over the history). ``--local`` trains the same
 model with TorchRec's own in-process ``EmbeddingCollection`` and torch SGD on its rows (the baseline): the
 module is a drop-in replacement, and with ``--staleness 0`` the two compute the same numbers.
 
@@ -61,32 +61,35 @@ def samples(rows, hist_len):
 
 
 class Encoder(nn.Module):
-    """Positional embedding + one causal self-attention block over the history; the last position's output is
-    the user's state, scored against item rows by dot product."""
+    """Positional embedding + self-attention over the history: the most recent position attends to every item of
+    the history (padding masked), then a feed-forward block; the result is the user's state, scored against
+    item rows by dot product."""
 
     def __init__(self, dim, hist_len):
         super().__init__()
         self.pos = nn.Embedding(hist_len, dim)
-        self.block = nn.TransformerEncoderLayer(dim, nhead=2, dim_feedforward=2 * dim, dropout=0.0, batch_first=True)
+        nn.init.normal_(self.pos.weight, std=0.01)
+        self.attn = nn.MultiheadAttention(dim, num_heads=2, batch_first=True)
+        self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.ff = nn.Sequential(nn.Linear(dim, 2 * dim), nn.ReLU(), nn.Linear(2 * dim, dim))
         self.hist_len = hist_len
 
     def forward(self, hist_rows, lengths):
         b, d = len(lengths), hist_rows.shape[1]
         L = self.hist_len
-        x = hist_rows.new_zeros(b, L, d)
         # Right-align each history: its most recent item at position L-1.
         pos = torch.cat([torch.arange(L - n, L) for n in lengths.tolist()])
         row = torch.repeat_interleave(torch.arange(b), lengths)
-        x[row, pos] = hist_rows
-        x = x + self.pos.weight.unsqueeze(0)
+        x = hist_rows.new_zeros(b, L, d).index_put((row, pos), hist_rows) + self.pos.weight.unsqueeze(0)
         pad = torch.arange(L).unsqueeze(0) < (L - lengths).unsqueeze(1)
-        mask = nn.Transformer.generate_square_subsequent_mask(L)
-        h = self.block(x, src_mask=mask, src_key_padding_mask=pad, is_causal=True)
-        return h[:, -1]
+        last = x[:, -1:]
+        h, _ = self.attn(last, x, x, key_padding_mask=pad, need_weights=False)
+        h = self.norm1(last + h)
+        return self.norm2(h + self.ff(h)).squeeze(1)
 
 
 def kjt(hists, targets, negs):
-    lengths = [len(h) for h in hists] + [1] * len(targets) + [n.shape[0] if hasattr(n, "shape") else 1 for n in negs]
+    lengths = [len(h) for h in hists] + [1] * len(targets) + [np.atleast_1d(n).size for n in negs]
     values = [i for h in hists for i in h] + list(targets) + [i for n in negs for i in np.atleast_1d(n)]
     return KeyedJaggedTensor(keys=["hist", "target", "neg"], values=torch.tensor(values, dtype=torch.int64),
                              lengths=torch.tensor(lengths, dtype=torch.int64))
@@ -102,8 +105,10 @@ def main(argv=None):
     ap.add_argument("--hist", type=int, default=10)
     ap.add_argument("--dim", type=int, default=32)
     ap.add_argument("--batch", type=int, default=256)
-    ap.add_argument("--emb-lr", type=float, default=0.5)
-    ap.add_argument("--lr", type=float, default=0.003)
+    ap.add_argument("--epochs", type=int, default=3, help="passes over each window's events")
+    ap.add_argument("--emb-lr", type=float, default=20.0, help="sgd on the item rows (a mean loss: rows move "
+                    "by lr / batch per sample)")
+    ap.add_argument("--lr", type=float, default=0.01)
     ap.add_argument("--staleness", type=int, default=1)
     ap.add_argument("--local", action="store_true", help="TorchRec's in-process EmbeddingCollection instead")
     ap.add_argument("--seed", type=int, default=1)
@@ -113,7 +118,7 @@ def main(argv=None):
     data = samples(generate(a.users, a.items, a.clusters, a.events, a.windows, a.seed), a.hist)
     window = np.array([int(ts) for _, _, ts in data])
     rng = np.random.default_rng(a.seed + 1)
-    tables = [EmbeddingConfig(name="items", embedding_dim=a.dim, num_embeddings=a.items,
+    tables = [EmbeddingConfig(name="item_table", embedding_dim=a.dim, num_embeddings=a.items,
                               feature_names=["hist", "target", "neg"], weight_init_min=-0.1, weight_init_max=0.1)]
     cluster = client = None
     if a.local:
@@ -135,7 +140,7 @@ def main(argv=None):
         idx = np.flatnonzero(window == w)
         start = time.perf_counter()
         nxt = None
-        batches = [idx[s : s + a.batch] for s in range(0, len(idx), a.batch)]
+        batches = [idx[s : s + a.batch] for _ in range(a.epochs) for s in range(0, len(idx), a.batch)]
         feats = [kjt([data[i][0] for i in bi], [data[i][1] for i in bi], rng.integers(0, a.items, len(bi)))
                  for bi in batches]
         for j, f in enumerate(feats):
