@@ -200,7 +200,9 @@ class Client:
         if known is not None and known["dim"] != dim:
             raise ValueError(f"table {name!r}: dim = {dim}, but the cluster holds it with dim {known['dim']}")
         if seed is None:
-            seed = seed_of(name)
+            # A table the cluster holds keeps its seed (e.g. one the Rust trainer registered); a new one gets a
+            # seed from its name.
+            seed = known["seed"] if known is not None and "seed" in known else seed_of(name)
         if table_id is None:
             if known is not None:
                 table_id = known["id"]

@@ -225,7 +225,7 @@ impl Client {
         self.inner.num_servers()
     }
 
-    /// The tables the cluster knew when this client connected, as dicts (`id`, `name`, `dim`).
+    /// The tables the cluster knew when this client connected, as dicts (`id`, `name`, `dim`, `seed`).
     fn known_tables<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyDict>>> {
         self.inner
             .known_tables()
@@ -235,6 +235,7 @@ impl Client {
                 d.set_item("id", t.id)?;
                 d.set_item("name", &t.name)?;
                 d.set_item("dim", t.dim)?;
+                d.set_item("seed", t.seed)?;
                 Ok(d)
             })
             .collect()

@@ -189,3 +189,16 @@ def test_issue_42_types_and_docs_ship():
     for cls in (tr.EmbeddingBagCollection, tr.EmbeddingCollection, TorchCollection):
         # help() shows the class's own __init__ doc, not nn.Module's generic one.
         assert "client" in cls.__init__.__doc__, cls
+
+
+def test_issue_42_attaching_to_a_held_table_keeps_its_seed(cluster, table_name):
+    """Seeds by name must not stop a process from attaching to a table the cluster holds with another seed
+    (one the Rust trainer or another job registered): the held table's seed is kept."""
+    first = pstrain.Client(cluster.servers, cluster.tls_dir)
+    first.register_table(table_name, dim=3, seed=7)
+    later = pstrain.Client(cluster.servers, cluster.tls_dir)
+    later.register_table(table_name, dim=3)
+    ids = np.arange(5, dtype=np.int64)
+    np.testing.assert_array_equal(later.pull(table_name, ids), first.pull(table_name, ids))
+    first.close()
+    later.close()
