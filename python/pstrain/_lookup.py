@@ -418,9 +418,13 @@ class Lookup:
                 g = g * np.float32(lrs[name] / s.lr)
             by_enc.setdefault(self.tables[name].push_encoding, []).append((name, ids, g))
         handles = []
-        for parts in by_enc.values():
-            h = self.client.push_many([self.tables[n] for n, _, _ in parts], [i for _, i, _ in parts],
-                                      [np.ascontiguousarray(g) for _, _, g in parts], lane=self.lane)
+        for enc, parts in by_enc.items():
+            # The ids are the plan's (uint64, distinct) and the gradients were checked finite in backward: straight
+            # to the extension, without the public API's checks.
+            ts = [self.tables[n] for n, _, _ in parts]
+            what = "tables " + ", ".join(repr(t.name) for t in ts) if len(ts) < 5 else f"{len(ts)} tables"
+            h = self.client._c.push_async([(t.id, t.dim) for t in ts], what, enc, [i for _, i, _ in parts],
+                                          [np.ascontiguousarray(g, dtype=np.float32) for _, _, g in parts], self.lane)
             handles.append(h)
             if self._prefetched:
                 self._log.append((h.seq, {n: (i, g) for n, i, g in parts}))

@@ -363,28 +363,7 @@ impl Client {
                 pushed.len()
             )));
         }
-        let reg = embedding::optimizer::Regularizer::of(&cfg);
-        Ok(py.detach(|| {
-            let at: HashMap<u64, usize> =
-                pushed.iter().enumerate().map(|(i, &id)| (id, i)).collect();
-            let mut updated = 0;
-            for (i, id) in target.iter().enumerate() {
-                let Some(&j) = at.get(id) else { continue };
-                let g = &grads[j * dim..(j + 1) * dim];
-                if !g.iter().all(|x| x.is_finite()) {
-                    continue;
-                }
-                embedding::optimizer::update(
-                    &cfg.optimizer,
-                    reg,
-                    &mut rows[i * dim..(i + 1) * dim],
-                    &mut state[i * len..(i + 1) * len],
-                    g,
-                );
-                updated += 1;
-            }
-            updated
-        }))
+        Ok(py.detach(|| crate::replay::apply(&cfg, rows, state, target, pushed, grads)))
     }
 
     /// Starts a pull of several tables in one request per server: `tables[i]` is `(table id, dim)` and

@@ -23,6 +23,17 @@ use tokio::task::JoinSet;
 use crate::client::{parse_encoding, Counters};
 use crate::errors::RequestError;
 
+/// An array's elements in logical order: one `memcpy` when it is contiguous (the usual case), else element by
+/// element.
+fn copy_out<T: Copy, D: numpy::ndarray::Dimension>(
+    a: numpy::ndarray::ArrayView<'_, T, D>,
+) -> Vec<T> {
+    match a.as_slice() {
+        Some(s) => s.to_vec(),
+        None => a.iter().copied().collect(),
+    }
+}
+
 /// The error of a request that failed after `start`: the operation, the cause, and the time it took.
 fn failed(what: &str, e: ProtocolError, start: Instant) -> RequestError {
     let mut r = RequestError::new(what, e);
@@ -204,10 +215,7 @@ impl PullJob {
                 tables.len()
             )));
         }
-        let ids: Vec<Vec<u64>> = ids
-            .iter()
-            .map(|a| a.as_array().iter().copied().collect())
-            .collect();
+        let ids: Vec<Vec<u64>> = ids.iter().map(|a| copy_out(a.as_array())).collect();
         let n: usize = ids.iter().map(Vec::len).sum();
         Ok(PullJob {
             tables,
@@ -300,7 +308,7 @@ impl PushJob {
         let mut all_ids = Vec::with_capacity(ids.len());
         let mut all_grads = Vec::with_capacity(ids.len());
         for ((i, g), &(_, dim)) in ids.iter().zip(grads).zip(&tables) {
-            let i: Vec<u64> = i.as_array().iter().copied().collect();
+            let i: Vec<u64> = copy_out(i.as_array());
             let shape = g.as_array().shape().to_vec();
             if shape != [i.len(), dim] {
                 return Err(PyValueError::new_err(format!(
@@ -308,7 +316,7 @@ impl PushJob {
                     i.len()
                 )));
             }
-            all_grads.push(g.as_array().iter().copied().collect::<Vec<f32>>());
+            all_grads.push(copy_out(g.as_array()));
             all_ids.push(i);
         }
         let n: usize = all_ids.iter().map(Vec::len).sum();

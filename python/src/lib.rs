@@ -14,7 +14,8 @@
 //! - [`cluster`]: `LocalCluster`, real `ps-server` processes on loopback.
 //! - [`data`]: `read_criteo`, a Criteo file into numpy arrays (labels, dense features, feature ids).
 //! - [`dedup`]: `unique_inverse`, a batch's distinct ids by hashing.
-//! - [`lane`]: `Lane`, one collection's order of pulls and pushes (what replay of its own pushes relies on).
+//! - [`lane`]: `Lane`, one collection's order of pulls and pushes (what replay of its own pushes relies on);
+//!   [`replay`]: a push applied to rows pulled before it, as the servers apply it.
 //! - [`errors`]: how protocol errors become the exceptions of `pstrain/errors.py`.
 
 use pyo3::prelude::*;
@@ -27,6 +28,7 @@ pub mod errors;
 pub mod handles;
 pub(crate) mod jobs;
 pub mod lane;
+pub(crate) mod replay;
 
 /// The process-wide tokio runtime every client shares, created on first use with `PSTRAIN_IO_THREADS` worker
 /// threads (default 2: requests are I/O and codec work beside the caller's Python and torch threads).
