@@ -9,16 +9,20 @@ The numpy API needs no PyTorch::
         rows = client.pull("user", np.array([3, 7, 3], dtype=np.int64))    # float32 [3, 16]
         client.push("user", np.array([3, 7]), np.ones((2, 16), np.float32))
 
-``pstrain.torch`` (imported separately, it needs torch) has the ``nn.Module`` layer over such tables.
+``pstrain.torch`` (imported separately, it needs torch) has the ``nn.Module`` layer over such tables;
+``pstrain.torchrec`` (it needs torchrec) TorchRec's ``EmbeddingBagCollection`` and ``EmbeddingCollection`` over
+them.
 """
 
-from .errors import PsConnectionError, PsError, PsTimeoutError
+from .errors import ClusterError, PsConnectionError, PsError, PsTimeoutError
 from .client import Client, PullHandle, PushHandle, Table
 from .cluster import LocalCluster, find_binary
-from .data import read_criteo
+from .data import CriteoWarning, read_criteo
 
 __all__ = [
     "Client",
+    "ClusterError",
+    "CriteoWarning",
     "LocalCluster",
     "PsConnectionError",
     "PsError",

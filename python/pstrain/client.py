@@ -1,11 +1,13 @@
 """The numpy client: tables by name, pulls and pushes of numpy arrays, blocking or with a handle.
 
 Ids are 1-D ``int64`` (>= 0) or ``uint64`` arrays, in any order, duplicates allowed (a pull returns a row per id;
-a push sums the gradient rows of a repeated id). Gradients are ``float32`` arrays of ``len(ids) x dim``. Rows come
+a push sums the gradient rows of a repeated id). Ids at or above 2^63 travel as ``uint64`` (or, in the torch
+layers, as the ``int64`` view of them). Gradients are ``float32`` arrays of ``len(ids) x dim``. Rows come
 back as ``float32`` arrays that own the decoded buffer (no copy after decoding). ``*_async`` calls return at once
 with a handle whose ``wait()`` blocks with the GIL released; the arrays passed in may be reused right away.
 """
 
+import hashlib
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Union
 
@@ -27,6 +29,15 @@ class PullHandle:
 
     def done(self) -> bool:
         return self._h.done()
+
+    @property
+    def seq(self) -> int:
+        """The pull's sequence number on its lane (0 without one)."""
+        return self._h.seq
+
+    def take_state(self) -> np.ndarray:
+        """A pull with state's optimizer state (every table's ``ids x state_len`` float32, flat), after ``wait``."""
+        return self._h.take_state()
 
     def wait(self, timeout: Optional[float] = None, concat: bool = False):
         """The rows; with ``concat`` (``pull_many`` of tables of one dimension), one array of every table's rows
@@ -50,19 +61,48 @@ class Table:
     push_encoding: str = "f32"
 
 
-def _check_ids(ids, what: str) -> np.ndarray:
-    """``ids`` as a contiguous uint64 array (a view where possible), or a TypeError/ValueError naming the problem."""
+def name_hash(name: str, salt: str) -> int:
+    """A stable 64-bit hash of ``name`` (the same in every process and version): table ids and seeds by name."""
+    return int.from_bytes(hashlib.blake2b(f"{salt}:{name}".encode(), digest_size=8).digest(), "little")
+
+
+# Table ids picked by name fall in [FIRST_NAMED_ID, 2^31): above the ids the Rust trainer gives (0, 1, ...).
+FIRST_NAMED_ID = 1 << 16
+
+
+def table_id_of(name: str) -> int:
+    """The id a table named ``name`` gets when the cluster does not hold it yet: a hash of the name, so every
+    process of a job (several trainer ranks) picks the same id for it without talking to the others."""
+    return FIRST_NAMED_ID + name_hash(name, "pstrain-table-id") % ((1 << 31) - FIRST_NAMED_ID)
+
+
+def seed_of(name: str) -> int:
+    """The default initializer seed of table ``name``: tables of different names start with different rows."""
+    return name_hash(name, "pstrain-table-seed") >> 1
+
+
+def _check_ids(ids, what: str, negative_as_bits: bool = False) -> np.ndarray:
+    """``ids`` as a contiguous uint64 array (a view where possible), or a TypeError/ValueError naming the problem.
+    With ``negative_as_bits``, a negative int64 is the bit pattern of an id at or above 2^63 (what
+    ``uint64_tensor.view(torch.int64)`` gives); otherwise it is refused."""
     if not isinstance(ids, np.ndarray):
         raise TypeError(f"{what}: ids must be a numpy array of int64 or uint64, got {type(ids).__name__}")
     if ids.ndim != 1:
         raise ValueError(f"{what}: ids must be 1-D, got shape {ids.shape}")
     if ids.dtype == np.int64:
-        if ids.size and ids.min() < 0:
+        if not negative_as_bits and ids.size and ids.min() < 0:
             i = int(np.argmax(ids < 0))
-            raise ValueError(f"{what}: ids[{i}] = {int(ids[i])} is out of range: ids are unsigned 64-bit (>= 0)")
+            raise ValueError(
+                f"{what}: ids[{i}] = {int(ids[i])} is out of range: ids are unsigned 64-bit (>= 0; pass ids at or "
+                "above 2^63 as uint64)")
         return np.ascontiguousarray(ids).view(np.uint64)
     if ids.dtype == np.uint64:
         return np.ascontiguousarray(ids)
+    if ids.dtype == np.int32 and negative_as_bits:
+        if ids.size and ids.min() < 0:
+            i = int(np.argmax(ids < 0))
+            raise ValueError(f"{what}: ids[{i}] = {int(ids[i])} is negative (int32 ids must be >= 0)")
+        return ids.astype(np.uint64)
     raise TypeError(f"{what}: ids dtype {ids.dtype}: expected int64 or uint64")
 
 
@@ -86,7 +126,12 @@ class Client:
     ``servers``: ``host:port`` addresses in shard order (a list, or one comma-separated string; a replicated
     shard's replicas joined by ``/``); ``tls_dir``: the
     cluster's TLS directory (``ca.pem``, ``client.pem``, ``client.key``); ``transport``: ``quic`` or ``tcp``;
-    ``timeout_secs``: the most any call may take before it raises ``PsTimeoutError``.
+    ``timeout_secs``: the most any call may take before it raises ``PsTimeoutError`` (a dead server's error
+    names it and the time really waited).
+
+    ``close()`` (or leaving a ``with`` block) waits for the requests in flight to be answered or to fail, then
+    closes the connections; a push is never sent twice. A closed client refuses requests with ``PsError``.
+    A client is a connection, not a value: it cannot be pickled or deep-copied.
     """
 
     def __init__(
@@ -123,7 +168,7 @@ class Client:
         clip_norm: float = 0.0,
         init: str = "uniform",
         init_scale: float = 0.01,
-        seed: int = 0,
+        seed: Optional[int] = None,
         encoding: str = "f32",
         push_encoding: Optional[str] = None,
         table_id: Optional[int] = None,
@@ -134,8 +179,11 @@ class Client:
         ``optimizer`` runs on the servers: ``sgd`` (``lr``), ``row_adagrad`` (``lr``, ``eps``,
         ``initial_accumulator``) or ``adam`` (``lr``, ``betas``, ``eps``); ``weight_decay`` and ``clip_norm``
         apply to each. ``init``: ``uniform`` in ``[-init_scale, init_scale]`` or ``normal`` with std
-        ``init_scale``, deterministic in (``seed``, id). ``encoding``/``push_encoding``: how rows and gradients
-        travel (``f32``, ``f16``, ``bf16``, ``int8``)."""
+        ``init_scale``, deterministic in (``seed``, id); the default seed is a hash of the name, so tables of
+        different names start with different rows. ``encoding``/``push_encoding``: how rows and gradients
+        travel (``f32``, ``f16``, ``bf16``, ``int8``). ``table_id``: the id on the servers; by default the
+        cluster's id for ``name`` if it holds the table, else a hash of the name (so several processes agree on
+        it without talking to each other)."""
         if not isinstance(name, str) or not name:
             raise ValueError(f"table name {name!r}: expected a non-empty string")
         if not isinstance(dim, (int, np.integer)) or isinstance(dim, bool) or dim < 1:
@@ -151,14 +199,22 @@ class Client:
         known = self._known.get(name)
         if known is not None and known["dim"] != dim:
             raise ValueError(f"table {name!r}: dim = {dim}, but the cluster holds it with dim {known['dim']}")
+        if seed is None:
+            # A table the cluster holds keeps its seed (e.g. one the Rust trainer registered); a new one gets a
+            # seed from its name.
+            seed = known["seed"] if known is not None and "seed" in known else seed_of(name)
         if table_id is None:
             if known is not None:
                 table_id = known["id"]
             elif name in self._tables:
                 table_id = self._tables[name].id
             else:
-                used = {t["id"] for t in self._known.values()} | {t.id for t in self._tables.values()}
-                table_id = max(used, default=-1) + 1
+                table_id = table_id_of(name)
+                clash = [t["name"] for t in self._known.values() if t["id"] == table_id]
+                clash += [t.name for t in self._tables.values() if t.id == table_id]
+                if clash:
+                    raise ValueError(
+                        f"table {name!r}: its id by name ({table_id}) is taken by table {clash[0]!r}: pass table_id")
         self._c.register_table(
             int(table_id), name, int(dim), optimizer, float(lr), float(eps), float(initial_accumulator),
             float(betas[0]), float(betas[1]), float(weight_decay), float(clip_norm), init, float(init_scale),
@@ -183,13 +239,16 @@ class Client:
         return list(self._tables.values())
 
     def pull_async(self, table, ids) -> PullHandle:
+        """Starts a pull of ``ids``' rows; ``wait()`` gives them."""
         t = self.table(table)
         u = _check_ids(ids, f"pull of table {t.name!r}")
         return PullHandle(self._c.pull_async([(t.id, t.dim)], f"table {t.name!r}", t.encoding, [u]), True)
 
-    def pull_many(self, tables, ids) -> PullHandle:
+    def pull_many(self, tables, ids, *, lane=None, with_state: bool = False) -> PullHandle:
         """Starts one pull of several tables (``ids[i]`` for ``tables[i]``, all of one encoding): one request per
-        server for all of them. ``wait()`` gives the list of row arrays."""
+        server for all of them. ``wait()`` gives the list of row arrays. ``lane`` (a ``pstrain._pstrain.Lane``)
+        orders it after that lane's earlier pushes; ``with_state`` pulls the rows' optimizer state too (ids must
+        be distinct; ``handle.take_state()`` after ``wait``)."""
         ts = [self.table(t) for t in tables]
         if len(ts) != len(ids):
             raise ValueError(f"pull_many: {len(ids)} id arrays for {len(ts)} tables")
@@ -198,21 +257,25 @@ class Client:
             raise ValueError(f"pull_many: tables of several encodings {sorted(encodings)}: pull each group apart")
         us = [_check_ids(i, f"pull of table {t.name!r}") for t, i in zip(ts, ids)]
         what = "tables " + ", ".join(repr(t.name) for t in ts) if len(ts) < 5 else f"{len(ts)} tables"
-        return PullHandle(self._c.pull_async([(t.id, t.dim) for t in ts], what, ts[0].encoding if ts else "f32", us), False)
+        h = self._c.pull_async([(t.id, t.dim) for t in ts], what, ts[0].encoding if ts else "f32", us, lane,
+                               with_state)
+        return PullHandle(h, False)
 
     def pull(self, table, ids) -> np.ndarray:
         """The rows of ``ids``: ``float32`` ``[len(ids), dim]``."""
         return self.pull_async(table, ids).wait()
 
     def push_async(self, table, ids, grads) -> PushHandle:
+        """Starts a push of ``grads`` for ``ids``; ``wait()`` gives the rows applied."""
         t = self.table(table)
         what = f"push of table {t.name!r}"
         u = _check_ids(ids, what)
         g = _check_grads(grads, len(u), t.dim, what)
         return self._c.push_async([(t.id, t.dim)], f"table {t.name!r}", t.push_encoding, [u], [g])
 
-    def push_many(self, tables, ids, grads) -> PushHandle:
-        """Starts one push of several tables (``grads[i]`` for ``ids[i]`` of ``tables[i]``, one push encoding)."""
+    def push_many(self, tables, ids, grads, *, lane=None) -> PushHandle:
+        """Starts one push of several tables (``grads[i]`` for ``ids[i]`` of ``tables[i]``, one push encoding);
+        ``lane`` orders it after that lane's earlier pulls."""
         ts = [self.table(t) for t in tables]
         if not (len(ts) == len(ids) == len(grads)):
             raise ValueError(f"push_many: {len(ids)} id and {len(grads)} gradient arrays for {len(ts)} tables")
@@ -226,7 +289,8 @@ class Client:
             us.append(u)
             gs.append(_check_grads(g, len(u), t.dim, what))
         what = "tables " + ", ".join(repr(t.name) for t in ts) if len(ts) < 5 else f"{len(ts)} tables"
-        return self._c.push_async([(t.id, t.dim) for t in ts], what, ts[0].push_encoding if ts else "f32", us, gs)
+        return self._c.push_async([(t.id, t.dim) for t in ts], what, ts[0].push_encoding if ts else "f32", us, gs,
+                                  lane)
 
     def push(self, table, ids, grads) -> int:
         """Applies ``grads`` (``float32`` ``[len(ids), dim]``) with the table's optimizer; returns rows applied."""
@@ -241,11 +305,26 @@ class Client:
         return self._c.checkpoint(str(directory), int(step))
 
     def stats(self) -> dict:
-        """Calls, rows and seconds of pulls and pushes, and seconds spent blocked in ``wait``."""
+        """Calls, rows and seconds of pulls and pushes (on the I/O threads), and seconds the caller spent blocked
+        in ``wait``."""
         return self._c.stats()
 
+    @property
+    def in_flight(self) -> int:
+        """Requests started and not yet answered."""
+        return self._c.in_flight
+
     def close(self):
+        """Waits for the requests in flight (each bounded by ``timeout_secs``), then closes every connection."""
         self._c.close()
+
+    def __reduce__(self):
+        raise TypeError(
+            "a pstrain.Client is a set of connections and cannot be pickled or copied: save the tables with "
+            "state_dict() or Client.checkpoint(), and make a new Client in the new process")
+
+    def __deepcopy__(self, memo):
+        self.__reduce__()
 
     def __enter__(self):
         return self

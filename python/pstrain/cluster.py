@@ -1,13 +1,50 @@
-"""A local cluster of real ``ps-server`` processes on loopback, for examples and tests."""
+"""A local cluster of real ``ps-server`` processes on loopback, for examples and tests.
+
+The servers die with the Python process that started them, however it ends (SIGKILL and SIGTERM included): a
+small watchdog process holds a pipe from the parent, and when the pipe closes without a clean ``stop()`` it
+kills the servers and removes the cluster's temporary directory."""
 
 import os
 import shutil
 import signal
+import subprocess
+import sys
 import tempfile
+import warnings
 from pathlib import Path
 from typing import List, Optional, Sequence
 
 from . import _pstrain
+from .errors import ClusterError
+
+# The watchdog: reads its standard input (the parent's pipe) to the end. "stop" before the end means the parent
+# stopped the cluster itself; otherwise the parent died, and the watchdog kills the servers (each only if it
+# still runs the ps-server it was given) and removes the temporary directory.
+_WATCHDOG = r"""
+import os, shutil, signal, sys
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+tmp, pids = sys.argv[1], [int(p) for p in sys.argv[2:]]
+said = sys.stdin.read()
+if said.strip() == "stop":
+    sys.exit(0)
+for pid in pids:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            if b"ps-server" not in f.read():
+                continue
+        os.kill(pid, signal.SIGKILL)
+    except (OSError, ValueError):
+        pass
+for pid in pids:
+    try:
+        while os.path.exists(f"/proc/{pid}") and open(f"/proc/{pid}/stat").read().split()[2] != "Z":
+            os.sched_yield()
+    except OSError:
+        pass
+if tmp:
+    shutil.rmtree(tmp, ignore_errors=True)
+"""
 
 
 def find_binary(name: str) -> str:
@@ -53,16 +90,34 @@ def find_binary(name: str) -> str:
 class LocalCluster:
     """``servers`` ``ps-server`` processes on loopback, each with its own RocksDB directory under ``run_dir`` (a
     temporary directory, removed at ``stop()``, if not given) and a dev CA in ``run_dir/tls``. ``extra_args`` go
-    to every server (e.g. ``["--memory-budget-rows", "100000"]``). Use as a context manager, or call ``stop()``."""
+    to every server (e.g. ``["--memory-budget-rows", "100000"]``). ``restore_from``: a snapshot directory written
+    by ``Client.checkpoint`` / ``collection.checkpoint`` (taken on any number of servers): each server starts
+    from its share of it (``ps-server restore``). Use as a context manager, or call ``stop()``; the servers die
+    with this process in any case."""
 
     def __init__(self, servers: int = 2, run_dir: Optional[str] = None, extra_args: Sequence[str] = (),
-                 ps_server: Optional[str] = None):
+                 ps_server: Optional[str] = None, restore_from: Optional[str] = None):
         self._tmp = None
+        self._watchdog = None
+        servers = int(servers)
         if run_dir is None:
             self._tmp = tempfile.mkdtemp(prefix="pstrain-cluster-")
             run_dir = self._tmp
-        self._c = _pstrain.LocalCluster(ps_server or find_binary("ps-server"), int(servers), str(run_dir),
-                                        [str(a) for a in extra_args])
+        binary = ps_server or find_binary("ps-server")
+        try:
+            if restore_from is not None:
+                _restore(binary, str(restore_from), servers, str(run_dir))
+            self._c = _pstrain.LocalCluster(binary, servers, str(run_dir), [str(a) for a in extra_args])
+        except RuntimeError as e:
+            self._remove_tmp()
+            raise ClusterError(str(e)) from None
+        except BaseException:
+            self._remove_tmp()
+            raise
+        self._watchdog = subprocess.Popen(
+            [sys.executable, "-c", _WATCHDOG, self._tmp or "", *[str(p) for p in self._c.pids]],
+            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+            close_fds=True)
 
     @property
     def servers(self) -> List[str]:
@@ -90,17 +145,50 @@ class LocalCluster:
         os.kill(self.pids[index], signal.SIGKILL)
 
     def stop(self, timeout_secs: float = 60.0):
-        """SIGTERM to every server; raises unless each exits cleanly. Idempotent."""
+        """SIGTERM to every server; raises ``ClusterError`` (a ``PsError``) naming each server that did not exit
+        cleanly. Idempotent."""
         try:
             if self._c.running:
-                self._c.stop(timeout_secs)
+                try:
+                    self._c.stop(timeout_secs)
+                except RuntimeError as e:
+                    raise ClusterError(f"{e} (logs under {self.run_dir})") from None
         finally:
-            if self._tmp is not None:
-                shutil.rmtree(self._tmp, ignore_errors=True)
-                self._tmp = None
+            self._remove_tmp()
+            if self._watchdog is not None:
+                try:
+                    self._watchdog.communicate(b"stop\n", timeout=30)
+                except (OSError, ValueError, subprocess.TimeoutExpired):
+                    self._watchdog.kill()
+                self._watchdog = None
+
+    def _remove_tmp(self):
+        if self._tmp is not None:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+            self._tmp = None
 
     def __enter__(self):
         return self
 
-    def __exit__(self, *exc):
-        self.stop()
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None:
+            self.stop()
+            return
+        # An error is already on its way out: a server that died with it (often its cause) must not replace it.
+        try:
+            self.stop()
+        except ClusterError as e:
+            warnings.warn(f"while handling {exc_type.__name__}: {e}", RuntimeWarning, stacklevel=2)
+
+
+def _restore(binary: str, snapshot: str, servers: int, run_dir: str):
+    """Builds each server's data directory (``run_dir/ps-<i>``, as the cluster names them) from ``snapshot``."""
+    if not os.path.isdir(snapshot):
+        raise ClusterError(f"restore_from = {snapshot}: not a directory")
+    for i in range(servers):
+        out = subprocess.run(
+            [binary, "restore", "--from", snapshot, "--num-shards", str(servers), "--shard-index", str(i),
+             "--data-dir", os.path.join(run_dir, f"ps-{i}")], capture_output=True, text=True)
+        if out.returncode != 0:
+            raise ClusterError(f"ps-server restore --from {snapshot} (shard {i} of {servers}) failed: "
+                               f"{out.stderr.strip() or out.stdout.strip()}")

@@ -135,7 +135,8 @@ def main(argv=None):
     ap.add_argument("--emb-init-scale", type=float, default=0.05)
     ap.add_argument("--encoding", default="f16", choices=["f32", "f16", "bf16"])
     ap.add_argument("--staleness", type=int, default=0,
-                    help="steps of pushes in flight (0 = synchronous; 2 is faster and costs AUC: BENCHMARKS.md)")
+                    help="updates whose pushes may be unacknowledged while a step computes (0: none); the "
+                         "collection replays its own pushes, so the rows (and AUC) do not depend on it")
     ap.add_argument("--no-prefetch", action="store_true", help="pull each batch only when it is needed")
     ap.add_argument("--lr-decay-fraction", type=float, default=0.2)
     ap.add_argument("--threads", type=int, default=2, help="torch threads")
@@ -263,7 +264,8 @@ def main(argv=None):
         per = lambda k: stats[k] / max(steps, 1) * 1e3
         summary.update(
             pull_ms_per_batch=per("pull_seconds"), push_ms_per_batch=per("push_seconds"),
-            wait_ms_per_batch=per("layer_wait_seconds"),
+            wait_ms_per_batch=per("layer_wait_seconds"), replay_ms_per_batch=per("replay_seconds"),
+            plan_ms_per_batch=per("plan_seconds"), push_submit_ms_per_batch=per("push_submit_seconds"),
         )
     print(
         f"{summary['mode']}: {n} samples in {seconds:.2f} s = {summary['samples_per_sec']:.0f} samples/s, "

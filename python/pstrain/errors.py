@@ -17,3 +17,7 @@ class PsTimeoutError(PsError, TimeoutError):
 
 class PsConnectionError(PsError, ConnectionError):
     """A server could not be reached, or its connection was lost."""
+
+
+class ClusterError(PsError):
+    """A local cluster's server failed to start or to stop cleanly (the message names the server and its log)."""

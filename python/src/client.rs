@@ -10,14 +10,15 @@
 //! wire bytes, none after. The client also counts, per kind, calls, rows, and seconds spent in requests and
 //! in `wait` (`stats()`), for the package's per-batch timing.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use embedding::spec::table_spec;
 use embedding::{InitConfig, OptimizerConfig, TableConfig};
-use numpy::{PyReadonlyArray1, PyReadonlyArray2};
+use numpy::{PyReadonlyArray1, PyReadonlyArray2, PyReadwriteArray2};
 use protocol::{Encoding, PsClient, PsClientConfig, Transport};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -26,6 +27,7 @@ use tokio::sync::oneshot;
 
 use crate::handles::{PullHandle, PushHandle, Slot};
 use crate::jobs::{PullJob, PushJob};
+use crate::lane::{wait_all, Lane};
 
 use crate::errors::RequestError;
 use crate::runtime;
@@ -54,12 +56,78 @@ pub(crate) fn parse_encoding(s: &str) -> PyResult<Encoding> {
     }
 }
 
+/// Requests started and not yet answered, so that `close` can wait for them.
+#[derive(Default)]
+pub(crate) struct InFlight {
+    count: AtomicUsize,
+    idle: tokio::sync::Notify,
+}
+
+/// Counts one request in flight until dropped.
+pub(crate) struct InFlightGuard(Arc<InFlight>);
+
+impl InFlight {
+    fn enter(self: &Arc<Self>) -> InFlightGuard {
+        self.count.fetch_add(1, Ordering::SeqCst);
+        InFlightGuard(self.clone())
+    }
+
+    /// Waits until no request is in flight.
+    async fn idle(&self) {
+        loop {
+            let notified = self.idle.notified();
+            if self.count.load(Ordering::SeqCst) == 0 {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
+impl Drop for InFlightGuard {
+    fn drop(&mut self) {
+        if self.0.count.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.0.idle.notify_waiters();
+        }
+    }
+}
+
 /// A cluster's servers, for Python (`pstrain.Client` wraps it).
 #[pyclass(module = "pstrain._pstrain")]
 pub struct Client {
     inner: Arc<PsClient>,
     timeout: Duration,
     counters: Arc<Counters>,
+    /// The configs of the tables this client registered, by id: what replay applies pushes with.
+    configs: Mutex<HashMap<u32, TableConfig>>,
+    inflight: Arc<InFlight>,
+    closed: AtomicBool,
+}
+
+impl Client {
+    /// Refuses a request on a closed client.
+    fn check_open(&self, py: Python<'_>, what: &str) -> PyResult<()> {
+        if self.closed.load(Ordering::SeqCst) {
+            return Err(PyErr::from_type(
+                crate::errors::class(py, "PsError"),
+                format!("{what}: the client is closed"),
+            ));
+        }
+        Ok(())
+    }
+
+    fn config(&self, table: u32) -> PyResult<TableConfig> {
+        self.configs
+            .lock()
+            .expect("configs lock")
+            .get(&table)
+            .cloned()
+            .ok_or_else(|| {
+                PyValueError::new_err(format!(
+                    "table id {table} was not registered by this client"
+                ))
+            })
+    }
 }
 
 /// Runs `fut` on the runtime under the client's deadline, the GIL released.
@@ -145,6 +213,9 @@ impl Client {
             inner: Arc::new(inner),
             timeout,
             counters: Arc::new(Counters::default()),
+            configs: Mutex::new(HashMap::new()),
+            inflight: Arc::new(InFlight::default()),
+            closed: AtomicBool::new(false),
         })
     }
 
@@ -154,7 +225,7 @@ impl Client {
         self.inner.num_servers()
     }
 
-    /// The tables the cluster knew when this client connected, as dicts (`id`, `name`, `dim`).
+    /// The tables the cluster knew when this client connected, as dicts (`id`, `name`, `dim`, `seed`).
     fn known_tables<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyDict>>> {
         self.inner
             .known_tables()
@@ -164,6 +235,7 @@ impl Client {
                 d.set_item("id", t.id)?;
                 d.set_item("name", &t.name)?;
                 d.set_item("dim", t.dim)?;
+                d.set_item("seed", t.seed)?;
                 Ok(d)
             })
             .collect()
@@ -232,6 +304,7 @@ impl Client {
             ..TableConfig::new(table_id, name.clone(), dim as usize)
         };
         let spec = table_spec(&config).expect("sgd, row-wise Adagrad and Adam have wire specs");
+        self.check_open(py, &format!("register table {name:?}"))?;
         // The server validates the rest (learning rates, dimension bounds) and names what it refuses.
         let client = self.inner.clone();
         block_on(
@@ -239,100 +312,158 @@ impl Client {
             self.timeout,
             &format!("register table {name:?}"),
             async move { client.register_tables(&[spec]).await },
-        )
+        )?;
+        self.configs
+            .lock()
+            .expect("configs lock")
+            .insert(table_id, config);
+        Ok(())
+    }
+
+    /// f32s of optimizer state per row of registered table `table` (0 for SGD, 1 for row-wise Adagrad).
+    fn state_len(&self, table: u32) -> PyResult<usize> {
+        Ok(self.config(table)?.state_len())
+    }
+
+    /// Applies a push this client made to rows pulled before it was applied, as the servers apply it: for
+    /// each id of `target` (distinct) that `pushed` (distinct) holds, its row in `rows` (`len(target) x dim`)
+    /// and state in `state` (`len(target) x state_len`) are updated in place with table `table`'s optimizer
+    /// and the pushed gradient row of `grads` (`len(pushed) x dim`, as pushed: summed per id, unscaled).
+    /// Rows whose gradient is not finite are left, as the servers refuse them. Returns the rows updated.
+    #[allow(clippy::too_many_arguments)]
+    fn replay(
+        &self,
+        py: Python<'_>,
+        table: u32,
+        mut rows: PyReadwriteArray2<'_, f32>,
+        mut state: PyReadwriteArray2<'_, f32>,
+        target: PyReadonlyArray1<'_, u64>,
+        pushed: PyReadonlyArray1<'_, u64>,
+        grads: PyReadonlyArray2<'_, f32>,
+    ) -> PyResult<usize> {
+        let cfg = self.config(table)?;
+        let (dim, len) = (cfg.dim, cfg.state_len());
+        let target = target.as_slice()?;
+        let pushed = pushed.as_slice()?;
+        let grads = grads.as_slice()?;
+        let rows = rows.as_slice_mut()?;
+        let state = state.as_slice_mut()?;
+        if rows.len() != target.len() * dim
+            || state.len() != target.len() * len
+            || grads.len() != pushed.len() * dim
+        {
+            return Err(PyValueError::new_err(format!(
+                "replay on table {table:?} ({}): {} rows and {} state values for {} ids, {} gradients for \
+                 {} pushed ids (dim {dim}, state {len} per row)",
+                cfg.name,
+                rows.len(),
+                state.len(),
+                target.len(),
+                grads.len(),
+                pushed.len()
+            )));
+        }
+        Ok(py.detach(|| crate::replay::apply(&cfg, rows, state, target, pushed, grads)))
     }
 
     /// Starts a pull of several tables in one request per server: `tables[i]` is `(table id, dim)` and
     /// `ids[i]` its ids; `what` names the tables in errors. Returns a `PullHandle` whose `wait` gives the rows.
+    /// `lane`: the collection's order of requests (it then runs after that lane's earlier pushes are
+    /// answered, `crate::lane`); `with_state`: the rows' optimizer state too (`PullHandle.take_state`; ids
+    /// distinct within each table).
+    #[pyo3(signature = (tables, what, encoding, ids, lane = None, with_state = false))]
+    #[allow(clippy::too_many_arguments)]
     fn pull_async(
         &self,
+        py: Python<'_>,
         tables: Vec<(u32, usize)>,
         what: String,
         encoding: &str,
         ids: Vec<PyReadonlyArray1<'_, u64>>,
+        lane: Option<PyRef<'_, Lane>>,
+        with_state: bool,
     ) -> PyResult<PullHandle> {
-        let pull = PullJob::new(tables, &what, encoding, &ids)?;
+        self.check_open(py, &what)?;
+        let mut pull = PullJob::new(tables, &what, encoding, &ids)?;
+        if with_state {
+            let lens = pull
+                .table_ids()
+                .map(|t| self.config(t).map(|c| c.state_len()))
+                .collect::<PyResult<Vec<_>>>()?;
+            pull.state_lens = Some(lens);
+        }
         let (tx, rx) = oneshot::channel();
         let shapes = pull.shapes();
         let (client, counters, timeout) = (self.inner.clone(), self.counters.clone(), self.timeout);
+        let guard = self.inflight.enter();
+        let entry = lane.map(|l| l.enter(false));
+        let seq = entry.as_ref().map_or(0, |e| e.seq);
         runtime().spawn(async move {
+            let _guard = guard;
+            let done = match entry {
+                Some(e) => {
+                    wait_all(e.after).await;
+                    Some(e.done)
+                }
+                None => None,
+            };
             let _ = tx.send(pull.run(&client, &counters, timeout).await);
+            drop(done);
         });
         Ok(PullHandle {
             state: Slot::Pending(rx),
             shapes,
             counters: self.counters.clone(),
+            seq,
+            opt_state: None,
         })
     }
 
     /// Starts a push of several tables' gradients in one request per server: `grads[i]` is
-    /// `len(ids[i]) x dim` of `tables[i]`. Returns a `PushHandle`.
+    /// `len(ids[i]) x dim` of `tables[i]`. Returns a `PushHandle`. `lane`: as for `pull_async` (the push runs
+    /// after that lane's earlier pulls are answered). A push is sent once and never again: a push whose
+    /// connection is lost fails (its rows may or may not have been applied), `close` waits for it.
+    #[pyo3(signature = (tables, what, encoding, ids, grads, lane = None))]
+    #[allow(clippy::too_many_arguments)]
     fn push_async(
         &self,
+        py: Python<'_>,
         tables: Vec<(u32, usize)>,
         what: String,
         encoding: &str,
         ids: Vec<PyReadonlyArray1<'_, u64>>,
         grads: Vec<PyReadonlyArray2<'_, f32>>,
+        lane: Option<PyRef<'_, Lane>>,
     ) -> PyResult<PushHandle> {
+        self.check_open(py, &what)?;
         let push = PushJob::new(tables, &what, encoding, &ids, &grads)?;
         let (tx, rx) = oneshot::channel();
         let (client, counters, timeout) = (self.inner.clone(), self.counters.clone(), self.timeout);
+        let guard = self.inflight.enter();
+        let entry = lane.map(|l| l.enter(true));
+        let seq = entry.as_ref().map_or(0, |e| e.seq);
         runtime().spawn(async move {
+            let _guard = guard;
+            let done = match entry {
+                Some(e) => {
+                    wait_all(e.after).await;
+                    Some(e.done)
+                }
+                None => None,
+            };
             let _ = tx.send(push.run(&client, &counters, timeout).await);
+            drop(done);
         });
         Ok(PushHandle {
             state: Slot::Pending(rx),
             counters: self.counters.clone(),
+            seq,
         })
-    }
-
-    /// A push, then, once every server acknowledged it, a pull (of rows the push changed and a prefetch had
-    /// read before): one task, no round trip through Python between the two. A failed push fails the pull
-    /// with the same error. Returns `(PushHandle, PullHandle)`.
-    #[allow(clippy::too_many_arguments)]
-    fn push_then_pull_async(
-        &self,
-        tables: Vec<(u32, usize)>,
-        what: String,
-        encoding: &str,
-        ids: Vec<PyReadonlyArray1<'_, u64>>,
-        grads: Vec<PyReadonlyArray2<'_, f32>>,
-        pull_tables: Vec<(u32, usize)>,
-        pull_encoding: &str,
-        pull_ids: Vec<PyReadonlyArray1<'_, u64>>,
-    ) -> PyResult<(PushHandle, PullHandle)> {
-        let push = PushJob::new(tables, &what, encoding, &ids, &grads)?;
-        let pull = PullJob::new(pull_tables, &what, pull_encoding, &pull_ids)?;
-        let shapes = pull.shapes();
-        let (push_tx, push_rx) = oneshot::channel();
-        let (pull_tx, pull_rx) = oneshot::channel();
-        let (client, counters, timeout) = (self.inner.clone(), self.counters.clone(), self.timeout);
-        runtime().spawn(async move {
-            let pushed = push.run(&client, &counters, timeout).await;
-            let failed = pushed.as_ref().err().cloned();
-            let _ = push_tx.send(pushed);
-            let pulled = match failed {
-                Some(e) => Err(e),
-                None => pull.run(&client, &counters, timeout).await,
-            };
-            let _ = pull_tx.send(pulled);
-        });
-        Ok((
-            PushHandle {
-                state: Slot::Pending(push_rx),
-                counters: self.counters.clone(),
-            },
-            PullHandle {
-                state: Slot::Pending(pull_rx),
-                shapes,
-                counters: self.counters.clone(),
-            },
-        ))
     }
 
     /// Asks every server to write its dirty rows to RocksDB; returns the rows written.
     fn flush(&self, py: Python<'_>) -> PyResult<u64> {
+        self.check_open(py, "flush")?;
         let client = self.inner.clone();
         block_on(
             py,
@@ -370,13 +501,25 @@ impl Client {
         Ok(d)
     }
 
-    /// Closes every connection.
+    /// Closes every connection, after the requests in flight are answered or failed (up to the client's
+    /// timeout, which bounds each of them anyway): closing a connection under a push would have its retry
+    /// send it again. Later requests raise `PsError`. Idempotent.
     fn close(&self, py: Python<'_>) {
-        let client = self.inner.clone();
+        if self.closed.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let (client, inflight, timeout) = (self.inner.clone(), self.inflight.clone(), self.timeout);
         py.detach(|| {
             runtime().block_on(async move {
+                let _ = tokio::time::timeout(timeout, inflight.idle()).await;
                 let _ = tokio::time::timeout(Duration::from_secs(5), client.close()).await;
             })
         });
+    }
+
+    /// Requests started and not yet answered.
+    #[getter]
+    fn in_flight(&self) -> usize {
+        self.inflight.count.load(Ordering::SeqCst)
     }
 }

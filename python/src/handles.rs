@@ -85,10 +85,14 @@ impl<T: Send> Slot<T> {
 #[pyclass(module = "pstrain._pstrain")]
 pub struct PullHandle {
     /// Every table's rows, one after another.
-    pub(crate) state: Slot<Vec<f32>>,
+    pub(crate) state: Slot<(Vec<f32>, Vec<f32>)>,
     /// `(ids, dim)` of each table.
     pub(crate) shapes: Vec<(usize, usize)>,
     pub(crate) counters: Arc<Counters>,
+    /// Its sequence number on its lane (0: no lane).
+    pub(crate) seq: u64,
+    /// The optimizer state of a pull with state, once waited for.
+    pub(crate) opt_state: Option<Vec<f32>>,
 }
 
 #[pymethods]
@@ -109,7 +113,8 @@ impl PullHandle {
         timeout: Option<f64>,
         concat: bool,
     ) -> PyResult<Vec<Bound<'py, PyAny>>> {
-        let rows = self.state.wait(py, timeout, &self.counters)?;
+        let (rows, opt_state) = self.state.wait(py, timeout, &self.counters)?;
+        self.opt_state = Some(opt_state);
         let dims: std::collections::BTreeSet<usize> = self.shapes.iter().map(|s| s.1).collect();
         let total: usize = self.shapes.iter().map(|s| s.0).sum();
         let all = PyArray1::from_vec(py, rows);
@@ -135,6 +140,23 @@ impl PullHandle {
         }
         Ok(out)
     }
+
+    /// The optimizer state of a pull with state (every table's `ids x state_len` f32s, one table after
+    /// another), after `wait`; once.
+    fn take_state<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyArray1<f32>>> {
+        let s = self.opt_state.take().ok_or_else(|| {
+            PyRuntimeError::new_err(
+                "take_state: no state (wait() first, on a pull with state; once)",
+            )
+        })?;
+        Ok(PyArray1::from_vec(py, s))
+    }
+
+    /// The pull's sequence number on its lane (0 without one).
+    #[getter]
+    fn seq(&self) -> u64 {
+        self.seq
+    }
 }
 
 /// A push in flight.
@@ -142,6 +164,8 @@ impl PullHandle {
 pub struct PushHandle {
     pub(crate) state: Slot<u64>,
     pub(crate) counters: Arc<Counters>,
+    /// Its sequence number on its lane (0: no lane).
+    pub(crate) seq: u64,
 }
 
 #[pymethods]
@@ -155,5 +179,11 @@ impl PushHandle {
     #[pyo3(signature = (timeout = None))]
     fn wait(&mut self, py: Python<'_>, timeout: Option<f64>) -> PyResult<u64> {
         self.state.wait(py, timeout, &self.counters)
+    }
+
+    /// The push's sequence number on its lane (0 without one).
+    #[getter]
+    fn seq(&self) -> u64 {
+        self.seq
     }
 }

@@ -1,18 +1,194 @@
 //! Requests checked and copied out of Python's arrays ([`PullJob`], [`PushJob`]), ready to run on the
 //! runtime: the GIL is not needed once they exist, and the caller may reuse its arrays at once.
+//!
+//! A failed request's error names the operation, the server's error (which names the server) and how long the
+//! request really took, retries included: a dead server is reported with the wait it cost, not only with the
+//! last attempt's timeout.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use numpy::{PyReadonlyArray1, PyReadonlyArray2};
+use protocol::compression::codec::decode_rows;
 use protocol::keyed::{pull_tables, push_tables, TableIds};
-use protocol::{Encoding, PsClient};
+use protocol::wire::ids::IdCoding;
+use protocol::wire::pull::IdSections;
+use protocol::{Encoding, ProtocolError, PsClient};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
+use tokio::task::JoinSet;
 
 use crate::client::{parse_encoding, Counters};
 use crate::errors::RequestError;
+
+/// An array's elements in logical order: one `memcpy` when it is contiguous (the usual case), else element by
+/// element.
+fn copy_out<T: Copy, D: numpy::ndarray::Dimension>(
+    a: numpy::ndarray::ArrayView<'_, T, D>,
+) -> Vec<T> {
+    match a.as_slice() {
+        Some(s) => s.to_vec(),
+        None => a.iter().copied().collect(),
+    }
+}
+
+/// The error of a request that failed after `start`: the operation, the cause, and the time it took.
+fn failed(what: &str, e: ProtocolError, start: Instant) -> RequestError {
+    let mut r = RequestError::new(what, e);
+    r.message = format!(
+        "{} (gave up after {:.1} s)",
+        r.message,
+        start.elapsed().as_secs_f64()
+    );
+    r
+}
+
+/// The error of a request still unanswered at the client's deadline: names the servers it went to.
+fn timed_out(what: &str, client: &PsClient, secs: f64) -> RequestError {
+    let servers: Vec<String> = (0..client.num_servers())
+        .map(|i| client.addr(i).to_string())
+        .collect();
+    RequestError::timeout(&format!("{what} to servers {}", servers.join(", ")), secs)
+}
+
+/// Rows and optimizer state of several tables' unique ids, one request per server in parallel: `rows` is
+/// every table's `ids x dim` one table after another, `state` every table's `ids x state_lens[t]`.
+async fn pull_tables_with_state(
+    client: &Arc<PsClient>,
+    encoding: Encoding,
+    parts: &[TableIds<'_>],
+    state_lens: &[usize],
+) -> Result<(Vec<f32>, Vec<f32>), ProtocolError> {
+    let map = client.shard_map();
+    let servers = map.num_servers as usize;
+    // Per table, per server: positions of its ids, ascending by id (the wire's order for plain ids).
+    let mut routed: Vec<Vec<Vec<u32>>> = Vec::with_capacity(parts.len());
+    for p in parts {
+        let mut by_server = Vec::new();
+        map.group(p.ids, &mut by_server);
+        for pos in &mut by_server {
+            pos.sort_unstable_by_key(|&i| p.ids[i as usize]);
+            if pos
+                .windows(2)
+                .any(|w| p.ids[w[0] as usize] == p.ids[w[1] as usize])
+            {
+                return Err(ProtocolError::BadPayload(format!(
+                    "pull with state of table {}: ids must be distinct",
+                    p.table
+                )));
+            }
+        }
+        routed.push(by_server);
+    }
+    let row_at: Vec<usize> = parts
+        .iter()
+        .scan(0, |at, p| {
+            let here = *at;
+            *at += p.ids.len() * p.dim;
+            Some(here)
+        })
+        .collect();
+    let state_at: Vec<usize> = parts
+        .iter()
+        .zip(state_lens)
+        .scan(0, |at, (p, &l)| {
+            let here = *at;
+            *at += p.ids.len() * l;
+            Some(here)
+        })
+        .collect();
+    let mut rows = vec![0f32; parts.iter().map(|p| p.ids.len() * p.dim).sum()];
+    let mut state = vec![
+        0f32;
+        parts
+            .iter()
+            .zip(state_lens)
+            .map(|(p, l)| p.ids.len() * l)
+            .sum()
+    ];
+    let mut set = JoinSet::new();
+    // Servers index the inner level of `routed` (`routed[table][server]`), which the lint takes for the outer.
+    #[allow(clippy::needless_range_loop)]
+    for server in 0..servers {
+        let mut sections = IdSections::new();
+        let mut order = Vec::new();
+        let mut ids = Vec::new();
+        for (t, p) in parts.iter().enumerate() {
+            let pos = &routed[t][server];
+            if pos.is_empty() {
+                continue;
+            }
+            ids.clear();
+            ids.extend(pos.iter().map(|&i| p.ids[i as usize]));
+            sections.table(p.table, p.dim as u32, IdCoding::Plain, &ids);
+            order.push(t);
+        }
+        if order.is_empty() {
+            continue;
+        }
+        let client = client.clone();
+        set.spawn(async move {
+            let got = client
+                .pull_with_state(
+                    server,
+                    encoding,
+                    sections.counts,
+                    Bytes::from(sections.payload),
+                )
+                .await?;
+            Ok::<_, ProtocolError>((server, order, got))
+        });
+    }
+    while let Some(joined) = set.join_next().await {
+        let (server, order, got) = joined.expect("pull task panicked")?;
+        let (mut r_at, mut s_at) = (0, 0);
+        for (k, &t) in order.iter().enumerate() {
+            let (p, pos) = (&parts[t], &routed[t][server]);
+            let want = state_lens[t];
+            let have = got.state_lens.get(k).copied().unwrap_or(0) as usize;
+            if have != want {
+                return Err(ProtocolError::BadPayload(format!(
+                    "table {}: the server holds {have} f32s of optimizer state per row, this client expects \
+                     {want} (was the table registered with another optimizer?)",
+                    p.table
+                )));
+            }
+            let r_len = pos.len() * encoding.row_bytes(p.dim);
+            let s_len = pos.len() * want * 4;
+            let (rb, sb) = match (
+                got.rows.get(r_at..r_at + r_len),
+                got.state.get(s_at..s_at + s_len),
+            ) {
+                (Some(r), Some(s)) => (r, s),
+                _ => {
+                    return Err(ProtocolError::BadPayload(format!(
+                        "pull with state reply of server {server} is short of table {}'s rows",
+                        p.table
+                    )))
+                }
+            };
+            let mut decoded = vec![0f32; pos.len() * p.dim];
+            decode_rows(rb, p.dim, encoding, &mut decoded)?;
+            for (j, &i) in pos.iter().enumerate() {
+                let (i, d) = (i as usize, p.dim);
+                let o = row_at[t] + i * d;
+                rows[o..o + d].copy_from_slice(&decoded[j * d..(j + 1) * d]);
+                let o = state_at[t] + i * want;
+                for (x, b) in state[o..o + want]
+                    .iter_mut()
+                    .zip(sb[j * want * 4..(j + 1) * want * 4].chunks_exact(4))
+                {
+                    *x = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+                }
+            }
+            r_at += r_len;
+            s_at += s_len;
+        }
+    }
+    Ok((rows, state))
+}
 
 /// A pull, checked and copied out of Python's arrays, ready to run on the runtime.
 pub(crate) struct PullJob {
@@ -20,6 +196,8 @@ pub(crate) struct PullJob {
     encoding: Encoding,
     ids: Vec<Vec<u64>>,
     what: String,
+    /// With each table's f32s of optimizer state per row: a pull with state (ids distinct).
+    pub(crate) state_lens: Option<Vec<usize>>,
 }
 
 impl PullJob {
@@ -37,17 +215,20 @@ impl PullJob {
                 tables.len()
             )));
         }
-        let ids: Vec<Vec<u64>> = ids
-            .iter()
-            .map(|a| a.as_array().iter().copied().collect())
-            .collect();
+        let ids: Vec<Vec<u64>> = ids.iter().map(|a| copy_out(a.as_array())).collect();
         let n: usize = ids.iter().map(Vec::len).sum();
         Ok(PullJob {
             tables,
             encoding,
             ids,
             what: format!("pull of {what} ({n} ids)"),
+            state_lens: None,
         })
+    }
+
+    /// The table ids, in request order.
+    pub(crate) fn table_ids(&self) -> impl Iterator<Item = u32> + '_ {
+        self.tables.iter().map(|t| t.0)
     }
 
     pub(crate) fn shapes(&self) -> Vec<(usize, usize)> {
@@ -63,7 +244,7 @@ impl PullJob {
         client: &Arc<PsClient>,
         counters: &Counters,
         timeout: Duration,
-    ) -> Result<Vec<f32>, RequestError> {
+    ) -> Result<(Vec<f32>, Vec<f32>), RequestError> {
         let start = Instant::now();
         let parts: Vec<TableIds<'_>> = self
             .tables
@@ -71,17 +252,22 @@ impl PullJob {
             .zip(&self.ids)
             .map(|(&(table, dim), ids)| TableIds { table, dim, ids })
             .collect();
-        let total: usize = parts.iter().map(|p| p.ids.len() * p.dim).sum();
-        let mut rows = vec![0f32; total];
-        let r = tokio::time::timeout(
-            timeout,
-            pull_tables(client, self.encoding, &parts, &mut rows),
-        )
-        .await;
-        let r = match r {
-            Ok(Ok(())) => Ok(rows),
-            Ok(Err(e)) => Err(RequestError::new(&self.what, e)),
-            Err(_) => Err(RequestError::timeout(&self.what, timeout.as_secs_f64())),
+        let encoding = self.encoding;
+        let pulled = async {
+            match &self.state_lens {
+                Some(lens) => pull_tables_with_state(client, encoding, &parts, lens).await,
+                None => {
+                    let total: usize = parts.iter().map(|p| p.ids.len() * p.dim).sum();
+                    let mut rows = vec![0f32; total];
+                    pull_tables(client, encoding, &parts, &mut rows).await?;
+                    Ok((rows, Vec::new()))
+                }
+            }
+        };
+        let r = match tokio::time::timeout(timeout, pulled).await {
+            Ok(Ok(got)) => Ok(got),
+            Ok(Err(e)) => Err(failed(&self.what, e, start)),
+            Err(_) => Err(timed_out(&self.what, client, timeout.as_secs_f64())),
         };
         let n: usize = self.ids.iter().map(Vec::len).sum();
         counters.pull_calls.fetch_add(1, Ordering::Relaxed);
@@ -122,7 +308,7 @@ impl PushJob {
         let mut all_ids = Vec::with_capacity(ids.len());
         let mut all_grads = Vec::with_capacity(ids.len());
         for ((i, g), &(_, dim)) in ids.iter().zip(grads).zip(&tables) {
-            let i: Vec<u64> = i.as_array().iter().copied().collect();
+            let i: Vec<u64> = copy_out(i.as_array());
             let shape = g.as_array().shape().to_vec();
             if shape != [i.len(), dim] {
                 return Err(PyValueError::new_err(format!(
@@ -130,7 +316,7 @@ impl PushJob {
                     i.len()
                 )));
             }
-            all_grads.push(g.as_array().iter().copied().collect::<Vec<f32>>());
+            all_grads.push(copy_out(g.as_array()));
             all_ids.push(i);
         }
         let n: usize = all_ids.iter().map(Vec::len).sum();
@@ -161,8 +347,8 @@ impl PushJob {
             tokio::time::timeout(timeout, push_tables(client, self.encoding, &parts, &grads)).await;
         let r = match r {
             Ok(Ok(applied)) => Ok(applied),
-            Ok(Err(e)) => Err(RequestError::new(&self.what, e)),
-            Err(_) => Err(RequestError::timeout(&self.what, timeout.as_secs_f64())),
+            Ok(Err(e)) => Err(failed(&self.what, e, start)),
+            Err(_) => Err(timed_out(&self.what, client, timeout.as_secs_f64())),
         };
         let n: usize = self.ids.iter().map(Vec::len).sum();
         counters.push_calls.fetch_add(1, Ordering::Relaxed);

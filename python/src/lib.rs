@@ -14,6 +14,8 @@
 //! - [`cluster`]: `LocalCluster`, real `ps-server` processes on loopback.
 //! - [`data`]: `read_criteo`, a Criteo file into numpy arrays (labels, dense features, feature ids).
 //! - [`dedup`]: `unique_inverse`, a batch's distinct ids by hashing.
+//! - [`lane`]: `Lane`, one collection's order of pulls and pushes (what replay of its own pushes relies on);
+//!   [`replay`]: a push applied to rows pulled before it, as the servers apply it.
 //! - [`errors`]: how protocol errors become the exceptions of `pstrain/errors.py`.
 
 use pyo3::prelude::*;
@@ -25,6 +27,8 @@ pub mod dedup;
 pub mod errors;
 pub mod handles;
 pub(crate) mod jobs;
+pub mod lane;
+pub(crate) mod replay;
 
 /// The process-wide tokio runtime every client shares, created on first use with `PSTRAIN_IO_THREADS` worker
 /// threads (default 2: requests are I/O and codec work beside the caller's Python and torch threads).
@@ -51,6 +55,7 @@ fn _pstrain(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<client::Client>()?;
     m.add_class::<handles::PullHandle>()?;
     m.add_class::<handles::PushHandle>()?;
+    m.add_class::<lane::Lane>()?;
     m.add_class::<cluster::LocalCluster>()?;
     m.add_function(wrap_pyfunction!(data::read_criteo, m)?)?;
     m.add_function(wrap_pyfunction!(dedup::unique_inverse, m)?)?;
