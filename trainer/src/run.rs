@@ -495,7 +495,8 @@ fn print_event(e: &Event, terminal: bool) {
             "[{:>6.1}s]{} rows {:>9}  samples/s {:>8.0}  loss {:.4}  calibration {:.3}{}",
             p.seconds,
             match (terminal, p.fraction, p.eta_secs) {
-                (true, Some(f), Some(eta)) => format!(" {:>5.1}%  ETA {:<7}", f * 100.0, clock(eta)),
+                (true, Some(f), Some(eta)) =>
+                    format!(" {:>5.1}%  ETA {:<7}", f * 100.0, clock(eta)),
                 (true, Some(f), None) => format!(" {:>5.1}%", f * 100.0),
                 _ => String::new(),
             },
