@@ -13,7 +13,9 @@
 #   env: REPEAT (rounds, default 3), ARGS (extra `trainer demo` flags, e.g. "--dense-precision bf16"),
 #        TRAIN / TEST (Criteo files; default data/demo/train-1000000-s1-t7.tsv and test-100000-s2-t7.tsv: text,
 #        which every revision reads, parsing included in the timed pass), WORK (default /var/tmp/compare-builds),
-#        KEEP (1: keep the target directories), TOLERANCE (default 0.05), JOBS (cargo -j)
+#        KEEP (1: keep the target directories), TOLERANCE (default 0.05), JOBS (cargo -j), TARGET (build both
+#        revisions in this existing target directory instead, e.g. your own, which keeps its dependencies:
+#        when the disk has no room for two more; nothing in it is deleted)
 # Exit status 1 when the new build's median samples/s ratio is below 1 - TOLERANCE or its median CPU per sample
 # ratio above 1 + TOLERANCE: on a shared host, run with REPEAT >= 3 and read the per-round lines.
 set -euo pipefail
@@ -51,15 +53,15 @@ build() {
         echo "$bin"
         return
     fi
-    local src="$WORK/src-$short" target="$WORK/target-$short"
+    local src="$WORK/src-$short" target="${TARGET:-$WORK/target-$short}"
     rm -rf "$src"
     mkdir -p "$src" "$bin"
-    git archive "$commit" | tar -x -C "$src"
+    git archive "$commit" | tar -x -C "$src" || return 1
     echo "== building $short in $target (nice, release)" >&2
     (cd "$src" && CARGO_TARGET_DIR="$target" nice -n 10 cargo build --release --locked ${JOBS:+-j "$JOBS"} \
-        -p trainer -p ps-server --bin trainer --bin ps-server >&2)
-    cp "$target/release/trainer" "$target/release/ps-server" "$bin/"
-    if [ "${KEEP:-0}" != 1 ]; then
+        -p trainer -p ps-server --bin trainer --bin ps-server >&2) || { echo "building $short failed" >&2; return 1; }
+    cp "$target/release/trainer" "$target/release/ps-server" "$bin/" || return 1
+    if [ "${KEEP:-0}" != 1 ] && [ -z "${TARGET:-}" ]; then
         rm -rf "$target"
     fi
     rm -rf "$src"
@@ -68,8 +70,8 @@ build() {
 
 OLD_C=$(resolve "$OLD")
 NEW_C=$(resolve "$NEW")
-OLD_BIN=$(build "$OLD_C")
-NEW_BIN=$(build "$NEW_C")
+OLD_BIN=$(build "$OLD_C") || exit 1
+NEW_BIN=$(build "$NEW_C") || exit 1
 echo "== old: $OLD ($OLD_C) in $OLD_BIN" >&2
 echo "== new: $NEW ($NEW_C) in $NEW_BIN" >&2
 
