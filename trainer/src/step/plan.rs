@@ -398,17 +398,21 @@ impl Plan {
         for c in counts {
             let t = c.table as usize;
             let dim = self.dim(t);
-            let positions = &self.by_server[server][t];
-            let n = positions.len() * dim;
-            self.rows_scratch.resize(n, 0.0);
-            let bytes = positions.len() * encoding.row_bytes(dim);
-            codec::decode_rows(&rows[at..at + bytes], dim, encoding, &mut self.rows_scratch)?;
-            at += bytes;
+            let row_bytes = encoding.row_bytes(dim);
             let dst = &mut unique_rows[t];
-            for (k, &p) in positions.iter().enumerate() {
-                let p = p as usize;
-                dst[p * dim..(p + 1) * dim]
-                    .copy_from_slice(&self.rows_scratch[k * dim..(k + 1) * dim]);
+            // A block of rows at a time through a scratch that stays in cache (a whole table's rows went
+            // through memory twice: 43 MB per DLRM-v2 batch).
+            let block = (SCATTER_BLOCK / dim.max(1)).max(1);
+            for positions in self.by_server[server][t].chunks(block) {
+                let scratch = &mut self.rows_scratch;
+                scratch.resize(positions.len() * dim, 0.0);
+                let bytes = positions.len() * row_bytes;
+                codec::decode_rows(&rows[at..at + bytes], dim, encoding, scratch)?;
+                at += bytes;
+                for (row, &p) in scratch.chunks_exact(dim).zip(positions) {
+                    let p = p as usize;
+                    dst[p * dim..(p + 1) * dim].copy_from_slice(row);
+                }
             }
         }
         Ok(())
@@ -597,6 +601,9 @@ impl Plan {
         (counts, payload)
     }
 }
+
+/// f32 elements decoded at a time by [`Plan::scatter_part`] (16 KiB: stays in L1 with the rows it places).
+const SCATTER_BLOCK: usize = 4096;
 
 #[cfg(test)]
 mod tests;
