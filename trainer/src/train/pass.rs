@@ -324,7 +324,8 @@ impl Trainer {
                 Some(planned) => {
                     let p = planned.map_err(TrainError::data("read training data"))?;
                     // The batch's step in the job decides whether it is still in the warm-up.
-                    let warm = self.step + w.ahead.len() as u64 >= self.args.staleness_warmup_steps;
+                    let warm =
+                        self.step + w.ahead.len() as u64 >= self.args.staleness_warmup(self.world);
                     let gate = Some((w.acked_rx.clone(), w.issued, if warm { w.k } else { 0 }));
                     let stage = self.start(p.batch, p.plan, gate);
                     w.ahead.push_back(stage);
