@@ -2,7 +2,7 @@
 # The Python package's tests (python/tests, pytest) with real PyTorch and TorchRec, as `make test` runs them:
 #   1. a virtual environment OUTSIDE the clone (PSTRAIN_VENV, default /var/tmp/pstrain-venv-torchrec), created once
 #      and reused, holding exactly the pinned versions below (checked every run, fixed when they differ);
-#   2. the ps-server and gen-criteo binaries the tests start (release build);
+#   2. the ps-server, gen-criteo and trainer binaries the tests start (release build);
 #   3. `pip install ./python` (maturin builds the PyO3 extension against the same target directory);
 #   4. pytest, from outside the source folder so the installed package is the one imported.
 #
@@ -29,7 +29,7 @@ check() {
 import sys
 from importlib import metadata
 want = {"torch": sys.argv[1], "torchrec": sys.argv[2], "fbgemm-gpu-cpu": sys.argv[3]}
-for name in ("numpy", "pytest", "maturin"):
+for name in ("numpy", "pytest", "maturin", "tensorboard"):
     want.setdefault(name, None)
 for name, version in want.items():
     try:
@@ -49,7 +49,7 @@ PYEOF
 wrong=$(check)
 if [ -n "$wrong" ]; then
   echo "fixing the Python test environment: $wrong" | tr '\n' ' '; echo
-  "$VPY" -m pip install -q numpy pytest maturin "torch==$TORCH" "torchrec==$TORCHREC"
+  "$VPY" -m pip install -q numpy pytest maturin tensorboard "torch==$TORCH" "torchrec==$TORCHREC"
   "$VPY" -m pip uninstall -q -y fbgemm-gpu >/dev/null 2>&1 || true
   "$VPY" -m pip install -q --no-deps --force-reinstall "fbgemm-gpu-cpu==$FBGEMM_CPU"
   wrong=$(check)
@@ -62,7 +62,7 @@ fi
   echo "torchrec does not import in $VENV (see the pins in $0)" >&2
   exit 1
 }
-cargo build --release -p ps-server -p bench --bin ps-server --bin gen-criteo
+cargo build --release -p ps-server -p bench -p trainer --bin ps-server --bin gen-criteo --bin trainer
 "$VPY" -m pip install -q ./python
 export PSTRAIN_BIN_DIR="${CARGO_TARGET_DIR:-$PWD/target}/release"
 cd python/tests

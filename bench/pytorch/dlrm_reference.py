@@ -323,6 +323,9 @@ def main():
         "logloss": logloss,
         "calibration": float(p.mean() / max(yte.mean(), 1e-12)),
         "test_samples": int(len(yte)),
+        # Every step's training loss, to compare the first steps' trajectory with the trainer's
+        # (`trainer demo --progress-secs 0.0001` prints one progress line per step).
+        "step_losses": [l for l, _ in losses],
     }
     if spec is not None:
         summary["model_spec"] = spec.name

@@ -194,7 +194,7 @@ async fn staleness_warmup_over_the_whole_run_is_synchronous() {
     let outcome = |name: &'static str, k: usize, warmup: u64| {
         let args = ModelArgs {
             max_in_flight: Some(k),
-            staleness_warmup_steps: warmup,
+            staleness_warmup_steps: Some(warmup),
             // Without replay: the warm-up alone must make the run synchronous.
             replay_own_updates: false,
             ..model_args()
@@ -229,7 +229,7 @@ async fn replaying_own_updates_makes_asynchronous_training_exact() {
     let outcome = |name: &'static str, k: usize, replay: bool| {
         let args = ModelArgs {
             max_in_flight: Some(k),
-            staleness_warmup_steps: 0,
+            staleness_warmup_steps: Some(0),
             replay_own_updates: replay,
             encoding: protocol::Encoding::F32,
             ..model_args()

@@ -117,6 +117,24 @@ def logit_shift_to_rate(logits, rate):
     return d
 
 
+def tb_progress(tb, step, mark, losses, stats):
+    """Writes the training loss and samples/s since the last point, and (through the servers) the pull, push
+    and wait milliseconds per step; returns the new mark."""
+    now = time.perf_counter()
+    t0, step0, stats0 = mark
+    recent = losses[step0:step]
+    n = sum(k for _, k in recent)
+    values = {
+        "train/loss": sum(l * k for l, k in recent) / max(n, 1),
+        "train/samples_per_sec": n / max(now - t0, 1e-9),
+    }
+    if stats:
+        for key, tag in (("pull_seconds", "pull"), ("push_seconds", "push"), ("layer_wait_seconds", "wait")):
+            values[f"time/{tag}_ms"] = (stats[key] - stats0.get(key, 0.0)) / max(step - step0, 1) * 1e3
+    tb.scalars(step, values)
+    return now, step, stats or {}
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m pstrain.demo", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -143,10 +161,17 @@ def main(argv=None):
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--local-embeddings", action="store_true", help="baseline: local nn.EmbeddingBag tables")
     ap.add_argument("--summary-json")
+    ap.add_argument("--tensorboard-dir", help="write TensorBoard event files here (pstrain.tensorboard)")
+    ap.add_argument("--progress-secs", type=float, default=2.0, help="seconds between TensorBoard points")
     a = ap.parse_args(argv)
     if (a.train is None) != (a.test is None):
         ap.error("--train and --test go together")
     torch.set_num_threads(a.threads)
+    tb = None
+    if a.tensorboard_dir:
+        from .tensorboard import EventWriter
+
+        tb = EventWriter(a.tensorboard_dir)  # before any work: a bad directory fails at once
 
     if a.train:
         train_path, test_path = a.train, a.test
@@ -191,6 +216,7 @@ def main(argv=None):
     losses = []
     try:
         start = time.perf_counter()
+        mark = (start, 0, {})  # time, step and client counters at the last TensorBoard point
         nxt = None if a.local_embeddings else batch(0, min(b, n))
         for step in range(steps):
             s, e = step * b, min(n, (step + 1) * b)
@@ -219,6 +245,8 @@ def main(argv=None):
             if a.local_embeddings:
                 local.step()
             losses.append((float(loss.detach()) * b / (e - s), e - s))
+            if tb is not None and time.perf_counter() - mark[0] >= a.progress_secs:
+                mark = tb_progress(tb, step + 1, mark, losses, None if a.local_embeddings else emb.stats())
         if not a.local_embeddings:
             emb.wait()  # every push acknowledged: training is done (the flush to RocksDB is not timed)
         seconds = time.perf_counter() - start
@@ -273,6 +301,11 @@ def main(argv=None):
         + (f"; per batch: pull {summary['pull_ms_per_batch']:.1f} ms, push {summary['push_ms_per_batch']:.1f} ms "
            f"(on I/O threads), waiting {summary['wait_ms_per_batch']:.1f} ms" if stats else "")
     )
+    if tb is not None:
+        tb.scalars(steps, {"eval/auc": summary["auc"], "eval/logloss": summary["logloss"],
+                           "eval/calibration": summary["calibration"],
+                           "summary/samples_per_sec": summary["samples_per_sec"]})
+        tb.close()
     if a.summary_json:
         with open(a.summary_json, "w") as f:
             json.dump(summary, f, indent=2)

@@ -205,10 +205,12 @@ pub struct ModelArgs {
     pub max_in_flight: Option<usize>,
     /// Train synchronously (staleness bound 0) for the first this many steps of the job, then with
     /// `--max-in-flight`: the first steps take the largest (Adagrad) updates, which stale rows overshoot most.
-    /// On the demo data at `--max-in-flight 4`, 100 steps lift the test AUC from 0.7590 to 0.7722 (k = 0:
-    /// 0.7783).
-    #[arg(long, default_value_t = 100)]
-    pub staleness_warmup_steps: u64,
+    /// On the demo data at `--max-in-flight 4` without replay, 100 steps lift the test AUC from 0.7590 to
+    /// 0.7722 (k = 0: 0.7783). Default: 100 where rows can lack updates this trainer cannot replay (several
+    /// trainers, or `--replay-own-updates false`); 0 for one trainer replaying its own pushes, whose rows lack
+    /// none (bit for bit with f32 rows: bench/tests/resume.rs), so a warm-up would only wait.
+    #[arg(long)]
+    pub staleness_warmup_steps: Option<u64>,
     /// Lookahead prefetch: send each batch's ids to the servers this many batches before its pull, so
     /// servers whose tables spill to RocksDB (`ps-server --memory-budget-rows`) read the rows back while
     /// earlier batches compute, and pin them until this trainer's push passes (0 = off). Servers without a

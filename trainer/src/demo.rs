@@ -160,6 +160,11 @@ pub fn run_demo(mut args: DemoArgs) -> anyhow::Result<Summary> {
     }
     std::fs::create_dir_all(&args.data_dir)
         .with_context(|| format!("create {}", args.data_dir.display()))?;
+    if let Some(dir) = &args.job.tensorboard_dir {
+        // Fails before data and servers are made; the trainer creates its event file later.
+        std::fs::create_dir_all(dir)
+            .with_context(|| format!("--tensorboard-dir {}", dir.display()))?;
+    }
     let (train, test, oracle) = match (&args.train, &args.test) {
         (Some(train), Some(test)) => (train.clone(), test.clone(), None),
         _ => {
@@ -266,6 +271,8 @@ pub fn run_demo(mut args: DemoArgs) -> anyhow::Result<Summary> {
     for (i, (q, m)) in cluster.quic.iter().zip(&cluster.metrics).enumerate() {
         eprintln!("  ps-server {i}: quic {q}, metrics http://{m}/metrics");
     }
+    // The summary reports the servers' CPU seconds beside the trainer's.
+    args.job.local_server_pids = cluster.pids();
     let cluster_args = ClusterArgs {
         ps: cluster.quic.iter().map(|a| a.to_string()).collect(),
         tls_dir: cluster.tls_dir.clone(),
@@ -291,6 +298,19 @@ pub fn run_demo(mut args: DemoArgs) -> anyhow::Result<Summary> {
             let step = summary.step;
             summary.apply_eval(step, &eval);
             eprintln!("eval (final, after every trainer): {}", eval.render());
+            if let Some(dir) = &args.job.tensorboard_dir {
+                // The ranks' own logs are in DIR/rank<r>; the combined run's goes into DIR.
+                let tables = args
+                    .model
+                    .spec()?
+                    .tables
+                    .iter()
+                    .map(|t| t.name.clone())
+                    .collect();
+                let mut tb = crate::tensorboard::TrainLog::create(dir, tables)?;
+                tb.eval(step, &eval);
+                tb.summary(&summary);
+            }
             anyhow::Ok(summary)
         })?
     } else {

@@ -17,6 +17,8 @@
 //! - [`config`]: model, optimizer and cluster flags.
 //! - [`metrics`]: metric names and descriptions.
 //! - [`preprocess`]: `trainer preprocess`: text input into columnar shards.
+//! - [`timing`]: where a pass's time goes (the loop's phases, the stage threads, CPU per process).
+//! - [`tensorboard`]: TensorBoard event files (`--tensorboard-dir`).
 //! - [`cli`]: the binary's command line.
 
 #![warn(missing_docs)]
@@ -37,4 +39,6 @@ pub mod progressive;
 pub mod run;
 pub mod spec;
 pub mod step;
+pub mod tensorboard;
+pub mod timing;
 pub mod train;

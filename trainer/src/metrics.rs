@@ -91,6 +91,18 @@ pub const PROGRESSIVE_AUC: &str = "trainer_progressive_auc";
 /// Progressive validation: logloss of the same predictions over the same window.
 pub const PROGRESSIVE_LOGLOSS: &str = "trainer_progressive_logloss";
 
+/// Wall seconds of one training step in one phase of the training loop (label `phase`: input, plan,
+/// pull_wait, ack_wait, gather, forward, backward, optimizer, push, reduce, other; [`crate::timing`]). The
+/// phases of a step add up to its wall time. Buckets: [`LATENCY_BUCKETS`].
+pub const STEP_PHASE_SECONDS: &str = "trainer_step_phase_seconds";
+/// Seconds the pass's stage threads have worked beside the training loop (label `thread`: parse, plan,
+/// encode), since the pass began.
+pub const THREAD_BUSY_SECONDS: &str = "trainer_thread_busy_seconds";
+/// CPU seconds (user + system) of the trainer process since the pass began.
+pub const CPU_SECONDS: &str = "trainer_cpu_seconds";
+/// CPU seconds of each local parameter server (label `server`) since the pass began (`trainer demo`).
+pub const LOCAL_SERVER_CPU_SECONDS: &str = "trainer_local_server_cpu_seconds";
+
 /// Histogram buckets for every `_seconds` metric.
 pub const LATENCY_BUCKETS: &[f64] = &[
     0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
@@ -244,4 +256,24 @@ pub fn describe() {
         "Time to write one export, servers' snapshot included."
     );
     describe_gauge!(STEP, "Batches trained, including a resumed run's.");
+    describe_histogram!(
+        STEP_PHASE_SECONDS,
+        Unit::Seconds,
+        "Wall seconds of one training step in one phase of the training loop (phases add up to the step)."
+    );
+    describe_gauge!(
+        THREAD_BUSY_SECONDS,
+        Unit::Seconds,
+        "Seconds the reader, plan and push-encoder threads worked beside the training loop this pass."
+    );
+    describe_gauge!(
+        CPU_SECONDS,
+        Unit::Seconds,
+        "CPU seconds (user + system) of the trainer process this pass."
+    );
+    describe_gauge!(
+        LOCAL_SERVER_CPU_SECONDS,
+        Unit::Seconds,
+        "CPU seconds of each local parameter server this pass (trainer demo)."
+    );
 }

@@ -20,6 +20,8 @@ use crate::config::{ClusterArgs, ModelArgs};
 use crate::criteo::{ReaderConfig, StreamEnd};
 use crate::eval::EvalReport;
 use crate::progressive::ProgressiveReport;
+use crate::tensorboard::TrainLog;
+use crate::timing::TimeReport;
 
 mod inputs;
 use crate::train::{Event, PassOptions, TrainReport, Trainer};
@@ -78,6 +80,15 @@ pub struct JobArgs {
     /// `trainer_progressive_*` gauges and the summary (0 = off).
     #[arg(long, default_value_t = 100_000)]
     pub progressive_window: usize,
+    /// Write TensorBoard event files into DIR (created if missing; with several trainers, rank r writes
+    /// DIR/rank<r>): at every progress line the training loss, calibration, progressive AUC and logloss,
+    /// samples/s, the step's time by phase, the CPU per process and the rows pulled and pushed per table;
+    /// every evaluation's AUC, logloss and calibration; the run's summary at its end.
+    #[arg(long, value_name = "DIR")]
+    pub tensorboard_dir: Option<PathBuf>,
+    /// Process ids of local parameter servers whose CPU seconds the summary reports (`trainer demo` sets it).
+    #[arg(long, value_delimiter = ',', hide = true)]
+    pub local_server_pids: Vec<u32>,
 }
 
 impl JobArgs {
@@ -159,6 +170,24 @@ pub struct Summary {
     /// Times the client followed a new shard map (a live reshard, docs/replication.md).
     #[serde(default)]
     pub map_changes: u64,
+    /// Where the training time went: the loop's phases, the stage threads, CPU seconds of the trainer and
+    /// of the local servers ([`crate::timing`]; rank 0's in the demo's combined summary).
+    #[serde(default)]
+    pub time: TimeReport,
+    /// Unique rows pulled and pushed per table during training.
+    #[serde(default)]
+    pub table_rows: Vec<TableRows>,
+}
+
+/// One table's rows in the summary.
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
+pub struct TableRows {
+    /// The table's name.
+    pub table: String,
+    /// Unique rows pulled by training batches.
+    pub pulled: u64,
+    /// Unique gradient rows pushed.
+    pub pushed: u64,
 }
 
 impl Summary {
@@ -187,7 +216,11 @@ impl Summary {
             opt(self.calibration),
             self.bad_lines,
             self.wire_bytes as f64 / self.samples.max(1) as f64,
-        )
+        ) + &if self.time.steps > 0 {
+            self.time.render(self.samples)
+        } else {
+            String::new()
+        }
     }
 
     /// Writes the summary as JSON.
@@ -245,6 +278,24 @@ pub async fn train_and_evaluate(
             end.end();
         })
     });
+    let tables: Vec<String> = model
+        .spec()?
+        .tables
+        .iter()
+        .map(|t| t.name.clone())
+        .collect();
+    // Created before connecting: an unwritable directory fails the job at once, naming it.
+    let mut tb = match &job.tensorboard_dir {
+        Some(dir) => {
+            let dir = if inputs.world > 1 {
+                dir.join(format!("rank{}", inputs.rank))
+            } else {
+                dir.clone()
+            };
+            Some(TrainLog::create(&dir, tables.clone())?)
+        }
+        None => None,
+    };
     let client = connect(cluster).await?;
     let dense_on_ps = job.dense_on_ps || inputs.world > 1;
     let mut trainer = Trainer::with_ranks(
@@ -303,7 +354,9 @@ pub async fn train_and_evaluate(
         export_keep: job.export_keep as usize,
         publish_dense_every: job.publish_dense_every,
         progressive_window: job.progressive_window,
+        watch_pids: job.local_server_pids.clone(),
     };
+    let terminal = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let mut summary: Option<Summary> = None;
     for epoch in trainer.epoch()..epochs {
         if epoch > trainer.epoch() {
@@ -313,7 +366,12 @@ pub async fn train_and_evaluate(
             eprintln!("epoch {} of {epochs}", epoch + 1);
         }
         let report = trainer
-            .train_pass(reader(epoch), &opts, print_event)
+            .train_pass(reader(epoch), &opts, |e| {
+                print_event(&e, terminal);
+                if let Some(tb) = &mut tb {
+                    tb.event(&e);
+                }
+            })
             .await?;
         if report.read.bad_lines > 0 {
             eprintln!(
@@ -321,7 +379,7 @@ pub async fn train_and_evaluate(
                 report.read.bad_lines, report.read.first_errors
             );
         }
-        let pass = Summary::of_pass(&report, trainer.step());
+        let pass = Summary::of_pass(&report, trainer.step(), &tables);
         let summary = match summary.take() {
             Some(mut s) => {
                 s.add_pass(pass);
@@ -342,6 +400,9 @@ pub async fn train_and_evaluate(
                 trainer.step(),
                 eval.render()
             );
+            if let Some(tb) = &mut tb {
+                tb.eval(trainer.step(), &eval);
+            }
             let mut point = EvalPoint::new(trainer.step(), &eval);
             point.epoch = Some(epoch + 1);
             summary.evals.push(point);
@@ -357,6 +418,12 @@ pub async fn train_and_evaluate(
         let eval = trainer.evaluate(cfg).await?;
         eprintln!("eval at step {} (final): {}", trainer.step(), eval.render());
         summary.apply_eval(trainer.step(), &eval);
+        if let Some(tb) = &mut tb {
+            tb.eval(trainer.step(), &eval);
+        }
+    }
+    if let Some(tb) = &mut tb {
+        tb.summary(&summary);
     }
     summary.failovers = client.failovers();
     summary.map_changes = client.map_changes();
@@ -420,12 +487,19 @@ fn print_job(client: &PsClient, model: &ModelArgs, inputs: &Inputs, dense_on_ps:
     );
 }
 
-/// Prints a pass's progress lines, evaluations and checkpoints.
-fn print_event(e: Event) {
+/// Prints a pass's progress lines, evaluations and checkpoints; on a terminal, progress lines show the
+/// pass's percentage and the time left when the pass's rows are known.
+fn print_event(e: &Event, terminal: bool) {
     match e {
         Event::Progress(p) => eprintln!(
-            "[{:>6.1}s] rows {:>9}  samples/s {:>8.0}  loss {:.4}  calibration {:.3}{}",
+            "[{:>6.1}s]{} rows {:>9}  samples/s {:>8.0}  loss {:.4}  calibration {:.3}{}",
             p.seconds,
+            match (terminal, p.fraction, p.eta_secs) {
+                (true, Some(f), Some(eta)) =>
+                    format!(" {:>5.1}%  ETA {:<7}", f * 100.0, clock(eta)),
+                (true, Some(f), None) => format!(" {:>5.1}%", f * 100.0),
+                _ => String::new(),
+            },
             p.samples,
             p.samples_per_sec,
             p.loss,
@@ -448,13 +522,23 @@ fn print_event(e: Event) {
         } => eprintln!(
             "checkpoint at step {step}: {}{}",
             path.display(),
-            if ps_snapshot {
+            if *ps_snapshot {
                 " (with the servers' snapshot)"
             } else {
                 ""
             }
         ),
         Event::Export { step, path } => eprintln!("export at step {step}: {}", path.display()),
+    }
+}
+
+/// `seconds` as `1h02m03s`, `2m03s` or `3s`.
+fn clock(seconds: f64) -> String {
+    let s = seconds.max(0.0).round() as u64;
+    match (s / 3600, s / 60 % 60, s % 60) {
+        (0, 0, s) => format!("{s}s"),
+        (0, m, s) => format!("{m}m{s:02}s"),
+        (h, m, s) => format!("{h}h{m:02}m{s:02}s"),
     }
 }
 
@@ -479,10 +563,16 @@ impl Summary {
         self.progressive = pass.progressive.or(self.progressive);
         self.failovers += pass.failovers;
         self.map_changes += pass.map_changes;
+        self.time.add(&pass.time);
+        for (a, b) in self.table_rows.iter_mut().zip(&pass.table_rows) {
+            a.pulled += b.pulled;
+            a.pushed += b.pushed;
+        }
     }
 
-    /// The summary of one trainer's pass that ended at `step`, before the final evaluation.
-    fn of_pass(report: &TrainReport, step: u64) -> Summary {
+    /// The summary of one trainer's pass that ended at `step` (with the model's `tables`), before the final
+    /// evaluation.
+    fn of_pass(report: &TrainReport, step: u64, tables: &[String]) -> Summary {
         Summary {
             samples: report.samples,
             seconds: report.seconds,
@@ -506,6 +596,16 @@ impl Summary {
             progressive: report.progressive,
             failovers: 0,
             map_changes: 0,
+            time: report.time.clone(),
+            table_rows: tables
+                .iter()
+                .zip(report.rows_pulled.iter().zip(&report.rows_pushed))
+                .map(|(t, (&pulled, &pushed))| TableRows {
+                    table: t.clone(),
+                    pulled,
+                    pushed,
+                })
+                .collect(),
         }
     }
 }

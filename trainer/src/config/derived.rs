@@ -66,6 +66,17 @@ impl ModelArgs {
         self.max_in_flight.unwrap_or(if world > 1 { 0 } else { 2 })
     }
 
+    /// The synchronous warm-up of a job of `world` trainers: `--staleness-warmup-steps`, or its default (100
+    /// where the rows can lack updates the trainer cannot replay, 0 for one trainer replaying its own).
+    pub fn staleness_warmup(&self, world: usize) -> u64 {
+        self.staleness_warmup_steps
+            .unwrap_or(if world > 1 || !self.replay_own_updates {
+                100
+            } else {
+                0
+            })
+    }
+
     /// Per-table pull and push encodings for `num_sparse` tables named `C1..`: `--pull-encoding` and
     /// `--push-encoding` (both defaulting to `--encoding`), then the `--table-encoding` overrides.
     pub fn table_codecs(

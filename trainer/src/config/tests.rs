@@ -15,6 +15,18 @@ fn defaults_are_valid_and_match_the_issue() {
         (explicit.staleness_bound(1), explicit.staleness_bound(4)),
         (3, 3)
     );
+    // The synchronous warm-up only where rows can lack updates the trainer cannot replay (issue 44).
+    assert_eq!((m.staleness_warmup(1), m.staleness_warmup(2)), (0, 100));
+    let no_replay = ModelArgs {
+        replay_own_updates: false,
+        ..ModelArgs::default()
+    };
+    assert_eq!(no_replay.staleness_warmup(1), 100);
+    let explicit: ModelArgs = toml::from_str("staleness-warmup-steps = 7").unwrap();
+    assert_eq!(
+        (explicit.staleness_warmup(1), explicit.staleness_warmup(2)),
+        (7, 7)
+    );
     for bad in [0.0, -0.5, 1.5, f32::NAN] {
         let m = ModelArgs {
             dense_push_fraction: bad,

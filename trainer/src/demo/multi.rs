@@ -129,14 +129,28 @@ fn trainer_command(
         .args(["--shuffle-seed", &args.job.shuffle_seed.to_string()]);
     // Always: the demo evaluates the model the servers hold once every trainer is done.
     cmd.arg("--dense-on-ps");
+    if let Some(dir) = &args.job.tensorboard_dir {
+        // Each rank writes DIR/rank<r>.
+        cmd.arg("--tensorboard-dir").arg(dir);
+    }
+    if rank == 0 && !args.job.local_server_pids.is_empty() {
+        let pids: Vec<String> = args
+            .job
+            .local_server_pids
+            .iter()
+            .map(u32::to_string)
+            .collect();
+        cmd.arg("--local-server-pids").arg(pids.join(","));
+    }
     if args.pin_trainers {
         cmd.args(["--cpus", &(rank % cpus).to_string()]);
     }
     cmd
 }
 
-/// The trainers' summaries (`summary-rankN.json` in `run_dir`) as one: samples, steps and bad lines summed,
-/// the slowest trainer's seconds, the mean training loss, rank 0's evaluations.
+/// The trainers' summaries (`summary-rankN.json` in `run_dir`) as one: samples, steps, bad lines and rows
+/// per table summed, the slowest trainer's seconds, the mean training loss, rank 0's evaluations and time
+/// report (which holds the local servers' CPU).
 fn combine(run_dir: &Path, n: usize) -> anyhow::Result<Summary> {
     let mut combined: Option<Summary> = None;
     for rank in 0..n {
@@ -165,6 +179,8 @@ fn combine(run_dir: &Path, n: usize) -> anyhow::Result<Summary> {
             progressive: serde_json::from_value(s["progressive"].clone()).unwrap_or_default(),
             failovers: num("failovers") as u64,
             map_changes: num("map_changes") as u64,
+            time: serde_json::from_value(s["time"].clone()).unwrap_or_default(),
+            table_rows: serde_json::from_value(s["table_rows"].clone()).unwrap_or_default(),
         };
         if rank == 0 {
             let evals = serde_json::from_value(s["evals"].clone()).unwrap_or_default();
@@ -181,6 +197,10 @@ fn combine(run_dir: &Path, n: usize) -> anyhow::Result<Summary> {
         c.step += part.step;
         c.wire_bytes += part.wire_bytes;
         c.trainers += 1;
+        for (a, b) in c.table_rows.iter_mut().zip(&part.table_rows) {
+            a.pulled += b.pulled;
+            a.pushed += b.pushed;
+        }
     }
     combined.context("no trainer summaries")
 }

@@ -77,6 +77,10 @@ pub(crate) struct ChunkBuffers {
     pub(crate) loss: f64,
     /// Packed operands of the bf16 products.
     scratch: bf16::Scratch,
+    /// Seconds this chunk's last forward pass took on its thread (in [`forward_backward`](Self::forward_backward)).
+    pub(crate) forward_secs: f64,
+    /// Seconds its last backward pass took.
+    pub(crate) backward_secs: f64,
 }
 
 impl ChunkBuffers {
@@ -118,7 +122,10 @@ impl ChunkBuffers {
         probs: &mut [f32],
         emb_grad: &mut [f32],
     ) {
+        let started = std::time::Instant::now();
         self.forward(net, parallel, rows, dense, emb);
+        let forwarded = std::time::Instant::now();
+        self.forward_secs = (forwarded - started).as_secs_f64();
         // This chunk's parameter gradients: bottom, interaction, top, in `Dlrm::params` order.
         let bottom_params: usize = net.bottom.iter().map(num_params).sum();
         let inter_params = net.interaction.grads_len();
@@ -178,6 +185,7 @@ impl ChunkBuffers {
             bottom_grads,
             &mut self.scratch,
         );
+        self.backward_secs = forwarded.elapsed().as_secs_f64();
     }
 }
 

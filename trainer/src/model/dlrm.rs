@@ -41,6 +41,22 @@ pub struct Dlrm {
     batch_divisor: usize,
     /// Arithmetic of the matrix products.
     precision: Precision,
+    /// Where the last training step's time went.
+    timing: StepTiming,
+}
+
+/// Wall seconds of the last training step's parts ([`Dlrm::last_timing`]): the chunks run forward and
+/// backward on several threads at once, so the parallel region's wall time is split between the two in
+/// proportion to the threads' own times for each (three clock reads per chunk).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct StepTiming {
+    /// The forward pass, with the bf16 packing of the weights.
+    pub forward: f64,
+    /// The backward pass.
+    pub backward: f64,
+    /// The optimizer step with the sum of the chunks' gradients (in
+    /// [`forward_backward`](Dlrm::forward_backward), the sum alone).
+    pub optimizer: f64,
 }
 
 impl Dlrm {
@@ -81,6 +97,7 @@ impl Dlrm {
             probs: Vec::new(),
             batch_divisor: 0,
             precision: Precision::F32,
+            timing: StepTiming::default(),
         })
     }
 
@@ -275,6 +292,7 @@ impl Dlrm {
         emb_grad: &mut [f32],
     ) -> Result<f32, ModelError> {
         let (loss, n) = self.chunks_forward_backward(batch, dense, emb, labels, emb_grad)?;
+        let started = std::time::Instant::now();
         // Sum the chunks' gradient parts and step, block by block in one pass.
         self.opt.begin_step();
         let chunks = &self.chunks[..n];
@@ -284,7 +302,14 @@ impl Dlrm {
                 chunk::sum_into(g, chunks, base + at)
             });
         }
+        self.timing.optimizer = started.elapsed().as_secs_f64();
         Ok(loss)
+    }
+
+    /// Where the last [`train_step`](Self::train_step) or [`forward_backward`](Self::forward_backward)
+    /// spent its time.
+    pub fn last_timing(&self) -> StepTiming {
+        self.timing
     }
 
     /// [`train_step`](Self::train_step) without the optimizer step: leaves the dense gradients in the layers
@@ -298,7 +323,9 @@ impl Dlrm {
         emb_grad: &mut [f32],
     ) -> Result<f32, ModelError> {
         let (loss, n) = self.chunks_forward_backward(batch, dense, emb, labels, emb_grad)?;
+        let started = std::time::Instant::now();
         self.reduce_grads(n);
+        self.timing.optimizer = started.elapsed().as_secs_f64();
         Ok(loss)
     }
 
@@ -318,7 +345,9 @@ impl Dlrm {
         if batch == 0 {
             return Err(ModelError::EmptyBatch);
         }
+        let started = std::time::Instant::now();
         self.prepare();
+        let prepared = started.elapsed().as_secs_f64();
         let (n, rows) = chunk::split(batch, self.chunk_rows);
         self.grow_chunks(n);
         ensure_len(&mut self.probs, batch);
@@ -356,7 +385,20 @@ impl Dlrm {
                     emb_grad.unwrap_or_default(),
                 );
             });
+        let region = started.elapsed().as_secs_f64() - prepared;
         let loss: f64 = self.chunks[..n].iter().map(|c| c.loss).sum();
+        let fwd: f64 = self.chunks[..n].iter().map(|c| c.forward_secs).sum();
+        let bwd: f64 = self.chunks[..n].iter().map(|c| c.backward_secs).sum();
+        let fwd_share = if fwd + bwd > 0.0 {
+            fwd / (fwd + bwd)
+        } else {
+            0.5
+        };
+        self.timing = StepTiming {
+            forward: prepared + region * fwd_share,
+            backward: region * (1.0 - fwd_share),
+            optimizer: 0.0,
+        };
         Ok(((loss / batch as f64) as f32, n))
     }
 

@@ -46,12 +46,12 @@ mod matmul;
 pub mod mlp;
 pub mod optim;
 mod rng;
-mod simd;
+pub(crate) mod simd;
 
 pub use bf16::{Kernel as Bf16Kernel, DISABLE_BF16_ENV, DISABLE_ENV as AMX_DISABLE_ENV};
 pub use config::{DlrmConfig, InteractionConfig};
 pub use cross::CrossNet;
-pub use dlrm::Dlrm;
+pub use dlrm::{Dlrm, StepTiming};
 pub use interaction::Interaction;
 pub use linear::Linear;
 pub use mlp::Mlp;

@@ -32,3 +32,6 @@ pub mod feedback;
 pub mod dense_sync;
 
 pub mod dense_reduce;
+
+#[cfg(test)]
+mod perf;

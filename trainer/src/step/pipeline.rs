@@ -8,7 +8,10 @@
 //! state allocates no plan buffers. To resume at a data position, the stage discards the first `skip` batches
 //! unplanned (the reader cannot seek inside text or compressed files, so they are parsed and dropped).
 
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::Instant;
 
 use crossbeam_channel::{Receiver, Sender};
 use protocol::ShardMap;
@@ -32,6 +35,10 @@ pub struct PlanStage {
     rx: Option<Receiver<Result<Planned, ReadError>>>,
     recycle: Sender<Plan>,
     thread: Option<JoinHandle<ReadStats>>,
+    /// Nanoseconds the plan thread worked (planning and prefetch requests, not waiting).
+    busy: Arc<AtomicU64>,
+    /// Nanoseconds the reader thread worked.
+    reader_busy: Arc<AtomicU64>,
 }
 
 impl PlanStage {
@@ -50,6 +57,9 @@ impl PlanStage {
     ) -> std::io::Result<PlanStage> {
         let (tx, rx) = crossbeam_channel::bounded(depth.max(1));
         let (recycle, recycled) = crossbeam_channel::unbounded::<Plan>();
+        let busy = Arc::new(AtomicU64::new(0));
+        let reader_busy = reader.busy_nanos();
+        let thread_busy = busy.clone();
         let thread = std::thread::Builder::new()
             .name("trainer-plan".into())
             .spawn(move || {
@@ -59,6 +69,7 @@ impl PlanStage {
                         Ok(b) if b.len == 0 => break,
                         Ok(_) if index < skip => continue,
                         Ok(batch) => {
+                            let started = Instant::now();
                             let mut plan = recycled.try_recv().unwrap_or_default();
                             plan.build_with(
                                 &layout,
@@ -70,6 +81,7 @@ impl PlanStage {
                             if let Some(p) = &prefetch {
                                 p.send(index - skip, &plan);
                             }
+                            crate::timing::add_busy(&thread_busy, started);
                             Ok(Planned { index, batch, plan })
                         }
                         Err(e) => Err(e),
@@ -85,7 +97,14 @@ impl PlanStage {
             rx: Some(rx),
             recycle,
             thread: Some(thread),
+            busy,
+            reader_busy,
         })
+    }
+
+    /// The busy counters (nanoseconds) of the plan thread and of the reader thread, in that order.
+    pub fn busy_nanos(&self) -> (Arc<AtomicU64>, Arc<AtomicU64>) {
+        (self.busy.clone(), self.reader_busy.clone())
     }
 
     /// The next planned batch (blocking), `None` at the end of the data.

@@ -11,8 +11,10 @@
 //! The residual store lives behind a mutex shared with the trainer, which locks it only between passes and
 //! for checkpoints (when no job is queued); the encoder takes it once per batch.
 
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
+use std::time::Instant;
 
 use crate::step::feedback::ResidualStore;
 use crossbeam_channel::{Receiver, Sender};
@@ -61,6 +63,8 @@ pub struct PushEncoder {
     recycle: Sender<Plan>,
     pool: (Sender<TableRows>, Receiver<TableRows>),
     thread: Option<JoinHandle<()>>,
+    /// Nanoseconds the encoder thread worked.
+    busy: Arc<AtomicU64>,
 }
 
 /// Residual store shared between the trainer and its push encoder.
@@ -75,11 +79,14 @@ impl PushEncoder {
         recycle: Sender<Plan>,
     ) -> std::io::Result<PushEncoder> {
         let (jobs, rx) = crossbeam_channel::unbounded::<(Arc<PushRecord>, oneshot::Sender<_>)>();
+        let busy = Arc::new(AtomicU64::new(0));
+        let thread_busy = busy.clone();
         let thread = std::thread::Builder::new()
             .name("trainer-push".into())
             .spawn(move || {
                 let mut scratch = PushScratch::default();
                 for (record, reply) in rx {
+                    let started = Instant::now();
                     let requests = {
                         // A poisoned lock means a panic elsewhere already failed the pass.
                         let mut store = residuals.lock().unwrap_or_else(|p| p.into_inner());
@@ -98,6 +105,7 @@ impl PushEncoder {
                         .map(|c| c.count as u64)
                         .sum();
                     let bytes = requests.iter().map(|r| r.payload.len() as u64).sum();
+                    crate::timing::add_busy(&thread_busy, started);
                     let _ = reply.send(EncodedPush {
                         requests,
                         rows,
@@ -110,7 +118,13 @@ impl PushEncoder {
             recycle,
             pool: crossbeam_channel::unbounded(),
             thread: Some(thread),
+            busy,
         })
+    }
+
+    /// The encoder thread's busy counter (nanoseconds).
+    pub fn busy_nanos(&self) -> Arc<AtomicU64> {
+        self.busy.clone()
     }
 
     /// Sums a computed batch's embedding gradients (`[batch x tables x dim]`, as the model wrote them) per

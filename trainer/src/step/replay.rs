@@ -26,6 +26,7 @@ use embedding::optimizer::{self, Regularizer};
 use embedding::OptimizerConfig;
 use protocol::TableSpec;
 
+use crate::model::simd::multiversion;
 use crate::step::plan::Plan;
 
 /// The optimizers of the embedding tables, to replay updates with.
@@ -68,8 +69,6 @@ impl Replayer {
         scale: f32,
     ) -> usize {
         use rayon::prelude::*;
-        // The servers multiply by the inverse (and skip a scale of 1): the same f32 arithmetic here.
-        let inv = 1.0 / scale;
         let tables = target.tables().min(pushed.tables()).min(self.tables.len());
         // Tables are independent: split over the rayon pool (this runs on the training loop's critical
         // path, between dense steps).
@@ -77,49 +76,87 @@ impl Replayer {
             .par_iter_mut()
             .zip(state[..tables].par_iter_mut())
             .zip(self.tables[..tables].par_iter());
-        let updated = per_table.enumerate().map(|(t, ((w, st), &(opt, reg)))| {
+        let updated = per_table.enumerate().map(|(t, ((w, st), (opt, reg)))| {
             let dim = target.dim(t);
             if pushed.dim(t) != dim {
                 return 0;
             }
             let len = opt.state_len(dim);
-            let g = &grads[t];
             if w.len() < target.unique(t).len() * dim || st.len() < target.unique(t).len() * len {
                 return 0;
             }
-            let mut grad = vec![0.0f32; dim];
             let mut updated = 0;
-            for s in 0..target.servers().min(pushed.servers()) {
-                let (pa, ka) = target.share(s, t);
-                let (pb, kb) = pushed.share(s, t);
-                let (mut i, mut j) = (0, 0);
-                // Branch-free advance: which list moves is data-dependent and unpredictable.
-                while i < ka.len() && j < kb.len() {
-                    let (x, y) = (ka[i], kb[j]);
-                    if x == y {
-                        let (a, b) = (pa[i] as usize, pb[j] as usize);
-                        let src = &g[b * dim..(b + 1) * dim];
-                        for (d, &x) in grad.iter_mut().zip(src) {
-                            *d = if scale != 1.0 { x * inv } else { x };
-                        }
-                        if grad.iter().all(|x| x.is_finite()) {
-                            optimizer::update(
-                                &opt,
-                                reg,
-                                &mut w[a * dim..(a + 1) * dim],
-                                &mut st[a * len..(a + 1) * len],
-                                &grad,
-                            );
-                            updated += 1;
-                        }
-                    }
-                    i += usize::from(x <= y);
-                    j += usize::from(y <= x);
-                }
-            }
+            let mut grad = vec![0.0f32; dim];
+            let from = Pushed {
+                target,
+                pushed,
+                t,
+                opt,
+                reg: *reg,
+                grads: &grads[t],
+                scale,
+            };
+            replay_table(&from, w, st, &mut grad, &mut updated);
             updated
         });
         updated.sum()
+    }
+}
+
+/// One table of one pushed batch to replay ([`replay_table`]).
+struct Pushed<'a> {
+    /// The batch whose pulled rows are updated.
+    target: &'a Plan,
+    /// The pushed batch.
+    pushed: &'a Plan,
+    /// The table.
+    t: usize,
+    opt: &'a OptimizerConfig,
+    reg: Regularizer,
+    /// The pushed gradients of table `t`, summed per unique id of `pushed`, times `scale`.
+    grads: &'a [f32],
+    scale: f32,
+}
+
+multiversion! {
+    /// Replays `p.pushed`'s gradients of table `p.t` onto the rows `w` and state `st` of `p.target`'s ids
+    /// that it touched, adding the rows updated to `updated`; `grad` is a row of scratch. The body of
+    /// [`Replayer::replay`] for one table, compiled for AVX-512 and AVX2 too (the workspace's baseline is
+    /// SSE2, where it ran one float at a time): the same operations in the same order, so the rows stay bit
+    /// for bit what the servers, built for the baseline, compute.
+    fn replay_table(p: &Pushed<'_>, w: &mut [f32], st: &mut [f32], grad: &mut [f32], updated: &mut usize) {
+        let (dim, t) = (grad.len(), p.t);
+        let len = p.opt.state_len(dim);
+        // The servers multiply by the inverse (and skip a scale of 1): the same f32 arithmetic here.
+        let inv = 1.0 / p.scale;
+        for s in 0..p.target.servers().min(p.pushed.servers()) {
+            let (pa, ka) = p.target.share(s, t);
+            let (pb, kb) = p.pushed.share(s, t);
+            let (mut i, mut j) = (0, 0);
+            // Branch-free advance: which list moves is data-dependent and unpredictable.
+            while i < ka.len() && j < kb.len() {
+                let (x, y) = (ka[i], kb[j]);
+                if x == y {
+                    let (a, b) = (pa[i] as usize, pb[j] as usize);
+                    let src = &p.grads[b * dim..(b + 1) * dim];
+                    for (d, &x) in grad.iter_mut().zip(src) {
+                        *d = if p.scale != 1.0 { x * inv } else { x };
+                    }
+                    if grad.iter().all(|x| x.is_finite()) {
+                        optimizer::update(
+                            p.opt,
+                            p.reg,
+                            &mut w[a * dim..(a + 1) * dim],
+                            &mut st[a * len..(a + 1) * len],
+                            grad,
+                        );
+                        *updated += 1;
+                    }
+                }
+                i += usize::from(x <= y);
+                j += usize::from(y <= x);
+            }
+        }
     }
 }
 

@@ -42,6 +42,7 @@ pub use error::{Result, TrainError};
 pub use report::{Event, PassOptions, Progress, TrainReport};
 
 mod error;
+mod eta;
 mod pass;
 mod report;
 mod stages;
@@ -485,7 +486,7 @@ impl Trainer {
         let mut next = self.next_eval_stage(&mut reader)?;
         while let Some(mut stage) = next.take() {
             next = self.next_eval_stage(&mut reader)?;
-            self.receive(&mut stage, &VecDeque::new()).await?;
+            self.receive(&mut stage, &VecDeque::new(), None).await?;
             let b = stage.batch.len;
             let (model, emb, batch) = (&mut self.model, &self.emb, &stage.batch);
             let probs = tokio::task::block_in_place(|| model.predict(b, &batch.dense, emb))

@@ -19,6 +19,9 @@ use crate::progressive::Window as Progressive;
 use crate::step::pipeline::PlanStage;
 use crate::step::prefetch::Prefetcher;
 use crate::step::push::{PushEncoder, PushRecord};
+use crate::timing::{
+    BusyCounters, CpuSeconds, CpuWatch, Phase, PhaseSeconds, Stopwatch, TimeReport, PHASES,
+};
 
 /// The batches of a pass on their way: the stage threads, the pull window and the pushes in flight.
 struct Window {
@@ -83,11 +86,58 @@ struct Tally {
     wire_at_start: u64,
     /// Progressive validation's window of predictions made before training on their rows.
     progressive: Progressive,
+    /// The loop's wall time by phase ([`crate::timing`]).
+    watch: Stopwatch,
+    /// The stage threads' busy counters.
+    busy: BusyCounters,
+    /// CPU seconds of this process and of the watched servers, and their values when the pass began.
+    cpu: CpuWatch,
+    cpu_at_start: CpuSeconds,
+    /// The time report at the last progress line (each line reports the interval since).
+    at_report: TimeReport,
+    /// The loop's phases at the end of the last step (the per-step histograms record the difference).
+    at_step: PhaseSeconds,
+    /// The per-step phase histograms, registered once per pass.
+    phase_histograms: Vec<(Phase, metrics::Histogram)>,
+    /// Unique rows pulled and pushed per table in the pass, and at the last progress line.
+    pulled: Vec<u64>,
+    pushed: Vec<u64>,
+    rows_at_report: (Vec<u64>, Vec<u64>),
+    /// Rows the pass is expected to train (for the progress lines' percentage and ETA), when known.
+    expected: Option<u64>,
 }
 
 impl Tally {
-    fn new(wire_at_start: u64, progressive_window: usize) -> Tally {
+    fn new(
+        wire_at_start: u64,
+        progressive_window: usize,
+        busy: BusyCounters,
+        cpu: CpuWatch,
+        tables: usize,
+        expected: Option<u64>,
+    ) -> Tally {
+        let cpu_at_start = cpu.read();
+        let phase_histograms = PHASES
+            .into_iter()
+            .map(|p| {
+                (
+                    p,
+                    metrics::histogram!(m::STEP_PHASE_SECONDS, "phase" => p.name()),
+                )
+            })
+            .collect();
         Tally {
+            watch: Stopwatch::start(),
+            busy,
+            cpu,
+            cpu_at_start,
+            at_report: TimeReport::default(),
+            at_step: PhaseSeconds::default(),
+            phase_histograms,
+            pulled: vec![0; tables],
+            pushed: vec![0; tables],
+            rows_at_report: (vec![0; tables], vec![0; tables]),
+            expected,
             progressive: Progressive::new(progressive_window),
             wire_at_start,
             begin: Instant::now(),
@@ -104,6 +154,32 @@ impl Tally {
             evals: Vec::new(),
         }
     }
+
+    /// Where the pass's time went so far: the loop's phases, the stage threads, the processes' CPU.
+    fn time(&self) -> TimeReport {
+        let critical = self.watch.spent();
+        TimeReport {
+            steps: self.batches,
+            seconds: critical.total(),
+            critical,
+            background: self.busy.read(),
+            cpu: self.cpu.read().since(&self.cpu_at_start),
+        }
+    }
+
+    /// Records the last step's phases in the per-step histograms.
+    fn record_step(&mut self) {
+        let now = self.watch.spent();
+        let step = now.since(&self.at_step);
+        self.at_step = now;
+        for (phase, h) in &self.phase_histograms {
+            let s = step.get(*phase);
+            // A phase this job never enters (the reduce of one trainer) stays out of its histogram.
+            if s != 0.0 {
+                h.record(s);
+            }
+        }
+    }
 }
 
 impl Trainer {
@@ -115,16 +191,34 @@ impl Trainer {
         opts: &PassOptions,
         mut on_event: impl FnMut(Event),
     ) -> Result<TrainReport> {
+        let expected = super::eta::expected_rows(
+            &reader_cfg,
+            self.step - self.epoch_start_step,
+            opts.max_steps.saturating_sub(self.step),
+            self.args.batch_size,
+        );
         let mut w = self.open_window(reader_cfg)?;
-        let mut tally = Tally::new(self.wire_total(), opts.progressive_window);
+        let (plan_busy, parse_busy) = w.stage_in.busy_nanos();
+        let busy = BusyCounters {
+            parse: parse_busy,
+            plan: plan_busy,
+            encode: w.encoder.busy_nanos(),
+        };
+        let cpu = CpuWatch::new(opts.watch_pids.clone());
+        let mut tally = Tally::new(
+            self.wire_total(),
+            opts.progressive_window,
+            busy,
+            cpu,
+            self.layout.tables(),
+            expected,
+        );
         loop {
-            self.fill(&mut w, opts)?;
+            self.fill(&mut w, opts, &mut tally.watch)?;
             let Some(stage) = w.ahead.pop_front() else {
                 break;
             };
-            let trained = self
-                .train_batch(&mut w, stage, &mut tally.progressive)
-                .await?;
+            let trained = self.train_batch(&mut w, stage, &mut tally).await?;
             tally.rejected += w.reap()?;
             self.count(&mut tally, trained, &mut on_event);
             self.periodic(&mut w, &mut tally, opts, &mut on_event)
@@ -137,6 +231,11 @@ impl Trainer {
             }
         }
         self.flush_dense().await?;
+        tally.watch.lap(if self.reduce.is_some() {
+            Phase::Reduce
+        } else {
+            Phase::Other
+        });
         self.finish_pass(w, tally, opts, &mut on_event).await
     }
 
@@ -205,7 +304,7 @@ impl Trainer {
 
     /// The pull stage: keeps the batch to compute next plus `k` more in flight (fewer at the end of the data
     /// or at `opts.max_steps`).
-    fn fill(&mut self, w: &mut Window, opts: &PassOptions) -> Result<()> {
+    fn fill(&mut self, w: &mut Window, opts: &PassOptions, watch: &mut Stopwatch) -> Result<()> {
         let at_limit = |step: u64| opts.max_steps > 0 && step >= opts.max_steps;
         while !w.exhausted
             && (w.ahead.len() as u64) <= w.k
@@ -219,16 +318,19 @@ impl Trainer {
             } else {
                 tokio::task::block_in_place(|| w.stage_in.next_planned())
             };
+            watch.lap(Phase::Input);
             match next {
                 None => w.exhausted = true,
                 Some(planned) => {
                     let p = planned.map_err(TrainError::data("read training data"))?;
                     // The batch's step in the job decides whether it is still in the warm-up.
-                    let warm = self.step + w.ahead.len() as u64 >= self.args.staleness_warmup_steps;
+                    let warm =
+                        self.step + w.ahead.len() as u64 >= self.args.staleness_warmup(self.world);
                     let gate = Some((w.acked_rx.clone(), w.issued, if warm { w.k } else { 0 }));
                     let stage = self.start(p.batch, p.plan, gate);
                     w.ahead.push_back(stage);
                     w.issued += 1;
+                    watch.lap(Phase::Plan);
                 }
             }
         }
@@ -241,13 +343,29 @@ impl Trainer {
         &mut self,
         w: &mut Window,
         mut stage: Stage,
-        progressive: &mut Progressive,
+        tally: &mut Tally,
     ) -> Result<Trained> {
-        self.receive(&mut stage, &w.in_flight).await?;
+        tally.watch.lap(Phase::Other);
+        self.receive(&mut stage, &w.in_flight, Some(&mut tally.watch))
+            .await?;
+        for (t, n) in tally.pulled.iter_mut().enumerate() {
+            *n += stage.plan.unique(t).len() as u64;
+        }
         if self.step == 0 && self.args.init_output_bias && self.dense.is_none() {
             self.start_output_bias(&stage.batch).await?;
+            tally.watch.lap(Phase::Other);
         }
         let loss = self.compute(&stage.batch)?;
+        let timing = self.model.last_timing();
+        tally.watch.lap_split(
+            &[
+                (Phase::Forward, timing.forward),
+                (Phase::Backward, timing.backward),
+                (Phase::Optimizer, timing.optimizer),
+            ],
+            Phase::Other,
+        );
+        let progressive = &mut tally.progressive;
         let trained = Trained {
             samples: stage.batch.len,
             loss,
@@ -264,6 +382,10 @@ impl Trainer {
         let Stage {
             batch, plan, index, ..
         } = stage;
+        tally.watch.lap(Phase::Other);
+        for (t, n) in tally.pushed.iter_mut().enumerate() {
+            *n += plan.unique(t).len() as u64;
+        }
         let b = batch.len;
         if batch.truncated > 0 {
             metrics::counter!(m::TOKENS_TRUNCATED_TOTAL).increment(batch.truncated);
@@ -301,14 +423,17 @@ impl Trainer {
             acks.ack(index);
             r
         });
+        tally.watch.lap(Phase::Push);
         if self.reduce.is_some() {
             if w.k == 0 && self.args.dense_staleness == 0 {
                 // Synchronous: once the reduce completes, every trainer's push of this step is applied, so the
                 // next pull sees all of them (as one trainer at the global batch would).
                 let mut acked = w.acked_rx.clone();
                 let _ = acked.wait_for(|&n| n > index).await;
+                tally.watch.lap(Phase::AckWait);
             }
             self.reduce_dense(b as u64, false).await?;
+            tally.watch.lap(Phase::Reduce);
         }
         Ok(trained)
     }
@@ -328,11 +453,32 @@ impl Trainer {
         metrics::counter!(m::SAMPLES_TOTAL).increment(b as u64);
         metrics::gauge!(m::STEP).set(self.step as f64);
         metrics::counter!(m::BATCHES_TOTAL).increment(1);
+        t.watch.lap(Phase::Other);
+        t.record_step();
         if t.last_report.elapsed() >= self.args.progress_interval() {
             let secs = t.last_report.elapsed().as_secs_f64();
+            let seconds = (t.begin.elapsed() - t.paused).as_secs_f64();
+            let time = t.time();
+            let interval = time.since(&t.at_report);
+            t.at_report = time;
+            crate::timing::export_metrics(&t.at_report);
+            let rows_pulled = diff(&t.pulled, &t.rows_at_report.0);
+            let rows_pushed = diff(&t.pushed, &t.rows_at_report.1);
+            t.rows_at_report = (t.pulled.clone(), t.pushed.clone());
+            let fraction = t
+                .expected
+                .map(|n| (t.samples as f64 / n.max(1) as f64).min(1.0));
             let p = Progress {
+                step: self.step,
                 samples: t.samples,
-                seconds: (t.begin.elapsed() - t.paused).as_secs_f64(),
+                seconds,
+                fraction,
+                eta_secs: fraction
+                    .filter(|&f| f > 0.0)
+                    .map(|f| seconds * (1.0 - f) / f),
+                time: interval,
+                rows_pulled,
+                rows_pushed,
                 samples_per_sec: t.window_samples as f64 / secs,
                 loss: t.window_loss / t.window_samples.max(1) as f64,
                 calibration: if t.window_labels > 0.0 {
@@ -344,14 +490,15 @@ impl Trainer {
             };
             metrics::gauge!(m::SAMPLES_PER_SECOND).set(p.samples_per_sec);
             metrics::gauge!(m::LOSS).set(p.loss);
-            on_event(Event::Progress(p));
+            on_event(Event::Progress(Box::new(p)));
             t.last_report = Instant::now();
             (t.window_loss, t.window_samples) = (0.0, 0);
             (t.window_pred, t.window_labels) = (0.0, 0.0);
         }
     }
 
-    /// The evaluation and checkpoint due at this step, if any (their time is left out of the pass's).
+    /// The evaluation and checkpoint due at this step, if any (their time is left out of the pass's and
+    /// of its phases').
     async fn periodic(
         &mut self,
         w: &mut Window,
@@ -362,6 +509,7 @@ impl Trainer {
         let eval_now = opts.eval_every > 0 && self.step.is_multiple_of(opts.eval_every);
         let ckpt_now = opts.checkpoint_every > 0 && self.step.is_multiple_of(opts.checkpoint_every);
         if let (true, Some(cfg)) = (eval_now, &opts.eval_data) {
+            t.watch.lap(Phase::Other);
             let started = Instant::now();
             self.flush_dense().await?;
             let report = self.evaluate(cfg.clone()).await?;
@@ -371,13 +519,16 @@ impl Trainer {
                 report,
             });
             t.paused += started.elapsed();
+            t.watch.skip();
             t.last_report = Instant::now();
         }
         if let (true, Some(dir)) = (ckpt_now, &opts.checkpoint_dir) {
+            t.watch.lap(Phase::Other);
             let started = Instant::now();
             t.rejected += drain(&mut w.pushes).await?;
             on_event(self.checkpoint(dir).await?);
             t.paused += started.elapsed();
+            t.watch.skip();
             t.last_report = Instant::now();
         }
         if opts.publish_dense_every > 0
@@ -387,12 +538,14 @@ impl Trainer {
             self.publish_for_serving().await?;
         }
         if export_due(self.step, opts) {
+            t.watch.lap(Phase::Other);
             let started = Instant::now();
             t.rejected += drain(&mut w.pushes).await?;
             if let Some(e) = self.export(opts).await? {
                 on_event(e);
             }
             t.paused += started.elapsed();
+            t.watch.skip();
             t.last_report = Instant::now();
         }
         Ok(())
@@ -411,7 +564,7 @@ impl Trainer {
     async fn finish_pass(
         &mut self,
         w: Window,
-        t: Tally,
+        mut t: Tally,
         opts: &PassOptions,
         on_event: &mut impl FnMut(Event),
     ) -> Result<TrainReport> {
@@ -424,10 +577,15 @@ impl Trainer {
             in_flight,
             ..
         } = w;
+        t.watch.lap(Phase::Other);
         let rejected = t.rejected + drain(&mut pushes).await?;
+        t.watch.lap(Phase::AckWait);
         // Hybrid mode: the servers' dense table gets the final model (rank 0; the demo evaluates it).
         self.publish_dense().await?;
         let seconds = (t.begin.elapsed() - t.paused).as_secs_f64();
+        t.watch.lap(Phase::Other);
+        let time = t.time();
+        crate::timing::export_metrics(&time);
         drop(ahead);
         drop(in_flight);
         let read = stage_in.finish();
@@ -462,8 +620,16 @@ impl Trainer {
             evals: t.evals,
             wire_bytes: self.wire_total() - t.wire_at_start,
             progressive: t.progressive.export(),
+            time,
+            rows_pulled: t.pulled,
+            rows_pushed: t.pushed,
         })
     }
+}
+
+/// `now - then`, element by element.
+fn diff(now: &[u64], then: &[u64]) -> Vec<u64> {
+    now.iter().zip(then).map(|(a, b)| a - b).collect()
 }
 
 /// Whether `opts` asks for an export at `step` during a pass: with every checkpoint, and every

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use crate::criteo::{ReadStats, ReaderConfig};
 use crate::eval::EvalReport;
 use crate::progressive::ProgressiveReport;
+use crate::timing::TimeReport;
 
 /// What one pass over the training data did.
 #[derive(Debug, Clone)]
@@ -32,15 +33,34 @@ pub struct TrainReport {
     /// Progressive validation over the pass's last `--progressive-window` rows ([`crate::progressive`]);
     /// `None` when off or without rows.
     pub progressive: Option<ProgressiveReport>,
+    /// Where the pass's time went ([`crate::timing`]).
+    pub time: TimeReport,
+    /// Unique rows pulled per table (training batches).
+    pub rows_pulled: Vec<u64>,
+    /// Unique gradient rows pushed per table.
+    pub rows_pushed: Vec<u64>,
 }
 
 /// Progress of a running pass, reported every progress interval.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Progress {
+    /// The trainer's step (batches trained, including a resumed run's).
+    pub step: u64,
     /// Samples so far.
     pub samples: u64,
-    /// Seconds since the pass began.
+    /// Seconds since the pass began (evaluations and checkpoints left out).
     pub seconds: f64,
+    /// The fraction of the pass done, when its rows are known ([`crate::train`]'s estimate: exact for
+    /// columnar shards, from the file sizes for plain text, unknown for compressed text and streams).
+    pub fraction: Option<f64>,
+    /// Seconds until the end of the pass at the pass's mean speed so far, with `fraction`.
+    pub eta_secs: Option<f64>,
+    /// Where the time of the last interval went.
+    pub time: TimeReport,
+    /// Unique rows pulled per table in the last interval.
+    pub rows_pulled: Vec<u64>,
+    /// Unique gradient rows pushed per table in the last interval.
+    pub rows_pushed: Vec<u64>,
     /// Samples per second over the last interval.
     pub samples_per_sec: f64,
     /// Mean loss over the last interval.
@@ -56,7 +76,7 @@ pub struct Progress {
 #[derive(Debug, Clone)]
 pub enum Event {
     /// Throughput and loss over the last progress interval.
-    Progress(Progress),
+    Progress(Box<Progress>),
     /// A periodic evaluation on the held-out set.
     Eval {
         /// The trainer's step (batches trained, including a resumed run's).
@@ -107,6 +127,8 @@ pub struct PassOptions {
     pub publish_dense_every: u64,
     /// Rows of progressive validation's sliding window (0 = off; [`crate::progressive`]).
     pub progressive_window: usize,
+    /// Processes whose CPU seconds the pass reports besides its own (the local servers of `trainer demo`).
+    pub watch_pids: Vec<u32>,
 }
 
 /// Sample-weighted mean loss over the last `tail` samples (at least the last batch).

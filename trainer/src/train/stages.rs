@@ -17,8 +17,10 @@ use crate::step::dense_sync::DenseSync;
 use crate::step::exchange::{pull_all, pull_parts, push_all, PartReplies, Replies};
 use crate::step::plan::Plan;
 use crate::step::push::{PushEncoder, PushRecord};
+use crate::timing::{Phase, Stopwatch};
 
-type PullResult = Result<(PartReplies, Option<Replies>), ProtocolError>;
+/// A batch's pulled rows, dense rows, and when its staleness gate opened (`None` without a gate).
+type PullResult = Result<(PartReplies, Option<Replies>, Option<Instant>), ProtocolError>;
 pub(super) type PushResult = Result<(u64, u64)>;
 
 /// A batch whose pulls are in flight.
@@ -86,12 +88,14 @@ impl Trainer {
         let pull = tokio::spawn(async move {
             // Dropped when the task ends, which wakes pushes waiting for this answer even on failure.
             let _replied = replied_tx;
+            let mut opened = None;
             if let Some((mut acked, index, k)) = gate {
                 let needed = index.saturating_sub(k);
                 // The counter's sender lives as long as the pass; if it is gone the pass is over anyway.
                 let seen = acked.wait_for(|&n| n >= needed).await.map_or(index, |n| *n);
                 // Earlier batches of the pass whose updates these rows may lack.
                 metrics::histogram!(m::STALENESS_BATCHES).record(index.saturating_sub(seen) as f64);
+                opened = Some(Instant::now());
             }
             let started = Instant::now();
             let dense = async {
@@ -111,7 +115,7 @@ impl Trainer {
             metrics::counter!(m::WIRE_BYTES_RECEIVED_TOTAL).increment(received as u64);
             wire[1].fetch_add(received as u64, std::sync::atomic::Ordering::Relaxed);
             metrics::counter!(m::RAW_BYTES_RECEIVED_TOTAL).increment(raw_bytes);
-            Ok((emb, dense))
+            Ok((emb, dense, opened))
         });
         Stage {
             batch,
@@ -126,16 +130,26 @@ impl Trainer {
 
     /// Waits for a stage's rows and lays them out as the model's input in `self.emb` (and sets the dense
     /// parameters when they come from the servers). Pushes of `in_flight` (by pass index) that the rows lack
-    /// are replayed on them first.
+    /// are replayed on them first. With `watch`, the wait is charged to [`Phase::PullWait`] (the part of it
+    /// before the staleness gate opened to [`Phase::AckWait`]) and the layout work to [`Phase::Gather`].
     pub(super) async fn receive(
         &mut self,
         stage: &mut Stage,
         in_flight: &VecDeque<(u64, Arc<PushRecord>)>,
+        mut watch: Option<&mut Stopwatch>,
     ) -> Result<()> {
-        let (replies, dense) = (&mut stage.pull)
+        let waiting = Instant::now();
+        let (replies, dense, opened) = (&mut stage.pull)
             .await
             .map_err(|_| TrainError::Stopped("pull task"))?
             .map_err(TrainError::servers("pull embedding rows"))?;
+        if let Some(w) = watch.as_deref_mut() {
+            let waited = w.lap(Phase::PullWait).as_secs_f64();
+            if let Some(opened) = opened {
+                let gated = opened.saturating_duration_since(waiting).as_secs_f64();
+                w.recharge(Phase::PullWait, Phase::AckWait, gated.min(waited));
+            }
+        }
         for (i, reply) in replies {
             let s = stage.plan.part_server(i);
             let from = || format!("rows from server {}", self.client.addr(s));
@@ -176,6 +190,9 @@ impl Trainer {
             .gather_embeddings(&self.unique_rows, &mut self.emb);
         if let (Some(sync), Some(replies)) = (&mut self.dense, dense) {
             sync.apply_pulled(&replies, &mut self.model)?;
+        }
+        if let Some(w) = watch {
+            w.lap(Phase::Gather);
         }
         Ok(())
     }

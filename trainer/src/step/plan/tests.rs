@@ -451,3 +451,46 @@ fn multi_hot_cost_per_batch() {
         );
     }
 }
+
+/// Pulled rows are placed block by block (`SCATTER_BLOCK`): tables of many rows, several blocks each, in
+/// every encoding, land where one row at a time would put them.
+#[test]
+fn scatter_of_many_rows_crosses_blocks() {
+    let map = ShardMap::new(2);
+    let dim = 2;
+    let rows_per_table = 3 * SCATTER_BLOCK / dim + 7;
+    let sparse: Vec<Vec<u64>> = (0..2u64)
+        .map(|t| {
+            (0..rows_per_table as u64)
+                .map(|i| t * 10_000_000 + i * 3)
+                .collect()
+        })
+        .collect();
+    let mut plan = Plan::default();
+    plan.build(&sparse, dim, &map);
+    for enc in Encoding::ALL {
+        let reqs = plan.pull_requests(&TableCodecs::uniform(2, enc, enc));
+        let mut unique_rows = Vec::new();
+        for r in &reqs {
+            let rows = serve(&r.counts, &r.payload, r.encoding);
+            plan.scatter_part(r.server, r.encoding, &r.counts, &rows, &mut unique_rows)
+                .unwrap();
+        }
+        for (t, table_rows) in unique_rows.iter().enumerate() {
+            assert_eq!(plan.unique(t).len(), rows_per_table);
+            for (u, &id) in plan.unique(t).iter().enumerate() {
+                let x = (id % 1000) as f32;
+                let got = &table_rows[u * 2..u * 2 + 2];
+                let tol = if enc == Encoding::F32 {
+                    0.0
+                } else {
+                    x / 100.0 + 1e-6
+                };
+                assert!(
+                    (got[0] - x).abs() <= tol && (got[1] + x).abs() <= tol,
+                    "{enc} {t} {id}: {got:?}"
+                );
+            }
+        }
+    }
+}
