@@ -35,9 +35,14 @@ pub(super) fn expected_rows(
     Some(left)
 }
 
-/// The rows of one input file: counted for a shard, estimated for plain text, `None` for compressed text.
+/// The rows of one input file: counted for a shard, estimated for plain text, `None` for compressed text and
+/// for anything but a regular file (a FIFO or a device must not be read here: its bytes belong to the reader).
 fn file_rows(path: &Path) -> Option<u64> {
-    let size = std::fs::metadata(path).ok()?.len();
+    let meta = std::fs::metadata(path).ok()?;
+    if !meta.file_type().is_file() {
+        return None;
+    }
+    let size = meta.len();
     let mut file = std::fs::File::open(path).ok()?;
     let mut head = Vec::new();
     (&mut file).take(SAMPLE).read_to_end(&mut head).ok()?;
@@ -100,5 +105,17 @@ mod tests {
         assert_eq!(expected_rows(&ReaderConfig::new([&gz], 4), 0, 0, 4), None);
         let stdin = ReaderConfig::new([criteo::STDIN], 4);
         assert_eq!(expected_rows(&stdin, 0, 0, 4), None);
+    }
+
+    /// A FIFO's bytes belong to the reader: sampling it would take them (and closing it broke the writer's pipe,
+    /// which is how `k8s/prometheus-check.sh` found this). Opening a FIFO with no writer blocks, so this test would
+    /// hang rather than pass if the FIFO were opened.
+    #[test]
+    fn fifos_are_never_opened() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("train.fifo");
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        assert_eq!(expected_rows(&ReaderConfig::new([&fifo], 4), 0, 0, 4), None);
     }
 }
