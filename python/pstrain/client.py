@@ -301,7 +301,9 @@ class Client:
         return self._c.flush()
 
     def checkpoint(self, directory: str, step: int = 0):
-        """A consistent snapshot of every server's tables under ``directory`` (on the servers' file system)."""
+        """A consistent snapshot of every server's tables under ``directory`` (on the servers' file system): a name
+        relative to the servers' checkpoint root (``ps-server --checkpoint-root``; ``LocalCluster``'s
+        ``checkpoint_root``), or an absolute path inside it; anywhere else is refused (``ValueError``)."""
         return self._c.checkpoint(str(directory), int(step))
 
     def stats(self) -> dict:

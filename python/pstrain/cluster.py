@@ -92,12 +92,22 @@ class LocalCluster:
     temporary directory, removed at ``stop()``, if not given) and a dev CA in ``run_dir/tls``. ``extra_args`` go
     to every server (e.g. ``["--memory-budget-rows", "100000"]``). ``restore_from``: a snapshot directory written
     by ``Client.checkpoint`` / ``collection.checkpoint`` (taken on any number of servers): each server starts
-    from its share of it (``ps-server restore``). Use as a context manager, or call ``stop()``; the servers die
+    from its share of it (``ps-server restore``). ``checkpoint_root``: the only directory the servers write
+    checkpoints under (``ps-server --checkpoint-root``; a checkpoint elsewhere is refused, docs/security.md);
+    default the current working directory, so ``collection.checkpoint("snap")`` writes ``./snap``, which outlives
+    the cluster and ``restore_from="snap"`` reads. Use as a context manager, or call ``stop()``; the servers die
     with this process in any case."""
 
     def __init__(self, servers: int = 2, run_dir: Optional[str] = None, extra_args: Sequence[str] = (),
-                 ps_server: Optional[str] = None, restore_from: Optional[str] = None):
+                 ps_server: Optional[str] = None, restore_from: Optional[str] = None,
+                 checkpoint_root: Optional[str] = None):
         self._tmp = None
+        extra_args = [str(a) for a in extra_args]
+        if not any(a == "--checkpoint-root" or a.startswith("--checkpoint-root=") for a in extra_args):
+            root = os.path.abspath(checkpoint_root if checkpoint_root is not None else os.getcwd())
+            extra_args += ["--checkpoint-root", root]
+        elif checkpoint_root is not None:
+            raise ValueError("checkpoint_root given twice: as an argument and as --checkpoint-root in extra_args")
         self._watchdog = None
         servers = int(servers)
         if run_dir is None:
@@ -107,7 +117,7 @@ class LocalCluster:
         try:
             if restore_from is not None:
                 _restore(binary, str(restore_from), servers, str(run_dir))
-            self._c = _pstrain.LocalCluster(binary, servers, str(run_dir), [str(a) for a in extra_args])
+            self._c = _pstrain.LocalCluster(binary, servers, str(run_dir), extra_args)
         except RuntimeError as e:
             self._remove_tmp()
             raise ClusterError(str(e)) from None

@@ -144,11 +144,14 @@ def test_issue_42_read_criteo_takes_a_model_spec(tmp_path):
 
 
 def test_issue_42_checkpoint_restores_from_python(tmp_path):
-    with pstrain.LocalCluster(servers=2) as c, pstrain.Client(c.servers, c.tls_dir) as client:
+    with pstrain.LocalCluster(servers=2, checkpoint_root=str(tmp_path)) as c, \
+            pstrain.Client(c.servers, c.tls_dir) as client:
         coll = EmbeddingCollection(client, [EmbeddingTable("r", 4, optimizer="row_adagrad", lr=0.1)])
         f = JaggedFeatures.from_dense(["r"], np.arange(50, dtype=np.int64).reshape(50, 1))
         coll(f)["r"].pow(2).sum().backward()
-        coll.checkpoint(str(tmp_path / "snap"))
+        with pytest.raises(ValueError, match="outside the checkpoint root"):
+            coll.checkpoint(str(tmp_path.parent / "elsewhere"))
+        coll.checkpoint("snap")  # relative to the checkpoint root
         want = client.pull("r", np.arange(50, dtype=np.int64))
     with pstrain.LocalCluster(servers=3, restore_from=str(tmp_path / "snap")) as c2:
         with pstrain.Client(c2.servers, c2.tls_dir) as client:
