@@ -172,5 +172,36 @@ fn routing(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, codecs, routing);
+/// The role check every request passes since issue 39 (`Access::authorize_request`, at the server's one dispatch
+/// point), for a demo-sized pull (26 tables) from a trainer, and a refused one (its message is formatted), against
+/// routing the same pull's ids: the check is per request, the routing per id.
+fn authorization(c: &mut Criterion) {
+    use protocol::wire::message::{Request, TableCount};
+    use protocol::{Access, Role};
+    let pull = Request::Pull {
+        epoch: 1,
+        encoding: Encoding::F16,
+        tables: (0..26)
+            .map(|table| TableCount {
+                table,
+                count: 1024,
+                dim: DIM as u32,
+            })
+            .collect(),
+    };
+    let trainer = Access::Role(Role::Trainer);
+    let admin_only = Request::Reshard {
+        step: protocol::wire::reshard::ReshardStep::Status,
+    };
+    let mut g = c.benchmark_group("authorization");
+    g.bench_function("pull_by_trainer", |b| {
+        b.iter(|| black_box(&trainer).authorize_request(black_box(&pull)).is_ok())
+    });
+    g.bench_function("reshard_by_trainer_refused", |b| {
+        b.iter(|| black_box(&trainer).authorize_request(black_box(&admin_only)).is_err())
+    });
+    g.finish();
+}
+
+criterion_group!(benches, codecs, routing, authorization);
 criterion_main!(benches);
