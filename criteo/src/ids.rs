@@ -60,12 +60,12 @@ pub fn decode_feature_id(id: u64) -> Option<(usize, Option<u32>)> {
 /// splitmix64: a permutation of `u64`.
 #[inline]
 fn mix(key: u64) -> u64 {
-    embedding::init::splitmix64(key)
+    base::hash::splitmix64(key)
 }
 
 /// The inverse of [`mix`].
 fn unmix(id: u64) -> u64 {
-    embedding::init::unmix64(id).wrapping_sub(GOLDEN)
+    base::hash::unmix64(id).wrapping_sub(GOLDEN)
 }
 
 #[cfg(test)]

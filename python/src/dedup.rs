@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::hash::BuildHasherDefault;
 
-use protocol::routing::IdHasher;
+use base::hash::IdHasher;
 
 use numpy::{PyArray1, PyReadonlyArray1};
 use pyo3::prelude::*;

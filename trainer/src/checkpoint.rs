@@ -5,7 +5,7 @@
 //! File layout (`trainer-rank{R}.ckpt`): the magic `DLRMCKPT`, a u32 LE format version, a u64 LE header length
 //! and a JSON [`CheckpointMeta`] header, then every parameter tensor and every optimizer tensor as f32 LE, in
 //! the order and sizes the header lists, then the error-feedback residuals of the rank's lossy pushes
-//! ([`crate::step::feedback::ResidualStore::export`], `residual_bytes` long; absent without error feedback). The parameter servers' snapshot, when taken, is the directory `ps`
+//! ([`protocol::compression::feedback::ResidualStore::export`], `residual_bytes` long; absent without error feedback). The parameter servers' snapshot, when taken, is the directory `ps`
 //! beside it ([`PS_SNAPSHOT_DIR`]).
 
 use std::io::Write;
@@ -109,7 +109,7 @@ pub struct Checkpoint {
     pub params: Vec<Vec<f32>>,
     /// Optimizer tensors, in [`crate::model::OptimizerState::tensors`] order.
     pub optimizer: Vec<Vec<f32>>,
-    /// The error-feedback residuals ([`crate::step::feedback::ResidualStore::export`]); empty without.
+    /// The error-feedback residuals ([`protocol::compression::feedback::ResidualStore::export`]); empty without.
     pub residuals: Vec<u8>,
     /// The dense top-k residual ([`crate::step::dense_sync::DenseSync::residual`]); empty without.
     pub dense_residual: Vec<f32>,

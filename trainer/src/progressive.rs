@@ -182,7 +182,7 @@ mod tests {
         for _ in 0..50 {
             let (p, y): (Vec<f32>, Vec<f32>) = (0..4096)
                 .map(|_| {
-                    x = embedding::init::splitmix64(x);
+                    x = base::hash::splitmix64(x);
                     ((x >> 40) as f32 / (1u64 << 24) as f32, (x & 1) as f32)
                 })
                 .unzip();

@@ -544,7 +544,7 @@ fn clock(seconds: f64) -> String {
 
 /// The shuffle seed of `epoch` (splitmix64 of the job's seed and the epoch).
 fn epoch_seed(seed: u64, epoch: u64) -> u64 {
-    embedding::init::splitmix64(seed ^ embedding::init::splitmix64(epoch))
+    base::hash::splitmix64(seed ^ base::hash::splitmix64(epoch))
 }
 
 impl Summary {

@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use crate::config::{DenseKind, ModelArgs, OptimizerKind};
 use crate::model::config::InteractionConfig;
 use crate::model::DlrmConfig;
-use crate::step::plan::{FeatureShape, SparseLayout, TableCodecs};
+use protocol::plan::{FeatureShape, SparseLayout, TableCodecs};
 use protocol::{Encoding, InitSpec, OptimizerSpec, TableSpec};
 
 mod file;

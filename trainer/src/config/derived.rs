@@ -82,8 +82,8 @@ impl ModelArgs {
     pub fn table_codecs(
         &self,
         num_sparse: usize,
-    ) -> Result<crate::step::plan::TableCodecs, ConfigError> {
-        let mut codecs = crate::step::plan::TableCodecs::uniform(
+    ) -> Result<protocol::plan::TableCodecs, ConfigError> {
+        let mut codecs = protocol::plan::TableCodecs::uniform(
             num_sparse,
             self.pull_encoding.unwrap_or(self.encoding),
             self.push_encoding.unwrap_or(self.encoding),
@@ -123,22 +123,22 @@ impl ModelArgs {
     /// is on.
     pub fn residual_store(
         &self,
-        codecs: &crate::step::plan::TableCodecs,
-    ) -> Option<crate::step::feedback::ResidualStore> {
+        codecs: &protocol::plan::TableCodecs,
+    ) -> Option<protocol::compression::feedback::ResidualStore> {
         self.residual_store_of_dim(codecs, self.emb_dim)
     }
 
     /// [`residual_store`](Self::residual_store) for rows of `dim` elements.
     pub fn residual_store_of_dim(
         &self,
-        codecs: &crate::step::plan::TableCodecs,
+        codecs: &protocol::plan::TableCodecs,
         dim: usize,
-    ) -> Option<crate::step::feedback::ResidualStore> {
+    ) -> Option<protocol::compression::feedback::ResidualStore> {
         let used = codecs.push.iter().any(|&e| codecs.feedback_for(e));
         (self.error_feedback != FeedbackMode::Off && used).then(|| {
-            crate::step::feedback::ResidualStore::new(
+            protocol::compression::feedback::ResidualStore::new(
                 dim,
-                crate::step::feedback::FeedbackConfig {
+                protocol::compression::feedback::FeedbackConfig {
                     max_age_steps: self.residual_max_age,
                     max_rows: self.residual_max_rows,
                 },

@@ -19,7 +19,7 @@ use super::cross::CrossBuffers;
 use super::interaction_layer::InteractionLayer;
 use super::linear::Linear;
 use super::loss::bce_sum;
-use super::simd::multiversion;
+use base::multiversion;
 
 /// Gradient tensors with fewer elements than this are summed on the calling thread.
 const PARALLEL_MIN_ELEMS: usize = 1 << 15;

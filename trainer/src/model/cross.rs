@@ -39,7 +39,7 @@ use super::bf16;
 use super::chunk::slot;
 use super::linear::Linear;
 use super::rng::Rng;
-use super::simd::multiversion;
+use base::multiversion;
 
 /// The low-rank cross network: `layers` cross layers of rank `rank` over `x0 = [z, e]` of width
 /// `dense_dim + emb_width`.

@@ -19,7 +19,7 @@
 use rayon::prelude::*;
 
 use super::linear::rows_per_task;
-use super::simd::multiversion;
+use base::multiversion;
 
 /// Lane count of the forward's column blocks (one AVX-512 register of f32).
 const LANES: usize = 16;
@@ -255,7 +255,7 @@ fn forward_run(d: usize, s: usize, z: &[f32], emb: &[f32], out: &mut [f32]) {
 /// (the default model) on CPUs with AVX-512.
 #[inline(always)]
 fn fast_transpose(d: usize) -> bool {
-    cfg!(target_arch = "x86_64") && d == LANES && super::simd::isa() == super::simd::Isa::Avx512
+    cfg!(target_arch = "x86_64") && d == LANES && base::simd::isa() == base::simd::Isa::Avx512
 }
 
 /// [`transpose`] for `d == LANES`: 16 vectors at a time as one 16 x 16 transpose in registers (the
@@ -275,7 +275,7 @@ fn transpose_avx512(d: usize, n: usize, z: &[f32], e: &[f32], tt: &mut [[f32; LA
                 *row = unsafe { _mm512_loadu_si512(v.as_ptr().cast()) };
             }
         }
-        super::simd::transpose16(&mut rows);
+        base::simd::transpose16(&mut rows);
         for (c, &row) in rows.iter().enumerate() {
             let out = &mut tt[b * d + c];
             // SAFETY: `out` is 16 f32.

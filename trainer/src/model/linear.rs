@@ -5,7 +5,7 @@ use rayon::prelude::*;
 use super::bf16;
 use super::matmul::{matmul_on, Op};
 use super::rng::Rng;
-use super::simd::multiversion;
+use base::multiversion;
 
 /// Element-wise passes over fewer elements than this run on the calling thread.
 const PARALLEL_MIN_ELEMS: usize = 1 << 16;

@@ -46,7 +46,6 @@ mod matmul;
 pub mod mlp;
 pub mod optim;
 mod rng;
-pub(crate) mod simd;
 
 pub use bf16::{Kernel as Bf16Kernel, DISABLE_BF16_ENV, DISABLE_ENV as AMX_DISABLE_ENV};
 pub use config::{DlrmConfig, InteractionConfig};

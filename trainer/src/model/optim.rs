@@ -7,8 +7,8 @@
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
-use super::simd::multiversion;
 use super::ModelError;
+use base::multiversion;
 
 /// Tensors with fewer elements than this are updated on the calling thread.
 const PARALLEL_MIN_ELEMS: usize = 1 << 16;

@@ -1,13 +1,13 @@
 //! A tiny deterministic PRNG for weight initialization.
 //!
-//! SplitMix64 (Steele, Lea, Flood 2014; [`embedding::init::SplitMix64`], defined once in the workspace) for the
+//! SplitMix64 (Steele, Lea, Flood 2014; [`base::rng::SplitMix64`], defined once in the workspace) for the
 //! bits and Box–Muller for normals. Self-written so that initial weights depend only on the seed, not on a
 //! crate version.
 
 /// SplitMix64 generator with a Box–Muller normal sampler.
 #[derive(Debug, Clone)]
 pub(crate) struct Rng {
-    bits: embedding::init::SplitMix64,
+    bits: base::rng::SplitMix64,
     /// Second Box–Muller value, kept for the next call.
     spare: Option<f64>,
 }
@@ -16,7 +16,7 @@ impl Rng {
     /// A generator whose whole output is determined by `seed`.
     pub(crate) fn new(seed: u64) -> Self {
         Self {
-            bits: embedding::init::SplitMix64::new(seed),
+            bits: base::rng::SplitMix64::new(seed),
             spare: None,
         }
     }

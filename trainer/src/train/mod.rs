@@ -34,9 +34,9 @@ use crate::model::Dlrm;
 use crate::step::dense_reduce::{DenseReduce, StepOutcome};
 use crate::step::dense_sync::DenseSync;
 use crate::step::exchange::pull_all;
-use crate::step::plan::{Plan, SparseLayout, TableCodecs};
 use crate::step::push::SharedResiduals;
 use crate::step::replay::Replayer;
+use protocol::plan::{Plan, SparseLayout, TableCodecs};
 
 pub use error::{Result, TrainError};
 pub use report::{Event, PassOptions, Progress, TrainReport};

@@ -4,8 +4,8 @@
 use std::arch::asm;
 use std::arch::x86_64::*;
 
-use super::super::simd::transpose16;
 use super::{a_at, b_at, pad, BLOCK, TILE_ELEMS};
+use base::simd::transpose16;
 
 /// 16 bf16 pairs from rows `r0` and `r1` (16 f32 each): `[r0[0], r1[0], r0[1], r1[1], ...]`.
 #[inline]

@@ -1,6 +1,6 @@
 //! [`TableCodecs`]: which encoding each table's pulled rows and pushed gradients travel in.
 
-use protocol::Encoding;
+use crate::Encoding;
 
 /// Row encodings per table: of pulled rows and of pushed gradients.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -23,8 +23,8 @@
 //! The age sweep runs every `max_age_steps / 2` steps (at least every step), so it costs O(rows held) per
 //! half-age, not per step.
 
-use protocol::compression::codec::{decode_rows, encode_rows, Encoding};
-use protocol::routing::mix64;
+use crate::compression::codec::{decode_rows, encode_rows, Encoding};
+use crate::routing::mix64;
 
 /// Limits of a [`ResidualStore`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

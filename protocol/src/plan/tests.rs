@@ -5,7 +5,7 @@ use super::*;
 /// Serves a pull as if the row of id x were [x mod 1000, -(x mod 1000)], in `enc`.
 fn serve(counts: &[TableCount], ids: &[u8], enc: Encoding) -> Vec<u8> {
     let mut all = Vec::new();
-    protocol::wire::pull::decode(counts, ids, &mut all).unwrap();
+    crate::wire::pull::decode(counts, ids, &mut all).unwrap();
     let mut rows = Vec::new();
     for id in all {
         let x = (id % 1000) as f32;
@@ -52,8 +52,7 @@ fn dedup_route_gather_reduce_round_trip() {
         let (counts, payload) = plan.push_request(s, &sums, Encoding::F32);
         let n: usize = counts.iter().map(|c| c.count as usize).sum();
         let mut ids = Vec::new();
-        let rows =
-            protocol::wire::push::decode(&counts, Encoding::F32, &payload, &mut ids).unwrap();
+        let rows = crate::wire::push::decode(&counts, Encoding::F32, &payload, &mut ids).unwrap();
         assert_eq!(rows.len(), n * 2 * 4);
         // Each row travels with its id: the gradient of id 9 is [2, 202] * 2.
         let mut g = vec![0.0; n * 2];
@@ -79,9 +78,7 @@ fn dedup_route_gather_reduce_round_trip() {
 #[test]
 fn ids_travel_sorted_by_wire_key() {
     let map = ShardMap::new(1);
-    let sparse = vec![(0..200u64)
-        .map(|i| protocol::routing::mix64(i * 7))
-        .collect()];
+    let sparse = vec![(0..200u64).map(|i| crate::routing::mix64(i * 7)).collect()];
     let mut plan = Plan::default();
     plan.build(&sparse, 1, &map);
     let (counts, ids) = plan.pull_request(0);
@@ -135,8 +132,8 @@ fn per_table_encodings_split_requests_and_round_trip() {
                 .collect()
         })
         .collect();
-    let mut store = ResidualStore::new(2, crate::step::feedback::FeedbackConfig::default());
-    let mut scratch = crate::step::plan::PushScratch::default();
+    let mut store = ResidualStore::new(2, crate::compression::feedback::FeedbackConfig::default());
+    let mut scratch = crate::plan::PushScratch::default();
     let pushes = plan.push_requests(&codecs, &grads, 8.0, Some(&mut store), &mut scratch);
     assert_eq!(pushes.len(), 4);
     let rows: usize = pushes

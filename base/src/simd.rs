@@ -1,5 +1,5 @@
-//! Run-time instruction-set dispatch for the model's own loops (the `gemm` crate dispatches its kernels
-//! itself).
+//! Run-time instruction-set dispatch for the workspace's own loops: the dense model's, the batch plan's, the
+//! trainer's replay (the `gemm` crate dispatches its kernels itself).
 //!
 //! The workspace compiles for baseline x86-64 (SSE2) so the binary runs anywhere; the element-wise
 //! passes and the interaction kernels are written as plain loops over fixed 16-lane blocks, and
@@ -13,7 +13,7 @@ use std::sync::OnceLock;
 
 /// The best instruction set the CPU supports, among those the kernels are compiled for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Isa {
+pub enum Isa {
     /// AVX-512 F + VL, and FMA.
     Avx512,
     /// AVX2 and FMA.
@@ -23,7 +23,7 @@ pub(crate) enum Isa {
 }
 
 /// The detected instruction set (checked once).
-pub(crate) fn isa() -> Isa {
+pub fn isa() -> Isa {
     static ISA: OnceLock<Isa> = OnceLock::new();
     *ISA.get_or_init(|| {
         #[cfg(target_arch = "x86_64")]
@@ -44,6 +44,7 @@ pub(crate) fn isa() -> Isa {
 
 /// Defines `fn name(args) body` compiled three times (AVX-512, AVX2, baseline) and dispatched on
 /// [`isa`]. Arguments must be plain values or references (no `impl Trait`).
+#[macro_export]
 macro_rules! multiversion {
     ($(#[$meta:meta])* $vis:vis fn $name:ident($($arg:ident : $ty:ty),* $(,)?) $body:block) => {
         $(#[$meta])*
@@ -60,25 +61,24 @@ macro_rules! multiversion {
                 fn avx2($($arg: $ty),*) {
                     generic($($arg),*)
                 }
-                match $crate::model::simd::isa() {
+                match $crate::simd::isa() {
                     // SAFETY: `isa()` reported that this CPU supports the enabled features.
-                    $crate::model::simd::Isa::Avx512 => return unsafe { avx512($($arg),*) },
+                    $crate::simd::Isa::Avx512 => return unsafe { avx512($($arg),*) },
                     // SAFETY: as above.
-                    $crate::model::simd::Isa::Avx2 => return unsafe { avx2($($arg),*) },
-                    $crate::model::simd::Isa::Baseline => {}
+                    $crate::simd::Isa::Avx2 => return unsafe { avx2($($arg),*) },
+                    $crate::simd::Isa::Baseline => {}
                 }
             }
             generic($($arg),*)
         }
     };
 }
-pub(crate) use multiversion;
 
 /// Transposes a 16 x 16 matrix of 32-bit lanes held in 16 registers (row `r` in `m[r]`).
 #[cfg(target_arch = "x86_64")]
 #[inline]
 #[target_feature(enable = "avx512f")]
-pub(crate) fn transpose16(m: &mut [std::arch::x86_64::__m512i; 16]) {
+pub fn transpose16(m: &mut [std::arch::x86_64::__m512i; 16]) {
     use std::arch::x86_64::*;
     let mut t = [_mm512_setzero_si512(); 16];
     for i in 0..8 {

@@ -7,22 +7,22 @@
 //!
 //! With per-table encodings ([`TableCodecs`]) a server gets one request per distinct encoding instead:
 //! [`Plan::pull_requests`] -> [`Plan::scatter_part`] per reply, and [`Plan::push_requests`], which also runs
-//! error feedback for lossy push encodings ([`crate::step::feedback`]).
+//! error feedback for lossy push encodings ([`crate::compression::feedback`]).
 //!
 //! On the wire each table's ids are sorted and delta + varint coded as [`IdCoding::Unmixed`] sections (the
-//! feature ids are a splitmix64 mix, whose pre-images within a feature differ little: [`protocol::wire::ids`]);
+//! feature ids are a splitmix64 mix, whose pre-images within a feature differ little: [`crate::wire::ids`]);
 //! [`Plan::build`] sorts each server's share of a table into that order once, and rows travel in it.
 
 use std::collections::HashMap;
 use std::hash::BuildHasherDefault;
 
-use crate::model::simd::multiversion;
-use crate::step::feedback::ResidualStore;
-use protocol::compression::codec;
-use protocol::wire::ids::IdCoding;
-use protocol::wire::pull::IdSections;
-use protocol::wire::pull_with_state::get_state;
-use protocol::{Encoding, ProtocolError, ShardMap, TableCount};
+use crate::compression::codec;
+use crate::compression::feedback::ResidualStore;
+use crate::wire::ids::IdCoding;
+use crate::wire::pull::IdSections;
+use crate::wire::pull_with_state::get_state;
+use crate::{Encoding, ProtocolError, ShardMap, TableCount};
+use base::multiversion;
 
 mod bags;
 mod codecs;
@@ -46,7 +46,7 @@ pub struct PartRequest {
     pub payload: Vec<u8>,
 }
 
-pub use protocol::routing::IdHasher;
+use base::hash::IdHasher;
 
 type IdMap = HashMap<u64, u32, BuildHasherDefault<IdHasher>>;
 
@@ -68,7 +68,7 @@ pub struct Plan {
     /// `by_server[s][t]`: positions in `unique[t]` owned by server `s`, in wire order.
     by_server: Vec<Vec<Vec<u32>>>,
     /// `keys[s][t][k]`: the wire-order key of `unique[t][by_server[s][t][k]]` (ascending), which lets two
-    /// plans find their common ids by merging ([`crate::step::replay`]).
+    /// plans find their common ids by merging (the trainer's replay, `trainer::step::replay`).
     keys: Vec<Vec<Vec<u64>>>,
     seen: IdMap,
     /// The parts of the last [`Plan::pull_requests`]: (server, encoding, counts).
@@ -351,8 +351,8 @@ impl Plan {
                 "no pull request {i} in this batch"
             )));
         };
-        let expected = protocol::wire::message::PayloadLayout::state_bytes(counts, state_lens)?;
-        protocol::wire::message::check_len("pulled optimizer state", state.len(), expected)?;
+        let expected = crate::wire::message::PayloadLayout::state_bytes(counts, state_lens)?;
+        crate::wire::message::check_len("pulled optimizer state", state.len(), expected)?;
         unique_state.resize_with(self.unique.len(), Vec::new);
         let mut at = 0;
         for (c, &len) in counts.iter().zip(state_lens) {
@@ -394,7 +394,7 @@ impl Plan {
             }
             expected += n * encoding.row_bytes(self.dim(t));
         }
-        protocol::wire::message::check_len("pulled rows", rows.len(), expected)?;
+        crate::wire::message::check_len("pulled rows", rows.len(), expected)?;
         let mut at = 0;
         for c in counts {
             let t = c.table as usize;
@@ -554,7 +554,7 @@ impl Plan {
             mut payload,
             ..
         } = sections;
-        // The rows follow the id sections, table by table in header order (protocol::wire::push).
+        // The rows follow the id sections, table by table in header order (crate::wire::push).
         for c in &counts {
             let t = c.table as usize;
             let dim = self.dim(t);
