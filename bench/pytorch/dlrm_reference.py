@@ -32,7 +32,7 @@ trainer's --dense-precision bf16. The default is f32, as the trainer's default.
 Only the training loop is timed (data is parsed and moved into tensors first); samples/s is one pass over the
 training file at --batch-size. Test AUC is exact (ties get average ranks), logloss is mean binary cross-entropy.
 
---model-spec FILE.toml (or a shipped spec's NAME: trainer/specs/NAME.toml) trains the model a spec describes
+--model-spec FILE.toml (or a shipped spec's NAME: model/specs/NAME.toml) trains the model a spec describes
 (docs/model-spec.md; the dlrmspec package next to this file): per-feature tables, dims, pooling, multi-hot token
 caps, hash sizes, per-table optimizers and rates, `dot` or `dcn` interaction, MLP sizes, the dense optimizer of its
 [dense] section (else the flags). Multi-hot fields hold tokens separated by `|` and are looked up with
@@ -42,7 +42,7 @@ above and draws the same initial weights.
 
 Usage: dlrm_reference.py --train data/demo/train-1000000-s1-t7.tsv --test data/demo/test-100000-s2-t7.tsv
        [--optimizer sgd|adagrad] [--dense-optimizer sgd|adagrad|adam] [--threads 2] [--bf16] [--json out.json]
-       [--model-spec trainer/specs/dlrm-v2.toml]
+       [--model-spec model/specs/dlrm-v2.toml]
 """
 
 import argparse

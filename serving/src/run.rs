@@ -188,7 +188,7 @@ fn load(
     data_dir: &std::path::Path,
     stopping: &std::sync::atomic::AtomicBool,
 ) -> anyhow::Result<Option<(Loaded, Predictor, DenseTemplate)>> {
-    use trainer::export::{Export, ExportError};
+    use model::export::{Export, ExportError};
     let mut logged = false;
     let export = loop {
         match Export::open(&cfg.export) {

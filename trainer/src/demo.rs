@@ -172,7 +172,7 @@ pub fn run_demo(mut args: DemoArgs) -> anyhow::Result<Summary> {
             // A multi-hot spec gets fields of as many tokens as its features take (gen-criteo --multi-hot).
             let spec = args.model.spec()?;
             let multi_hot = spec.is_multi_hot().then(|| {
-                let mut sizes = vec![1; crate::spec::COLUMNS];
+                let mut sizes = vec![1; crate::model::spec::COLUMNS];
                 for f in &spec.features {
                     sizes[f.column] = f.tokens;
                 }

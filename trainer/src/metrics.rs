@@ -277,3 +277,18 @@ pub fn describe() {
         "CPU seconds of each local parameter server this pass (trainer demo)."
     );
 }
+
+/// Sets the evaluation gauges to `report`'s values.
+pub fn export_eval(report: &model::eval::EvalReport) {
+    if let Some(auc) = report.auc {
+        metrics::gauge!(EVAL_AUC).set(auc);
+    }
+    metrics::gauge!(EVAL_LOGLOSS).set(report.logloss);
+    if let Some(c) = report.calibration() {
+        metrics::gauge!(EVAL_CALIBRATION).set(c);
+    }
+    metrics::gauge!(EVAL_MEAN_PREDICTION).set(report.mean_prediction);
+    metrics::gauge!(EVAL_POSITIVE_RATE).set(report.positive_rate);
+    metrics::gauge!(EVAL_SAMPLES).set(report.count as f64);
+    metrics::counter!(EVALS_TOTAL).increment(1);
+}

@@ -12,7 +12,7 @@
 //! the window (`O(n log n)`: 22 ms for 100,000 rows in a test build, `report_cost_at_100k`), once per progress
 //! line (every `--progress-secs`, 2 s by default: about 1% of a core), never per step.
 
-use crate::eval;
+use crate::model::eval;
 
 /// The last `capacity` (probability, label) pairs of the training stream.
 #[derive(Debug, Clone)]

@@ -18,7 +18,7 @@ use serde::Serialize;
 
 use crate::config::{ClusterArgs, ModelArgs};
 use crate::criteo::{ReaderConfig, StreamEnd};
-use crate::eval::EvalReport;
+use crate::model::eval::EvalReport;
 use crate::progressive::ProgressiveReport;
 use crate::tensorboard::TrainLog;
 use crate::timing::TimeReport;
@@ -238,7 +238,7 @@ pub async fn connect(cluster: &ClusterArgs) -> anyhow::Result<Arc<PsClient>> {
         "resolve-timeout-secs = {}, expected a number of seconds >= 0",
         cluster.resolve_timeout_secs
     );
-    let servers = crate::config::resolve_servers(
+    let servers = protocol::cluster::resolve_servers(
         &cluster.ps,
         std::time::Duration::from_secs_f64(cluster.resolve_timeout_secs),
     )
@@ -667,7 +667,7 @@ pub fn oracle_auc(data: &Path, oracle: &Path) -> anyhow::Result<Option<f64>> {
         oracle.display(),
         probs.len()
     );
-    Ok(crate::eval::auc(&probs, &labels))
+    Ok(crate::model::eval::auc(&probs, &labels))
 }
 
 /// Loads model settings from a TOML file.

@@ -19,7 +19,7 @@ use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
-use crate::eval::EvalReport;
+use crate::model::eval::EvalReport;
 use crate::run::Summary;
 use crate::timing::TimeReport;
 use crate::train::{Event, Progress};

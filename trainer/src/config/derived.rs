@@ -2,23 +2,59 @@
 //! encodings and the error-feedback store.
 
 use super::{ConfigError, FeedbackMode, ModelArgs};
+use crate::model::config::InteractionConfig;
+use crate::model::spec::{Feature, ModelSpec, Pooling, Table, COLUMNS};
 use protocol::Encoding;
 
 impl ModelArgs {
     /// The model: `--model-spec`, or the spec the flags describe.
-    pub fn spec(&self) -> Result<crate::spec::ModelSpec, ConfigError> {
+    pub fn spec(&self) -> Result<ModelSpec, ConfigError> {
         match &self.model_spec {
-            Some(name) => crate::spec::ModelSpec::load(name).map_err(|source| ConfigError::Spec {
+            Some(name) => ModelSpec::load(name).map_err(|source| ConfigError::Spec {
                 spec: name.clone(),
                 source: Box::new(source),
             }),
-            None => crate::spec::ModelSpec::from_flags(self),
+            None => self.flag_spec(),
         }
+    }
+
+    /// The spec the model flags describe: 26 one-hot features, feature `j` reading table `C(j+1)` of
+    /// dimension `--emb-dim`, dot interaction, `--optimizer`/`--emb-lr`, the encoding flags.
+    pub fn flag_spec(&self) -> Result<ModelSpec, ConfigError> {
+        let codecs = self.table_codecs(COLUMNS)?;
+        let tables = (0..COLUMNS)
+            .map(|t| Table {
+                name: format!("C{}", t + 1),
+                dim: self.emb_dim,
+                hash_size: 0,
+                optimizer: self.optimizer,
+                lr: self.emb_lr(),
+                pull: codecs.pull_of(t),
+                push: codecs.push_of(t),
+            })
+            .collect();
+        let features = (0..COLUMNS)
+            .map(|t| Feature {
+                column: t,
+                table: t,
+                pooling: Pooling::Sum,
+                tokens: 1,
+            })
+            .collect();
+        Ok(ModelSpec {
+            name: "flags".into(),
+            bottom: self.bottom_mlp.clone(),
+            top: self.top_mlp.clone(),
+            interaction: InteractionConfig::Dot,
+            dense: None,
+            features,
+            tables,
+        })
     }
 
     /// These flags with the spec's settings where it has them: the MLP sizes, the embedding dimension (the
     /// bottom MLP's last size) and, if the spec has `[dense]`, the dense optimizer and its rate.
-    pub fn with_spec(&self, spec: &crate::spec::ModelSpec) -> ModelArgs {
+    pub fn with_spec(&self, spec: &ModelSpec) -> ModelArgs {
         let mut args = self.clone();
         args.bottom_mlp = spec.bottom.clone();
         args.top_mlp = spec.top.clone();

@@ -119,22 +119,6 @@ impl EvalReport {
     }
 }
 
-/// Sets the evaluation gauges of [`crate::metrics`] to `report`'s values.
-pub fn export(report: &EvalReport) {
-    use crate::metrics as m;
-    if let Some(auc) = report.auc {
-        metrics::gauge!(m::EVAL_AUC).set(auc);
-    }
-    metrics::gauge!(m::EVAL_LOGLOSS).set(report.logloss);
-    if let Some(c) = report.calibration() {
-        metrics::gauge!(m::EVAL_CALIBRATION).set(c);
-    }
-    metrics::gauge!(m::EVAL_MEAN_PREDICTION).set(report.mean_prediction);
-    metrics::gauge!(m::EVAL_POSITIVE_RATE).set(report.positive_rate);
-    metrics::gauge!(m::EVAL_SAMPLES).set(report.count as f64);
-    metrics::counter!(m::EVALS_TOTAL).increment(1);
-}
-
 /// Accumulates `(probability, label)` pairs batch by batch and reports the metrics at the end.
 ///
 /// Log loss and the means are running sums; exact AUC needs every pair, so the evaluator keeps them

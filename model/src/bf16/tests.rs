@@ -2,7 +2,7 @@
 //! bf16-rounded inputs.
 
 use super::*;
-use crate::model::rng::Rng;
+use crate::rng::Rng;
 
 /// `a · b` in f64 from bf16-rounded inputs: what the tiles compute, up to f32 summation order.
 fn reference(m: usize, n: usize, k: usize, a: &[f32], b: &[f32]) -> Vec<f64> {

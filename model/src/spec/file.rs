@@ -4,9 +4,9 @@
 use serde::{Deserialize, Serialize};
 
 use super::{field, Feature, ModelSpec, Pooling, SpecError, Table, COLUMNS, DENSE_INPUTS, MAX_DIM};
-use crate::config::{DenseKind, OptimizerKind};
-use crate::model::config::InteractionConfig;
-use crate::model::{DlrmConfig, ModelError};
+use super::{DenseKind, OptimizerKind};
+use crate::config::InteractionConfig;
+use crate::{DlrmConfig, ModelError};
 use protocol::Encoding;
 
 /// A spec file as written.

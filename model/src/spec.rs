@@ -3,14 +3,15 @@
 //! field by field, and everything the trainer derives from it: the dense model's sizes, the embedding tables
 //! to register, the per-table wire encodings, the plan's sparse layout and the reader's feature layout.
 //!
-//! Shipped specs live in `trainer/specs/` and are compiled in ([`SHIPPED`]); without `--model-spec` the
-//! trainer builds the spec its flags describe ([`ModelSpec::from_flags`]), which is today's model.
+//! Shipped specs live in `model/specs/` and are compiled in ([`SHIPPED`]); without `--model-spec` the
+//! trainer builds the spec its flags describe (`trainer::config::ModelArgs::flag_spec`), which is today's
+//! model. The format knows no command-line type: the flags use its enums ([`OptimizerKind`], [`DenseKind`];
+//! their `clap::ValueEnum` derive is behind this crate's `clap` feature), never the reverse.
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::{DenseKind, ModelArgs, OptimizerKind};
-use crate::model::config::InteractionConfig;
-use crate::model::DlrmConfig;
+use crate::config::InteractionConfig;
+use crate::DlrmConfig;
 use protocol::plan::{FeatureShape, SparseLayout, TableCodecs};
 use protocol::{Encoding, InitSpec, OptimizerSpec, TableSpec};
 
@@ -66,6 +67,31 @@ fn field(field: impl Into<String>, problem: impl Into<String>) -> SpecError {
         field: field.into(),
         problem: problem.into(),
     }
+}
+
+/// The optimizer of the embedding rows (applied on the servers); it also picks the dense optimizer's default.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
+#[serde(rename_all = "lowercase")]
+pub enum OptimizerKind {
+    /// Plain SGD on embedding rows; SGD on the dense layers unless `--dense-optimizer` says otherwise.
+    Sgd,
+    /// Row-wise Adagrad on embedding rows; Adam on the dense layers unless `--dense-optimizer` says otherwise
+    /// (dense Adam measured better than dense Adagrad on the demo data: BENCHMARKS.md).
+    Adagrad,
+}
+
+/// The optimizer of the dense layers (applied on the trainer).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
+#[serde(rename_all = "lowercase")]
+pub enum DenseKind {
+    /// Plain SGD.
+    Sgd,
+    /// Adagrad.
+    Adagrad,
+    /// Adam (beta1 0.9, beta2 0.999, eps 1e-8).
+    Adam,
 }
 
 /// How a multi-hot feature's bag pools.
@@ -151,40 +177,6 @@ impl ModelSpec {
     pub fn parse(text: &str) -> Result<ModelSpec, SpecError> {
         let file: SpecFile = toml::from_str(text)?;
         file.resolve()
-    }
-
-    /// The spec the model flags describe: 26 one-hot features, feature `j` reading table `C(j+1)` of
-    /// dimension `--emb-dim`, dot interaction, `--optimizer`/`--emb-lr`, the encoding flags.
-    pub fn from_flags(args: &ModelArgs) -> Result<ModelSpec, crate::config::ConfigError> {
-        let codecs = args.table_codecs(COLUMNS)?;
-        let tables = (0..COLUMNS)
-            .map(|t| Table {
-                name: format!("C{}", t + 1),
-                dim: args.emb_dim,
-                hash_size: 0,
-                optimizer: args.optimizer,
-                lr: args.emb_lr(),
-                pull: codecs.pull_of(t),
-                push: codecs.push_of(t),
-            })
-            .collect();
-        let features = (0..COLUMNS)
-            .map(|t| Feature {
-                column: t,
-                table: t,
-                pooling: Pooling::Sum,
-                tokens: 1,
-            })
-            .collect();
-        Ok(ModelSpec {
-            name: "flags".into(),
-            bottom: args.bottom_mlp.clone(),
-            top: args.top_mlp.clone(),
-            interaction: InteractionConfig::Dot,
-            dense: None,
-            features,
-            tables,
-        })
     }
 
     /// The row dimension of feature `f`.

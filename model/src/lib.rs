@@ -1,5 +1,9 @@
-//! The DLRM dense model on CPU: bottom MLP, interaction (pairwise dot products or DCNv2 cross layers), top
-//! MLP, sigmoid + binary cross-entropy, and the dense optimizers — forward and exact backward.
+//! The model crate: the DLRM dense model on CPU (bottom MLP, interaction — pairwise dot products or DCNv2
+//! cross layers —, top MLP, sigmoid + binary cross-entropy, and the dense optimizers; forward and exact
+//! backward), the model spec format and its validation ([`spec`]), exact AUC and logloss ([`eval`]) and the
+//! export format ([`export`]). The trainer and serving both build on it; it knows nothing of networks,
+//! servers or command lines (DESIGN.md, "Crates"). The batch plan that gathers rows into the model's input is
+//! `protocol::plan`.
 //!
 //! What it is not: it does not own embedding tables. The caller gathers and pools the rows a batch needs
 //! into `[batch x emb_width]` (per sample, feature after feature, each of its own dimension;
@@ -7,6 +11,12 @@
 //! unique id and push to the parameter servers (DESIGN.md, "One training step", step 4).
 //!
 //! # Layout
+//! - [`spec`]: [`spec::ModelSpec`], a model as a TOML file (docs/model-spec.md), checked field by field; the
+//!   shipped specs (`model/specs/`).
+//! - [`export`]: the export format: [`export::ExportManifest`], [`export::Export::open`], and
+//!   [`export::Staging`], the file half of writing a version.
+//! - [`eval`]: exact ROC AUC, logloss, and the streaming [`eval::Evaluator`].
+//! - [`files`]: crash-safe file replacement, shared by exports and the trainer's checkpoints.
 //! - [`config`]: [`DlrmConfig`], the sizes, and its validation and FLOP count.
 //! - [`dlrm`]: [`Dlrm`], the whole model: `predict` and `train_step`.
 //! - `chunk`: the data-parallel step, one chunk of rows per task through the whole network.
@@ -18,7 +28,7 @@
 //! - [`loss`]: numerically stable sigmoid + binary cross-entropy on logits.
 //! - [`optim`]: [`DenseOptimizer`] (SGD, Adagrad, Adam) and its state.
 //! - `bf16`: bf16 matrix products ([`Precision::Bf16`]) on AMX tiles or with AVX512-BF16 ([`Bf16Kernel`]);
-//!   `aligned`: cache-line aligned buffers.
+//!   `aligned`: cache-line aligned buffers. Run-time SIMD dispatch (`multiversion!`) is the `base` crate's.
 //!
 //! # Design decisions
 //! - In f32 every matrix product goes through the `gemm` crate (runtime AVX-512 dispatch), row-major, via one
@@ -32,12 +42,17 @@
 //!   bigger batch arrives.
 //! - Weights are stored like PyTorch's `nn.Linear`: `[out x in]` row-major, then the bias `[out]`.
 
+#![warn(missing_docs)]
+
 mod aligned;
 mod bf16;
 mod chunk;
 pub mod config;
 pub mod cross;
 pub mod dlrm;
+pub mod eval;
+pub mod export;
+pub mod files;
 pub mod interaction;
 mod interaction_layer;
 pub mod linear;
@@ -46,6 +61,7 @@ mod matmul;
 pub mod mlp;
 pub mod optim;
 mod rng;
+pub mod spec;
 
 pub use bf16::{Kernel as Bf16Kernel, DISABLE_BF16_ENV, DISABLE_ENV as AMX_DISABLE_ENV};
 pub use config::{DlrmConfig, InteractionConfig};

@@ -60,9 +60,9 @@ pub struct StepTiming {
 }
 
 impl Dlrm {
-    /// A tiny model for unit tests: 2 sparse features of dim 4, bottom MLP 13-8-4, top MLP 6-1.
-    #[cfg(test)]
-    pub(crate) fn tiny(opt: DenseOptimizer, seed: u64) -> Dlrm {
+    /// A tiny model for unit tests (here and in the trainer's): 2 sparse features of dim 4, bottom MLP
+    /// 13-8-4, top MLP 6-1.
+    pub fn tiny(opt: DenseOptimizer, seed: u64) -> Dlrm {
         let cfg = DlrmConfig {
             num_sparse: 2,
             emb_dim: 4,

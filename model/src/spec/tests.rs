@@ -52,32 +52,6 @@ fn shipped_specs_parse() {
 }
 
 #[test]
-fn the_kaggle_spec_is_the_flags_model() {
-    let flags = ModelSpec::from_flags(&ModelArgs::default()).unwrap();
-    let kaggle = ModelSpec::load("dlrm-kaggle").unwrap();
-    // The shipped file spells out the flags' default dense optimizer, which the flags leave to --optimizer.
-    assert_eq!(kaggle.dense, Some((DenseKind::Adam, Some(0.002))));
-    assert_eq!(
-        ModelSpec {
-            name: "flags".into(),
-            dense: None,
-            ..kaggle.clone()
-        },
-        flags
-    );
-    assert_eq!(kaggle.dlrm_config(), ModelArgs::default().dlrm());
-    assert_eq!(
-        kaggle.table_specs(1, 0.05),
-        ModelArgs::default().table_specs(26)
-    );
-    assert_eq!(
-        kaggle.codecs(Vec::new()).push,
-        ModelArgs::default().table_codecs(26).unwrap().push
-    );
-    assert_eq!(kaggle.sparse_layout(), SparseLayout::uniform(26, 16));
-}
-
-#[test]
 fn defaults_overrides_and_shared_tables() {
     let spec = ModelSpec::parse(SMALL).unwrap();
     assert_eq!(spec.tables.len(), 2);

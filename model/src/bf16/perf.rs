@@ -53,7 +53,7 @@ fn shapes() {
         let (af, bf) = (a.clone(), b.clone());
         let mut cf = vec![0.0f32; m * n];
         let t_f32 = time(|| {
-            use crate::model::matmul::{matmul_on, Op};
+            use crate::matmul::{matmul_on, Op};
             matmul_on(false, m, n, k, &mut cf, false, &af, Op::N, &bf, Op::N)
         });
         println!(
