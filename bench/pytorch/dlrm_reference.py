@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """PyTorch reference of the DLRM the `trainer` crate trains, on the same Criteo-format data.
 
-Same model (trainer/src/model/config.rs defaults):
+Same model (model/src/config.rs defaults):
   dense   : I1..I13 -> ln(1 + max(x, 0)), empty -> 0                       (trainer/src/criteo/parse.rs)
   bottom  : 13 -> 512 -> 256 -> 64 -> 16, ReLU after every layer
   sparse  : 26 tables of dim 16, one row per distinct (feature, token) pair; an empty field is its own token
@@ -9,7 +9,7 @@ Same model (trainer/src/model/config.rs defaults):
             with the bottom output -> 367
   top     : 367 -> 512 -> 256 -> 1, ReLU except the last; loss: mean binary cross-entropy on the logit
   init    : linear weights normal(0, sqrt(2 / (in + out))), biases normal(0, sqrt(1 / out)) (the DLRM reference's
-            init, as trainer/src/model/linear.rs); embedding rows uniform(-0.05, 0.05)
+            init, as model/src/linear.rs); embedding rows uniform(-0.05, 0.05)
 
 Same hashing. The trainer maps (feature f, token t) to a 64-bit id with a bijective mix (trainer/src/criteo/ids.rs),
 so distinct pairs never collide and every pair gets its own server-side row, created on first push; a row never
