@@ -13,9 +13,6 @@
 //! feature ids are a splitmix64 mix, whose pre-images within a feature differ little: [`crate::wire::ids`]);
 //! [`Plan::build`] sorts each server's share of a table into that order once, and rows travel in it.
 
-use std::collections::HashMap;
-use std::hash::BuildHasherDefault;
-
 use crate::compression::codec;
 use crate::compression::feedback::ResidualStore;
 use crate::wire::ids::IdCoding;
@@ -26,9 +23,11 @@ use base::multiversion;
 
 mod bags;
 mod codecs;
+mod dedup;
 
 pub use bags::{FeatureShape, SparseLayout};
 pub use codecs::TableCodecs;
+pub use dedup::Dedup;
 
 /// How ids travel (see the module docs).
 const ID_CODING: IdCoding = IdCoding::Unmixed;
@@ -45,10 +44,6 @@ pub struct PartRequest {
     /// Payload: id sections (then, for a push, the encoded gradient rows).
     pub payload: Vec<u8>,
 }
-
-use base::hash::IdHasher;
-
-type IdMap = HashMap<u64, u32, BuildHasherDefault<IdHasher>>;
 
 /// The plan of one batch.
 #[derive(Default)]
@@ -70,7 +65,7 @@ pub struct Plan {
     /// `keys[s][t][k]`: the wire-order key of `unique[t][by_server[s][t][k]]` (ascending), which lets two
     /// plans find their common ids by merging (the trainer's replay, `trainer::step::replay`).
     keys: Vec<Vec<Vec<u64>>>,
-    seen: IdMap,
+    seen: Dedup,
     /// The parts of the last [`Plan::pull_requests`]: (server, encoding, counts).
     pull_parts: Vec<(usize, Encoding, Vec<TableCount>)>,
     ids_scratch: Vec<u64>,
@@ -156,12 +151,7 @@ impl Plan {
             for &f in &self.shape.of_table[t] {
                 self.base[f] = inverse.len();
                 for &id in &sparse[f] {
-                    let next = unique.len() as u32;
-                    let pos = *self.seen.entry(id).or_insert(next);
-                    if pos == next {
-                        unique.push(id);
-                    }
-                    inverse.push(pos);
+                    inverse.push(self.seen.position(id, unique));
                 }
             }
             for (u, &id) in unique.iter().enumerate() {
