@@ -67,6 +67,12 @@ impl<T: Plain> DerefMut for Aligned<T> {
     }
 }
 
+/// Room for one tensor of `len` f32 elements in the chunks' flat gradients (`chunk`, `cross`): whole cache
+/// lines.
+pub(crate) fn slot(len: usize) -> usize {
+    len.next_multiple_of(16)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

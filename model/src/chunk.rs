@@ -13,7 +13,7 @@
 
 use rayon::prelude::*;
 
-use super::aligned::Aligned;
+use super::aligned::{slot, Aligned};
 use super::bf16;
 use super::cross::CrossBuffers;
 use super::interaction_layer::InteractionLayer;
@@ -187,11 +187,6 @@ impl ChunkBuffers {
         );
         self.backward_secs = forwarded.elapsed().as_secs_f64();
     }
-}
-
-/// Room for one tensor of `len` elements in the chunks' flat gradients: whole cache lines.
-pub(crate) fn slot(len: usize) -> usize {
-    len.next_multiple_of(16)
 }
 
 /// Room for a layer's gradients in the chunks' flat gradients (a layer without bias takes none for it).

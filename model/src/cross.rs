@@ -34,9 +34,8 @@
 //!   than threads only the products are split over the pool), in a fixed order, so results do not depend
 //!   on the pool.
 
-use super::aligned::Aligned;
+use super::aligned::{slot, Aligned};
 use super::bf16;
-use super::chunk::slot;
 use super::linear::Linear;
 use super::rng::Rng;
 use base::multiversion;

@@ -3,6 +3,7 @@
 
 use rayon::prelude::*;
 
+use super::aligned::slot;
 use super::chunk::{self, ChunkBuffers, Net};
 use super::config::DlrmConfig;
 use super::cross::CrossNet;
@@ -528,7 +529,7 @@ fn flat_params<'a>(
         .flat_map(|l| l.params_and_grads_mut())
         .scan(0, |offset, (param, grad)| {
             let base = *offset;
-            *offset += chunk::slot(param.len());
+            *offset += slot(param.len());
             Some((base, param, grad))
         })
 }

@@ -309,7 +309,12 @@ pub fn run_demo(mut args: DemoArgs) -> anyhow::Result<Summary> {
                     .collect();
                 let mut tb = crate::tensorboard::TrainLog::create(dir, tables)?;
                 tb.eval(step, &eval);
-                tb.summary(&summary);
+                tb.summary(
+                    summary.step,
+                    summary.samples_per_sec,
+                    summary.train_loss,
+                    &summary.time,
+                );
             }
             anyhow::Ok(summary)
         })?

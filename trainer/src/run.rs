@@ -423,7 +423,12 @@ pub async fn train_and_evaluate(
         }
     }
     if let Some(tb) = &mut tb {
-        tb.summary(&summary);
+        tb.summary(
+            summary.step,
+            summary.samples_per_sec,
+            summary.train_loss,
+            &summary.time,
+        );
     }
     summary.failovers = client.failovers();
     summary.map_changes = client.map_changes();
