@@ -15,8 +15,8 @@
 //! Changing anything here changes every id and so invalidates every trained table; the unit tests pin known
 //! values so that cannot happen silently.
 
-/// The splitmix64 increment (2^64 / golden ratio); adding it keeps feature 0's empty token away from id 0.
-const GOLDEN: u64 = 0x9e37_79b9_7f4a_7c15;
+// The splitmix64 increment (2^64 / golden ratio); adding it keeps feature 0's empty token away from id 0.
+use base::hash::GOLDEN;
 
 /// The largest feature index plus one: the feature occupies the key's top 31 bits.
 pub const MAX_FEATURES: usize = 1 << 31;

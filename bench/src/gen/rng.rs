@@ -4,7 +4,7 @@
 //! Neither depends on the platform, the thread count or another crate's version, so output bytes stay fixed
 //! for given seeds.
 
-/// SplitMix64 finalizer: a bijective mix of all 64 input bits (defined once, in `embedding::init`).
+/// SplitMix64 finalizer: a bijective mix of all 64 input bits (defined once, in `base::hash`).
 pub use base::hash::mix64;
 
 /// Hash of three words, e.g. (seed, feature, value). Each word passes through the mixer in turn, so swapping
