@@ -75,6 +75,9 @@ macro_rules! multiversion {
 }
 
 /// Transposes a 16 x 16 matrix of 32-bit lanes held in 16 registers (row `r` in `m[r]`).
+///
+/// # Safety
+/// The CPU must support AVX-512 F (check [`isa`] first).
 #[cfg(target_arch = "x86_64")]
 #[inline]
 #[target_feature(enable = "avx512f")]
