@@ -8,10 +8,10 @@ use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use protocol::compression::codec;
+use protocol::compression::feedback::{FeedbackConfig, ResidualStore};
 use protocol::compression::topk::RowTopK;
 use protocol::wire::ids::{self, IdCoding};
 use protocol::{Encoding, ShardMap};
-use trainer::step::feedback::{FeedbackConfig, ResidualStore};
 
 const DIM: usize = 16;
 const IDS: usize = 27_000;

@@ -28,7 +28,7 @@ const ROW_LEN: usize = 17;
 
 /// Ids of the stored rows: spread over the key space like hashed ids.
 fn id(k: u64) -> u64 {
-    embedding::init::SplitMix64::new(k).next_u64()
+    base::rng::SplitMix64::new(k).next_u64()
 }
 
 /// A store of [`ROWS`] rows in table 1 with `tuning`; with `flushed`, every row is in SST files.
@@ -52,7 +52,7 @@ fn store(dir: &std::path::Path, tuning: RocksTuning, flushed: bool) -> Arc<Rocks
 
 /// Batches of [`BATCH`] sorted ids: stored ids, or ids never written (`absent`).
 fn id_batches(absent: bool) -> Vec<Vec<u64>> {
-    let mut rng = embedding::init::SplitMix64::new(if absent { 9 } else { 7 });
+    let mut rng = base::rng::SplitMix64::new(if absent { 9 } else { 7 });
     (0..64)
         .map(|_| {
             let mut ids: Vec<u64> = (0..BATCH)

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """PyTorch reference of the DLRM the `trainer` crate trains, on the same Criteo-format data.
 
-Same model (trainer/src/model/config.rs defaults):
+Same model (model/src/config.rs defaults):
   dense   : I1..I13 -> ln(1 + max(x, 0)), empty -> 0                       (trainer/src/criteo/parse.rs)
   bottom  : 13 -> 512 -> 256 -> 64 -> 16, ReLU after every layer
   sparse  : 26 tables of dim 16, one row per distinct (feature, token) pair; an empty field is its own token
@@ -9,7 +9,7 @@ Same model (trainer/src/model/config.rs defaults):
             with the bottom output -> 367
   top     : 367 -> 512 -> 256 -> 1, ReLU except the last; loss: mean binary cross-entropy on the logit
   init    : linear weights normal(0, sqrt(2 / (in + out))), biases normal(0, sqrt(1 / out)) (the DLRM reference's
-            init, as trainer/src/model/linear.rs); embedding rows uniform(-0.05, 0.05)
+            init, as model/src/linear.rs); embedding rows uniform(-0.05, 0.05)
 
 Same hashing. The trainer maps (feature f, token t) to a 64-bit id with a bijective mix (trainer/src/criteo/ids.rs),
 so distinct pairs never collide and every pair gets its own server-side row, created on first push; a row never
@@ -32,7 +32,7 @@ trainer's --dense-precision bf16. The default is f32, as the trainer's default.
 Only the training loop is timed (data is parsed and moved into tensors first); samples/s is one pass over the
 training file at --batch-size. Test AUC is exact (ties get average ranks), logloss is mean binary cross-entropy.
 
---model-spec FILE.toml (or a shipped spec's NAME: trainer/specs/NAME.toml) trains the model a spec describes
+--model-spec FILE.toml (or a shipped spec's NAME: model/specs/NAME.toml) trains the model a spec describes
 (docs/model-spec.md; the dlrmspec package next to this file): per-feature tables, dims, pooling, multi-hot token
 caps, hash sizes, per-table optimizers and rates, `dot` or `dcn` interaction, MLP sizes, the dense optimizer of its
 [dense] section (else the flags). Multi-hot fields hold tokens separated by `|` and are looked up with
@@ -42,7 +42,7 @@ above and draws the same initial weights.
 
 Usage: dlrm_reference.py --train data/demo/train-1000000-s1-t7.tsv --test data/demo/test-100000-s2-t7.tsv
        [--optimizer sgd|adagrad] [--dense-optimizer sgd|adagrad|adam] [--threads 2] [--bf16] [--json out.json]
-       [--model-spec trainer/specs/dlrm-v2.toml]
+       [--model-spec model/specs/dlrm-v2.toml]
 """
 
 import argparse

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The DLRM-v2 figures of issue 20 (BENCHMARKS.md, "Sixteenth round"), one after the other on the same cores:
-#   1. ours vs PyTorch on the dlrm-v2 spec (trainer/specs/dlrm-v2.toml), generated multi-hot data, both in bf16
+#   1. ours vs PyTorch on the dlrm-v2 spec (model/specs/dlrm-v2.toml), generated multi-hot data, both in bf16
 #      (bench/pytorch/compare.sh with MODEL_SPEC=dlrm-v2): samples/s, AUC, and ours' wire bytes per sample (f16);
 #   2. ours with int8 pushes (error feedback on, f16 pulls): wire bytes per sample and AUC against 1;
 #   3. ours with the dot interaction instead of DCNv2 (dlrm-v2 with [interaction] kind = "dot"): AUC against 1.
@@ -25,10 +25,10 @@ B=${CARGO_TARGET_DIR:-target}/release
 TRAIN=$(ls -d "$DATA"/train-$ROWS-s1-t7*.cols | head -1)
 TEST=$(ls "$DATA"/test-$TEST_ROWS-s2-t7*.tsv | head -1)
 sed -e 's/^name = "dlrm-v2"/name = "dlrm-v2-dot"/' -e 's/^kind = "dcn"/kind = "dot"/' -e '/^layers = /d' \
-    -e '/^rank = /d' trainer/specs/dlrm-v2.toml > "$OUT/dlrm-v2-dot.toml"
+    -e '/^rank = /d' model/specs/dlrm-v2.toml > "$OUT/dlrm-v2-dot.toml"
 # (a spec sets the tables' encodings: the encoding flags do not apply)
 sed -e 's/^name = "dlrm-v2"/name = "dlrm-v2-int8"/' -e 's|^encoding = "f16"|encoding = "f16/int8"|' \
-    trainer/specs/dlrm-v2.toml > "$OUT/dlrm-v2-int8.toml"
+    model/specs/dlrm-v2.toml > "$OUT/dlrm-v2-int8.toml"
 echo "== ours, int8 pushes with error feedback" >&2
 $B/trainer demo --data-dir "$DATA" --train "$TRAIN" --test "$TEST" --model-spec "$OUT/dlrm-v2-int8.toml" \
     $TRAINER_ARGS --summary-json "$OUT/ours-int8.json" >&2

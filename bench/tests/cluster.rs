@@ -80,7 +80,7 @@ fn demo_trains_with_bf16_dense_products_or_refuses_them_clearly() {
             .unwrap()
     };
     // Without a bf16 kernel (or with bf16 disabled) bf16 is refused at start-up, naming the flag and the reason.
-    let out = demo((trainer::model::DISABLE_BF16_ENV, "1"), "refused");
+    let out = demo((model::DISABLE_BF16_ENV, "1"), "refused");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         !out.status.success(),
@@ -92,7 +92,7 @@ fn demo_trains_with_bf16_dense_products_or_refuses_them_clearly() {
             && stderr.contains("AVX512-BF16"),
         "unclear error: {stderr}"
     );
-    let Some(kernel) = trainer::model::bf16_kernel() else {
+    let Some(kernel) = model::bf16_kernel() else {
         eprintln!("no bf16 kernel here: only the refusal was tested");
         return;
     };
@@ -105,9 +105,9 @@ fn demo_trains_with_bf16_dense_products_or_refuses_them_clearly() {
     );
     let auc = s["auc"].as_f64().unwrap();
     assert!(auc > AUC_BOUND, "bf16 test AUC {auc}; output:\n{stderr}");
-    if kernel == trainer::model::Bf16Kernel::Amx {
+    if kernel == model::Bf16Kernel::Amx {
         // On an AMX machine the AVX512-BF16 kernel runs end to end too, when asked.
-        let out = demo((trainer::model::AMX_DISABLE_ENV, "1"), "avx512");
+        let out = demo((model::AMX_DISABLE_ENV, "1"), "avx512");
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(out.status.success(), "{stderr}");
         assert!(stderr.contains("bf16 on AVX512-BF16 products"), "{stderr}");

@@ -21,9 +21,7 @@ use bytes::Bytes;
 use ops::local_cluster::LocalCluster;
 use protocol::wire::message::put_ids;
 use protocol::wire::replicate::ReplicaInfo;
-use protocol::{
-    Encoding, PsClient, PsClientConfig, Request, Response, TableCount, PROTOCOL_VERSION,
-};
+use protocol::{Encoding, PsClient, PsClientConfig, Request, Response, TableCount};
 
 const ROWS_PER_SHARD: usize = 8;
 
@@ -104,9 +102,7 @@ async fn raw_call(
 
 /// What replica `r` of `shard` says about itself (`None` while it does not answer).
 async fn info(c: &LocalCluster, shard: usize, r: usize) -> Option<ReplicaInfo> {
-    let hello = Request::Hello {
-        version: PROTOCOL_VERSION,
-    };
+    let hello = protocol::wire::hello::request();
     match raw_call(c, shard, r, &hello, Bytes::new()).await.ok()? {
         (Response::Hello { replica, .. }, _) => Some(replica),
         _ => None,

@@ -15,6 +15,7 @@ mod support;
 use support::generate;
 
 use bytes::Bytes;
+use model::eval::EvalReport;
 use ops::local_cluster::LocalCluster;
 use protocol::wire::ids::IdCoding;
 use protocol::wire::pull::IdSections;
@@ -23,7 +24,6 @@ use protocol::wire::sync::SyncCursor;
 use protocol::{Encoding, PsClient, PsClientConfig, Request, Response, ShardMap};
 use trainer::config::ModelArgs;
 use trainer::criteo::ReaderConfig;
-use trainer::eval::EvalReport;
 use trainer::train::{PassOptions, Trainer};
 
 fn model_args() -> ModelArgs {

@@ -10,10 +10,11 @@ use std::time::Duration;
 mod support;
 use support::generate;
 
+use model::eval::EvalReport;
+use model::spec::OptimizerKind;
 use ops::local_cluster::LocalCluster;
-use trainer::config::{ModelArgs, OptimizerKind};
+use trainer::config::ModelArgs;
 use trainer::criteo::ReaderConfig;
-use trainer::eval::EvalReport;
 use trainer::train::{Event, PassOptions, Trainer};
 
 fn model_args() -> ModelArgs {

@@ -15,7 +15,7 @@ fn labels(lines: &[String]) -> Vec<bool> {
 fn logloss(probs: &[f64], labels: &[bool]) -> f64 {
     let probs: Vec<f32> = probs.iter().map(|&p| p as f32).collect();
     let labels: Vec<f32> = labels.iter().map(|&l| f32::from(u8::from(l))).collect();
-    trainer::eval::logloss(&probs, &labels)
+    model::eval::logloss(&probs, &labels)
 }
 
 /// A refused request: the status, path, content type, body and a part of the error message expected.

@@ -15,8 +15,8 @@
 //! Changing anything here changes every id and so invalidates every trained table; the unit tests pin known
 //! values so that cannot happen silently.
 
-/// The splitmix64 increment (2^64 / golden ratio); adding it keeps feature 0's empty token away from id 0.
-const GOLDEN: u64 = 0x9e37_79b9_7f4a_7c15;
+// The splitmix64 increment (2^64 / golden ratio); adding it keeps feature 0's empty token away from id 0.
+use base::hash::GOLDEN;
 
 /// The largest feature index plus one: the feature occupies the key's top 31 bits.
 pub const MAX_FEATURES: usize = 1 << 31;
@@ -60,12 +60,12 @@ pub fn decode_feature_id(id: u64) -> Option<(usize, Option<u32>)> {
 /// splitmix64: a permutation of `u64`.
 #[inline]
 fn mix(key: u64) -> u64 {
-    embedding::init::splitmix64(key)
+    base::hash::splitmix64(key)
 }
 
 /// The inverse of [`mix`].
 fn unmix(id: u64) -> u64 {
-    embedding::init::unmix64(id).wrapping_sub(GOLDEN)
+    base::hash::unmix64(id).wrapping_sub(GOLDEN)
 }
 
 #[cfg(test)]

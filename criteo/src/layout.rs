@@ -131,7 +131,7 @@ impl FeatureLayout {
     /// A stable 64-bit digest of the layout (feature count, then every feature's column, table, cap and
     /// token count), recorded in columnar shards so a shard is never read with another layout.
     pub fn fingerprint(&self) -> u64 {
-        let mix = embedding::init::splitmix64;
+        let mix = base::hash::splitmix64;
         let mut h = mix(0x6c61_796f_7574 ^ self.features.len() as u64);
         for f in &self.features {
             for x in [

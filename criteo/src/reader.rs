@@ -336,7 +336,7 @@ fn shuffled<T>(mut items: Vec<T>, seed: Option<u64>) -> Vec<T> {
         let mut draw = 0u64;
         for i in (1..items.len()).rev() {
             draw += 1;
-            let r = embedding::init::splitmix64(seed ^ embedding::init::splitmix64(draw));
+            let r = base::hash::splitmix64(seed ^ base::hash::splitmix64(draw));
             // Lemire's multiply-shift: uniform enough for a permutation (bias below 2^-32 at these sizes).
             let j = ((u128::from(r) * (i as u128 + 1)) >> 64) as usize;
             items.swap(i, j);
@@ -554,7 +554,7 @@ impl<'a> Pipeline<'a> {
         if let Some(seed) = self.cfg.shuffle_seed {
             // This rank's rows, permuted with a seed of their own per shard (its first row's index).
             let mine: Vec<u32> = (next..rows).step_by(world).map(|r| r as u32).collect();
-            let order = shuffled(mine, Some(embedding::init::splitmix64(seed) ^ shard_index));
+            let order = shuffled(mine, Some(base::hash::splitmix64(seed) ^ shard_index));
             let mut left = &order[..];
             while !left.is_empty() {
                 if self.stop.load(Ordering::Relaxed) {

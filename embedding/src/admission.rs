@@ -14,7 +14,7 @@
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use crate::config::AdmissionConfig;
-use crate::init::splitmix64;
+use base::hash::splitmix64;
 
 /// A count-min sketch with `depth` rows of `width` saturating counters.
 #[derive(Debug)]

@@ -12,8 +12,8 @@
 //! # Layout
 //! - [`config`](TableConfig): [`TableConfig`], [`OptimizerConfig`], [`InitConfig`], [`AdmissionConfig`];
 //!   validation.
-//! - [`init`]: the counter-based initializer, a pure function of (seed, id, element); the splitmix64 mixer
-//!   and a small seeded generator ([`init::SplitMix64`]).
+//! - [`init`]: the counter-based initializer, a pure function of (seed, id, element), drawn from the
+//!   splitmix64 hash of the `base` crate (which also holds the seeded generator).
 //! - [`optimizer`]: sans-IO row updates (SGD, row-wise and element-wise Adagrad, Adam with per-row steps,
 //!   FTRL-Proximal) after per-table clipping and weight decay ([`optimizer::Regularizer`]).
 //! - [`admission`]: the count-min sketch of frequency admission.

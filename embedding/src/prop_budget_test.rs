@@ -414,10 +414,10 @@ fn capacity_tier_hit_ratio() {
         // Zipf-like (s ~ 1) ids: rank = n^u for u uniform in [0, 1), scattered over the id space.
         let mut x = 0x9E37_79B9_7F4A_7C15u64;
         let mut zipf = || {
-            x = init::splitmix64(x);
+            x = base::hash::splitmix64(x);
             let u = (x >> 11) as f64 / (1u64 << 53) as f64;
             let rank = ((n as f64).powf(u) as u64).min(n - 1);
-            init::splitmix64(rank) % n
+            base::hash::splitmix64(rank) % n
         };
         let mut out = vec![0.0f32; BATCH * DIM];
         let batches = 200;

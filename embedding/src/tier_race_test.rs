@@ -13,8 +13,8 @@ use std::sync::Arc;
 
 use crate::config::{InitConfig, OptimizerConfig, TableConfig};
 use crate::engine::Engine;
-use crate::init::SplitMix64;
 use crate::mem_store::MemStore;
+use base::rng::SplitMix64;
 
 const IDS: u64 = 600;
 const BUDGET: u64 = 40;

@@ -10,7 +10,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use embedding::{init::splitmix64, Engine, RocksStore, Table, TableConfig};
+use base::hash::splitmix64;
+use embedding::{Engine, RocksStore, Table, TableConfig};
 
 /// Counts live heap bytes, so the table's real footprint can be compared with `Table::memory_bytes`.
 struct Counting;

@@ -4,6 +4,7 @@
 //! # Layout
 //! - [`http`]: `/metrics` (Prometheus text format), `/healthz` and `/readyz` on a port of their own
 //!   ([`http::serve`], [`http::Health`], [`http::install_recorder`]).
+//! - [`buckets`]: [`buckets::LATENCY_BUCKETS`], the latency histogram buckets of every binary.
 //! - [`logging`]: the `tracing` subscriber every binary installs ([`logging::init`]): `RUST_LOG`, stderr,
 //!   colour only on a terminal.
 //! - [`shutdown`]: the future that resolves on SIGTERM or SIGINT ([`shutdown::signal`]), passed into each
@@ -12,6 +13,7 @@
 //!   generators, the Python helper and tests; it starts the binary, it does not link the server.
 #![warn(missing_docs)]
 
+pub mod buckets;
 pub mod http;
 pub mod local_cluster;
 pub mod logging;

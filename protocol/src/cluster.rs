@@ -1,10 +1,13 @@
 //! How a cluster is written in flags: shards separated by `,`, the replicas of one shard by `/`, in replica
 //! order (`docs/replication.md`). `127.0.0.1:7000/127.0.0.1:7002,127.0.0.1:7001/127.0.0.1:7003` is shard 0 on
 //! ports 7000 and 7002, shard 1 on 7001 and 7003; an entry without `/` is a shard with one replica.
+//! [`resolve_servers`] turns the entries into socket addresses (retrying names of pods not yet in DNS), for the
+//! trainer and serving alike.
 
 use std::fmt;
 use std::net::SocketAddr;
 use std::str::FromStr;
+use std::time::Duration;
 
 /// The separator between the replicas of one shard in a `--ps` entry.
 pub const REPLICA_SEPARATOR: char = '/';
@@ -97,6 +100,64 @@ pub fn shards(entries: &[ShardAddrs]) -> Vec<Vec<SocketAddr>> {
     entries.iter().map(|e| e.0.clone()).collect()
 }
 
+/// Resolves each `--ps` entry (a shard: `host:port`, or its replicas `host:port/host:port...`) to the first
+/// address of each replica, in order. Retries names that do not resolve for up to `timeout` (1 s apart); the
+/// error names the entry that failed.
+pub async fn resolve_servers(
+    entries: &[String],
+    timeout: Duration,
+) -> Result<Vec<Vec<SocketAddr>>, String> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut shards = Vec::with_capacity(entries.len());
+    for shard in entries {
+        let replicas = split_replicas(shard.trim()).map_err(|e| e.to_string())?;
+        let addrs = resolve_all(&replicas, deadline).await;
+        shards.push(addrs.map_err(|e| match replicas.len() {
+            1 => e,
+            _ => format!("--ps entry {:?}: {e}", shard.trim()),
+        })?);
+    }
+    Ok(shards)
+}
+
+async fn resolve_all(
+    entries: &[&str],
+    deadline: tokio::time::Instant,
+) -> Result<Vec<SocketAddr>, String> {
+    let mut out = Vec::with_capacity(entries.len());
+    for entry in entries {
+        let entry = entry.trim();
+        if let Ok(addr) = entry.parse::<SocketAddr>() {
+            out.push(addr);
+            continue;
+        }
+        loop {
+            let why = match tokio::net::lookup_host(entry).await {
+                Ok(mut addrs) => match addrs.next() {
+                    Some(addr) => {
+                        out.push(addr);
+                        break;
+                    }
+                    None => "no addresses".to_string(),
+                },
+                Err(e) => e.to_string(),
+            };
+            if tokio::time::Instant::now() >= deadline {
+                return Err(format!(
+                    "parameter server {entry:?} does not resolve (expected host:port): {why}"
+                ));
+            }
+            tracing::info!(
+                entry,
+                why,
+                "parameter server name does not resolve yet, retrying"
+            );
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    }
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -121,6 +182,30 @@ mod tests {
         ] {
             let e = bad.parse::<ShardAddrs>().unwrap_err().to_string();
             assert!(e.contains(what), "{bad}: {e}");
+        }
+    }
+
+    #[tokio::test]
+    async fn ps_entries_resolve_or_name_the_entry() {
+        let entries = vec!["127.0.0.1:7000".to_string(), "localhost:7001".to_string()];
+        let addrs = resolve_servers(&entries, Duration::ZERO).await.unwrap();
+        assert_eq!(addrs[0], vec!["127.0.0.1:7000".parse().unwrap()]);
+        assert_eq!(addrs[1][0].port(), 7001);
+        assert!(addrs[1][0].ip().is_loopback());
+        let replicated = vec!["127.0.0.1:7000/localhost:7002".to_string()];
+        let addrs = resolve_servers(&replicated, Duration::ZERO).await.unwrap();
+        assert_eq!(addrs[0].len(), 2);
+        assert_eq!(addrs[0][1].port(), 7002);
+        for bad in [
+            "no-such-host.invalid:7000",
+            "localhost",
+            "127.0.0.1:7000/",
+            "127.0.0.1:7000/no-such-host.invalid:7000",
+        ] {
+            let err = resolve_servers(&[bad.to_string()], Duration::ZERO)
+                .await
+                .unwrap_err();
+            assert!(err.contains(bad), "{err}");
         }
     }
 }

@@ -2,7 +2,7 @@
 //! server (unique ids, ascending, [`IdCoding::Plain`]) and the replies come back in the caller's order.
 //!
 //! This is the client's view for callers that hold no batch plan of their own (the Python package; the
-//! trainer plans many tables at once in `trainer::step::plan`). The planning half is sans-IO ([`KeyedPlan`]:
+//! trainer and serving plan many tables at once with [`crate::plan::Plan`]). The planning half is sans-IO ([`KeyedPlan`]:
 //! dedup, route, build payloads, scatter replies, sum duplicate gradients) and tested without sockets; the I/O
 //! half ([`pull_rows`], [`push_rows`]) sends one request per server in parallel through a [`PsClient`].
 //!

@@ -7,8 +7,11 @@
 //! - [`wire`]: what travels: framing, headers, id sections, and one file per request type
 //!   ([`wire::pull`], [`wire::pull_with_state`], [`wire::push`], [`wire::sync`] for serving's delta sync) with
 //!   its layout, encode and decode.
-//! - [`compression`]: row encodings ([`compression::codec`]: f32, f16, bf16, int8 with a per-row scale) and
-//!   top-k sparsification.
+//! - [`compression`]: row encodings ([`compression::codec`]: f32, f16, bf16, int8 with a per-row scale),
+//!   top-k sparsification, and the sender's error feedback ([`compression::feedback`]).
+//! - [`plan`]: [`plan::Plan`], the batch planner of the trainer and of serving: per table the unique ids and
+//!   the inverse index, grouped by server in wire order, the pull and push payloads, scatter of replies,
+//!   gather and pooling into the model's layout, and the reduction of gradients per unique id.
 //! - [`transport`]: how it travels: the [`transport::Dialer`] and [`transport::Connection`] traits the client
 //!   is written against; [`Transport`] (QUIC or TCP, picked in configs) and the [`transport::NetDialer`] it
 //!   builds; TLS, QUIC endpoints, framing on streams; [`transport::memory`], an in-memory transport with
@@ -33,6 +36,7 @@ pub mod cluster;
 pub mod compression;
 pub mod error;
 pub mod keyed;
+pub mod plan;
 pub mod routing;
 pub mod transport;
 pub mod wire;

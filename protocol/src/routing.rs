@@ -10,7 +10,6 @@
 //! nothing at this layer. The map's `epoch` travels with every request; a server with another epoch refuses it
 //! (DESIGN.md, "Sharding").
 
-use std::hash::Hasher;
 use std::sync::Arc;
 
 /// Default number of virtual shards.
@@ -206,8 +205,8 @@ impl ShardMap {
 /// Salt so that routing is independent of any other use of `mix64` on the same ids (e.g. lock striping).
 const ROUTING_SALT: u64 = 0x9e37_79b9_7f4a_7c15;
 
-/// The splitmix64 finalizer, a bijection on u64 with good avalanche (defined once, in `embedding::init`).
-pub use embedding::init::mix64;
+/// The splitmix64 finalizer, a bijection on u64 with good avalanche (defined once, in `base::hash`).
+pub use base::hash::mix64;
 
 #[cfg(test)]
 mod tests {
@@ -331,25 +330,5 @@ mod tests {
             prop_assume!(a != b);
             prop_assert_ne!(mix64(a), mix64(b));
         }
-    }
-}
-
-/// A `HashMap` hasher for ids: one multiply (feature ids are already a bijective 64-bit mix; small sequential
-/// ids are spread by the xor-shift and the multiply). Used by the trainer's batch plan and the Python package's
-/// dedup.
-#[derive(Default)]
-pub struct IdHasher(u64);
-
-impl Hasher for IdHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0 ^ b as u64).wrapping_mul(0x100_0000_01b3);
-        }
-    }
-    fn write_u64(&mut self, v: u64) {
-        self.0 = (v ^ (v >> 29)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
     }
 }

@@ -18,7 +18,7 @@ use protocol::{
 };
 
 /// The fuzzer's generator: splitmix64, tiny, fast and good enough to drive a fuzzer reproducibly.
-type Rng = embedding::init::SplitMix64;
+type Rng = base::rng::SplitMix64;
 
 /// `u32` values a fuzzed field should hit often: small counts, the header cap and its neighbour, the top.
 const U32_EDGES: [u32; 9] = [

@@ -166,11 +166,8 @@ pub const RESHARD_ROWS_DELETED_TOTAL: &str = "ps_reshard_rows_deleted_total";
 /// Time a source's commit took: switching the map and draining its streams.
 pub const RESHARD_COMMIT_SECONDS: &str = "ps_reshard_commit_seconds";
 
-/// Histogram buckets for every `_seconds` metric: 50 µs .. 10 s.
-pub const LATENCY_BUCKETS: &[f64] = &[
-    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
-    2.5, 5.0, 10.0,
-];
+/// Histogram buckets for every `_seconds` metric: 50 µs .. 10 s (the workspace's one set).
+pub use ops::buckets::LATENCY_BUCKETS;
 
 /// Registers HELP text and units for every metric. Call after the recorder is installed: a `describe_*` call
 /// made before goes to the no-op recorder and is lost (no `# HELP` lines; `promtool check metrics` refuses).

@@ -37,7 +37,7 @@ use ps_server::handler::Reply;
 use ps_server::shard::Shard;
 
 /// The fuzzer's generator: splitmix64, deterministic from the seed.
-type Rng = embedding::init::SplitMix64;
+type Rng = base::rng::SplitMix64;
 
 /// `u32` values a fuzzed field should hit often: zero, small counts, a page and one more, the top.
 const U32_EDGES: [u32; 8] = [0, 1, 2, 4, 4096, 4097, u32::MAX - 1, u32::MAX];

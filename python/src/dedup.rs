@@ -1,26 +1,18 @@
-//! `unique_inverse`: a batch's distinct ids and each id's position among them, in one pass over a hash map
-//! (numpy's `np.unique(return_inverse=True)` sorts, which was a tenth of the PyTorch layer's step).
+//! `unique_inverse`: a batch's distinct ids and each id's position among them, in one pass over the
+//! workspace's one dedup ([`protocol::plan::Dedup`]; numpy's `np.unique(return_inverse=True)` sorts, which was
+//! a tenth of the PyTorch layer's step).
 
-use std::collections::HashMap;
-use std::hash::BuildHasherDefault;
-
-use protocol::routing::IdHasher;
+use protocol::plan::Dedup;
 
 use numpy::{PyArray1, PyReadonlyArray1};
 use pyo3::prelude::*;
 
 /// The distinct ids of `ids` in first-seen order, and for each id its position among them.
 pub fn dedup(ids: impl Iterator<Item = u64>, len: usize) -> (Vec<u64>, Vec<i64>) {
-    let mut seen: HashMap<u64, i64, BuildHasherDefault<IdHasher>> =
-        HashMap::with_capacity_and_hasher(len, Default::default());
+    let mut seen = Dedup::with_capacity(len);
     let mut unique = Vec::with_capacity(len);
     let inverse = ids
-        .map(|id| {
-            *seen.entry(id).or_insert_with(|| {
-                unique.push(id);
-                unique.len() as i64 - 1
-            })
-        })
+        .map(|id| i64::from(seen.position(id, &mut unique)))
         .collect();
     (unique, inverse)
 }

@@ -5,7 +5,7 @@ Per feature, a field holds 0 to tokens + 2 tokens (so some are empty and some ar
 skewed per-feature vocabulary of 8-hex-digit tokens; one-hot features (tokens = 1) hold one token or nothing.
 The label is drawn from a logistic model of hidden per-token weights and two dense columns, so a model can learn.
 
-    python multihot_data.py --spec trainer/specs/dlrm-v2-small.toml --rows 4000 --seed 1 --out train.tsv
+    python multihot_data.py --spec model/specs/dlrm-v2-small.toml --rows 4000 --seed 1 --out train.tsv
 """
 
 import argparse

@@ -53,7 +53,7 @@ def run_main(args):
 
 
 def test_shipped_specs():
-    k = load_spec(str(ROOT / "trainer/specs/dlrm-kaggle.toml"))
+    k = load_spec(str(ROOT / "model/specs/dlrm-kaggle.toml"))
     assert (k.name, k.interaction, k.bottom_mlp, k.top_mlp) == ("dlrm-kaggle", "dot", [512, 256, 64, 16], [512, 256, 1])
     assert [f.name for f in k.features] == [f"C{i}" for i in range(1, 27)] and len(k.tables) == 26
     assert {(f.dim, f.pooling, f.tokens, f.hash_size, f.optimizer, f.lr, f.encoding) for f in k.features} == {

@@ -380,7 +380,7 @@ def test_dlrm_v2_spec_multi_hot_data_trains_from_python(client, tmp_path):
     import multihot_data
 
     root = pathlib.Path(__file__).resolve().parents[2]
-    spec = root / "trainer" / "specs" / "dlrm-v2-small.toml"
+    spec = root / "model" / "specs" / "dlrm-v2-small.toml"
     layout = pstrain.data.spec_layout(str(spec))
     caps = [f["tokens"] for f in layout]
     path = tmp_path / "mh.tsv"

@@ -4,11 +4,11 @@
 //! exported [`Dlrm`] predicts. So the answers equal the trainer's evaluation of the same rows.
 
 use criteo::Batch;
+use model::export::Export;
+use model::Dlrm;
 use protocol::compression::codec;
+use protocol::plan::{Plan, SparseLayout};
 use protocol::{Encoding, ShardMap};
-use trainer::export::Export;
-use trainer::model::Dlrm;
-use trainer::step::plan::{Plan, SparseLayout};
 
 use crate::store::{GatherScratch, RowStore};
 
@@ -25,7 +25,7 @@ pub enum PredictError {
     },
     /// The model refused the inputs.
     #[error("predict: {0}")]
-    Model(#[from] trainer::model::ModelError),
+    Model(#[from] model::ModelError),
 }
 
 /// The dense side of one model version: what a delta of dense parameters replaces as a whole.
@@ -40,8 +40,8 @@ pub struct DenseModel {
 /// What builds a dense model from a flat parameter vector: the export's sizes and precision.
 #[derive(Debug, Clone)]
 pub struct DenseTemplate {
-    cfg: trainer::model::DlrmConfig,
-    precision: trainer::model::Precision,
+    cfg: model::DlrmConfig,
+    precision: model::Precision,
     sizes: Vec<usize>,
 }
 
@@ -57,24 +57,16 @@ impl DenseTemplate {
 
     /// The dense model of `params` (every tensor concatenated in [`Dlrm::params`] order, as a trainer
     /// publishes them), or the model's refusal naming the length.
-    pub fn build(
-        &self,
-        params: &[f32],
-        version: u64,
-    ) -> Result<DenseModel, trainer::model::ModelError> {
+    pub fn build(&self, params: &[f32], version: u64) -> Result<DenseModel, model::ModelError> {
         let total: usize = self.sizes.iter().sum();
         if params.len() != total {
-            return Err(trainer::model::ModelError::Length {
+            return Err(model::ModelError::Length {
                 arg: "published dense parameters",
                 len: params.len(),
                 expected: total,
             });
         }
-        let mut model = Dlrm::new(
-            self.cfg.clone(),
-            trainer::model::DenseOptimizer::Sgd { lr: 0.0 },
-            0,
-        )?;
+        let mut model = Dlrm::new(self.cfg.clone(), model::DenseOptimizer::Sgd { lr: 0.0 }, 0)?;
         let mut at = 0;
         let tensors: Vec<&[f32]> = self
             .sizes
@@ -87,9 +79,7 @@ impl DenseTemplate {
             .collect();
         model.set_params(&tensors)?;
         let precision = match self.precision {
-            trainer::model::Precision::Bf16 if !trainer::model::bf16_available() => {
-                trainer::model::Precision::F32
-            }
+            model::Precision::Bf16 if !model::bf16_available() => model::Precision::F32,
             p => p,
         };
         model.set_precision(precision)?;
@@ -120,10 +110,7 @@ impl std::fmt::Debug for Predictor {
 
 impl Predictor {
     /// The predictor of `export`'s model.
-    pub fn new(
-        export: &Export,
-        dense_version: u64,
-    ) -> Result<Predictor, trainer::model::ModelError> {
+    pub fn new(export: &Export, dense_version: u64) -> Result<Predictor, model::ModelError> {
         let spec = &export.manifest.spec;
         let params: Vec<f32> = export.params.concat();
         Ok(Predictor {

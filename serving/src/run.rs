@@ -15,12 +15,6 @@ use crate::predict::{DenseTemplate, Predictor};
 use crate::state::{Freshness, Loaded};
 use crate::store::RowStore;
 
-/// Request latency buckets (seconds): 100 µs .. 10 s.
-pub const LATENCY_BUCKETS: &[f64] = &[
-    0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.128, 0.256, 0.512,
-    1.0, 2.0, 5.0, 10.0,
-];
-
 /// `ps-serve`'s command line.
 #[derive(Debug, Parser)]
 #[command(
@@ -65,7 +59,7 @@ pub async fn run(
     cfg: ServeConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    let prometheus = ops::http::install_recorder(LATENCY_BUCKETS);
+    let prometheus = ops::http::install_recorder(ops::buckets::LATENCY_BUCKETS);
     crate::metrics::describe();
     let (listener, bound) = ops::http::bind(cfg.listen)
         .await
@@ -188,7 +182,7 @@ fn load(
     data_dir: &std::path::Path,
     stopping: &std::sync::atomic::AtomicBool,
 ) -> anyhow::Result<Option<(Loaded, Predictor, DenseTemplate)>> {
-    use trainer::export::{Export, ExportError};
+    use model::export::{Export, ExportError};
     let mut logged = false;
     let export = loop {
         match Export::open(&cfg.export) {

@@ -50,7 +50,7 @@ pub async fn start(
     let Some(sync) = cfg.sync.clone() else {
         return Ok(tasks);
     };
-    let snapshot = loaded.export_dir.join(trainer::export::SNAPSHOT_DIR);
+    let snapshot = loaded.export_dir.join(model::export::SNAPSHOT_DIR);
     let n = store.shards();
     if sync.servers.len() != n {
         anyhow::bail!(
@@ -128,9 +128,10 @@ impl Follower {
     }
 
     async fn try_connect(&self) -> anyhow::Result<PsClient> {
-        let addrs = trainer::config::resolve_servers(&self.sync.servers, self.sync.resolve_timeout)
-            .await
-            .map_err(anyhow::Error::msg)?;
+        let addrs =
+            protocol::cluster::resolve_servers(&self.sync.servers, self.sync.resolve_timeout)
+                .await
+                .map_err(anyhow::Error::msg)?;
         let mut cfg = PsClientConfig::replicated(addrs, self.sync.tls_dir.clone());
         // serving.pem: the delta sync and reads, nothing that writes (protocol::auth).
         cfg.role = protocol::Role::Serving;

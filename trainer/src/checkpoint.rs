@@ -5,14 +5,14 @@
 //! File layout (`trainer-rank{R}.ckpt`): the magic `DLRMCKPT`, a u32 LE format version, a u64 LE header length
 //! and a JSON [`CheckpointMeta`] header, then every parameter tensor and every optimizer tensor as f32 LE, in
 //! the order and sizes the header lists, then the error-feedback residuals of the rank's lossy pushes
-//! ([`crate::step::feedback::ResidualStore::export`], `residual_bytes` long; absent without error feedback). The parameter servers' snapshot, when taken, is the directory `ps`
+//! ([`protocol::compression::feedback::ResidualStore::export`], `residual_bytes` long; absent without error feedback). The parameter servers' snapshot, when taken, is the directory `ps`
 //! beside it ([`PS_SNAPSHOT_DIR`]).
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use crate::model::files::{self, remove_dir_if_present, write_atomic, FileError};
 use crate::model::{Dlrm, ModelError};
 
 /// File magic.
@@ -109,7 +109,7 @@ pub struct Checkpoint {
     pub params: Vec<Vec<f32>>,
     /// Optimizer tensors, in [`crate::model::OptimizerState::tensors`] order.
     pub optimizer: Vec<Vec<f32>>,
-    /// The error-feedback residuals ([`crate::step::feedback::ResidualStore::export`]); empty without.
+    /// The error-feedback residuals ([`protocol::compression::feedback::ResidualStore::export`]); empty without.
     pub residuals: Vec<u8>,
     /// The dense top-k residual ([`crate::step::dense_sync::DenseSync::residual`]); empty without.
     pub dense_residual: Vec<f32>,
@@ -151,7 +151,7 @@ pub fn commit_ps_snapshot(dir: &Path) -> Result<(), CheckpointError> {
 
 /// Removes the previous snapshot once the trainer's file names the new one.
 pub fn finish_ps_snapshot(dir: &Path) -> Result<(), CheckpointError> {
-    remove_dir_if_present(&ps_paths(dir).2)
+    Ok(remove_dir_if_present(&ps_paths(dir).2)?)
 }
 
 fn ps_paths(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
@@ -162,40 +162,21 @@ fn ps_paths(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
     )
 }
 
-pub(crate) fn remove_dir_if_present(path: &Path) -> Result<(), CheckpointError> {
-    match std::fs::remove_dir_all(path) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(io(path)(e)),
-        _ => Ok(()),
-    }
-}
-
-/// Writes `bytes` to `path` in `dir` atomically: into `tmp`, fsync, rename, fsync of the directory (a crash
-/// leaves the old file or the new one).
-pub(crate) fn write_atomic(
-    dir: &Path,
-    path: &Path,
-    tmp: &Path,
-    bytes: &[u8],
-) -> Result<(), CheckpointError> {
-    let mut f = std::fs::File::create(tmp).map_err(io(tmp))?;
-    f.write_all(bytes).map_err(io(tmp))?;
-    f.sync_all().map_err(io(tmp))?;
-    drop(f);
-    std::fs::rename(tmp, path).map_err(io(path))?;
-    std::fs::File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(io(dir))
-}
-
 /// The checkpoint file of `rank` in `dir`.
 pub fn file_path(dir: &Path, rank: usize) -> PathBuf {
     dir.join(format!("trainer-rank{rank}.ckpt"))
 }
 
-pub(crate) fn io(path: &Path) -> impl FnOnce(std::io::Error) -> CheckpointError + '_ {
-    move |source| CheckpointError::Io {
-        path: path.to_path_buf(),
-        source,
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> CheckpointError + '_ {
+    move |source| files::at(path)(source).into()
+}
+
+impl From<FileError> for CheckpointError {
+    fn from(e: FileError) -> CheckpointError {
+        CheckpointError::Io {
+            path: e.path,
+            source: e.source,
+        }
     }
 }
 

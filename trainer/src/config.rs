@@ -6,6 +6,7 @@ use std::time::Duration;
 use clap::{Args, ValueEnum};
 use serde::{Deserialize, Serialize};
 
+use crate::model::spec::{DenseKind, OptimizerKind};
 use crate::model::{DenseOptimizer, DlrmConfig, ModelError};
 use protocol::{Encoding, InitSpec, OptimizerSpec, TableSpec};
 
@@ -37,7 +38,7 @@ pub enum ConfigError {
         /// The name or path given.
         spec: String,
         /// What is wrong, naming the field (boxed: a TOML error is large).
-        source: Box<crate::spec::SpecError>,
+        source: Box<crate::model::spec::SpecError>,
     },
     /// The model's sizes or dense optimizer are invalid.
     #[error(transparent)]
@@ -65,29 +66,6 @@ impl ConfigError {
     pub fn mentions(&self, needle: &str) -> bool {
         self.to_string().contains(needle)
     }
-}
-
-/// The optimizer of the embedding rows (applied on the servers); it also picks the dense optimizer's default.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Deserialize, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum OptimizerKind {
-    /// Plain SGD on embedding rows; SGD on the dense layers unless `--dense-optimizer` says otherwise.
-    Sgd,
-    /// Row-wise Adagrad on embedding rows; Adam on the dense layers unless `--dense-optimizer` says otherwise
-    /// (dense Adam measured better than dense Adagrad on the demo data: BENCHMARKS.md).
-    Adagrad,
-}
-
-/// The optimizer of the dense layers (applied on the trainer).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Deserialize, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum DenseKind {
-    /// Plain SGD.
-    Sgd,
-    /// Adagrad.
-    Adagrad,
-    /// Adam (beta1 0.9, beta2 0.999, eps 1e-8).
-    Adam,
 }
 
 /// Arithmetic of the dense layers' matrix products.
@@ -427,7 +405,7 @@ impl ModelArgs {
     }
 
     /// Error feedback keeps residual rows of one dimension: the tables pushed with feedback must share it.
-    fn check_feedback_dims(&self, spec: &crate::spec::ModelSpec) -> Result<(), ConfigError> {
+    fn check_feedback_dims(&self, spec: &crate::model::spec::ModelSpec) -> Result<(), ConfigError> {
         if self.error_feedback == FeedbackMode::Off {
             return Ok(());
         }
@@ -557,6 +535,6 @@ pub fn load_model_file(path: &Path) -> Result<ModelArgs, ConfigError> {
 mod cluster;
 mod derived;
 
-pub use cluster::{resolve_servers, ClusterArgs};
+pub use cluster::ClusterArgs;
 #[cfg(test)]
 mod tests;

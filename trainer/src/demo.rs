@@ -172,7 +172,7 @@ pub fn run_demo(mut args: DemoArgs) -> anyhow::Result<Summary> {
             // A multi-hot spec gets fields of as many tokens as its features take (gen-criteo --multi-hot).
             let spec = args.model.spec()?;
             let multi_hot = spec.is_multi_hot().then(|| {
-                let mut sizes = vec![1; crate::spec::COLUMNS];
+                let mut sizes = vec![1; crate::model::spec::COLUMNS];
                 for f in &spec.features {
                     sizes[f.column] = f.tokens;
                 }
@@ -309,7 +309,12 @@ pub fn run_demo(mut args: DemoArgs) -> anyhow::Result<Summary> {
                     .collect();
                 let mut tb = crate::tensorboard::TrainLog::create(dir, tables)?;
                 tb.eval(step, &eval);
-                tb.summary(&summary);
+                tb.summary(
+                    summary.step,
+                    summary.samples_per_sec,
+                    summary.train_loss,
+                    &summary.time,
+                );
             }
             anyhow::Ok(summary)
         })?

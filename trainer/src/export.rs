@@ -1,199 +1,26 @@
-//! Exports: a servable model written by a training job and read by the serving process (docs/serving.md,
-//! "Export").
-//!
-//! An export root holds one directory per version, `v<step, 12 digits>/`, each with
-//! - `manifest.json`: an [`ExportManifest`] (the resolved model spec, table specs, precision, tensor sizes),
-//!   written last and atomically: a version directory without it is incomplete and refused;
-//! - `dense.bin`: the dense parameters, f32 LE, in [`Dlrm::params`] order;
-//! - `ps/shard-<i>-of-<n>/`: the parameter servers' snapshot ([`embedding::snapshot`]), each shard with its
-//!   `sync.json` (where delta sync resumes);
-//!
-//! and `LATEST`, naming the newest complete version, replaced atomically after it. A version is built in
-//! `v<step>.tmp/` and renamed, so a reader never sees half of one; older versions beyond `--export-keep`
-//! are removed.
+//! Writing an export (the format: [`model::export`]): the servers snapshot their tables into a staged version,
+//! then the model's files complete it (docs/serving.md, "Export").
 
 use std::path::{Path, PathBuf};
 
-use serde::{Deserialize, Serialize};
+use crate::model::export::{ExportManifest, Staging};
+use crate::model::Dlrm;
 
-use crate::checkpoint::{io, remove_dir_if_present, write_atomic, CheckpointError};
-use crate::model::{Dlrm, DlrmConfig, Precision};
-use crate::spec::ModelSpec;
-use protocol::TableSpec;
-
-/// Version of the export layout; readers refuse others.
-pub const EXPORT_FORMAT_VERSION: u32 = 1;
-/// The manifest's file name in a version directory.
-pub const MANIFEST_FILE: &str = "manifest.json";
-/// The dense parameters' file name in a version directory.
-pub const DENSE_FILE: &str = "dense.bin";
-/// The servers' snapshot directory in a version directory.
-pub const SNAPSHOT_DIR: &str = "ps";
-/// The file naming the newest complete version in an export root.
-pub const LATEST_FILE: &str = "LATEST";
-
-/// What an export records besides its tensors and rows.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ExportManifest {
-    /// [`EXPORT_FORMAT_VERSION`].
-    pub format: u32,
-    /// The export's version: the training step it was taken at.
-    pub version: u64,
-    /// Training samples seen by the exporting rank.
-    pub samples: u64,
-    /// Wall-clock time of the export, ms since the Unix epoch.
-    pub created_unix_ms: u64,
-    /// The model, every setting resolved.
-    pub spec: ModelSpec,
-    /// The embedding tables as the servers registered them (ids, dims, initializers: a row the snapshot lacks
-    /// reads as its initializer, as a pull would).
-    pub tables: Vec<TableSpec>,
-    /// Arithmetic of the dense layers the trainer evaluated with.
-    pub precision: Precision,
-    /// Length of each parameter tensor in `dense.bin`.
-    pub param_sizes: Vec<usize>,
-    /// Number of parameter servers whose snapshot is in `ps/`.
-    pub num_shards: u32,
-}
-
-/// Why an export could not be written or read. Messages name the path and the value.
+/// Why an export could not be written.
 #[derive(Debug, thiserror::Error)]
 pub enum ExportError {
-    /// A file operation failed, or the servers' snapshot failed.
+    /// A file of the export could not be written.
     #[error(transparent)]
-    Write(#[from] CheckpointError),
-    /// The path holds no export.
-    #[error("{}: no export here (neither {LATEST_FILE} nor {MANIFEST_FILE})", path.display())]
-    NotAnExport {
-        /// The path given.
+    Files(#[from] crate::model::export::ExportError),
+    /// The export directory's path is not UTF-8, so it cannot be sent to the servers.
+    #[error("export directory {} is not UTF-8", path.display())]
+    NotUtf8 {
+        /// The directory.
         path: PathBuf,
     },
-    /// A file of the export is not what the manifest says.
-    #[error("export {}: {reason}", path.display())]
-    Corrupt {
-        /// The file.
-        path: PathBuf,
-        /// What is wrong.
-        reason: String,
-    },
-}
-
-/// The directory name of version `version`.
-pub fn version_dir_name(version: u64) -> String {
-    format!("v{version:012}")
-}
-
-/// One export read back: its directory, manifest and dense parameters.
-#[derive(Debug, Clone)]
-pub struct Export {
-    /// The version directory.
-    pub dir: PathBuf,
-    /// Its manifest.
-    pub manifest: ExportManifest,
-    /// The dense parameters, one tensor per [`ExportManifest::param_sizes`] entry.
-    pub params: Vec<Vec<f32>>,
-}
-
-impl Export {
-    /// Opens `path`: an export root (its `LATEST` version) or one version directory.
-    pub fn open(path: &Path) -> Result<Export, ExportError> {
-        let dir = resolve(path)?;
-        let manifest_path = dir.join(MANIFEST_FILE);
-        let corrupt = |p: &Path, reason: String| ExportError::Corrupt {
-            path: p.to_path_buf(),
-            reason,
-        };
-        let text = std::fs::read(&manifest_path).map_err(|e| CheckpointError::Io {
-            path: manifest_path.clone(),
-            source: e,
-        })?;
-        let manifest: ExportManifest = serde_json::from_slice(&text)
-            .map_err(|e| corrupt(&manifest_path, format!("manifest: {e}")))?;
-        if manifest.format != EXPORT_FORMAT_VERSION {
-            return Err(corrupt(
-                &manifest_path,
-                format!(
-                    "format version {}, expected {EXPORT_FORMAT_VERSION}",
-                    manifest.format
-                ),
-            ));
-        }
-        let dense_path = dir.join(DENSE_FILE);
-        let bytes = std::fs::read(&dense_path).map_err(|e| CheckpointError::Io {
-            path: dense_path.clone(),
-            source: e,
-        })?;
-        let floats: usize = manifest.param_sizes.iter().sum();
-        if bytes.len() != floats.saturating_mul(4) {
-            return Err(corrupt(
-                &dense_path,
-                format!(
-                    "{} bytes, expected {} ({floats} f32 parameters; truncated?)",
-                    bytes.len(),
-                    floats * 4
-                ),
-            ));
-        }
-        let mut at = 0;
-        let params = manifest
-            .param_sizes
-            .iter()
-            .map(|&n| {
-                let t = bytes[at..at + n * 4]
-                    .chunks_exact(4)
-                    .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")))
-                    .collect();
-                at += n * 4;
-                t
-            })
-            .collect();
-        Ok(Export {
-            dir,
-            manifest,
-            params,
-        })
-    }
-
-    /// The dense model's sizes.
-    pub fn dlrm_config(&self) -> DlrmConfig {
-        self.manifest.spec.dlrm_config()
-    }
-
-    /// The servers' snapshot directory of this version.
-    pub fn snapshot_dir(&self) -> PathBuf {
-        self.dir.join(SNAPSHOT_DIR)
-    }
-}
-
-/// The version directory `path` names: itself when it holds a manifest, else its root's `LATEST`.
-fn resolve(path: &Path) -> Result<PathBuf, ExportError> {
-    if path.join(MANIFEST_FILE).is_file() {
-        return Ok(path.to_path_buf());
-    }
-    let latest = path.join(LATEST_FILE);
-    match std::fs::read_to_string(&latest) {
-        Ok(name) => {
-            let name = name.trim();
-            let ok =
-                name.starts_with('v') && !name.contains(['/', '\\']) && name != "." && name != "..";
-            if !ok {
-                return Err(ExportError::Corrupt {
-                    path: latest,
-                    reason: format!("names {name:?}, not a version directory"),
-                });
-            }
-            Ok(path.join(name))
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(ExportError::NotAnExport {
-            path: path.to_path_buf(),
-        }),
-        Err(source) => Err(CheckpointError::Io {
-            path: latest,
-            source,
-        }
-        .into()),
-    }
+    /// A server failed to snapshot its tables.
+    #[error("snapshot the parameter servers: {0}")]
+    PsSnapshot(#[source] protocol::ProtocolError),
 }
 
 /// Writes version `manifest.version` under `root`: the servers snapshot their tables into it (every push must
@@ -206,110 +33,17 @@ pub async fn write(
     model: &Dlrm,
     keep: usize,
 ) -> Result<PathBuf, ExportError> {
-    std::fs::create_dir_all(root).map_err(io(root))?;
-    let root = root.canonicalize().map_err(io(root))?;
-    let name = version_dir_name(manifest.version);
-    let done = root.join(&name);
-    let tmp = root.join(format!("{name}.tmp"));
-    remove_dir_if_present(&tmp)?;
-    std::fs::create_dir_all(&tmp).map_err(io(&tmp))?;
-    let snapshot = tmp.join(SNAPSHOT_DIR);
-    let target = snapshot.to_str().ok_or_else(|| CheckpointError::NotUtf8 {
+    let staging = Staging::begin(root, manifest.version)?;
+    let snapshot = staging.snapshot_dir();
+    let target = snapshot.to_str().ok_or_else(|| ExportError::NotUtf8 {
         path: snapshot.clone(),
     })?;
     let shards = client
         .checkpoint(target, manifest.version)
         .await
-        .map_err(CheckpointError::PsSnapshot)?;
+        .map_err(ExportError::PsSnapshot)?;
     manifest.num_shards = shards.len() as u32;
-    let params = model.params();
-    manifest.param_sizes = params.iter().map(|p| p.len()).collect();
-    let mut dense = Vec::with_capacity(manifest.param_sizes.iter().sum::<usize>() * 4);
-    for v in params.iter().flat_map(|p| p.iter()) {
-        dense.extend_from_slice(&v.to_le_bytes());
-    }
-    tokio::task::block_in_place(|| {
-        write_atomic(
-            &tmp,
-            &tmp.join(DENSE_FILE),
-            &tmp.join("dense.bin.tmp"),
-            &dense,
-        )?;
-        let json = serde_json::to_vec_pretty(&manifest).expect("manifest serializes");
-        write_atomic(
-            &tmp,
-            &tmp.join(MANIFEST_FILE),
-            &tmp.join("manifest.json.tmp"),
-            &json,
-        )?;
-        remove_dir_if_present(&done)?;
-        std::fs::rename(&tmp, &done).map_err(io(&done))?;
-        write_atomic(
-            &root,
-            &root.join(LATEST_FILE),
-            &root.join("LATEST.tmp"),
-            format!("{name}\n").as_bytes(),
-        )?;
-        prune(&root, keep)
-    })?;
-    Ok(done)
-}
-
-/// Removes complete versions older than the newest `keep` (at least one is kept), and stale `.tmp` builds.
-fn prune(root: &Path, keep: usize) -> Result<(), CheckpointError> {
-    let mut versions = Vec::new();
-    for entry in std::fs::read_dir(root).map_err(io(root))? {
-        let entry = entry.map_err(io(root))?;
-        let name = entry.file_name().to_string_lossy().into_owned();
-        let Some(digits) = name.strip_prefix('v') else {
-            continue;
-        };
-        if let Ok(v) = digits.parse::<u64>() {
-            versions.push((v, entry.path()));
-        }
-    }
-    versions.sort();
-    let drop = versions.len().saturating_sub(keep.max(1));
-    for (_, path) in &versions[..drop] {
-        remove_dir_if_present(path)?;
-    }
-    Ok(())
-}
-
-/// Milliseconds since the Unix epoch.
-pub fn now_unix_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn open_refuses_what_is_not_an_export() {
-        let dir = tempfile::tempdir().unwrap();
-        let e = Export::open(dir.path()).unwrap_err();
-        assert!(matches!(e, ExportError::NotAnExport { .. }), "{e}");
-        std::fs::write(dir.path().join(LATEST_FILE), "../etc\n").unwrap();
-        let e = Export::open(dir.path()).unwrap_err().to_string();
-        assert!(e.contains("not a version directory"), "{e}");
-    }
-
-    #[test]
-    fn prune_keeps_the_newest() {
-        let dir = tempfile::tempdir().unwrap();
-        for v in [3u64, 10, 7, 12] {
-            std::fs::create_dir(dir.path().join(version_dir_name(v))).unwrap();
-        }
-        std::fs::create_dir(dir.path().join("other")).unwrap();
-        prune(dir.path(), 2).unwrap();
-        let mut left: Vec<String> = std::fs::read_dir(dir.path())
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .collect();
-        left.sort();
-        assert_eq!(left, ["other", "v000000000010", "v000000000012"]);
-    }
+    Ok(tokio::task::block_in_place(|| {
+        staging.commit(manifest, model, keep)
+    })?)
 }

@@ -103,11 +103,8 @@ pub const CPU_SECONDS: &str = "trainer_cpu_seconds";
 /// CPU seconds of each local parameter server (label `server`) since the pass began (`trainer demo`).
 pub const LOCAL_SERVER_CPU_SECONDS: &str = "trainer_local_server_cpu_seconds";
 
-/// Histogram buckets for every `_seconds` metric.
-pub const LATENCY_BUCKETS: &[f64] = &[
-    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
-    2.5, 5.0, 10.0,
-];
+/// Histogram buckets for every `_seconds` metric (the workspace's one set, shared with the servers).
+pub use ops::buckets::LATENCY_BUCKETS;
 
 /// Registers HELP text and units for every metric. Call after the recorder is installed: a `describe_*` call
 /// made before goes to the no-op recorder and is lost (no `# HELP` lines; `promtool check metrics` refuses).
@@ -276,4 +273,19 @@ pub fn describe() {
         Unit::Seconds,
         "CPU seconds of each local parameter server this pass (trainer demo)."
     );
+}
+
+/// Sets the evaluation gauges to `report`'s values.
+pub fn export_eval(report: &model::eval::EvalReport) {
+    if let Some(auc) = report.auc {
+        metrics::gauge!(EVAL_AUC).set(auc);
+    }
+    metrics::gauge!(EVAL_LOGLOSS).set(report.logloss);
+    if let Some(c) = report.calibration() {
+        metrics::gauge!(EVAL_CALIBRATION).set(c);
+    }
+    metrics::gauge!(EVAL_MEAN_PREDICTION).set(report.mean_prediction);
+    metrics::gauge!(EVAL_POSITIVE_RATE).set(report.positive_rate);
+    metrics::gauge!(EVAL_SAMPLES).set(report.count as f64);
+    metrics::counter!(EVALS_TOTAL).increment(1);
 }

@@ -42,7 +42,7 @@ impl PreprocessArgs {
     pub fn layout(&self) -> anyhow::Result<FeatureLayout> {
         match &self.model_spec {
             None => Ok(FeatureLayout::default()),
-            Some(name) => Ok(crate::spec::ModelSpec::load(name)
+            Some(name) => Ok(crate::model::spec::ModelSpec::load(name)
                 .with_context(|| format!("model spec {name}"))?
                 .feature_layout()),
         }

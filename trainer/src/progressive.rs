@@ -12,7 +12,7 @@
 //! the window (`O(n log n)`: 22 ms for 100,000 rows in a test build, `report_cost_at_100k`), once per progress
 //! line (every `--progress-secs`, 2 s by default: about 1% of a core), never per step.
 
-use crate::eval;
+use crate::model::eval;
 
 /// The last `capacity` (probability, label) pairs of the training stream.
 #[derive(Debug, Clone)]
@@ -182,7 +182,7 @@ mod tests {
         for _ in 0..50 {
             let (p, y): (Vec<f32>, Vec<f32>) = (0..4096)
                 .map(|_| {
-                    x = embedding::init::splitmix64(x);
+                    x = base::hash::splitmix64(x);
                     ((x >> 40) as f32 / (1u64 << 24) as f32, (x & 1) as f32)
                 })
                 .unzip();

@@ -18,7 +18,7 @@ use serde::Serialize;
 
 use crate::config::{ClusterArgs, ModelArgs};
 use crate::criteo::{ReaderConfig, StreamEnd};
-use crate::eval::EvalReport;
+use crate::model::eval::EvalReport;
 use crate::progressive::ProgressiveReport;
 use crate::tensorboard::TrainLog;
 use crate::timing::TimeReport;
@@ -238,7 +238,7 @@ pub async fn connect(cluster: &ClusterArgs) -> anyhow::Result<Arc<PsClient>> {
         "resolve-timeout-secs = {}, expected a number of seconds >= 0",
         cluster.resolve_timeout_secs
     );
-    let servers = crate::config::resolve_servers(
+    let servers = protocol::cluster::resolve_servers(
         &cluster.ps,
         std::time::Duration::from_secs_f64(cluster.resolve_timeout_secs),
     )
@@ -423,7 +423,12 @@ pub async fn train_and_evaluate(
         }
     }
     if let Some(tb) = &mut tb {
-        tb.summary(&summary);
+        tb.summary(
+            summary.step,
+            summary.samples_per_sec,
+            summary.train_loss,
+            &summary.time,
+        );
     }
     summary.failovers = client.failovers();
     summary.map_changes = client.map_changes();
@@ -544,7 +549,7 @@ fn clock(seconds: f64) -> String {
 
 /// The shuffle seed of `epoch` (splitmix64 of the job's seed and the epoch).
 fn epoch_seed(seed: u64, epoch: u64) -> u64 {
-    embedding::init::splitmix64(seed ^ embedding::init::splitmix64(epoch))
+    base::hash::splitmix64(seed ^ base::hash::splitmix64(epoch))
 }
 
 impl Summary {
@@ -667,7 +672,7 @@ pub fn oracle_auc(data: &Path, oracle: &Path) -> anyhow::Result<Option<f64>> {
         oracle.display(),
         probs.len()
     );
-    Ok(crate::eval::auc(&probs, &labels))
+    Ok(crate::model::eval::auc(&probs, &labels))
 }
 
 /// Loads model settings from a TOML file.

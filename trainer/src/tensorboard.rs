@@ -19,8 +19,7 @@ use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
-use crate::eval::EvalReport;
-use crate::run::Summary;
+use crate::model::eval::EvalReport;
 use crate::timing::TimeReport;
 use crate::train::{Event, Progress};
 
@@ -189,15 +188,15 @@ impl TrainLog {
         self.write(step, &values);
     }
 
-    /// Writes the run's summary at its last step: samples/s, the final train loss and the whole run's time
-    /// by phase and CPU.
-    pub fn summary(&mut self, s: &Summary) {
+    /// Writes the run's summary (`run::Summary`) at its last step `step`: samples/s, the final train loss and
+    /// the whole run's time by phase and CPU.
+    pub fn summary(&mut self, step: u64, samples_per_sec: f64, train_loss: f64, time: &TimeReport) {
         let mut values = vec![
-            ("summary/samples_per_sec".to_string(), s.samples_per_sec),
-            ("summary/train_loss".to_string(), s.train_loss),
+            ("summary/samples_per_sec".to_string(), samples_per_sec),
+            ("summary/train_loss".to_string(), train_loss),
         ];
-        time_scalars("summary/", &s.time, &mut values);
-        self.write(s.step, &values);
+        time_scalars("summary/", time, &mut values);
+        self.write(step, &values);
     }
 
     fn progress_scalars(&self, p: &Progress) -> Vec<(String, f64)> {

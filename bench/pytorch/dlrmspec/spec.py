@@ -150,15 +150,15 @@ class _Checker:
 
 
 def resolve_spec_path(name_or_path, repo_root=None):
-    """A file path as given, or a shipped spec's NAME (trainer/specs/NAME.toml), as `trainer --model-spec` takes."""
+    """A file path as given, or a shipped spec's NAME (model/specs/NAME.toml), as `trainer --model-spec` takes."""
     if os.path.exists(name_or_path):
         return name_or_path
     if os.sep not in name_or_path and not name_or_path.endswith(".toml"):
         root = repo_root or os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..")
-        shipped = os.path.normpath(os.path.join(root, "trainer", "specs", name_or_path + ".toml"))
+        shipped = os.path.normpath(os.path.join(root, "model", "specs", name_or_path + ".toml"))
         if os.path.exists(shipped):
             return shipped
-    raise SpecError(f"{name_or_path}: no such spec file (nor a shipped spec trainer/specs/{name_or_path}.toml)")
+    raise SpecError(f"{name_or_path}: no such spec file (nor a shipped spec model/specs/{name_or_path}.toml)")
 
 
 def load_spec(path):

@@ -4,8 +4,8 @@
 //! Neither depends on the platform, the thread count or another crate's version, so output bytes stay fixed
 //! for given seeds.
 
-/// SplitMix64 finalizer: a bijective mix of all 64 input bits (defined once, in `embedding::init`).
-pub use embedding::init::mix64;
+/// SplitMix64 finalizer: a bijective mix of all 64 input bits (defined once, in `base::hash`).
+pub use base::hash::mix64;
 
 /// Hash of three words, e.g. (seed, feature, value). Each word passes through the mixer in turn, so swapping
 /// arguments gives unrelated outputs.
@@ -42,7 +42,7 @@ pub struct Rng {
 impl Rng {
     /// A generator whose whole stream is a function of `seed`.
     pub fn new(seed: u64) -> Self {
-        let mut seeder = embedding::init::SplitMix64::new(seed);
+        let mut seeder = base::rng::SplitMix64::new(seed);
         let mut next = || seeder.next_u64();
         Rng {
             s: [next(), next(), next(), next()],

@@ -1,5 +1,5 @@
 //! The `--auc` pass: every request exactly once, in order, `--concurrency` at a time; the probabilities are
-//! put back in row order and scored against the labels with `trainer::eval` (exact AUC, clamped logloss).
+//! put back in row order and scored against the labels with `model::eval` (exact AUC, clamped logloss).
 //!
 //! Any failure ends the pass with the failing request's rows and the server's message: an AUC over part of
 //! the rows would not be the file's.
@@ -112,7 +112,7 @@ pub async fn run(
         .iter()
         .flat_map(|p| p.probabilities.iter().copied())
         .collect();
-    let mut eval = trainer::eval::Evaluator::new();
+    let mut eval = model::eval::Evaluator::new();
     eval.push(&probs, labels);
     let scored = eval.report();
     Ok(AucReport {

@@ -7,7 +7,7 @@
 //! `--requests` requests after a `--warmup`, and reports rows/s, requests/s, latency percentiles and failures by
 //! kind ([`report`]); requests that start in the warm-up or finish after the measured window are not counted.
 //! An `--auc` pass ([`auc`]) sends every row exactly once, in order, and scores the probabilities against the
-//! labels with the trainer's exact AUC and logloss (`trainer::eval`). Answers are checked ([`answer`]): a
+//! labels with the trainer's exact AUC and logloss (`model::eval`, the model crate's). Answers are checked ([`answer`]): a
 //! non-200 status with the server's `error` message, malformed JSON, a wrong number of probabilities.
 //!
 //! # Layout

@@ -111,8 +111,8 @@ async fn auc_pass_scores_every_row_once() {
         .iter()
         .map(|f| prob_of_i1(f.split('\t').next().unwrap().parse().ok()))
         .collect();
-    let want_auc = trainer::eval::auc(&probs, &data.labels).unwrap();
-    let want_ll = trainer::eval::logloss(&probs, &data.labels);
+    let want_auc = model::eval::auc(&probs, &data.labels).unwrap();
+    let want_ll = model::eval::logloss(&probs, &data.labels);
     for format in ["tsv", "json"] {
         let before = seen.requests.load(Ordering::Relaxed);
         let cfg = config(

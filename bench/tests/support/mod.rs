@@ -115,11 +115,11 @@ pub fn demo(dir: &Path, args: &[&str]) -> (serde_json::Value, String) {
 }
 
 /// Exact ROC AUC of `scores` against `labels` (ties count one half), by the trainer's evaluator
-/// (`trainer::eval::auc`, the one AUC of the workspace); `None` if a class is absent.
+/// (`model::eval::auc`, the one AUC of the workspace); `None` if a class is absent.
 pub fn auc(scores: &[f64], labels: &[bool]) -> Option<f64> {
     let scores: Vec<f32> = scores.iter().map(|&s| s as f32).collect();
     let labels: Vec<f32> = labels.iter().map(|&l| f32::from(u8::from(l))).collect();
-    trainer::eval::auc(&scores, &labels)
+    model::eval::auc(&scores, &labels)
 }
 
 /// A running `ps-serve` process, killed when dropped.

@@ -201,7 +201,7 @@ mod tests {
     use std::collections::HashMap;
 
     use super::*;
-    use crate::init::splitmix64;
+    use base::hash::splitmix64;
 
     /// A model arena: slot → id, with freed slots reused last-freed first, like `Arena`.
     struct Model {

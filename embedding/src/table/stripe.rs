@@ -11,7 +11,7 @@ use super::{Table, STRIPES};
 use crate::arena::Arena;
 use crate::batch::DirtyBatch;
 use crate::error::EmbeddingError;
-use crate::init::splitmix64;
+use base::hash::splitmix64;
 
 /// Lookahead of [`Stripe::lookup_each`], in ids: rows are prefetched this far ahead, index entries twice as far.
 const PREFETCH: usize = 8;

@@ -33,7 +33,6 @@ use crate::routing::ShardMap;
 use crate::transport::tls;
 use crate::transport::{Connection, Dialer, NetDialer, Transport};
 use crate::wire::message::{Request, Response, TableSpec};
-use crate::PROTOCOL_VERSION;
 use replicas::ShardReplicas;
 pub use replicas::FAILOVER_CALL_TIMEOUT;
 
@@ -173,9 +172,7 @@ async fn call_watched<C: Connection>(
 ) -> Result<(Response, Bytes), ProtocolError> {
     let call = conn.call(addr, req, payload);
     tokio::pin!(call);
-    let hello = Request::Hello {
-        version: PROTOCOL_VERSION,
-    };
+    let hello = crate::wire::hello::request();
     let empty = Bytes::new();
     loop {
         tokio::select! {
@@ -339,13 +336,7 @@ impl<D: Dialer> PsClient<D> {
         let given = client.num_servers();
         for i in 0..given {
             let (resp, _) = client
-                .call(
-                    i,
-                    &Request::Hello {
-                        version: PROTOCOL_VERSION,
-                    },
-                    Bytes::new(),
-                )
+                .call(i, &crate::wire::hello::request(), Bytes::new())
                 .await?;
             let Response::Hello {
                 shard_index,
@@ -515,9 +506,7 @@ impl<D: Dialer> PsClient<D> {
             };
             let hello = matches!(req, Request::Hello { .. } | Request::Promote { .. });
             if fresh && replicas.replicated() && !hello {
-                let probe = Request::Hello {
-                    version: PROTOCOL_VERSION,
-                };
+                let probe = crate::wire::hello::request();
                 if let (Response::Hello { replica, .. }, _) =
                     call_watched(&conn, s.addr, &probe, &Bytes::new(), probe_timeout).await?
                 {

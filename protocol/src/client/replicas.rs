@@ -17,7 +17,6 @@ use crate::error::ProtocolError;
 use crate::transport::Dialer;
 use crate::wire::message::{Request, Response};
 use crate::wire::replicate::{ReplicaInfo, Role};
-use crate::PROTOCOL_VERSION;
 
 /// How long a failover waits for one replica's `Hello` or `Promote` answer.
 pub const FAILOVER_CALL_TIMEOUT: Duration = Duration::from_millis(1500);
@@ -134,9 +133,7 @@ impl<D: Dialer> PsClient<D> {
         shard: usize,
         r: usize,
     ) -> Result<ReplicaInfo, ProtocolError> {
-        let hello = Request::Hello {
-            version: PROTOCOL_VERSION,
-        };
+        let hello = crate::wire::hello::request();
         let (resp, _) = self
             .call_replica(shard, r, &hello, &Bytes::new(), FAILOVER_CALL_TIMEOUT)
             .await?;

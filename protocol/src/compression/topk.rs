@@ -129,7 +129,7 @@ mod tests {
         let mut total_out = [0.0f64; 12];
         for step in 0..50u64 {
             let mut delta: Vec<f32> = (0..12)
-                .map(|i| (embedding::init::mix64(step * 12 + i) % 1000) as f32 / 1000.0 - 0.5)
+                .map(|i| (base::hash::mix64(step * 12 + i) % 1000) as f32 / 1000.0 - 0.5)
                 .collect();
             for (a, d) in total_in.iter_mut().zip(&delta) {
                 *a += *d as f64;

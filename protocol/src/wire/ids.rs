@@ -117,7 +117,7 @@ impl From<IdError> for ProtocolError {
 /// The inverse of the splitmix64 finalizer ([`crate::routing::mix64`]): `mix64(wire_key(id)) == id`.
 #[inline]
 pub fn wire_key(id: u64) -> u64 {
-    embedding::init::unmix64(id)
+    base::hash::unmix64(id)
 }
 
 /// Appends `v` as an LEB128 varint.

@@ -4,6 +4,7 @@
 //!
 //! - [`frame`]: sans-IO framing: a fixed 12-byte prefix, a bincode header, then raw bulk bytes.
 //! - [`message`]: request and response headers ([`message::Request`], [`message::Response`]), payload sizes.
+//! - [`hello`]: `Hello`, the handshake ([`hello::request`], the one builder of it).
 //! - [`ids`]: id sections: ascending ids, delta + varint coded.
 //! - [`pull`]: `Pull` (and the id sections every pull and push starts with, [`pull::IdSections`]).
 //! - [`pull_with_state`]: `PullWithState`, rows followed by their optimizer state.
@@ -18,6 +19,7 @@
 
 pub mod dense;
 pub mod frame;
+pub mod hello;
 pub mod ids;
 pub mod message;
 pub mod prefetch;

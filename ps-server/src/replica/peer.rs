@@ -17,7 +17,7 @@ use bytes::Bytes;
 use parking_lot::Mutex;
 use protocol::transport::{tls, Connection, Dialer, NetConn, NetDialer};
 use protocol::wire::replicate::ReplicaInfo;
-use protocol::{ProtocolError, Request, Response, Role, Transport, PROTOCOL_VERSION};
+use protocol::{ProtocolError, Request, Response, Role, Transport};
 
 use crate::metrics as m;
 
@@ -236,9 +236,7 @@ impl Peers {
 
     /// Replica `r`'s answer to `Hello`.
     pub async fn info(&self, r: u32) -> Result<ReplicaInfo, ProtocolError> {
-        let hello = Request::Hello {
-            version: PROTOCOL_VERSION,
-        };
+        let hello = protocol::wire::hello::request();
         match self.call(r, &hello, Bytes::new(), PEER_TIMEOUT).await? {
             Response::Hello { replica, .. } => Ok(replica),
             other => Err(ProtocolError::UnexpectedResponse {

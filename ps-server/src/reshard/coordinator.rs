@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use protocol::wire::reshard::{MapInfo, ReshardPhase, ReshardStatus, ReshardStep};
-use protocol::{Request, Response, PROTOCOL_VERSION};
+use protocol::{Request, Response};
 
 use super::PeerSettings;
 use crate::replica::peer::Peers;
@@ -148,9 +148,7 @@ pub async fn run(
         }
     };
     for (i, name) in all.iter().enumerate() {
-        let hello = Request::Hello {
-            version: PROTOCOL_VERSION,
-        };
+        let hello = protocol::wire::hello::request();
         if let Response::Hello { shard_index, .. } = ask(i, "hello", hello).await? {
             if shard_index as usize != i {
                 return Err(ReshardError::Plan(format!(

@@ -1,8 +1,7 @@
-//! [`ClusterArgs`]: which parameter servers a trainer connects to, and resolving their names.
+//! [`ClusterArgs`]: which parameter servers a trainer connects to (their names are resolved by
+//! [`protocol::cluster::resolve_servers`]).
 
-use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::time::Duration;
 
 use clap::Args;
 
@@ -31,63 +30,4 @@ pub struct ClusterArgs {
     /// servers serve both by default).
     #[arg(long, default_value = "quic", env = "TRAINER_TRANSPORT")]
     pub transport: protocol::Transport,
-}
-
-/// Resolves each `--ps` entry (a shard: `host:port`, or its replicas `host:port/host:port...`) to the first
-/// address of each replica, in order. Retries names that do not resolve for up to `timeout` (1 s apart); the
-/// error names the entry that failed.
-pub async fn resolve_servers(
-    entries: &[String],
-    timeout: Duration,
-) -> Result<Vec<Vec<SocketAddr>>, String> {
-    let deadline = tokio::time::Instant::now() + timeout;
-    let mut shards = Vec::with_capacity(entries.len());
-    for shard in entries {
-        let replicas =
-            protocol::cluster::split_replicas(shard.trim()).map_err(|e| e.to_string())?;
-        let addrs = resolve_all(&replicas, deadline).await;
-        shards.push(addrs.map_err(|e| match replicas.len() {
-            1 => e,
-            _ => format!("--ps entry {:?}: {e}", shard.trim()),
-        })?);
-    }
-    Ok(shards)
-}
-
-async fn resolve_all(
-    entries: &[&str],
-    deadline: tokio::time::Instant,
-) -> Result<Vec<SocketAddr>, String> {
-    let mut out = Vec::with_capacity(entries.len());
-    for entry in entries {
-        let entry = entry.trim();
-        if let Ok(addr) = entry.parse::<SocketAddr>() {
-            out.push(addr);
-            continue;
-        }
-        loop {
-            let why = match tokio::net::lookup_host(entry).await {
-                Ok(mut addrs) => match addrs.next() {
-                    Some(addr) => {
-                        out.push(addr);
-                        break;
-                    }
-                    None => "no addresses".to_string(),
-                },
-                Err(e) => e.to_string(),
-            };
-            if tokio::time::Instant::now() >= deadline {
-                return Err(format!(
-                    "parameter server {entry:?} does not resolve (expected host:port): {why}"
-                ));
-            }
-            tracing::info!(
-                entry,
-                why,
-                "parameter server name does not resolve yet, retrying"
-            );
-            tokio::time::sleep(Duration::from_secs(1)).await;
-        }
-    }
-    Ok(out)
 }

@@ -2,23 +2,59 @@
 //! encodings and the error-feedback store.
 
 use super::{ConfigError, FeedbackMode, ModelArgs};
+use crate::model::config::InteractionConfig;
+use crate::model::spec::{Feature, ModelSpec, Pooling, Table, COLUMNS};
 use protocol::Encoding;
 
 impl ModelArgs {
     /// The model: `--model-spec`, or the spec the flags describe.
-    pub fn spec(&self) -> Result<crate::spec::ModelSpec, ConfigError> {
+    pub fn spec(&self) -> Result<ModelSpec, ConfigError> {
         match &self.model_spec {
-            Some(name) => crate::spec::ModelSpec::load(name).map_err(|source| ConfigError::Spec {
+            Some(name) => ModelSpec::load(name).map_err(|source| ConfigError::Spec {
                 spec: name.clone(),
                 source: Box::new(source),
             }),
-            None => crate::spec::ModelSpec::from_flags(self),
+            None => self.flag_spec(),
         }
+    }
+
+    /// The spec the model flags describe: 26 one-hot features, feature `j` reading table `C(j+1)` of
+    /// dimension `--emb-dim`, dot interaction, `--optimizer`/`--emb-lr`, the encoding flags.
+    pub fn flag_spec(&self) -> Result<ModelSpec, ConfigError> {
+        let codecs = self.table_codecs(COLUMNS)?;
+        let tables = (0..COLUMNS)
+            .map(|t| Table {
+                name: format!("C{}", t + 1),
+                dim: self.emb_dim,
+                hash_size: 0,
+                optimizer: self.optimizer,
+                lr: self.emb_lr(),
+                pull: codecs.pull_of(t),
+                push: codecs.push_of(t),
+            })
+            .collect();
+        let features = (0..COLUMNS)
+            .map(|t| Feature {
+                column: t,
+                table: t,
+                pooling: Pooling::Sum,
+                tokens: 1,
+            })
+            .collect();
+        Ok(ModelSpec {
+            name: "flags".into(),
+            bottom: self.bottom_mlp.clone(),
+            top: self.top_mlp.clone(),
+            interaction: InteractionConfig::Dot,
+            dense: None,
+            features,
+            tables,
+        })
     }
 
     /// These flags with the spec's settings where it has them: the MLP sizes, the embedding dimension (the
     /// bottom MLP's last size) and, if the spec has `[dense]`, the dense optimizer and its rate.
-    pub fn with_spec(&self, spec: &crate::spec::ModelSpec) -> ModelArgs {
+    pub fn with_spec(&self, spec: &ModelSpec) -> ModelArgs {
         let mut args = self.clone();
         args.bottom_mlp = spec.bottom.clone();
         args.top_mlp = spec.top.clone();
@@ -82,8 +118,8 @@ impl ModelArgs {
     pub fn table_codecs(
         &self,
         num_sparse: usize,
-    ) -> Result<crate::step::plan::TableCodecs, ConfigError> {
-        let mut codecs = crate::step::plan::TableCodecs::uniform(
+    ) -> Result<protocol::plan::TableCodecs, ConfigError> {
+        let mut codecs = protocol::plan::TableCodecs::uniform(
             num_sparse,
             self.pull_encoding.unwrap_or(self.encoding),
             self.push_encoding.unwrap_or(self.encoding),
@@ -123,22 +159,22 @@ impl ModelArgs {
     /// is on.
     pub fn residual_store(
         &self,
-        codecs: &crate::step::plan::TableCodecs,
-    ) -> Option<crate::step::feedback::ResidualStore> {
+        codecs: &protocol::plan::TableCodecs,
+    ) -> Option<protocol::compression::feedback::ResidualStore> {
         self.residual_store_of_dim(codecs, self.emb_dim)
     }
 
     /// [`residual_store`](Self::residual_store) for rows of `dim` elements.
     pub fn residual_store_of_dim(
         &self,
-        codecs: &crate::step::plan::TableCodecs,
+        codecs: &protocol::plan::TableCodecs,
         dim: usize,
-    ) -> Option<crate::step::feedback::ResidualStore> {
+    ) -> Option<protocol::compression::feedback::ResidualStore> {
         let used = codecs.push.iter().any(|&e| codecs.feedback_for(e));
         (self.error_feedback != FeedbackMode::Off && used).then(|| {
-            crate::step::feedback::ResidualStore::new(
+            protocol::compression::feedback::ResidualStore::new(
                 dim,
-                crate::step::feedback::FeedbackConfig {
+                protocol::compression::feedback::FeedbackConfig {
                     max_age_steps: self.residual_max_age,
                     max_rows: self.residual_max_rows,
                 },

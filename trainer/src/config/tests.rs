@@ -1,6 +1,8 @@
 //! Tests of the parent module.
 
 use super::*;
+use crate::model::spec::ModelSpec;
+use protocol::plan::SparseLayout;
 
 #[test]
 fn defaults_are_valid_and_match_the_issue() {
@@ -55,30 +57,6 @@ fn bad_values_named() {
     assert!(err.contains("batch-sise"), "{err}");
     let m: ModelArgs = toml::from_str("batch-size = 3\noptimizer = \"sgd\"").unwrap();
     assert_eq!((m.batch_size, m.optimizer), (3, OptimizerKind::Sgd));
-}
-
-#[tokio::test]
-async fn ps_entries_resolve_or_name_the_entry() {
-    let entries = vec!["127.0.0.1:7000".to_string(), "localhost:7001".to_string()];
-    let addrs = resolve_servers(&entries, Duration::ZERO).await.unwrap();
-    assert_eq!(addrs[0], vec!["127.0.0.1:7000".parse().unwrap()]);
-    assert_eq!(addrs[1][0].port(), 7001);
-    assert!(addrs[1][0].ip().is_loopback());
-    let replicated = vec!["127.0.0.1:7000/localhost:7002".to_string()];
-    let addrs = resolve_servers(&replicated, Duration::ZERO).await.unwrap();
-    assert_eq!(addrs[0].len(), 2);
-    assert_eq!(addrs[0][1].port(), 7002);
-    for bad in [
-        "no-such-host.invalid:7000",
-        "localhost",
-        "127.0.0.1:7000/",
-        "127.0.0.1:7000/no-such-host.invalid:7000",
-    ] {
-        let err = resolve_servers(&[bad.to_string()], Duration::ZERO)
-            .await
-            .unwrap_err();
-        assert!(err.contains(bad), "{err}");
-    }
 }
 
 #[test]
@@ -206,4 +184,30 @@ fn model_flags_beside_a_spec_are_refused() {
         ..ModelArgs::default()
     };
     assert!(unknown.validate().unwrap_err().mentions("no-such-spec"));
+}
+
+#[test]
+fn the_kaggle_spec_is_the_flags_model() {
+    let flags = ModelArgs::default().flag_spec().unwrap();
+    let kaggle = ModelSpec::load("dlrm-kaggle").unwrap();
+    // The shipped file spells out the flags' default dense optimizer, which the flags leave to --optimizer.
+    assert_eq!(kaggle.dense, Some((DenseKind::Adam, Some(0.002))));
+    assert_eq!(
+        ModelSpec {
+            name: "flags".into(),
+            dense: None,
+            ..kaggle.clone()
+        },
+        flags
+    );
+    assert_eq!(kaggle.dlrm_config(), ModelArgs::default().dlrm());
+    assert_eq!(
+        kaggle.table_specs(1, 0.05),
+        ModelArgs::default().table_specs(26)
+    );
+    assert_eq!(
+        kaggle.codecs(Vec::new()).push,
+        ModelArgs::default().table_codecs(26).unwrap().push
+    );
+    assert_eq!(kaggle.sparse_layout(), SparseLayout::uniform(26, 16));
 }

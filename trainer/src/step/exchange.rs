@@ -7,7 +7,7 @@ use bytes::Bytes;
 use protocol::{Encoding, ProtocolError, PsClient, PulledState, TableCount};
 use tokio::task::JoinSet;
 
-use crate::step::plan::PartRequest;
+use protocol::plan::PartRequest;
 
 /// Replies as `(request index or server, rows)`.
 pub type Replies = Vec<(usize, Bytes)>;
@@ -19,8 +19,8 @@ pub type PushRequest = (usize, Encoding, f32, Vec<TableCount>, Bytes);
 pub type PartReplies = Vec<(usize, PulledState)>;
 
 /// Sends embedding pulls with per-table encodings in parallel (with each row's optimizer state if
-/// `with_state`); the replies by request index (see [`crate::step::plan::Plan::scatter_part_at`] and
-/// [`crate::step::plan::Plan::scatter_state_at`]).
+/// `with_state`); the replies by request index (see [`protocol::plan::Plan::scatter_part_at`] and
+/// [`protocol::plan::Plan::scatter_state_at`]).
 pub async fn pull_parts(
     client: &Arc<PsClient>,
     requests: Vec<PartRequest>,

@@ -12,8 +12,8 @@
 
 use protocol::{Encoding, InitSpec, OptimizerSpec, ShardMap, TableSpec};
 
-use crate::step::plan::{Plan, SparseLayout, TableCodecs};
 use crate::step::replay::Replayer;
+use protocol::plan::{Plan, SparseLayout, TableCodecs};
 
 const BATCH: usize = 2048;
 const DIM: usize = 16;

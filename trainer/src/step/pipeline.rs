@@ -17,8 +17,8 @@ use crossbeam_channel::{Receiver, Sender};
 use protocol::ShardMap;
 
 use crate::criteo::{Batch, BatchReader, ReadError, ReadStats};
-use crate::step::plan::{Plan, SparseLayout};
 use crate::step::prefetch::Prefetcher;
+use protocol::plan::{Plan, SparseLayout};
 
 /// A parsed and planned batch.
 pub struct Planned {

@@ -22,7 +22,7 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 use crate::metrics as m;
-use crate::step::plan::Plan;
+use protocol::plan::Plan;
 
 /// Sends the prefetches of one pass.
 pub struct Prefetcher {
@@ -65,7 +65,7 @@ impl Prefetcher {
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos() as u64);
         let seed = nanos ^ (u64::from(std::process::id()) << 32) ^ (rank as u64).rotate_left(48);
-        embedding::init::SplitMix64::new(seed).next_u64()
+        base::rng::SplitMix64::new(seed).next_u64()
     }
 
     /// Whether server `s` is not asked again this pass (servers a live reshard added are asked).

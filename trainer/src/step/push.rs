@@ -16,11 +16,11 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
-use crate::step::feedback::ResidualStore;
 use crossbeam_channel::{Receiver, Sender};
+use protocol::compression::feedback::ResidualStore;
 use tokio::sync::oneshot;
 
-use crate::step::plan::{PartRequest, Plan, PushScratch, TableCodecs};
+use protocol::plan::{PartRequest, Plan, PushScratch, TableCodecs};
 
 /// A batch's push, encoded.
 pub struct EncodedPush {
@@ -167,7 +167,7 @@ impl Drop for PushEncoder {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::step::feedback::FeedbackConfig;
+    use protocol::compression::feedback::FeedbackConfig;
     use protocol::{Encoding, ShardMap};
 
     fn plan(ids: &[u64], tables: usize) -> Plan {

@@ -26,8 +26,8 @@ use embedding::optimizer::{self, Regularizer};
 use embedding::OptimizerConfig;
 use protocol::TableSpec;
 
-use crate::model::simd::multiversion;
-use crate::step::plan::Plan;
+use base::multiversion;
+use protocol::plan::Plan;
 
 /// The optimizers of the embedding tables, to replay updates with.
 #[derive(Debug, Clone)]

@@ -7,7 +7,7 @@ use crate::config::ConfigError;
 use crate::criteo::ReadError;
 use crate::model::ModelError;
 use crate::step::dense_sync::DenseSyncError;
-use crate::step::feedback::ImportError;
+use protocol::compression::feedback::ImportError;
 
 /// Why a [`super::Trainer`] call failed.
 #[derive(Debug, thiserror::Error)]

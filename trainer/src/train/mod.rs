@@ -28,15 +28,15 @@ use protocol::{Encoding, PsClient, ShardMap};
 use crate::checkpoint::{self as ckpt, Checkpoint, CheckpointMeta};
 use crate::config::ModelArgs;
 use crate::criteo::{Batch, BatchReader, ReaderConfig};
-use crate::eval::{EvalReport, Evaluator};
 use crate::metrics as m;
+use crate::model::eval::{EvalReport, Evaluator};
 use crate::model::Dlrm;
 use crate::step::dense_reduce::{DenseReduce, StepOutcome};
 use crate::step::dense_sync::DenseSync;
 use crate::step::exchange::pull_all;
-use crate::step::plan::{Plan, SparseLayout, TableCodecs};
 use crate::step::push::SharedResiduals;
 use crate::step::replay::Replayer;
+use protocol::plan::{Plan, SparseLayout, TableCodecs};
 
 pub use error::{Result, TrainError};
 pub use report::{Event, PassOptions, Progress, TrainReport};
@@ -377,7 +377,9 @@ impl Trainer {
     async fn publish_for_serving(&mut self) -> Result<()> {
         self.flush_dense().await?;
         let values: Vec<f32> = self.model.params().concat();
-        let version = crate::export::now_unix_ms().saturating_mul(1000).max(1);
+        let version = crate::model::export::now_unix_ms()
+            .saturating_mul(1000)
+            .max(1);
         self.client
             .publish_dense(version, self.step, &values)
             .await
@@ -396,11 +398,11 @@ impl Trainer {
         };
         self.flush_dense().await?;
         let spec = self.args.spec()?;
-        let manifest = crate::export::ExportManifest {
-            format: crate::export::EXPORT_FORMAT_VERSION,
+        let manifest = crate::model::export::ExportManifest {
+            format: crate::model::export::EXPORT_FORMAT_VERSION,
             version: self.step,
             samples: self.samples,
-            created_unix_ms: crate::export::now_unix_ms(),
+            created_unix_ms: crate::model::export::now_unix_ms(),
             tables: spec.table_specs(self.args.seed, self.args.emb_init_scale),
             spec,
             precision: self.model.precision(),
@@ -495,7 +497,7 @@ impl Trainer {
             self.free_plans.push(stage.plan);
         }
         let report = evaluator.report();
-        crate::eval::export(&report);
+        crate::metrics::export_eval(&report);
         Ok(report)
     }
 

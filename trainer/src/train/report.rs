@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use crate::criteo::{ReadStats, ReaderConfig};
-use crate::eval::EvalReport;
+use crate::model::eval::EvalReport;
 use crate::progressive::ProgressiveReport;
 use crate::timing::TimeReport;
 

@@ -15,9 +15,9 @@ use crate::criteo::Batch;
 use crate::metrics as m;
 use crate::step::dense_sync::DenseSync;
 use crate::step::exchange::{pull_all, pull_parts, push_all, PartReplies, Replies};
-use crate::step::plan::Plan;
 use crate::step::push::{PushEncoder, PushRecord};
 use crate::timing::{Phase, Stopwatch};
+use protocol::plan::Plan;
 
 /// A batch's pulled rows, dense rows, and when its staleness gate opened (`None` without a gate).
 type PullResult = Result<(PartReplies, Option<Replies>, Option<Instant>), ProtocolError>;

@@ -1,0 +1,140 @@
+//! Tests of [`super::ModelSpec`]: shipped specs, round trips, and refusals naming the field.
+
+use super::*;
+
+const SMALL: &str = r#"
+name = "t"
+bottom_mlp = [8, 4]
+top_mlp = [4, 1]
+[sparse]
+dim = 4
+[[feature]]
+column = "C1"
+table = "a"
+[[feature]]
+column = "C2"
+table = "b"
+tokens = 3
+pooling = "mean"
+"#;
+
+fn refused(text: &str) -> String {
+    match ModelSpec::parse(text) {
+        Ok(spec) => panic!("accepted {spec:?}"),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn shipped_specs_parse() {
+    for (name, _) in SHIPPED {
+        let spec = ModelSpec::load(name).unwrap();
+        assert_eq!(spec.name, name);
+        assert_eq!(spec.features.len(), 26);
+        spec.dlrm_config().validate().unwrap();
+    }
+    let v2 = ModelSpec::load("dlrm-v2").unwrap();
+    assert_eq!(v2.feature_dim(0), 128);
+    assert_eq!(
+        v2.interaction,
+        InteractionConfig::Dcn {
+            layers: 3,
+            rank: 512
+        }
+    );
+    let tokens: Vec<usize> = v2.features.iter().map(|f| f.tokens).collect();
+    assert_eq!(
+        tokens,
+        [3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12, 100, 27, 10, 3, 1, 1]
+    );
+    assert!(v2.is_multi_hot());
+    assert_eq!(v2.dlrm_config().interaction_dim(), 128 + 26 * 128);
+}
+
+#[test]
+fn defaults_overrides_and_shared_tables() {
+    let spec = ModelSpec::parse(SMALL).unwrap();
+    assert_eq!(spec.tables.len(), 2);
+    assert_eq!(spec.features[1].pooling, Pooling::Mean);
+    assert_eq!(spec.features[1].tokens, 3);
+    assert_eq!(spec.tables[0].lr, 0.05);
+    assert_eq!(spec.tables[0].pull, Encoding::F16);
+    let shared = SMALL.replace("table = \"b\"", "table = \"a\"");
+    let spec = ModelSpec::parse(&shared).unwrap();
+    assert_eq!(spec.tables.len(), 1);
+    assert_eq!(spec.features[1].table, 0);
+    let layout = spec.sparse_layout();
+    assert_eq!(layout.dims, [4]);
+    assert_eq!(layout.width(), 8);
+    let input = spec.feature_layout();
+    assert_eq!(input.features[1].table, 0);
+    assert_eq!(input.features[1].column, 1);
+    assert_eq!(input.features[1].tokens, 3);
+}
+
+#[test]
+fn a_spec_round_trips_through_toml() {
+    let file: SpecFile = toml::from_str(SMALL).unwrap();
+    let text = toml::to_string(&file).unwrap();
+    let back: SpecFile = toml::from_str(&text).unwrap();
+    assert_eq!(back, file);
+    assert_eq!(back.resolve().unwrap(), ModelSpec::parse(SMALL).unwrap());
+    for (_, shipped) in SHIPPED {
+        let file: SpecFile = toml::from_str(shipped).unwrap();
+        let back: SpecFile = toml::from_str(&toml::to_string(&file).unwrap()).unwrap();
+        assert_eq!(back.resolve().unwrap(), file.resolve().unwrap());
+    }
+}
+
+#[test]
+fn bad_specs_are_refused_naming_the_field() {
+    let unknown = refused(&SMALL.replace("tokens = 3", "tokens = 3\ncolour = 1"));
+    assert!(unknown.contains("colour"), "{unknown}");
+    let zero = refused(&SMALL.replace("tokens = 3", "tokens = 3\ndim = 0"));
+    assert!(zero.contains("feature[1] (C2).dim: 0"), "{zero}");
+    let no_table = refused(&SMALL.replace("table = \"b\"\n", ""));
+    assert!(no_table.contains("table"), "{no_table}");
+    let dot = refused(&SMALL.replace("tokens = 3", "tokens = 3\ndim = 8"));
+    assert!(
+        dot.starts_with("interaction: dot needs every feature's dim")
+            && dot.contains("feature[1] (C2) has dim 8"),
+        "{dot}"
+    );
+    // The same dimension mismatch fits a DCN interaction.
+    let dcn = SMALL.replace("tokens = 3", "tokens = 3\ndim = 8")
+        + "[interaction]\nkind = \"dcn\"\nlayers = 2\nrank = 3\n";
+    let spec = ModelSpec::parse(&dcn).unwrap();
+    assert_eq!(spec.dlrm_config().feature_dims, [4, 8]);
+    let no_rank = refused(&dcn.replace("rank = 3", "rank = 0"));
+    assert!(no_rank.starts_with("interaction"), "{no_rank}");
+    let shared = refused(
+        &SMALL
+            .replace("table = \"b\"", "table = \"a\"")
+            .replace("tokens = 3", "tokens = 3\ndim = 8"),
+    );
+    assert!(
+        shared.contains("feature[1] (C2).dim: 8, but table \"a\" has dim 4 from feature[0] (C1)"),
+        "{shared}"
+    );
+    let column = refused(&SMALL.replace("\"C2\"", "\"C27\""));
+    assert!(column.contains("feature[1].column: \"C27\""), "{column}");
+    let twice = refused(&SMALL.replace("\"C2\"", "\"C1\""));
+    assert!(twice.contains("feature[1] (C1).column"), "{twice}");
+    let enc = refused(&SMALL.replace("tokens = 3", "tokens = 3\nencoding = \"f17\""));
+    assert!(enc.contains("feature[1] (C2).encoding"), "{enc}");
+    let dense = refused(&SMALL.replace("name = \"t\"", "name = \"t\"\ndense_inputs = 14"));
+    assert!(dense.starts_with("dense_inputs: 14"), "{dense}");
+    let top = refused(&SMALL.replace("top_mlp = [4, 1]", "top_mlp = [4, 2]"));
+    assert!(top.starts_with("top_mlp"), "{top}");
+    let none = refused("name = \"x\"\nbottom_mlp = [4]\ntop_mlp = [1]\n");
+    assert!(none.starts_with("feature"), "{none}");
+    let missing_dim = refused(&SMALL.replace("[sparse]\ndim = 4", ""));
+    assert!(
+        missing_dim.contains("feature[0] (C1).dim: missing"),
+        "{missing_dim}"
+    );
+    assert!(matches!(
+        ModelSpec::load("no-such-spec"),
+        Err(SpecError::Unknown(_))
+    ));
+}
