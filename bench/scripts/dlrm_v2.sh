@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The DLRM-v2 figures of issue 20 (BENCHMARKS.md, "Sixteenth round"), one after the other on the same cores:
+# The DLRM-v2 figures of issue 20 (bench/figures/history.md, "Sixteenth round"), one after the other on the same cores:
 #   1. ours vs PyTorch on the dlrm-v2 spec (model/specs/dlrm-v2.toml), generated multi-hot data, both in bf16
 #      (bench/pytorch/compare.sh with MODEL_SPEC=dlrm-v2): samples/s, AUC, and ours' wire bytes per sample (f16);
 #   2. ours with int8 pushes (error feedback on, f16 pulls): wire bytes per sample and AUC against 1;

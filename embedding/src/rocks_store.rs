@@ -17,7 +17,7 @@
 //! - index and filter blocks held by the table readers, outside the cache, for as long as their file lives:
 //!   every first sight of an id probes the filter of each level, so the tier touches all of them at random,
 //!   and in a cache they thrashed (the cache's 1 MiB shards against the ~0.9 MiB filter of one 64 MiB file:
-//!   each probe of a new id read whole filter blocks back, BENCHMARKS.md, "Fifteenth round"). They cost
+//!   each probe of a new id read whole filter blocks back, bench/figures/history.md, "Fifteenth round"). They cost
 //!   [`TABLE_READER_BYTES_PER_ROW`] per row on disk, which `ps-server plan` charges;
 //! - whole-key bloom filters (10 bits per key, ~1% false positives) on every level, so a read of an id that was
 //!   never written (a new row) touches no data block, and a memtable bloom filter (whole key) so that reads
@@ -29,7 +29,7 @@
 //! - level compaction (RocksDB's default): lower read amplification than universal, and the tier reads at
 //!   least as often as it writes.
 //!
-//! The measured effect of each choice is in BENCHMARKS.md ("Ninth round").
+//! The measured effect of each choice is in bench/figures/history.md ("Ninth round").
 
 use std::path::{Path, PathBuf};
 
@@ -103,7 +103,7 @@ pub const DEFAULT_BLOCK_CACHE_BYTES: usize = 64 << 20;
 
 /// Memory of the table readers (index and filter blocks, [`RocksTuning::point_lookup`]) per row on disk: 10
 /// bloom bits (1.25 bytes) plus one index entry per 4 KiB data block of ~45 rows. Measured 1.55 bytes per
-/// distinct row of a server (36.3 MB at 23.4M rows, a budgeted scale run, BENCHMARKS.md "Fifteenth round");
+/// distinct row of a server (36.3 MB at 23.4M rows, a budgeted scale run, bench/figures/history.md "Fifteenth round");
 /// the rest is headroom for files compaction has not yet merged.
 pub const TABLE_READER_BYTES_PER_ROW: f64 = 1.9;
 

@@ -39,7 +39,7 @@ const TABLE_FIXED: usize = 16 * 1024;
 /// Bytes RocksDB spends per row beyond the key and value, after compaction into SST files (no compression):
 /// the internal key suffix (8) and entry varints (3), less the key prefix shared with the previous entry,
 /// plus restart points and index blocks. Measured with 1M and 4M rows of dim 16 and 64: 10.0 to 12.5 bytes
-/// (`ps-server/examples/plan_measure.rs`; BENCHMARKS.md, "ps-server plan").
+/// (`ps-server/examples/plan_measure.rs`; bench/figures/history.md, "ps-server plan").
 pub const DISK_OVERHEAD_PER_ROW: f64 = 11.0;
 
 /// Disk used right after a write-back of freshly written rows, relative to the compacted size: the

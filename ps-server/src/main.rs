@@ -1,6 +1,6 @@
 /// jemalloc for every allocation of the process, RocksDB's included (`malloc` itself is jemalloc's): glibc's
 /// per-thread arenas kept freed read-back, eviction and request buffers resident, past `ps-server plan`'s
-/// prediction (BENCHMARKS.md, "Tenth round"); jemalloc gives unused pages back after its decay time.
+/// prediction (bench/figures/history.md, "Tenth round"); jemalloc gives unused pages back after its decay time.
 #[cfg(target_os = "linux")]
 #[global_allocator]
 static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;

@@ -21,7 +21,7 @@ use thiserror::Error;
 pub const ROW_MEMORY_FRACTION: f64 = 0.8;
 
 /// Resident memory of an idle `ps-server` with no table (runtime, TLS, metrics): 21.6 MiB measured with glibc
-/// (BENCHMARKS.md, "Ninth round"), 23.7 MiB with jemalloc ("Tenth round"), rounded up.
+/// (bench/figures/history.md, "Ninth round"), 23.7 MiB with jemalloc ("Tenth round"), rounded up.
 pub const PROCESS_BASE_BYTES: u64 = 24 << 20;
 
 /// Bytes per id of a table's negative cache (`embedding` table/budget.rs: a `HashSet<u64>` at most half full
@@ -31,7 +31,7 @@ pub const NEGATIVE_CACHE_BYTES_PER_ID: u64 = 16;
 /// Bytes of memtables a server holds at its peak: [`embedding::WRITE_BUFFER_BYTES`] only triggers flushes (of
 /// the largest memtable once the mutable ones pass 7/8 of it), and the memtables being flushed still count
 /// while the next generation fills, so the peak is about twice the cap: 466 MiB against the 256 MiB cap on a
-/// 47M-row budgeted run (BENCHMARKS.md, "Fourteenth round").
+/// 47M-row budgeted run (bench/figures/history.md, "Fourteenth round").
 pub const MEMTABLE_PEAK_BYTES: u64 = 2 * embedding::WRITE_BUFFER_BYTES as u64;
 
 /// Bytes of RocksDB's table readers (index and filter blocks, held outside the block cache) for `rows` rows

@@ -193,7 +193,7 @@ pub struct ModelArgs {
     /// servers whose tables spill to RocksDB (`ps-server --memory-budget-rows`) read the rows back while
     /// earlier batches compute, and pin them until this trainer's push passes (0 = off). Servers without a
     /// budget answer the first prefetch that they need none and are not asked again. Default picked by
-    /// measurement (BENCHMARKS.md, "Ninth round").
+    /// measurement (bench/figures/history.md, "Ninth round").
     #[arg(long, default_value_t = 4)]
     pub prefetch_distance: usize,
     /// With pushes in flight (`--max-in-flight` > 0), apply this trainer's own unacknowledged updates to the
