@@ -195,10 +195,18 @@ fn authorization(c: &mut Criterion) {
     };
     let mut g = c.benchmark_group("authorization");
     g.bench_function("pull_by_trainer", |b| {
-        b.iter(|| black_box(&trainer).authorize_request(black_box(&pull)).is_ok())
+        b.iter(|| {
+            black_box(&trainer)
+                .authorize_request(black_box(&pull))
+                .is_ok()
+        })
     });
     g.bench_function("reshard_by_trainer_refused", |b| {
-        b.iter(|| black_box(&trainer).authorize_request(black_box(&admin_only)).is_err())
+        b.iter(|| {
+            black_box(&trainer)
+                .authorize_request(black_box(&admin_only))
+                .is_err()
+        })
     });
     g.finish();
 }
