@@ -302,6 +302,15 @@ struct ServeArgs {
     /// Unread bytes buffered per QUIC connection (flow-control window) [default: 32 MiB].
     #[arg(long, env = "PS_CONNECTION_WINDOW_BYTES")]
     connection_window_bytes: Option<u64>,
+    /// Seconds a client has to complete its TLS handshake [default: 10].
+    #[arg(long, env = "PS_HANDSHAKE_TIMEOUT_SECS")]
+    handshake_timeout_secs: Option<f64>,
+    /// Handshakes under way at once; one more drops the oldest [default: 256].
+    #[arg(long, env = "PS_MAX_HANDSHAKES")]
+    max_handshakes: Option<u64>,
+    /// Seconds a request stream may make no progress before it is dropped [default: 30; 0 = no bound].
+    #[arg(long, env = "PS_STREAM_IDLE_TIMEOUT_SECS")]
+    stream_idle_timeout_secs: Option<f64>,
     /// Seconds between cuts of the delta sync to serving [default: 2; 0 = no change tracking, sync refused].
     #[arg(long, alias = "sync-interval", env = "PS_SYNC_INTERVAL_SECS")]
     sync_interval_secs: Option<f64>,
@@ -337,6 +346,9 @@ impl ServeArgs {
             max_connections: self.max_connections,
             max_streams_per_connection: self.max_streams_per_connection,
             connection_window_bytes: self.connection_window_bytes,
+            handshake_timeout_secs: self.handshake_timeout_secs,
+            max_handshakes: self.max_handshakes,
+            stream_idle_timeout_secs: self.stream_idle_timeout_secs,
             block_cache_mib: self.block_cache_mib,
             rocksdb_tuning: self.rocksdb_tuning,
             prefetch_pin_secs: self.prefetch_pin_secs,

@@ -76,7 +76,7 @@ pub const SYNC_DENSE_PUBLISHED_TOTAL: &str = "ps_sync_dense_published_total";
 pub const REDUCE_WAIT_SECONDS: &str = "ps_reduce_wait_seconds";
 /// Ranks missing from reduce steps finalized at their deadline.
 pub const REDUCE_MISSING_TOTAL: &str = "ps_reduce_missing_total";
-/// Open QUIC connections.
+/// Open connections (QUIC and TCP), counted once their handshake is done.
 pub const CONNECTIONS: &str = "ps_connections";
 /// Rows evicted from memory to RocksDB by the memory budget.
 pub const EVICTIONS_TOTAL: &str = "ps_evictions_total";
@@ -116,6 +116,15 @@ pub const INFLIGHT_BYTES: &str = "ps_inflight_bytes";
 pub const INFLIGHT_WAIT_SECONDS: &str = "ps_inflight_wait_seconds";
 /// Connections refused because `max-connections` were open.
 pub const CONNECTIONS_REFUSED_TOTAL: &str = "ps_connections_refused_total";
+/// TLS handshakes (QUIC and TCP) under way now: connections not yet authenticated, which hold no connection
+/// slot (bounded by `max-handshakes`).
+pub const HANDSHAKES_IN_PROGRESS: &str = "ps_handshakes_in_progress";
+/// TLS handshakes ended, by `outcome`: `ok`, `failed` (TLS error, e.g. an unknown CA), `timeout` (not done
+/// within `handshake-timeout-secs`), `evicted` (the oldest handshake dropped to make room under
+/// `max-handshakes`).
+pub const HANDSHAKES_TOTAL: &str = "ps_handshakes_total";
+/// Request streams dropped because they made no progress for `stream-idle-timeout-secs`, by `transport`.
+pub const STREAM_IDLE_TIMEOUTS_TOTAL: &str = "ps_stream_idle_timeouts_total";
 
 /// 1 on the shard's primary, 0 on a backup or a replica still starting (`docs/replication.md`).
 pub const REPLICA_PRIMARY: &str = "ps_replica_primary";
@@ -300,7 +309,7 @@ fn describe_requests() {
         "Request frame bytes received."
     );
     describe_counter!(BYTES_SENT_TOTAL, Unit::Bytes, "Response frame bytes sent.");
-    describe_gauge!(CONNECTIONS, "Open QUIC connections.");
+    describe_gauge!(CONNECTIONS, "Open connections (QUIC and TCP), after their handshake.");
 }
 
 /// Rows in memory and on disk: recovery, expiry, eviction and read-back.
@@ -466,5 +475,17 @@ fn describe_load() {
     describe_counter!(
         CONNECTIONS_REFUSED_TOTAL,
         "Connections refused because max-connections were open."
+    );
+    describe_gauge!(
+        HANDSHAKES_IN_PROGRESS,
+        "TLS handshakes under way (connections not yet authenticated, holding no connection slot)."
+    );
+    describe_counter!(
+        HANDSHAKES_TOTAL,
+        "TLS handshakes ended, by outcome (ok, failed, timeout, evicted)."
+    );
+    describe_counter!(
+        STREAM_IDLE_TIMEOUTS_TOTAL,
+        "Request streams dropped after making no progress for stream-idle-timeout-secs."
     );
 }

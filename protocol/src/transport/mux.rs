@@ -147,6 +147,11 @@ impl Demux {
         }
     }
 
+    /// Frames partly received (their chunks so far held, or discarded).
+    pub fn partial_frames(&self) -> usize {
+        self.streams.len()
+    }
+
     /// Consumes every whole chunk at the front of `buf`, appending completed frames to `out`. Leaves a partial
     /// chunk in `buf`. Errors are connection-level protocol violations.
     pub fn feed(&mut self, buf: &mut BytesMut, out: &mut Vec<Event>) -> Result<(), ProtocolError> {
