@@ -61,7 +61,7 @@ impl Server {
         if !tls_dir.join(tls::files::SERVER_CERT).exists() {
             prod_like_tls(&tls_dir);
         }
-        let ports = free_ports(2);
+        let ports = free_ports(2).unwrap();
         let addr: SocketAddr = format!("127.0.0.1:{}", ports[0]).parse().unwrap();
         let metrics: SocketAddr = format!("127.0.0.1:{}", ports[1]).parse().unwrap();
         let log = dir.join("ps.log");
