@@ -8,6 +8,9 @@
 //! 3. `a_stalled_request_releases_its_bytes`: a QUIC request whose body stalls held its in-flight bytes for
 //!    ever, so one stalled stream could stop every other request; a TCP connection stalled mid-frame stayed
 //!    open. Now both are dropped after `stream-idle-timeout-secs`.
+//! 4. `pushes_never_store_a_non_finite_weight`: two pushes of `-3e38` to an SGD table left the row at `+inf`,
+//!    which pulls served. Now the second update is refused (`weight-guard = "refuse"`, the default) and
+//!    counted.
 //!
 //! No test sleeps in place of a condition: every wait polls a metric or an answer, or blocks on a socket,
 //! until a deadline far above what any machine needs, and fails naming what it waited for.
@@ -303,6 +306,47 @@ fn a_stalled_request_releases_its_bytes() {
             },
             || server.log_text(),
         );
-        let _ = Bytes::new();
     });
+}
+
+#[test]
+fn pushes_never_store_a_non_finite_weight() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &[]);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let client = server.client(Transport::Quic).await;
+        let mut payload = Vec::new();
+        put_ids(&[1], &mut payload);
+        protocol::compression::codec::encode(&[-3e38, -1.0], Encoding::F32, &mut payload);
+        let payload = Bytes::from(payload);
+        let counts = || {
+            vec![TableCount {
+                table: 1,
+                count: 1,
+                dim: 2,
+            }]
+        };
+        for _ in 0..2 {
+            client
+                .push(0, Encoding::F32, 1.0, counts(), payload.clone())
+                .await
+                .unwrap();
+        }
+        let mut ids = Vec::new();
+        put_ids(&[1], &mut ids);
+        let row: Vec<f32> = client
+            .pull(0, Encoding::F32, counts(), ids.into())
+            .await
+            .unwrap()
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+            .collect();
+        assert_eq!(row, vec![3e38, 2.0], "the second update would have left +inf");
+        client.close().await;
+    });
+    assert_eq!(
+        server.metric("ps_rows_refused_nonfinite_weights_total"),
+        1.0
+    );
 }

@@ -308,6 +308,13 @@ struct ServeArgs {
     /// Handshakes under way at once; one more drops the oldest [default: 256].
     #[arg(long, env = "PS_MAX_HANDSHAKES")]
     max_handshakes: Option<u64>,
+    /// What a push may leave in a row: refuse an update to a non-finite value, or clamp weights
+    /// [default: refuse].
+    #[arg(long, env = "PS_WEIGHT_GUARD")]
+    weight_guard: Option<crate::config::WeightGuardMode>,
+    /// With --weight-guard clamp: the largest magnitude a weight may have [default: 1e6].
+    #[arg(long, env = "PS_WEIGHT_CLAMP_ABS")]
+    weight_clamp_abs: Option<f32>,
     /// Seconds a request stream may make no progress before it is dropped [default: 30; 0 = no bound].
     #[arg(long, env = "PS_STREAM_IDLE_TIMEOUT_SECS")]
     stream_idle_timeout_secs: Option<f64>,
@@ -349,6 +356,8 @@ impl ServeArgs {
             handshake_timeout_secs: self.handshake_timeout_secs,
             max_handshakes: self.max_handshakes,
             stream_idle_timeout_secs: self.stream_idle_timeout_secs,
+            weight_guard: self.weight_guard,
+            weight_clamp_abs: self.weight_clamp_abs,
             block_cache_mib: self.block_cache_mib,
             rocksdb_tuning: self.rocksdb_tuning,
             prefetch_pin_secs: self.prefetch_pin_secs,

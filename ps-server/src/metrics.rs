@@ -17,6 +17,11 @@ pub const ROWS_PULLED_TOTAL: &str = "ps_rows_pulled_total";
 pub const ROWS_PUSHED_TOTAL: &str = "ps_rows_pushed_total";
 /// Gradient rows rejected because they held NaN or infinity.
 pub const ROWS_REJECTED_NONFINITE_TOTAL: &str = "ps_rows_rejected_nonfinite_total";
+/// Push updates undone because they would have left a non-finite weight or optimizer state in their row
+/// (`weight-guard = "refuse"`, or non-finite state under `clamp`).
+pub const ROWS_REFUSED_NONFINITE_WEIGHTS_TOTAL: &str = "ps_rows_refused_nonfinite_weights_total";
+/// Push updates whose weights were bounded to `weight-clamp-abs` (`weight-guard = "clamp"`).
+pub const ROWS_CLAMPED_WEIGHTS_TOTAL: &str = "ps_rows_clamped_weights_total";
 /// Gradient rows dropped by frequency admission: their id had no row and fewer than `admission-min-count`
 /// pushes.
 pub const ROWS_REJECTED_ADMISSION_TOTAL: &str = "ps_rows_rejected_admission_total";
@@ -479,6 +484,14 @@ fn describe_load() {
     describe_gauge!(
         HANDSHAKES_IN_PROGRESS,
         "TLS handshakes under way (connections not yet authenticated, holding no connection slot)."
+    );
+    describe_counter!(
+        ROWS_REFUSED_NONFINITE_WEIGHTS_TOTAL,
+        "Push updates undone because they would have left a non-finite weight or state."
+    );
+    describe_counter!(
+        ROWS_CLAMPED_WEIGHTS_TOTAL,
+        "Push updates whose weights were bounded to weight-clamp-abs."
     );
     describe_counter!(
         HANDSHAKES_TOTAL,

@@ -3,6 +3,8 @@
 
 use std::time::Duration;
 
+use serde::Deserialize;
+
 use super::{at_least, secs, ConfigError, FileConfig};
 
 /// Default [`FileConfig::handshake_timeout_secs`].
@@ -62,6 +64,36 @@ impl FileConfig {
             handshake_timeout,
             max_handshakes,
             stream_idle_timeout: (!idle.is_zero()).then_some(idle),
+        })
+    }
+}
+
+/// Default [`FileConfig::weight_clamp_abs`].
+pub const DEFAULT_WEIGHT_CLAMP_ABS: f32 = 1e6;
+
+/// `weight-guard`: what a push may leave in a row ([`embedding::WeightGuard`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum WeightGuardMode {
+    /// Undo an update that would leave a non-finite weight or state.
+    #[default]
+    Refuse,
+    /// Keep weights within `weight-clamp-abs`.
+    Clamp,
+}
+
+impl FileConfig {
+    /// The weight guard: `refuse` by default; `clamp` with a finite bound > 0.
+    pub(super) fn weight_guard(&self) -> Result<embedding::WeightGuard, ConfigError> {
+        let max_abs = self.weight_clamp_abs.unwrap_or(DEFAULT_WEIGHT_CLAMP_ABS);
+        if !(max_abs.is_finite() && max_abs > 0.0) {
+            return Err(ConfigError::Invalid(format!(
+                "weight-clamp-abs = {max_abs}, expected a finite number > 0"
+            )));
+        }
+        Ok(match self.weight_guard.unwrap_or_default() {
+            WeightGuardMode::Refuse => embedding::WeightGuard::Refuse,
+            WeightGuardMode::Clamp => embedding::WeightGuard::Clamp { max_abs },
         })
     }
 }

@@ -83,6 +83,13 @@ pub struct FileConfig {
     /// no byte of its reply) before it is dropped, releasing its in-flight bytes (`ps_stream_idle_timeouts_total`).
     /// QUIC resets the stream; TCP closes the connection. 0 = no bound. Default 30.
     pub stream_idle_timeout_secs: Option<f64>,
+    /// What a push may leave in a row: `refuse` (an update that would leave a non-finite weight or optimizer
+    /// state is undone, counted in `ps_rows_refused_nonfinite_weights_total`) or `clamp` (weights are kept
+    /// within `weight-clamp-abs`, counted in `ps_rows_clamped_weights_total`; non-finite state is refused).
+    /// Default `refuse`.
+    pub weight_guard: Option<WeightGuardMode>,
+    /// With `weight-guard = "clamp"`: the largest magnitude a weight may have, finite and > 0. Default 1e6.
+    pub weight_clamp_abs: Option<f32>,
     /// MiB of RocksDB block cache, shared by every table (`crate::config::tier`). Default 64.
     pub block_cache_mib: Option<u64>,
     /// RocksDB column family setup: `point-lookup` (blooms, block hash index, memtable bloom: the capacity
@@ -210,6 +217,8 @@ impl FileConfig {
             handshake_timeout_secs,
             max_handshakes,
             stream_idle_timeout_secs,
+            weight_guard,
+            weight_clamp_abs,
             block_cache_mib,
             rocksdb_tuning,
             prefetch_pin_secs,
@@ -250,6 +259,7 @@ impl FileConfig {
         }
         let limits = self.load_limits()?;
         let connection_limits = self.connection_limits()?;
+        let weight_guard = self.weight_guard()?;
         let tier = self.tier()?;
         let sync_interval = secs("sync-interval-secs", self.sync_interval_secs, 2.0)?;
         let sync_retain_rows = at_least(
@@ -295,6 +305,7 @@ impl FileConfig {
             max_streams_per_connection: limits.max_streams_per_connection,
             connection_window_bytes: limits.connection_window_bytes,
             connection_limits,
+            weight_guard,
             memory_budget_rows: self.memory_budget_rows,
             durability: self.durability.unwrap_or_default(),
             insecure_dev: self.insecure_dev.unwrap_or(false),
@@ -600,6 +611,8 @@ pub struct ServerConfig {
     pub connection_window_bytes: u64,
     /// Bounds on connections before authentication and on stalled streams.
     pub connection_limits: ConnectionLimits,
+    /// What a push may leave in a row.
+    pub weight_guard: embedding::WeightGuard,
     /// Period of the delta sync's cuts; zero turns change tracking off.
     pub sync_interval: Duration,
     /// Ids the retained deltas hold at most.
@@ -636,7 +649,7 @@ pub enum ConfigError {
 mod limits;
 mod tier;
 
-pub use limits::ConnectionLimits;
+pub use limits::{ConnectionLimits, WeightGuardMode, DEFAULT_WEIGHT_CLAMP_ABS};
 pub use tier::{RocksdbTuning, TierConfig, DEFAULT_PIN_SECS};
 
 #[cfg(test)]

@@ -178,3 +178,24 @@ fn connection_limits_have_defaults_and_name_bad_values() {
         assert!(err.contains(needle), "{file}: {err}");
     }
 }
+
+#[test]
+fn weight_guard_defaults_to_refuse_and_names_a_bad_bound() {
+    let base = || FileConfig {
+        data_dir: Some("/d".into()),
+        tls_dir: Some("/t".into()),
+        ..Default::default()
+    };
+    assert_eq!(
+        base().validate().unwrap().weight_guard,
+        embedding::WeightGuard::Refuse
+    );
+    let f: FileConfig = toml::from_str("weight-guard = \"clamp\"\nweight-clamp-abs = 100.0").unwrap();
+    assert_eq!(
+        base().overlay(f).validate().unwrap().weight_guard,
+        embedding::WeightGuard::Clamp { max_abs: 100.0 }
+    );
+    let f: FileConfig = toml::from_str("weight-guard = \"clamp\"\nweight-clamp-abs = -1.0").unwrap();
+    let err = base().overlay(f).validate().unwrap_err().to_string();
+    assert!(err.contains("weight-clamp-abs = -1"), "{err}");
+}

@@ -152,6 +152,7 @@ async fn open_shard(cfg: &ServerConfig) -> anyhow::Result<Arc<Shard>> {
     );
     writeback::update_gauges(&engine);
     engine.set_table_policy(cfg.admission, cfg.row_ttl_secs);
+    engine.set_weight_guard(cfg.weight_guard);
     let replica = crate::replica::Replica::new(cfg, &engine);
     let routing = crate::reshard::Routing::open(cfg, &engine)?;
     Ok(Arc::new(Shard {
