@@ -8,7 +8,11 @@
 //! 3. `a_stalled_request_releases_its_bytes`: a QUIC request whose body stalls held its in-flight bytes for
 //!    ever, so one stalled stream could stop every other request; a TCP connection stalled mid-frame stayed
 //!    open. Now both are dropped after `stream-idle-timeout-secs`.
-//! 4. `pushes_never_store_a_non_finite_weight`: two pushes of `-3e38` to an SGD table left the row at `+inf`,
+//! 4. `tcp_replies_queued_behind_a_slow_reader_are_counted`: with a 1 MiB in-flight cap, replies queued for
+//!    a TCP client that never reads grew the server by hundreds of MiB while `ps_inflight_bytes` read 0. Now
+//!    every queued reply byte holds in-flight bytes until it is written, and the idle timeout closes a
+//!    connection whose replies are never taken.
+//! 5. `pushes_never_store_a_non_finite_weight`: two pushes of `-3e38` to an SGD table left the row at `+inf`,
 //!    which pulls served. Now the second update is refused (`weight-guard = "refuse"`, the default) and
 //!    counted.
 //!
@@ -350,4 +354,95 @@ fn pushes_never_store_a_non_finite_weight() {
         server.metric("ps_rows_refused_nonfinite_weights_total"),
         1.0
     );
+}
+
+/// `frame` cut into TCP transport chunks of stream `id` (`protocol::transport::mux`: id, length with bit 31 on
+/// the last chunk, bytes).
+fn tcp_chunks(id: u32, frame: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    let pieces: Vec<&[u8]> = frame.chunks(protocol::transport::mux::CHUNK_MAX).collect();
+    for (i, piece) in pieces.iter().enumerate() {
+        let last = if i + 1 == pieces.len() { 1u32 << 31 } else { 0 };
+        out.extend_from_slice(&id.to_le_bytes());
+        out.extend_from_slice(&(piece.len() as u32 | last).to_le_bytes());
+        out.extend_from_slice(piece);
+    }
+    out
+}
+
+#[test]
+fn tcp_replies_queued_behind_a_slow_reader_are_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let cap = 1u64 << 20;
+    let server = Server::start(
+        dir.path(),
+        &[
+            "--max-inflight-bytes",
+            &cap.to_string(),
+            "--stream-idle-timeout-secs",
+            "2",
+        ],
+    );
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        // Registers the table.
+        let client = server.client(Transport::Quic).await;
+        client.close().await;
+        let connector = tokio_rustls::TlsConnector::from(Arc::new(
+            tls::rustls_client_config(&server.tls_dir(), Role::Trainer).unwrap(),
+        ));
+        let tcp = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+        let name = rustls_pki_types::ServerName::try_from(SERVER_NAME).unwrap();
+        let stream = connector.connect(name, tcp).await.unwrap();
+        // Pulls of 4096 rows (32 KiB of reply each), 64 MiB of replies in all; the replies are never read.
+        let ids: Vec<u64> = (0..4096).collect();
+        let mut payload = Vec::new();
+        put_ids(&ids, &mut payload);
+        let req = Request::Pull {
+            epoch: 1,
+            encoding: Encoding::F32,
+            tables: vec![TableCount {
+                table: 1,
+                count: 4096,
+                dim: 2,
+            }],
+        };
+        let mut frame = Vec::new();
+        protocol::wire::frame::encode_head(&req, payload.len(), &mut frame).unwrap();
+        frame.extend_from_slice(&payload);
+        let (_unread, mut write) = tokio::io::split(stream);
+        let writer = tokio::spawn(async move {
+            use tokio::io::AsyncWriteExt;
+            for id in 1..=2048u32 {
+                if write.write_all(&tcp_chunks(id, &frame)).await.is_err() {
+                    return;
+                }
+            }
+            // Kept open: the server must close it.
+            std::future::pending::<()>().await;
+        });
+        let inflight = || server.metric("ps_inflight_bytes");
+        wait_for(
+            "queued replies to be counted in ps_inflight_bytes",
+            || inflight() >= (cap / 2) as f64,
+            || format!("ps_inflight_bytes = {}", inflight()),
+        );
+        // Two pools (requests, responses) of `cap` each: never more than that is held.
+        assert!(inflight() <= (2 * cap) as f64, "{}", inflight());
+        wait_for(
+            "the server to close the connection whose replies are never read",
+            || {
+                server.metric(
+                    "ps_stream_idle_timeouts_total{transport=\"tcp\",direction=\"write\"}",
+                ) >= 1.0
+            },
+            || server.log_text(),
+        );
+        wait_for(
+            "the unread replies' bytes to be released",
+            || inflight() == 0.0,
+            || format!("ps_inflight_bytes = {}", inflight()),
+        );
+        writer.abort();
+    });
 }

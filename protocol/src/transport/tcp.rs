@@ -447,8 +447,19 @@ pub struct Responder {
 impl Responder {
     /// Queues the response frame; fails if the connection's writer has stopped.
     pub fn send(self, header: &Response, payload: Bytes) -> Result<(), ProtocolError> {
+        self.send_holding(header, payload, Box::new(()))
+    }
+
+    /// [`Responder::send`], keeping `hold` (the reply's admitted bytes) alive until the frame has left the
+    /// connection's queue: a reply queued behind a slow reader still counts against the server's limits.
+    pub fn send_holding(
+        self,
+        header: &Response,
+        payload: Bytes,
+        hold: Box<dyn Send + Sync>,
+    ) -> Result<(), ProtocolError> {
         self.out
-            .send(encode(self.id, header, payload)?)
+            .send(encode(self.id, header, payload)?.holding(hold))
             .map_err(|_| ProtocolError::ConnectionLost {
                 server: "-".into(),
                 reason: "the connection's writer stopped".into(),

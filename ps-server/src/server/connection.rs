@@ -420,10 +420,19 @@ async fn serve_tcp_connection(
                     return;
                 }
             };
-            let sent = answer(&shard, &access, request).await.and_then(|a| {
-                reply.send(&a.header, a.payload.clone())?;
-                Ok(a)
-            });
+            let sent = match answer(&shard, &access, request).await {
+                Ok(a) => {
+                    // The reply's bytes count until the connection's writer takes them (issue 40): a client
+                    // that reads slowly holds the server's in-flight bytes, not unbounded memory.
+                    let mut held = admitted.take().expect("admitted above");
+                    let len = protocol::wire::frame::PREFIX_LEN + a.payload.len();
+                    admission.reply(len, &mut held).await;
+                    reply
+                        .send_holding(&a.header, a.payload.clone(), Box::new(held))
+                        .map(|()| a)
+                }
+                Err(e) => Err(e),
+            };
             match sent {
                 Ok(a) => a.record(start),
                 Err(e) => tracing::debug!(error = %e, "tcp request failed"),
