@@ -126,16 +126,28 @@ impl LoadLimits {
         admitted.response_bytes += bytes as u64;
     }
 
-    /// Waits until a reply of `bytes` may be queued, adding to `admitted` what its response admission
-    /// ([`LoadLimits::response`]) did not cover: every reply byte a TCP connection queues counts against the
-    /// response pool until it is written (a sync answer's rows are only known once built).
+    /// Waits until a reply payload of `bytes` may be queued, adding to `admitted` what its response
+    /// admission ([`LoadLimits::response`]) did not cover: every reply byte a TCP connection queues counts
+    /// against the response pool until it is written (a sync answer's rows are only known once built).
+    ///
+    /// A request that holds response bytes already (a pull, admitted by an upper bound of its reply) never
+    /// waits here: holding some of a pool while waiting for more of it could deadlock with others doing the
+    /// same. What it lacks is taken only if free at once.
     pub async fn reply(&self, bytes: usize, admitted: &mut Admitted) {
         let extra = (bytes as u64).saturating_sub(admitted.response_bytes) as usize;
         if extra == 0 {
             return;
         }
         let start = Instant::now();
-        let permit = Self::take(&self.responses, self.pool, extra).await;
+        let permit = if admitted.response_bytes > 0 {
+            let n = extra.min(self.pool as usize).max(1) as u32;
+            match self.responses.clone().try_acquire_many_owned(n) {
+                Ok(permit) => permit,
+                Err(_) => return,
+            }
+        } else {
+            Self::take(&self.responses, self.pool, extra).await
+        };
         metrics::histogram!(m::INFLIGHT_WAIT_SECONDS).record(start.elapsed().as_secs_f64());
         metrics::gauge!(m::INFLIGHT_BYTES).increment(extra as f64);
         admitted._permits.push(permit);
@@ -219,6 +231,9 @@ mod tests {
         assert_eq!((admitted.bytes, admitted.response_bytes), (80, 70));
         a.reply(50, &mut admitted).await;
         assert_eq!(admitted.response_bytes, 70, "covered already");
+        // Holding response bytes, a request does not wait for more (30 are free, 40 are lacking).
+        a.reply(110, &mut admitted).await;
+        assert_eq!(admitted.response_bytes, 70, "took nothing rather than wait");
         // 30 bytes of the response pool are left: a second reply of 60 waits until the first is released.
         let mut other = a.request(1).await;
         let waiting =

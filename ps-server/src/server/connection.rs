@@ -425,8 +425,7 @@ async fn serve_tcp_connection(
                     // The reply's bytes count until the connection's writer takes them (issue 40): a client
                     // that reads slowly holds the server's in-flight bytes, not unbounded memory.
                     let mut held = admitted.take().expect("admitted above");
-                    let len = protocol::wire::frame::PREFIX_LEN + a.payload.len();
-                    admission.reply(len, &mut held).await;
+                    admission.reply(a.payload.len(), &mut held).await;
                     reply
                         .send_holding(&a.header, a.payload.clone(), Box::new(held))
                         .map(|()| a)
