@@ -30,7 +30,9 @@ use bytes::Bytes;
 use ops::local_cluster::{free_ports, http_get, metric};
 use protocol::transport::tls;
 use protocol::wire::message::put_ids;
-use protocol::{Encoding, PsClient, PsClientConfig, Request, Role, TableCount, TableSpec, Transport};
+use protocol::{
+    Encoding, PsClient, PsClientConfig, Request, Role, TableCount, TableSpec, Transport,
+};
 
 /// The TLS name clients dial; the server's certificate carries no other (no `localhost`).
 const SERVER_NAME: &str = "ps";
@@ -189,14 +191,19 @@ fn idle_sockets_never_lock_clients_out() {
         ],
     );
     let tcp_addr = server.addr;
-    let mut idle: Vec<TcpStream> = (0..8).map(|_| TcpStream::connect(tcp_addr).unwrap()).collect();
+    let mut idle: Vec<TcpStream> = (0..8)
+        .map(|_| TcpStream::connect(tcp_addr).unwrap())
+        .collect();
     wait_for(
         "the server to drop the oldest idle sockets",
         || server.metric("ps_handshakes_total{outcome=\"evicted\"}") >= 4.0,
         || format!("metrics: {:?}", http_get(server.metrics, "/metrics")),
     );
     // The first socket was the oldest handshake: the server closed it to make room.
-    assert!(closed_by_server(&mut idle[0]), "the oldest idle socket is still open");
+    assert!(
+        closed_by_server(&mut idle[0]),
+        "the oldest idle socket is still open"
+    );
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
         for transport in [Transport::Quic, Transport::Tcp] {
@@ -268,9 +275,8 @@ fn a_stalled_request_releases_its_bytes() {
         let client = server.client(Transport::Quic).await;
         assert_eq!(pull(&client).await.len(), 16);
         assert!(
-            server.metric(
-                "ps_stream_idle_timeouts_total{transport=\"quic\",direction=\"read\"}"
-            ) >= 1.0
+            server.metric("ps_stream_idle_timeouts_total{transport=\"quic\",direction=\"read\"}")
+                >= 1.0
         );
         // The stalled stream was reset, not answered.
         let mut buf = [0u8; 16];
@@ -304,9 +310,8 @@ fn a_stalled_request_releases_its_bytes() {
         wait_for(
             "the stalled tcp frame to be counted",
             || {
-                server.metric(
-                    "ps_stream_idle_timeouts_total{transport=\"tcp\",direction=\"read\"}",
-                ) >= 1.0
+                server.metric("ps_stream_idle_timeouts_total{transport=\"tcp\",direction=\"read\"}")
+                    >= 1.0
             },
             || server.log_text(),
         );
@@ -347,7 +352,11 @@ fn pushes_never_store_a_non_finite_weight() {
             .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
             .collect();
         // The whole update of the row is undone, its second element too.
-        assert_eq!(row, vec![3e38, 1.0], "the second update would have left +inf");
+        assert_eq!(
+            row,
+            vec![3e38, 1.0],
+            "the second update would have left +inf"
+        );
         client.close().await;
     });
     assert_eq!(
@@ -432,9 +441,9 @@ fn tcp_replies_queued_behind_a_slow_reader_are_counted() {
         wait_for(
             "the server to close the connection whose replies are never read",
             || {
-                server.metric(
-                    "ps_stream_idle_timeouts_total{transport=\"tcp\",direction=\"write\"}",
-                ) >= 1.0
+                server
+                    .metric("ps_stream_idle_timeouts_total{transport=\"tcp\",direction=\"write\"}")
+                    >= 1.0
             },
             || server.log_text(),
         );

@@ -93,7 +93,6 @@ pub use engine::{
 pub use error::{EmbeddingError, StoreError};
 pub use lease::LeaseStats;
 pub use mem_store::MemStore;
-pub use weight_guard::{Guarded, WeightGuard};
 #[cfg(feature = "rocksdb")]
 pub use rocks_store::{
     RocksStore, RocksTuning, DEFAULT_BLOCK_CACHE_BYTES, TABLE_READER_BYTES_PER_ROW,
@@ -103,3 +102,4 @@ pub use rocks_store::{
 pub use snapshot::{PushGuard, Snapshot, SnapshotError};
 pub use store::{GetFn, ScanFn, Store, StoreMemory};
 pub use table::{ApplyStats, GatherStats, PrefetchStats, Table, STRIPES};
+pub use weight_guard::{Guarded, WeightGuard};

@@ -94,14 +94,23 @@ mod tests {
     fn refuse_undoes_an_update_to_infinity() {
         let before = [3e38f32, 1.0, 0.5];
         let mut row = [f32::INFINITY, 2.0, 0.5];
-        assert_eq!(WeightGuard::Refuse.check(&before, &mut row, 2), Guarded::Refused);
+        assert_eq!(
+            WeightGuard::Refuse.check(&before, &mut row, 2),
+            Guarded::Refused
+        );
         assert_eq!(row, before);
         let mut fine = [1.0f32, 2.0, 0.6];
-        assert_eq!(WeightGuard::Refuse.check(&before, &mut fine, 2), Guarded::Kept);
+        assert_eq!(
+            WeightGuard::Refuse.check(&before, &mut fine, 2),
+            Guarded::Kept
+        );
         assert_eq!(fine, [1.0, 2.0, 0.6]);
         // Non-finite state (an Adagrad sum of squares overflowing) is refused too.
         let mut state = [1.0f32, 2.0, f32::INFINITY];
-        assert_eq!(WeightGuard::Refuse.check(&before, &mut state, 2), Guarded::Refused);
+        assert_eq!(
+            WeightGuard::Refuse.check(&before, &mut state, 2),
+            Guarded::Refused
+        );
         assert_eq!(state, before);
     }
 

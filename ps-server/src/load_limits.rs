@@ -236,8 +236,11 @@ mod tests {
         assert_eq!(admitted.response_bytes, 70, "took nothing rather than wait");
         // 30 bytes of the response pool are left: a second reply of 60 waits until the first is released.
         let mut other = a.request(1).await;
-        let waiting =
-            tokio::time::timeout(std::time::Duration::from_millis(50), a.reply(60, &mut other)).await;
+        let waiting = tokio::time::timeout(
+            std::time::Duration::from_millis(50),
+            a.reply(60, &mut other),
+        )
+        .await;
         assert!(waiting.is_err(), "admitted past the pool");
         drop(admitted);
         a.reply(60, &mut other).await;

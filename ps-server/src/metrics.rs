@@ -314,7 +314,10 @@ fn describe_requests() {
         "Request frame bytes received."
     );
     describe_counter!(BYTES_SENT_TOTAL, Unit::Bytes, "Response frame bytes sent.");
-    describe_gauge!(CONNECTIONS, "Open connections (QUIC and TCP), after their handshake.");
+    describe_gauge!(
+        CONNECTIONS,
+        "Open connections (QUIC and TCP), after their handshake."
+    );
 }
 
 /// Rows in memory and on disk: recovery, expiry, eviction and read-back.

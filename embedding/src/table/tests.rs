@@ -452,7 +452,11 @@ fn an_update_to_infinity_is_refused_and_counted() {
     assert_eq!((first.applied, first.refused_nonfinite_weights), (1, 0));
     let second = t.apply(&[7], &[-3e38, -1.0]).unwrap();
     assert_eq!((second.applied, second.refused_nonfinite_weights), (0, 1));
-    assert_eq!(t.row(7).unwrap(), vec![3e38, 1.0], "the row is as before the refused update");
+    assert_eq!(
+        t.row(7).unwrap(),
+        vec![3e38, 1.0],
+        "the row is as before the refused update"
+    );
     t.set_weight_guard(crate::WeightGuard::Clamp { max_abs: 1e38 });
     let clamped = t.apply(&[7], &[-3e38, -1.0]).unwrap();
     assert_eq!((clamped.applied, clamped.clamped_weights), (1, 1));

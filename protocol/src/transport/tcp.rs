@@ -76,7 +76,10 @@ async fn write_loop<W: AsyncWrite + Unpin>(
             Some(idle) => tokio::time::timeout(idle, write).await.map_err(|_| {
                 io::Error::new(
                     io::ErrorKind::TimedOut,
-                    format!("the peer took no {} bytes of replies within {idle:?}", buf.len()),
+                    format!(
+                        "the peer took no {} bytes of replies within {idle:?}",
+                        buf.len()
+                    ),
                 )
             })??,
         }

@@ -171,7 +171,10 @@ fn connection_limits_have_defaults_and_name_bad_values() {
         ("handshake-timeout-secs = 0", "handshake-timeout-secs = 0"),
         ("handshake-timeout-secs = -3", "handshake-timeout-secs = -3"),
         ("max-handshakes = 0", "max-handshakes = 0"),
-        ("stream-idle-timeout-secs = -1", "stream-idle-timeout-secs = -1"),
+        (
+            "stream-idle-timeout-secs = -1",
+            "stream-idle-timeout-secs = -1",
+        ),
     ] {
         let f: FileConfig = toml::from_str(file).unwrap();
         let err = base().overlay(f).validate().unwrap_err().to_string();
@@ -190,12 +193,14 @@ fn weight_guard_defaults_to_refuse_and_names_a_bad_bound() {
         base().validate().unwrap().weight_guard,
         embedding::WeightGuard::Refuse
     );
-    let f: FileConfig = toml::from_str("weight-guard = \"clamp\"\nweight-clamp-abs = 100.0").unwrap();
+    let f: FileConfig =
+        toml::from_str("weight-guard = \"clamp\"\nweight-clamp-abs = 100.0").unwrap();
     assert_eq!(
         base().overlay(f).validate().unwrap().weight_guard,
         embedding::WeightGuard::Clamp { max_abs: 100.0 }
     );
-    let f: FileConfig = toml::from_str("weight-guard = \"clamp\"\nweight-clamp-abs = -1.0").unwrap();
+    let f: FileConfig =
+        toml::from_str("weight-guard = \"clamp\"\nweight-clamp-abs = -1.0").unwrap();
     let err = base().overlay(f).validate().unwrap_err().to_string();
     assert!(err.contains("weight-clamp-abs = -1"), "{err}");
 }

@@ -47,7 +47,7 @@ pub(super) async fn serve(
                 .map_err(|e| e.to_string())
         }
         Established::Tcp(conn) => {
-            serve_tcp_connection(conn, shard, tracker, draining, limits, admission)
+            serve_tcp_connection(*conn, shard, tracker, draining, limits, admission)
                 .await
                 .map_err(|e| e.to_string())
         }

@@ -51,8 +51,8 @@ impl Drop for Ticket {
 pub(super) enum Established {
     /// A QUIC connection.
     Quic(quinn::Connection),
-    /// A TLS-over-TCP connection.
-    Tcp(tcp::ServerConn),
+    /// A TLS-over-TCP connection (boxed: it carries its read buffers).
+    Tcp(Box<tcp::ServerConn>),
 }
 
 impl Established {
@@ -155,7 +155,7 @@ pub(super) async fn establish(
             Accepted::Tcp(handshake) => handshake
                 .finish(owner.max_frame, owner.limits.stream_idle_timeout)
                 .await
-                .map(Established::Tcp)
+                .map(|c| Established::Tcp(Box::new(c)))
                 .map_err(|e| Failed::Tls(e.to_string())),
         }
     };

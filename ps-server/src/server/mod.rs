@@ -224,11 +224,8 @@ async fn accept_loop(
         };
         // Taken here, in arrival order, so that the oldest handshake is the one dropped to make room.
         let ticket = handshakes.start();
-        let (shard, admission, draining) = (
-            shard.clone(),
-            admission.clone(),
-            in_flight.draining.clone(),
-        );
+        let (shard, admission, draining) =
+            (shard.clone(), admission.clone(), in_flight.draining.clone());
         let tracker = in_flight.requests.clone();
         let (max_frame, authenticate) = (cfg.max_frame, !cfg.insecure_dev);
         let idle = handshakes.stream_idle();
