@@ -126,7 +126,7 @@ pub const CONNECTIONS_REFUSED_TOTAL: &str = "ps_connections_refused_total";
 pub const HANDSHAKES_IN_PROGRESS: &str = "ps_handshakes_in_progress";
 /// TLS handshakes ended, by `outcome`: `ok`, `failed` (TLS error, e.g. an unknown CA), `timeout` (not done
 /// within `handshake-timeout-secs`), `evicted` (the oldest handshake dropped to make room under
-/// `max-handshakes`).
+/// `max-handshakes`), `draining` (the server began shutting down).
 pub const HANDSHAKES_TOTAL: &str = "ps_handshakes_total";
 /// Request streams dropped because they made no progress for `stream-idle-timeout-secs`, by `transport`.
 pub const STREAM_IDLE_TIMEOUTS_TOTAL: &str = "ps_stream_idle_timeouts_total";
@@ -498,7 +498,7 @@ fn describe_load() {
     );
     describe_counter!(
         HANDSHAKES_TOTAL,
-        "TLS handshakes ended, by outcome (ok, failed, timeout, evicted)."
+        "TLS handshakes ended, by outcome (ok, failed, timeout, evicted, draining)."
     );
     describe_counter!(
         STREAM_IDLE_TIMEOUTS_TOTAL,
