@@ -88,6 +88,8 @@ pub struct Engine {
     pub(crate) push_gate: RwLock<()>,
     /// Admission and TTL given to tables registered without their own ([`Engine::set_table_policy`]).
     policy: RwLock<(Option<AdmissionConfig>, Option<u64>)>,
+    /// What an update may leave in a row, for every table ([`Engine::set_weight_guard`]).
+    guard: RwLock<crate::WeightGuard>,
     /// Pins of prefetched rows ([`Engine::prefetch`], `lease.rs`).
     pub(crate) leases: Leases,
 }
@@ -132,6 +134,7 @@ impl Engine {
             flush: Mutex::new(DirtyBatch::new()),
             push_gate: RwLock::new(()),
             policy: RwLock::new((None, None)),
+            guard: RwLock::new(crate::WeightGuard::default()),
             leases: Leases::default(),
         })
     }
@@ -145,6 +148,15 @@ impl Engine {
     /// has neither (a server's policy, while trainers describe only dim, optimizer and initializer).
     pub fn set_table_policy(&self, admission: Option<AdmissionConfig>, ttl_secs: Option<u64>) {
         *self.policy.write() = (admission, ttl_secs);
+    }
+
+    /// Sets what an update may leave in a row ([`crate::WeightGuard`]), for every table, recovered or
+    /// registered later (default: refuse an update that would leave a non-finite value).
+    pub fn set_weight_guard(&self, guard: crate::WeightGuard) {
+        *self.guard.write() = guard;
+        for t in self.tables.read().values() {
+            t.set_weight_guard(guard);
+        }
     }
 
     /// `cfg` without the admission and TTL of the table policy, if it has exactly those: the config as the
@@ -207,6 +219,7 @@ impl Engine {
             });
         }
         let table = make_table(cfg, self.budget, &self.store)?;
+        table.set_weight_guard(*self.guard.read());
         let cfg = table.config();
         // A validated config holds only finite floats, which serde_json always encodes.
         let json = serde_json::to_vec(cfg).expect("a validated TableConfig serializes");

@@ -30,6 +30,7 @@
 //! - [`error`](EmbeddingError): [`EmbeddingError`], [`StoreError`].
 //! - `snapshot`: `Engine::checkpoint` (a consistent RocksDB checkpoint plus `manifest.json`),
 //!   `Snapshot` to read one back, `PushGuard` to keep a multi-table push out of half a checkpoint.
+//! - [`weight_guard`]: [`WeightGuard`], what an optimizer step may leave in a row (never a non-finite weight).
 //! - [`sizing`]: memory and disk of a table of R rows from the layout above, without building it.
 //!
 //! With a memory budget ([`Engine::open_with_budget`]), [`Engine::enforce_budget`] evicts cold rows (CLOCK) to
@@ -70,6 +71,7 @@ pub mod snapshot;
 pub mod spec;
 mod store;
 mod table;
+pub mod weight_guard;
 
 #[cfg(test)]
 mod prop_budget_test;
@@ -100,3 +102,4 @@ pub use rocks_store::{
 pub use snapshot::{PushGuard, Snapshot, SnapshotError};
 pub use store::{GetFn, ScanFn, Store, StoreMemory};
 pub use table::{ApplyStats, GatherStats, PrefetchStats, Table, STRIPES};
+pub use weight_guard::{Guarded, WeightGuard};

@@ -92,6 +92,15 @@ pub enum ProtocolError {
         /// Bytes announced.
         expected: usize,
     },
+    /// A stream made no progress for the idle bound (`what`: `read` or `write`): the peer stalled mid-frame
+    /// or stopped reading its replies.
+    #[error("stream {what} made no progress for {idle:?}")]
+    Idle {
+        /// `read` or `write`.
+        what: &'static str,
+        /// The bound.
+        idle: std::time::Duration,
+    },
     /// The bincode header did not decode.
     #[error("bad frame header: {0}")]
     BadHeader(String),
@@ -203,6 +212,7 @@ impl ProtocolError {
             | ProtocolError::Read(_)
             | ProtocolError::Closed(_)
             | ProtocolError::ConnectionLost { .. }
+            | ProtocolError::Idle { .. }
             | ProtocolError::NotPrimary { .. }
             | ProtocolError::Timeout { .. } => true,
             _ => false,

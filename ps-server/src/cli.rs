@@ -302,6 +302,22 @@ struct ServeArgs {
     /// Unread bytes buffered per QUIC connection (flow-control window) [default: 32 MiB].
     #[arg(long, env = "PS_CONNECTION_WINDOW_BYTES")]
     connection_window_bytes: Option<u64>,
+    /// Seconds a client has to complete its TLS handshake [default: 10].
+    #[arg(long, env = "PS_HANDSHAKE_TIMEOUT_SECS")]
+    handshake_timeout_secs: Option<f64>,
+    /// Handshakes under way at once; one more drops the oldest [default: 256].
+    #[arg(long, env = "PS_MAX_HANDSHAKES")]
+    max_handshakes: Option<u64>,
+    /// What a push may leave in a row: refuse an update to a non-finite value, or clamp weights
+    /// [default: refuse].
+    #[arg(long, env = "PS_WEIGHT_GUARD")]
+    weight_guard: Option<crate::config::WeightGuardMode>,
+    /// With --weight-guard clamp: the largest magnitude a weight may have [default: 1e6].
+    #[arg(long, env = "PS_WEIGHT_CLAMP_ABS")]
+    weight_clamp_abs: Option<f32>,
+    /// Seconds a request stream may make no progress before it is dropped [default: 30; 0 = no bound].
+    #[arg(long, env = "PS_STREAM_IDLE_TIMEOUT_SECS")]
+    stream_idle_timeout_secs: Option<f64>,
     /// Seconds between cuts of the delta sync to serving [default: 2; 0 = no change tracking, sync refused].
     #[arg(long, alias = "sync-interval", env = "PS_SYNC_INTERVAL_SECS")]
     sync_interval_secs: Option<f64>,
@@ -337,6 +353,11 @@ impl ServeArgs {
             max_connections: self.max_connections,
             max_streams_per_connection: self.max_streams_per_connection,
             connection_window_bytes: self.connection_window_bytes,
+            handshake_timeout_secs: self.handshake_timeout_secs,
+            max_handshakes: self.max_handshakes,
+            stream_idle_timeout_secs: self.stream_idle_timeout_secs,
+            weight_guard: self.weight_guard,
+            weight_clamp_abs: self.weight_clamp_abs,
             block_cache_mib: self.block_cache_mib,
             rocksdb_tuning: self.rocksdb_tuning,
             prefetch_pin_secs: self.prefetch_pin_secs,

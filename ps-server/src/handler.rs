@@ -507,6 +507,7 @@ impl Shard {
         let (mut id_at, mut grad_at) = (0usize, 0usize);
         let mut grads = Vec::new();
         let (mut applied, mut rejected, mut not_admitted) = (0u64, 0u64, 0u64);
+        let (mut refused_weights, mut clamped_weights) = (0u64, 0u64);
         // One guard for all tables: a checkpoint holds all of this push or none of it.
         let guard = self.engine.begin_push();
         let mut outcome = Ok(());
@@ -536,6 +537,8 @@ impl Shard {
                     applied += stats.applied as u64;
                     rejected += stats.rejected_nonfinite as u64;
                     not_admitted += stats.rejected_admission as u64;
+                    refused_weights += stats.refused_nonfinite_weights as u64;
+                    clamped_weights += stats.clamped_weights as u64;
                 }
                 Err(e) => {
                     outcome = Err(e.into());
@@ -576,13 +579,24 @@ impl Shard {
         if not_admitted > 0 {
             metrics::counter!(m::ROWS_REJECTED_ADMISSION_TOTAL).increment(not_admitted);
         }
+        if refused_weights > 0 {
+            metrics::counter!(m::ROWS_REFUSED_NONFINITE_WEIGHTS_TOTAL).increment(refused_weights);
+            tracing::warn!(
+                rows = refused_weights,
+                "push updates refused: they would have left non-finite weights (diverging training?)"
+            );
+        }
+        if clamped_weights > 0 {
+            metrics::counter!(m::ROWS_CLAMPED_WEIGHTS_TOTAL).increment(clamped_weights);
+        }
         if self.durability == Durability::Sync {
             self.persist_push(tables, &all_ids)?;
         }
         let reply = Reply {
             header: Response::Pushed {
                 rows: applied,
-                rejected_nonfinite: rejected,
+                // Gradient rows with NaN or infinity, and updates undone by the weight guard.
+                rejected_nonfinite: rejected + refused_weights,
             },
             payload: Vec::new(),
         };

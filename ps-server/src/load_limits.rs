@@ -40,6 +40,8 @@ pub struct LoadLimits {
 pub struct Admitted {
     _permits: Vec<OwnedSemaphorePermit>,
     bytes: u64,
+    /// Of `bytes`, those taken from the response pool.
+    response_bytes: u64,
 }
 
 impl Drop for Admitted {
@@ -104,6 +106,7 @@ impl LoadLimits {
         Admitted {
             _permits: vec![permit],
             bytes: bytes as u64,
+            response_bytes: 0,
         }
     }
 
@@ -120,6 +123,36 @@ impl LoadLimits {
         metrics::gauge!(m::INFLIGHT_BYTES).increment(bytes as f64);
         admitted._permits.push(permit);
         admitted.bytes += bytes as u64;
+        admitted.response_bytes += bytes as u64;
+    }
+
+    /// Waits until a reply payload of `bytes` may be queued, adding to `admitted` what its response
+    /// admission ([`LoadLimits::response`]) did not cover: every reply byte a TCP connection queues counts
+    /// against the response pool until it is written (a sync answer's rows are only known once built).
+    ///
+    /// A request that holds response bytes already (a pull, admitted by an upper bound of its reply) never
+    /// waits here: holding some of a pool while waiting for more of it could deadlock with others doing the
+    /// same. What it lacks is taken only if free at once.
+    pub async fn reply(&self, bytes: usize, admitted: &mut Admitted) {
+        let extra = (bytes as u64).saturating_sub(admitted.response_bytes) as usize;
+        if extra == 0 {
+            return;
+        }
+        let start = Instant::now();
+        let permit = if admitted.response_bytes > 0 {
+            let n = extra.min(self.pool as usize).max(1) as u32;
+            match self.responses.clone().try_acquire_many_owned(n) {
+                Ok(permit) => permit,
+                Err(_) => return,
+            }
+        } else {
+            Self::take(&self.responses, self.pool, extra).await
+        };
+        metrics::histogram!(m::INFLIGHT_WAIT_SECONDS).record(start.elapsed().as_secs_f64());
+        metrics::gauge!(m::INFLIGHT_BYTES).increment(extra as f64);
+        admitted._permits.push(permit);
+        admitted.bytes += extra as u64;
+        admitted.response_bytes += extra as u64;
     }
 }
 
@@ -188,6 +221,29 @@ mod tests {
         // Larger than the pool: takes all of it rather than waiting forever.
         drop(_second);
         let _big = a.request(1000).await;
+    }
+
+    #[tokio::test]
+    async fn a_reply_takes_only_what_its_response_admission_did_not() {
+        let a = LoadLimits::new(100, 2);
+        let mut admitted = a.request(10).await;
+        a.reply(70, &mut admitted).await;
+        assert_eq!((admitted.bytes, admitted.response_bytes), (80, 70));
+        a.reply(50, &mut admitted).await;
+        assert_eq!(admitted.response_bytes, 70, "covered already");
+        // Holding response bytes, a request does not wait for more (30 are free, 40 are lacking).
+        a.reply(110, &mut admitted).await;
+        assert_eq!(admitted.response_bytes, 70, "took nothing rather than wait");
+        // 30 bytes of the response pool are left: a second reply of 60 waits until the first is released.
+        let mut other = a.request(1).await;
+        let waiting = tokio::time::timeout(
+            std::time::Duration::from_millis(50),
+            a.reply(60, &mut other),
+        )
+        .await;
+        assert!(waiting.is_err(), "admitted past the pool");
+        drop(admitted);
+        a.reply(60, &mut other).await;
     }
 
     #[test]

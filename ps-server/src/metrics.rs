@@ -17,6 +17,11 @@ pub const ROWS_PULLED_TOTAL: &str = "ps_rows_pulled_total";
 pub const ROWS_PUSHED_TOTAL: &str = "ps_rows_pushed_total";
 /// Gradient rows rejected because they held NaN or infinity.
 pub const ROWS_REJECTED_NONFINITE_TOTAL: &str = "ps_rows_rejected_nonfinite_total";
+/// Push updates undone because they would have left a non-finite weight or optimizer state in their row
+/// (`weight-guard = "refuse"`, or non-finite state under `clamp`).
+pub const ROWS_REFUSED_NONFINITE_WEIGHTS_TOTAL: &str = "ps_rows_refused_nonfinite_weights_total";
+/// Push updates whose weights were bounded to `weight-clamp-abs` (`weight-guard = "clamp"`).
+pub const ROWS_CLAMPED_WEIGHTS_TOTAL: &str = "ps_rows_clamped_weights_total";
 /// Gradient rows dropped by frequency admission: their id had no row and fewer than `admission-min-count`
 /// pushes.
 pub const ROWS_REJECTED_ADMISSION_TOTAL: &str = "ps_rows_rejected_admission_total";
@@ -76,7 +81,7 @@ pub const SYNC_DENSE_PUBLISHED_TOTAL: &str = "ps_sync_dense_published_total";
 pub const REDUCE_WAIT_SECONDS: &str = "ps_reduce_wait_seconds";
 /// Ranks missing from reduce steps finalized at their deadline.
 pub const REDUCE_MISSING_TOTAL: &str = "ps_reduce_missing_total";
-/// Open QUIC connections.
+/// Open connections (QUIC and TCP), counted once their handshake is done.
 pub const CONNECTIONS: &str = "ps_connections";
 /// Rows evicted from memory to RocksDB by the memory budget.
 pub const EVICTIONS_TOTAL: &str = "ps_evictions_total";
@@ -116,6 +121,15 @@ pub const INFLIGHT_BYTES: &str = "ps_inflight_bytes";
 pub const INFLIGHT_WAIT_SECONDS: &str = "ps_inflight_wait_seconds";
 /// Connections refused because `max-connections` were open.
 pub const CONNECTIONS_REFUSED_TOTAL: &str = "ps_connections_refused_total";
+/// TLS handshakes (QUIC and TCP) under way now: connections not yet authenticated, which hold no connection
+/// slot (bounded by `max-handshakes`).
+pub const HANDSHAKES_IN_PROGRESS: &str = "ps_handshakes_in_progress";
+/// TLS handshakes ended, by `outcome`: `ok`, `failed` (TLS error, e.g. an unknown CA), `timeout` (not done
+/// within `handshake-timeout-secs`), `evicted` (the oldest handshake dropped to make room under
+/// `max-handshakes`), `draining` (the server began shutting down).
+pub const HANDSHAKES_TOTAL: &str = "ps_handshakes_total";
+/// Request streams dropped because they made no progress for `stream-idle-timeout-secs`, by `transport`.
+pub const STREAM_IDLE_TIMEOUTS_TOTAL: &str = "ps_stream_idle_timeouts_total";
 
 /// 1 on the shard's primary, 0 on a backup or a replica still starting (`docs/replication.md`).
 pub const REPLICA_PRIMARY: &str = "ps_replica_primary";
@@ -297,7 +311,10 @@ fn describe_requests() {
         "Request frame bytes received."
     );
     describe_counter!(BYTES_SENT_TOTAL, Unit::Bytes, "Response frame bytes sent.");
-    describe_gauge!(CONNECTIONS, "Open QUIC connections.");
+    describe_gauge!(
+        CONNECTIONS,
+        "Open connections (QUIC and TCP), after their handshake."
+    );
 }
 
 /// Rows in memory and on disk: recovery, expiry, eviction and read-back.
@@ -463,5 +480,25 @@ fn describe_load() {
     describe_counter!(
         CONNECTIONS_REFUSED_TOTAL,
         "Connections refused because max-connections were open."
+    );
+    describe_gauge!(
+        HANDSHAKES_IN_PROGRESS,
+        "TLS handshakes under way (connections not yet authenticated, holding no connection slot)."
+    );
+    describe_counter!(
+        ROWS_REFUSED_NONFINITE_WEIGHTS_TOTAL,
+        "Push updates undone because they would have left a non-finite weight or state."
+    );
+    describe_counter!(
+        ROWS_CLAMPED_WEIGHTS_TOTAL,
+        "Push updates whose weights were bounded to weight-clamp-abs."
+    );
+    describe_counter!(
+        HANDSHAKES_TOTAL,
+        "TLS handshakes ended, by outcome (ok, failed, timeout, evicted, draining)."
+    );
+    describe_counter!(
+        STREAM_IDLE_TIMEOUTS_TOTAL,
+        "Request streams dropped after making no progress for stream-idle-timeout-secs."
     );
 }

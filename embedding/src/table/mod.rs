@@ -95,6 +95,11 @@ pub struct ApplyStats {
     /// Gradient rows dropped because their id has no row and was not yet pushed `min_count` times (frequency
     /// admission); the push was counted in the sketch.
     pub rejected_admission: usize,
+    /// Updates undone because they would have left a non-finite weight or state in the row
+    /// ([`crate::WeightGuard`]).
+    pub refused_nonfinite_weights: usize,
+    /// Updates whose weights were bounded by [`crate::WeightGuard::Clamp`].
+    pub clamped_weights: usize,
     /// Rows read back from the store (evicted earlier by the memory budget) before their update.
     pub rows_read_back: usize,
     /// Rows another call (a prefetch) was reading back; this one waited for them instead of reading them.
@@ -119,6 +124,8 @@ impl std::ops::AddAssign for ApplyStats {
         self.created += o.created;
         self.rejected_nonfinite += o.rejected_nonfinite;
         self.rejected_admission += o.rejected_admission;
+        self.refused_nonfinite_weights += o.refused_nonfinite_weights;
+        self.clamped_weights += o.clamped_weights;
         self.rows_read_back += o.rows_read_back;
         self.rows_waited += o.rows_waited;
     }
@@ -148,6 +155,8 @@ pub struct Table {
     dirty_cursor: AtomicUsize,
     /// The capacity tier, for a table with a memory budget.
     tier: Option<Tier>,
+    /// What an update may leave in a row ([`Table::set_weight_guard`]).
+    guard: parking_lot::RwLock<crate::WeightGuard>,
 }
 
 impl Table {
@@ -187,7 +196,13 @@ impl Table {
             rows: AtomicUsize::new(0),
             dirty_cursor: AtomicUsize::new(0),
             tier: budget.map(|(budget, store)| Tier::new(budget, store)),
+            guard: parking_lot::RwLock::new(crate::WeightGuard::default()),
         })
+    }
+
+    /// Sets what an update may leave in a row (default [`crate::WeightGuard::Refuse`]).
+    pub fn set_weight_guard(&self, guard: crate::WeightGuard) {
+        *self.guard.write() = guard;
     }
 
     /// The table's config.
@@ -374,6 +389,10 @@ impl Table {
         let clock = self.tier.is_some();
         let (order, bounds) = group_by_stripe(ids);
         let mut stats = ApplyStats::default();
+        let guard = *self.guard.read();
+        // The row before its update, to undo an update that would leave a non-finite value (one buffer per
+        // call, not per row).
+        let mut before = vec![0f32; self.row_len];
         if self.spilled() {
             // Rows evicted to the store are read back before their update, not recreated.
             let mut misses = Vec::new();
@@ -429,8 +448,19 @@ impl Table {
                 if clock {
                     stripe.set_ref(slot);
                 }
-                let (weights, state) = stripe.arena.row_mut(slot).split_at_mut(dim);
+                let row = stripe.arena.row_mut(slot);
+                before.copy_from_slice(row);
+                let (weights, state) = row.split_at_mut(dim);
                 optimizer::update(&self.cfg.optimizer, self.reg, weights, state, grad);
+                match guard.check(&before, row, dim) {
+                    crate::Guarded::Kept => {}
+                    crate::Guarded::Refused => {
+                        // The row is as before (a new one as its initializer made it, which needs no write).
+                        stats.refused_nonfinite_weights += 1;
+                        return;
+                    }
+                    crate::Guarded::Clamped => stats.clamped_weights += 1,
+                }
                 stripe.mark_dirty(slot);
                 stats.applied += 1;
             });

@@ -54,6 +54,7 @@ fn apply_then_gather() {
             rejected_admission: 0,
             rows_read_back: 0,
             rows_waited: 0,
+            ..ApplyStats::default()
         }
     );
     let mut want = init_of(&cfg, 9);
@@ -138,6 +139,7 @@ fn nonfinite_gradient_rejected_and_row_unchanged() {
             rejected_admission: 0,
             rows_read_back: 0,
             rows_waited: 0,
+            ..ApplyStats::default()
         }
     );
     assert_eq!(bits(&t.row(1).unwrap()), bits(&before));
@@ -435,4 +437,28 @@ fn tables_without_ttl_expire_nothing_and_keep_no_stamps() {
     ttl.apply(&ids, &vec![0.0; 20_000]).unwrap();
     let extra = ttl.memory_bytes() - t.memory_bytes();
     assert!((40_000..=80_000).contains(&extra), "{extra}");
+}
+
+#[test]
+fn an_update_to_infinity_is_refused_and_counted() {
+    // Issue 40: two pushes of -3e38 to an SGD table (rate 1) once left the row at +inf.
+    let cfg = TableConfig {
+        optimizer: OptimizerConfig::Sgd { lr: 1.0 },
+        ..TableConfig::new(1, "t", 2)
+    };
+    let t = Table::new(cfg).unwrap();
+    t.load_row(7, &[0.0, 0.0]).unwrap();
+    let first = t.apply(&[7], &[-3e38, -1.0]).unwrap();
+    assert_eq!((first.applied, first.refused_nonfinite_weights), (1, 0));
+    let second = t.apply(&[7], &[-3e38, -1.0]).unwrap();
+    assert_eq!((second.applied, second.refused_nonfinite_weights), (0, 1));
+    assert_eq!(
+        t.row(7).unwrap(),
+        vec![3e38, 1.0],
+        "the row is as before the refused update"
+    );
+    t.set_weight_guard(crate::WeightGuard::Clamp { max_abs: 1e38 });
+    let clamped = t.apply(&[7], &[-3e38, -1.0]).unwrap();
+    assert_eq!((clamped.applied, clamped.clamped_weights), (1, 1));
+    assert_eq!(t.row(7).unwrap(), vec![1e38, 2.0]);
 }

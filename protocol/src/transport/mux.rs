@@ -30,7 +30,6 @@ const LAST: u32 = 1 << 31;
 
 /// A frame queued for sending: prefix and header, then payload (kept apart so the payload is not copied
 /// before it is chunked).
-#[derive(Debug)]
 pub struct Outgoing {
     /// Stream id (request id).
     pub id: u32,
@@ -39,6 +38,19 @@ pub struct Outgoing {
     /// The rest of the frame.
     pub payload: Bytes,
     sent: usize,
+    /// Dropped once the last chunk is taken: what the frame's bytes were admitted with (a server's in-flight
+    /// byte permits), so they count until the frame leaves the queue.
+    hold: Option<Box<dyn Send + Sync>>,
+}
+
+impl std::fmt::Debug for Outgoing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Outgoing")
+            .field("id", &self.id)
+            .field("len", &self.len())
+            .field("sent", &self.sent)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Outgoing {
@@ -49,7 +61,14 @@ impl Outgoing {
             head,
             payload,
             sent: 0,
+            hold: None,
         }
+    }
+
+    /// Keeps `hold` alive until the frame's last chunk is taken from the queue.
+    pub fn holding(mut self, hold: Box<dyn Send + Sync>) -> Outgoing {
+        self.hold = Some(hold);
+        self
     }
 
     fn len(&self) -> usize {
@@ -145,6 +164,11 @@ impl Demux {
             streams: HashMap::new(),
             max_frame,
         }
+    }
+
+    /// Frames partly received (their chunks so far held, or discarded).
+    pub fn partial_frames(&self) -> usize {
+        self.streams.len()
     }
 
     /// Consumes every whole chunk at the front of `buf`, appending completed frames to `out`. Leaves a partial

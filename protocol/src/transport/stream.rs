@@ -1,5 +1,8 @@
 //! One frame on a QUIC stream: the thin I/O shell around [`crate::wire::frame`].
 
+use std::future::Future;
+use std::time::Duration;
+
 use bytes::{Bytes, BytesMut};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -14,17 +17,47 @@ pub async fn write_frame<H: Serialize>(
     header: &H,
     payload: Bytes,
 ) -> Result<(), ProtocolError> {
+    write_frame_within(send, header, payload, None).await
+}
+
+/// [`write_frame`], failing with [`ProtocolError::Idle`] when the peer accepts no byte of the frame for `idle`
+/// (a reader that never reads, whose flow-control window stays shut). `None`: no bound.
+pub async fn write_frame_within<H: Serialize>(
+    send: &mut quinn::SendStream,
+    header: &H,
+    payload: Bytes,
+    idle: Option<Duration>,
+) -> Result<(), ProtocolError> {
     let mut head = Vec::with_capacity(128);
     frame::encode_head(header, payload.len(), &mut head)?;
-    if payload.len() <= 4096 {
+    let mut chunks = if payload.len() <= 4096 {
         head.extend_from_slice(&payload);
-        send.write_chunk(Bytes::from(head)).await?;
+        vec![Bytes::from(head)]
     } else {
-        send.write_all_chunks(&mut [Bytes::from(head), payload])
-            .await?;
+        vec![Bytes::from(head), payload]
+    };
+    let mut rest = &mut chunks[..];
+    while !rest.is_empty() {
+        // `write_chunks` writes nothing when it does not complete, so a timed-out call loses no bytes.
+        let written = within(idle, "write", send.write_chunks(rest)).await??;
+        rest = &mut rest[written.chunks..];
     }
     send.finish()?;
     Ok(())
+}
+
+/// Runs `step` (one step of progress on a stream) within `idle`, or fails naming what stalled.
+pub async fn within<T>(
+    idle: Option<Duration>,
+    what: &'static str,
+    step: impl Future<Output = T>,
+) -> Result<T, ProtocolError> {
+    match idle {
+        None => Ok(step.await),
+        Some(idle) => tokio::time::timeout(idle, step)
+            .await
+            .map_err(|_| ProtocolError::Idle { what, idle }),
+    }
 }
 
 fn map_read(err: quinn::ReadExactError, expected: usize) -> ProtocolError {
@@ -54,13 +87,22 @@ pub async fn read_frame<H: DeserializeOwned>(
 /// they arrive in one QUIC chunk, otherwise copied once into a buffer of `len` bytes (never zero-filled).
 /// A stream that ends early is [`ProtocolError::Truncated`].
 pub async fn read_body(recv: &mut quinn::RecvStream, len: usize) -> Result<Bytes, ProtocolError> {
+    read_body_within(recv, len, None).await
+}
+
+/// [`read_body`], failing with [`ProtocolError::Idle`] when no byte arrives for `idle` (a sender that
+/// announced a body and stalled). `None`: no bound.
+pub async fn read_body_within(
+    recv: &mut quinn::RecvStream,
+    len: usize,
+    idle: Option<Duration>,
+) -> Result<Bytes, ProtocolError> {
     let mut first: Option<Bytes> = None;
     let mut acc = BytesMut::new();
     let mut got = 0;
     while got < len {
-        let chunk = recv
-            .read_chunk(len - got, true)
-            .await
+        let chunk = within(idle, "read", recv.read_chunk(len - got, true))
+            .await?
             .map_err(|e| ProtocolError::Read(quinn::ReadExactError::ReadError(e)))?
             .ok_or(ProtocolError::Truncated {
                 got: PREFIX_LEN + got,

@@ -14,11 +14,12 @@ use std::io;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, Notify};
 use tokio::task::JoinHandle;
 use tokio_rustls::{TlsAcceptor, TlsConnector};
 
@@ -44,10 +45,13 @@ fn encode(
     Ok(Outgoing::new(id, Bytes::from(head), payload))
 }
 
-/// Writes queued frames until every sender is gone, then flushes and closes the TLS session.
+/// Writes queued frames until every sender is gone, then flushes and closes the TLS session. With `idle`, a
+/// batch (at most [`WRITE_BATCH`] bytes) the peer does not take within `idle` fails the connection: a client
+/// that never reads its replies cannot hold them in the server's memory for ever.
 async fn write_loop<W: AsyncWrite + Unpin>(
     mut w: W,
     mut rx: mpsc::UnboundedReceiver<Outgoing>,
+    idle: Option<Duration>,
 ) -> io::Result<()> {
     let mut sched = Scheduler::default();
     let mut buf = Vec::with_capacity(WRITE_BATCH + CHUNK_MAX + 64);
@@ -63,8 +67,22 @@ async fn write_loop<W: AsyncWrite + Unpin>(
         }
         buf.clear();
         sched.fill(&mut buf, WRITE_BATCH);
-        w.write_all(&buf).await?;
-        w.flush().await?;
+        let write = async {
+            w.write_all(&buf).await?;
+            w.flush().await
+        };
+        match idle {
+            None => write.await?,
+            Some(idle) => tokio::time::timeout(idle, write).await.map_err(|_| {
+                io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!(
+                        "the peer took no {} bytes of replies within {idle:?}",
+                        buf.len()
+                    ),
+                )
+            })??,
+        }
     }
     w.shutdown().await
 }
@@ -140,7 +158,7 @@ impl Dialer {
         let writer = {
             let shared = shared.clone();
             tokio::spawn(async move {
-                if let Err(e) = write_loop(w, rx).await {
+                if let Err(e) = write_loop(w, rx, None).await {
                     shared.fail(format!("write: {e}"));
                 }
             })
@@ -343,8 +361,16 @@ impl Handshake {
         self.peer
     }
 
-    /// Completes the TLS handshake (checking the client certificate if the config asks for one).
-    pub async fn finish(self, max_frame: u64) -> Result<ServerConn, ProtocolError> {
+    /// Completes the TLS handshake (checking the client certificate if the config asks for one). The
+    /// connection refuses frames over `max_frame` bytes and, with `idle`, fails when a frame stalls: no byte
+    /// arrives for `idle` while a frame is partly received, or the client takes no reply bytes for `idle`
+    /// ([`ProtocolError::Idle`]). The caller bounds the handshake itself (a client that never sends a
+    /// `ClientHello` is never done).
+    pub async fn finish(
+        self,
+        max_frame: u64,
+        idle: Option<Duration>,
+    ) -> Result<ServerConn, ProtocolError> {
         let peer = self.peer;
         let tls = self
             .acceptor
@@ -361,8 +387,21 @@ impl Handshake {
             .map(|c| c.iter().map(|c| c.clone().into_owned()).collect());
         let (r, w) = tokio::io::split(tls);
         let (tx, rx) = mpsc::unbounded_channel();
-        let writer = tokio::spawn(write_loop(w, rx));
+        let writer_failed = Arc::new(Notify::new());
+        let writer = {
+            let failed = writer_failed.clone();
+            tokio::spawn(async move {
+                let written = write_loop(w, rx, idle).await;
+                if written.is_err() {
+                    // The reader stops too: a client that does not take its replies gets no more served.
+                    failed.notify_one();
+                }
+                written
+            })
+        };
         Ok(ServerConn {
+            idle,
+            writer_failed,
             peer_certificates,
             reader: Box::new(r),
             buf: BytesMut::with_capacity(READ_RESERVE),
@@ -390,6 +429,8 @@ pub struct ServerConn {
     writer: JoinHandle<io::Result<()>>,
     max_frame: u64,
     peer: SocketAddr,
+    idle: Option<Duration>,
+    writer_failed: Arc<Notify>,
 }
 
 /// One request received on a TCP connection: the decoded frame (or why it could not be) and where to answer.
@@ -409,8 +450,19 @@ pub struct Responder {
 impl Responder {
     /// Queues the response frame; fails if the connection's writer has stopped.
     pub fn send(self, header: &Response, payload: Bytes) -> Result<(), ProtocolError> {
+        self.send_holding(header, payload, Box::new(()))
+    }
+
+    /// [`Responder::send`], keeping `hold` (the reply's admitted bytes) alive until the frame has left the
+    /// connection's queue: a reply queued behind a slow reader still counts against the server's limits.
+    pub fn send_holding(
+        self,
+        header: &Response,
+        payload: Bytes,
+        hold: Box<dyn Send + Sync>,
+    ) -> Result<(), ProtocolError> {
         self.out
-            .send(encode(self.id, header, payload)?)
+            .send(encode(self.id, header, payload)?.holding(hold))
             .map_err(|_| ProtocolError::ConnectionLost {
                 server: "-".into(),
                 reason: "the connection's writer stopped".into(),
@@ -445,14 +497,26 @@ impl ServerConn {
                     },
                 }));
             }
-            match read_some(
+            // Between frames a connection may idle (QUIC keep-alives stand for it); in the middle of one, the
+            // bytes received so far are held in memory and a stalled sender is dropped after `idle`.
+            let mid_frame = !self.buf.is_empty() || self.demux.partial_frames() > 0;
+            let read = read_some(
                 &mut self.reader,
                 &mut self.buf,
                 &mut self.demux,
                 &mut self.events,
-            )
-            .await
-            {
+            );
+            let idle = self.idle.filter(|_| mid_frame);
+            let read = tokio::select! {
+                read = crate::transport::stream::within(idle, "read", read) => read?,
+                _ = self.writer_failed.notified() => {
+                    return Err(ProtocolError::ConnectionLost {
+                        server: self.peer.to_string(),
+                        reason: "writing replies failed; see the connection's end".into(),
+                    })
+                }
+            };
+            match read {
                 Ok(true) => self.ready.extend(self.events.drain(..)),
                 Ok(false) => return Ok(None),
                 Err(reason) => {
@@ -465,10 +529,15 @@ impl ServerConn {
         }
     }
 
-    /// Stops reading; waits until every response already handed to a [`Responder`] is written.
+    /// Stops reading; waits until every response already handed to a [`Responder`] is written. A client that
+    /// took no reply bytes for the idle bound is [`ProtocolError::Idle`].
     pub async fn finish(self) -> Result<(), ProtocolError> {
         let ServerConn {
-            out, writer, peer, ..
+            out,
+            writer,
+            peer,
+            idle,
+            ..
         } = self;
         drop(out);
         let lost = |reason: String| ProtocolError::ConnectionLost {
@@ -478,6 +547,12 @@ impl ServerConn {
         writer
             .await
             .map_err(|e| lost(e.to_string()))?
-            .map_err(|e| lost(e.to_string()))
+            .map_err(|e| match idle {
+                Some(idle) if e.kind() == io::ErrorKind::TimedOut => ProtocolError::Idle {
+                    what: "write",
+                    idle,
+                },
+                _ => lost(e.to_string()),
+            })
     }
 }

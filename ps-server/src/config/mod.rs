@@ -72,6 +72,24 @@ pub struct FileConfig {
     pub max_streams_per_connection: Option<u32>,
     /// Unread bytes the server buffers per QUIC connection (flow-control window). Default 32 MiB.
     pub connection_window_bytes: Option<u64>,
+    /// Seconds a client has to complete its TLS handshake (QUIC or TCP) after connecting; past it, the
+    /// connection is dropped (`ps_handshakes_total{outcome="timeout"}`). > 0. Default 10.
+    pub handshake_timeout_secs: Option<f64>,
+    /// Handshakes under way at once (connections not yet authenticated, which hold no connection slot); when
+    /// one more arrives, the oldest is dropped (`ps_handshakes_total{outcome="evicted"}`), so idle sockets
+    /// cannot lock clients out. >= 1. Default 256.
+    pub max_handshakes: Option<u64>,
+    /// Seconds a request stream may make no progress (no byte of a request body arrives, or the client takes
+    /// no byte of its reply) before it is dropped, releasing its in-flight bytes (`ps_stream_idle_timeouts_total`).
+    /// QUIC resets the stream; TCP closes the connection. 0 = no bound. Default 30.
+    pub stream_idle_timeout_secs: Option<f64>,
+    /// What a push may leave in a row: `refuse` (an update that would leave a non-finite weight or optimizer
+    /// state is undone, counted in `ps_rows_refused_nonfinite_weights_total`) or `clamp` (weights are kept
+    /// within `weight-clamp-abs`, counted in `ps_rows_clamped_weights_total`; non-finite state is refused).
+    /// Default `refuse`.
+    pub weight_guard: Option<WeightGuardMode>,
+    /// With `weight-guard = "clamp"`: the largest magnitude a weight may have, finite and > 0. Default 1e6.
+    pub weight_clamp_abs: Option<f32>,
     /// MiB of RocksDB block cache, shared by every table (`crate::config::tier`). Default 64.
     pub block_cache_mib: Option<u64>,
     /// RocksDB column family setup: `point-lookup` (blooms, block hash index, memtable bloom: the capacity
@@ -196,6 +214,11 @@ impl FileConfig {
             max_connections,
             max_streams_per_connection,
             connection_window_bytes,
+            handshake_timeout_secs,
+            max_handshakes,
+            stream_idle_timeout_secs,
+            weight_guard,
+            weight_clamp_abs,
             block_cache_mib,
             rocksdb_tuning,
             prefetch_pin_secs,
@@ -235,6 +258,8 @@ impl FileConfig {
             ));
         }
         let limits = self.load_limits()?;
+        let connection_limits = self.connection_limits()?;
+        let weight_guard = self.weight_guard()?;
         let tier = self.tier()?;
         let sync_interval = secs("sync-interval-secs", self.sync_interval_secs, 2.0)?;
         let sync_retain_rows = at_least(
@@ -279,6 +304,8 @@ impl FileConfig {
             max_connections: limits.max_connections,
             max_streams_per_connection: limits.max_streams_per_connection,
             connection_window_bytes: limits.connection_window_bytes,
+            connection_limits,
+            weight_guard,
             memory_budget_rows: self.memory_budget_rows,
             durability: self.durability.unwrap_or_default(),
             insecure_dev: self.insecure_dev.unwrap_or(false),
@@ -582,6 +609,10 @@ pub struct ServerConfig {
     pub max_streams_per_connection: u32,
     /// QUIC flow-control window per connection, bytes.
     pub connection_window_bytes: u64,
+    /// Bounds on connections before authentication and on stalled streams.
+    pub connection_limits: ConnectionLimits,
+    /// What a push may leave in a row.
+    pub weight_guard: embedding::WeightGuard,
     /// Period of the delta sync's cuts; zero turns change tracking off.
     pub sync_interval: Duration,
     /// Ids the retained deltas hold at most.
@@ -615,8 +646,10 @@ pub enum ConfigError {
     Invalid(String),
 }
 
+mod limits;
 mod tier;
 
+pub use limits::{ConnectionLimits, WeightGuardMode, DEFAULT_WEIGHT_CLAMP_ABS};
 pub use tier::{RocksdbTuning, TierConfig, DEFAULT_PIN_SECS};
 
 #[cfg(test)]

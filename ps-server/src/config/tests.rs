@@ -144,3 +144,63 @@ fn shard_index_from_pod_names() {
         assert!(err.contains(&format!("{bad:?}")), "{err}");
     }
 }
+
+#[test]
+fn connection_limits_have_defaults_and_name_bad_values() {
+    let base = || FileConfig {
+        data_dir: Some("/d".into()),
+        tls_dir: Some("/t".into()),
+        ..Default::default()
+    };
+    let cfg = base().validate().unwrap();
+    assert_eq!(cfg.connection_limits, ConnectionLimits::default());
+    let f: FileConfig = toml::from_str(
+        "handshake-timeout-secs = 2.5\nmax-handshakes = 8\nstream-idle-timeout-secs = 0",
+    )
+    .unwrap();
+    let cfg = base().overlay(f).validate().unwrap();
+    assert_eq!(
+        cfg.connection_limits,
+        ConnectionLimits {
+            handshake_timeout: Duration::from_millis(2500),
+            max_handshakes: 8,
+            stream_idle_timeout: None,
+        }
+    );
+    for (file, needle) in [
+        ("handshake-timeout-secs = 0", "handshake-timeout-secs = 0"),
+        ("handshake-timeout-secs = -3", "handshake-timeout-secs = -3"),
+        ("max-handshakes = 0", "max-handshakes = 0"),
+        (
+            "stream-idle-timeout-secs = -1",
+            "stream-idle-timeout-secs = -1",
+        ),
+    ] {
+        let f: FileConfig = toml::from_str(file).unwrap();
+        let err = base().overlay(f).validate().unwrap_err().to_string();
+        assert!(err.contains(needle), "{file}: {err}");
+    }
+}
+
+#[test]
+fn weight_guard_defaults_to_refuse_and_names_a_bad_bound() {
+    let base = || FileConfig {
+        data_dir: Some("/d".into()),
+        tls_dir: Some("/t".into()),
+        ..Default::default()
+    };
+    assert_eq!(
+        base().validate().unwrap().weight_guard,
+        embedding::WeightGuard::Refuse
+    );
+    let f: FileConfig =
+        toml::from_str("weight-guard = \"clamp\"\nweight-clamp-abs = 100.0").unwrap();
+    assert_eq!(
+        base().overlay(f).validate().unwrap().weight_guard,
+        embedding::WeightGuard::Clamp { max_abs: 100.0 }
+    );
+    let f: FileConfig =
+        toml::from_str("weight-guard = \"clamp\"\nweight-clamp-abs = -1.0").unwrap();
+    let err = base().overlay(f).validate().unwrap_err().to_string();
+    assert!(err.contains("weight-clamp-abs = -1"), "{err}");
+}

@@ -5,7 +5,7 @@
 //! ([`crate::handler::authorize`]) and reads the wall clock once per request.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use protocol::transport::{stream, tcp};
@@ -18,41 +18,39 @@ use crate::load_limits::{self, Admitted, LoadLimits};
 use crate::metrics as m;
 use crate::shard::Shard;
 
-use super::listen::Accepted;
+use super::handshake::Established;
 
-/// Serves one accepted connection on its transport until it ends or the drain starts; logs why it ended.
+/// The per-connection settings of the server's config.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Limits {
+    /// Frame cap, bytes.
+    pub(super) max_frame: u64,
+    /// How long a request stream may make no progress (`stream-idle-timeout-secs`); `None`: no bound.
+    pub(super) idle: Option<Duration>,
+    /// Whether clients are authorized by their certificate's role (not with `insecure-dev`).
+    pub(super) authenticate: bool,
+}
+
+/// Serves one established connection on its transport until it ends or the drain starts; logs why it ended.
 pub(super) async fn serve(
-    accepted: Accepted,
+    conn: Established,
     shard: Arc<Shard>,
     tracker: TaskTracker,
     draining: CancellationToken,
-    max_frame: u64,
+    limits: Limits,
     admission: Arc<LoadLimits>,
-    authenticate: bool,
 ) {
-    let ended = match accepted {
-        Accepted::Quic(incoming) => serve_connection(
-            *incoming,
-            shard,
-            tracker,
-            draining,
-            max_frame,
-            admission,
-            authenticate,
-        )
-        .await
-        .map_err(|e| e.to_string()),
-        Accepted::Tcp(handshake) => serve_tcp_connection(
-            handshake,
-            shard,
-            tracker,
-            draining,
-            max_frame,
-            admission,
-            authenticate,
-        )
-        .await
-        .map_err(|e| e.to_string()),
+    let ended = match conn {
+        Established::Quic(conn) => {
+            serve_connection(conn, shard, tracker, draining, limits, admission)
+                .await
+                .map_err(|e| e.to_string())
+        }
+        Established::Tcp(conn) => {
+            serve_tcp_connection(*conn, shard, tracker, draining, limits, admission)
+                .await
+                .map_err(|e| e.to_string())
+        }
     };
     if let Err(e) = ended {
         tracing::debug!(error = %e, "connection ended");
@@ -62,17 +60,15 @@ pub(super) async fn serve(
 /// Serves one QUIC connection: one task per request stream, tracked by `tracker`. On drain, stops accepting
 /// streams.
 async fn serve_connection(
-    incoming: quinn::Incoming,
+    conn: quinn::Connection,
     shard: Arc<Shard>,
     tracker: TaskTracker,
     draining: CancellationToken,
-    max_frame: u64,
+    limits: Limits,
     admission: Arc<LoadLimits>,
-    authenticate: bool,
 ) -> Result<(), quinn::ConnectionError> {
-    let conn = incoming.await?;
     let _open = ConnectionGauge::new();
-    let access = Arc::new(if authenticate {
+    let access = Arc::new(if limits.authenticate {
         let chain = conn.peer_identity().and_then(|id| {
             id.downcast::<Vec<quinn::rustls::pki_types::CertificateDer<'static>>>()
                 .ok()
@@ -95,11 +91,19 @@ async fn serve_connection(
         let admission = admission.clone();
         let access = access.clone();
         tracker.spawn(async move {
-            if let Err(e) = serve_request(send, recv, &shard, &access, max_frame, &admission).await
-            {
+            if let Err(e) = serve_request(send, recv, &shard, &access, limits, &admission).await {
+                count_idle(&e, "quic");
                 tracing::debug!(error = %e, "request stream failed");
             }
         });
+    }
+}
+
+/// Counts a stream dropped for making no progress in [`m::STREAM_IDLE_TIMEOUTS_TOTAL`].
+fn count_idle(e: &ProtocolError, transport: &'static str) {
+    if let ProtocolError::Idle { what, .. } = e {
+        metrics::counter!(m::STREAM_IDLE_TIMEOUTS_TOTAL, "transport" => transport, "direction" => *what)
+            .increment(1);
     }
 }
 
@@ -123,11 +127,18 @@ async fn serve_request(
     mut recv: quinn::RecvStream,
     shard: &Arc<Shard>,
     access: &Access,
-    max_frame: u64,
+    limits: Limits,
     admission: &LoadLimits,
 ) -> Result<(), ProtocolError> {
+    let (max_frame, idle) = (limits.max_frame, limits.idle);
     let start = Instant::now();
-    let (frame, mut admitted) = read_admitted(&mut recv, max_frame, admission).await;
+    let (frame, mut admitted) = read_admitted(&mut recv, max_frame, idle, admission).await;
+    if let Err(e @ ProtocolError::Idle { .. }) = frame {
+        // A stalled sender gets no answer: its stream is reset and its admitted bytes released.
+        let _ = recv.stop(0u32.into());
+        let _ = send.reset(0u32.into());
+        return Err(e);
+    }
     if frame.is_err() {
         // Refused before the whole request was read: the client may still be sending.
         let _ = recv.stop(0u32.into());
@@ -136,19 +147,28 @@ async fn serve_request(
         Ok(frame) => answer(shard, access, frame).await?,
         Err(refusal) => refusal,
     };
-    stream::write_frame(&mut send, &answer.header, answer.payload.clone()).await?;
+    if let Err(e) =
+        stream::write_frame_within(&mut send, &answer.header, answer.payload.clone(), idle).await
+    {
+        let _ = send.reset(0u32.into());
+        return Err(e);
+    }
     drop(admitted);
     answer.record(start);
     // Graceful shutdown waits for this task: wait until the client has the reply (acknowledged), so that
-    // closing the endpoint after the drain cannot discard the reply of a request that was applied.
-    let _ = send.stopped().await;
+    // closing the endpoint after the drain cannot discard the reply of a request that was applied. A client
+    // that never acknowledges holds the task for the idle bound at most (the reply's bytes are QUIC's).
+    let _ = stream::within(idle, "write", send.stopped()).await;
     Ok(())
 }
 
-/// Reads one request frame, admitting its body's bytes ([`LoadLimits::request`]) before reading it.
+/// Reads one request frame, admitting its body's bytes ([`LoadLimits::request`]) before reading it. With
+/// `idle`, a stream on which no byte arrives for that long (before the prefix, or in the body) fails with
+/// [`ProtocolError::Idle`], releasing what it was admitted.
 async fn read_admitted(
     recv: &mut quinn::RecvStream,
     max_frame: u64,
+    idle: Option<Duration>,
     admission: &LoadLimits,
 ) -> (Result<(Request, Bytes), ProtocolError>, Option<Admitted>) {
     use protocol::wire::frame::{decode_header, parse_prefix, PREFIX_LEN};
@@ -157,15 +177,17 @@ async fn read_admitted(
         other => ProtocolError::Read(other),
     };
     let mut prefix = [0u8; PREFIX_LEN];
-    if let Err(e) = recv.read_exact(&mut prefix).await {
-        return (Err(truncated(e, PREFIX_LEN)), None);
+    match stream::within(idle, "read", recv.read_exact(&mut prefix)).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => return (Err(truncated(e, PREFIX_LEN)), None),
+        Err(e) => return (Err(e), None),
     }
     let p = match parse_prefix(&prefix, max_frame) {
         Ok(p) => p,
         Err(e) => return (Err(e), None),
     };
     let admitted = admission.request(p.body_len()).await;
-    let body = match stream::read_body(recv, p.body_len()).await {
+    let body = match stream::read_body_within(recv, p.body_len(), idle).await {
         Ok(body) => body,
         Err(e) => return (Err(e), Some(admitted)),
     };
@@ -349,28 +371,33 @@ async fn answer(
 /// Serves one TCP connection: requests multiplexed by id, one task each, answers queued on the connection's
 /// writer. On drain, stops reading and waits until the answers of requests already read are written.
 async fn serve_tcp_connection(
-    handshake: tcp::Handshake,
+    mut conn: tcp::ServerConn,
     shard: Arc<Shard>,
     tracker: TaskTracker,
     draining: CancellationToken,
-    max_frame: u64,
+    limits: Limits,
     admission: Arc<LoadLimits>,
-    authenticate: bool,
 ) -> Result<(), ProtocolError> {
-    let mut conn = handshake.finish(max_frame).await?;
+    let max_frame = limits.max_frame;
     let _open = ConnectionGauge::new();
-    let access = Arc::new(if authenticate {
+    let access = Arc::new(if limits.authenticate {
         Access::of_chain(conn.peer_certificates())
     } else {
         Access::Unauthenticated
     });
     tracing::debug!(peer = %conn.peer(), role = access.label(), "tcp connection accepted");
+    let mut ended = Ok(());
     loop {
         let incoming = tokio::select! {
             _ = draining.cancelled() => break,
-            next = conn.next() => match next? {
-                Some(incoming) => incoming,
-                None => break,
+            next = conn.next() => match next {
+                Ok(Some(incoming)) => incoming,
+                Ok(None) => break,
+                Err(e) => {
+                    count_idle(&e, "tcp");
+                    ended = Err(e);
+                    break;
+                }
             },
         };
         let shard = shard.clone();
@@ -393,15 +420,28 @@ async fn serve_tcp_connection(
                     return;
                 }
             };
-            let sent = answer(&shard, &access, request).await.and_then(|a| {
-                reply.send(&a.header, a.payload.clone())?;
-                Ok(a)
-            });
+            let sent = match answer(&shard, &access, request).await {
+                Ok(a) => {
+                    // The reply's bytes count until the connection's writer takes them (issue 40): a client
+                    // that reads slowly holds the server's in-flight bytes, not unbounded memory.
+                    let mut held = admitted.take().expect("admitted above");
+                    admission.reply(a.payload.len(), &mut held).await;
+                    reply
+                        .send_holding(&a.header, a.payload.clone(), Box::new(held))
+                        .map(|()| a)
+                }
+                Err(e) => Err(e),
+            };
             match sent {
                 Ok(a) => a.record(start),
                 Err(e) => tracing::debug!(error = %e, "tcp request failed"),
             }
         });
     }
-    conn.finish().await
+    // Replies already queued are still written (bounded by the idle timeout when the client does not read).
+    let finished = conn.finish().await;
+    if let Err(e) = &finished {
+        count_idle(e, "tcp");
+    }
+    ended.and(finished)
 }

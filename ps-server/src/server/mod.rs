@@ -10,6 +10,7 @@
 //! background tasks (module `tasks`), `accept_loop` until shutdown, then `shut_down`.
 
 mod connection;
+mod handshake;
 mod listen;
 mod reduce;
 mod sync;
@@ -151,6 +152,7 @@ async fn open_shard(cfg: &ServerConfig) -> anyhow::Result<Arc<Shard>> {
     );
     writeback::update_gauges(&engine);
     engine.set_table_policy(cfg.admission, cfg.row_ttl_secs);
+    engine.set_weight_guard(cfg.weight_guard);
     let replica = crate::replica::Replica::new(cfg, &engine);
     let routing = crate::reshard::Routing::open(cfg, &engine)?;
     Ok(Arc::new(Shard {
@@ -191,7 +193,8 @@ struct InFlight {
 }
 
 /// Accepts connections on every endpoint until `shutdown` resolves (or the QUIC endpoint closes), one task per
-/// connection, each holding a connection slot of `admission` (refused without one).
+/// connection: its handshake (bounded, module `handshake`), then, holding a connection slot of `admission`
+/// (refused without one), its requests.
 async fn accept_loop(
     cfg: &ServerConfig,
     shard: &Arc<Shard>,
@@ -201,6 +204,7 @@ async fn accept_loop(
     shutdown: impl Future<Output = ()>,
 ) {
     tokio::pin!(shutdown);
+    let handshakes = handshake::Handshakes::new(cfg.connection_limits, cfg.max_frame);
     loop {
         let accepted = tokio::select! {
             _ = &mut shutdown => break,
@@ -218,24 +222,28 @@ async fn accept_loop(
                 }
             },
         };
-        let Some(slot) = admission.connection() else {
-            if let Accepted::Quic(incoming) = accepted {
-                incoming.refuse();
-            }
-            continue;
-        };
-        let serve = connection::serve(
-            accepted,
-            shard.clone(),
-            in_flight.requests.clone(),
-            in_flight.draining.clone(),
-            cfg.max_frame,
-            admission.clone(),
-            !cfg.insecure_dev,
-        );
+        // Taken here, in arrival order, so that the oldest handshake is the one dropped to make room.
+        let ticket = handshakes.start();
+        let (shard, admission, draining) =
+            (shard.clone(), admission.clone(), in_flight.draining.clone());
+        let tracker = in_flight.requests.clone();
+        let (max_frame, authenticate) = (cfg.max_frame, !cfg.insecure_dev);
+        let idle = handshakes.stream_idle();
         in_flight.requests.spawn(async move {
-            let _slot = slot;
-            serve.await;
+            let Some(conn) = handshake::establish(accepted, ticket, &draining).await else {
+                return;
+            };
+            // A slot is held only by a connection whose handshake is done (issue 40).
+            let Some(_slot) = admission.connection() else {
+                conn.refuse();
+                return;
+            };
+            let limits = connection::Limits {
+                max_frame,
+                idle,
+                authenticate,
+            };
+            connection::serve(conn, shard, tracker, draining, limits, admission).await;
         });
     }
 }

@@ -1,0 +1,99 @@
+//! Bounds on connections before they authenticate and on stalled streams (issue 40): what keeps idle or slow
+//! sockets from holding the server's connection slots and in-flight bytes.
+
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::{at_least, secs, ConfigError, FileConfig};
+
+/// Default [`FileConfig::handshake_timeout_secs`].
+pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default [`FileConfig::max_handshakes`].
+pub const DEFAULT_MAX_HANDSHAKES: u64 = 256;
+/// Default [`FileConfig::stream_idle_timeout_secs`].
+pub const DEFAULT_STREAM_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Validated bounds on handshakes and stalled streams.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnectionLimits {
+    /// Time a client has to complete its TLS handshake.
+    pub handshake_timeout: Duration,
+    /// Handshakes under way at once; one more drops the oldest.
+    pub max_handshakes: usize,
+    /// Time a request stream may make no progress; `None`: no bound.
+    pub stream_idle_timeout: Option<Duration>,
+}
+
+impl Default for ConnectionLimits {
+    fn default() -> ConnectionLimits {
+        ConnectionLimits {
+            handshake_timeout: DEFAULT_HANDSHAKE_TIMEOUT,
+            max_handshakes: DEFAULT_MAX_HANDSHAKES as usize,
+            stream_idle_timeout: Some(DEFAULT_STREAM_IDLE_TIMEOUT),
+        }
+    }
+}
+
+impl FileConfig {
+    /// The connection limits with their defaults; a handshake timeout of 0 is refused (no client could
+    /// connect).
+    pub(super) fn connection_limits(&self) -> Result<ConnectionLimits, ConfigError> {
+        let handshake_timeout = secs(
+            "handshake-timeout-secs",
+            self.handshake_timeout_secs,
+            DEFAULT_HANDSHAKE_TIMEOUT.as_secs_f64(),
+        )?;
+        if handshake_timeout.is_zero() {
+            return Err(ConfigError::Invalid(
+                "handshake-timeout-secs = 0, expected a number of seconds > 0".into(),
+            ));
+        }
+        let max_handshakes = at_least(
+            "max-handshakes",
+            self.max_handshakes,
+            DEFAULT_MAX_HANDSHAKES,
+            1,
+        )? as usize;
+        let idle = secs(
+            "stream-idle-timeout-secs",
+            self.stream_idle_timeout_secs,
+            DEFAULT_STREAM_IDLE_TIMEOUT.as_secs_f64(),
+        )?;
+        Ok(ConnectionLimits {
+            handshake_timeout,
+            max_handshakes,
+            stream_idle_timeout: (!idle.is_zero()).then_some(idle),
+        })
+    }
+}
+
+/// Default [`FileConfig::weight_clamp_abs`].
+pub const DEFAULT_WEIGHT_CLAMP_ABS: f32 = 1e6;
+
+/// `weight-guard`: what a push may leave in a row ([`embedding::WeightGuard`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum WeightGuardMode {
+    /// Undo an update that would leave a non-finite weight or state.
+    #[default]
+    Refuse,
+    /// Keep weights within `weight-clamp-abs`.
+    Clamp,
+}
+
+impl FileConfig {
+    /// The weight guard: `refuse` by default; `clamp` with a finite bound > 0.
+    pub(super) fn weight_guard(&self) -> Result<embedding::WeightGuard, ConfigError> {
+        let max_abs = self.weight_clamp_abs.unwrap_or(DEFAULT_WEIGHT_CLAMP_ABS);
+        if !(max_abs.is_finite() && max_abs > 0.0) {
+            return Err(ConfigError::Invalid(format!(
+                "weight-clamp-abs = {max_abs}, expected a finite number > 0"
+            )));
+        }
+        Ok(match self.weight_guard.unwrap_or_default() {
+            WeightGuardMode::Refuse => embedding::WeightGuard::Refuse,
+            WeightGuardMode::Clamp => embedding::WeightGuard::Clamp { max_abs },
+        })
+    }
+}
