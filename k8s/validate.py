@@ -530,6 +530,31 @@ def shard_checks(path, by_kind, toml):
     return errors, shards
 
 
+MONITORING_NAMESPACE = "monitoring"
+METRICS_PORT = 9100
+
+
+def metrics_port_checks(path, by_kind):
+    """Issue 40: the metrics port (9100) is reachable from the monitoring namespace only: every ingress rule that
+    opens it admits exactly that namespace (by its kubernetes.io/metadata.name label), nothing wider."""
+    errors = []
+    for np in by_kind.get("NetworkPolicy", []):
+        for i, rule in enumerate(np["spec"].get("ingress", [])):
+            if not any(p.get("port") == METRICS_PORT for p in rule.get("ports", [])):
+                continue
+            froms = rule.get("from") or []
+            wanted = {"kubernetes.io/metadata.name": MONITORING_NAMESPACE}
+            if not froms or any(
+                "podSelector" in f or "ipBlock" in f or (f.get("namespaceSelector") or {}).get("matchLabels") != wanted
+                for f in froms
+            ):
+                errors.append(
+                    f"{path}: NetworkPolicy {np['metadata']['name']} ingress rule {i} opens the metrics port "
+                    f"{METRICS_PORT} to {froms or 'everyone'}; only the {MONITORING_NAMESPACE} namespace may scrape it"
+                )
+    return errors
+
+
 def cross_checks(path, docs, declared):
     errors = []
     by_kind = {}
@@ -538,6 +563,7 @@ def cross_checks(path, docs, declared):
     jobs = [d for d in by_kind.get("Job", []) if d["metadata"]["name"] == "trainer"]
     errors.extend(service_checks(path, by_kind))
     errors.extend(metrics_checks(path, by_kind, declared))
+    errors.extend(metrics_port_checks(path, by_kind))
     shards = None
     cfg = effective_config(by_kind, path, errors)
     if cfg is not None:

@@ -100,6 +100,7 @@ selftest pdb-all-shards 'del by[("PodDisruptionBudget","ps-0")]["spec"]["selecto
 selftest same-node "$ps0"'["template"]["spec"]["affinity"] = {}'
 selftest ready-only-dns 'del by[("Service","ps")]["spec"]["publishNotReadyAddresses"]'
 selftest np-no-peers 'del by[("NetworkPolicy","ps")]["spec"]["ingress"][1]'
+selftest metrics-port-open 'by[("NetworkPolicy","ps")]["spec"]["ingress"][2]["from"] = [{"namespaceSelector": {}}]'
 selftest no-shard-label 'del by[("PodMonitor","pstrain")]["spec"]["podMetricsEndpoints"][0]["relabelings"]'
 selftest alert-unknown-metric 'by[("PrometheusRule","pstrain")]["spec"]["groups"][0]["rules"][0]["expr"] = "ps_replication_lag_secs > 5"'
 serve='by[("Deployment","ps-serve")]["spec"]["template"]["spec"]'
