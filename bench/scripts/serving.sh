@@ -55,7 +55,7 @@ echo "== job 1: train ${TRAIN_ROWS:-200000} rows, export"
   --export-dir "$OUT/export" --summary-json "$OUT/job1.json" >"$OUT/job1.log" 2>&1
 python3 -c "import json,sys; s=json.load(open(sys.argv[1])); print('job 1: step %d, test AUC %.6f, logloss %.6f' % (s['step'], s['auc'], s['logloss']))" "$OUT/job1.json"
 
-"$BIN/ps-serve" --export "$OUT/export" --listen 127.0.0.1:0 --subscribe "$PS" --tls-dir "$TLS" \
+"$BIN/ps-serve" --export "$OUT/export" --listen 127.0.0.1:0 --enable-embedding-api --subscribe "$PS" --tls-dir "$TLS" \
   --data-dir "$OUT/run/serve" >"$OUT/serve.out" 2>"$OUT/serve.log" &
 PIDS+=($!)
 for _ in $(seq 1 600); do grep -q '^serving export' "$OUT/serve.out" 2>/dev/null && break; sleep 0.1; done

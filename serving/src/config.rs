@@ -14,7 +14,8 @@ pub struct ServeOptions {
     /// The export to serve: an export root (its LATEST version is loaded) or one version directory. Required.
     #[arg(long, env = "PS_SERVE_EXPORT")]
     pub export: Option<PathBuf>,
-    /// HTTP listen address for predictions, /metrics, /healthz and /readyz. Default `0.0.0.0:8500`.
+    /// HTTP listen address for predictions, /metrics, /healthz and /readyz. Default `127.0.0.1:8500` (loopback:
+    /// reachable from other machines only when asked, as the Kubernetes manifests do with `0.0.0.0:8500`).
     #[arg(long, env = "PS_SERVE_LISTEN")]
     pub listen: Option<SocketAddr>,
     /// Directory for serving's copy of the embedding rows (RocksDB; replaced at start). Default: a
@@ -67,6 +68,25 @@ pub struct ServeOptions {
     /// Milliseconds a sync request waits on a training server for the next delta. Default 10000.
     #[arg(long, env = "PS_SERVE_SYNC_WAIT_MS")]
     pub sync_wait_ms: Option<u32>,
+    /// Most HTTP connections open at once; one more is closed at accept (counted in
+    /// `serving_connections_refused_total`). Default 1024.
+    #[arg(long, env = "PS_SERVE_MAX_CONNECTIONS")]
+    pub max_connections: Option<usize>,
+    /// Seconds a connection gets to send a request's headers (from its first byte, or from the connection's
+    /// start); past it the connection is closed. Default 10.
+    #[arg(long, env = "PS_SERVE_HEADER_TIMEOUT_SECS")]
+    pub header_timeout_secs: Option<f64>,
+    /// Seconds a request gets to send its whole body; past it the answer is 408. Default 30.
+    #[arg(long, env = "PS_SERVE_BODY_TIMEOUT_SECS")]
+    pub body_timeout_secs: Option<f64>,
+    /// A file holding a bearer token: every `/v1/` request must then send `Authorization: Bearer <token>`
+    /// (401 otherwise). `/healthz`, `/readyz` and `/metrics` stay open for probes and scrapers. Default: no token.
+    #[arg(long, env = "PS_SERVE_API_TOKEN_FILE")]
+    pub api_token_file: Option<PathBuf>,
+    /// Answer `GET /v1/embedding` (a served row by table and id: a read of the model's parameters, for
+    /// debugging and freshness probes). Default false (404 naming this setting).
+    #[arg(long, env = "PS_SERVE_ENABLE_EMBEDDING_API", num_args = 0..=1, default_missing_value = "true")]
+    pub enable_embedding_api: Option<bool>,
 }
 
 /// Why the configuration was refused; messages name the setting and the value.
@@ -110,6 +130,16 @@ pub struct ServeConfig {
     pub drain_timeout: Duration,
     /// Delta sync, when `subscribe` is set.
     pub sync: Option<SyncConfig>,
+    /// See [`ServeOptions::max_connections`].
+    pub max_connections: usize,
+    /// See [`ServeOptions::header_timeout_secs`].
+    pub header_timeout: Duration,
+    /// See [`ServeOptions::body_timeout_secs`].
+    pub body_timeout: Duration,
+    /// The token read from [`ServeOptions::api_token_file`].
+    pub api_token: Option<String>,
+    /// See [`ServeOptions::enable_embedding_api`].
+    pub enable_embedding_api: bool,
 }
 
 /// Delta sync settings.
@@ -164,7 +194,12 @@ impl ServeOptions {
             transport,
             resolve_timeout_secs,
             sync_encoding,
-            sync_wait_ms
+            sync_wait_ms,
+            max_connections,
+            header_timeout_secs,
+            body_timeout_secs,
+            api_token_file,
+            enable_embedding_api
         )
     }
 
@@ -198,6 +233,22 @@ impl ServeOptions {
         if !(drain.is_finite() && (0.0..=3600.0).contains(&drain)) {
             return bad(format!("--drain-timeout-secs {drain}, expected 0..=3600"));
         }
+        let seconds = |name: &str, v: Option<f64>, default: f64| {
+            let v = v.unwrap_or(default);
+            if v.is_finite() && v > 0.0 && v <= 3600.0 {
+                Ok(Duration::from_secs_f64(v))
+            } else {
+                Err(ConfigError::Invalid(format!(
+                    "--{name} {v}, expected more than 0 and at most 3600"
+                )))
+            }
+        };
+        let header_timeout = seconds("header-timeout-secs", self.header_timeout_secs, 10.0)?;
+        let body_timeout = seconds("body-timeout-secs", self.body_timeout_secs, 30.0)?;
+        let api_token = match &self.api_token_file {
+            None => None,
+            Some(path) => Some(read_token(path)?),
+        };
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let sync = match self.subscribe.filter(|s| !s.is_empty()) {
             None => None,
@@ -239,7 +290,7 @@ impl ServeOptions {
             export,
             listen: self
                 .listen
-                .unwrap_or_else(|| "0.0.0.0:8500".parse().expect("valid address")),
+                .unwrap_or_else(|| "127.0.0.1:8500".parse().expect("valid address")),
             data_dir: self.data_dir,
             memory_budget_rows: self.memory_budget_rows,
             batch_deadline: Duration::from_micros(deadline_us),
@@ -249,8 +300,34 @@ impl ServeOptions {
             threads: positive("threads", self.threads, cores)?,
             drain_timeout: Duration::from_secs_f64(drain),
             sync,
+            max_connections: positive("max-connections", self.max_connections, 1024)?,
+            header_timeout,
+            body_timeout,
+            api_token,
+            enable_embedding_api: self.enable_embedding_api.unwrap_or(false),
         })
     }
+}
+
+/// The bearer token in `path`: its text without surrounding white space; refused when unreadable, empty,
+/// or holding characters a header value cannot carry.
+fn read_token(path: &Path) -> Result<String, ConfigError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| ConfigError::Invalid(format!("--api-token-file {}: {e}", path.display())))?;
+    let token = text.trim();
+    if token.is_empty() {
+        return Err(ConfigError::Invalid(format!(
+            "--api-token-file {}: the file is empty",
+            path.display()
+        )));
+    }
+    if !token.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(ConfigError::Invalid(format!(
+            "--api-token-file {}: the token must be printable ASCII without spaces",
+            path.display()
+        )));
+    }
+    Ok(token.to_owned())
 }
 
 #[cfg(test)]
@@ -268,6 +345,13 @@ mod tests {
     fn defaults_and_precedence() {
         let c = opts("/e").validate().unwrap();
         assert_eq!(c.listen.port(), 8500);
+        assert!(c.listen.ip().is_loopback(), "{}", c.listen);
+        assert_eq!(c.max_connections, 1024);
+        assert_eq!(
+            (c.header_timeout, c.body_timeout),
+            (Duration::from_secs(10), Duration::from_secs(30))
+        );
+        assert!(c.api_token.is_none() && !c.enable_embedding_api);
         assert_eq!(c.batch_deadline, Duration::ZERO);
         assert_eq!((c.max_batch_rows, c.max_rows), (2048, 8192));
         assert!(c.sync.is_none());
@@ -296,6 +380,23 @@ mod tests {
         o.tls_dir = Some("/tls".into());
         o.sync_encoding = Some("int8".into());
         assert!(e(o).contains("--sync-encoding \"int8\""));
+        let mut o = opts("/e");
+        o.header_timeout_secs = Some(0.0);
+        assert!(e(o).contains("--header-timeout-secs 0"));
+        let mut o = opts("/e");
+        o.max_connections = Some(0);
+        assert!(e(o).contains("--max-connections 0"));
+        let dir = tempfile::tempdir().unwrap();
+        let token = dir.path().join("token");
+        let mut o = opts("/e");
+        o.api_token_file = Some(token.clone());
+        assert!(e(o.clone()).contains("--api-token-file"), "missing file");
+        std::fs::write(&token, "  \n").unwrap();
+        assert!(e(o.clone()).contains("the file is empty"));
+        std::fs::write(&token, "two words\n").unwrap();
+        assert!(e(o.clone()).contains("printable ASCII without spaces"));
+        std::fs::write(&token, "s3cret\n").unwrap();
+        assert_eq!(o.validate().unwrap().api_token.as_deref(), Some("s3cret"));
         let bad: Result<ServeOptions, _> = toml::from_str("exprt = \"/x\"");
         assert!(bad.unwrap_err().to_string().contains("exprt"));
     }

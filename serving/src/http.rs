@@ -19,13 +19,36 @@ use crate::metrics as m;
 use crate::request::{parse_body, BodyFormat};
 use crate::state::Loaded;
 
-/// Request limits.
-#[derive(Debug, Clone, Copy)]
+/// Request limits and access rules (docs/limits.md, "ps-serve").
+#[derive(Debug, Clone)]
 pub struct HttpLimits {
     /// Largest body accepted, bytes.
     pub max_body_bytes: usize,
     /// Most rows in one request.
     pub max_rows: usize,
+    /// Most connections open at once.
+    pub max_connections: usize,
+    /// Time to send a request's headers.
+    pub header_timeout: Duration,
+    /// Time to send a request's body.
+    pub body_timeout: Duration,
+    /// Bearer token every `/v1/` request must carry, if set.
+    pub api_token: Option<String>,
+    /// Whether `GET /v1/embedding` answers.
+    pub embedding_api: bool,
+}
+
+/// Whether `req` carries `Authorization: Bearer <token>`; compared in time independent of where it differs.
+fn authorized(req: &Request<Incoming>, token: &str) -> bool {
+    let Some(given) = req
+        .headers()
+        .get(hyper::header::AUTHORIZATION)
+        .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "))
+    else {
+        return false;
+    };
+    let want = token.as_bytes();
+    given.len() == want.len() && given.iter().zip(want).fold(0u8, |d, (a, b)| d | (a ^ b)) == 0
 }
 
 /// What every connection shares.
@@ -92,6 +115,25 @@ async fn route_request(req: Request<Incoming>, path: &str, shared: &Shared) -> R
             format!("{method} {path}: use {allowed}"),
         );
     }
+    if let Some(token) = &shared.limits.api_token {
+        if path.starts_with("/v1/") && !authorized(&req, token) {
+            let mut reply = error(
+                StatusCode::UNAUTHORIZED,
+                format!("{path} needs `Authorization: Bearer <token>` (this server has --api-token-file)"),
+            );
+            reply.headers_mut().insert(
+                hyper::header::WWW_AUTHENTICATE,
+                hyper::header::HeaderValue::from_static("Bearer"),
+            );
+            return reply;
+        }
+    }
+    if path == "/v1/embedding" && !shared.limits.embedding_api {
+        return error(
+            StatusCode::NOT_FOUND,
+            "/v1/embedding is off: start ps-serve with --enable-embedding-api to answer it",
+        );
+    }
     match path {
         "/v1/predict" => predict(req, shared).await,
         "/v1/model" => match shared.loaded.get() {
@@ -142,7 +184,20 @@ async fn predict(req: Request<Incoming>, shared: &Shared) -> Reply {
             format!("body of {len} bytes, more than --max-body-bytes {max}"),
         );
     }
-    let body = match Limited::new(req.into_body(), max).collect().await {
+    let timeout = shared.limits.body_timeout;
+    let Ok(collected) =
+        tokio::time::timeout(timeout, Limited::new(req.into_body(), max).collect()).await
+    else {
+        metrics::counter!(m::BODY_TIMEOUTS_TOTAL).increment(1);
+        return error(
+            StatusCode::REQUEST_TIMEOUT,
+            format!(
+                "the body did not arrive within --body-timeout-secs {}",
+                timeout.as_secs_f64()
+            ),
+        );
+    };
+    let body = match collected {
         Ok(b) => b.to_bytes(),
         Err(e) if e.is::<http_body_util::LengthLimitError>() => {
             return error(
@@ -249,7 +304,15 @@ pub async fn serve(
                 }
             },
         };
+        if conns.len() >= shared.limits.max_connections {
+            // Closed at once: a client over the cap sees its connection reset, never a hang.
+            metrics::counter!(m::CONNECTIONS_REFUSED_TOTAL).increment(1);
+            drop(stream);
+            continue;
+        }
         let _ = stream.set_nodelay(true);
+        metrics::gauge!(m::CONNECTIONS_OPEN).increment(1.0);
+        let header_timeout = shared.limits.header_timeout;
         let shared = shared.clone();
         let mut stop = stop_rx.clone();
         conns.spawn(async move {
@@ -258,7 +321,12 @@ pub async fn serve(
                 async move { Ok::<_, Infallible>(handle(req, shared).await) }
             });
             let io = hyper_util::rt::TokioIo::new(stream);
-            let conn = hyper::server::conn::http1::Builder::new().serve_connection(io, service);
+            // The header timeout runs from a request's first byte (and for the first request from the
+            // connection's start): idle or trickling clients cannot hold a connection slot.
+            let conn = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(header_timeout)
+                .serve_connection(io, service);
             tokio::pin!(conn);
             let result = tokio::select! {
                 r = conn.as_mut() => r,
@@ -267,7 +335,11 @@ pub async fn serve(
                     conn.await
                 }
             };
+            metrics::gauge!(m::CONNECTIONS_OPEN).decrement(1.0);
             if let Err(e) = result {
+                if e.is_timeout() {
+                    metrics::counter!(m::HEADER_TIMEOUTS_TOTAL).increment(1);
+                }
                 tracing::debug!(error = %e, "connection ended with an error");
             }
         });

@@ -27,6 +27,15 @@ pub const ROWS_IN_MEMORY: &str = "serving_rows_in_memory";
 /// The export version loaded.
 pub const EXPORT_VERSION: &str = "serving_export_version";
 
+/// HTTP connections open.
+pub const CONNECTIONS_OPEN: &str = "serving_connections_open";
+/// Connections closed at accept because `--max-connections` were open.
+pub const CONNECTIONS_REFUSED_TOTAL: &str = "serving_connections_refused_total";
+/// Connections closed because a request's headers did not arrive within `--header-timeout-secs`.
+pub const HEADER_TIMEOUTS_TOTAL: &str = "serving_header_timeouts_total";
+/// Requests answered 408 because their body did not arrive within `--body-timeout-secs`.
+pub const BODY_TIMEOUTS_TOTAL: &str = "serving_body_timeouts_total";
+
 /// Describes every metric (Prometheus HELP lines).
 pub fn describe() {
     describe_counter!(
@@ -61,6 +70,19 @@ pub fn describe() {
         "Failed delta sync requests, by training server."
     );
     describe_gauge!(ROWS_IN_MEMORY, "Embedding rows held in memory.");
+    describe_gauge!(CONNECTIONS_OPEN, "HTTP connections open.");
+    describe_counter!(
+        CONNECTIONS_REFUSED_TOTAL,
+        "Connections closed at accept because --max-connections were open."
+    );
+    describe_counter!(
+        HEADER_TIMEOUTS_TOTAL,
+        "Connections closed because a request's headers did not arrive within --header-timeout-secs."
+    );
+    describe_counter!(
+        BODY_TIMEOUTS_TOTAL,
+        "Requests answered 408 because their body did not arrive within --body-timeout-secs."
+    );
     describe_gauge!(
         EXPORT_VERSION,
         "Version (training step) of the export loaded."

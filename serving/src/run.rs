@@ -71,6 +71,11 @@ pub async fn run(
         limits: HttpLimits {
             max_body_bytes: cfg.max_body_bytes,
             max_rows: cfg.max_rows,
+            max_connections: cfg.max_connections,
+            header_timeout: cfg.header_timeout,
+            body_timeout: cfg.body_timeout,
+            api_token: cfg.api_token.clone(),
+            embedding_api: cfg.enable_embedding_api,
         },
         prometheus,
         health: health.clone(),
