@@ -94,6 +94,11 @@ impl MemoryCluster {
         cfg
     }
 
+    /// A dialer per server, in server order, for [`PsClient::connect_with`] (to wrap them, say).
+    pub fn dialers(&self) -> Vec<MemoryDialer> {
+        self.servers.iter().map(MemoryServer::dialer).collect()
+    }
+
     /// A client connected to every server with [`MemoryCluster::config`].
     pub async fn connect(&self) -> Result<PsClient<MemoryDialer>, ProtocolError> {
         self.connect_with(self.config()).await
@@ -104,8 +109,7 @@ impl MemoryCluster {
         &self,
         cfg: PsClientConfig,
     ) -> Result<PsClient<MemoryDialer>, ProtocolError> {
-        let dialers = self.servers.iter().map(MemoryServer::dialer).collect();
-        PsClient::connect_with(cfg, dialers).await
+        PsClient::connect_with(cfg, self.dialers()).await
     }
 }
 

@@ -192,7 +192,7 @@ mod tests {
         std::fs::write(&path, lines(10)).unwrap();
         let map = ShardMap::new(2);
         let reader = BatchReader::spawn(ReaderConfig::new([&path], 3)).unwrap();
-        let mut stage = PlanStage::spawn(
+        let mut stage = PlanStage::spawn::<protocol::transport::NetDialer>(
             reader,
             SparseLayout::uniform(26, 4),
             fixed(&map),
@@ -213,7 +213,7 @@ mod tests {
         assert_eq!(stage.finish().rows, 10);
 
         let reader = BatchReader::spawn(ReaderConfig::new([&path], 3)).unwrap();
-        let mut stage = PlanStage::spawn(
+        let mut stage = PlanStage::spawn::<protocol::transport::NetDialer>(
             reader,
             SparseLayout::uniform(26, 4),
             fixed(&map),

@@ -47,6 +47,8 @@ mod eta;
 mod pass;
 mod report;
 mod stages;
+#[cfg(test)]
+mod tests;
 
 use stages::Stage;
 
