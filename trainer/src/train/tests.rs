@@ -250,7 +250,14 @@ async fn no_pull_runs_more_than_k_pushes_ahead_of_the_acknowledgements() {
 }
 
 /// One trainer replaying its own pushes at k = 2, its push replies held back and out of order, computes with
-/// the rows of a synchronous run: the same dense parameters and the same evaluation, bit for bit.
+/// the rows of a synchronous run: every step's rows are the same bit for bit, so the dense parameters after
+/// the pass are too.
+///
+/// The servers' rows after the pass may differ in the last bits, and the evaluation on them with it: within
+/// the pass, push `j + 1` is sent only once the pull of batch `j + k + 1` is answered, which waited for push
+/// `j`'s acknowledgement, so pushes reach a server in order; but the last `k` pushes of a pass have no later
+/// pull to order them, and they can arrive in either order (Adagrad's row updates do not commute in f32).
+/// Seen here about once in 20 runs; the evaluation is therefore compared to 1e-6.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replay_at_k2_matches_a_synchronous_run_bit_for_bit() {
     let dir = tempfile::tempdir().unwrap();
@@ -278,8 +285,15 @@ async fn replay_at_k2_matches_a_synchronous_run_bit_for_bit() {
         outcomes.push((params, eval.logloss.to_bits(), eval.count));
     }
     assert_eq!(outcomes[0].2, (BATCH * BATCHES) as u64);
-    assert!(outcomes[0].0 == outcomes[1].0, "dense parameters differ");
-    assert_eq!(outcomes[0].1, outcomes[1].1, "evaluation log loss differs");
+    assert!(
+        outcomes[0].0 == outcomes[1].0,
+        "dense parameters differ in some bit"
+    );
+    let (a, b) = (f64::from_bits(outcomes[0].1), f64::from_bits(outcomes[1].1));
+    assert!(
+        (a - b).abs() <= 1e-6 * a.abs(),
+        "evaluation log loss {a} vs {b}"
+    );
 }
 
 /// A server answering a non-transient error to a training request ends the pass with an error naming it.
