@@ -339,3 +339,35 @@ async fn a_server_dropping_replies_ends_the_pass_with_a_timeout() {
     assert!(matches!(&err, TrainError::Servers { .. }), "{text}");
     assert!(text.contains(&cluster.addrs()[0].to_string()), "{text}");
 }
+
+/// Lost connections (before the server saw the request) are redialed and the requests retried: the pass ends
+/// as a clean one does, bit for bit (k = 0), each connection's loss visible in the server's dial log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_connections_are_redialed_and_the_pass_is_unchanged() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = write_data(dir.path());
+    let mut params = Vec::new();
+    for lose in [0u64, 3] {
+        let cluster = MemoryCluster::new(2);
+        let (mut t, _) = trainer(&cluster, cluster.config(), args(0), 0).await;
+        let dials = cluster.server(0).log().dials.len();
+        cluster.server(0).fail_next(lose, Fault::Lost);
+        pass(&mut t, &data).await.unwrap();
+        assert_eq!(
+            cluster.server(0).log().dials.len() - dials,
+            lose as usize,
+            "one redial per lost connection"
+        );
+        let p: Vec<Vec<u32>> = t
+            .model()
+            .params()
+            .iter()
+            .map(|p| p.iter().map(|v| v.to_bits()).collect())
+            .collect();
+        params.push(p);
+    }
+    assert!(
+        params[0] == params[1],
+        "dense parameters differ in some bit"
+    );
+}
