@@ -20,6 +20,8 @@
 //! - [`server`]: the QUIC/TCP loop, the background timers and graceful shutdown ([`server::run`]); the one
 //!   reader of the wall clock for the handler and the timers ([`server::unix_secs`]).
 //! - [`cli`]: the binary's command line (uses `server`, `restore`, `plan`).
+//! - `testing` (feature `testing`, tests only): [`shard::Shard`]s behind the in-memory transport, for tests
+//!   of clients and of the trainer's loop without sockets.
 //! - `failpoints` (feature `failpoints`, test builds only): failpoints from `FAILPOINTS` and from a file a
 //!   test rewrites while the server runs.
 #![warn(missing_docs)]
@@ -40,5 +42,7 @@ pub mod restore;
 pub mod server;
 pub mod shard;
 pub mod sync;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 pub mod write_health;
 pub mod writeback;

@@ -119,8 +119,8 @@ pub struct Checkpoint {
 /// `dir/ps.tmp` (`dir` made absolute: the servers resolve it on their own file system, which must be the
 /// trainer's or shared storage). [`commit_ps_snapshot`] then moves it to `dir/ps`. Every push must be
 /// acknowledged before the call for the snapshot to hold exactly `step` batches.
-pub async fn ps_snapshot(
-    client: &protocol::PsClient,
+pub async fn ps_snapshot<D: protocol::transport::Dialer>(
+    client: &protocol::PsClient<D>,
     dir: &Path,
     step: u64,
 ) -> Result<(), CheckpointError> {

@@ -26,8 +26,8 @@ pub enum ExportError {
 /// Writes version `manifest.version` under `root`: the servers snapshot their tables into it (every push must
 /// be acknowledged for the rows to match `model`), then the dense parameters and the manifest; renames it into
 /// place, points `LATEST` at it and removes versions beyond the newest `keep`. Returns the version directory.
-pub async fn write(
-    client: &protocol::PsClient,
+pub async fn write<D: protocol::transport::Dialer>(
+    client: &protocol::PsClient<D>,
     root: &Path,
     mut manifest: ExportManifest,
     model: &Dlrm,

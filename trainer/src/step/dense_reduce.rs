@@ -25,6 +25,7 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use bytes::Bytes;
+use protocol::transport::{Dialer, NetDialer};
 use protocol::wire::reduce::{self, ReduceHeader, ReducedHeader};
 use protocol::{Encoding, ProtocolError, PsClient};
 use tokio::task::{JoinHandle, JoinSet};
@@ -91,9 +92,8 @@ pub struct StepOutcome {
 }
 
 /// What a trainer's reduce requests carry besides the values: shared with the task of an overlapped step.
-#[derive(Clone)]
-struct Link {
-    client: Arc<PsClient>,
+struct Link<D: Dialer> {
+    client: Arc<PsClient<D>>,
     group: u64,
     rank: u32,
     world: u32,
@@ -106,6 +106,22 @@ struct Link {
     flat_len: usize,
 }
 
+// Not derived: a derive would ask `D: Clone`, and only the `Arc` is cloned.
+impl<D: Dialer> Clone for Link<D> {
+    fn clone(&self) -> Link<D> {
+        Link {
+            client: self.client.clone(),
+            group: self.group,
+            rank: self.rank,
+            world: self.world,
+            timeout_ms: self.timeout_ms,
+            encoding: self.encoding,
+            slices: self.slices.clone(),
+            flat_len: self.flat_len,
+        }
+    }
+}
+
 /// An overlapped step's sum on its way.
 struct Pending {
     step: u64,
@@ -113,8 +129,8 @@ struct Pending {
 }
 
 /// One trainer's side of the hybrid dense mode.
-pub struct DenseReduce {
-    link: Arc<Link>,
+pub struct DenseReduce<D: Dialer = NetDialer> {
+    link: Arc<Link<D>>,
     on_missing: OnMissing,
     /// The flat gradient (a sum over this trainer's samples), then the mean over the global batch (empty
     /// while both buffers are in flight or applied; reallocated once).
@@ -125,16 +141,16 @@ pub struct DenseReduce {
     pending: Option<Pending>,
 }
 
-impl DenseReduce {
+impl<D: Dialer> DenseReduce<D> {
     /// The reduce of `model`'s gradients for rank `rank` of `world` in group `group`.
     pub fn new(
-        client: Arc<PsClient>,
+        client: Arc<PsClient<D>>,
         model: &Dlrm,
         (group, rank, world): (u64, usize, usize),
         timeout_secs: f64,
         on_missing: OnMissing,
         encoding: Encoding,
-    ) -> DenseReduce {
+    ) -> DenseReduce<D> {
         let slices = reduce::slices(model.num_params(), client.num_servers());
         DenseReduce {
             link: Arc::new(Link {
@@ -165,7 +181,7 @@ impl DenseReduce {
     }
 
     /// Overlaps each step's sum with the next step (module docs); `false` applies it within its own step.
-    pub fn with_overlap(mut self, overlap: bool) -> DenseReduce {
+    pub fn with_overlap(mut self, overlap: bool) -> DenseReduce<D> {
         self.overlap = overlap;
         self
     }
@@ -281,7 +297,7 @@ impl DenseReduce {
     }
 }
 
-impl Link {
+impl<D: Dialer> Link<D> {
     async fn sum(&self, step: u64, mut values: Vec<f32>, samples: u64, done: bool) -> Summed {
         // Sliced over the servers of connect time (every trainer the same way, whatever a live reshard did
         // since: servers keep their indices; a shrink below that count fails the reduce with `NotInMap`).

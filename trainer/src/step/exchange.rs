@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
+use protocol::transport::Dialer;
 use protocol::{Encoding, ProtocolError, PsClient, PulledState, TableCount};
 use tokio::task::JoinSet;
 
@@ -21,8 +22,8 @@ pub type PartReplies = Vec<(usize, PulledState)>;
 /// Sends embedding pulls with per-table encodings in parallel (with each row's optimizer state if
 /// `with_state`); the replies by request index (see [`protocol::plan::Plan::scatter_part_at`] and
 /// [`protocol::plan::Plan::scatter_state_at`]).
-pub async fn pull_parts(
-    client: &Arc<PsClient>,
+pub async fn pull_parts<D: Dialer>(
+    client: &Arc<PsClient<D>>,
     requests: Vec<PartRequest>,
     with_state: bool,
 ) -> Result<PartReplies, ProtocolError> {
@@ -49,8 +50,8 @@ pub async fn pull_parts(
 }
 
 /// Sends `requests` as pulls in parallel; the replies as `(server, rows)`.
-pub async fn pull_all(
-    client: &Arc<PsClient>,
+pub async fn pull_all<D: Dialer>(
+    client: &Arc<PsClient<D>>,
     encoding: Encoding,
     requests: Vec<(usize, Vec<TableCount>, Bytes)>,
 ) -> Result<Replies, ProtocolError> {
@@ -63,8 +64,8 @@ pub async fn pull_all(
 }
 
 /// Sends `requests` as pushes in parallel; returns the rows applied and the rows rejected as non-finite.
-pub async fn push_all(
-    client: &Arc<PsClient>,
+pub async fn push_all<D: Dialer>(
+    client: &Arc<PsClient<D>>,
     requests: Vec<PushRequest>,
 ) -> Result<(u64, u64), ProtocolError> {
     let mut set = JoinSet::new();

@@ -47,13 +47,13 @@ impl PlanStage {
     /// batches waiting (at least 1), after discarding the first `skip` batches. An empty batch ends the data.
     /// With `prefetch`, each planned batch is prefetched under its index in the pass (skipped batches not
     /// counted).
-    pub fn spawn(
+    pub fn spawn<D: protocol::transport::Dialer>(
         reader: BatchReader,
         layout: SparseLayout,
         map: impl Fn() -> ShardMap + Send + 'static,
         depth: usize,
         skip: u64,
-        prefetch: Option<std::sync::Arc<Prefetcher>>,
+        prefetch: Option<std::sync::Arc<Prefetcher<D>>>,
     ) -> std::io::Result<PlanStage> {
         let (tx, rx) = crossbeam_channel::bounded(depth.max(1));
         let (recycle, recycled) = crossbeam_channel::unbounded::<Plan>();
@@ -192,7 +192,7 @@ mod tests {
         std::fs::write(&path, lines(10)).unwrap();
         let map = ShardMap::new(2);
         let reader = BatchReader::spawn(ReaderConfig::new([&path], 3)).unwrap();
-        let mut stage = PlanStage::spawn(
+        let mut stage = PlanStage::spawn::<protocol::transport::NetDialer>(
             reader,
             SparseLayout::uniform(26, 4),
             fixed(&map),
@@ -213,7 +213,7 @@ mod tests {
         assert_eq!(stage.finish().rows, 10);
 
         let reader = BatchReader::spawn(ReaderConfig::new([&path], 3)).unwrap();
-        let mut stage = PlanStage::spawn(
+        let mut stage = PlanStage::spawn::<protocol::transport::NetDialer>(
             reader,
             SparseLayout::uniform(26, 4),
             fixed(&map),

@@ -16,6 +16,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
+use protocol::transport::{Dialer, NetDialer};
 use protocol::PsClient;
 use tokio::runtime::Handle;
 use tokio::sync::watch;
@@ -25,8 +26,8 @@ use crate::metrics as m;
 use protocol::plan::Plan;
 
 /// Sends the prefetches of one pass.
-pub struct Prefetcher {
-    client: Arc<PsClient>,
+pub struct Prefetcher<D: Dialer = NetDialer> {
+    client: Arc<PsClient<D>>,
     runtime: Handle,
     owner: u64,
     /// Pushes `0..n` of the pass are acknowledged: their leases may go.
@@ -36,16 +37,16 @@ pub struct Prefetcher {
     tasks: Mutex<JoinSet<()>>,
 }
 
-impl Prefetcher {
+impl<D: Dialer> Prefetcher<D> {
     /// A prefetcher for one pass of a trainer on `client`'s servers, spawning its requests on `runtime`, with
     /// lease owner `owner` (unique among the cluster's trainers and passes) and the pass's acknowledgement
     /// prefix `acked`.
     pub fn new(
-        client: Arc<PsClient>,
+        client: Arc<PsClient<D>>,
         runtime: Handle,
         owner: u64,
         acked: watch::Receiver<u64>,
-    ) -> Prefetcher {
+    ) -> Prefetcher<D> {
         let untiered = (0..client.num_servers())
             .map(|_| AtomicBool::new(false))
             .collect();

@@ -23,6 +23,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Instant;
 
+use protocol::transport::{Dialer, NetDialer};
 use protocol::{Encoding, PsClient, ShardMap};
 
 use crate::checkpoint::{self as ckpt, Checkpoint, CheckpointMeta};
@@ -46,18 +47,20 @@ mod eta;
 mod pass;
 mod report;
 mod stages;
+#[cfg(test)]
+mod tests;
 
 use stages::Stage;
 
 /// A DLRM trainer connected to a parameter-server cluster.
-pub struct Trainer {
-    client: Arc<PsClient>,
+pub struct Trainer<D: Dialer = NetDialer> {
+    client: Arc<PsClient<D>>,
     args: ModelArgs,
     model: Dlrm,
     map: ShardMap,
     dense: Option<DenseSync>,
     /// The hybrid dense mode's per-step gradient sum over the trainers ([`crate::step::dense_reduce`]).
-    reduce: Option<DenseReduce>,
+    reduce: Option<DenseReduce<D>>,
     /// Hybrid mode, rank 0: publishes the dense parameters to the servers' dense table (for evaluation and
     /// checkpoints of the model the servers hold).
     publish: Option<DenseSync>,
@@ -94,22 +97,22 @@ pub struct Trainer {
     wire: Arc<[std::sync::atomic::AtomicU64; 2]>,
 }
 
-impl Trainer {
+impl<D: Dialer> Trainer<D> {
     /// Registers the embedding tables on every server and builds the dense model (rank 0 of 1, dense
     /// parameters on the trainer).
-    pub async fn new(client: Arc<PsClient>, args: ModelArgs) -> Result<Trainer> {
+    pub async fn new(client: Arc<PsClient<D>>, args: ModelArgs) -> Result<Trainer<D>> {
         Self::with_ranks(client, args, 0, 1, false).await
     }
 
     /// Like [`new`](Self::new) for rank `rank` of `world`; with `dense_on_ps` the dense parameters live on the
     /// servers ([`crate::step::dense_sync`]), which several trainers need.
     pub async fn with_ranks(
-        client: Arc<PsClient>,
+        client: Arc<PsClient<D>>,
         args: ModelArgs,
         rank: usize,
         world: usize,
         dense_on_ps: bool,
-    ) -> Result<Trainer> {
+    ) -> Result<Trainer<D>> {
         args.validate()?;
         let spec = args.spec()?;
         let args = args.with_spec(&spec);

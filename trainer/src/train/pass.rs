@@ -6,6 +6,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use protocol::transport::Dialer;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
@@ -24,10 +25,10 @@ use crate::timing::{
 };
 
 /// The batches of a pass on their way: the stage threads, the pull window and the pushes in flight.
-struct Window {
+struct Window<D: Dialer> {
     stage_in: PlanStage,
     /// Sends each planned batch ahead to the servers (`--prefetch-distance`).
-    prefetch: Option<Arc<Prefetcher>>,
+    prefetch: Option<Arc<Prefetcher<D>>>,
     encoder: PushEncoder,
     acks: Arc<AckPrefix>,
     acked_rx: watch::Receiver<u64>,
@@ -47,7 +48,7 @@ struct Window {
     k: u64,
 }
 
-impl Window {
+impl<D: Dialer> Window<D> {
     /// Collects the pushes that finished; returns how many gradient values the servers rejected.
     fn reap(&mut self) -> Result<u64> {
         let mut rejected = 0;
@@ -182,7 +183,7 @@ impl Tally {
     }
 }
 
-impl Trainer {
+impl<D: Dialer> Trainer<D> {
     /// One pass over `reader_cfg`'s data (from the data position of a resumed checkpoint), with the periodic
     /// work of `opts`; `on_event` hears progress, evaluations and checkpoints.
     pub async fn train_pass(
@@ -240,7 +241,7 @@ impl Trainer {
     }
 
     /// Starts the pass's parse, plan and push-encoder threads.
-    fn open_window(&mut self, mut reader_cfg: ReaderConfig) -> Result<Window> {
+    fn open_window(&mut self, mut reader_cfg: ReaderConfig) -> Result<Window<D>> {
         let k = self.args.staleness_bound(self.world) as u64;
         // A resumed run skips the batches it trained; a followed file's batches have no fixed size (short
         // ones go out while the writer is idle), so it skips the rows instead. Standard input skips nothing:
@@ -264,7 +265,7 @@ impl Trainer {
             Arc::new(Prefetcher::new(
                 self.client.clone(),
                 tokio::runtime::Handle::current(),
-                Prefetcher::draw_owner(self.rank),
+                Prefetcher::<D>::draw_owner(self.rank),
                 acked_rx.clone(),
             ))
         });
@@ -304,7 +305,7 @@ impl Trainer {
 
     /// The pull stage: keeps the batch to compute next plus `k` more in flight (fewer at the end of the data
     /// or at `opts.max_steps`).
-    fn fill(&mut self, w: &mut Window, opts: &PassOptions, watch: &mut Stopwatch) -> Result<()> {
+    fn fill(&mut self, w: &mut Window<D>, opts: &PassOptions, watch: &mut Stopwatch) -> Result<()> {
         let at_limit = |step: u64| opts.max_steps > 0 && step >= opts.max_steps;
         while !w.exhausted
             && (w.ahead.len() as u64) <= w.k
@@ -341,7 +342,7 @@ impl Trainer {
     /// Its predictions, made before its update, go to `progressive`.
     async fn train_batch(
         &mut self,
-        w: &mut Window,
+        w: &mut Window<D>,
         mut stage: Stage,
         tally: &mut Tally,
     ) -> Result<Trained> {
@@ -501,7 +502,7 @@ impl Trainer {
     /// of its phases').
     async fn periodic(
         &mut self,
-        w: &mut Window,
+        w: &mut Window<D>,
         t: &mut Tally,
         opts: &PassOptions,
         on_event: &mut impl FnMut(Event),
@@ -563,7 +564,7 @@ impl Trainer {
 
     async fn finish_pass(
         &mut self,
-        w: Window,
+        w: Window<D>,
         mut t: Tally,
         opts: &PassOptions,
         on_event: &mut impl FnMut(Event),

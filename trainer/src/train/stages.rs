@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use bytes::Bytes;
+use protocol::transport::Dialer;
 use protocol::{Encoding, ProtocolError};
 use tokio::sync::watch;
 use tokio::task::{JoinHandle, JoinSet};
@@ -65,7 +66,7 @@ impl AckPrefix {
     }
 }
 
-impl Trainer {
+impl<D: Dialer> Trainer<D> {
     /// Sends a batch's pulls (embedding rows, and dense rows when they live on the servers). With a gate
     /// `(acked, index, k)`, the pulls of the pass's batch `index` wait until the pushes `0..index - k` are
     /// acknowledged; with `k > 0` and replay on, rows come with their optimizer state.

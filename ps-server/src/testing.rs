@@ -1,0 +1,218 @@
+//! Test support (feature `testing`): a cluster of real [`Shard`]s behind protocol's in-memory transport
+//! ([`protocol::transport::memory`]), in one process, so a real [`PsClient`] (and whatever drives one, such as
+//! the trainer's loop) talks to the server's request handling without sockets, TLS or threads. The quinn
+//! `Pair` idea (STYLE.md, "Tests"): both ends in memory, time simulated.
+//!
+//! Each request is answered as [`crate::server`] answers it (authorized by the connection's role, then
+//! [`Shard::handle_as`]), at a time read from tokio's clock, so a test under
+//! `#[tokio::test(start_paused = true)]` controls it. What the memory transport cannot carry is refused with
+//! a typed error: requests the server answers asynchronously (the delta sync's long poll, the dense reduce,
+//! replication's join and reshard steps). Shards keep their rows in [`embedding::MemStore`], with
+//! [`Durability::Periodic`] and one replica each.
+//!
+//! Faults are the memory transport's ([`MemoryServer`]: refused dials, lost connections, error answers,
+//! dropped replies, delays, hung connections), per server through [`MemoryCluster::server`];
+//! [`MemoryServer::log`] tells which requests reached a server, in order.
+//!
+//! The test at the end of this file shows the use: a client registers a table, pushes and pulls.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use embedding::{Engine, MemStore};
+use protocol::auth::{Access, Role};
+use protocol::transport::memory::{MemoryDialer, MemoryServer};
+use protocol::{ErrorCode, ProtocolError, PsClient, PsClientConfig, Request, Response, ShardMap};
+
+use crate::config::Durability;
+use crate::shard::Shard;
+
+/// The Unix time (microseconds) a [`MemoryCluster`]'s clock starts at.
+pub const START_US: u64 = 1_700_000_000_000_000;
+
+/// `n` real shards, each behind a [`MemoryServer`].
+pub struct MemoryCluster {
+    shards: Vec<Arc<Shard>>,
+    servers: Vec<MemoryServer>,
+    addrs: Vec<SocketAddr>,
+}
+
+impl MemoryCluster {
+    /// A cluster of `num_servers` empty shards (no tables) of a shard map of that many servers, answering
+    /// clients of the trainer role.
+    pub fn new(num_servers: u32) -> MemoryCluster {
+        Self::with_role(num_servers, Role::Trainer)
+    }
+
+    /// [`MemoryCluster::new`], each connection authenticated as `role`.
+    pub fn with_role(num_servers: u32, role: Role) -> MemoryCluster {
+        let began = tokio::time::Instant::now();
+        let access = Arc::new(Access::Role(role));
+        let mut shards = Vec::new();
+        let mut servers = Vec::new();
+        for index in 0..num_servers {
+            let shard = Arc::new(shard(num_servers, index));
+            let (s, access) = (shard.clone(), access.clone());
+            servers.push(MemoryServer::new(move |req, payload| {
+                let now_us = START_US + began.elapsed().as_micros() as u64;
+                answer(&s, &access, req, payload, now_us)
+            }));
+            shards.push(shard);
+        }
+        let addrs = (0..num_servers)
+            .map(|i| SocketAddr::from(([10, 0, 0, 1], 7000 + i as u16)))
+            .collect();
+        MemoryCluster {
+            shards,
+            servers,
+            addrs,
+        }
+    }
+
+    /// Server `i`'s shard, to read its rows directly.
+    pub fn shard(&self, i: usize) -> &Arc<Shard> {
+        &self.shards[i]
+    }
+
+    /// Server `i`'s transport end: its faults and its log.
+    pub fn server(&self, i: usize) -> &MemoryServer {
+        &self.servers[i]
+    }
+
+    /// The servers' (made-up) addresses, which name them in the client's errors.
+    pub fn addrs(&self) -> &[SocketAddr] {
+        &self.addrs
+    }
+
+    /// A client config for this cluster: short timeouts (in simulated time under a paused clock).
+    pub fn config(&self) -> PsClientConfig {
+        let mut cfg = PsClientConfig::new(self.addrs.clone(), Default::default());
+        cfg.request_timeout = Duration::from_secs(5);
+        cfg.retry_for = Duration::from_secs(2);
+        cfg
+    }
+
+    /// A dialer per server, in server order, for [`PsClient::connect_with`] (to wrap them, say).
+    pub fn dialers(&self) -> Vec<MemoryDialer> {
+        self.servers.iter().map(MemoryServer::dialer).collect()
+    }
+
+    /// A client connected to every server with [`MemoryCluster::config`].
+    pub async fn connect(&self) -> Result<PsClient<MemoryDialer>, ProtocolError> {
+        self.connect_with(self.config()).await
+    }
+
+    /// A client connected to every server with `cfg` (its servers must be [`MemoryCluster::addrs`]).
+    pub async fn connect_with(
+        &self,
+        cfg: PsClientConfig,
+    ) -> Result<PsClient<MemoryDialer>, ProtocolError> {
+        PsClient::connect_with(cfg, self.dialers()).await
+    }
+}
+
+fn shard(num_servers: u32, index: u32) -> Shard {
+    Shard {
+        engine: Engine::open(Arc::new(MemStore::new())).expect("an empty memory store opens"),
+        routing: crate::reshard::Routing::new(ShardMap::new(num_servers)),
+        shard_index: index,
+        durability: Durability::Periodic,
+        writes: Default::default(),
+        pin_secs: crate::config::DEFAULT_PIN_SECS,
+        reducer: Default::default(),
+        replica: crate::replica::Replica::single(),
+        checkpoint_root: std::env::temp_dir(),
+        sync: Default::default(),
+    }
+}
+
+/// One request, as the server's connection loop answers it, except the requests it answers asynchronously.
+fn answer(
+    shard: &Shard,
+    access: &Access,
+    req: &Request,
+    payload: Bytes,
+    now_us: u64,
+) -> (Response, Bytes) {
+    if matches!(
+        req,
+        Request::SyncDeltas { .. }
+            | Request::Reduce { .. }
+            | Request::Join { .. }
+            | Request::Reshard { .. }
+    ) {
+        let message = format!(
+            "{} requests are not served by the memory cluster",
+            req.kind().label()
+        );
+        let code = ErrorCode::BadRequest;
+        return (Response::Error { code, message }, Bytes::new());
+    }
+    let reply = shard.handle_as(access, req.clone(), &payload, now_us);
+    (reply.header, Bytes::from(reply.payload))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use protocol::{Encoding, TableCount, TableSpec};
+
+    fn ids(ids: &[u64]) -> Bytes {
+        let mut b = Vec::new();
+        protocol::wire::message::put_ids(ids, &mut b);
+        Bytes::from(b)
+    }
+
+    /// A real client registers a table, pushes and pulls through two real shards: the pulled row moved by the
+    /// pushed gradient, and each request reached the one server that owns its ids.
+    #[tokio::test(start_paused = true)]
+    async fn a_client_pushes_and_pulls_through_real_shards() {
+        let cluster = MemoryCluster::new(2);
+        let client = cluster.connect().await.unwrap();
+        client
+            .register_tables(&[TableSpec::counter(1, 2)])
+            .await
+            .unwrap();
+        let map = client.shard_map();
+        let id = 42u64;
+        let s = map.server_of(id) as usize;
+        let counts = vec![TableCount {
+            table: 1,
+            count: 1,
+            dim: 2,
+        }];
+        let before = client
+            .pull(s, Encoding::F32, counts.clone(), ids(&[id]))
+            .await
+            .unwrap();
+        let mut payload = ids(&[id]).to_vec();
+        protocol::compression::codec::encode(&[1.0, 2.0], Encoding::F32, &mut payload);
+        let (applied, rejected) = client
+            .push(s, Encoding::F32, 1.0, counts.clone(), Bytes::from(payload))
+            .await
+            .unwrap();
+        assert_eq!((applied, rejected), (1, 0));
+        let after = client
+            .pull(s, Encoding::F32, counts, ids(&[id]))
+            .await
+            .unwrap();
+        let row = |b: &Bytes| -> Vec<f32> {
+            b.chunks(4)
+                .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+                .collect()
+        };
+        assert_eq!(row(&before), [0.0, 0.0]);
+        assert_eq!(
+            row(&after),
+            [-1.0, -2.0],
+            "a counter table subtracts the gradient"
+        );
+        assert_eq!(
+            cluster.server(1 - s).log().work().len(),
+            1,
+            "only the table"
+        );
+    }
+}
