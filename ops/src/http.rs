@@ -142,14 +142,51 @@ pub async fn bind(addr: SocketAddr) -> std::io::Result<(TcpListener, SocketAddr)
     Ok((listener, local))
 }
 
-/// Serves `/metrics`, `/healthz` and `/readyz` on `listener` until `shutdown` resolves.
+/// Bounds of the metrics endpoint (issue 40): scrapers and probes use a connection or two, so a client holding
+/// more, or connecting without sending a request, cannot exhaust the process's file descriptors.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Connections open at once; one more is closed at accept.
+    pub max_connections: usize,
+    /// Time to send a request's headers (from the connection's start, then from each request's first byte).
+    pub header_timeout: Duration,
+}
+
+impl Default for Limits {
+    /// 64 connections, 10 s for headers.
+    fn default() -> Limits {
+        Limits {
+            max_connections: 64,
+            header_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Connections the metrics endpoint closed: `reason` is `connections` (over [`Limits::max_connections`]) or
+/// `header_timeout`.
+pub const METRICS_HTTP_CLOSED_TOTAL: &str = "metrics_http_connections_closed_total";
+
+/// Serves `/metrics`, `/healthz` and `/readyz` on `listener` until `shutdown` resolves, within the default
+/// [`Limits`].
 pub async fn serve(
     listener: TcpListener,
     handle: PrometheusHandle,
     health: Arc<Health>,
     shutdown: impl Future<Output = ()>,
 ) {
+    serve_with(listener, handle, health, shutdown, Limits::default()).await
+}
+
+/// [`serve`] within `limits`.
+pub async fn serve_with(
+    listener: TcpListener,
+    handle: PrometheusHandle,
+    health: Arc<Health>,
+    shutdown: impl Future<Output = ()>,
+    limits: Limits,
+) {
     tokio::pin!(shutdown);
+    let open = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     loop {
         let (stream, _) = tokio::select! {
             _ = &mut shutdown => return,
@@ -162,6 +199,13 @@ pub async fn serve(
                 }
             },
         };
+        if open.load(Ordering::Acquire) >= limits.max_connections {
+            metrics::counter!(METRICS_HTTP_CLOSED_TOTAL, "reason" => "connections").increment(1);
+            drop(stream);
+            continue;
+        }
+        open.fetch_add(1, Ordering::AcqRel);
+        let open = open.clone();
         let handle = handle.clone();
         let health = health.clone();
         tokio::spawn(async move {
@@ -170,12 +214,117 @@ pub async fn serve(
                 async move { Ok::<_, Infallible>(resp) }
             });
             let io = hyper_util::rt::TokioIo::new(stream);
-            if let Err(e) = hyper::server::conn::http1::Builder::new()
+            let result = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(limits.header_timeout)
                 .serve_connection(io, service)
-                .await
-            {
+                .await;
+            open.fetch_sub(1, Ordering::AcqRel);
+            if let Err(e) = result {
+                if e.is_timeout() {
+                    metrics::counter!(METRICS_HTTP_CLOSED_TOTAL, "reason" => "header_timeout")
+                        .increment(1);
+                }
                 tracing::debug!(error = %e, "metrics connection ended with an error");
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpStream;
+
+    /// Reads until the server closes `s`; panics if it answers or is still open after a minute.
+    async fn closed(s: &mut TcpStream, what: &str) {
+        let mut buf = [0u8; 64];
+        match tokio::time::timeout(Duration::from_secs(60), s.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => {}
+            Ok(Ok(n)) => panic!("{what}: answered {:?}", String::from_utf8_lossy(&buf[..n])),
+            Err(_) => panic!("{what}: still open after a minute"),
+        }
+    }
+
+    async fn get(addr: SocketAddr, path: &str) -> String {
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        s.write_all(
+            format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
+        .await
+        .unwrap();
+        let mut out = String::new();
+        let _ = s.read_to_string(&mut out).await;
+        out
+    }
+
+    /// Issue 40: idle connections exhausted a process's file descriptors through its metrics port. Now one
+    /// over the cap is closed at accept, and a connection that sends no request is closed after the header
+    /// timeout, freeing its slot.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn idle_connections_are_capped_and_timed_out() {
+        let handle = PrometheusBuilder::new().build_recorder().handle();
+        let health = Arc::new(Health::default());
+        let (listener, addr) = bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
+        let limits = Limits {
+            max_connections: 2,
+            header_timeout: Duration::from_secs(600),
+        };
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(serve_with(
+            listener,
+            handle.clone(),
+            health.clone(),
+            async {
+                let _ = stopped.await;
+            },
+            limits,
+        ));
+        let idle = [
+            TcpStream::connect(addr).await.unwrap(),
+            TcpStream::connect(addr).await.unwrap(),
+        ];
+        let mut third = TcpStream::connect(addr).await.unwrap();
+        closed(&mut third, "a connection over the cap of 2").await;
+        drop(idle);
+        // The slots free as the server sees the idle clients leave.
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while !get(addr, "/healthz").await.starts_with("HTTP/1.1 200") {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no slot freed after the idle clients left"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let _ = stop.send(());
+        server.await.unwrap();
+
+        let (listener, addr) = bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
+        let limits = Limits {
+            max_connections: 2,
+            header_timeout: Duration::from_millis(500),
+        };
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(serve_with(
+            listener,
+            handle,
+            health,
+            async {
+                let _ = stopped.await;
+            },
+            limits,
+        ));
+        let mut silent = TcpStream::connect(addr).await.unwrap();
+        let mut trickle = TcpStream::connect(addr).await.unwrap();
+        trickle
+            .write_all(b"GET /metrics HTTP/1.1\r\n")
+            .await
+            .unwrap();
+        closed(&mut silent, "a connection that sends nothing").await;
+        closed(&mut trickle, "a request whose headers never end").await;
+        assert!(get(addr, "/healthz").await.starts_with("HTTP/1.1 200"));
+        let _ = stop.send(());
+        server.await.unwrap();
     }
 }
