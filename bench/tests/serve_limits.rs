@@ -12,79 +12,27 @@
 //! for one, which is all these tests need. No test sleeps in place of a condition: waits block on a socket or
 //! poll an answer until a deadline far above what any machine needs.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
-/// A `ps-serve` process, killed when dropped.
-struct Serve {
-    child: Child,
-    addr: SocketAddr,
-    _dir: tempfile::TempDir,
-}
+mod support;
 
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+use support::Serve;
 
-/// Starts `ps-serve --export <empty dir> --listen 127.0.0.1:0 ARGS` and returns once it listens.
-fn start(args: &[&str]) -> Serve {
+/// `ps-serve --export <a folder with no export yet> ARGS`, listening; the folder lives as long as the pair.
+fn start(args: &[&str]) -> (Serve, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let export = dir.path().join("exports");
     std::fs::create_dir(&export).unwrap();
-    let mut child = bench::bins::command("ps-serve")
-        .arg("--export")
-        .arg(&export)
-        .args(["--listen", "127.0.0.1:0"])
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let first = lines.next().expect("ps-serve printed nothing").unwrap();
-    let addr = first
-        .strip_prefix("ps-serve listening on http://")
-        .unwrap_or_else(|| panic!("unexpected first line {first:?}"))
-        .parse()
-        .unwrap();
-    std::thread::spawn(move || lines.for_each(drop));
-    Serve {
-        child,
-        addr,
-        _dir: dir,
-    }
+    let mut all = vec!["--export", export.to_str().unwrap()];
+    all.extend_from_slice(args);
+    (Serve::spawn(&all), dir)
 }
 
-/// One request on a fresh connection; `(status, whole answer)`, status 0 when the connection was closed first.
+/// One request on a fresh connection with `headers`; `(status, body)`, status 0 when closed first.
 fn request(addr: SocketAddr, method: &str, path: &str, headers: &[&str]) -> (u16, String) {
-    let Ok(mut s) = TcpStream::connect(addr) else {
-        return (0, String::new());
-    };
-    let mut head = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: 0\r\n"
-    );
-    for h in headers {
-        head.push_str(h);
-        head.push_str("\r\n");
-    }
-    head.push_str("\r\n");
-    if s.write_all(head.as_bytes()).is_err() {
-        return (0, String::new());
-    }
-    let mut out = Vec::new();
-    let _ = s.read_to_end(&mut out);
-    let text = String::from_utf8_lossy(&out).into_owned();
-    let status = text
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    (status, text)
+    support::http_with(addr, method, path, headers, b"")
 }
 
 /// Blocks until the server closes `s` (EOF or reset); panics if it sends anything or is still open at `limit`.
@@ -127,7 +75,7 @@ fn eventually(what: &str, mut f: impl FnMut() -> bool) {
 #[test]
 fn idle_connections_cannot_lock_out_serving() {
     // Slots: a long header timeout, so only the cap can close connections here.
-    let serve = start(&["--max-connections", "2", "--header-timeout-secs", "600"]);
+    let (serve, _dir) = start(&["--max-connections", "2", "--header-timeout-secs", "600"]);
     let idle: Vec<TcpStream> = (0..2)
         .map(|_| TcpStream::connect(serve.addr).unwrap())
         .collect();
@@ -150,7 +98,7 @@ fn idle_connections_cannot_lock_out_serving() {
     drop(serve);
 
     // Headers that never come: the connection is closed after --header-timeout-secs, and counted.
-    let serve = start(&["--header-timeout-secs", "1"]);
+    let (serve, _dir) = start(&["--header-timeout-secs", "1"]);
     let mut silent = TcpStream::connect(serve.addr).unwrap();
     wait_closed(
         &mut silent,
@@ -177,7 +125,7 @@ fn the_api_needs_its_token_and_the_embedding_route_is_off() {
     let dir = tempfile::tempdir().unwrap();
     let token = dir.path().join("token");
     std::fs::write(&token, "s3cret-token\n").unwrap();
-    let serve = start(&["--api-token-file", token.to_str().unwrap()]);
+    let (serve, _dir) = start(&["--api-token-file", token.to_str().unwrap()]);
     let bearer = "Authorization: Bearer s3cret-token";
 
     let (status, text) = request(serve.addr, "GET", "/v1/model", &[]);
@@ -204,7 +152,7 @@ fn the_api_needs_its_token_and_the_embedding_route_is_off() {
     assert!(text.contains("--enable-embedding-api"), "{text}");
     drop(serve);
 
-    let serve = start(&["--enable-embedding-api"]);
+    let (serve, _dir) = start(&["--enable-embedding-api"]);
     let (status, text) = request(serve.addr, "GET", "/v1/embedding?table=0&id=1", &[]);
     assert_eq!(
         status, 503,

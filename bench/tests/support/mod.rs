@@ -133,6 +133,21 @@ pub struct Serve {
 impl Serve {
     /// Starts `ps-serve ARGS --listen 127.0.0.1:0` and waits until `/readyz` answers 200 (the export loaded).
     pub fn start(args: &[&str]) -> Serve {
+        let serve = Serve::spawn(args);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+        while http(serve.addr, "GET", "/readyz", None, b"").0 != 200 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "ps-serve not ready in 120 s"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        serve
+    }
+
+    /// Starts `ps-serve ARGS --listen 127.0.0.1:0` and returns once it listens (its HTTP endpoint answers
+    /// before an export is loaded).
+    pub fn spawn(args: &[&str]) -> Serve {
         use std::io::BufRead;
         let mut child = bench::bins::command("ps-serve")
             .args(args)
@@ -150,16 +165,7 @@ impl Serve {
             .unwrap();
         // Keep draining its standard output so that it never blocks on a full pipe.
         std::thread::spawn(move || lines.for_each(drop));
-        let serve = Serve { child, addr };
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
-        while http(serve.addr, "GET", "/readyz", None, b"").0 != 200 {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "ps-serve not ready in 120 s"
-            );
-            std::thread::sleep(std::time::Duration::from_millis(50));
-        }
-        serve
+        Serve { child, addr }
     }
 
     /// Sends SIGTERM and returns the exit status.
@@ -186,6 +192,18 @@ pub fn http(
     content_type: Option<&str>,
     body: &[u8],
 ) -> (u16, String) {
+    let header = content_type.map(|ct| format!("Content-Type: {ct}"));
+    http_with(addr, method, path, header.as_slice(), body)
+}
+
+/// [`http`] with any extra header lines (`"Name: value"`); status 0 when the connection was closed first.
+pub fn http_with(
+    addr: std::net::SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[impl AsRef<str>],
+    body: &[u8],
+) -> (u16, String) {
     use std::io::{Read, Write};
     let Ok(mut s) = std::net::TcpStream::connect(addr) else {
         return (0, String::new());
@@ -194,8 +212,9 @@ pub fn http(
         "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n",
         body.len()
     );
-    if let Some(ct) = content_type {
-        head.push_str(&format!("Content-Type: {ct}\r\n"));
+    for h in headers {
+        head.push_str(h.as_ref());
+        head.push_str("\r\n");
     }
     head.push_str("\r\n");
     if s.write_all(head.as_bytes()).is_err() || s.write_all(body).is_err() {
