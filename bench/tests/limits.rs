@@ -19,12 +19,14 @@
 //! No test sleeps in place of a condition: every wait polls a metric or an answer, or blocks on a socket,
 //! until a deadline far above what any machine needs, and fails naming what it waited for.
 
+mod support;
+
 use std::io::Read;
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use ops::local_cluster::{free_ports, http_get, metric};
@@ -33,26 +35,13 @@ use protocol::wire::message::put_ids;
 use protocol::{
     Encoding, PsClient, PsClientConfig, Request, Role, TableCount, TableSpec, Transport,
 };
+use support::{wait_for, DEADLINE};
 
 /// The TLS name clients dial; the server's certificate carries no other (no `localhost`).
 const SERVER_NAME: &str = "ps";
 
-/// Longest wait for any condition below: only a bound on a hung test.
-const DEADLINE: Duration = Duration::from_secs(90);
-
 fn prod_like_tls(dir: &Path) {
     tls::init_certs(dir, &[SERVER_NAME.to_owned()]).unwrap();
-}
-
-/// Polls `cond` every 50 ms until it holds; past [`DEADLINE`] fails naming `what` and `why()`.
-fn wait_for(what: &str, mut cond: impl FnMut() -> bool, why: impl Fn() -> String) {
-    let start = Instant::now();
-    while !cond() {
-        if start.elapsed() > DEADLINE {
-            panic!("waited {DEADLINE:?} for {what}: {}", why());
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 /// One `ps-server` process, killed when dropped.

@@ -20,7 +20,7 @@ use std::io::Read;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use ops::local_cluster::{free_ports, http_get, metric};
@@ -29,6 +29,7 @@ use protocol::wire::message::put_ids;
 use protocol::{
     Encoding, ErrorCode, PsClient, PsClientConfig, Request, Response, Role, TableCount, TableSpec,
 };
+use support::wait_for;
 
 /// The names production's server certificate carries (k8s/overlays/prod/certificates.yaml): the name
 /// clients dial (`ps`) and the pods' names, never `localhost`.
@@ -46,10 +47,6 @@ fn prod_names() -> Vec<String> {
 /// The TLS name clients and peers verify.
 const SERVER_NAME: &str = "ps";
 
-/// Longest wait for any condition below (a process start, a census round, a TLS failure): far above what
-/// any machine takes, only a bound on a hung test.
-const DEADLINE: Duration = Duration::from_secs(90);
-
 /// A TLS directory like production's: a CA, a server certificate naming `names` only, and a client
 /// certificate per role.
 fn prod_like_tls(dir: &Path, names: &[String]) {
@@ -59,17 +56,6 @@ fn prod_like_tls(dir: &Path, names: &[String]) {
         !server.iter().any(|n| n == "localhost" || n == "127.0.0.1"),
         "{server:?}"
     );
-}
-
-/// Polls `cond` every 50 ms until it holds; past [`DEADLINE`] fails naming `what` and `why()`.
-fn wait_for(what: &str, mut cond: impl FnMut() -> bool, why: impl Fn() -> String) {
-    let start = Instant::now();
-    while !cond() {
-        if start.elapsed() > DEADLINE {
-            panic!("waited {DEADLINE:?} for {what}: {}", why());
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 /// One `ps-server` process, killed when dropped.

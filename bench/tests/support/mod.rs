@@ -272,3 +272,18 @@ pub fn read_lines(path: &Path) -> Vec<String> {
         .map(str::to_owned)
         .collect()
 }
+
+/// The longest wait of the process tests' conditions: only a bound on a hung test, far above what any machine
+/// needs.
+pub const DEADLINE: std::time::Duration = std::time::Duration::from_secs(90);
+
+/// Polls `cond` every 50 ms until it holds; past [`DEADLINE`] fails naming `what` and `why()`.
+pub fn wait_for(what: &str, mut cond: impl FnMut() -> bool, why: impl Fn() -> String) {
+    let start = std::time::Instant::now();
+    while !cond() {
+        if start.elapsed() > DEADLINE {
+            panic!("waited {DEADLINE:?} for {what}: {}", why());
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
