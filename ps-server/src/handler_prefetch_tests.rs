@@ -15,15 +15,8 @@ const BUDGET: u64 = 64;
 fn spilled_shard(num_servers: u32) -> Shard {
     let s = Shard {
         engine: Engine::open_with_budget(Arc::new(MemStore::new()), Some(BUDGET)).unwrap(),
-        routing: crate::reshard::Routing::new(ShardMap::new(num_servers)),
-        shard_index: 0,
-        durability: Durability::Periodic,
-        writes: Default::default(),
         pin_secs: 30,
-        reducer: Default::default(),
-        replica: crate::replica::Replica::single(),
-        checkpoint_root: std::env::temp_dir(),
-        sync: Default::default(),
+        ..crate::testing::memory_shard(ShardMap::new(num_servers), 0)
     };
     let r = s.handle(
         Request::RegisterTables {

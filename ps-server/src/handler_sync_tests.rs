@@ -4,28 +4,18 @@
 
 use super::*;
 use crate::sync::SyncState;
-use embedding::{Engine, MemStore};
 use protocol::wire::dense::{self, DENSE_TABLE};
 use protocol::wire::message::put_ids;
 use protocol::wire::sync::{self, DeltaBatch, SyncCursor, SyncPoint, SYNC_FILE};
 use protocol::ShardMap;
-use std::sync::Arc;
 
 const NOW: u64 = 1_000_000;
 const INC: u64 = 0xabc;
 
 fn shard_with(retain_rows: usize) -> Shard {
     let s = Shard {
-        engine: Engine::open(Arc::new(MemStore::new())).unwrap(),
-        routing: crate::reshard::Routing::new(ShardMap::new(1)),
-        shard_index: 0,
-        durability: Durability::Periodic,
-        writes: Default::default(),
-        pin_secs: crate::config::DEFAULT_PIN_SECS,
-        reducer: Default::default(),
-        replica: crate::replica::Replica::single(),
-        checkpoint_root: std::env::temp_dir(),
         sync: SyncState::new(true, retain_rows, INC),
+        ..crate::testing::memory_shard(ShardMap::new(1), 0)
     };
     let r = s.handle(
         Request::RegisterTables {

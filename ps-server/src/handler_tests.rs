@@ -10,18 +10,7 @@ use std::sync::Arc;
 const NOW: u64 = 1_000_000;
 
 fn shard(num_servers: u32, index: u32) -> Shard {
-    let s = Shard {
-        engine: Engine::open(Arc::new(MemStore::new())).unwrap(),
-        routing: crate::reshard::Routing::new(ShardMap::new(num_servers)),
-        shard_index: index,
-        durability: Durability::Periodic,
-        writes: Default::default(),
-        pin_secs: crate::config::DEFAULT_PIN_SECS,
-        reducer: Default::default(),
-        replica: crate::replica::Replica::single(),
-        checkpoint_root: std::env::temp_dir(),
-        sync: Default::default(),
-    };
+    let s = crate::testing::memory_shard(ShardMap::new(num_servers), index);
     let r = s.handle(
         Request::RegisterTables {
             tables: vec![TableSpec::counter(1, 4), TableSpec::counter(2, 2)],

@@ -114,9 +114,15 @@ impl MemoryCluster {
 }
 
 fn shard(num_servers: u32, index: u32) -> Shard {
+    memory_shard(ShardMap::new(num_servers), index)
+}
+
+/// Server `index` of `map` on an empty [`MemStore`]: periodic durability, one replica, no tables; tests change
+/// the fields they need with struct update syntax (`Shard { durability, ..memory_shard(map, 0) }`).
+pub fn memory_shard(map: ShardMap, index: u32) -> Shard {
     Shard {
         engine: Engine::open(Arc::new(MemStore::new())).expect("an empty memory store opens"),
-        routing: crate::reshard::Routing::new(ShardMap::new(num_servers)),
+        routing: crate::reshard::Routing::new(map),
         shard_index: index,
         durability: Durability::Periodic,
         writes: Default::default(),

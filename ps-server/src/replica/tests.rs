@@ -4,7 +4,6 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use embedding::{Engine, MemStore};
 use protocol::wire::message::put_ids;
 use protocol::wire::replicate::{self, ReplicateHeader, ReplicateKind, Role, RowsTable};
 use protocol::{Encoding, ErrorCode, Request, Response, ShardMap, TableCount, TableSpec};
@@ -19,16 +18,9 @@ const NOW: u64 = 1_000_000;
 /// A backup at shard epoch 3 that joined under session 7, holding table 1 (dim 2, SGD: rows of 2 f32s).
 fn backup() -> Shard {
     let s = Shard {
-        engine: Engine::open(Arc::new(MemStore::new())).unwrap(),
-        routing: crate::reshard::Routing::new(ShardMap::new(1)),
-        shard_index: 0,
         durability: Durability::Replicated,
-        writes: Default::default(),
-        pin_secs: crate::config::DEFAULT_PIN_SECS,
-        reducer: Default::default(),
         replica: two_replicas(0),
-        checkpoint_root: std::env::temp_dir(),
-        sync: Default::default(),
+        ..crate::testing::memory_shard(ShardMap::new(1), 0)
     };
     s.handle(
         Request::RegisterTables {

@@ -4,36 +4,22 @@
 
 use std::sync::Arc;
 
-use embedding::{Engine, MemStore};
 use protocol::wire::message::put_ids;
 use protocol::wire::replicate::{self, RowsTable};
 use protocol::wire::reshard::{MapInfo, MoveHeader, ReshardStep};
 use protocol::{Encoding, ErrorCode, Request, Response, ShardMap, TableCount, TableSpec};
 
 use super::mover::Mover;
-use super::{Routing, MAP_KEY};
-use crate::config::Durability;
+use super::MAP_KEY;
 use crate::handler::Reply;
 use crate::replica::peer::Peers;
-use crate::replica::Replica;
 use crate::shard::Shard;
 
 const NOW: u64 = 1_000_000;
 
 /// Server `index` of a cluster under `map`, holding table 1 (dim 2, SGD: rows of 2 f32s).
 fn server(map: ShardMap, index: u32) -> Arc<Shard> {
-    let s = Shard {
-        engine: Engine::open(Arc::new(MemStore::new())).unwrap(),
-        routing: Routing::new(map),
-        shard_index: index,
-        durability: Durability::Periodic,
-        writes: Default::default(),
-        pin_secs: crate::config::DEFAULT_PIN_SECS,
-        reducer: Default::default(),
-        replica: Replica::single(),
-        checkpoint_root: std::env::temp_dir(),
-        sync: Default::default(),
-    };
+    let s = crate::testing::memory_shard(map, index);
     s.handle(
         Request::RegisterTables {
             tables: vec![TableSpec::counter(1, 2)],
