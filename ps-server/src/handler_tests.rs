@@ -126,18 +126,7 @@ fn push_then_pull_applies_sgd() {
 
 #[test]
 fn pushed_rows_are_stamped_with_the_time_passed_in() {
-    let s = Shard {
-        engine: Engine::open(Arc::new(MemStore::new())).unwrap(),
-        routing: crate::reshard::Routing::new(ShardMap::new(1)),
-        shard_index: 0,
-        durability: Durability::Periodic,
-        writes: Default::default(),
-        pin_secs: crate::config::DEFAULT_PIN_SECS,
-        reducer: Default::default(),
-        replica: crate::replica::Replica::single(),
-        checkpoint_root: std::env::temp_dir(),
-        sync: Default::default(),
-    };
+    let s = crate::testing::memory_shard(ShardMap::new(1), 0);
     s.engine.set_table_policy(None, Some(10));
     let r = s.handle(
         Request::RegisterTables {
@@ -371,15 +360,8 @@ fn sync_push_is_stored_before_the_reply_and_a_store_error_is_a_storage_refusal()
     });
     let s = Shard {
         engine: Engine::open(store.clone()).unwrap(),
-        routing: crate::reshard::Routing::new(ShardMap::new(1)),
-        shard_index: 0,
         durability: Durability::Sync,
-        writes: Default::default(),
-        pin_secs: crate::config::DEFAULT_PIN_SECS,
-        reducer: Default::default(),
-        replica: crate::replica::Replica::single(),
-        checkpoint_root: std::env::temp_dir(),
-        sync: Default::default(),
+        ..crate::testing::memory_shard(ShardMap::new(1), 0)
     };
     let r = s.handle(
         Request::RegisterTables {
