@@ -15,6 +15,10 @@
 //! 5. `pushes_never_store_a_non_finite_weight`: two pushes of `-3e38` to an SGD table left the row at `+inf`,
 //!    which pulls served. Now the second update is refused (`weight-guard = "refuse"`, the default) and
 //!    counted.
+//! 6. `table_registration_is_bounded`: 500 tables in one 11 KB request took 40 s and +943 MiB, and came back
+//!    after a restart. Now one request names at most `max-tables-per-request` tables, a trainer may not pass
+//!    `max-tables` or `max-table-dim`, each refusal is whole and counted, and an admin certificate may
+//!    register more.
 //!
 //! No test sleeps in place of a condition: every wait polls a metric or an answer, or blocks on a socket,
 //! until a deadline far above what any machine needs, and fails naming what it waited for.
@@ -33,7 +37,8 @@ use ops::local_cluster::{free_ports, http_get, metric};
 use protocol::transport::tls;
 use protocol::wire::message::put_ids;
 use protocol::{
-    Encoding, PsClient, PsClientConfig, Request, Role, TableCount, TableSpec, Transport,
+    Encoding, ErrorCode, PsClient, PsClientConfig, Request, Response, Role, TableCount, TableSpec,
+    Transport,
 };
 use support::{wait_for, DEADLINE};
 
@@ -443,4 +448,91 @@ fn tcp_replies_queued_behind_a_slow_reader_are_counted() {
         );
         writer.abort();
     });
+}
+
+#[test]
+fn table_registration_is_bounded() {
+    let dir = tempfile::tempdir().unwrap();
+    let specs = |ids: std::ops::Range<u32>| -> Vec<TableSpec> {
+        ids.map(|id| TableSpec::counter(id, 8)).collect()
+    };
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    // The reproduction, with the defaults: 500 tables in one request are refused whole, at once.
+    {
+        let server = Server::start(dir.path(), &[]);
+        let register = Request::RegisterTables {
+            tables: specs(1..501),
+        };
+        let tls_dir = server.tls_dir();
+        let resp = rt.block_on(support::call_as(
+            server.addr,
+            &tls_dir,
+            SERVER_NAME,
+            Role::Trainer,
+            &register,
+            Vec::new(),
+        ));
+        let Response::Error { code, message } = resp else {
+            panic!("500 tables in one request: {resp:?}")
+        };
+        assert_eq!(code, ErrorCode::BadRequest);
+        assert!(message.contains("500 tables"), "{message}");
+        assert_eq!(
+            server.metric("ps_table_registrations_refused_total{reason=\"per_request\"}"),
+            1.0
+        );
+        assert_eq!(server.metric("ps_tables"), 0.0);
+    }
+    // A trainer up to --max-tables, not past it; an admin past it; what was refused never comes back.
+    let dir = tempfile::tempdir().unwrap();
+    let args = ["--max-tables", "4", "--max-table-dim", "16"];
+    let server = Server::start(dir.path(), &args);
+    let tls_dir = server.tls_dir();
+    let call = |role, tables| {
+        rt.block_on(support::call_as(
+            server.addr,
+            &tls_dir,
+            SERVER_NAME,
+            role,
+            &Request::RegisterTables { tables },
+            Vec::new(),
+        ))
+    };
+    assert!(matches!(
+        call(Role::Trainer, specs(1..5)),
+        Response::Registered { tables: 4 }
+    ));
+    let resp = call(Role::Trainer, specs(5..6));
+    assert!(
+        matches!(&resp, Response::Error { code: ErrorCode::BadRequest, message } if message.contains("max-tables")),
+        "{resp:?}"
+    );
+    let resp = call(Role::Trainer, vec![TableSpec::counter(1, 32)]);
+    assert!(
+        matches!(&resp, Response::Error { code: ErrorCode::BadRequest, message } if message.contains("max-table-dim")),
+        "{resp:?}"
+    );
+    assert!(matches!(
+        call(
+            Role::Admin,
+            vec![TableSpec::counter(5, 8), TableSpec::counter(6, 64)]
+        ),
+        Response::Registered { tables: 6 }
+    ));
+    assert_eq!(server.metric("ps_tables"), 6.0);
+    assert_eq!(
+        server.metric("ps_table_registrations_refused_total{reason=\"tables\"}"),
+        1.0
+    );
+    assert_eq!(
+        server.metric("ps_table_registrations_refused_total{reason=\"dim\"}"),
+        1.0
+    );
+    drop(server);
+    let server = Server::start(dir.path(), &args);
+    assert_eq!(
+        server.metric("ps_tables"),
+        6.0,
+        "the registered tables, no more"
+    );
 }

@@ -22,9 +22,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use bytes::Bytes;
 use ops::local_cluster::{free_ports, http_get, metric};
-use protocol::transport::{tls, Connection, Dialer};
+use protocol::transport::tls;
 use protocol::wire::message::put_ids;
 use protocol::{
     Encoding, ErrorCode, PsClient, PsClientConfig, Request, Response, Role, TableCount, TableSpec,
@@ -144,7 +143,7 @@ fn replica_args(ports: &[u16], r: usize) -> Vec<String> {
     ]
 }
 
-/// Sends `req` to `addr` on a fresh QUIC connection presenting the certificate of `role`.
+/// Sends `req` to `addr` as `role` ([`support::call_as`]), dialing `ps`.
 async fn call_as(
     addr: SocketAddr,
     tls_dir: &Path,
@@ -152,13 +151,7 @@ async fn call_as(
     req: &Request,
     payload: Vec<u8>,
 ) -> Response {
-    let dialer = protocol::Transport::Quic
-        .dialer(addr, tls_dir, role)
-        .unwrap();
-    let conn = dialer.connect(addr, SERVER_NAME, 64 << 20).await.unwrap();
-    let (resp, _) = conn.call(addr, req, &Bytes::from(payload)).await.unwrap();
-    conn.close();
-    resp
+    support::call_as(addr, tls_dir, SERVER_NAME, role, req, payload).await
 }
 
 /// The typed error of `resp` (panics on anything else).

@@ -14,6 +14,9 @@ use crate::error::EmbeddingError;
 /// Largest supported embedding dimension.
 pub const MAX_DIM: usize = 4096;
 
+/// Longest table name, in bytes (UTF-8): names are logged, persisted with the config and sent in every `Hello`.
+pub const MAX_NAME_BYTES: usize = 256;
+
 /// Configuration of one embedding table.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -246,6 +249,13 @@ impl TableConfig {
         }
         if self.name.is_empty() {
             return bad("name", "\"\"".into(), "a non-empty name");
+        }
+        if self.name.len() > MAX_NAME_BYTES {
+            return bad(
+                "name",
+                format!("{} bytes", self.name.len()),
+                "at most 256 bytes",
+            );
         }
         let positive = |field, v: f32| {
             if v.is_finite() && v > 0.0 {

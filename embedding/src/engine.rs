@@ -181,6 +181,17 @@ impl Engine {
     /// registered earlier under another policy keeps its admission and TTL (logged), so a changed server
     /// policy does not make trainers' registrations conflict after a restart.
     pub fn register_table(&self, cfg: TableConfig) -> Result<(), EmbeddingError> {
+        self.register_table_within(cfg, None)
+    }
+
+    /// [`Engine::register_table`], refusing a new table ([`EmbeddingError::TooManyTables`]) when the engine
+    /// already holds `max_tables`; checked under the tables' lock, so concurrent registrations cannot pass it
+    /// together. Registering a table it already holds is never refused.
+    pub fn register_table_within(
+        &self,
+        cfg: TableConfig,
+        max_tables: Option<usize>,
+    ) -> Result<(), EmbeddingError> {
         let from_policy = cfg.admission.is_none() && cfg.ttl_secs.is_none();
         let cfg = if from_policy {
             let (admission, ttl_secs) = *self.policy.read();
@@ -216,6 +227,13 @@ impl Engine {
             return Err(EmbeddingError::TableConflict {
                 table: cfg.id,
                 differences: existing.differences(&cfg),
+            });
+        }
+        if let Some(max) = max_tables.filter(|&max| tables.len() >= max) {
+            return Err(EmbeddingError::TooManyTables {
+                table: cfg.id,
+                tables: tables.len(),
+                max,
             });
         }
         let table = make_table(cfg, self.budget, &self.store)?;
@@ -438,6 +456,16 @@ impl Engine {
     /// Every table, by id.
     pub(crate) fn tables_snapshot(&self) -> Vec<Arc<Table>> {
         self.tables.read().values().cloned().collect()
+    }
+
+    /// Number of registered tables.
+    pub fn table_count(&self) -> usize {
+        self.tables.read().len()
+    }
+
+    /// Whether a table with this id is registered.
+    pub fn has_table(&self, id: u32) -> bool {
+        self.tables.read().contains_key(&id)
     }
 
     /// Configs of all tables, by id.

@@ -128,6 +128,16 @@ pub enum EmbeddingError {
         /// The differing fields, e.g. `"dim: registered 16, requested 32"`.
         differences: String,
     },
+    /// Registering one more table would pass the number of tables the caller may have.
+    #[error("table {table}: not registered, the server holds {tables} tables and this caller may register at most {max}")]
+    TooManyTables {
+        /// The table that was not registered.
+        table: u32,
+        /// Tables the server holds.
+        tables: usize,
+        /// The caller's limit.
+        max: usize,
+    },
     /// The storage tier failed.
     #[error(transparent)]
     Store(#[from] StoreError),

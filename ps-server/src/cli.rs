@@ -315,6 +315,15 @@ struct ServeArgs {
     /// With --weight-guard clamp: the largest magnitude a weight may have [default: 1e6].
     #[arg(long, env = "PS_WEIGHT_CLAMP_ABS")]
     weight_clamp_abs: Option<f32>,
+    /// Tables this server may hold; an admin certificate may register more [default: 512].
+    #[arg(long, env = "PS_MAX_TABLES")]
+    max_tables: Option<u64>,
+    /// Largest dimension a trainer may register a table with; an admin certificate up to 4096 [default: 1024].
+    #[arg(long, env = "PS_MAX_TABLE_DIM")]
+    max_table_dim: Option<u64>,
+    /// Tables one registration request may name [default: 256].
+    #[arg(long, env = "PS_MAX_TABLES_PER_REQUEST")]
+    max_tables_per_request: Option<u64>,
     /// Seconds a request stream may make no progress before it is dropped [default: 30; 0 = no bound].
     #[arg(long, env = "PS_STREAM_IDLE_TIMEOUT_SECS")]
     stream_idle_timeout_secs: Option<f64>,
@@ -358,6 +367,9 @@ impl ServeArgs {
             stream_idle_timeout_secs: self.stream_idle_timeout_secs,
             weight_guard: self.weight_guard,
             weight_clamp_abs: self.weight_clamp_abs,
+            max_tables: self.max_tables,
+            max_table_dim: self.max_table_dim,
+            max_tables_per_request: self.max_tables_per_request,
             block_cache_mib: self.block_cache_mib,
             rocksdb_tuning: self.rocksdb_tuning,
             prefetch_pin_secs: self.prefetch_pin_secs,

@@ -70,7 +70,9 @@ impl From<EmbeddingError> for Refusal {
         let code = match &e {
             EmbeddingError::UnknownTable(_) => ErrorCode::UnknownTable,
             EmbeddingError::TableConflict { .. } => ErrorCode::TableConflict,
-            EmbeddingError::PrefetchTooLarge { .. } => ErrorCode::BadRequest,
+            EmbeddingError::PrefetchTooLarge { .. } | EmbeddingError::TooManyTables { .. } => {
+                ErrorCode::BadRequest
+            }
             EmbeddingError::InvalidConfig { .. }
             | EmbeddingError::WrongLength { .. }
             | EmbeddingError::RowLength { .. } => ErrorCode::WrongDimension,
@@ -130,7 +132,10 @@ impl Shard {
         now_us: u64,
     ) -> Reply {
         match authorize(access, &req) {
-            Ok(()) => self.handle_us(req, payload, now_us),
+            Ok(()) => match req {
+                Request::RegisterTables { tables } => self.register_as(access, &tables),
+                req => self.handle_us(req, payload, now_us),
+            },
             Err(refusal) => refusal.into_reply(),
         }
     }
@@ -161,7 +166,8 @@ impl Shard {
         let mut wait = None;
         let result = match req {
             Request::Hello { version } => self.hello(version),
-            Request::RegisterTables { tables } => self.register(&tables),
+            // Without a connection's role: a trainer's limits ([`Shard::register_as`] for others).
+            Request::RegisterTables { tables } => self.register(&tables, false),
             Request::Pull {
                 epoch,
                 encoding,
@@ -262,16 +268,100 @@ impl Shard {
         })
     }
 
-    fn register(&self, tables: &[TableSpec]) -> Result<Reply, Refusal> {
+    /// Registers `tables` for a connection with `access`: within [`Shard::registration`], except that an admin
+    /// certificate may pass `max-tables` and `max-table-dim`. Registers a table per column family, which
+    /// touches the disk: the server loop calls it off the async workers.
+    pub fn register_as(&self, access: &protocol::Access, tables: &[TableSpec]) -> Reply {
+        let admin = *access == protocol::Access::Role(protocol::Role::Admin);
+        self.register(tables, admin)
+            .unwrap_or_else(Refusal::into_reply)
+    }
+
+    /// Refuses the whole request, before anything is registered, if it passes a registration limit (counted
+    /// by reason); `admin` passes the table count and dimension limits.
+    fn check_registration(&self, tables: &[TableSpec], admin: bool) -> Result<(), Refusal> {
+        let limits = &self.registration;
+        let refused = |reason: &'static str, message: String| {
+            metrics::counter!(m::TABLE_REGISTRATIONS_REFUSED_TOTAL, "reason" => reason)
+                .increment(1);
+            tracing::warn!(reason, %message, "table registration refused");
+            Err(refuse(ErrorCode::BadRequest, message))
+        };
+        if tables.len() > limits.max_tables_per_request {
+            return refused(
+                "per_request",
+                format!(
+                    "a registration of {} tables, this server takes at most {} per request \
+                     (max-tables-per-request): register them in several requests",
+                    tables.len(),
+                    limits.max_tables_per_request
+                ),
+            );
+        }
+        if admin {
+            return Ok(());
+        }
+        if let Some(t) = tables
+            .iter()
+            .find(|t| t.dim as usize > limits.max_table_dim)
+        {
+            return refused(
+                "dim",
+                format!(
+                    "table {} ({:?}): dim {}, this server takes at most {} from a trainer \
+                     (max-table-dim); an admin certificate may register up to {}",
+                    t.id,
+                    t.name,
+                    t.dim,
+                    limits.max_table_dim,
+                    embedding::MAX_DIM
+                ),
+            );
+        }
+        let mut new: Vec<u32> = tables
+            .iter()
+            .map(|t| t.id)
+            .filter(|&id| !self.engine.has_table(id))
+            .collect();
+        new.sort_unstable();
+        new.dedup();
+        let held = self.engine.table_count();
+        if held + new.len() > limits.max_tables {
+            return refused(
+                "tables",
+                format!(
+                    "{} new tables on top of the {held} this server holds would pass its limit of {} \
+                     (max-tables); an admin certificate may register more",
+                    new.len(),
+                    limits.max_tables
+                ),
+            );
+        }
+        Ok(())
+    }
+
+    fn register(&self, tables: &[TableSpec], admin: bool) -> Result<Reply, Refusal> {
         self.replica.require_primary("register tables")?;
-        for spec in tables {
-            self.engine.register_table(table_config(spec))?;
+        self.check_registration(tables, admin)?;
+        // The count again under the tables' lock: concurrent registrations cannot pass it together.
+        let max = (!admin).then_some(self.registration.max_tables);
+        let mut done = 0;
+        let result = tables.iter().try_for_each(|spec| {
+            self.engine
+                .register_table_within(table_config(spec), max)
+                .map(|()| done += 1)
+        });
+        metrics::gauge!(m::TABLES).set(self.engine.table_count() as f64);
+        // Backups and a reshard's destinations get what was registered, even when a later table failed.
+        let registered = &tables[..done];
+        if !registered.is_empty() {
+            self.replica.links.tables_registered(registered.to_vec());
+            let mover = self.routing.read().mover.clone();
+            if let Some(m) = mover {
+                m.tables_registered(registered.to_vec());
+            }
         }
-        self.replica.links.tables_registered(tables.to_vec());
-        let mover = self.routing.read().mover.clone();
-        if let Some(m) = mover {
-            m.tables_registered(tables.to_vec());
-        }
+        result?;
         Ok(Reply {
             header: Response::Registered {
                 tables: self.engine.tables().len() as u32,

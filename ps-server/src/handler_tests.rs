@@ -255,6 +255,107 @@ fn conflicting_registration_refused() {
     assert!(msg.contains("table 1"), "{msg}");
 }
 
+/// A shard holding no table, with small registration limits.
+fn limited_shard() -> Shard {
+    Shard {
+        registration: crate::config::RegistrationLimits {
+            max_tables: 3,
+            max_table_dim: 8,
+            max_tables_per_request: 4,
+        },
+        ..crate::testing::memory_shard(ShardMap::new(1), 0)
+    }
+}
+
+fn register_as(s: &Shard, role: protocol::Role, tables: Vec<TableSpec>) -> Reply {
+    s.handle_as(
+        &protocol::Access::Role(role),
+        Request::RegisterTables { tables },
+        &[],
+        NOW * 1_000_000,
+    )
+}
+
+#[test]
+fn registration_limits_refuse_whole_requests_and_admins_pass_count_and_dim() {
+    use protocol::Role;
+    let s = limited_shard();
+    let counters = |ids: std::ops::Range<u32>, dim| -> Vec<TableSpec> {
+        ids.map(|id| TableSpec::counter(id, dim)).collect()
+    };
+    // Too many in one request, from anyone: nothing registered.
+    for role in [Role::Trainer, Role::Admin] {
+        let (code, msg) = error_of(register_as(&s, role, counters(1..6, 2)));
+        assert_eq!(code, ErrorCode::BadRequest);
+        assert!(
+            msg.contains("5 tables") && msg.contains("max-tables-per-request"),
+            "{msg}"
+        );
+    }
+    // A dimension past the trainer's limit.
+    let (code, msg) = error_of(register_as(&s, Role::Trainer, counters(1..3, 9)));
+    assert_eq!(code, ErrorCode::BadRequest);
+    assert!(
+        msg.contains("dim 9") && msg.contains("max-table-dim"),
+        "{msg}"
+    );
+    assert_eq!(
+        s.engine.table_count(),
+        0,
+        "a refused request registers nothing"
+    );
+    // Up to the count; re-registering held tables is never refused; one more is, whole.
+    assert!(matches!(
+        register_as(&s, Role::Trainer, counters(1..4, 2)).header,
+        Response::Registered { tables: 3 }
+    ));
+    assert!(matches!(
+        register_as(&s, Role::Trainer, counters(1..4, 2)).header,
+        Response::Registered { tables: 3 }
+    ));
+    let (code, msg) = error_of(register_as(&s, Role::Trainer, counters(2..5, 2)));
+    assert_eq!(code, ErrorCode::BadRequest);
+    assert!(
+        msg.contains("1 new tables on top of the 3") && msg.contains("max-tables"),
+        "{msg}"
+    );
+    assert_eq!(s.engine.table_count(), 3);
+    // Without a role (Shard::handle): a trainer's limits.
+    let (code, _) = error_of(s.handle(
+        Request::RegisterTables {
+            tables: counters(4..5, 2),
+        },
+        &[],
+        NOW,
+    ));
+    assert_eq!(code, ErrorCode::BadRequest);
+    // An admin certificate passes the count and the trainer's dimension, not the engine's own bounds.
+    assert!(matches!(
+        register_as(
+            &s,
+            Role::Admin,
+            vec![TableSpec::counter(4, 2), TableSpec::counter(5, 512)]
+        )
+        .header,
+        Response::Registered { tables: 5 }
+    ));
+    let (code, msg) = error_of(register_as(&s, Role::Admin, counters(6..7, 5000)));
+    assert_eq!(code, ErrorCode::WrongDimension);
+    assert!(msg.contains("dim"), "{msg}");
+}
+
+#[test]
+fn table_names_past_their_byte_limit_are_refused() {
+    let s = limited_shard();
+    let spec = TableSpec {
+        name: "x".repeat(embedding::MAX_NAME_BYTES + 1),
+        ..TableSpec::counter(1, 2)
+    };
+    let (_, msg) = error_of(register_as(&s, protocol::Role::Trainer, vec![spec]));
+    assert!(msg.contains("257 bytes"), "{msg}");
+    assert_eq!(s.engine.table_count(), 0);
+}
+
 #[test]
 fn register_adam_table_over_the_wire() {
     let s = shard(1, 0);

@@ -167,6 +167,11 @@ pub const REPLICA_STARTUP_BLOCKED: &str = "ps_replica_startup_blocked";
 pub const REPLICA_PEERS_ANSWERING: &str = "ps_replica_peers_answering";
 /// Requests refused because the connection's role may not send them, labelled `role` and `kind`.
 pub const REQUESTS_FORBIDDEN_TOTAL: &str = "ps_requests_forbidden_total";
+/// Table registrations refused whole for passing a registration limit, labelled `reason` (`tables`:
+/// `max-tables`; `dim`: `max-table-dim`; `per_request`: `max-tables-per-request`).
+pub const TABLE_REGISTRATIONS_REFUSED_TOTAL: &str = "ps_table_registrations_refused_total";
+/// Tables this server holds.
+pub const TABLES: &str = "ps_tables";
 /// This server's shard-map epoch (bumped by every live reshard).
 pub const SHARD_MAP_EPOCH: &str = "ps_shard_map_epoch";
 /// Virtual shards this server is moving out (a reshard under way).
@@ -254,6 +259,11 @@ fn describe_replication() {
         REPLICATION_DROPPED_TOTAL,
         "Backups dropped from the stream, by why."
     );
+    describe_counter!(
+        TABLE_REGISTRATIONS_REFUSED_TOTAL,
+        "Table registrations refused whole for passing a registration limit, by reason."
+    );
+    describe_gauge!(TABLES, "Tables this server holds.");
     describe_gauge!(SHARD_MAP_EPOCH, "This server's shard-map epoch.");
     describe_gauge!(
         RESHARD_VSHARDS_MOVING,

@@ -43,6 +43,8 @@ pub struct Shard {
     pub replica: crate::replica::Replica,
     /// Checkpoints are written under this directory only ([`crate::config::ServerConfig::checkpoint_root`]).
     pub checkpoint_root: PathBuf,
+    /// Bounds on the tables trainers register ([`Shard::register_as`]).
+    pub registration: crate::config::RegistrationLimits,
 }
 
 impl Shard {

@@ -130,6 +130,7 @@ pub fn memory_shard(map: ShardMap, index: u32) -> Shard {
         reducer: Default::default(),
         replica: crate::replica::Replica::single(),
         checkpoint_root: std::env::temp_dir(),
+        registration: Default::default(),
         sync: Default::default(),
     }
 }

@@ -151,15 +151,9 @@ fn new_shard(
 ) -> Shard {
     let shard = Shard {
         engine: Engine::open_with_budget(Arc::new(MemStore::new()), budget).unwrap(),
-        routing: ps_server::reshard::Routing::new(ShardMap::new(num_servers)),
-        shard_index: 0,
         durability,
-        writes: Default::default(),
-        pin_secs: ps_server::config::DEFAULT_PIN_SECS,
-        reducer: Default::default(),
-        replica: ps_server::replica::Replica::single(),
         checkpoint_root: checkpoint_root.to_owned(),
-        sync: Default::default(),
+        ..ps_server::testing::memory_shard(ShardMap::new(num_servers), 0)
     };
     let tables = TABLES.iter().map(|&(id, dim)| base_spec(id, dim)).collect();
     let r = shard.handle(Request::RegisterTables { tables }, &[], START);

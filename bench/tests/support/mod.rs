@@ -287,3 +287,26 @@ pub fn wait_for(what: &str, mut cond: impl FnMut() -> bool, why: impl Fn() -> St
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
 }
+
+/// Sends `req` to `addr` on a fresh QUIC connection presenting the certificate of `role` from `tls_dir`
+/// (`protocol::transport::tls::init_certs` writes one per role), dialing `server_name`; the answer's header.
+pub async fn call_as(
+    addr: std::net::SocketAddr,
+    tls_dir: &Path,
+    server_name: &str,
+    role: protocol::Role,
+    req: &protocol::Request,
+    payload: Vec<u8>,
+) -> protocol::Response {
+    use protocol::transport::{Connection, Dialer};
+    let dialer = protocol::Transport::Quic
+        .dialer(addr, tls_dir, role)
+        .unwrap();
+    let conn = dialer.connect(addr, server_name, 64 << 20).await.unwrap();
+    let (resp, _) = conn
+        .call(addr, req, &bytes::Bytes::from(payload))
+        .await
+        .unwrap();
+    conn.close();
+    resp
+}

@@ -58,6 +58,8 @@ pub fn ps_server_binary() -> anyhow::Result<PathBuf> {
 
 /// How long a server has to print its ready line.
 const READY_TIMEOUT: Duration = Duration::from_secs(120);
+/// Lines of a failed server's log an error quotes.
+const LOG_TAIL_LINES: usize = 15;
 
 /// A running set of local servers.
 pub struct LocalCluster {
@@ -440,7 +442,13 @@ impl LocalCluster {
                 match c.try_wait().context("wait for ps-server")? {
                     Some(status) if status.success() => break,
                     Some(status) => {
-                        failures.push(format!("{} exited with {status}", s.name));
+                        // The log's end says why (a panic, an abort's message, the error it returned).
+                        failures.push(format!(
+                            "{} exited with {status}; the end of {}:\n{}",
+                            s.name,
+                            s.log_path.display(),
+                            s.log_tail(LOG_TAIL_LINES)
+                        ));
                         break;
                     }
                     None if Instant::now() > deadline => {
@@ -496,6 +504,14 @@ impl Server {
         Ok(rx)
     }
 
+    /// The last `lines` lines of the server's log (stdout after the ready line, and stderr: panics and
+    /// aborts print there), for errors that should say why a server failed without the reader opening it.
+    fn log_tail(&self, lines: usize) -> String {
+        let log = std::fs::read_to_string(&self.log_path).unwrap_or_default();
+        let tail: Vec<&str> = log.lines().rev().take(lines).collect();
+        tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+    }
+
     fn await_ready(&mut self, rx: &Receiver<String>, deadline: Instant) -> anyhow::Result<Ready> {
         let wait = deadline.saturating_duration_since(Instant::now());
         let line = rx.recv_timeout(wait).map_err(|_| {
@@ -508,14 +524,11 @@ impl Server {
         })?;
         if line.is_empty() {
             // The pipe closed: the server exited (or closed stdout) before its ready line.
-            let log = std::fs::read_to_string(&self.log_path).unwrap_or_default();
-            let tail: Vec<&str> = log.lines().rev().take(5).collect();
-            let tail: Vec<&str> = tail.into_iter().rev().collect();
             bail!(
                 "{} exited before reporting ready; {}:\n{}",
                 self.name,
                 self.log_path.display(),
-                tail.join("\n")
+                self.log_tail(5)
             );
         }
         let word = |key: &str| line.split_whitespace().find_map(|w| w.strip_prefix(key));

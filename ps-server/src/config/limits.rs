@@ -68,6 +68,67 @@ impl FileConfig {
     }
 }
 
+/// Default [`FileConfig::max_tables`]: each table costs a column family (~2 MiB of memtable and hash buckets
+/// before it holds a row), so 512 is ~1 GiB of fixed cost at most.
+pub const DEFAULT_MAX_TABLES: u64 = 512;
+/// Default [`FileConfig::max_table_dim`].
+pub const DEFAULT_MAX_TABLE_DIM: u64 = 1024;
+/// Default [`FileConfig::max_tables_per_request`].
+pub const DEFAULT_MAX_TABLES_PER_REQUEST: u64 = 256;
+
+/// Validated bounds on table registration by trainers (an admin certificate may pass `max_tables` and
+/// `max_table_dim`; nobody passes `max_tables_per_request` or the engine's own bounds).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RegistrationLimits {
+    /// Tables a server may hold; a registration that would pass it is refused whole.
+    pub max_tables: usize,
+    /// Largest dimension a registered table may have (at most [`embedding::MAX_DIM`]).
+    pub max_table_dim: usize,
+    /// Tables one `RegisterTables` request may name.
+    pub max_tables_per_request: usize,
+}
+
+impl Default for RegistrationLimits {
+    fn default() -> RegistrationLimits {
+        RegistrationLimits {
+            max_tables: DEFAULT_MAX_TABLES as usize,
+            max_table_dim: DEFAULT_MAX_TABLE_DIM as usize,
+            max_tables_per_request: DEFAULT_MAX_TABLES_PER_REQUEST as usize,
+        }
+    }
+}
+
+impl FileConfig {
+    /// The registration limits with their defaults; each at least 1, the dimension at most
+    /// [`embedding::MAX_DIM`].
+    pub(super) fn registration_limits(&self) -> Result<RegistrationLimits, ConfigError> {
+        let max_tables = at_least("max-tables", self.max_tables, DEFAULT_MAX_TABLES, 1)? as usize;
+        let max_table_dim = at_least(
+            "max-table-dim",
+            self.max_table_dim,
+            DEFAULT_MAX_TABLE_DIM,
+            1,
+        )? as usize;
+        if max_table_dim > embedding::MAX_DIM {
+            return Err(ConfigError::Invalid(format!(
+                "max-table-dim = {max_table_dim}, expected at most {}",
+                embedding::MAX_DIM
+            )));
+        }
+        let max_tables_per_request = at_least(
+            "max-tables-per-request",
+            self.max_tables_per_request,
+            DEFAULT_MAX_TABLES_PER_REQUEST,
+            1,
+        )? as usize;
+        Ok(RegistrationLimits {
+            max_tables,
+            max_table_dim,
+            max_tables_per_request,
+        })
+    }
+}
+
 /// Default [`FileConfig::weight_clamp_abs`].
 pub const DEFAULT_WEIGHT_CLAMP_ABS: f32 = 1e6;
 

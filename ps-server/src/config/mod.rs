@@ -90,6 +90,15 @@ pub struct FileConfig {
     pub weight_guard: Option<WeightGuardMode>,
     /// With `weight-guard = "clamp"`: the largest magnitude a weight may have, finite and > 0. Default 1e6.
     pub weight_clamp_abs: Option<f32>,
+    /// Tables this server may hold; a trainer's registration that would pass it is refused whole
+    /// (`ps_table_registrations_refused_total{reason="tables"}`); an admin certificate may pass it. >= 1.
+    /// Default 512.
+    pub max_tables: Option<u64>,
+    /// Largest dimension a trainer may register a table with (`reason="dim"`); an admin certificate may go up
+    /// to 4096. 1..=4096. Default 1024.
+    pub max_table_dim: Option<u64>,
+    /// Tables one registration request may name, whoever sends it (`reason="per_request"`). >= 1. Default 256.
+    pub max_tables_per_request: Option<u64>,
     /// MiB of RocksDB block cache, shared by every table (`crate::config::tier`). Default 64.
     pub block_cache_mib: Option<u64>,
     /// RocksDB column family setup: `point-lookup` (blooms, block hash index, memtable bloom: the capacity
@@ -219,6 +228,9 @@ impl FileConfig {
             stream_idle_timeout_secs,
             weight_guard,
             weight_clamp_abs,
+            max_tables,
+            max_table_dim,
+            max_tables_per_request,
             block_cache_mib,
             rocksdb_tuning,
             prefetch_pin_secs,
@@ -260,6 +272,7 @@ impl FileConfig {
         let limits = self.load_limits()?;
         let connection_limits = self.connection_limits()?;
         let weight_guard = self.weight_guard()?;
+        let registration_limits = self.registration_limits()?;
         let tier = self.tier()?;
         let sync_interval = secs("sync-interval-secs", self.sync_interval_secs, 2.0)?;
         let sync_retain_rows = at_least(
@@ -306,6 +319,7 @@ impl FileConfig {
             connection_window_bytes: limits.connection_window_bytes,
             connection_limits,
             weight_guard,
+            registration_limits,
             memory_budget_rows: self.memory_budget_rows,
             durability: self.durability.unwrap_or_default(),
             insecure_dev: self.insecure_dev.unwrap_or(false),
@@ -613,6 +627,8 @@ pub struct ServerConfig {
     pub connection_limits: ConnectionLimits,
     /// What a push may leave in a row.
     pub weight_guard: embedding::WeightGuard,
+    /// Bounds on table registration.
+    pub registration_limits: RegistrationLimits,
     /// Period of the delta sync's cuts; zero turns change tracking off.
     pub sync_interval: Duration,
     /// Ids the retained deltas hold at most.
@@ -649,7 +665,10 @@ pub enum ConfigError {
 mod limits;
 mod tier;
 
-pub use limits::{ConnectionLimits, WeightGuardMode, DEFAULT_WEIGHT_CLAMP_ABS};
+pub use limits::{
+    ConnectionLimits, RegistrationLimits, WeightGuardMode, DEFAULT_MAX_TABLES,
+    DEFAULT_MAX_TABLES_PER_REQUEST, DEFAULT_MAX_TABLE_DIM, DEFAULT_WEIGHT_CLAMP_ABS,
+};
 pub use tier::{RocksdbTuning, TierConfig, DEFAULT_PIN_SECS};
 
 #[cfg(test)]

@@ -345,6 +345,10 @@ async fn answer(
             }
             reply
         }
+        // A new table creates a column family on disk: off the async workers. The role decides the limits.
+        Request::RegisterTables { tables } => {
+            tokio::task::block_in_place(|| shard.register_as(access, &tables))
+        }
         // Flushes touch the disk: keep them off the async workers.
         Request::Flush => tokio::task::block_in_place(|| shard.handle_us(Request::Flush, &[], now)),
         // A checkpoint writes back, flushes memtables and fsyncs: off the async workers too.

@@ -151,6 +151,7 @@ async fn open_shard(cfg: &ServerConfig) -> anyhow::Result<Arc<Shard>> {
         "recovered from RocksDB"
     );
     writeback::update_gauges(&engine);
+    metrics::gauge!(m::TABLES).set(engine.table_count() as f64);
     engine.set_table_policy(cfg.admission, cfg.row_ttl_secs);
     engine.set_weight_guard(cfg.weight_guard);
     let replica = crate::replica::Replica::new(cfg, &engine);
@@ -165,6 +166,7 @@ async fn open_shard(cfg: &ServerConfig) -> anyhow::Result<Arc<Shard>> {
         reducer: Default::default(),
         replica,
         checkpoint_root: cfg.checkpoint_root.clone(),
+        registration: cfg.registration_limits,
         sync: crate::sync::SyncState::new(
             !cfg.sync_interval.is_zero(),
             cfg.sync_retain_rows,
