@@ -243,3 +243,109 @@ async fn killed_primaries_and_backups_lose_no_acknowledged_push_and_replicas_con
     client.close().await;
     c.shutdown(Duration::from_secs(60)).unwrap();
 }
+
+/// Sample `name` on the metrics page of replica `r` of `shard` (0 when absent).
+fn metric_of(c: &LocalCluster, shard: usize, r: usize, name: &str) -> f64 {
+    ops::local_cluster::http_get(c.replica_metrics[shard][r], "/metrics")
+        .ok()
+        .and_then(|page| ops::local_cluster::metric(&page, name))
+        .unwrap_or(0.0)
+}
+
+/// Waits until sample `name` of replica `r` of shard 0 reads `want`.
+async fn wait_metric(c: &LocalCluster, r: usize, name: &str, want: f64) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while metric_of(c, 0, r, name) != want {
+        assert!(
+            Instant::now() < deadline,
+            "{name} of replica {r} never read {want} (reads {})",
+            metric_of(c, 0, r, name)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// One `+1` push of the audit table's first row of shard 0, straight to replica `r`.
+async fn push_one(c: &LocalCluster, r: usize) -> Response {
+    let id = AuditRows::new(1, 1).unwrap().per_server[0][0];
+    let mut payload = Vec::new();
+    put_ids(&[id], &mut payload);
+    payload.extend_from_slice(&(-1.0f32).to_le_bytes());
+    let counts = vec![TableCount {
+        table: audit_table().id,
+        count: 1,
+        dim: 1,
+    }];
+    let req = Request::Push {
+        epoch: 1,
+        encoding: Encoding::F32,
+        grad_scale: 1.0,
+        tables: counts,
+    };
+    raw_call(c, 0, r, &req, Bytes::from(payload))
+        .await
+        .expect("the primary answers")
+        .0
+}
+
+/// Issue 40: `replicated` durability with no backup in sync said nothing and acknowledged pushes like
+/// `periodic`. With `replicated-without-backup = refuse` the primary refuses them (`NoBackup`) until a backup
+/// is in sync again; with `degrade` (the default) it goes on and `ps_durability_degraded` says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicated_without_an_in_sync_backup_refuses_or_says_it_is_degraded() {
+    for mode in ["refuse", "degrade"] {
+        let dir = tempfile::tempdir().unwrap();
+        let extra = [
+            "--durability",
+            "replicated",
+            "--replicated-without-backup",
+            mode,
+        ]
+        .map(String::from);
+        let mut c = LocalCluster::start_replicated(1, 2, dir.path(), &extra).unwrap();
+        let primary = c.primary_of(0).expect("shard 0 has a primary");
+        let backup = 1 - primary;
+        let mut cfg = PsClientConfig::replicated(c.replicas.clone(), c.tls_dir.clone());
+        cfg.retry_for = Duration::from_secs(60);
+        let client = PsClient::connect(cfg).await.unwrap();
+        client.register_tables(&[audit_table()]).await.unwrap();
+        wait_in_sync(&c, 0, backup).await;
+        wait_metric(&c, primary, "ps_durability_degraded", 0.0).await;
+        assert!(
+            matches!(push_one(&c, primary).await, Response::Pushed { .. }),
+            "{mode}: a push with its backup in sync"
+        );
+
+        c.kill_replica(0, backup).unwrap();
+        wait_metric(&c, primary, "ps_durability_degraded", 1.0).await;
+        let resp = push_one(&c, primary).await;
+        match mode {
+            "refuse" => {
+                let Response::Error { code, message } = &resp else {
+                    panic!("refuse: a push with no backup in sync was answered {resp:?}")
+                };
+                assert_eq!(*code, protocol::ErrorCode::NoBackup, "{message}");
+                assert!(message.contains("no backup"), "{message}");
+                assert!(metric_of(&c, 0, primary, "ps_pushes_refused_no_backup_total") >= 1.0);
+            }
+            _ => {
+                assert!(matches!(resp, Response::Pushed { .. }), "degrade: {resp:?}");
+                assert_eq!(
+                    metric_of(&c, 0, primary, "ps_pushes_refused_no_backup_total"),
+                    0.0
+                );
+            }
+        }
+
+        // The backup comes back and catches up: pushes are acknowledged with a copy again.
+        c.restart_replica(0, backup).unwrap();
+        wait_in_sync(&c, 0, backup).await;
+        wait_metric(&c, primary, "ps_durability_degraded", 0.0).await;
+        assert!(
+            matches!(push_one(&c, primary).await, Response::Pushed { .. }),
+            "{mode}: a push once the backup is back"
+        );
+        client.close().await;
+        c.shutdown(Duration::from_secs(60)).unwrap();
+    }
+}

@@ -41,6 +41,9 @@ pub enum ErrorCode {
     Resharding,
     /// The connection's role may not send this request (`crate::auth`): the message names both.
     Forbidden,
+    /// A primary with `replicated` durability and `replicated-without-backup = "refuse"` has no backup in
+    /// sync, so it acknowledges no push: transient, a backup catches up.
+    NoBackup,
 }
 
 impl ErrorCode {
@@ -52,6 +55,7 @@ impl ErrorCode {
                 | ErrorCode::Storage
                 | ErrorCode::NotPrimary
                 | ErrorCode::Resharding
+                | ErrorCode::NoBackup
         )
     }
 }

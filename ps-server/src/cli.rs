@@ -267,6 +267,10 @@ struct ServeArgs {
     /// backup before it is acknowledged) [default: periodic].
     #[arg(long, env = "PS_DURABILITY", value_enum)]
     durability: Option<Durability>,
+    /// With --durability replicated, what a primary does while no backup is in sync: degrade (go on without
+    /// a copy, ps_durability_degraded = 1) or refuse (refuse pushes until one is) [default: degrade].
+    #[arg(long, env = "PS_REPLICATED_WITHOUT_BACKUP", value_enum)]
+    replicated_without_backup: Option<crate::config::ReplicatedWithoutBackup>,
     /// Frequency admission for every table: an id gets a row at its N-th push; earlier pushes are dropped and
     /// pulls return the initializer [default: 0 = off].
     #[arg(long, env = "PS_ADMISSION_MIN_COUNT")]
@@ -352,6 +356,7 @@ impl ServeArgs {
             drain_timeout_secs: self.drain_timeout_secs,
             memory_budget_rows: self.memory_budget_rows,
             durability: self.durability,
+            replicated_without_backup: self.replicated_without_backup,
             insecure_dev: self.insecure_dev.then_some(true),
             standby: self.standby.then_some(true),
             admission_min_count: self.admission_min_count,

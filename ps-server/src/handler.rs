@@ -567,6 +567,7 @@ impl Shard {
     ) -> Result<(Reply, Option<crate::replica::AckWait>), Refusal> {
         let now = now_us / 1_000_000;
         self.replica.require_primary("push")?;
+        self.replica.require_backup_for_push()?;
         // Held until the push's rows are queued to a reshard's destinations: the switch to a new map sees
         // every push either forwarded or refused (`crate::reshard`).
         let route = self.routing.read();

@@ -167,6 +167,11 @@ pub const REPLICA_STARTUP_BLOCKED: &str = "ps_replica_startup_blocked";
 pub const REPLICA_PEERS_ANSWERING: &str = "ps_replica_peers_answering";
 /// Requests refused because the connection's role may not send them, labelled `role` and `kind`.
 pub const REQUESTS_FORBIDDEN_TOTAL: &str = "ps_requests_forbidden_total";
+/// 1 while a primary with `replicated` durability has no backup in sync, so acknowledges pushes with no copy
+/// (`replicated-without-backup = "degrade"`) or refuses them (`"refuse"`); 0 otherwise.
+pub const DURABILITY_DEGRADED: &str = "ps_durability_degraded";
+/// Pushes refused because no backup was in sync (`replicated-without-backup = "refuse"`).
+pub const PUSHES_REFUSED_NO_BACKUP_TOTAL: &str = "ps_pushes_refused_no_backup_total";
 /// Table registrations refused whole for passing a registration limit, labelled `reason` (`tables`:
 /// `max-tables`; `dim`: `max-table-dim`; `per_request`: `max-tables-per-request`).
 pub const TABLE_REGISTRATIONS_REFUSED_TOTAL: &str = "ps_table_registrations_refused_total";
@@ -258,6 +263,14 @@ fn describe_replication() {
     describe_counter!(
         REPLICATION_DROPPED_TOTAL,
         "Backups dropped from the stream, by why."
+    );
+    describe_gauge!(
+        DURABILITY_DEGRADED,
+        "1 while a replicated primary has no backup in sync (pushes acknowledged without a copy, or refused)."
+    );
+    describe_counter!(
+        PUSHES_REFUSED_NO_BACKUP_TOTAL,
+        "Pushes refused because no backup was in sync (replicated-without-backup = refuse)."
     );
     describe_counter!(
         TABLE_REGISTRATIONS_REFUSED_TOTAL,

@@ -41,6 +41,10 @@ pub struct FileConfig {
     pub memory_budget_rows: Option<u64>,
     /// When pushed rows reach RocksDB: `none`, `periodic` or `sync` (see [`Durability`]). Default `periodic`.
     pub durability: Option<Durability>,
+    /// With `durability = "replicated"`: what a primary does while no backup is in sync, `degrade` (go on,
+    /// `ps_durability_degraded` = 1) or `refuse` (refuse pushes until one is; needs `replicas`). Default
+    /// `degrade`.
+    pub replicated_without_backup: Option<ReplicatedWithoutBackup>,
     /// Development only: accept clients without a certificate signed by the cluster CA (the server still
     /// presents its own). Logs a warning at start. Default false.
     pub insecure_dev: Option<bool>,
@@ -177,8 +181,24 @@ pub enum Durability {
     /// Every acknowledged push is held in memory by every in-sync backup of the shard before its
     /// acknowledgement (`docs/replication.md`); each replica writes back periodically as with `periodic`.
     /// Loss bound: nothing acknowledged unless every replica of the shard crashes within a flush interval.
-    /// Without in-sync backups, as `periodic`.
+    /// Without in-sync backups, as `periodic`, said by `ps_durability_degraded` (or pushes are refused:
+    /// [`ReplicatedWithoutBackup`]).
     Replicated,
+}
+
+/// What a primary with `durability = "replicated"` does while no backup of its shard is in sync (all down, or
+/// catching up).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum ReplicatedWithoutBackup {
+    /// Go on acknowledging pushes with no copy (as `periodic`), with `ps_durability_degraded` at 1 and the
+    /// `PstrainReplicatedDurabilityDegraded` alert: training goes on, a crash of the primary now loses what it
+    /// has not written back.
+    #[default]
+    Degrade,
+    /// Refuse pushes (`NoBackup`, transient: clients retry) until a backup is in sync again, counted in
+    /// `ps_pushes_refused_no_backup_total`: nothing is acknowledged without a copy, and training waits.
+    Refuse,
 }
 
 impl FileConfig {
@@ -213,6 +233,7 @@ impl FileConfig {
             drain_timeout_secs,
             memory_budget_rows,
             durability,
+            replicated_without_backup,
             insecure_dev,
             standby,
             admission_min_count,
@@ -282,6 +303,14 @@ impl FileConfig {
             1,
         )? as usize;
         let (replica_index, replicas) = self.replica_position()?;
+        let replicated_without_backup = self.replicated_without_backup.unwrap_or_default();
+        if replicated_without_backup == ReplicatedWithoutBackup::Refuse && replicas.is_empty() {
+            return Err(ConfigError::Invalid(
+                "replicated-without-backup = \"refuse\" without replicas: every push would be refused; \
+                 give --replicas, or leave it at \"degrade\""
+                    .into(),
+            ));
+        }
         let replica_startup_wait = secs(
             "replica-startup-wait-secs",
             self.replica_startup_wait_secs,
@@ -322,6 +351,7 @@ impl FileConfig {
             registration_limits,
             memory_budget_rows: self.memory_budget_rows,
             durability: self.durability.unwrap_or_default(),
+            replicated_without_backup,
             insecure_dev: self.insecure_dev.unwrap_or(false),
             standby: self.standby.unwrap_or(false),
             admission,
@@ -605,6 +635,8 @@ pub struct ServerConfig {
     pub tier: tier::TierConfig,
     /// When pushed rows reach RocksDB.
     pub durability: Durability,
+    /// With `replicated` durability, what a primary does while no backup is in sync.
+    pub replicated_without_backup: ReplicatedWithoutBackup,
     /// Accept clients without a CA-signed certificate (development only).
     pub insecure_dev: bool,
     /// Start owning nothing until a reshard moves virtual shards here.

@@ -204,3 +204,46 @@ fn weight_guard_defaults_to_refuse_and_names_a_bad_bound() {
     let err = base().overlay(f).validate().unwrap_err().to_string();
     assert!(err.contains("weight-clamp-abs = -1"), "{err}");
 }
+
+#[test]
+fn registration_limits_and_the_no_backup_mode_have_defaults_and_name_bad_values() {
+    let base = || FileConfig {
+        data_dir: Some("/d".into()),
+        tls_dir: Some("/t".into()),
+        ..Default::default()
+    };
+    let cfg = base().validate().unwrap();
+    assert_eq!(cfg.registration_limits, RegistrationLimits::default());
+    assert_eq!(
+        cfg.replicated_without_backup,
+        ReplicatedWithoutBackup::Degrade
+    );
+    let f: FileConfig = toml::from_str(
+        "max-tables = 8\nmax-table-dim = 4096\nmax-tables-per-request = 2\n\
+         replicated-without-backup = \"refuse\"\nreplicas = [\"10.0.0.1:7000\", \"10.0.0.2:7000\"]",
+    )
+    .unwrap();
+    let cfg = base().overlay(f).validate().unwrap();
+    assert_eq!(
+        cfg.registration_limits,
+        RegistrationLimits {
+            max_tables: 8,
+            max_table_dim: 4096,
+            max_tables_per_request: 2,
+        }
+    );
+    assert_eq!(
+        cfg.replicated_without_backup,
+        ReplicatedWithoutBackup::Refuse
+    );
+    for (file, needle) in [
+        ("max-tables = 0", "max-tables = 0"),
+        ("max-table-dim = 4097", "max-table-dim = 4097"),
+        ("max-tables-per-request = 0", "max-tables-per-request = 0"),
+        ("replicated-without-backup = \"refuse\"", "without replicas"),
+    ] {
+        let f: FileConfig = toml::from_str(file).unwrap();
+        let err = base().overlay(f).validate().unwrap_err().to_string();
+        assert!(err.contains(needle), "{file}: {err}");
+    }
+}

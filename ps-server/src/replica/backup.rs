@@ -120,6 +120,7 @@ pub async fn follow(shard: Arc<Shard>, stop: tokio_util::sync::CancellationToken
         let pause = match rep.role() {
             Role::Primary => {
                 rep.links.record_lag();
+                rep.record_durability();
                 Duration::from_millis(500)
             }
             Role::Starting => Duration::from_millis(200),

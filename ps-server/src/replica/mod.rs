@@ -24,7 +24,7 @@ use protocol::wire::replicate::{ReplicaInfo, Role};
 use protocol::{ErrorCode, Response};
 use tokio::sync::Notify;
 
-use crate::config::{Durability, ServerConfig};
+use crate::config::{Durability, ReplicatedWithoutBackup, ServerConfig};
 use crate::handler::{refuse, Refusal, Reply};
 use crate::metrics as m;
 use crate::shard::Shard;
@@ -64,6 +64,8 @@ pub struct Replica {
     pub peers: peer::Peers,
     /// Whether pushes wait for the in-sync backups (`durability = "replicated"`).
     wait_for_backups: bool,
+    /// With `wait_for_backups`, what a primary does while no backup is in sync.
+    without_backup: ReplicatedWithoutBackup,
     role: AtomicU8,
     epoch: AtomicU64,
     /// The highest shard epoch any peer reported (census answers), for a cold start above all of them.
@@ -117,13 +119,14 @@ impl Replica {
             },
         );
         let wait = cfg.durability == Durability::Replicated;
-        let r = Replica::build(
+        let mut r = Replica::build(
             cfg.replica_index,
             peers,
             wait,
             role,
             persisted.unwrap_or(1).max(1),
         );
+        r.without_backup = cfg.replicated_without_backup;
         r.record_gauges();
         metrics::gauge!(m::REPLICATION_BACKUPS_CONFIGURED)
             .set(cfg.replicas.len().saturating_sub(1) as f64);
@@ -147,6 +150,7 @@ impl Replica {
             index,
             peers,
             wait_for_backups,
+            without_backup: ReplicatedWithoutBackup::Degrade,
             role: AtomicU8::new(role_code(role)),
             epoch: AtomicU64::new(epoch),
             heard_epoch: AtomicU64::new(0),
@@ -336,6 +340,35 @@ impl Replica {
     /// Whether pushes wait for the in-sync backups.
     pub fn waits_for_backups(&self) -> bool {
         self.wait_for_backups
+    }
+
+    /// Whether this primary acknowledges pushes with no copy although its durability is `replicated`: no
+    /// backup is in sync (or none is configured).
+    pub fn durability_degraded(&self) -> bool {
+        self.wait_for_backups && self.role() == Role::Primary && self.links.in_sync_bits() == 0
+    }
+
+    /// Refuses a push while [`Replica::durability_degraded`] under `replicated-without-backup = "refuse"`
+    /// (`NoBackup`, transient), counted in [`m::PUSHES_REFUSED_NO_BACKUP_TOTAL`].
+    pub fn require_backup_for_push(&self) -> Result<(), Refusal> {
+        if self.without_backup == ReplicatedWithoutBackup::Refuse && self.durability_degraded() {
+            metrics::counter!(m::PUSHES_REFUSED_NO_BACKUP_TOTAL).increment(1);
+            return Err(refuse(
+                ErrorCode::NoBackup,
+                "durability replicated: no backup of this shard is in sync, and \
+                 replicated-without-backup = \"refuse\": pushes are refused until one catches up",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Sets [`m::DURABILITY_DEGRADED`] (called with the lag gauges, every half second on a primary).
+    pub fn record_durability(&self) {
+        metrics::gauge!(m::DURABILITY_DEGRADED).set(if self.durability_degraded() {
+            1.0
+        } else {
+            0.0
+        });
     }
 }
 
