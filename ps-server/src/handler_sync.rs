@@ -37,6 +37,13 @@ pub struct SyncAsk {
 /// Rows of one table in an answer.
 type Part = (TableConfig, Vec<u64>);
 
+/// Bytes of an answer's header beside its table counts (cursor, flags, times, dense info), with room to spare.
+const ANSWER_HEADER_BYTES: usize = 4 << 10;
+/// Bytes an id takes in an answer at most (a varint delta of a 64-bit id, beside each table's one coding byte).
+const MAX_ID_BYTES: usize = 10;
+/// Room for rows below which an answer carrying dense values leaves the rows to the next answer.
+const MIN_PAGE_BYTES: usize = 64 << 10;
+
 /// Where a scan page starts or the next one will: (table, last id sent of it); `None`: the start, or done.
 type ScanAt = Option<(u32, Option<u64>)>;
 
@@ -53,18 +60,24 @@ impl Shard {
         sync::validate_request(ask.encoding, ask.max_rows)?;
         let incarnation = self.sync.incarnation;
         let dense = self.sync.dense_newer_than(ask.dense_version);
+        // The answer fits the frame cap: rows and their ids within what the header and the dense values leave.
+        let dense_bytes = dense.as_ref().map_or(0, |d| d.values.len() * 4);
+        let page_bytes = self.sync_page_bytes(dense_bytes);
         let row_bytes = |t: u32| {
             self.engine
                 .table(t)
-                .map_or(0, |t| ask.encoding.row_bytes(t.dim()))
+                .map_or(0, |t| ask.encoding.row_bytes(t.dim()) + MAX_ID_BYTES)
         };
-        let plan = log.plan(
-            incarnation,
-            &ask.cursor,
-            ask.max_rows as usize,
-            MAX_PAGE_BYTES,
-            &row_bytes,
-        );
+        // `None`: the dense values leave no room for rows; they go alone, the rows in the next answer.
+        let plan = page_bytes.map(|page_bytes| {
+            log.plan(
+                incarnation,
+                &ask.cursor,
+                ask.max_rows as usize,
+                page_bytes,
+                &row_bytes,
+            )
+        });
         let mut header = DeltasHeader {
             incarnation,
             cursor: SyncCursor {
@@ -81,9 +94,17 @@ impl Shard {
             dense: None,
         };
         let (parts, kind) = match plan {
-            Plan::UpToDate if dense.is_none() && may_wait => return Ok(SyncOutcome::UpToDate),
-            Plan::UpToDate => (Vec::new(), "empty"),
-            Plan::Deltas(page) => {
+            Some(Plan::UpToDate) if dense.is_none() && may_wait => {
+                return Ok(SyncOutcome::UpToDate)
+            }
+            Some(Plan::UpToDate) => (Vec::new(), "empty"),
+            None => {
+                // Not complete: the subscriber asks again at once, from the same cursor.
+                header.cursor = ask.cursor;
+                header.complete = false;
+                (Vec::new(), "dense")
+            }
+            Some(Plan::Deltas(page)) => {
                 let last = page
                     .tables
                     .last()
@@ -106,11 +127,13 @@ impl Shard {
                     .collect::<Result<Vec<Part>, embedding::EmbeddingError>>()?;
                 (parts, "deltas")
             }
-            Plan::Scan { base, resume } => {
+            Some(Plan::Scan { base, resume }) => {
                 if resume.is_none() {
                     metrics::counter!(m::SYNC_SCANS_TOTAL).increment(1);
                 }
-                let (parts, next) = self.scan_page(resume, ask.encoding, ask.max_rows as usize)?;
+                let page_bytes = page_bytes.expect("a scan plan has room for rows");
+                let (parts, next) =
+                    self.scan_page(resume, ask.encoding, ask.max_rows as usize, page_bytes)?;
                 header.scan = true;
                 header.cursor.seq = base;
                 header.complete = next.is_none();
@@ -153,6 +176,18 @@ impl Shard {
         }))
     }
 
+    /// Bytes of rows (with their ids) an answer carrying `dense_bytes` of dense values may hold within this
+    /// server's frame cap, at most [`MAX_PAGE_BYTES`]; `None` when the dense values leave too little for a
+    /// page (they then go alone).
+    fn sync_page_bytes(&self, dense_bytes: usize) -> Option<usize> {
+        // The header: its fixed fields and one table count (12 bytes) per table of the page.
+        let header = ANSWER_HEADER_BYTES + 12 * self.engine.table_count();
+        let room = (self.max_frame as usize)
+            .saturating_sub(header + dense_bytes)
+            .min(MAX_PAGE_BYTES);
+        (dense_bytes == 0 || room >= MIN_PAGE_BYTES).then_some(room)
+    }
+
     /// A page of a full scan from `resume` ((table, last id sent), `None`: the start), tables in id order
     /// then ids ascending, the dense table left out; returns the rows' (table, ids) and where the next page
     /// starts (`None`: the scan is complete).
@@ -161,6 +196,7 @@ impl Shard {
         resume: ScanAt,
         encoding: Encoding,
         max_rows: usize,
+        max_bytes: usize,
     ) -> Result<(Vec<Part>, ScanAt), Refusal> {
         let (start, start_after) = resume.unwrap_or((0, None));
         let (mut rows, mut bytes) = (0usize, 0usize);
@@ -170,11 +206,11 @@ impl Shard {
                 continue;
             }
             let after = if cfg.id == start { start_after } else { None };
-            let cost = encoding.row_bytes(cfg.dim).max(1);
+            let cost = encoding.row_bytes(cfg.dim) + MAX_ID_BYTES;
             let by_bytes = if rows == 0 {
-                usize::MAX
+                (max_bytes / cost).max(1)
             } else {
-                (MAX_PAGE_BYTES - bytes) / cost
+                max_bytes.saturating_sub(bytes) / cost
             };
             let limit = (max_rows - rows).min(by_bytes);
             if limit == 0 {

@@ -342,3 +342,93 @@ fn a_checkpoint_records_the_seq_its_snapshot_holds() {
     assert!(!scan);
     assert_eq!(rows, [(2, 8, vec![-1.0])]);
 }
+
+/// Answers one sync request at `s`, checking its frame fits `s.max_frame`; returns the decoded batch.
+fn ask_within_frame(s: &Shard, cursor: SyncCursor, dense_version: u64) -> DeltaBatch {
+    let r = s.handle(
+        sync::request(cursor, Encoding::F32, sync::MAX_ROWS, 0, dense_version),
+        &[],
+        NOW,
+    );
+    let frame = protocol::wire::frame::encode_frame(&r.header, &r.payload).unwrap();
+    assert!(
+        frame.len() as u64 <= s.max_frame,
+        "an answer of {} bytes, the frame cap is {}",
+        frame.len(),
+        s.max_frame
+    );
+    match r.header {
+        Response::Deltas { header } => sync::decode(header, &r.payload).unwrap(),
+        other => panic!("expected deltas, got {other:?}"),
+    }
+}
+
+#[test]
+fn answers_fit_the_frame_cap_with_dense_values_and_wide_rows() {
+    // A 256 KiB frame cap: ~950 rows of dim 64 (f32) a page, and dense values of 200 KiB.
+    let s = Shard {
+        max_frame: 256 << 10,
+        ..shard()
+    };
+    let r = s.handle(
+        Request::RegisterTables {
+            tables: vec![TableSpec::counter(3, 64)],
+        },
+        &[],
+        NOW,
+    );
+    assert!(matches!(r.header, Response::Registered { .. }), "{r:?}");
+    let ids: Vec<u64> = (1..=5000).collect();
+    push(&s, 3, 64, &ids, -1.0);
+    let dense: Vec<f32> = (0..50_000).map(|i| i as f32).collect();
+    let mut p = Vec::new();
+    sync::put_dense(&dense, &mut p);
+    let r = s.handle(sync::publish_request(7, 5, 1, dense.len() as u32), &p, NOW);
+    assert!(matches!(r.header, Response::Published { .. }), "{r:?}");
+    // A new subscriber: a scan (another incarnation), the dense values first, alone; then pages of rows.
+    let mut cursor = SyncCursor::START;
+    let (mut seen, mut dense_version, mut answers) = (Vec::new(), 0, 0);
+    loop {
+        let b = ask_within_frame(&s, cursor, dense_version);
+        answers += 1;
+        if let (Some(info), Some(values)) = (&b.header.dense, &b.dense) {
+            assert_eq!(values, &dense);
+            assert!(
+                b.tables.is_empty(),
+                "the dense values leave no room for rows"
+            );
+            dense_version = info.version;
+        }
+        for t in b.tables.iter().filter(|t| t.table == 3) {
+            assert!(t.rows.iter().all(|&v| v == 1.0));
+            seen.extend_from_slice(&t.ids);
+        }
+        cursor = b.header.cursor;
+        if b.header.complete {
+            break;
+        }
+        assert!(answers < 100, "the scan never completes");
+    }
+    assert_eq!(dense_version, 5);
+    assert_eq!(seen, ids, "every row once, in order");
+    assert!(
+        answers > 5,
+        "{answers} answers: pages were not cut by bytes"
+    );
+    // A delta of every row: pages within the cap too.
+    push(&s, 3, 64, &ids, -1.0);
+    s.sync.cut(NOW * 1_000_000 + 1);
+    let mut seen = Vec::new();
+    loop {
+        let b = ask_within_frame(&s, cursor, dense_version);
+        for t in b.tables.iter().filter(|t| t.table == 3) {
+            assert!(t.rows.iter().all(|&v| v == 2.0));
+            seen.extend_from_slice(&t.ids);
+        }
+        cursor = b.header.cursor;
+        if b.header.complete {
+            break;
+        }
+    }
+    assert_eq!(seen, ids);
+}

@@ -43,6 +43,9 @@ pub struct Shard {
     pub replica: crate::replica::Replica,
     /// Checkpoints are written under this directory only ([`crate::config::ServerConfig::checkpoint_root`]).
     pub checkpoint_root: PathBuf,
+    /// The largest frame this server sends or takes ([`crate::config::ServerConfig::max_frame`]): a delta-sync
+    /// answer fits it.
+    pub max_frame: u64,
     /// Bounds on the tables trainers register ([`Shard::register_as`]).
     pub registration: crate::config::RegistrationLimits,
 }

@@ -131,6 +131,7 @@ pub fn memory_shard(map: ShardMap, index: u32) -> Shard {
         replica: crate::replica::Replica::single(),
         checkpoint_root: std::env::temp_dir(),
         registration: Default::default(),
+        max_frame: protocol::wire::frame::DEFAULT_MAX_FRAME,
         sync: Default::default(),
     }
 }

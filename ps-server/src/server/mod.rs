@@ -167,6 +167,7 @@ async fn open_shard(cfg: &ServerConfig) -> anyhow::Result<Arc<Shard>> {
         replica,
         checkpoint_root: cfg.checkpoint_root.clone(),
         registration: cfg.registration_limits,
+        max_frame: cfg.max_frame,
         sync: crate::sync::SyncState::new(
             !cfg.sync_interval.is_zero(),
             cfg.sync_retain_rows,
