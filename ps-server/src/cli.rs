@@ -328,6 +328,12 @@ struct ServeArgs {
     /// Tables one registration request may name [default: 256].
     #[arg(long, env = "PS_MAX_TABLES_PER_REQUEST")]
     max_tables_per_request: Option<u64>,
+    /// Reduce groups (hybrid dense mode) held at once [default: 64].
+    #[arg(long, env = "PS_MAX_REDUCE_GROUPS")]
+    max_reduce_groups: Option<u64>,
+    /// Bytes of reduce sums held; finalized steps kept for retries are dropped first [default: 2 GiB].
+    #[arg(long, env = "PS_MAX_REDUCE_BYTES")]
+    max_reduce_bytes: Option<u64>,
     /// Seconds a request stream may make no progress before it is dropped [default: 30; 0 = no bound].
     #[arg(long, env = "PS_STREAM_IDLE_TIMEOUT_SECS")]
     stream_idle_timeout_secs: Option<f64>,
@@ -375,6 +381,8 @@ impl ServeArgs {
             max_tables: self.max_tables,
             max_table_dim: self.max_table_dim,
             max_tables_per_request: self.max_tables_per_request,
+            max_reduce_groups: self.max_reduce_groups,
+            max_reduce_bytes: self.max_reduce_bytes,
             block_cache_mib: self.block_cache_mib,
             rocksdb_tuning: self.rocksdb_tuning,
             prefetch_pin_secs: self.prefetch_pin_secs,

@@ -81,6 +81,13 @@ pub const SYNC_DENSE_PUBLISHED_TOTAL: &str = "ps_sync_dense_published_total";
 pub const REDUCE_WAIT_SECONDS: &str = "ps_reduce_wait_seconds";
 /// Ranks missing from reduce steps finalized at their deadline.
 pub const REDUCE_MISSING_TOTAL: &str = "ps_reduce_missing_total";
+/// Bytes of sums the reduce groups hold (`max-reduce-bytes` bounds it).
+pub const REDUCE_BYTES: &str = "ps_reduce_bytes";
+/// Reduce contributions refused by a bound, labelled `reason` (`groups`: `max-reduce-groups`; `bytes`:
+/// `max-reduce-bytes`).
+pub const REDUCE_REFUSED_TOTAL: &str = "ps_reduce_refused_total";
+/// Finalized reduce steps dropped early to make room for a new step (`max-reduce-bytes`).
+pub const REDUCE_STEPS_DROPPED_TOTAL: &str = "ps_reduce_steps_dropped_total";
 /// Open connections (QUIC and TCP), counted once their handshake is done.
 pub const CONNECTIONS: &str = "ps_connections";
 /// Rows evicted from memory to RocksDB by the memory budget.
@@ -311,6 +318,19 @@ fn describe_requests() {
     describe_counter!(
         REDUCE_MISSING_TOTAL,
         "Ranks missing from reduce steps finalized at their deadline."
+    );
+    describe_gauge!(
+        REDUCE_BYTES,
+        Unit::Bytes,
+        "Bytes of sums the reduce groups hold."
+    );
+    describe_counter!(
+        REDUCE_REFUSED_TOTAL,
+        "Reduce contributions refused by a bound, by reason (groups, bytes)."
+    );
+    describe_counter!(
+        REDUCE_STEPS_DROPPED_TOTAL,
+        "Finalized reduce steps dropped early to make room for a new step."
     );
     describe_counter!(REQUEST_ERRORS_TOTAL, "Error responses, by code.");
     describe_histogram!(

@@ -6,6 +6,11 @@
 //! deadline with whoever arrived. Finalized steps are kept ([`KEEP_STEPS`] per group) so that a retried or
 //! late contribution gets the same answer; groups idle for [`IDLE_GROUP`] are dropped (a job restarted later
 //! starts afresh).
+//!
+//! Bounded ([`ReduceLimits`]): at most `max_groups` groups, and at most `max_bytes` of sums held (open steps'
+//! sums, finalized steps' sums and encodings). A new step that would pass the bytes first drops finalized steps,
+//! oldest of their group first (a retry of one then gets [`ReduceError::TooOld`], never a wrong sum); if that is
+//! not enough, it is refused.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -21,6 +26,29 @@ pub const KEEP_STEPS: u64 = 64;
 /// A group with no contribution for this long is dropped.
 pub const IDLE_GROUP: Duration = Duration::from_secs(60);
 
+/// Bounds on what a server's reduce groups hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReduceLimits {
+    /// Groups held at once (idle ones are dropped first).
+    pub max_groups: usize,
+    /// Bytes of sums held: open steps' sums, finalized steps' sums and their encodings.
+    pub max_bytes: u64,
+}
+
+/// Default [`ReduceLimits::max_groups`].
+pub const DEFAULT_MAX_GROUPS: usize = 64;
+/// Default [`ReduceLimits::max_bytes`]: 2 GiB, 64 kept steps of a 3M-parameter dense model.
+pub const DEFAULT_MAX_BYTES: u64 = 2 << 30;
+
+impl Default for ReduceLimits {
+    fn default() -> ReduceLimits {
+        ReduceLimits {
+            max_groups: DEFAULT_MAX_GROUPS,
+            max_bytes: DEFAULT_MAX_BYTES,
+        }
+    }
+}
+
 /// A finalized step: the sums and who is in them.
 #[derive(Debug)]
 pub struct Outcome {
@@ -33,6 +61,16 @@ pub struct Outcome {
 }
 
 impl Outcome {
+    /// Bytes it holds: the sums and their encodings made so far.
+    fn bytes(&self) -> u64 {
+        let encoded: usize = self
+            .encoded
+            .iter()
+            .map(|e| e.get().map_or(0, Bytes::len))
+            .sum();
+        (self.sum.len() * 4 + encoded) as u64
+    }
+
     /// The sums in `encoding` (f32 or bf16), encoded on first use.
     pub fn encoded(&self, encoding: Encoding) -> Bytes {
         let slot = usize::from(encoding != Encoding::F32);
@@ -95,6 +133,28 @@ pub enum ReduceError {
         /// The oldest step kept.
         oldest: u64,
     },
+    /// A new group while the server holds its maximum.
+    #[error("reduce group {group}: this server holds {max} reduce groups already (its limit); end another job's group or raise max-reduce-groups")]
+    TooManyGroups {
+        /// The group.
+        group: u64,
+        /// The limit.
+        max: usize,
+    },
+    /// A new step whose sum does not fit the bytes limit, even after dropping every finalized step that can be.
+    #[error("reduce group {group} step {step}: {need} more bytes of sums, {held} held, the limit is {max} (max-reduce-bytes)")]
+    Full {
+        /// The group.
+        group: u64,
+        /// The step.
+        step: u64,
+        /// Bytes the step's sum needs.
+        need: u64,
+        /// Bytes held.
+        held: u64,
+        /// The limit.
+        max: u64,
+    },
     /// A value is NaN or infinite.
     #[error("reduce group {group} step {step} rank {rank}: value {index} is {value} (not finite)")]
     NonFinite {
@@ -127,6 +187,14 @@ impl Step {
     fn outcome(&self) -> Option<Arc<Outcome>> {
         self.tx.borrow().clone()
     }
+
+    /// Bytes it holds: its sum while open, its outcome's once finalized.
+    fn bytes(&self) -> u64 {
+        match self.outcome() {
+            Some(o) => o.bytes(),
+            None => (self.len * 4) as u64,
+        }
+    }
 }
 
 struct Group {
@@ -143,9 +211,54 @@ struct Group {
 #[derive(Default)]
 pub struct Reducer {
     groups: Mutex<HashMap<u64, Group>>,
+    limits: ReduceLimits,
+}
+
+/// Bytes every step of `groups` holds.
+fn held_bytes(groups: &HashMap<u64, Group>) -> u64 {
+    groups
+        .values()
+        .flat_map(|g| g.steps.values())
+        .map(Step::bytes)
+        .sum()
+}
+
+/// Drops finalized steps, each the oldest of its group (which then refuses it as too old), until `need` more
+/// bytes fit under `max` or none is left to drop; returns the bytes then held.
+fn make_room(groups: &mut HashMap<u64, Group>, need: u64, max: u64) -> u64 {
+    let mut held = held_bytes(groups);
+    while held + need > max {
+        let oldest_done = groups
+            .values_mut()
+            .filter(|g| {
+                g.steps
+                    .first_key_value()
+                    .is_some_and(|(_, s)| s.outcome().is_some())
+            })
+            .min_by_key(|g| g.last_seen);
+        let Some(g) = oldest_done else { break };
+        let (step, s) = g.steps.pop_first().expect("a first step");
+        g.oldest = g.oldest.max(step + 1);
+        held -= s.bytes();
+        metrics::counter!(crate::metrics::REDUCE_STEPS_DROPPED_TOTAL).increment(1);
+    }
+    held
 }
 
 impl Reducer {
+    /// An empty reducer within `limits`.
+    pub fn new(limits: ReduceLimits) -> Reducer {
+        Reducer {
+            groups: Mutex::default(),
+            limits,
+        }
+    }
+
+    /// Bytes of sums held now.
+    pub fn bytes(&self) -> u64 {
+        held_bytes(&self.groups.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
     /// Adds `values` (already length-checked against `h.len`) as rank `h.rank`'s contribution to step
     /// `h.step` of group `h.group` at time `now`. The first contribution's buffer becomes the step's sum.
     pub fn contribute(
@@ -165,6 +278,32 @@ impl Reducer {
         }
         let mut groups = self.groups.lock().unwrap_or_else(|p| p.into_inner());
         groups.retain(|_, g| now.saturating_duration_since(g.last_seen) < IDLE_GROUP);
+        if !groups.contains_key(&h.group) && groups.len() >= self.limits.max_groups {
+            metrics::counter!(crate::metrics::REDUCE_REFUSED_TOTAL, "reason" => "groups")
+                .increment(1);
+            return Err(ReduceError::TooManyGroups {
+                group: h.group,
+                max: self.limits.max_groups,
+            });
+        }
+        let new_step = groups
+            .get(&h.group)
+            .is_none_or(|g| !g.steps.contains_key(&h.step));
+        if new_step {
+            let need = (values.len() * 4) as u64;
+            let held = make_room(&mut groups, need, self.limits.max_bytes);
+            if held + need > self.limits.max_bytes {
+                metrics::counter!(crate::metrics::REDUCE_REFUSED_TOTAL, "reason" => "bytes")
+                    .increment(1);
+                return Err(ReduceError::Full {
+                    group: h.group,
+                    step: h.step,
+                    need,
+                    held,
+                    max: self.limits.max_bytes,
+                });
+            }
+        }
         let g = groups.entry(h.group).or_insert_with(|| Group {
             world: h.world,
             absent: BTreeSet::new(),

@@ -129,6 +129,27 @@ impl FileConfig {
     }
 }
 
+impl FileConfig {
+    /// The reduce limits with their defaults: at least one group and 1 MiB.
+    pub(super) fn reduce_limits(&self) -> Result<crate::reduce::ReduceLimits, ConfigError> {
+        let d = crate::reduce::ReduceLimits::default();
+        Ok(crate::reduce::ReduceLimits {
+            max_groups: at_least(
+                "max-reduce-groups",
+                self.max_reduce_groups,
+                d.max_groups as u64,
+                1,
+            )? as usize,
+            max_bytes: at_least(
+                "max-reduce-bytes",
+                self.max_reduce_bytes,
+                d.max_bytes,
+                1 << 20,
+            )?,
+        })
+    }
+}
+
 /// Default [`FileConfig::weight_clamp_abs`].
 pub const DEFAULT_WEIGHT_CLAMP_ABS: f32 = 1e6;
 

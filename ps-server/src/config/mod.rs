@@ -103,6 +103,12 @@ pub struct FileConfig {
     pub max_table_dim: Option<u64>,
     /// Tables one registration request may name, whoever sends it (`reason="per_request"`). >= 1. Default 256.
     pub max_tables_per_request: Option<u64>,
+    /// Reduce groups (hybrid dense mode) a server holds at once; a contribution to one more is refused
+    /// (`ps_reduce_refused_total{reason="groups"}`). >= 1. Default 64.
+    pub max_reduce_groups: Option<u64>,
+    /// Bytes of reduce sums a server holds (open steps, and finalized ones kept for retries, which are dropped
+    /// first); a new step past it is refused (`reason="bytes"`). >= 1 MiB. Default 2 GiB.
+    pub max_reduce_bytes: Option<u64>,
     /// MiB of RocksDB block cache, shared by every table (`crate::config::tier`). Default 64.
     pub block_cache_mib: Option<u64>,
     /// RocksDB column family setup: `point-lookup` (blooms, block hash index, memtable bloom: the capacity
@@ -252,6 +258,8 @@ impl FileConfig {
             max_tables,
             max_table_dim,
             max_tables_per_request,
+            max_reduce_groups,
+            max_reduce_bytes,
             block_cache_mib,
             rocksdb_tuning,
             prefetch_pin_secs,
@@ -294,6 +302,7 @@ impl FileConfig {
         let connection_limits = self.connection_limits()?;
         let weight_guard = self.weight_guard()?;
         let registration_limits = self.registration_limits()?;
+        let reduce_limits = self.reduce_limits()?;
         let tier = self.tier()?;
         let sync_interval = secs("sync-interval-secs", self.sync_interval_secs, 2.0)?;
         let sync_retain_rows = at_least(
@@ -349,6 +358,7 @@ impl FileConfig {
             connection_limits,
             weight_guard,
             registration_limits,
+            reduce_limits,
             memory_budget_rows: self.memory_budget_rows,
             durability: self.durability.unwrap_or_default(),
             replicated_without_backup,
@@ -661,6 +671,8 @@ pub struct ServerConfig {
     pub weight_guard: embedding::WeightGuard,
     /// Bounds on table registration.
     pub registration_limits: RegistrationLimits,
+    /// Bounds on the reduce groups' state.
+    pub reduce_limits: crate::reduce::ReduceLimits,
     /// Period of the delta sync's cuts; zero turns change tracking off.
     pub sync_interval: Duration,
     /// Ids the retained deltas hold at most.

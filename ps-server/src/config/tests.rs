@@ -214,6 +214,7 @@ fn registration_limits_and_the_no_backup_mode_have_defaults_and_name_bad_values(
     };
     let cfg = base().validate().unwrap();
     assert_eq!(cfg.registration_limits, RegistrationLimits::default());
+    assert_eq!(cfg.reduce_limits, crate::reduce::ReduceLimits::default());
     assert_eq!(
         cfg.replicated_without_backup,
         ReplicatedWithoutBackup::Degrade
@@ -240,6 +241,8 @@ fn registration_limits_and_the_no_backup_mode_have_defaults_and_name_bad_values(
         ("max-tables = 0", "max-tables = 0"),
         ("max-table-dim = 4097", "max-table-dim = 4097"),
         ("max-tables-per-request = 0", "max-tables-per-request = 0"),
+        ("max-reduce-groups = 0", "max-reduce-groups = 0"),
+        ("max-reduce-bytes = 1000", "max-reduce-bytes = 1000"),
         ("replicated-without-backup = \"refuse\"", "without replicas"),
     ] {
         let f: FileConfig = toml::from_str(file).unwrap();

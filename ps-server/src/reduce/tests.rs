@@ -183,3 +183,89 @@ proptest! {
         prop_assert_eq!(o.header.samples, (1..=world as u64).sum::<u64>());
     }
 }
+
+#[test]
+fn groups_past_the_limit_are_refused_until_one_goes_idle() {
+    let r = Reducer::new(ReduceLimits {
+        max_groups: 2,
+        max_bytes: 1 << 20,
+    });
+    let t = Instant::now();
+    let in_group = |group| ReduceHeader {
+        group,
+        ..h(0, 0, 2, 1)
+    };
+    waits(r.contribute(&in_group(1), vec![1.0, 1.0], t).unwrap());
+    waits(r.contribute(&in_group(2), vec![1.0, 1.0], t).unwrap());
+    let err = r
+        .contribute(&in_group(3), vec![1.0, 1.0], t)
+        .err()
+        .expect("a third group is refused");
+    assert_eq!(err, ReduceError::TooManyGroups { group: 3, max: 2 });
+    assert!(err.to_string().contains("reduce group 3"), "{err}");
+    // Known groups go on; once the others are idle, a new one fits.
+    waits(r.contribute(&in_group(1), vec![1.0, 1.0], t).unwrap());
+    let later = t + IDLE_GROUP + Duration::from_secs(1);
+    waits(r.contribute(&in_group(3), vec![1.0, 1.0], later).unwrap());
+    assert_eq!(r.groups(), 1);
+}
+
+#[test]
+fn bytes_past_the_limit_drop_finalized_steps_first_then_refuse() {
+    // Room for 3 open steps of 2 values (8 bytes each), or fewer with finalized ones.
+    let r = Reducer::new(ReduceLimits {
+        max_groups: 8,
+        max_bytes: 24,
+    });
+    let t = Instant::now();
+    // Step 0 of a world of 1 is finalized at once and kept for retries (8 bytes of sum, 8 once encoded).
+    let done = ready(r.contribute(&h(0, 0, 1, 1), vec![1.0, 2.0], t).unwrap());
+    let _ = done.encoded(protocol::Encoding::F32);
+    assert_eq!(r.bytes(), 16);
+    // Two open steps of another group (world 2, nobody else contributes).
+    let other = |step| ReduceHeader {
+        group: 2,
+        ..h(step, 0, 2, 1)
+    };
+    waits(r.contribute(&other(0), vec![1.0, 1.0], t).unwrap());
+    assert_eq!(r.bytes(), 24);
+    // The next open step needs 8 more: group 1's finalized step 0 is dropped to make room.
+    waits(r.contribute(&other(1), vec![1.0, 1.0], t).unwrap());
+    assert_eq!(r.bytes(), 16);
+    // A retry of the dropped step gets TooOld, never a wrong sum.
+    assert_eq!(
+        r.contribute(&h(0, 0, 1, 1), vec![1.0, 2.0], t).err(),
+        Some(ReduceError::TooOld {
+            group: 1,
+            step: 0,
+            oldest: 1
+        })
+    );
+    waits(r.contribute(&other(2), vec![1.0, 1.0], t).unwrap());
+    // Nothing finalized is left to drop: one more open step is refused, naming the numbers.
+    let err = r.contribute(&other(3), vec![1.0, 1.0], t).err().unwrap();
+    assert_eq!(
+        err,
+        ReduceError::Full {
+            group: 2,
+            step: 3,
+            need: 8,
+            held: 24,
+            max: 24
+        }
+    );
+    assert!(err.to_string().contains("max-reduce-bytes"), "{err}");
+    // A contribution to a step already open needs nothing new.
+    let o = ready(
+        r.contribute(
+            &ReduceHeader {
+                group: 2,
+                ..h(2, 1, 2, 1)
+            },
+            vec![1.0, 1.0],
+            t,
+        )
+        .unwrap(),
+    );
+    assert_eq!(o.sum, [2.0, 2.0]);
+}

@@ -163,7 +163,7 @@ async fn open_shard(cfg: &ServerConfig) -> anyhow::Result<Arc<Shard>> {
         durability: cfg.durability,
         writes: Default::default(),
         pin_secs: cfg.tier.pin_secs,
-        reducer: Default::default(),
+        reducer: crate::reduce::Reducer::new(cfg.reduce_limits),
         replica,
         checkpoint_root: cfg.checkpoint_root.clone(),
         registration: cfg.registration_limits,

@@ -28,6 +28,7 @@ pub(super) async fn answer(
         }
     };
     metrics::histogram!(m::REDUCE_WAIT_SECONDS).record(started.elapsed().as_secs_f64());
+    metrics::gauge!(m::REDUCE_BYTES).set(shard.reducer.bytes() as f64);
     (
         Response::Reduced {
             header: outcome.header.clone(),
