@@ -19,6 +19,10 @@
 //!    after a restart. Now one request names at most `max-tables-per-request` tables, a trainer may not pass
 //!    `max-tables` or `max-table-dim`, each refusal is whole and counted, and an admin certificate may
 //!    register more.
+//! 7. `certificates_are_reloaded_when_their_files_change`: TLS files were read once, so a server older than
+//!    its renewed certificate presented the expired one. Now a new connection gets the renewed one, a
+//!    connection opened before keeps working, and files that do not load are refused (counted) while the last
+//!    good certificate stays.
 //!
 //! No test sleeps in place of a condition: every wait polls a metric or an answer, or blocks on a socket,
 //! until a deadline far above what any machine needs, and fails naming what it waited for.
@@ -535,4 +539,83 @@ fn table_registration_is_bounded() {
         6.0,
         "the registered tables, no more"
     );
+}
+
+/// The leaf certificate `addr` presents to a new QUIC connection (DER).
+async fn presented(addr: SocketAddr, tls_dir: &Path) -> Vec<u8> {
+    let endpoint = protocol::transport::endpoint::client(
+        addr,
+        tls::client_config(tls_dir, Role::Trainer).unwrap(),
+    )
+    .unwrap();
+    let conn = endpoint.connect(addr, SERVER_NAME).unwrap().await.unwrap();
+    let certs = conn
+        .peer_identity()
+        .expect("the server presents a certificate")
+        .downcast::<Vec<rustls_pki_types::CertificateDer<'static>>>()
+        .unwrap();
+    let der = certs[0].to_vec();
+    conn.close(0u32.into(), b"done");
+    endpoint.wait_idle().await;
+    der
+}
+
+#[test]
+fn certificates_are_reloaded_when_their_files_change() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &[]);
+    let tls_dir = server.tls_dir();
+    let loaded = "tls_certificate_reloads_total{file=\"server.pem\",outcome=\"loaded\"}";
+    let refused = "tls_certificate_reloads_total{file=\"server.pem\",outcome=\"refused\"}";
+    let not_after = "tls_certificate_not_after_seconds{file=\"server.pem\"}";
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let client = server.client(Transport::Quic).await;
+        let first = presented(server.addr, &tls_dir).await;
+        let expiry = server.metric(not_after);
+        assert!(expiry > 0.0, "the expiry of the certificate presented");
+        // cert-manager's renewal: a new certificate and key for the same name, written over the old files.
+        tls::issue(
+            &tls_dir,
+            tls::Leaf::Server,
+            &[SERVER_NAME.to_owned()],
+            Duration::from_secs(400 * 86_400),
+        )
+        .unwrap();
+        let deadline = std::time::Instant::now() + DEADLINE;
+        let second = loop {
+            let now = presented(server.addr, &tls_dir).await;
+            if now != first {
+                break now;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "new connections still get the old certificate: {}",
+                server.log_text()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        assert_eq!(server.metric(loaded), 1.0);
+        assert_ne!(server.metric(not_after), expiry);
+        // The connection opened before the renewal is still served.
+        assert_eq!(pull(&client).await.len(), 16);
+        // Files that do not load are refused; the renewed certificate stays.
+        std::fs::write(tls_dir.join(tls::files::SERVER_CERT), "not a certificate").unwrap();
+        let deadline = std::time::Instant::now() + DEADLINE;
+        while server.metric(refused) < 1.0 {
+            assert_eq!(presented(server.addr, &tls_dir).await, second);
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the broken files were never tried: {}",
+                server.log_text()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert_eq!(presented(server.addr, &tls_dir).await, second);
+        assert_eq!(pull(&client).await.len(), 16);
+        client.close().await;
+    });
+    assert!(server
+        .log_text()
+        .contains("still presenting the previous certificate"));
 }

@@ -36,6 +36,7 @@ pub mod cluster;
 pub mod compression;
 pub mod error;
 pub mod keyed;
+pub mod metrics;
 pub mod plan;
 pub mod routing;
 pub mod transport;

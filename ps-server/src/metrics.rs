@@ -203,6 +203,8 @@ pub use ops::buckets::LATENCY_BUCKETS;
 /// Registers HELP text and units for every metric. Call after the recorder is installed: a `describe_*` call
 /// made before goes to the no-op recorder and is lost (no `# HELP` lines; `promtool check metrics` refuses).
 pub fn describe() {
+    // TLS certificate reloads (protocol::transport::tls::reload).
+    protocol::metrics::describe();
     describe_requests();
     describe_rows();
     describe_writes();

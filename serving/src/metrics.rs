@@ -38,6 +38,8 @@ pub const BODY_TIMEOUTS_TOTAL: &str = "serving_body_timeouts_total";
 
 /// Describes every metric (Prometheus HELP lines).
 pub fn describe() {
+    // TLS certificate reloads (protocol::transport::tls::reload).
+    protocol::metrics::describe();
     describe_counter!(
         REQUESTS_TOTAL,
         "HTTP requests answered, by route and status code."

@@ -11,7 +11,7 @@
 //! any given, every role, [`DEV_VALIDITY`]); production mounts real ones (cert-manager, `k8s/`). Servers
 //! require a client certificate signed by the CA, and clients require the server's certificate to be signed
 //! by the CA and to name the server (DESIGN.md, "Protocol"). Only TLS 1.3 is offered, and the ALPN protocol
-//! [`crate::ALPN`] must match.
+//! [`crate::ALPN`] must match. Certificates and keys are loaded again when their files change ([`reload`]).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -24,6 +24,8 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
 use crate::error::ProtocolError;
+
+pub mod reload;
 
 /// File names inside a TLS directory.
 pub mod files {
@@ -359,12 +361,13 @@ fn finish_server_config(
     builder: rustls::ConfigBuilder<rustls::ServerConfig, rustls::server::WantsServerCert>,
     dir: &Path,
 ) -> Result<rustls::ServerConfig, ProtocolError> {
-    let mut tls = builder
-        .with_single_cert(
-            load_certs(&path(dir, files::SERVER_CERT))?,
-            load_key(&path(dir, files::SERVER_KEY))?,
-        )
-        .map_err(|e| tls_err(format!("server certificate in {}: {e}", dir.display())))?;
+    // Reloaded when cert-manager rewrites the files (`reload`).
+    let key = reload::ReloadingKey::load(
+        &path(dir, files::SERVER_CERT),
+        &path(dir, files::SERVER_KEY),
+        provider(),
+    )?;
+    let mut tls = builder.with_cert_resolver(Arc::new(key));
     tls.alpn_protocols = vec![crate::ALPN.to_vec()];
     tls.max_early_data_size = 0;
     Ok(tls)
@@ -418,12 +421,13 @@ pub fn rustls_client_config(
     role: crate::auth::Role,
 ) -> Result<rustls::ClientConfig, ProtocolError> {
     let (cert, key) = client_files(dir, role)?;
+    // Reloaded when cert-manager rewrites the files (`reload`).
+    let key = reload::ReloadingKey::load(&cert, &key, provider())?;
     let mut tls = rustls::ClientConfig::builder_with_provider(provider())
         .with_protocol_versions(&[&rustls::version::TLS13])
         .map_err(tls_err)?
         .with_root_certificates(roots(dir)?)
-        .with_client_auth_cert(load_certs(&cert)?, load_key(&key)?)
-        .map_err(|e| tls_err(format!("client certificate {}: {e}", cert.display())))?;
+        .with_client_cert_resolver(Arc::new(key));
     tls.alpn_protocols = vec![crate::ALPN.to_vec()];
     Ok(tls)
 }
