@@ -5,6 +5,7 @@
 //! version ([`Batcher::set_dense`]) takes effect between two batches: no prediction mixes two versions.
 //! The model's own work is parallel (rayon over chunks of rows).
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -23,6 +24,9 @@ pub struct BatchLimits {
     pub deadline: Duration,
     /// Rows beyond which a batch is predicted at once (a single bigger request is predicted alone).
     pub max_rows: usize,
+    /// Rows of requests waiting for the predicting thread at most; a request past it is refused at once
+    /// ([`BatchError::Full`]: 503 with `Retry-After`). A request alone in the queue is always taken.
+    pub max_queued_rows: usize,
 }
 
 /// An answer to one request.
@@ -43,6 +47,16 @@ pub enum BatchError {
     /// The predicting thread is gone (shutting down).
     #[error("the predictor is shutting down")]
     Closed,
+    /// The queue holds `queued` rows: this request's `rows` would pass `max`.
+    #[error("the prediction queue holds {queued} rows; {rows} more would pass --max-queued-rows {max}: retry later")]
+    Full {
+        /// Rows queued.
+        queued: usize,
+        /// This request's rows.
+        rows: usize,
+        /// The limit.
+        max: usize,
+    },
 }
 
 struct Job {
@@ -59,6 +73,39 @@ enum Command {
 #[derive(Clone)]
 pub struct Batcher {
     tx: Sender<Command>,
+    /// Rows of requests sent and not yet answered (or given up).
+    queued: Arc<AtomicUsize>,
+    max_queued: usize,
+}
+
+/// A request's rows counted in the queue until it is answered or its caller gives up.
+struct Queued<'a> {
+    queued: &'a AtomicUsize,
+    rows: usize,
+}
+
+impl Drop for Queued<'_> {
+    fn drop(&mut self) {
+        let left = self.queued.fetch_sub(self.rows, Ordering::AcqRel) - self.rows;
+        metrics::gauge!(m::QUEUED_ROWS).set(left as f64);
+    }
+}
+
+/// Counts `rows` more in `queued` unless that passes `max` while other rows are queued (a request alone is
+/// always taken: `max-rows` bounds it).
+fn admit(queued: &AtomicUsize, rows: usize, max: usize) -> Result<Queued<'_>, BatchError> {
+    let before = queued.fetch_add(rows, Ordering::AcqRel);
+    let counted = Queued { queued, rows };
+    if before > 0 && before + rows > max {
+        metrics::counter!(m::QUEUE_FULL_TOTAL).increment(1);
+        return Err(BatchError::Full {
+            queued: before,
+            rows,
+            max,
+        });
+    }
+    metrics::gauge!(m::QUEUED_ROWS).set((before + rows) as f64);
+    Ok(counted)
 }
 
 impl std::fmt::Debug for Batcher {
@@ -78,11 +125,17 @@ impl Batcher {
         let handle = std::thread::Builder::new()
             .name("predict".into())
             .spawn(move || run(predictor, &store, limits, &rx))?;
-        Ok((Batcher { tx }, handle))
+        let batcher = Batcher {
+            tx,
+            queued: Arc::default(),
+            max_queued: limits.max_queued_rows,
+        };
+        Ok((batcher, handle))
     }
 
     /// Predicts `batch`'s rows (with those of concurrent requests).
     pub async fn predict(&self, batch: Batch) -> Result<Prediction, BatchError> {
+        let _queued = admit(&self.queued, batch.len, self.max_queued)?;
         let (reply, rx) = oneshot::channel();
         self.tx
             .send(Command::Predict(Job { batch, reply }))
@@ -175,4 +228,38 @@ fn set_dense(predictor: &mut Predictor, dense: DenseModel) {
     metrics::gauge!(m::DENSE_VERSION).set(dense.version as f64);
     tracing::info!(version = dense.version, "dense parameters replaced");
     predictor.set_dense(dense);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_queue_takes_a_lone_request_and_refuses_past_its_rows() {
+        let queued = AtomicUsize::new(0);
+        let big = admit(&queued, 100, 10).expect("alone, a request is always taken");
+        let err = admit(&queued, 1, 10).err().expect("past the limit");
+        assert!(matches!(
+            err,
+            BatchError::Full {
+                queued: 100,
+                rows: 1,
+                max: 10
+            }
+        ));
+        assert!(err.to_string().contains("--max-queued-rows 10"), "{err}");
+        assert_eq!(
+            queued.load(Ordering::Acquire),
+            100,
+            "a refusal counts nothing"
+        );
+        drop(big);
+        let a = admit(&queued, 6, 10).unwrap();
+        let b = admit(&queued, 4, 10).unwrap();
+        assert!(admit(&queued, 1, 10).is_err());
+        drop(a);
+        let _c = admit(&queued, 6, 10).unwrap();
+        drop(b);
+        assert_eq!(queued.load(Ordering::Acquire), 6);
+    }
 }

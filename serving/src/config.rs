@@ -33,6 +33,10 @@ pub struct ServeOptions {
     /// Rows that close a micro-batch at once. Default 2048.
     #[arg(long, env = "PS_SERVE_MAX_BATCH_ROWS")]
     pub max_batch_rows: Option<usize>,
+    /// Rows of requests waiting for the predicting thread at most; past it a request is answered 503 with
+    /// `Retry-After: 1` at once (`serving_queue_full_total`). Default 65536.
+    #[arg(long, env = "PS_SERVE_MAX_QUEUED_ROWS")]
+    pub max_queued_rows: Option<usize>,
     /// Largest request body, bytes. Default 8 MiB.
     #[arg(long, env = "PS_SERVE_MAX_BODY_BYTES")]
     pub max_body_bytes: Option<usize>,
@@ -120,6 +124,8 @@ pub struct ServeConfig {
     pub batch_deadline: Duration,
     /// See [`ServeOptions::max_batch_rows`].
     pub max_batch_rows: usize,
+    /// See [`ServeOptions::max_queued_rows`].
+    pub max_queued_rows: usize,
     /// See [`ServeOptions::max_body_bytes`].
     pub max_body_bytes: usize,
     /// See [`ServeOptions::max_rows`].
@@ -184,6 +190,7 @@ impl ServeOptions {
             memory_budget_rows,
             batch_deadline_us,
             max_batch_rows,
+            max_queued_rows,
             max_body_bytes,
             max_rows,
             threads,
@@ -295,6 +302,7 @@ impl ServeOptions {
             memory_budget_rows: self.memory_budget_rows,
             batch_deadline: Duration::from_micros(deadline_us),
             max_batch_rows: positive("max-batch-rows", self.max_batch_rows, 2048)?,
+            max_queued_rows: positive("max-queued-rows", self.max_queued_rows, 65536)?,
             max_body_bytes: positive("max-body-bytes", self.max_body_bytes, 8 << 20)?,
             max_rows: positive("max-rows", self.max_rows, 8192)?,
             threads: positive("threads", self.threads, cores)?,
@@ -354,6 +362,7 @@ mod tests {
         assert!(c.api_token.is_none() && !c.enable_embedding_api);
         assert_eq!(c.batch_deadline, Duration::ZERO);
         assert_eq!((c.max_batch_rows, c.max_rows), (2048, 8192));
+        assert_eq!(c.max_queued_rows, 65536);
         assert!(c.sync.is_none());
         let file: ServeOptions =
             toml::from_str("export = \"/file\"\nmax-rows = 5\nlisten = \"127.0.0.1:1\"").unwrap();

@@ -226,6 +226,14 @@ async fn predict(req: Request<Incoming>, shared: &Shared) -> Reply {
             }),
         ),
         Err(e @ BatchError::Closed) => error(StatusCode::SERVICE_UNAVAILABLE, e),
+        Err(e @ BatchError::Full { .. }) => {
+            let mut reply = error(StatusCode::SERVICE_UNAVAILABLE, e);
+            reply.headers_mut().insert(
+                hyper::header::RETRY_AFTER,
+                hyper::header::HeaderValue::from_static("1"),
+            );
+            reply
+        }
         Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, e),
     }
 }

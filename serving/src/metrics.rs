@@ -35,11 +35,23 @@ pub const CONNECTIONS_REFUSED_TOTAL: &str = "serving_connections_refused_total";
 pub const HEADER_TIMEOUTS_TOTAL: &str = "serving_header_timeouts_total";
 /// Requests answered 408 because their body did not arrive within `--body-timeout-secs`.
 pub const BODY_TIMEOUTS_TOTAL: &str = "serving_body_timeouts_total";
+/// Rows of requests waiting for the predicting thread (`--max-queued-rows` bounds it).
+pub const QUEUED_ROWS: &str = "serving_queued_rows";
+/// Requests answered 503 because the prediction queue was full.
+pub const QUEUE_FULL_TOTAL: &str = "serving_queue_full_total";
 
 /// Describes every metric (Prometheus HELP lines).
 pub fn describe() {
     // TLS certificate reloads (protocol::transport::tls::reload).
     protocol::metrics::describe();
+    describe_gauge!(
+        QUEUED_ROWS,
+        "Rows of requests waiting for the predicting thread."
+    );
+    describe_counter!(
+        QUEUE_FULL_TOTAL,
+        "Requests answered 503 because the prediction queue was full."
+    );
     describe_counter!(
         REQUESTS_TOTAL,
         "HTTP requests answered, by route and status code."

@@ -112,57 +112,209 @@ fn count_rows_after(body: &[u8], i: usize) -> usize {
         .count()
 }
 
+/// Parses a JSON body one row at a time (a row's value tree is dropped once its row is in the batch), so memory
+/// stays near the body's and the batch's size whatever the body holds; past `max_rows` the remaining elements
+/// are only counted.
 fn parse_json(body: &[u8], layout: &FeatureLayout, max_rows: usize) -> Result<Batch, RequestError> {
-    let value: Value =
-        serde_json::from_slice(body).map_err(|e| RequestError::BadJson(e.to_string()))?;
-    let rows = match value {
-        Value::Array(rows) => rows,
-        Value::Object(mut o) => match o.remove("rows") {
-            Some(Value::Array(rows)) if o.is_empty() => rows,
-            Some(Value::Array(_)) => {
-                let key = o.keys().next().cloned().unwrap_or_default();
-                return Err(RequestError::BadJson(format!(
-                    "unknown key {key:?} beside \"rows\""
-                )));
-            }
-            Some(other) => {
-                return Err(RequestError::BadJson(format!(
-                    "\"rows\" is {}, expected an array of objects",
-                    kind(&other)
-                )))
-            }
-            None => {
-                return Err(RequestError::BadJson(
-                    "expected an array of row objects or {\"rows\": [...]}".into(),
-                ))
-            }
-        },
-        other => {
-            return Err(RequestError::BadJson(format!(
-                "the body is {}, expected an array of row objects or {{\"rows\": [...]}}",
-                kind(&other)
-            )))
-        }
+    let mut rows = JsonRows {
+        layout,
+        max_rows,
+        batch: Batch::with_layout(0, layout),
+        seen: 0,
+        refused: None,
     };
-    if rows.len() > max_rows {
+    let mut de = serde_json::Deserializer::from_slice(body);
+    let parsed = serde::de::Deserializer::deserialize_any(&mut de, TopVisitor(&mut rows))
+        .and_then(|()| de.end());
+    if let Some(refused) = rows.refused {
+        return Err(refused);
+    }
+    parsed.map_err(|e| RequestError::BadJson(e.to_string()))?;
+    if rows.seen > max_rows {
         return Err(RequestError::TooManyRows {
-            rows: rows.len(),
+            rows: rows.seen,
             max: max_rows,
         });
     }
-    let mut batch = Batch::with_layout(rows.len(), layout);
-    let mut row = Row::default();
-    let mut line = String::new();
-    for (i, value) in rows.iter().enumerate() {
-        let bad = |reason: String| RequestError::BadRow { row: i + 1, reason };
-        json_row_to_line(value, &mut line).map_err(bad)?;
-        parse_unlabeled_line(line.as_bytes(), &mut row).map_err(|e| bad(e.to_string()))?;
-        batch.push_row_in(&row, layout);
-    }
-    if batch.len == 0 {
+    if rows.batch.len == 0 {
         return Err(RequestError::Empty);
     }
-    Ok(batch)
+    Ok(rows.batch)
+}
+
+/// The rows of a JSON body as they are read.
+struct JsonRows<'a> {
+    layout: &'a FeatureLayout,
+    max_rows: usize,
+    batch: Batch,
+    /// Array elements seen, those past `max_rows` included.
+    seen: usize,
+    /// The typed refusal behind a deserializer error, if any.
+    refused: Option<RequestError>,
+}
+
+/// A serde error that stops the parse; the reason is in [`JsonRows::refused`].
+fn stop<E: serde::de::Error>(rows: &mut JsonRows<'_>, why: RequestError) -> E {
+    let e = E::custom(why.to_string());
+    rows.refused = Some(why);
+    e
+}
+
+/// The body: an array of rows, or `{"rows": [...]}`.
+struct TopVisitor<'r, 'a>(&'r mut JsonRows<'a>);
+
+impl<'de> serde::de::Visitor<'de> for TopVisitor<'_, '_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("an array of row objects or {\"rows\": [...]}")
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, seq: A) -> Result<(), A::Error> {
+        RowsVisitor(self.0).visit_seq(seq)
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        let mut rows_seen = false;
+        while let Some(key) = map.next_key::<String>()? {
+            if key != "rows" {
+                let why = RequestError::BadJson(format!("unknown key {key:?} beside \"rows\""));
+                return Err(stop(self.0, why));
+            }
+            map.next_value_seed(RowsSeed(&mut *self.0))?;
+            rows_seen = true;
+        }
+        if !rows_seen {
+            let why = RequestError::BadJson(
+                "expected an array of row objects or {\"rows\": [...]}".into(),
+            );
+            return Err(stop(self.0, why));
+        }
+        Ok(())
+    }
+
+    fn visit_bool<E: serde::de::Error>(self, _: bool) -> Result<(), E> {
+        Err(self.refuse_top("a boolean"))
+    }
+    fn visit_i64<E: serde::de::Error>(self, _: i64) -> Result<(), E> {
+        Err(self.refuse_top("a number"))
+    }
+    fn visit_u64<E: serde::de::Error>(self, _: u64) -> Result<(), E> {
+        Err(self.refuse_top("a number"))
+    }
+    fn visit_f64<E: serde::de::Error>(self, _: f64) -> Result<(), E> {
+        Err(self.refuse_top("a number"))
+    }
+    fn visit_str<E: serde::de::Error>(self, _: &str) -> Result<(), E> {
+        Err(self.refuse_top("a string"))
+    }
+    fn visit_unit<E: serde::de::Error>(self) -> Result<(), E> {
+        Err(self.refuse_top("null"))
+    }
+}
+
+impl TopVisitor<'_, '_> {
+    fn refuse_top<E: serde::de::Error>(self, what: &str) -> E {
+        let why = RequestError::BadJson(format!(
+            "the body is {what}, expected an array of row objects or {{\"rows\": [...]}}"
+        ));
+        stop(self.0, why)
+    }
+}
+
+/// The array of rows under `"rows"`.
+struct RowsSeed<'r, 'a>(&'r mut JsonRows<'a>);
+
+impl<'de> serde::de::DeserializeSeed<'de> for RowsSeed<'_, '_> {
+    type Value = ();
+
+    fn deserialize<D: serde::de::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_any(RowsVisitor(self.0))
+    }
+}
+
+/// An array of row objects, each parsed and pushed as it is read.
+struct RowsVisitor<'r, 'a>(&'r mut JsonRows<'a>);
+
+impl<'de> serde::de::Visitor<'de> for RowsVisitor<'_, '_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("an array of row objects")
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        let rows = self.0;
+        let mut row = Row::default();
+        let mut line = String::new();
+        loop {
+            if rows.seen >= rows.max_rows {
+                // Past the limit: count the rest without keeping them.
+                while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {
+                    rows.seen += 1;
+                }
+                return Ok(());
+            }
+            let Some(value) = seq.next_element::<Value>()? else {
+                return Ok(());
+            };
+            rows.seen += 1;
+            let at = rows.seen;
+            let bad = |reason: String| RequestError::BadRow { row: at, reason };
+            if let Err(why) = json_row_to_line(&value, &mut line)
+                .map_err(bad)
+                .and_then(|()| {
+                    parse_unlabeled_line(line.as_bytes(), &mut row).map_err(|e| bad(e.to_string()))
+                })
+            {
+                return Err(stop(rows, why));
+            }
+            rows.batch.push_row_in(&row, rows.layout);
+        }
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, _: A) -> Result<(), A::Error> {
+        Err(stop(
+            self.0,
+            RequestError::BadJson("\"rows\" is an object, expected an array of objects".into()),
+        ))
+    }
+    fn visit_str<E: serde::de::Error>(self, _: &str) -> Result<(), E> {
+        Err(stop(
+            self.0,
+            RequestError::BadJson("\"rows\" is a string, expected an array of objects".into()),
+        ))
+    }
+    fn visit_i64<E: serde::de::Error>(self, _: i64) -> Result<(), E> {
+        Err(stop(
+            self.0,
+            RequestError::BadJson("\"rows\" is a number, expected an array of objects".into()),
+        ))
+    }
+    fn visit_u64<E: serde::de::Error>(self, _: u64) -> Result<(), E> {
+        Err(stop(
+            self.0,
+            RequestError::BadJson("\"rows\" is a number, expected an array of objects".into()),
+        ))
+    }
+    fn visit_f64<E: serde::de::Error>(self, _: f64) -> Result<(), E> {
+        Err(stop(
+            self.0,
+            RequestError::BadJson("\"rows\" is a number, expected an array of objects".into()),
+        ))
+    }
+    fn visit_bool<E: serde::de::Error>(self, _: bool) -> Result<(), E> {
+        Err(stop(
+            self.0,
+            RequestError::BadJson("\"rows\" is a boolean, expected an array of objects".into()),
+        ))
+    }
+    fn visit_unit<E: serde::de::Error>(self) -> Result<(), E> {
+        Err(stop(
+            self.0,
+            RequestError::BadJson("\"rows\" is null, expected an array of objects".into()),
+        ))
+    }
 }
 
 /// The TSV line (no label) a JSON row object stands for.
@@ -345,6 +497,96 @@ mod tests {
         assert_eq!(
             msg(json(&format!("[{}]", ["{}"; 5].join(",")))),
             "5 rows, more than --max-rows 4"
+        );
+    }
+
+    /// Bytes this thread holds allocated, and the most it held since [`counting::reset`]: a test allocator
+    /// (other tests' threads do not count).
+    mod counting {
+        use std::alloc::{GlobalAlloc, Layout, System};
+        use std::cell::Cell;
+
+        thread_local! {
+            static NOW: Cell<isize> = const { Cell::new(0) };
+            static PEAK: Cell<isize> = const { Cell::new(0) };
+        }
+
+        pub struct Counting;
+
+        fn add(delta: isize) {
+            let _ = NOW.try_with(|now| {
+                let v = now.get() + delta;
+                now.set(v);
+                let _ = PEAK.try_with(|peak| peak.set(peak.get().max(v)));
+            });
+        }
+
+        // SAFETY: every call goes to the system allocator with the caller's arguments; the counting touches
+        // only const-initialised thread-locals, which never allocate.
+        unsafe impl GlobalAlloc for Counting {
+            unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+                let p = unsafe { System.alloc(layout) };
+                if !p.is_null() {
+                    add(layout.size() as isize);
+                }
+                p
+            }
+            unsafe fn dealloc(&self, p: *mut u8, layout: Layout) {
+                unsafe { System.dealloc(p, layout) };
+                add(-(layout.size() as isize));
+            }
+            unsafe fn realloc(&self, p: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+                let q = unsafe { System.realloc(p, layout, new_size) };
+                if !q.is_null() {
+                    add(new_size as isize - layout.size() as isize);
+                }
+                q
+            }
+        }
+
+        /// Starts a measure: returns the bytes held now.
+        pub fn reset() -> isize {
+            let now = NOW.with(Cell::get);
+            PEAK.with(|p| p.set(now));
+            now
+        }
+
+        /// The most held since [`reset`] returned `base`, above it.
+        pub fn peak_above(base: isize) -> isize {
+            PEAK.with(Cell::get) - base
+        }
+    }
+
+    #[global_allocator]
+    static ALLOC: counting::Counting = counting::Counting;
+
+    #[test]
+    fn a_json_body_costs_about_its_own_size_however_many_rows_it_holds() {
+        // ~6 MB of empty row objects, within --max-body-bytes (8 MiB): parsed whole into a value tree, they
+        // took 30 times that.
+        let body = format!("[{}]", vec!["{}"; 2_000_000].join(","));
+        let base = counting::reset();
+        let err = parse_body(
+            body.as_bytes(),
+            BodyFormat::Json,
+            &FeatureLayout::default(),
+            8192,
+        )
+        .unwrap_err();
+        let streamed = counting::peak_above(base);
+        assert_eq!(err.to_string(), "2000000 rows, more than --max-rows 8192");
+        let base = counting::reset();
+        let tree: Value = serde_json::from_slice(body.as_bytes()).unwrap();
+        let whole = counting::peak_above(base);
+        drop(tree);
+        eprintln!(
+            "JSON body of {} bytes: {streamed} bytes at most while parsed row by row, {whole} as a value tree",
+            body.len()
+        );
+        assert!(
+            streamed < body.len() as isize,
+            "{streamed} bytes to parse a {}-byte body",
+            body.len()
         );
     }
 

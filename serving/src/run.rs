@@ -136,6 +136,7 @@ pub async fn run(
         BatchLimits {
             deadline: cfg.batch_deadline,
             max_rows: cfg.max_batch_rows,
+            max_queued_rows: cfg.max_queued_rows,
         },
     )
     .context("start the prediction thread")?;
