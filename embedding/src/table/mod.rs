@@ -416,7 +416,7 @@ impl Table {
                 if full.is_some() {
                     return;
                 }
-                if !grad.iter().all(|g| g.is_finite()) {
+                if !crate::weight_guard::all_finite(grad) {
                     stats.rejected_nonfinite += 1;
                     return;
                 }
