@@ -274,46 +274,34 @@ impl<'de> serde::de::Visitor<'de> for RowsVisitor<'_, '_> {
     }
 
     fn visit_map<A: serde::de::MapAccess<'de>>(self, _: A) -> Result<(), A::Error> {
-        Err(stop(
-            self.0,
-            RequestError::BadJson("\"rows\" is an object, expected an array of objects".into()),
-        ))
+        Err(self.refuse("an object"))
     }
     fn visit_str<E: serde::de::Error>(self, _: &str) -> Result<(), E> {
-        Err(stop(
-            self.0,
-            RequestError::BadJson("\"rows\" is a string, expected an array of objects".into()),
-        ))
+        Err(self.refuse("a string"))
     }
     fn visit_i64<E: serde::de::Error>(self, _: i64) -> Result<(), E> {
-        Err(stop(
-            self.0,
-            RequestError::BadJson("\"rows\" is a number, expected an array of objects".into()),
-        ))
+        Err(self.refuse("a number"))
     }
     fn visit_u64<E: serde::de::Error>(self, _: u64) -> Result<(), E> {
-        Err(stop(
-            self.0,
-            RequestError::BadJson("\"rows\" is a number, expected an array of objects".into()),
-        ))
+        Err(self.refuse("a number"))
     }
     fn visit_f64<E: serde::de::Error>(self, _: f64) -> Result<(), E> {
-        Err(stop(
-            self.0,
-            RequestError::BadJson("\"rows\" is a number, expected an array of objects".into()),
-        ))
+        Err(self.refuse("a number"))
     }
     fn visit_bool<E: serde::de::Error>(self, _: bool) -> Result<(), E> {
-        Err(stop(
-            self.0,
-            RequestError::BadJson("\"rows\" is a boolean, expected an array of objects".into()),
-        ))
+        Err(self.refuse("a boolean"))
     }
     fn visit_unit<E: serde::de::Error>(self) -> Result<(), E> {
-        Err(stop(
-            self.0,
-            RequestError::BadJson("\"rows\" is null, expected an array of objects".into()),
-        ))
+        Err(self.refuse("null"))
+    }
+}
+
+impl RowsVisitor<'_, '_> {
+    /// The refusal of a `"rows"` value that is `what`, not an array.
+    fn refuse<E: serde::de::Error>(self, what: &str) -> E {
+        let why =
+            RequestError::BadJson(format!("\"rows\" is {what}, expected an array of objects"));
+        stop(self.0, why)
     }
 }
 
