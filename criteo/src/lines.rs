@@ -15,7 +15,9 @@ use std::sync::Arc;
 
 use memchr::memchr;
 
-use super::source::MAX_LINE;
+/// Lines longer than this are returned cut, and flagged (a real line is under 1 KiB; a longer one is a
+/// corrupt file, and buffering it whole could exhaust memory).
+pub(crate) const MAX_LINE: usize = 64 << 10;
 
 /// What a [`Source`] answers.
 #[derive(Debug, PartialEq, Eq)]

@@ -21,10 +21,11 @@ use super::columnar::Shard;
 use super::error::ReadError;
 use super::follow::Follow;
 use super::layout::FeatureLayout;
+use super::lines::MAX_LINE;
 use super::lines::{Next, Source, StreamEnd};
 use super::parse::{LineKind, Row, TextFormat};
 use super::piped::Piped;
-use super::source::{input_files, open, Input, TextFile, MAX_LINE};
+use super::source::{input_files, open, Input, TextFile};
 
 /// The input path that means standard input (`--train -`).
 pub const STDIN: &str = "-";

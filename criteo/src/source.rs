@@ -16,14 +16,10 @@ use memmap2::Mmap;
 
 use super::columnar::{Shard, MAGIC};
 use super::error::ReadError;
-use super::lines::{Next, Source};
+use super::lines::{Next, Source, MAX_LINE};
 
 /// Read buffer size, both for the file and for decompressed text.
 const BUF_SIZE: usize = 1 << 20;
-
-/// Lines longer than this are returned cut, and flagged (a real line is under 1 KiB; a longer one is a
-/// corrupt file, and buffering it whole could exhaust memory).
-pub(crate) const MAX_LINE: usize = 64 << 10;
 
 /// Expands `paths` into the files to read, in order: a file is itself, a directory is its files (not
 /// subdirectories, not names starting with `.`) sorted by name.

@@ -27,7 +27,7 @@ use parking_lot::{Mutex, RwLock};
 use crate::batch::{self, DirtyBatch};
 use crate::config::{AdmissionConfig, TableConfig};
 use crate::error::{EmbeddingError, StoreError};
-use crate::lease::Leases;
+use crate::lease::{LeaseStats, Leases};
 use crate::store::Store;
 use crate::table::{ApplyStats, GatherStats, Table};
 
@@ -522,6 +522,50 @@ impl Engine {
             "flushed dirty rows"
         );
         Ok(stats)
+    }
+}
+
+impl Engine {
+    /// Lookahead prefetch ([`Table::prefetch`] on each table of `tables`, `(table, ids)` pairs): releases
+    /// `owner`'s leases numbered below `release_below`, reads back the rows that live only in the store and
+    /// pins the rows of every table under lease `(owner, lease)` until Unix time `now + pin_secs` at the
+    /// latest ([`crate::lease`]). Every table is checked (known, ids within its pin limit) before anything is
+    /// read or released. Blocks on store reads: call it off async workers.
+    pub fn prefetch(
+        &self,
+        owner: u64,
+        lease: u64,
+        release_below: u64,
+        tables: &[(u32, &[u64])],
+        now: u64,
+        pin_secs: u64,
+    ) -> Result<LeaseStats, EmbeddingError> {
+        let resolved = tables
+            .iter()
+            .map(|&(id, ids)| {
+                let table = self.table(id)?;
+                table.check_prefetch(ids)?;
+                Ok((table, ids))
+            })
+            .collect::<Result<Vec<_>, EmbeddingError>>()?;
+        self.leases
+            .prefetch(resolved, owner, lease, release_below, now, pin_secs)
+    }
+
+    /// Releases every lease whose deadline (set by [`Engine::prefetch`]) is at or before Unix time `now`;
+    /// returns how many.
+    pub fn expire_leases(&self, now: u64) -> usize {
+        self.leases.expire(now)
+    }
+
+    /// Prefetch leases held now.
+    pub fn leases(&self) -> usize {
+        self.leases.len()
+    }
+
+    /// Rows pinned by prefetches now, over all tables.
+    pub fn pinned_rows(&self) -> usize {
+        self.tables_snapshot().iter().map(|t| t.pinned_rows()).sum()
     }
 }
 

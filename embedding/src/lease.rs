@@ -1,9 +1,9 @@
-//! Leases on prefetched rows ([`Engine::prefetch`]): who pinned which rows of which tables, until when.
+//! Leases on prefetched rows ([`crate::Engine::prefetch`]): who pinned which rows of which tables, until when.
 //!
 //! A lease is `(owner, number)`: an owner is one client's pass (a number it draws), the number a batch index.
 //! A prefetch first releases its owner's leases numbered below its `release_below` (the trainer sends the
 //! count of its acknowledged pushes: those batches' pulls and pushes have passed), then pins its rows under
-//! its own lease with a deadline. [`Engine::expire_leases`] (the server's budget timer) releases leases past
+//! its own lease with a deadline. [`crate::Engine::expire_leases`] (the server's budget timer) releases leases past
 //! their deadline, so a prefetch whose batch is never pulled, or whose trainer died, cannot pin memory
 //! forever. A second prefetch under the same lease (a retried request) replaces the first.
 //!
@@ -14,7 +14,6 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use crate::engine::Engine;
 use crate::error::EmbeddingError;
 use crate::table::{PrefetchStats, Table};
 
@@ -38,7 +37,7 @@ pub(crate) struct Leases {
     by_owner: Mutex<HashMap<u64, BTreeMap<u64, Lease>>>,
 }
 
-/// What [`Engine::prefetch`] did.
+/// What [`crate::Engine::prefetch`] did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct LeaseStats {
     /// Rows, summed over tables.
@@ -77,7 +76,7 @@ impl Leases {
     }
 
     /// Removes and releases every lease whose deadline is at or before `now`; returns how many.
-    fn expire(&self, now: u64) -> usize {
+    pub(crate) fn expire(&self, now: u64) -> usize {
         let expired: Vec<Lease> = {
             let mut map = self.by_owner.lock();
             let mut expired = Vec::new();
@@ -100,41 +99,32 @@ impl Leases {
     }
 
     /// Leases held now.
-    fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.by_owner.lock().values().map(BTreeMap::len).sum()
     }
 }
 
-impl Engine {
-    /// Lookahead prefetch ([`Table::prefetch`] on each table of `tables`, `(table, ids)` pairs): releases
-    /// `owner`'s leases numbered below `release_below`, reads back the rows that live only in the store and
-    /// pins the rows of every table under lease `(owner, lease)` until Unix time `now + pin_secs` at the
-    /// latest. Every table is checked (known, ids within its pin limit) before anything is read or
-    /// released. Blocks on store reads: call it off async workers.
-    pub fn prefetch(
+impl Leases {
+    /// The lease part of [`Engine::prefetch`]: `tables` are resolved and checked. Releases `owner`'s leases
+    /// numbered below `release_below`, reads back the rows of each table that live only in the store and pins
+    /// them under lease `(owner, lease)` until Unix time `now + pin_secs` at the latest. A failure releases
+    /// what this call pinned.
+    pub(crate) fn prefetch(
         &self,
+        tables: Vec<(Arc<Table>, &[u64])>,
         owner: u64,
         lease: u64,
         release_below: u64,
-        tables: &[(u32, &[u64])],
         now: u64,
         pin_secs: u64,
     ) -> Result<LeaseStats, EmbeddingError> {
-        let resolved = tables
-            .iter()
-            .map(|&(id, ids)| {
-                let table = self.table(id)?;
-                table.check_prefetch(ids)?;
-                Ok((table, ids))
-            })
-            .collect::<Result<Vec<_>, EmbeddingError>>()?;
         let mut stats = LeaseStats {
-            released: self.leases.release_below(owner, release_below),
+            released: self.release_below(owner, release_below),
             ..LeaseStats::default()
         };
         let mut parts = Vec::new();
         let mut failure = None;
-        for (table, ids) in resolved {
+        for (table, ids) in tables {
             let mut pinned = Vec::new();
             match table.prefetch(ids, &mut pinned) {
                 Ok(s) => stats.rows += s,
@@ -157,28 +147,12 @@ impl Engine {
             return Err(e);
         }
         if !lease_rows.parts.is_empty() {
-            if let Some(old) = self.leases.insert(owner, lease, lease_rows) {
+            if let Some(old) = self.insert(owner, lease, lease_rows) {
                 old.release();
                 stats.released += 1;
             }
         }
         Ok(stats)
-    }
-
-    /// Releases every lease whose deadline (set by [`Engine::prefetch`]) is at or before Unix time `now`;
-    /// returns how many.
-    pub fn expire_leases(&self, now: u64) -> usize {
-        self.leases.expire(now)
-    }
-
-    /// Prefetch leases held now.
-    pub fn leases(&self) -> usize {
-        self.leases.len()
-    }
-
-    /// Rows pinned by prefetches now, over all tables.
-    pub fn pinned_rows(&self) -> usize {
-        self.tables_snapshot().iter().map(|t| t.pinned_rows()).sum()
     }
 }
 

@@ -19,42 +19,19 @@ use std::time::Duration;
 use embedding::spec::table_spec;
 use embedding::{InitConfig, OptimizerConfig, TableConfig};
 use numpy::{PyReadonlyArray1, PyReadonlyArray2, PyReadwriteArray2};
-use protocol::{Encoding, PsClient, PsClientConfig, Transport};
+use protocol::{PsClient, PsClientConfig, Transport};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use tokio::sync::oneshot;
 
+use crate::counters::Counters;
 use crate::handles::{PullHandle, PushHandle, Slot};
 use crate::jobs::{PullJob, PushJob};
 use crate::lane::{wait_all, Lane};
 
 use crate::errors::RequestError;
 use crate::runtime;
-
-/// Counters of one client (nanoseconds and counts), shared with its in-flight requests.
-#[derive(Default)]
-pub(crate) struct Counters {
-    pub(crate) pull_calls: AtomicU64,
-    pub(crate) pull_rows: AtomicU64,
-    pub(crate) pull_ns: AtomicU64,
-    pub(crate) push_calls: AtomicU64,
-    pub(crate) push_rows: AtomicU64,
-    pub(crate) push_ns: AtomicU64,
-    pub(crate) wait_ns: AtomicU64,
-}
-
-pub(crate) fn parse_encoding(s: &str) -> PyResult<Encoding> {
-    match s {
-        "f32" => Ok(Encoding::F32),
-        "f16" => Ok(Encoding::F16),
-        "bf16" => Ok(Encoding::Bf16),
-        "int8" => Ok(Encoding::Int8),
-        other => Err(PyValueError::new_err(format!(
-            "encoding = {other:?}: expected one of 'f32', 'f16', 'bf16', 'int8'"
-        ))),
-    }
-}
 
 /// Requests started and not yet answered, so that `close` can wait for them.
 #[derive(Default)]

@@ -9,7 +9,7 @@ use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use tokio::sync::oneshot;
 
-use crate::client::Counters;
+use crate::counters::Counters;
 use crate::errors::RequestError;
 use crate::runtime;
 

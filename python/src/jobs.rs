@@ -20,8 +20,21 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use tokio::task::JoinSet;
 
-use crate::client::{parse_encoding, Counters};
+use crate::counters::Counters;
 use crate::errors::RequestError;
+
+/// The wire encoding named `s` (the `encoding=` argument of pulls and pushes).
+pub(crate) fn parse_encoding(s: &str) -> PyResult<Encoding> {
+    match s {
+        "f32" => Ok(Encoding::F32),
+        "f16" => Ok(Encoding::F16),
+        "bf16" => Ok(Encoding::Bf16),
+        "int8" => Ok(Encoding::Int8),
+        other => Err(PyValueError::new_err(format!(
+            "encoding = {other:?}: expected one of 'f32', 'f16', 'bf16', 'int8'"
+        ))),
+    }
+}
 
 /// An array's elements in logical order: one `memcpy` when it is contiguous (the usual case), else element by
 /// element.

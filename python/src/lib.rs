@@ -22,6 +22,7 @@ use pyo3::prelude::*;
 
 pub mod client;
 pub mod cluster;
+pub(crate) mod counters;
 pub mod data;
 pub mod dedup;
 pub mod errors;

@@ -5,7 +5,7 @@
 //! lowercase hex digits, a missing field as the empty string (Criteo Kaggle `train.txt` layout); a
 //! multi-hot field is its tokens joined by `|`.
 
-use super::schema::{token, Row};
+use super::row::{token, Row};
 
 const HEX: &[u8; 16] = b"0123456789abcdef";
 

@@ -19,6 +19,7 @@
 pub mod format;
 pub mod multi_hot;
 pub mod rng;
+pub mod row;
 pub mod scale;
 pub mod schema;
 pub mod sink;
@@ -30,8 +31,8 @@ use std::io::{self, Write};
 use rayon::prelude::*;
 
 pub use multi_hot::{BagSizes, BagSizesError, MLPERF_SIZES_TEXT};
+pub use row::{Row, RowSampler};
 pub use scale::{ScaleError, VocabScale};
-pub use schema::{Row, RowSampler};
 pub use sink::{Encoding, Piece, Sink};
 pub use teacher::{LogitParts, Teacher};
 pub use zipf::Zipf;

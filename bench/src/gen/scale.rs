@@ -158,7 +158,7 @@ pub fn bijective_token(cat: usize, rank: u64) -> u32 {
 mod tests {
     use super::*;
     use crate::gen::rng::Rng;
-    use crate::gen::schema::{token, Row, RowSampler};
+    use crate::gen::row::{token, Row, RowSampler};
     use std::collections::HashSet;
 
     #[test]

@@ -22,7 +22,8 @@
 //! that about [`TARGET_POSITIVE_RATE`] of the labels are 1.
 
 use super::rng::{hash3, hash_normal, unit_uniform16, Rng};
-use super::schema::{Row, RowSampler, INT_SHAPE, NUM_CAT, NUM_INT};
+use super::row::{Row, RowSampler};
+use super::schema::{INT_SHAPE, NUM_CAT, NUM_INT};
 
 /// Rank of the pairwise interaction vectors.
 pub const RANK: usize = 4;
