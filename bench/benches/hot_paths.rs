@@ -176,7 +176,8 @@ fn routing(c: &mut Criterion) {
 /// point), for a demo-sized pull (26 tables) from a trainer, and a refused one (its message is formatted), against
 /// routing the same pull's ids: the check is per request, the routing per id.
 fn authorization(c: &mut Criterion) {
-    use protocol::wire::message::{Request, TableCount};
+    use protocol::wire::layout::TableCount;
+    use protocol::wire::message::Request;
     use protocol::{Access, Role};
     let pull = Request::Pull {
         epoch: 1,
@@ -191,7 +192,7 @@ fn authorization(c: &mut Criterion) {
     };
     let trainer = Access::Role(Role::Trainer);
     let admin_only = Request::Reshard {
-        step: protocol::wire::reshard::ReshardStep::Status,
+        step: protocol::wire::message::reshard::ReshardStep::Status,
     };
     let mut g = c.benchmark_group("authorization");
     g.bench_function("pull_by_trainer", |b| {

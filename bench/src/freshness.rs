@@ -69,7 +69,7 @@ pub async fn run(args: &ProbeArgs) -> anyhow::Result<String> {
         let route = format!("/v1/embedding?table={}&id={id}", args.table);
         let before = row(&mut http, &route).await?;
         let mut payload = Vec::new();
-        protocol::wire::message::put_ids(&[id], &mut payload);
+        protocol::wire::layout::put_ids(&[id], &mut payload);
         codec::encode_rows(
             &vec![0.5f32; args.dim],
             args.dim,

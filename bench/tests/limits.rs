@@ -39,7 +39,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use ops::local_cluster::{free_ports, http_get, metric};
 use protocol::transport::tls;
-use protocol::wire::message::put_ids;
+use protocol::wire::layout::put_ids;
 use protocol::{
     Encoding, ErrorCode, PsClient, PsClientConfig, Request, Response, Role, TableCount, TableSpec,
     Transport,

@@ -19,8 +19,8 @@ use std::time::{Duration, Instant};
 use bench::audit::{audit_table, AuditRows};
 use bytes::Bytes;
 use ops::local_cluster::LocalCluster;
-use protocol::wire::message::put_ids;
-use protocol::wire::replicate::ReplicaInfo;
+use protocol::wire::layout::put_ids;
+use protocol::wire::message::replicate::ReplicaInfo;
 use protocol::{Encoding, PsClient, PsClientConfig, Request, Response, TableCount};
 
 const ROWS_PER_SHARD: usize = 8;
@@ -102,7 +102,7 @@ async fn raw_call(
 
 /// What replica `r` of `shard` says about itself (`None` while it does not answer).
 async fn info(c: &LocalCluster, shard: usize, r: usize) -> Option<ReplicaInfo> {
-    let hello = protocol::wire::hello::request();
+    let hello = protocol::wire::message::hello::request();
     match raw_call(c, shard, r, &hello, Bytes::new()).await.ok()? {
         (Response::Hello { replica, .. }, _) => Some(replica),
         _ => None,
@@ -132,7 +132,7 @@ async fn rows_of(c: &LocalCluster, shard: usize, r: usize, ids: &[u64]) -> Vec<u
         count: ids.len() as u32,
         dim: 1,
     }];
-    let req = protocol::wire::pull::request(1, Encoding::F32, counts);
+    let req = protocol::wire::message::pull::request(1, Encoding::F32, counts);
     match raw_call(c, shard, r, &req, Bytes::from(sections)).await {
         Ok((Response::Pulled { .. }, rows)) => rows
             .chunks_exact(4)

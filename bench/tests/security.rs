@@ -24,7 +24,7 @@ use std::time::Duration;
 
 use ops::local_cluster::{free_ports, http_get, metric};
 use protocol::transport::tls;
-use protocol::wire::message::put_ids;
+use protocol::wire::layout::put_ids;
 use protocol::{
     Encoding, ErrorCode, PsClient, PsClientConfig, Request, Response, Role, TableCount, TableSpec,
 };
@@ -494,8 +494,8 @@ fn a_replica_that_cannot_verify_its_peers_is_loud_and_never_primary() {
 /// (`Forbidden`), names the role and the request, is counted by role and kind, and changes nothing.
 #[test]
 fn every_request_is_authorized_by_the_role_of_its_certificate() {
-    use protocol::wire::replicate::ReplicateHeader;
-    use protocol::wire::reshard::{MoveHeader, ReshardStep};
+    use protocol::wire::message::replicate::ReplicateHeader;
+    use protocol::wire::message::reshard::{MoveHeader, ReshardStep};
     let dir = tempfile::tempdir().unwrap();
     let tls_dir = dir.path().join("tls");
     prod_like_tls(&tls_dir, &prod_names());
@@ -508,14 +508,14 @@ fn every_request_is_authorized_by_the_role_of_its_certificate() {
         let client = trainer(vec![vec![addr]], &tls_dir).await;
         bump(&client, &[7]).await;
         let (counts, ids) = ids_payload(&[7]);
-        let pull = protocol::wire::pull::request(1, Encoding::F32, counts.clone());
+        let pull = protocol::wire::message::pull::request(1, Encoding::F32, counts.clone());
         let replicate = Request::Replicate {
             header: ReplicateHeader {
                 shard_epoch: 1,
                 session: 1,
                 seq: 1,
                 messages: 1,
-                kind: protocol::wire::replicate::ReplicateKind::Stream,
+                kind: protocol::wire::message::replicate::ReplicateKind::Stream,
                 new_tables: Vec::new(),
                 tables: Vec::new(),
             },
@@ -535,8 +535,8 @@ fn every_request_is_authorized_by_the_role_of_its_certificate() {
             replica_index: 1,
             session: 9,
         };
-        let sync = protocol::wire::sync::request(
-            protocol::wire::sync::SyncCursor::START,
+        let sync = protocol::wire::message::sync::request(
+            protocol::wire::message::sync::SyncCursor::START,
             Encoding::F32,
             16,
             0,
@@ -636,7 +636,7 @@ fn every_request_is_authorized_by_the_role_of_its_certificate() {
 /// and a trainer's certificate cannot send either.
 #[test]
 fn one_message_cannot_disable_a_shard() {
-    use protocol::wire::replicate::{ReplicateHeader, ReplicateKind};
+    use protocol::wire::message::replicate::{ReplicateHeader, ReplicateKind};
     let dir = tempfile::tempdir().unwrap();
     let tls_dir = dir.path().join("tls");
     prod_like_tls(&tls_dir, &prod_names());
@@ -741,14 +741,14 @@ fn one_message_cannot_disable_a_shard() {
             messages: 1,
             kind: ReplicateKind::CaughtUp,
             new_tables: Vec::new(),
-            tables: vec![protocol::wire::replicate::RowsTable {
+            tables: vec![protocol::wire::message::replicate::RowsTable {
                 table: 1,
                 count: 1,
                 row_len: 2,
             }],
         };
         let mut payload = Vec::new();
-        protocol::wire::replicate::put_rows(&[1], &[f32::NAN, f32::NAN], &mut payload);
+        protocol::wire::message::replicate::put_rows(&[1], &[f32::NAN, f32::NAN], &mut payload);
         let (code, message) = error(
             call_as(
                 backup.quic,
@@ -788,8 +788,8 @@ fn one_message_cannot_disable_a_shard() {
 /// (`u64::MAX` once hid every later publication of the trainer from serving).
 #[test]
 fn rows_and_dense_parameters_are_written_only_through_the_protocol() {
-    use protocol::wire::replicate::RowsTable;
-    use protocol::wire::reshard::MoveHeader;
+    use protocol::wire::message::replicate::RowsTable;
+    use protocol::wire::message::reshard::MoveHeader;
     let dir = tempfile::tempdir().unwrap();
     let tls_dir = dir.path().join("tls");
     prod_like_tls(&tls_dir, &prod_names());
@@ -802,7 +802,7 @@ fn rows_and_dense_parameters_are_written_only_through_the_protocol() {
         let client = trainer(vec![vec![addr]], &tls_dir).await;
         bump(&client, &[5]).await;
         let mut payload = Vec::new();
-        protocol::wire::replicate::put_rows(&[5], &[f32::NAN, f32::NAN], &mut payload);
+        protocol::wire::message::replicate::put_rows(&[5], &[f32::NAN, f32::NAN], &mut payload);
         for (epoch, source) in [(1, 1), (2, 1), (u64::MAX, 0)] {
             let move_rows = Request::MoveRows {
                 header: MoveHeader {
@@ -826,8 +826,8 @@ fn rows_and_dense_parameters_are_written_only_through_the_protocol() {
         assert_eq!(rows(&client, &[5]).await, [1.0, 1.0]);
         // Dense versions: u64::MAX is refused; the trainer's next publication is what serving sees.
         let mut dense = Vec::new();
-        protocol::wire::sync::put_dense(&[9.0, 9.0], &mut dense);
-        let pin = protocol::wire::sync::publish_request(1, u64::MAX, 1, 2);
+        protocol::wire::message::sync::put_dense(&[9.0, 9.0], &mut dense);
+        let pin = protocol::wire::message::sync::publish_request(1, u64::MAX, 1, 2);
         let (code, message) = error(call_as(addr, &tls_dir, Role::Trainer, &pin, dense).await);
         assert_eq!(code, ErrorCode::BadRequest);
         assert!(
@@ -847,7 +847,7 @@ fn rows_and_dense_parameters_are_written_only_through_the_protocol() {
         let batch = serving
             .sync_deltas(
                 0,
-                protocol::wire::sync::SyncCursor::START,
+                protocol::wire::message::sync::SyncCursor::START,
                 Encoding::F32,
                 16,
                 0,

@@ -19,7 +19,7 @@ use crate::error::ProtocolError;
 use crate::routing::ShardMap;
 use crate::transport::Dialer;
 use crate::wire::ids::IdCoding;
-use crate::wire::pull::IdSections;
+use crate::wire::message::pull::IdSections;
 use crate::PsClient;
 
 /// The plan of one keyed request: the unique ids of the caller's ids, where each caller position's row is,

@@ -5,7 +5,7 @@
 //!
 //! # Layout
 //! - [`wire`]: what travels: framing, headers, id sections, and one file per request type
-//!   ([`wire::pull`], [`wire::pull_with_state`], [`wire::push`], [`wire::sync`] for serving's delta sync) with
+//!   ([`wire::message::pull`], [`wire::message::pull_with_state`], [`wire::message::push`], [`wire::message::sync`] for serving's delta sync) with
 //!   its layout, encode and decode.
 //! - [`compression`]: row encodings ([`compression::codec`]: f32, f16, bf16, int8 with a per-row scale),
 //!   top-k sparsification, and the sender's error feedback ([`compression::feedback`]).
@@ -48,10 +48,9 @@ pub use compression::codec::Encoding;
 pub use error::{ErrorCode, ProtocolError};
 pub use routing::{MapError, ShardMap};
 pub use transport::Transport;
-pub use wire::message::{
-    InitSpec, OptimizerSpec, Request, RequestKind, Response, TableCount, TableSpec,
-};
-pub use wire::prefetch::PrefetchCounts;
+pub use wire::layout::TableCount;
+pub use wire::message::prefetch::PrefetchCounts;
+pub use wire::message::{InitSpec, OptimizerSpec, Request, RequestKind, Response, TableSpec};
 
 /// ALPN protocol name; bumped when the wire format changes incompatibly.
 pub const ALPN: &[u8] = b"ps/1";

@@ -15,7 +15,7 @@ use std::sync::Arc;
 /// Default number of virtual shards.
 pub const DEFAULT_VIRTUAL_SHARDS: u32 = 4096;
 
-/// The cluster's shard map (on the wire as [`crate::wire::reshard::MapInfo`]).
+/// The cluster's shard map (on the wire as [`crate::wire::message::reshard::MapInfo`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ShardMap {
     /// Number of server processes.

@@ -11,7 +11,7 @@ use bytes::Bytes;
 use protocol::client::{INITIAL_BACKOFF, MAX_BACKOFF, PROBE_AFTER, PROBE_TIMEOUT};
 use protocol::transport::memory::{self, Fault, MemoryDialer, MemoryServer};
 use protocol::wire::ids::{sort_for_wire, IdCoding};
-use protocol::wire::pull::{self, IdSections};
+use protocol::wire::message::pull::{self, IdSections};
 use protocol::{
     Encoding, ErrorCode, ProtocolError, PsClient, PsClientConfig, Request, Response, ShardMap,
 };

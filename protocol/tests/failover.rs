@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use protocol::transport::memory::{self, Fault, MemoryServer};
-use protocol::wire::replicate::{ReplicaInfo, Role};
+use protocol::wire::message::replicate::{ReplicaInfo, Role};
 use protocol::{Encoding, ErrorCode, ProtocolError, PsClient, PsClientConfig, Request, Response};
 
 /// One simulated replica: its role, epoch and sync state, and the pushes it took.

@@ -181,10 +181,10 @@ fn response(r: &mut Rng) -> Response {
             epoch: r.next_u64(),
             routing: r.next_u64(),
             tables: (0..r.below(2)).map(|_| spec(r)).collect(),
-            replica: protocol::wire::replicate::ReplicaInfo {
+            replica: protocol::wire::message::replicate::ReplicaInfo {
                 shard_epoch: r.next_u64(),
                 in_sync_backups: r.next_u64(),
-                ..protocol::wire::replicate::ReplicaInfo::SINGLE
+                ..protocol::wire::message::replicate::ReplicaInfo::SINGLE
             },
         },
         _ => Response::Error {

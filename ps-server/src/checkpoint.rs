@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 
 use embedding::snapshot::{shard_dir, Manifest, ShardInfo};
 use embedding::{Engine, SnapshotError};
-use protocol::wire::sync::{SyncPoint, SYNC_FILE};
+use protocol::wire::message::sync::{SyncPoint, SYNC_FILE};
 use protocol::ShardMap;
 
 use crate::sync::SyncState;

@@ -11,7 +11,7 @@
 use embedding::spec::{table_config, table_spec};
 use embedding::EmbeddingError;
 use protocol::compression::codec;
-use protocol::wire::{self, message::PayloadLayout};
+use protocol::wire::{self, layout::PayloadLayout};
 use protocol::{
     Encoding, ErrorCode, PrefetchCounts, Request, Response, ShardMap, TableCount, TableSpec,
     PROTOCOL_VERSION,
@@ -435,7 +435,7 @@ impl Shard {
         Self::check_epoch(map, epoch)?;
         self.check_tables(tables)?;
         let mut all_ids = Vec::new();
-        let layout = wire::pull::decode(tables, payload, &mut all_ids)?;
+        let layout = wire::message::pull::decode(tables, payload, &mut all_ids)?;
         Ok((layout, all_ids))
     }
 
@@ -468,7 +468,7 @@ impl Shard {
                 record_tier(&self.engine.gather_with_state(t.table, ids, &mut full)?);
                 for row in full.chunks_exact(row_len) {
                     rows.extend_from_slice(&row[..dim]);
-                    wire::pull_with_state::put_state(&row[dim..], &mut state);
+                    wire::message::pull_with_state::put_state(&row[dim..], &mut state);
                 }
                 state_lens.push((row_len - dim) as u32);
             } else {
@@ -496,7 +496,7 @@ impl Shard {
         })
     }
 
-    /// A prefetch ([`protocol::wire::prefetch`]) under `(owner, lease, release_below)`: every section, table and
+    /// A prefetch ([`protocol::wire::message::prefetch`]) under `(owner, lease, release_below)`: every section, table and
     /// id ownership is checked before any row is read or any lease released; pins end at `now` plus the
     /// shard's pin deadline at the latest. Reads RocksDB: the server runs it on a blocking thread.
     fn prefetch(
@@ -512,7 +512,7 @@ impl Shard {
         Self::check_epoch(&map, epoch)?;
         self.check_tables(tables)?;
         let mut all_ids = Vec::new();
-        wire::prefetch::decode(tables, payload, &mut all_ids)?;
+        wire::message::prefetch::decode(tables, payload, &mut all_ids)?;
         let mut parts = Vec::with_capacity(tables.len());
         let mut start = 0;
         for t in tables {
@@ -580,12 +580,12 @@ impl Shard {
                 ),
             ));
         }
-        wire::push::check_grad_scale(grad_scale)?;
+        wire::message::push::check_grad_scale(grad_scale)?;
         self.check_tables(tables)?;
         // Every id section and the rows' length are checked, then ownership of every id, before any row
         // changes.
         let mut all_ids = Vec::new();
-        let grad_bytes = wire::push::decode(tables, encoding, payload, &mut all_ids)?;
+        let grad_bytes = wire::message::push::decode(tables, encoding, payload, &mut all_ids)?;
         let mut start = 0;
         for t in tables {
             self.check_ownership(

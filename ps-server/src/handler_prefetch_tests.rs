@@ -3,7 +3,7 @@
 
 use super::*;
 use embedding::{Engine, MemStore};
-use protocol::wire::message::put_ids;
+use protocol::wire::layout::put_ids;
 use protocol::{ShardMap, TableSpec};
 use std::sync::Arc;
 
@@ -52,7 +52,7 @@ fn prefetch(s: &Shard, lease: u64, release_below: u64, tables: &[(u32, u32, &[u6
         })
         .collect();
     s.handle(
-        protocol::wire::prefetch::request(1, 77, lease, release_below, counts),
+        protocol::wire::message::prefetch::request(1, 77, lease, release_below, counts),
         &payload,
         NOW,
     )
@@ -118,7 +118,7 @@ fn bad_prefetches_get_typed_errors() {
     assert_eq!(code, ErrorCode::WrongShard, "{msg}");
     // A truncated id section.
     let r = s.handle(
-        protocol::wire::prefetch::request(
+        protocol::wire::message::prefetch::request(
             1,
             77,
             0,
@@ -137,7 +137,7 @@ fn bad_prefetches_get_typed_errors() {
     assert!(msg.contains("prefetch"), "{msg}");
     // A stale epoch.
     let r = s.handle(
-        protocol::wire::prefetch::request(0, 77, 0, 0, vec![]),
+        protocol::wire::message::prefetch::request(0, 77, 0, 0, vec![]),
         &[],
         NOW,
     );

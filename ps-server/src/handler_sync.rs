@@ -1,10 +1,10 @@
-//! Answering `SyncDeltas` and `PublishDense` ([`crate::sync`], `protocol::wire::sync`): the change log says
+//! Answering `SyncDeltas` and `PublishDense` ([`crate::sync`], `protocol::wire::message::sync`): the change log says
 //! which ids, the engine gives their current values, as a pull would.
 
 use embedding::TableConfig;
 use protocol::compression::codec;
 use protocol::wire::dense::DENSE_TABLE;
-use protocol::wire::sync::{self, DeltasHeader, DenseInfo, SyncCursor, SyncResume};
+use protocol::wire::message::sync::{self, DeltasHeader, DenseInfo, SyncCursor, SyncResume};
 use protocol::{Encoding, ErrorCode, Response, TableCount};
 
 use super::{refuse, Refusal, Reply};

@@ -5,8 +5,8 @@
 use super::*;
 use crate::sync::SyncState;
 use protocol::wire::dense::{self, DENSE_TABLE};
-use protocol::wire::message::put_ids;
-use protocol::wire::sync::{self, DeltaBatch, SyncCursor, SyncPoint, SYNC_FILE};
+use protocol::wire::layout::put_ids;
+use protocol::wire::message::sync::{self, DeltaBatch, SyncCursor, SyncPoint, SYNC_FILE};
 use protocol::ShardMap;
 
 const NOW: u64 = 1_000_000;

@@ -2,7 +2,7 @@
 
 use super::*;
 use embedding::{Engine, MemStore};
-use protocol::wire::message::put_ids;
+use protocol::wire::layout::put_ids;
 use protocol::{OptimizerSpec, ShardMap, TableSpec};
 use std::sync::Arc;
 

@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use protocol::wire::message::PayloadLayout;
+use protocol::wire::layout::PayloadLayout;
 use protocol::Request;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 

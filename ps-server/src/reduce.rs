@@ -1,4 +1,4 @@
-//! The server's side of `Reduce` ([`protocol::wire::reduce`]): sums of the trainers' contributions, per
+//! The server's side of `Reduce` ([`protocol::wire::message::reduce`]): sums of the trainers' contributions, per
 //! reduce group and step, without sockets or clock (the caller passes `now` in and waits on the returned
 //! channel; [`crate::server`] does the waiting).
 //!
@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use protocol::wire::reduce::{self, ReduceHeader, ReducedHeader};
+use protocol::wire::message::reduce::{self, ReduceHeader, ReducedHeader};
 use protocol::Encoding;
 use tokio::sync::watch;
 

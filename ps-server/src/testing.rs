@@ -169,7 +169,7 @@ mod tests {
 
     fn ids(ids: &[u64]) -> Bytes {
         let mut b = Vec::new();
-        protocol::wire::message::put_ids(ids, &mut b);
+        protocol::wire::layout::put_ids(ids, &mut b);
         Bytes::from(b)
     }
 

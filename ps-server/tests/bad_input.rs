@@ -14,7 +14,7 @@ use std::sync::Arc;
 use common::{counter_table, error_code, raw_connection, raw_request, sigterm_and_wait, start};
 use protocol::compression::codec;
 use protocol::wire::frame::{encode_frame, MAGIC, PREFIX_LEN};
-use protocol::wire::message::put_ids;
+use protocol::wire::layout::put_ids;
 use protocol::{Encoding, ErrorCode, PsClient, Request, Response, TableCount};
 
 const TABLE: u32 = 5;

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use common::{counter_table, http_get, metric, sigterm_and_wait, start, start_with_env, Server};
 use embedding::failpoints::STORE_WRITE;
 use protocol::compression::codec;
-use protocol::wire::message::put_ids;
+use protocol::wire::layout::put_ids;
 use protocol::{Encoding, ErrorCode, ProtocolError, PsClient, TableCount};
 use ps_server::failpoints::{applied_path, FILE_ENV};
 

@@ -28,7 +28,7 @@ use embedding::{Engine, MemStore};
 use protocol::compression::codec;
 use protocol::wire::frame::{decode_frame, encode_frame};
 use protocol::wire::ids::{get_sections, put_ids, sort_for_wire, IdCoding};
-use protocol::wire::message::PayloadLayout;
+use protocol::wire::layout::PayloadLayout;
 use protocol::{
     Encoding, InitSpec, OptimizerSpec, Request, Response, ShardMap, TableCount, TableSpec,
 };
@@ -340,7 +340,7 @@ fn input(r: &mut Rng, shard: &Shard) -> (Request, Vec<u8>) {
         2 if r.chance(2) => {
             // Pushes since the last sync request become a delta.
             shard.sync.cut(r.below(1 << 40));
-            let cursor = protocol::wire::sync::SyncCursor {
+            let cursor = protocol::wire::message::sync::SyncCursor {
                 incarnation: if r.chance(2) {
                     shard.sync.incarnation
                 } else {
@@ -353,21 +353,26 @@ fn input(r: &mut Rng, shard: &Shard) -> (Request, Vec<u8>) {
                 [Encoding::F32, Encoding::F16, Encoding::Bf16, Encoding::Int8][r.below(4) as usize];
             let max_rows = r.u32_or_edge(&U32_EDGES);
             (
-                protocol::wire::sync::request(cursor, encoding, max_rows, 0, r.next_u64()),
+                protocol::wire::message::sync::request(cursor, encoding, max_rows, 0, r.next_u64()),
                 Vec::new(),
             )
         }
         2 => {
             let len = r.below(4) as u32;
             let mut payload = Vec::new();
-            protocol::wire::sync::put_dense(&vec![1.0; r.below(4) as usize], &mut payload);
+            protocol::wire::message::sync::put_dense(&vec![1.0; r.below(4) as usize], &mut payload);
             let version = match r.below(3) {
                 0 => r.next_u64(),
                 1 => u64::MAX,
                 _ => (START + r.below(1 << 20)) * 1_000_000,
             };
             (
-                protocol::wire::sync::publish_request(r.below(3), version, r.next_u64(), len),
+                protocol::wire::message::sync::publish_request(
+                    r.below(3),
+                    version,
+                    r.next_u64(),
+                    len,
+                ),
                 payload,
             )
         }
@@ -410,7 +415,7 @@ fn counter(r: &mut Rng) -> u64 {
 
 /// Whole rows of the base tables (weights and optimizer state), some of them NaN, for a `Replicate` or a
 /// `MoveRows` payload.
-fn whole_rows(r: &mut Rng) -> (Vec<protocol::wire::replicate::RowsTable>, Vec<u8>) {
+fn whole_rows(r: &mut Rng) -> (Vec<protocol::wire::message::replicate::RowsTable>, Vec<u8>) {
     let mut tables = Vec::new();
     let mut payload = Vec::new();
     for _ in 0..r.below(3) {
@@ -421,8 +426,8 @@ fn whole_rows(r: &mut Rng) -> (Vec<protocol::wire::replicate::RowsTable>, Vec<u8
         let rows: Vec<f32> = (0..count * row_len)
             .map(|_| r.f32_or_edge(&F32_EDGES))
             .collect();
-        protocol::wire::replicate::put_rows(&ids, &rows, &mut payload);
-        tables.push(protocol::wire::replicate::RowsTable {
+        protocol::wire::message::replicate::put_rows(&ids, &rows, &mut payload);
+        tables.push(protocol::wire::message::replicate::RowsTable {
             table,
             count,
             row_len,
@@ -436,8 +441,8 @@ fn whole_rows(r: &mut Rng) -> (Vec<protocol::wire::replicate::RowsTable>, Vec<u8
 
 /// A peer or admin request with random fields.
 fn peer_or_admin(r: &mut Rng) -> (Request, Vec<u8>) {
-    use protocol::wire::replicate::{ReplicateHeader, ReplicateKind};
-    use protocol::wire::reshard::{MapInfo, MoveHeader, ReshardStep};
+    use protocol::wire::message::replicate::{ReplicateHeader, ReplicateKind};
+    use protocol::wire::message::reshard::{MapInfo, MoveHeader, ReshardStep};
     match r.below(9) {
         0 => (
             Request::Join {
@@ -519,7 +524,7 @@ fn peer_or_admin(r: &mut Rng) -> (Request, Vec<u8>) {
         }
         7 => (
             Request::Reduce {
-                header: protocol::wire::reduce::ReduceHeader {
+                header: protocol::wire::message::reduce::ReduceHeader {
                     group: r.next_u64(),
                     step: counter(r),
                     rank: r.u32_or_edge(&U32_EDGES),
@@ -535,7 +540,7 @@ fn peer_or_admin(r: &mut Rng) -> (Request, Vec<u8>) {
         ),
         _ => (
             Request::SyncDeltas {
-                cursor: protocol::wire::sync::SyncCursor::START,
+                cursor: protocol::wire::message::sync::SyncCursor::START,
                 encoding: Encoding::F32,
                 max_rows: r.u32_or_edge(&U32_EDGES),
                 wait_ms: 0,
@@ -620,7 +625,7 @@ fn check(
     }
     assert_eq!(
         shard.replica.role(),
-        protocol::wire::replicate::Role::Primary,
+        protocol::wire::message::replicate::Role::Primary,
         "{req:?} deposed the primary"
     );
     assert_eq!(shard.replica.epoch(), 1, "{req:?} moved the shard epoch");
@@ -647,7 +652,8 @@ fn check(
     match (&reply.header, req) {
         // Every answer decodes, rows within the limit asked for.
         (Response::Deltas { header }, Request::SyncDeltas { max_rows, .. }) => {
-            let batch = protocol::wire::sync::decode(header.clone(), &reply.payload).unwrap();
+            let batch =
+                protocol::wire::message::sync::decode(header.clone(), &reply.payload).unwrap();
             assert!(batch.rows() <= *max_rows as usize);
         }
         (Response::Checkpointed { dir, .. }, Request::Checkpoint { .. }) => {

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use common::{counter_table, metric, proc_status_kib, sigterm_and_wait, start};
 use protocol::compression::codec;
-use protocol::wire::message::put_ids;
+use protocol::wire::layout::put_ids;
 use protocol::{Encoding, PsClient, PsClientConfig, TableCount};
 
 const TABLE: u32 = 8;

@@ -7,7 +7,7 @@ use std::time::Duration;
 use common::{
     client, dirs_with_foreign_client, http_get, pull, push, sigterm_and_wait, start, table,
 };
-use protocol::wire::message::put_ids;
+use protocol::wire::layout::put_ids;
 use protocol::{Encoding, ErrorCode, ProtocolError, PsClient, PsClientConfig, TableCount};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

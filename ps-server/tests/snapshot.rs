@@ -9,7 +9,7 @@ use std::process::Command;
 
 use common::{http_get, sigterm_and_wait, table, Server};
 use protocol::compression::codec;
-use protocol::wire::message::put_ids;
+use protocol::wire::layout::put_ids;
 use protocol::{
     Encoding, ErrorCode, ProtocolError, PsClient, PsClientConfig, ShardMap, TableCount,
 };

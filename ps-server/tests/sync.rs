@@ -6,7 +6,7 @@ mod common;
 use std::time::Duration;
 
 use common::{sigterm_and_wait, table};
-use protocol::wire::sync::{DeltaBatch, SyncCursor};
+use protocol::wire::message::sync::{DeltaBatch, SyncCursor};
 use protocol::{Encoding, PsClient, PsClientConfig};
 
 /// Long-polls until an answer carries id `id` (each poll waits at most 20 s for a cut; a handful suffice).

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use protocol::compression::codec;
-use protocol::wire::message::put_ids;
+use protocol::wire::layout::put_ids;
 use protocol::{
     Encoding, InitSpec, OptimizerSpec, ProtocolError, PsClient, PsClientConfig, TableCount,
     TableSpec, Transport,

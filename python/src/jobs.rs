@@ -14,7 +14,7 @@ use numpy::{PyReadonlyArray1, PyReadonlyArray2};
 use protocol::compression::codec::decode_rows;
 use protocol::keyed::{pull_tables, push_tables, TableIds};
 use protocol::wire::ids::IdCoding;
-use protocol::wire::pull::IdSections;
+use protocol::wire::message::pull::IdSections;
 use protocol::{Encoding, ProtocolError, PsClient};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use protocol::wire::sync::{SyncCursor, SyncPoint};
+use protocol::wire::message::sync::{SyncCursor, SyncPoint};
 use protocol::{PsClient, PsClientConfig};
 
 use crate::batcher::Batcher;
@@ -185,7 +185,7 @@ impl Follower {
     }
 
     /// Applies one answer: rows, then the dense version (if newer), then freshness.
-    fn apply(&self, batch: &protocol::wire::sync::DeltaBatch) -> anyhow::Result<()> {
+    fn apply(&self, batch: &protocol::wire::message::sync::DeltaBatch) -> anyhow::Result<()> {
         let h = &batch.header;
         for t in &batch.tables {
             self.store

@@ -10,7 +10,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use bytes::Bytes;
 use protocol::compression::codec;
 use protocol::wire::ids::IdCoding;
-use protocol::wire::pull::IdSections;
+use protocol::wire::message::pull::IdSections;
 use protocol::{Encoding, PsClient};
 
 use super::{Ack, AckLog, AuditError, AuditRows, AUDIT_TABLE_ID};

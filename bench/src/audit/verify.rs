@@ -6,7 +6,7 @@
 use bytes::Bytes;
 use protocol::compression::codec;
 use protocol::wire::ids::IdCoding;
-use protocol::wire::pull::IdSections;
+use protocol::wire::message::pull::IdSections;
 use protocol::{Encoding, ProtocolError, PsClient};
 use serde::Serialize;
 

@@ -138,7 +138,7 @@ pub struct LoadArgs {
     /// them in RocksDB when N is above a server's `--memory-budget-rows`). At most `--vocab`.
     #[arg(long)]
     pub populate_rows: Option<u64>,
-    /// Send each worker's batch `j + P` as a prefetch (`protocol::wire::prefetch`) before pulling batch `j`,
+    /// Send each worker's batch `j + P` as a prefetch (`protocol::wire::message::prefetch`) before pulling batch `j`,
     /// off the worker's critical path, as a trainer planning ahead would; 0 = no prefetch. Before the clock
     /// starts each worker prefetches its batches `0..=P` and waits for them (the steady state of a trainer's
     /// plan stage), so the figures are not the cold start of the first pulls. Network targets only.

@@ -1,5 +1,5 @@
 //! `--prefetch-distance P`: each worker emulates a trainer that plans its batches ahead. Before it pulls its
-//! batch `j` it makes sure the prefetch of its batch `j + P` has been sent (`protocol::wire::prefetch`: the
+//! batch `j` it makes sure the prefetch of its batch `j + P` has been sent (`protocol::wire::message::prefetch`: the
 //! same id sections a pull of that batch sends), to every server with ids in it. Prefetches run as their own
 //! tasks, never awaited on the worker's critical path, and a pull that overtakes its prefetch is the server's
 //! business (it waits for the read in flight). Before the run's clock starts, [`Prefetcher::prime`] sends and

@@ -7,7 +7,7 @@
 use bytes::Bytes;
 use protocol::compression::codec;
 use protocol::wire::ids::IdCoding;
-use protocol::wire::pull::IdSections;
+use protocol::wire::message::pull::IdSections;
 use protocol::{Encoding, ShardMap, TableCount};
 
 use crate::gen::rng::{mix64, Rng};
@@ -158,7 +158,7 @@ pub fn plan(
                 counts, payload, ..
             } = std::mem::take(&mut sections[s]);
             let pull = payload;
-            // The push: the same id sections, then the rows (protocol::wire::push).
+            // The push: the same id sections, then the rows (protocol::wire::message::push).
             let mut push = pull.clone();
             codec::encode_rows(&rows[s], dim, encoding, &mut push);
             let n = counts.iter().map(|c: &TableCount| c.count as usize).sum();
@@ -231,13 +231,13 @@ mod tests {
         assert_eq!(reqs.len(), 3);
         assert_eq!(reqs.iter().map(|r| r.rows).sum::<usize>(), b.rows());
         for (s, r) in reqs.iter().enumerate() {
-            let layout = protocol::wire::message::PayloadLayout::of(&r.counts).unwrap();
+            let layout = protocol::wire::layout::PayloadLayout::of(&r.counts).unwrap();
             assert_eq!(layout.ids, r.rows);
             let mut ids = Vec::new();
-            protocol::wire::pull::decode(&r.counts, &r.pull_ids, &mut ids).unwrap();
+            protocol::wire::message::pull::decode(&r.counts, &r.pull_ids, &mut ids).unwrap();
             let used = r.pull_ids.len();
             let mut push_ids = Vec::new();
-            let rows = protocol::wire::push::decode(
+            let rows = protocol::wire::message::push::decode(
                 &r.counts,
                 Encoding::F16,
                 &r.push_payload,

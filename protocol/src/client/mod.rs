@@ -172,7 +172,7 @@ async fn call_watched<C: Connection>(
 ) -> Result<(Response, Bytes), ProtocolError> {
     let call = conn.call(addr, req, payload);
     tokio::pin!(call);
-    let hello = crate::wire::hello::request();
+    let hello = crate::wire::message::hello::request();
     let empty = Bytes::new();
     loop {
         tokio::select! {
@@ -206,7 +206,7 @@ pub type DialFn<D> = Arc<dyn Fn(SocketAddr) -> Result<D, ProtocolError> + Send +
 /// Connections to every parameter server of a cluster, over the real transports ([`NetDialer`], the default) or
 /// any other [`Dialer`].
 ///
-/// The shard map can change while the client runs (a live reshard, [`crate::wire::reshard`]): a request
+/// The shard map can change while the client runs (a live reshard, [`crate::wire::message::reshard`]): a request
 /// refused with `WrongEpoch` or `WrongShard` makes the client fetch the server's map, connect to servers it
 /// did not know, and re-route the request's ids ([`reroute`]).
 pub struct PsClient<D: Dialer = NetDialer> {
@@ -336,7 +336,7 @@ impl<D: Dialer> PsClient<D> {
         let given = client.num_servers();
         for i in 0..given {
             let (resp, _) = client
-                .call(i, &crate::wire::hello::request(), Bytes::new())
+                .call(i, &crate::wire::message::hello::request(), Bytes::new())
                 .await?;
             let Response::Hello {
                 shard_index,
@@ -506,7 +506,7 @@ impl<D: Dialer> PsClient<D> {
             };
             let hello = matches!(req, Request::Hello { .. } | Request::Promote { .. });
             if fresh && replicas.replicated() && !hello {
-                let probe = crate::wire::hello::request();
+                let probe = crate::wire::message::hello::request();
                 if let (Response::Hello { replica, .. }, _) =
                     call_watched(&conn, s.addr, &probe, &Bytes::new(), probe_timeout).await?
                 {

@@ -15,8 +15,8 @@ use bytes::Bytes;
 use super::{PsClient, ServerConn};
 use crate::error::ProtocolError;
 use crate::transport::Dialer;
+use crate::wire::message::replicate::{ReplicaInfo, Role};
 use crate::wire::message::{Request, Response};
-use crate::wire::replicate::{ReplicaInfo, Role};
 
 /// How long a failover waits for one replica's `Hello` or `Promote` answer.
 pub const FAILOVER_CALL_TIMEOUT: Duration = Duration::from_millis(1500);
@@ -133,7 +133,7 @@ impl<D: Dialer> PsClient<D> {
         shard: usize,
         r: usize,
     ) -> Result<ReplicaInfo, ProtocolError> {
-        let hello = crate::wire::hello::request();
+        let hello = crate::wire::message::hello::request();
         let (resp, _) = self
             .call_replica(shard, r, &hello, &Bytes::new(), FAILOVER_CALL_TIMEOUT)
             .await?;

@@ -11,7 +11,8 @@ use crate::compression::codec::Encoding;
 use crate::error::ProtocolError;
 use crate::transport::Dialer;
 use crate::wire;
-use crate::wire::message::{Request, Response, TableCount, TableSpec};
+use crate::wire::layout::TableCount;
+use crate::wire::message::{Request, Response, TableSpec};
 
 impl<D: Dialer> PsClient<D> {
     /// Registers tables on every server (each shard's primary, which passes them to its backups).
@@ -37,13 +38,13 @@ impl<D: Dialer> PsClient<D> {
         tables: Vec<TableCount>,
         ids: Bytes,
     ) -> Result<Bytes, ProtocolError> {
-        let req = wire::pull::request(epoch, encoding, tables);
+        let req = wire::message::pull::request(epoch, encoding, tables);
         let (resp, rows) = self.call(server, &req, ids).await?;
         match (resp, &req) {
             (Response::Pulled { encoding: e, .. }, Request::Pull { tables, .. })
                 if e == encoding =>
             {
-                wire::pull::check_rows(tables, encoding, &rows)?;
+                wire::message::pull::check_rows(tables, encoding, &rows)?;
                 Ok(rows)
             }
             (other, _) => Err(self.unexpected(server, &other, "Pulled")),
@@ -60,7 +61,7 @@ impl<D: Dialer> PsClient<D> {
         tables: Vec<TableCount>,
         ids: Bytes,
     ) -> Result<PulledState, ProtocolError> {
-        let req = wire::pull_with_state::request(epoch, encoding, tables.clone());
+        let req = wire::message::pull_with_state::request(epoch, encoding, tables.clone());
         let (resp, payload) = self.call(server, &req, ids).await?;
         match resp {
             Response::PulledWithState {
@@ -68,8 +69,12 @@ impl<D: Dialer> PsClient<D> {
                 tables: got,
                 state_lens,
             } if e == encoding && got == tables => {
-                let (rows, _) =
-                    wire::pull_with_state::split_reply(&tables, encoding, &state_lens, &payload)?;
+                let (rows, _) = wire::message::pull_with_state::split_reply(
+                    &tables,
+                    encoding,
+                    &state_lens,
+                    &payload,
+                )?;
                 let rows = rows.len();
                 Ok(PulledState {
                     rows: payload.slice(..rows),
@@ -115,8 +120,8 @@ impl<D: Dialer> PsClient<D> {
         (owner, lease, release_below): (u64, u64, u64),
         tables: Vec<TableCount>,
         ids: Bytes,
-    ) -> Result<wire::prefetch::PrefetchCounts, ProtocolError> {
-        let req = wire::prefetch::request(epoch, owner, lease, release_below, tables);
+    ) -> Result<wire::message::prefetch::PrefetchCounts, ProtocolError> {
+        let req = wire::message::prefetch::request(epoch, owner, lease, release_below, tables);
         let (resp, _) = self.call(server, &req, ids).await?;
         match resp {
             Response::Prefetched { stats } => Ok(stats),
@@ -124,15 +129,15 @@ impl<D: Dialer> PsClient<D> {
         }
     }
 
-    /// Sends this trainer's contribution `values` (f32 LE, [`wire::reduce::encode_values`]) to one step of a
-    /// reduce group on server `server`, and waits for the sum over the group ([`wire::reduce`]).
+    /// Sends this trainer's contribution `values` (f32 LE, [`wire::message::reduce::encode_values`]) to one step of a
+    /// reduce group on server `server`, and waits for the sum over the group ([`wire::message::reduce`]).
     pub async fn reduce(
         &self,
         server: usize,
-        header: wire::reduce::ReduceHeader,
+        header: wire::message::reduce::ReduceHeader,
         values: Bytes,
-    ) -> Result<(wire::reduce::ReducedHeader, Bytes), ProtocolError> {
-        let req = wire::reduce::request(header);
+    ) -> Result<(wire::message::reduce::ReducedHeader, Bytes), ProtocolError> {
+        let req = wire::message::reduce::request(header);
         let (resp, payload) = self.call(server, &req, values).await?;
         match resp {
             Response::Reduced { header } => Ok((header, payload)),
@@ -140,38 +145,38 @@ impl<D: Dialer> PsClient<D> {
         }
     }
 
-    /// Asks server `server` for the rows changed after `cursor` ([`wire::sync`]): at most `max_rows` rows in
+    /// Asks server `server` for the rows changed after `cursor` ([`wire::message::sync`]): at most `max_rows` rows in
     /// `encoding` (f32, f16 or bf16), and the dense parameters if the server holds a version newer than
     /// `dense_version`. When the cursor is up to date the server waits up to `wait_ms` (cut to
-    /// [`wire::sync::MAX_WAIT_MS`]) for its next delta: a standing long-poll; this request is allowed that
+    /// [`wire::message::sync::MAX_WAIT_MS`]) for its next delta: a standing long-poll; this request is allowed that
     /// wait plus [`SYNC_TIMEOUT_MARGIN`] (and at least the configured request timeout). Send the answer's
     /// `header.cursor` next, at once while `header.complete` is false.
     pub async fn sync_deltas(
         &self,
         server: usize,
-        cursor: wire::sync::SyncCursor,
+        cursor: wire::message::sync::SyncCursor,
         encoding: Encoding,
         max_rows: u32,
         wait_ms: u32,
         dense_version: u64,
-    ) -> Result<wire::sync::DeltaBatch, ProtocolError> {
-        let req = wire::sync::request(cursor, encoding, max_rows, wait_ms, dense_version);
-        let wait = Duration::from_millis(u64::from(wait_ms.min(wire::sync::MAX_WAIT_MS)));
+    ) -> Result<wire::message::sync::DeltaBatch, ProtocolError> {
+        let req = wire::message::sync::request(cursor, encoding, max_rows, wait_ms, dense_version);
+        let wait = Duration::from_millis(u64::from(wait_ms.min(wire::message::sync::MAX_WAIT_MS)));
         let timeout = self.cfg.request_timeout.max(wait + SYNC_TIMEOUT_MARGIN);
         let (resp, payload) = self
             .call_within(server, &req, Bytes::new(), timeout)
             .await?;
         match resp {
             Response::Deltas { header } if header.encoding == encoding => {
-                wire::sync::decode(header, &payload)
+                wire::message::sync::decode(header, &payload)
             }
             other => Err(self.unexpected(server, &other, "Deltas")),
         }
     }
 
     /// Gives server 0 the dense parameters `values` of `version` (> 0, newer is larger: Unix microseconds of
-    /// the publication, [`wire::sync::MAX_DENSE_CLOCK_SKEW_US`]) at training `step`, for sync subscribers
-    /// ([`wire::sync`]), under this client's job number (versions grow within a job). Returns the newest version the server holds (larger than
+    /// the publication, [`wire::message::sync::MAX_DENSE_CLOCK_SKEW_US`]) at training `step`, for sync subscribers
+    /// ([`wire::message::sync`]), under this client's job number (versions grow within a job). Returns the newest version the server holds (larger than
     /// `version` when a newer one was published first).
     pub async fn publish_dense(
         &self,
@@ -181,17 +186,17 @@ impl<D: Dialer> PsClient<D> {
     ) -> Result<u64, ProtocolError> {
         let len = u32::try_from(values.len())
             .ok()
-            .filter(|&n| n <= wire::sync::MAX_DENSE_VALUES)
+            .filter(|&n| n <= wire::message::sync::MAX_DENSE_VALUES)
             .ok_or_else(|| {
                 ProtocolError::BadPayload(format!(
                     "publish dense: {} values exceed the cap of {}",
                     values.len(),
-                    wire::sync::MAX_DENSE_VALUES
+                    wire::message::sync::MAX_DENSE_VALUES
                 ))
             })?;
         let mut payload = Vec::with_capacity(values.len() * 4);
-        wire::sync::put_dense(values, &mut payload);
-        let req = wire::sync::publish_request(self.job, version, step, len);
+        wire::message::sync::put_dense(values, &mut payload);
+        let req = wire::message::sync::publish_request(self.job, version, step, len);
         let (resp, _) = self.call(0, &req, Bytes::from(payload)).await?;
         match resp {
             Response::Published { version } => Ok(version),

@@ -1,10 +1,10 @@
-//! Following a shard map that changes while the client runs (a live reshard, [`crate::wire::reshard`]).
+//! Following a shard map that changes while the client runs (a live reshard, [`crate::wire::message::reshard`]).
 //!
 //! Pulls, pushes and prefetches name their server and carry the client's map epoch. A server refuses one
 //! with `WrongEpoch` (it holds another map) or `WrongShard` (the ids were grouped by an older map); the
 //! client then asks that server for its map ([`PsClient::refresh_map`]):
 //! - a newer map is taken (connecting to servers it adds), and the request's ids are split by it
-//!   ([`wire::reshard::split`]) and sent to their new servers; a pull's rows come back in the order the one
+//!   ([`wire::message::reshard::split`]) and sent to their new servers; a pull's rows come back in the order the one
 //!   server would have answered, so callers see one answer;
 //! - an older map means the server has not switched yet (a reshard commits sources before destinations):
 //!   the request is retried with backoff, like a transient failure, for up to `retry_for`.
@@ -28,9 +28,10 @@ use crate::error::{ErrorCode, ProtocolError};
 use crate::routing::ShardMap;
 use crate::transport::{Connection, Dialer};
 use crate::wire;
-use crate::wire::message::{PayloadLayout, Request, Response, TableCount};
-use crate::wire::prefetch::PrefetchCounts;
-use crate::wire::reshard::{MapInfo, SplitPart};
+use crate::wire::layout::{PayloadLayout, TableCount};
+use crate::wire::message::prefetch::PrefetchCounts;
+use crate::wire::message::reshard::{MapInfo, SplitPart};
+use crate::wire::message::{Request, Response};
 
 /// How often one request may be split again (a map that changes while its parts are in flight).
 const MAX_REROUTES: u32 = 4;
@@ -281,7 +282,7 @@ impl<D: Dialer> PsClient<D> {
     }
 
     /// Pulls rows from server `server`: `ids` holds one id section per table of `tables`, in order
-    /// ([`wire::pull::IdSections`]). Returns the encoded rows, checked for length. Ids the server no longer
+    /// ([`wire::message::pull::IdSections`]). Returns the encoded rows, checked for length. Ids the server no longer
     /// owns (the map changed) are pulled from their new servers.
     pub async fn pull(
         &self,
@@ -329,7 +330,7 @@ impl<D: Dialer> PsClient<D> {
         })
     }
 
-    /// Pulls rows and their optimizer state from server `server` (see [`wire::pull_with_state`]). Returns the
+    /// Pulls rows and their optimizer state from server `server` (see [`wire::message::pull_with_state`]). Returns the
     /// encoded rows, the state (f32 LE, `count x state_len` per table) and the state length of each table,
     /// checked for length. Re-routed like [`PsClient::pull`].
     pub async fn pull_with_state(
@@ -417,7 +418,7 @@ impl<D: Dialer> PsClient<D> {
             }
             let (mut parts, used) = self.split(&tables, &payload)?;
             let layout = PayloadLayout::of(&tables)?;
-            wire::message::check_len(
+            wire::layout::check_len(
                 "re-routed push rows",
                 payload.len() - used,
                 layout.rows_bytes(encoding),
@@ -444,7 +445,7 @@ impl<D: Dialer> PsClient<D> {
 
     /// Asks server `server` to bring the rows of `ids` (one id section per table of `tables`, as for
     /// [`PsClient::pull`]) into memory and pin them under lease `(owner, lease)`, after releasing `owner`'s
-    /// leases numbered below `release_below` ([`wire::prefetch`]). Empty `tables` only release. Returns when
+    /// leases numbered below `release_below` ([`wire::message::prefetch`]). Empty `tables` only release. Returns when
     /// the rows are in memory, with the server's counts (summed over the new servers when re-routed).
     pub async fn prefetch(
         &self,
@@ -500,7 +501,7 @@ impl<D: Dialer> PsClient<D> {
         tables: &[TableCount],
         payload: &[u8],
     ) -> Result<(Vec<SplitPart>, usize), ProtocolError> {
-        wire::reshard::split(tables, payload, &self.shard_map())
+        wire::message::reshard::split(tables, payload, &self.shard_map())
     }
 }
 

@@ -16,8 +16,8 @@
 use crate::compression::codec;
 use crate::compression::feedback::ResidualStore;
 use crate::wire::ids::IdCoding;
-use crate::wire::pull::IdSections;
-use crate::wire::pull_with_state::get_state;
+use crate::wire::message::pull::IdSections;
+use crate::wire::message::pull_with_state::get_state;
 use crate::{Encoding, ProtocolError, ShardMap, TableCount};
 use base::multiversion;
 
@@ -341,8 +341,8 @@ impl Plan {
                 "no pull request {i} in this batch"
             )));
         };
-        let expected = crate::wire::message::PayloadLayout::state_bytes(counts, state_lens)?;
-        crate::wire::message::check_len("pulled optimizer state", state.len(), expected)?;
+        let expected = crate::wire::layout::PayloadLayout::state_bytes(counts, state_lens)?;
+        crate::wire::layout::check_len("pulled optimizer state", state.len(), expected)?;
         unique_state.resize_with(self.unique.len(), Vec::new);
         let mut at = 0;
         for (c, &len) in counts.iter().zip(state_lens) {
@@ -384,7 +384,7 @@ impl Plan {
             }
             expected += n * encoding.row_bytes(self.dim(t));
         }
-        crate::wire::message::check_len("pulled rows", rows.len(), expected)?;
+        crate::wire::layout::check_len("pulled rows", rows.len(), expected)?;
         let mut at = 0;
         for c in counts {
             let t = c.table as usize;
@@ -544,7 +544,7 @@ impl Plan {
             mut payload,
             ..
         } = sections;
-        // The rows follow the id sections, table by table in header order (crate::wire::push).
+        // The rows follow the id sections, table by table in header order (crate::wire::message::push).
         for c in &counts {
             let t = c.table as usize;
             let dim = self.dim(t);

@@ -5,7 +5,7 @@ use super::*;
 /// Serves a pull as if the row of id x were [x mod 1000, -(x mod 1000)], in `enc`.
 fn serve(counts: &[TableCount], ids: &[u8], enc: Encoding) -> Vec<u8> {
     let mut all = Vec::new();
-    crate::wire::pull::decode(counts, ids, &mut all).unwrap();
+    crate::wire::message::pull::decode(counts, ids, &mut all).unwrap();
     let mut rows = Vec::new();
     for id in all {
         let x = (id % 1000) as f32;
@@ -52,7 +52,8 @@ fn dedup_route_gather_reduce_round_trip() {
         let (counts, payload) = plan.push_request(s, &sums, Encoding::F32);
         let n: usize = counts.iter().map(|c| c.count as usize).sum();
         let mut ids = Vec::new();
-        let rows = crate::wire::push::decode(&counts, Encoding::F32, &payload, &mut ids).unwrap();
+        let rows =
+            crate::wire::message::push::decode(&counts, Encoding::F32, &payload, &mut ids).unwrap();
         assert_eq!(rows.len(), n * 2 * 4);
         // Each row travels with its id: the gradient of id 9 is [2, 202] * 2.
         let mut g = vec![0.0; n * 2];

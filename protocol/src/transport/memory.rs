@@ -329,6 +329,6 @@ pub fn hello_reply(shard_index: u32, num_shards: u32) -> Response {
         epoch: 1,
         routing: ShardMap::new(num_shards).routing_fingerprint(),
         tables: Vec::new(),
-        replica: crate::wire::replicate::ReplicaInfo::SINGLE,
+        replica: crate::wire::message::replicate::ReplicaInfo::SINGLE,
     }
 }

@@ -21,8 +21,8 @@ use crate::compression::codec::{self, Encoding};
 use crate::error::ProtocolError;
 use crate::routing::ShardMap;
 use crate::wire::ids::IdCoding;
-use crate::wire::message::{check_len, TableCount};
-use crate::wire::pull::IdSections;
+use crate::wire::layout::{check_len, TableCount};
+use crate::wire::message::pull::IdSections;
 use embedding::spec::TableSpec;
 
 /// The reserved table id of the dense parameters (embedding tables are numbered from 0 by feature).

@@ -156,7 +156,8 @@ pub fn decode_frame<H: DeserializeOwned>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wire::message::{Request, TableCount};
+    use crate::wire::layout::TableCount;
+    use crate::wire::message::Request;
     use crate::Encoding;
 
     fn sample() -> Request {

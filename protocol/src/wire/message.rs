@@ -1,4 +1,5 @@
-//! Request and response headers, and the layout of their payloads.
+//! Request and response headers, and the layout of their payloads: the enums here, one child module per
+//! request type (its header fields' types, payload layout, builder and decoder).
 //!
 //! Every request travels on its own bidirectional QUIC stream: the client writes one frame ([`crate::wire::frame`]) and
 //! finishes its side; the server answers with one frame. Headers carry kinds and counts; payloads carry ids
@@ -16,14 +17,14 @@
 //! | [`Request::PullWithState`] | ids of table 0, ... | [`Response::PulledWithState`] | rows of table 0, ..., then optimizer state of table 0, ... (f32 LE) |
 //! | [`Request::Prefetch`] | ids of table 0, ids of table 1, ... | [`Response::Prefetched`] | none |
 //! | [`Request::Reduce`] | f32 LE values | [`Response::Reduced`] | f32 LE sums |
-//! | [`Request::SyncDeltas`] | none | [`Response::Deltas`] | ids of every table, rows of every table, then dense f32 LE values if announced ([`crate::wire::sync`]) |
+//! | [`Request::SyncDeltas`] | none | [`Response::Deltas`] | ids of every table, rows of every table, then dense f32 LE values if announced ([`crate::wire::message::sync`]) |
 //! | [`Request::PublishDense`] | f32 LE values | [`Response::Published`] | none |
-//! | [`Request::Replicate`] | ids then full rows of every table ([`crate::wire::replicate`]) | [`Response::Replicated`] | none |
+//! | [`Request::Replicate`] | ids then full rows of every table ([`crate::wire::message::replicate`]) | [`Response::Replicated`] | none |
 //! | [`Request::Join`] | none | [`Response::Joined`] | none |
 //! | [`Request::Promote`] | none | [`Response::Promoted`] | none |
 //! | [`Request::GetShardMap`] | none | [`Response::ShardMap`] | none |
 //! | [`Request::Reshard`] | none | [`Response::Resharding`] | none |
-//! | [`Request::MoveRows`] | ids then full rows of every table ([`crate::wire::reshard`]) | [`Response::MovedRows`] | none |
+//! | [`Request::MoveRows`] | ids then full rows of every table ([`crate::wire::message::reshard`]) | [`Response::MovedRows`] | none |
 //!
 //! Any request may be answered by [`Response::Error`].
 
@@ -32,18 +33,18 @@ use serde::{Deserialize, Serialize};
 pub use embedding::spec::{InitSpec, OptimizerSpec, TableSpec};
 
 use crate::compression::codec::Encoding;
-use crate::error::{ErrorCode, ProtocolError};
+use crate::error::ErrorCode;
+use crate::wire::layout::TableCount;
 
-/// A table's share of a pull or push: its id, how many ids, and the row dimension.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct TableCount {
-    /// Table id.
-    pub table: u32,
-    /// Number of ids (and rows) of this table in the payload.
-    pub count: u32,
-    /// Row dimension the sender assumes; the server checks it against the table.
-    pub dim: u32,
-}
+pub mod hello;
+pub mod prefetch;
+pub mod pull;
+pub mod pull_with_state;
+pub mod push;
+pub mod reduce;
+pub mod replicate;
+pub mod reshard;
+pub mod sync;
 
 /// A request header.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -105,7 +106,7 @@ pub enum Request {
         tables: Vec<TableCount>,
     },
     /// Bring the rows of these ids into the server's memory and keep them there until their batch has
-    /// passed: lookahead prefetch into the capacity tier ([`crate::wire::prefetch`]). Nothing is returned
+    /// passed: lookahead prefetch into the capacity tier ([`crate::wire::message::prefetch`]). Nothing is returned
     /// but counts.
     Prefetch {
         /// The client's shard-map epoch.
@@ -121,22 +122,22 @@ pub enum Request {
         tables: Vec<TableCount>,
     },
     /// Add this trainer's slice of a vector to the other trainers' of the same step, and answer with the sum
-    /// once every rank contributed (the hybrid dense mode's all-reduce, [`crate::wire::reduce`]).
+    /// once every rank contributed (the hybrid dense mode's all-reduce, [`crate::wire::message::reduce`]).
     Reduce {
         /// Who, which step, how many values.
-        header: crate::wire::reduce::ReduceHeader,
+        header: crate::wire::message::reduce::ReduceHeader,
     },
     /// The current values of the rows changed after `cursor` (or a full scan), for serving
-    /// ([`crate::wire::sync`]); waits up to `wait_ms` for the next delta when there is none.
+    /// ([`crate::wire::message::sync`]); waits up to `wait_ms` for the next delta when there is none.
     SyncDeltas {
-        /// What the subscriber holds: the cursor of its last answer, or [`crate::wire::sync::SyncCursor::START`].
-        cursor: crate::wire::sync::SyncCursor,
+        /// What the subscriber holds: the cursor of its last answer, or [`crate::wire::message::sync::SyncCursor::START`].
+        cursor: crate::wire::message::sync::SyncCursor,
         /// Encoding of the rows in the answer: f32, f16 or bf16.
         encoding: Encoding,
-        /// Most rows in one answer, `1..=`[`crate::wire::sync::MAX_ROWS`].
+        /// Most rows in one answer, `1..=`[`crate::wire::message::sync::MAX_ROWS`].
         max_rows: u32,
         /// Milliseconds to wait for a delta when the subscriber is up to date (cut to
-        /// [`crate::wire::sync::MAX_WAIT_MS`]; 0 answers at once).
+        /// [`crate::wire::message::sync::MAX_WAIT_MS`]; 0 answers at once).
         wait_ms: u32,
         /// The dense version the subscriber holds: a newer one held by the server is appended (0: none held).
         dense_version: u64,
@@ -147,17 +148,17 @@ pub enum Request {
         /// The publishing job (a number it draws once): versions must grow within a job.
         job: u64,
         /// The publisher's version, > 0 (newer is larger): the time of publication in Unix microseconds,
-        /// no later than the server's clock plus [`crate::wire::sync::MAX_DENSE_CLOCK_SKEW_US`].
+        /// no later than the server's clock plus [`crate::wire::message::sync::MAX_DENSE_CLOCK_SKEW_US`].
         version: u64,
         /// The training step of the values.
         step: u64,
-        /// Values in the payload, `<=` [`crate::wire::sync::MAX_DENSE_VALUES`].
+        /// Values in the payload, `<=` [`crate::wire::message::sync::MAX_DENSE_VALUES`].
         len: u32,
     },
-    /// From a primary to one of its backups: whole rows to store ([`crate::wire::replicate`]).
+    /// From a primary to one of its backups: whole rows to store ([`crate::wire::message::replicate`]).
     Replicate {
         /// Epoch, session, sequence, tables.
-        header: crate::wire::replicate::ReplicateHeader,
+        header: crate::wire::message::replicate::ReplicateHeader,
     },
     /// From a backup to its primary: stream to me (replica `replica_index` of the shard), starting with every
     /// table and row (a catch-up scan), under `session`.
@@ -177,17 +178,17 @@ pub enum Request {
         /// because it cannot hear from enough of its peers becomes the primary from its own disk.
         force: bool,
     },
-    /// The server's shard map (a client told `WrongEpoch` re-routes with it, [`crate::wire::reshard`]).
+    /// The server's shard map (a client told `WrongEpoch` re-routes with it, [`crate::wire::message::reshard`]).
     GetShardMap,
     /// A step of a live reshard, from its coordinator (`ps-server reshard`).
     Reshard {
         /// Prepare, status, commit or abort.
-        step: crate::wire::reshard::ReshardStep,
+        step: crate::wire::message::reshard::ReshardStep,
     },
     /// From a source server to a destination during a reshard: whole rows of moving virtual shards.
     MoveRows {
         /// Target epoch, source, sequence, tables.
-        header: crate::wire::reshard::MoveHeader,
+        header: crate::wire::message::reshard::MoveHeader,
     },
 }
 
@@ -341,7 +342,7 @@ pub enum Response {
         /// Tables known to this server.
         tables: Vec<TableSpec>,
         /// Its place among its shard's replicas.
-        replica: crate::wire::replicate::ReplicaInfo,
+        replica: crate::wire::message::replicate::ReplicaInfo,
     },
     /// Answer to [`Request::RegisterTables`].
     Registered {
@@ -394,17 +395,17 @@ pub enum Response {
     /// Answer to [`Request::Prefetch`], once the rows are in memory.
     Prefetched {
         /// What the server did.
-        stats: crate::wire::prefetch::PrefetchCounts,
+        stats: crate::wire::message::prefetch::PrefetchCounts,
     },
     /// Answer to [`Request::Reduce`]: the sums follow in the payload.
     Reduced {
         /// Samples, contributors and missing ranks of the sum.
-        header: crate::wire::reduce::ReducedHeader,
+        header: crate::wire::message::reduce::ReducedHeader,
     },
     /// Answer to [`Request::SyncDeltas`]: ids, rows and dense values follow in the payload.
     Deltas {
         /// Cursor, completeness, tables, times, dense version.
-        header: crate::wire::sync::DeltasHeader,
+        header: crate::wire::message::sync::DeltasHeader,
     },
     /// Answer to [`Request::PublishDense`].
     Published {
@@ -429,12 +430,12 @@ pub enum Response {
     /// Answer to [`Request::GetShardMap`].
     ShardMap {
         /// The map.
-        map: crate::wire::reshard::MapInfo,
+        map: crate::wire::message::reshard::MapInfo,
     },
     /// Answer to [`Request::Reshard`].
     Resharding {
         /// Where the server is.
-        status: crate::wire::reshard::ReshardStatus,
+        status: crate::wire::message::reshard::ReshardStatus,
     },
     /// Answer to [`Request::MoveRows`]: the rows are stored (in memory).
     MovedRows {
@@ -466,138 +467,5 @@ impl Response {
             Response::Resharding { .. } => "Resharding",
             Response::MovedRows { .. } => "MovedRows",
         }
-    }
-}
-
-/// Appends one [`crate::wire::ids::IdCoding::Plain`] id section of `ids`, which must be strictly ascending (one call
-/// per table, for hand-written requests and tests; the trainer and ps-bench use [`crate::wire::ids::put_ids`] with
-/// [`crate::wire::ids::IdCoding::Unmixed`]).
-pub fn put_ids(ids: &[u64], out: &mut Vec<u8>) {
-    crate::wire::ids::put_ids(crate::wire::ids::IdCoding::Plain, ids, out)
-}
-
-/// Sizes of a pull or push payload laid out as the module docs say.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PayloadLayout {
-    /// Total ids over all tables.
-    pub ids: usize,
-    /// Total row elements over all tables (sum of count x dim).
-    pub elements: usize,
-}
-
-impl PayloadLayout {
-    /// Computes the layout, refusing counts that overflow.
-    pub fn of(tables: &[TableCount]) -> Result<PayloadLayout, ProtocolError> {
-        let mut ids = 0usize;
-        let mut elements = 0usize;
-        for t in tables {
-            ids = ids.checked_add(t.count as usize).ok_or_else(overflow)?;
-            let e = (t.count as usize)
-                .checked_mul(t.dim as usize)
-                .ok_or_else(overflow)?;
-            elements = elements.checked_add(e).ok_or_else(overflow)?;
-        }
-        Ok(PayloadLayout { ids, elements })
-    }
-
-    /// Bytes of the rows of every table in `encoding`: the pull response payload, and the part of a push
-    /// payload after its id sections (saturates at `usize::MAX`, which no payload matches).
-    pub fn rows_bytes(&self, encoding: Encoding) -> usize {
-        encoding
-            .rows_bytes(self.ids, self.elements)
-            .unwrap_or(usize::MAX)
-    }
-
-    /// Expected bytes of a pull response payload.
-    pub fn pull_response_bytes(&self, encoding: Encoding) -> usize {
-        self.rows_bytes(encoding)
-    }
-
-    /// Bytes of the optimizer state of a [`Response::PulledWithState`] payload: `count x state_len` f32 per
-    /// table (`state_lens[i]` for `tables[i]`; a missing entry refuses the layout).
-    pub fn state_bytes(tables: &[TableCount], state_lens: &[u32]) -> Result<usize, ProtocolError> {
-        if tables.len() != state_lens.len() {
-            return Err(ProtocolError::BadPayload(format!(
-                "{} state lengths for {} tables",
-                state_lens.len(),
-                tables.len()
-            )));
-        }
-        let mut bytes = 0usize;
-        for (t, &len) in tables.iter().zip(state_lens) {
-            let b = (t.count as usize)
-                .checked_mul(len as usize)
-                .and_then(|e| e.checked_mul(4))
-                .ok_or_else(overflow)?;
-            bytes = bytes.checked_add(b).ok_or_else(overflow)?;
-        }
-        Ok(bytes)
-    }
-}
-
-fn overflow() -> ProtocolError {
-    ProtocolError::BadPayload("table counts overflow".into())
-}
-
-/// Checks that a payload has the length its header announces.
-pub fn check_len(what: &str, got: usize, expected: usize) -> Result<(), ProtocolError> {
-    if got != expected {
-        return Err(ProtocolError::BadPayload(format!(
-            "{what} payload of {got} bytes, expected {expected}"
-        )));
-    }
-    Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn ids_round_trip() {
-        let ids = [0u64, 1, 0x0123_4567_89ab_cdef, u64::MAX];
-        let mut bytes = Vec::new();
-        put_ids(&ids, &mut bytes);
-        assert_eq!(bytes.len(), 1 + 1 + 1 + 9 + 10);
-        let mut back = Vec::new();
-        assert_eq!(
-            crate::wire::ids::get_ids(&bytes, 4, &mut back).unwrap(),
-            bytes.len()
-        );
-        assert_eq!(back, ids);
-        assert!(crate::wire::ids::get_ids(&bytes[..7], 4, &mut back).is_err());
-    }
-
-    #[test]
-    fn layout_sizes() {
-        let t = [
-            TableCount {
-                table: 0,
-                count: 3,
-                dim: 16,
-            },
-            TableCount {
-                table: 1,
-                count: 2,
-                dim: 8,
-            },
-        ];
-        let l = PayloadLayout::of(&t).unwrap();
-        assert_eq!(
-            l,
-            PayloadLayout {
-                ids: 5,
-                elements: 64
-            }
-        );
-        assert_eq!(l.rows_bytes(Encoding::F16), 128);
-        assert_eq!(l.rows_bytes(Encoding::Int8), 64 + 5 * 4);
-        assert_eq!(l.pull_response_bytes(Encoding::F32), 256);
-        let huge = [TableCount {
-            table: 0,
-            count: u32::MAX,
-            dim: u32::MAX,
-        }; 3];
-        assert!(PayloadLayout::of(&huge).is_err());
     }
 }

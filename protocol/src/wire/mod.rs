@@ -1,32 +1,20 @@
-//! What travels: framing, request and response headers, id sections, and one file per request type holding
-//! its payload layout, encode and decode together, used alike by the client, the server, the trainer and the
-//! load generators.
+//! What travels: framing, id sections, payload layouts, and the messages (one file per request type holding
+//! its header, payload layout, builder and decoder together), used alike by the client, the server, the trainer
+//! and the load generators. Dependencies point down this list: a message knows layouts, ids and frames, never
+//! the other way.
 //!
-//! - [`frame`]: sans-IO framing: a fixed 12-byte prefix, a bincode header, then raw bulk bytes.
-//! - [`message`]: request and response headers ([`message::Request`], [`message::Response`]), payload sizes.
-//! - [`hello`]: `Hello`, the handshake ([`hello::request`], the one builder of it).
-//! - [`ids`]: id sections: ascending ids, delta + varint coded.
-//! - [`pull`]: `Pull` (and the id sections every pull and push starts with, [`pull::IdSections`]).
-//! - [`pull_with_state`]: `PullWithState`, rows followed by their optimizer state.
-//! - [`push`]: `Push`, id sections followed by gradient rows.
-//! - [`prefetch`]: `Prefetch`, id sections of a batch ahead, pinned in the server's memory under a lease.
-//! - [`reduce`]: `Reduce`, a vector summed over the trainers of a job, step by step (hybrid dense mode).
+//! - [`message`]: the request and response enums ([`message::Request`], [`message::Response`],
+//!   [`message::RequestKind`]) and, beneath them, one module per request: [`message::hello`],
+//!   [`message::pull`], [`message::pull_with_state`], [`message::push`], [`message::prefetch`],
+//!   [`message::reduce`], [`message::replicate`], [`message::reshard`], [`message::sync`].
 //! - [`dense`]: the dense table: a model's dense parameters as rows of one reserved table, pulled and pushed
 //!   with `Pull` and `Push`.
-//! - [`reshard`]: `GetShardMap`, `Reshard` and `MoveRows`, moving virtual shards between servers live.
-//! - [`sync`]: `SyncDeltas` and `PublishDense`, the delta sync from training servers to serving, and the
-//!   snapshot's `sync.json` ([`sync::SyncPoint`]).
+//! - [`layout`]: a table's share of a payload ([`layout::TableCount`]) and the sizes it implies.
+//! - [`ids`]: id sections: ascending ids, delta + varint coded.
+//! - [`frame`]: sans-IO framing: a fixed 12-byte prefix, a bincode header, then raw bulk bytes.
 
 pub mod dense;
 pub mod frame;
-pub mod hello;
 pub mod ids;
+pub mod layout;
 pub mod message;
-pub mod prefetch;
-pub mod pull;
-pub mod pull_with_state;
-pub mod push;
-pub mod reduce;
-pub mod replicate;
-pub mod reshard;
-pub mod sync;

@@ -1,7 +1,7 @@
 use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
-use protocol::wire::reduce::ReduceHeader;
+use protocol::wire::message::reduce::ReduceHeader;
 
 use super::*;
 

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use embedding::spec::table_config;
-use protocol::wire::replicate::{self, ReplicateHeader, ReplicateKind, Role};
+use protocol::wire::message::replicate::{self, ReplicateHeader, ReplicateKind, Role};
 use protocol::{ErrorCode, Request, Response};
 
 use super::Replica;

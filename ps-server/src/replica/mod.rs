@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use embedding::Engine;
 use parking_lot::Mutex;
-use protocol::wire::replicate::{ReplicaInfo, Role};
+use protocol::wire::message::replicate::{ReplicaInfo, Role};
 use protocol::{ErrorCode, Response};
 use tokio::sync::Notify;
 

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use parking_lot::Mutex;
 use protocol::transport::{tls, Connection, Dialer, NetConn, NetDialer};
-use protocol::wire::replicate::ReplicaInfo;
+use protocol::wire::message::replicate::ReplicaInfo;
 use protocol::{ProtocolError, Request, Response, Role, Transport};
 
 use crate::metrics as m;
@@ -236,7 +236,7 @@ impl Peers {
 
     /// Replica `r`'s answer to `Hello`.
     pub async fn info(&self, r: u32) -> Result<ReplicaInfo, ProtocolError> {
-        let hello = protocol::wire::hello::request();
+        let hello = protocol::wire::message::hello::request();
         match self.call(r, &hello, Bytes::new(), PEER_TIMEOUT).await? {
             Response::Hello { replica, .. } => Ok(replica),
             other => Err(ProtocolError::UnexpectedResponse {

@@ -18,7 +18,7 @@ use bytes::Bytes;
 use embedding::spec::table_spec;
 use embedding::Engine;
 use parking_lot::Mutex;
-use protocol::wire::replicate::{self, ReplicateHeader, ReplicateKind, RowsTable};
+use protocol::wire::message::replicate::{self, ReplicateHeader, ReplicateKind, RowsTable};
 use protocol::{ErrorCode, Request, Response, TableSpec};
 use tokio::sync::{watch, Notify};
 

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use protocol::wire::replicate::Role;
+use protocol::wire::message::replicate::Role;
 use protocol::{Request, Response};
 
 use crate::metrics as m;

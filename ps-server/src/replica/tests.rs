@@ -4,8 +4,8 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use protocol::wire::message::put_ids;
-use protocol::wire::replicate::{self, ReplicateHeader, ReplicateKind, Role, RowsTable};
+use protocol::wire::layout::put_ids;
+use protocol::wire::message::replicate::{self, ReplicateHeader, ReplicateKind, Role, RowsTable};
 use protocol::{Encoding, ErrorCode, Request, Response, ShardMap, TableCount, TableSpec};
 
 use super::Replica;

@@ -17,7 +17,7 @@
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use protocol::wire::reshard::{MapInfo, ReshardPhase, ReshardStatus, ReshardStep};
+use protocol::wire::message::reshard::{MapInfo, ReshardPhase, ReshardStatus, ReshardStep};
 use protocol::{Request, Response};
 
 use super::PeerSettings;
@@ -148,7 +148,7 @@ pub async fn run(
         }
     };
     for (i, name) in all.iter().enumerate() {
-        let hello = protocol::wire::hello::request();
+        let hello = protocol::wire::message::hello::request();
         if let Response::Hello { shard_index, .. } = ask(i, "hello", hello).await? {
             if shard_index as usize != i {
                 return Err(ReshardError::Plan(format!(

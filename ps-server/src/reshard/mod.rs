@@ -22,7 +22,7 @@ use std::sync::Arc;
 
 use embedding::Engine;
 use parking_lot::{Mutex, RwLock, RwLockReadGuard};
-use protocol::wire::reshard::MapInfo;
+use protocol::wire::message::reshard::MapInfo;
 use protocol::ShardMap;
 
 use crate::config::ServerConfig;

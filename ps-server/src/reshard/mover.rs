@@ -21,8 +21,8 @@ use bytes::Bytes;
 use embedding::spec::table_spec;
 use embedding::Engine;
 use parking_lot::Mutex;
-use protocol::wire::replicate::ReplicateKind;
-use protocol::wire::reshard::MoveHeader;
+use protocol::wire::message::replicate::ReplicateKind;
+use protocol::wire::message::reshard::MoveHeader;
 use protocol::{Request, Response, ShardMap, TableSpec};
 use tokio::sync::{watch, Notify};
 

@@ -3,7 +3,9 @@
 
 use std::sync::Arc;
 
-use protocol::wire::reshard::{MapInfo, MoveHeader, ReshardPhase, ReshardStatus, ReshardStep};
+use protocol::wire::message::reshard::{
+    MapInfo, MoveHeader, ReshardPhase, ReshardStatus, ReshardStep,
+};
 use protocol::{ErrorCode, Response};
 
 use super::mover::{self, Mover};

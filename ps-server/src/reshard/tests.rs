@@ -4,9 +4,9 @@
 
 use std::sync::Arc;
 
-use protocol::wire::message::put_ids;
-use protocol::wire::replicate::{self, RowsTable};
-use protocol::wire::reshard::{MapInfo, MoveHeader, ReshardStep};
+use protocol::wire::layout::put_ids;
+use protocol::wire::message::replicate::{self, RowsTable};
+use protocol::wire::message::reshard::{MapInfo, MoveHeader, ReshardStep};
 use protocol::{Encoding, ErrorCode, Request, Response, ShardMap, TableCount, TableSpec};
 
 use super::mover::Mover;

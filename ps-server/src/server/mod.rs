@@ -45,7 +45,7 @@ pub struct Bound {
     /// HTTP address.
     pub metrics: SocketAddr,
     /// The role the server settled on ([`crate::replica::startup`]).
-    pub role: protocol::wire::replicate::Role,
+    pub role: protocol::wire::message::replicate::Role,
 }
 
 /// Microseconds since the Unix epoch, from the same clock as [`unix_secs`]: the time of a request for the

@@ -4,7 +4,7 @@
 use std::time::Instant;
 
 use bytes::Bytes;
-use protocol::wire::reduce::{self, ReduceHeader};
+use protocol::wire::message::reduce::{self, ReduceHeader};
 use protocol::{ErrorCode, Response};
 
 use crate::metrics as m;

@@ -1,11 +1,11 @@
 //! Answers a `SyncDeltas` ([`crate::sync`]): at once when there is something to send; otherwise, after the
 //! next cut or dense publication, or at the end of the subscriber's wait (cut to
-//! [`protocol::wire::sync::MAX_WAIT_MS`]), or at shutdown, whichever comes first. The wait holds no lock and
+//! [`protocol::wire::message::sync::MAX_WAIT_MS`]), or at shutdown, whichever comes first. The wait holds no lock and
 //! no thread: it awaits the sync state's generation counter.
 
 use std::time::Duration;
 
-use protocol::wire::sync::MAX_WAIT_MS;
+use protocol::wire::message::sync::MAX_WAIT_MS;
 
 use crate::handler::{Refusal, Reply, SyncAsk, SyncOutcome};
 use crate::metrics as m;

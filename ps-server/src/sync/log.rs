@@ -23,7 +23,7 @@ use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLock};
 use protocol::wire::dense::DENSE_TABLE;
-use protocol::wire::sync::{SyncCursor, SyncResume};
+use protocol::wire::message::sync::{SyncCursor, SyncResume};
 
 /// Ids of one table.
 type TableIds = (u32, Vec<u64>);

@@ -1,4 +1,4 @@
-//! Delta sync, the server side (docs/serving.md, "Delta sync"; the wire side is `protocol::wire::sync`).
+//! Delta sync, the server side (docs/serving.md, "Delta sync"; the wire side is `protocol::wire::message::sync`).
 //!
 //! [`SyncState`] holds this process's incarnation (a random `u64` drawn at start), the [`ChangeLog`] pushes
 //! record into and a timer cuts, the newest dense parameters published, and a generation counter that wakes

@@ -4,8 +4,8 @@
 //! global batch; the embedding rows stay asynchronous under the staleness bound.
 //!
 //! A trainer sends `grad x samples` (its batch's mean gradient times its batch size: a sum over its samples),
-//! cut into one contiguous slice per server ([`protocol::wire::reduce::slices`]); each server adds one slice
-//! over the trainers ([`protocol::wire::reduce`]), and the trainer divides the sums by the total samples: the
+//! cut into one contiguous slice per server ([`protocol::wire::message::reduce::slices`]); each server adds one slice
+//! over the trainers ([`protocol::wire::message::reduce`]), and the trainer divides the sums by the total samples: the
 //! mean gradient over the global batch, whatever each trainer's batch size was.
 //!
 //! Global batch: W trainers at batch `B/W` take the steps of one trainer at batch `B` — the same mean dense
@@ -26,7 +26,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use protocol::transport::{Dialer, NetDialer};
-use protocol::wire::reduce::{self, ReduceHeader, ReducedHeader};
+use protocol::wire::message::reduce::{self, ReduceHeader, ReducedHeader};
 use protocol::{Encoding, ProtocolError, PsClient};
 use tokio::task::{JoinHandle, JoinSet};
 

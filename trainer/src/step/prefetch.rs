@@ -1,5 +1,5 @@
 //! Lookahead prefetch (DESIGN.md, "Tier with lookahead prefetch"): as soon as the plan thread has planned a
-//! batch, its ids go to every server that owns some of them as a `Prefetch` ([`protocol::wire::prefetch`]), so a
+//! batch, its ids go to every server that owns some of them as a `Prefetch` ([`protocol::wire::message::prefetch`]), so a
 //! server whose tables spill to RocksDB reads the batch's evicted rows back while earlier batches compute, and
 //! keeps them pinned until this trainer's pushes pass them. The distance is the plan queue's depth
 //! (`--prefetch-distance` batches ahead of the pull).

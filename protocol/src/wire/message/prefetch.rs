@@ -16,7 +16,8 @@
 use serde::{Deserialize, Serialize};
 
 use crate::error::ProtocolError;
-use crate::wire::message::{PayloadLayout, Request, TableCount};
+use crate::wire::layout::{PayloadLayout, TableCount};
+use crate::wire::message::Request;
 
 /// What a server did for one prefetch.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -92,7 +93,7 @@ pub fn decode(
 mod tests {
     use super::*;
     use crate::wire::ids::IdCoding;
-    use crate::wire::pull::IdSections;
+    use crate::wire::message::pull::IdSections;
 
     #[test]
     fn ids_round_trip_and_trailing_bytes_refuse() {

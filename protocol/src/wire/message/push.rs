@@ -9,7 +9,8 @@
 
 use crate::compression::codec::Encoding;
 use crate::error::ProtocolError;
-use crate::wire::message::{check_len, Request, TableCount};
+use crate::wire::layout::{check_len, TableCount};
+use crate::wire::message::Request;
 
 use super::pull::{decode_sections, IdSections};
 
@@ -22,7 +23,7 @@ pub fn request(
     sections: &IdSections,
 ) -> Result<Request, ProtocolError> {
     check_grad_scale(grad_scale)?;
-    let layout = crate::wire::message::PayloadLayout::of(&sections.counts)?;
+    let layout = crate::wire::layout::PayloadLayout::of(&sections.counts)?;
     check_len(
         "push rows",
         sections.payload.len() - sections.ids_len(),

@@ -15,7 +15,8 @@
 use crate::compression::codec::Encoding;
 use crate::error::ProtocolError;
 use crate::wire::ids::{get_sections, put_ids, IdCoding};
-use crate::wire::message::{check_len, PayloadLayout, Request, TableCount};
+use crate::wire::layout::{check_len, PayloadLayout, TableCount};
+use crate::wire::message::Request;
 
 /// The id part of a pull or a push: a header count per table and its id section, in the same order.
 ///

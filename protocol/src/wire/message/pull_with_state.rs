@@ -12,7 +12,8 @@
 
 use crate::compression::codec::Encoding;
 use crate::error::ProtocolError;
-use crate::wire::message::{check_len, PayloadLayout, Request, TableCount};
+use crate::wire::layout::{check_len, PayloadLayout, TableCount};
+use crate::wire::message::Request;
 
 /// The header of a pull with state of `counts`' tables, rows answered in `encoding`.
 pub fn request(epoch: u64, encoding: Encoding, counts: Vec<TableCount>) -> Request {

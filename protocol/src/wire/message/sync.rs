@@ -32,7 +32,8 @@ use serde::{Deserialize, Serialize};
 use crate::compression::codec::{self, Encoding};
 use crate::error::ProtocolError;
 use crate::wire::ids::{get_sections, IdCoding};
-use crate::wire::message::{check_len, PayloadLayout, Request, TableCount};
+use crate::wire::layout::{check_len, PayloadLayout, TableCount};
+use crate::wire::message::Request;
 
 /// Longest wait a server grants a long-poll; a longer `wait_ms` is cut to it (below the client's default
 /// request timeout of 30 s, so that a default client also waits its full wait).

@@ -1,7 +1,7 @@
 //! Live resharding (`docs/replication.md`, "Live resharding"): the shard map as it travels
 //! ([`MapInfo`], answered to [`Request::GetShardMap`]), the coordinator's steps ([`ReshardStep`] in
 //! [`Request::Reshard`], answered with a [`ReshardStatus`]), and the rows a source server copies to a
-//! destination ([`Request::MoveRows`], laid out as a `Replicate` payload: [`crate::wire::replicate`]).
+//! destination ([`Request::MoveRows`], laid out as a `Replicate` payload: [`crate::wire::message::replicate`]).
 //!
 //! A reshard from map epoch `e` to `e + 1`: `Prepare` every server (destinations first: they accept
 //! `MoveRows` of epoch `e + 1` from then on); each source copies the rows of the virtual shards it loses
@@ -13,8 +13,8 @@
 //! | side | call |
 //! | --- | --- |
 //! | coordinator | [`MapInfo::of`] for the target map, then [`Request::Reshard`] per server and step |
-//! | source | [`crate::wire::replicate::put_rows`] per table, then [`Request::MoveRows`] |
-//! | destination | [`crate::wire::replicate::decode`], then store |
+//! | source | [`crate::wire::message::replicate::put_rows`] per table, then [`Request::MoveRows`] |
+//! | destination | [`crate::wire::message::replicate::decode`], then store |
 //! | client | [`Request::GetShardMap`], then [`MapInfo::map`] |
 
 use serde::{Deserialize, Serialize};
@@ -23,9 +23,10 @@ use crate::compression::codec::Encoding;
 use crate::error::ProtocolError;
 use crate::routing::ShardMap;
 use crate::wire::ids::{get_ids, IdCoding, IdError};
-use crate::wire::message::{TableCount, TableSpec};
-use crate::wire::pull::IdSections;
-use crate::wire::replicate::RowsTable;
+use crate::wire::layout::TableCount;
+use crate::wire::message::pull::IdSections;
+use crate::wire::message::replicate::RowsTable;
+use crate::wire::message::TableSpec;
 
 #[cfg(doc)]
 use crate::wire::message::Request;
@@ -143,7 +144,7 @@ pub struct MoveHeader {
 }
 
 /// Decodes the rows of a `MoveRows` payload: the same layout as a `Replicate` payload.
-pub use crate::wire::replicate::decode as decode_rows;
+pub use crate::wire::message::replicate::decode as decode_rows;
 
 /// One server's share of a request re-routed under a new map ([`split`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -283,7 +284,8 @@ mod tests {
         for p in &mut parts {
             // Every id of a part belongs to its server.
             let mut ids = Vec::new();
-            crate::wire::pull::decode(&p.sections.counts, &p.sections.payload, &mut ids).unwrap();
+            crate::wire::message::pull::decode(&p.sections.counts, &p.sections.payload, &mut ids)
+                .unwrap();
             assert!(ids.iter().all(|&id| map.server_of(id) == p.server));
             seen += ids.len();
             let ids_len = p.sections.payload.len();

@@ -22,7 +22,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::compression::codec::{self, Encoding};
 use crate::error::ProtocolError;
-use crate::wire::message::{check_len, Request};
+use crate::wire::layout::check_len;
+use crate::wire::message::Request;
 
 /// Longest `timeout_ms` a server accepts (below the client's request timeout, so a waiting reduce is answered
 /// before its request times out).
