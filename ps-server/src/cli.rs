@@ -428,7 +428,7 @@ fn run_restore(a: RestoreArgs) -> anyhow::Result<()> {
 }
 
 fn run_reshard(a: ReshardArgs) -> anyhow::Result<()> {
-    let settings = crate::reshard::PeerSettings {
+    let settings = crate::shard::reshard::PeerSettings {
         tls_dir: a.tls_dir,
         server_name: a.server_name,
         max_frame: protocol::wire::frame::DEFAULT_MAX_FRAME,
@@ -439,7 +439,7 @@ fn run_reshard(a: ReshardArgs) -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("start the async runtime")?;
-    let report = rt.block_on(crate::reshard::coordinator::run(
+    let report = rt.block_on(crate::shard::reshard::coordinator::run(
         &a.ps,
         &a.to,
         &settings,
@@ -455,7 +455,7 @@ fn run_promote(a: PromoteArgs) -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("start the async runtime")?;
-    let epoch = rt.block_on(crate::replica::startup::force_promote(
+    let epoch = rt.block_on(crate::shard::replica::startup::force_promote(
         &a.ps,
         &a.tls_dir,
         a.server_name.as_deref(),

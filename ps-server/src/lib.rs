@@ -11,12 +11,16 @@
 //!   with its metrics.
 //! - [`sync`]: the delta sync to serving: changed rows recorded by pushes, cut into deltas, the dense
 //!   parameters published (answered by `handler`, waited for by `server`).
+//! - [`reduce`]: the hybrid dense mode's sums of the trainers' contributions ([`reduce::Reducer`]), bounded.
 //! - [`checkpoint`]: the server side of a checkpoint request (a snapshot of every table).
 //! - [`restore`]: `ps-server restore`, re-routing the snapshots of N servers onto shard I of M.
 //! - [`plan`]: `ps-server plan`, memory, disk and servers for a table from the engine's row layout.
-//! - [`shard`]: [`shard::Shard`], one server's shard (engine, place in the shard map, durability, write
-//!   health) and its storage operations; uses `write_health`, `writeback` and `checkpoint`.
-//! - [`handler`]: request handling without sockets or clock ([`shard::Shard::handle`], given `now`).
+//! - [`reply`]: what a request is answered with ([`reply::Reply`]) or refused with ([`reply::Refusal`]).
+//! - [`shard`]: [`shard::Shard`], one server's shard (engine, place in the shard map and among its replicas,
+//!   durability, write health) with private fields; each mechanism acting on it is a child module owning its
+//!   `impl Shard`: [`shard::storage`] (write-back, synced writes, checkpoints, eviction), [`shard::handler`]
+//!   (request handling without sockets or clock, [`shard::Shard::handle`], given `now`), [`shard::replica`]
+//!   (replication and failover) and [`shard::reshard`] (live resharding).
 //! - [`server`]: the QUIC/TCP loop, the background timers and graceful shutdown ([`server::run`]); the one
 //!   reader of the wall clock for the handler and the timers ([`server::unix_secs`]).
 //! - [`cli`]: the binary's command line (uses `server`, `restore`, `plan`).
@@ -31,13 +35,11 @@ pub mod cli;
 pub mod config;
 #[cfg(feature = "failpoints")]
 pub mod failpoints;
-pub mod handler;
 pub mod load_limits;
 pub mod metrics;
 pub mod plan;
 pub mod reduce;
-pub mod replica;
-pub mod reshard;
+pub mod reply;
 pub mod restore;
 pub mod server;
 pub mod shard;

@@ -213,7 +213,7 @@ pub fn describe() {
     describe_replication();
 }
 
-/// Replication between the replicas of a shard ([`crate::replica`]).
+/// Replication between the replicas of a shard ([`crate::shard::replica`]).
 fn describe_replication() {
     describe_gauge!(REPLICA_PRIMARY, "1 on the shard's primary, else 0.");
     describe_gauge!(

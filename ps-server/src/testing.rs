@@ -26,7 +26,6 @@ use protocol::auth::{Access, Role};
 use protocol::transport::memory::{MemoryDialer, MemoryServer};
 use protocol::{ErrorCode, ProtocolError, PsClient, PsClientConfig, Request, Response, ShardMap};
 
-use crate::config::Durability;
 use crate::shard::Shard;
 
 /// The Unix time (microseconds) a [`MemoryCluster`]'s clock starts at.
@@ -118,22 +117,10 @@ fn shard(num_servers: u32, index: u32) -> Shard {
 }
 
 /// Server `index` of `map` on an empty [`MemStore`]: periodic durability, one replica, no tables; tests change
-/// the fields they need with struct update syntax (`Shard { durability, ..memory_shard(map, 0) }`).
+/// what they need through [`Shard::builder`] (tests inside `crate::shard` may use struct update syntax).
 pub fn memory_shard(map: ShardMap, index: u32) -> Shard {
-    Shard {
-        engine: Engine::open(Arc::new(MemStore::new())).expect("an empty memory store opens"),
-        routing: crate::reshard::Routing::new(map),
-        shard_index: index,
-        durability: Durability::Periodic,
-        writes: Default::default(),
-        pin_secs: crate::config::DEFAULT_PIN_SECS,
-        reducer: Default::default(),
-        replica: crate::replica::Replica::single(),
-        checkpoint_root: std::env::temp_dir(),
-        registration: Default::default(),
-        max_frame: protocol::wire::frame::DEFAULT_MAX_FRAME,
-        sync: Default::default(),
-    }
+    let engine = Engine::open(Arc::new(MemStore::new())).expect("an empty memory store opens");
+    Shard::builder(engine, map, index).build()
 }
 
 /// One request, as the server's connection loop answers it, except the requests it answers asynchronously.

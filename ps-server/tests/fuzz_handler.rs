@@ -9,7 +9,7 @@
 //! moved-rows streams with rows, checkpoints to names and paths in and out of the root, reshard steps, shard
 //! maps, dense publications). Each input comes on a connection of a random role (trainer, serving, peer,
 //! admin, a certificate without a role, or an unauthenticated development server), through the one
-//! authorization ([`ps_server::handler::authorize`]).
+//! authorization ([`ps_server::shard::handler::authorize`]).
 //! Invariants checked on every input:
 //! - no panic (a panic prints the seed, iteration and request);
 //! - the reply is of the request's kind or a typed error with a message;
@@ -33,7 +33,7 @@ use protocol::{
     Encoding, InitSpec, OptimizerSpec, Request, Response, ShardMap, TableCount, TableSpec,
 };
 use ps_server::config::Durability;
-use ps_server::handler::Reply;
+use ps_server::reply::Reply;
 use ps_server::shard::Shard;
 
 /// The fuzzer's generator: splitmix64, deterministic from the seed.
@@ -149,12 +149,11 @@ fn new_shard(
     budget: Option<u64>,
     checkpoint_root: &std::path::Path,
 ) -> Shard {
-    let shard = Shard {
-        engine: Engine::open_with_budget(Arc::new(MemStore::new()), budget).unwrap(),
-        durability,
-        checkpoint_root: checkpoint_root.to_owned(),
-        ..ps_server::testing::memory_shard(ShardMap::new(num_servers), 0)
-    };
+    let engine = Engine::open_with_budget(Arc::new(MemStore::new()), budget).unwrap();
+    let shard = Shard::builder(engine, ShardMap::new(num_servers), 0)
+        .durability(durability)
+        .checkpoint_root(checkpoint_root)
+        .build();
     let tables = TABLES.iter().map(|&(id, dim)| base_spec(id, dim)).collect();
     let r = shard.handle(Request::RegisterTables { tables }, &[], START);
     assert!(matches!(r.header, Response::Registered { .. }));
@@ -174,7 +173,7 @@ fn ids(r: &mut Rng, shard: &Shard, n: usize, coding: IdCoding) -> Vec<u64> {
         } else {
             r.below(1000)
         };
-        let owned = shard.routing.map().server_of(id) == shard.shard_index;
+        let owned = shard.routing().map().server_of(id) == shard.shard_index();
         if !out.contains(&id) && (owned || r.chance(2000)) {
             out.push(id);
         }
@@ -339,10 +338,10 @@ fn input(r: &mut Rng, shard: &Shard) -> (Request, Vec<u8>) {
         // Delta sync: a cursor of this or another incarnation, any encoding, row limit and dense version.
         2 if r.chance(2) => {
             // Pushes since the last sync request become a delta.
-            shard.sync.cut(r.below(1 << 40));
+            shard.sync().cut(r.below(1 << 40));
             let cursor = protocol::wire::message::sync::SyncCursor {
                 incarnation: if r.chance(2) {
-                    shard.sync.incarnation
+                    shard.sync().incarnation
                 } else {
                     r.next_u64()
                 },
@@ -569,7 +568,7 @@ fn all_rows(shard: &Shard) -> Vec<u32> {
     let mut out = Vec::new();
     for &(table, dim) in &TABLES {
         let mut rows = vec![0.0; ids.len() * dim as usize];
-        shard.engine.gather(table, &ids, &mut rows).unwrap();
+        shard.engine().gather(table, &ids, &mut rows).unwrap();
         out.extend(rows.iter().map(|v| v.to_bits()));
     }
     out
@@ -590,7 +589,7 @@ fn snapshot(shard: &Shard, req: &Request, payload: &[u8]) -> Vec<f32> {
     let mut out = Vec::new();
     for &(table, dim) in &TABLES {
         let mut rows = vec![0.0; ids.len() * dim as usize];
-        shard.engine.gather(table, &ids, &mut rows).unwrap();
+        shard.engine().gather(table, &ids, &mut rows).unwrap();
         out.extend(rows);
     }
     out
@@ -624,11 +623,11 @@ fn check(
         );
     }
     assert_eq!(
-        shard.replica.role(),
+        shard.replica().role(),
         protocol::wire::message::replicate::Role::Primary,
         "{req:?} deposed the primary"
     );
-    assert_eq!(shard.replica.epoch(), 1, "{req:?} moved the shard epoch");
+    assert_eq!(shard.replica().epoch(), 1, "{req:?} moved the shard epoch");
     let kind_ok = matches!(
         (req, &reply.header),
         (_, Response::Error { .. })
@@ -658,7 +657,7 @@ fn check(
         }
         (Response::Checkpointed { dir, .. }, Request::Checkpoint { .. }) => {
             assert!(
-                std::path::Path::new(dir).starts_with(&shard.checkpoint_root),
+                std::path::Path::new(dir).starts_with(shard.checkpoint_root()),
                 "a checkpoint outside the root: {dir}"
             );
         }
@@ -769,8 +768,8 @@ fn request_handler_survives_structured_fuzzing() {
     let mut codes = std::collections::BTreeMap::new();
     for i in 0..n {
         if i % 64 == 0 {
-            shards[2].engine.enforce_budget().unwrap();
-            shards[2].engine.expire_leases(START + i);
+            shards[2].engine().enforce_budget().unwrap();
+            shards[2].engine().expire_leases(START + i);
         }
         let shard = &shards[r.below(3) as usize];
         let (req, payload) = input(&mut r, shard);
@@ -788,11 +787,11 @@ fn request_handler_survives_structured_fuzzing() {
                     shard_epoch,
                     replica_index,
                     session,
-                } => match ps_server::handler::authorize(&access, &req) {
+                } => match ps_server::shard::handler::authorize(&access, &req) {
                     Err(refusal) => refusal.into_reply(),
                     Ok(()) => shard
                         .join_checked(*shard_epoch, *replica_index, *session)
-                        .unwrap_or_else(ps_server::handler::Refusal::into_reply),
+                        .unwrap_or_else(ps_server::reply::Refusal::into_reply),
                 },
                 _ => shard.handle_as(&access, req.clone(), &payload, now_us),
             };

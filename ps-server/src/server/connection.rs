@@ -2,7 +2,7 @@
 //! [`Shard::handle`] with the time, write the reply. QUIC requests arrive one per stream
 //! ([`serve_connection`]); TCP requests arrive multiplexed on one connection ([`protocol::transport::tcp`],
 //! [`serve_tcp_connection`]); both go through [`answer`], the one dispatch point, which checks the role
-//! ([`crate::handler::authorize`]) and reads the wall clock once per request.
+//! ([`crate::shard::handler::authorize`]) and reads the wall clock once per request.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -282,7 +282,7 @@ async fn answer(
     let kind = req.kind().label();
     metrics::counter!(m::BYTES_RECEIVED_TOTAL)
         .increment((protocol::wire::frame::PREFIX_LEN + payload.len()) as u64);
-    if let Err(refusal) = crate::handler::authorize(access, &req) {
+    if let Err(refusal) = crate::shard::handler::authorize(access, &req) {
         let reply = refusal.into_reply();
         return Ok(Answer {
             header: reply.header,
@@ -301,7 +301,7 @@ async fn answer(
             wait_ms,
             dense_version,
         } => {
-            let ask = crate::handler::SyncAsk {
+            let ask = crate::shard::handler::SyncAsk {
                 cursor,
                 encoding,
                 max_rows,
@@ -325,16 +325,16 @@ async fn answer(
             session,
         } => shard
             .join(shard_epoch, replica_index, session)
-            .unwrap_or_else(crate::handler::Refusal::into_reply),
+            .unwrap_or_else(crate::reply::Refusal::into_reply),
         // A reshard step may start tasks (prepare) or wait for streams (commit).
-        Request::Reshard { step } => crate::reshard::receive::answer(shard, step).await,
+        Request::Reshard { step } => crate::shard::reshard::receive::answer(shard, step).await,
         // Storing moved rows may read back or write: off the async workers.
         req @ Request::MoveRows { .. } => {
             tokio::task::block_in_place(|| shard.handle_us(req, &payload, now))
         }
         // A push waits for its backups in `replicated` durability (and for an fsync in `sync`).
         req @ Request::Push { .. } => {
-            let blocking = shard.durability == Durability::Sync || shard.engine.spilled();
+            let blocking = shard.durability() == Durability::Sync || shard.engine().spilled();
             let (reply, wait) = if blocking {
                 tokio::task::block_in_place(|| shard.handle_replicated(req, &payload, now))
             } else {
@@ -360,7 +360,9 @@ async fn answer(
         req @ Request::Prefetch { .. } => {
             tokio::task::block_in_place(|| shard.handle_us(req, &payload, now))
         }
-        req @ (Request::Pull { .. } | Request::PullWithState { .. }) if shard.engine.spilled() => {
+        req @ (Request::Pull { .. } | Request::PullWithState { .. })
+            if shard.engine().spilled() =>
+        {
             tokio::task::block_in_place(|| shard.handle_us(req, &payload, now))
         }
         req => shard.handle_us(req, &payload, now),

@@ -44,7 +44,7 @@ pub struct Bound {
     pub tcp: Option<SocketAddr>,
     /// HTTP address.
     pub metrics: SocketAddr,
-    /// The role the server settled on ([`crate::replica::startup`]).
+    /// The role the server settled on ([`crate::shard::replica::startup`]).
     pub role: protocol::wire::message::replicate::Role,
 }
 
@@ -104,13 +104,13 @@ pub async fn run(
         tokio::pin!(accept);
         // A replica settles its role while it already answers its peers' `Hello` (they settle theirs too).
         let role = tokio::select! {
-            role = crate::replica::startup::settle(&shard, cfg.replica_startup_wait) => Some(role),
+            role = crate::shard::replica::startup::settle(&shard, cfg.replica_startup_wait) => Some(role),
             _ = &mut accept => None,
         };
         if let Some(role) = role {
-            if shard.replica.replicated() {
+            if shard.replica().replicated() {
                 let follower = shard.clone();
-                background.spawn(|stop| crate::replica::backup::follow(follower, stop));
+                background.spawn(|stop| crate::shard::replica::backup::follow(follower, stop));
             }
             on_bound(Bound {
                 quic: quic_addr,
@@ -154,26 +154,7 @@ async fn open_shard(cfg: &ServerConfig) -> anyhow::Result<Arc<Shard>> {
     metrics::gauge!(m::TABLES).set(engine.table_count() as f64);
     engine.set_table_policy(cfg.admission, cfg.row_ttl_secs);
     engine.set_weight_guard(cfg.weight_guard);
-    let replica = crate::replica::Replica::new(cfg, &engine);
-    let routing = crate::reshard::Routing::open(cfg, &engine)?;
-    Ok(Arc::new(Shard {
-        engine,
-        routing,
-        shard_index: cfg.shard_index,
-        durability: cfg.durability,
-        writes: Default::default(),
-        pin_secs: cfg.tier.pin_secs,
-        reducer: crate::reduce::Reducer::new(cfg.reduce_limits),
-        replica,
-        checkpoint_root: cfg.checkpoint_root.clone(),
-        registration: cfg.registration_limits,
-        max_frame: cfg.max_frame,
-        sync: crate::sync::SyncState::new(
-            !cfg.sync_interval.is_zero(),
-            cfg.sync_retain_rows,
-            crate::sync::draw_incarnation(),
-        ),
-    }))
+    Ok(Arc::new(Shard::open(cfg, engine)?))
 }
 
 /// Makes `/readyz` answer ready, unless storage writes fail ([`crate::write_health`]).
@@ -183,7 +164,7 @@ fn report_ready(health: &Health, shard: &Arc<Shard>) {
     health.set_check(Box::new(move || {
         writes
             .upgrade()
-            .and_then(|s| s.writes.failure())
+            .and_then(|s| s.writes().failure())
             .map(|f| format!("storage writes failing: {f}"))
     }));
     health.set_ready(true);
@@ -267,7 +248,7 @@ async fn shut_down(
     endpoints.stop_accepting();
     in_flight.draining.cancel();
     // Sync long-polls answer now instead of at the end of their wait.
-    shard.sync.close();
+    shard.sync().close();
     in_flight.requests.close();
     if tokio::time::timeout(cfg.drain_timeout, in_flight.requests.wait())
         .await
@@ -276,12 +257,12 @@ async fn shut_down(
         tracing::warn!(timeout = ?cfg.drain_timeout, "requests still in flight after the drain timeout");
     }
     endpoints.close();
-    shard.replica.shut_down().await;
-    shard.routing.shut_down().await;
+    shard.replica().shut_down().await;
+    shard.routing().shut_down().await;
     if cfg.durability != Durability::None {
         let shard_for_flush = shard.clone();
         let flushed =
-            tokio::task::spawn_blocking(move || writeback::flush(&shard_for_flush.engine)).await?;
+            tokio::task::spawn_blocking(move || writeback::flush(shard_for_flush.engine())).await?;
         let flushed = flushed.context("final write-back of dirty rows")?;
         tracing::info!(rows = flushed.rows, "final write-back done");
     } else {

@@ -28,7 +28,7 @@ pub(super) async fn answer(
         }
     };
     metrics::histogram!(m::REDUCE_WAIT_SECONDS).record(started.elapsed().as_secs_f64());
-    metrics::gauge!(m::REDUCE_BYTES).set(shard.reducer.bytes() as f64);
+    metrics::gauge!(m::REDUCE_BYTES).set(shard.reducer().bytes() as f64);
     (
         Response::Reduced {
             header: outcome.header.clone(),
@@ -47,7 +47,7 @@ async fn contribute_and_wait(
     reduce::decode_values("reduce", payload, header.len, header.encoding, &mut values)
         .map_err(|e| e.to_string())?;
     let contribution = shard
-        .reducer
+        .reducer()
         .contribute(header, values, Instant::now())
         .map_err(|e| e.to_string())?;
     let (mut rx, deadline) = match contribution {
@@ -62,7 +62,7 @@ async fn contribute_and_wait(
         Some(o) => Ok(o),
         // The deadline passed (or the step was dropped with its group): finalize with who arrived.
         None => shard
-            .reducer
+            .reducer()
             .expire(header.group, header.step, Instant::now().max(deadline))
             .ok_or_else(|| {
                 format!(

@@ -7,16 +7,17 @@ use std::time::Duration;
 
 use protocol::wire::message::sync::MAX_WAIT_MS;
 
-use crate::handler::{Refusal, Reply, SyncAsk, SyncOutcome};
 use crate::metrics as m;
+use crate::reply::{Refusal, Reply};
+use crate::shard::handler::{SyncAsk, SyncOutcome};
 use crate::shard::Shard;
 
 /// The reply to a sync request `ask` that may wait `wait_ms` for news.
 pub(super) async fn answer(shard: &Shard, ask: SyncAsk, wait_ms: u32) -> Reply {
     let wait = Duration::from_millis(u64::from(wait_ms.min(MAX_WAIT_MS)));
     // Subscribed before planning: a cut between the plan and the wait still wakes the wait.
-    let mut news = shard.sync.subscribe();
-    let may_wait = !wait.is_zero() && !shard.sync.closing();
+    let mut news = shard.sync().subscribe();
+    let may_wait = !wait.is_zero() && !shard.sync().closing();
     match plan(shard, ask, may_wait) {
         Ok(SyncOutcome::Reply(r)) => return r,
         Ok(SyncOutcome::UpToDate) => {}
@@ -35,7 +36,7 @@ pub(super) async fn answer(shard: &Shard, ask: SyncAsk, wait_ms: u32) -> Reply {
 
 /// [`Shard::sync_deltas`], off the async workers when rows may be read back from RocksDB.
 fn plan(shard: &Shard, ask: SyncAsk, may_wait: bool) -> Result<SyncOutcome, Refusal> {
-    if shard.engine.spilled() {
+    if shard.engine().spilled() {
         tokio::task::block_in_place(|| shard.sync_deltas(ask, may_wait))
     } else {
         shard.sync_deltas(ask, may_wait)

@@ -60,7 +60,7 @@ pub(super) fn spawn_timers(cfg: &ServerConfig, shard: &Arc<Shard>, background: &
     tracing::info!(durability = ?cfg.durability, flush_interval = ?cfg.flush_interval, "durability");
     background.spawn(|stop| run_write_back_timer(shard.clone(), interval, stop));
     let has_ttl =
-        cfg.row_ttl_secs.is_some() || shard.engine.tables().iter().any(|t| t.ttl_secs.is_some());
+        cfg.row_ttl_secs.is_some() || shard.engine().tables().iter().any(|t| t.ttl_secs.is_some());
     if has_ttl {
         tracing::info!(
             ttl_secs = ?cfg.row_ttl_secs,
@@ -72,7 +72,7 @@ pub(super) fn spawn_timers(cfg: &ServerConfig, shard: &Arc<Shard>, background: &
         background.spawn(|stop| run_expiry_timer(shard.clone(), interval, stop));
     }
     if !cfg.sync_interval.is_zero() {
-        tracing::info!(interval = ?cfg.sync_interval, retain_rows = cfg.sync_retain_rows, incarnation = shard.sync.incarnation, "delta sync");
+        tracing::info!(interval = ?cfg.sync_interval, retain_rows = cfg.sync_retain_rows, incarnation = shard.sync().incarnation, "delta sync");
         let interval = cfg.sync_interval;
         background.spawn(|stop| run_sync_timer(shard.clone(), interval, stop));
     }
@@ -94,7 +94,7 @@ async fn run_expiry_timer(shard: Arc<Shard>, interval: Duration, stop: Cancellat
         }
         let shard = shard.clone();
         let _ = tokio::task::spawn_blocking(move || {
-            writeback::expire(&shard.engine, super::unix_secs())
+            writeback::expire(shard.engine(), super::unix_secs())
         })
         .await;
     }
@@ -112,7 +112,7 @@ async fn run_sync_timer(shard: Arc<Shard>, interval: Duration, stop: Cancellatio
             _ = tick.tick() => {}
         }
         let shard = shard.clone();
-        let _ = tokio::task::spawn_blocking(move || shard.sync.cut(super::unix_us())).await;
+        let _ = tokio::task::spawn_blocking(move || shard.sync().cut(super::unix_us())).await;
     }
 }
 
@@ -130,14 +130,14 @@ async fn run_budget_timer(shard: Arc<Shard>, stop: CancellationToken) {
             _ = stop.cancelled() => return,
             _ = tick.tick() => {}
         }
-        let expired = shard.engine.expire_leases(super::unix_secs());
+        let expired = shard.engine().expire_leases(super::unix_secs());
         if expired > 0 {
             metrics::counter!(m::PREFETCH_LEASES_EXPIRED_TOTAL).increment(expired as u64);
             tracing::debug!(leases = expired, "prefetch leases expired unreleased");
         }
-        metrics::gauge!(m::PINNED_ROWS).set(shard.engine.pinned_rows() as f64);
-        metrics::gauge!(m::PREFETCH_LEASES).set(shard.engine.leases() as f64);
-        let over = shard.engine.rows_over_budget();
+        metrics::gauge!(m::PINNED_ROWS).set(shard.engine().pinned_rows() as f64);
+        metrics::gauge!(m::PREFETCH_LEASES).set(shard.engine().leases() as f64);
+        let over = shard.engine().rows_over_budget();
         metrics::gauge!(m::ROWS_OVER_BUDGET).set(over as f64);
         if over == 0 {
             continue;
@@ -145,7 +145,7 @@ async fn run_budget_timer(shard: Arc<Shard>, stop: CancellationToken) {
         let shard = shard.clone();
         let _ = tokio::task::spawn_blocking(move || {
             let _ = shard.enforce_budget();
-            metrics::gauge!(m::ROWS_OVER_BUDGET).set(shard.engine.rows_over_budget() as f64);
+            metrics::gauge!(m::ROWS_OVER_BUDGET).set(shard.engine().rows_over_budget() as f64);
         })
         .await;
     }
@@ -167,18 +167,18 @@ async fn run_write_back_timer(shard: Arc<Shard>, interval: Duration, stop: Cance
             _ = stop.cancelled() => return,
             _ = tick.tick() => {}
             // While storage writes fail, probe sooner than the write-back period (crate::write_health).
-            _ = shard.writes.failed() => {}
-            _ = tokio::time::sleep(PROBE_PERIOD), if shard.writes.is_failing() => {}
+            _ = shard.writes().failed() => {}
+            _ = tokio::time::sleep(PROBE_PERIOD), if shard.writes().is_failing() => {}
         }
         let shard = shard.clone();
         let flush_now = !interval.is_zero();
         let _ = tokio::task::spawn_blocking(move || {
-            if shard.writes.is_failing() {
+            if shard.writes().is_failing() {
                 shard.probe_writes(super::unix_secs());
             } else if flush_now {
                 let _ = shard.write_back("write-back");
             } else {
-                writeback::update_gauges(&shard.engine);
+                writeback::update_gauges(shard.engine());
             }
         })
         .await;

@@ -11,8 +11,8 @@ use protocol::{Encoding, ErrorCode, Request, Response, ShardMap, TableCount, Tab
 
 use super::mover::Mover;
 use super::MAP_KEY;
-use crate::handler::Reply;
-use crate::replica::peer::Peers;
+use crate::reply::Reply;
+use crate::shard::replica::peer::Peers;
 use crate::shard::Shard;
 
 const NOW: u64 = 1_000_000;

@@ -10,7 +10,7 @@ use protocol::{Encoding, ErrorCode, Request, Response, ShardMap, TableCount, Tab
 
 use super::Replica;
 use crate::config::Durability;
-use crate::handler::Reply;
+use crate::reply::Reply;
 use crate::shard::Shard;
 
 const NOW: u64 = 1_000_000;

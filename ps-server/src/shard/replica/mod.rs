@@ -25,8 +25,8 @@ use protocol::{ErrorCode, Response};
 use tokio::sync::Notify;
 
 use crate::config::{Durability, ReplicatedWithoutBackup, ServerConfig};
-use crate::handler::{refuse, Refusal, Reply};
 use crate::metrics as m;
+use crate::reply::{refuse, Refusal, Reply};
 use crate::shard::Shard;
 
 pub use primary::AckWait;

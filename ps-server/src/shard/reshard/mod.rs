@@ -54,7 +54,7 @@ pub struct Incoming {
     pub rows: u64,
 }
 
-pub use crate::replica::peer::PeerSettings;
+pub use crate::shard::replica::peer::PeerSettings;
 
 /// This server's shard map and its part in a reshard.
 pub struct Routing {

@@ -1,54 +1,19 @@
-//! One server's shard: its storage engine, its place in the shard map, its durability and whether storage
-//! writes work; the state every request and every timer shares.
-//!
-//! Beside the state, the storage operations that keep [`Shard::writes`] current: the write-back of dirty rows,
+//! The storage operations of a [`Shard`] that keep its write health current: the write-back of dirty rows,
 //! the synced write of a push, a checkpoint, eviction and the recovery probe. Each records its metrics through
-//! [`crate::writeback`] or [`crate::checkpoint`] and its outcome in [`WriteHealth`].
-//!
-//! Dependencies point one way: this module uses [`crate::writeback`], [`crate::checkpoint`] and
-//! [`crate::write_health`], none of which knows a `Shard`; request handling ([`crate::handler`], which adds
-//! [`Shard::handle`]) and the timers that call these operations ([`crate::server`]) sit above it. Nothing here
-//! reads the wall clock: callers pass `now` (Unix seconds) in.
+//! [`crate::writeback`] or [`crate::checkpoint`] and its outcome in the shard's [`crate::write_health`].
+//! Nothing here reads the wall clock: callers pass `now` (Unix seconds) in.
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use embedding::snapshot::Manifest;
-use embedding::{EmbeddingError, Engine, EvictStats, FlushStats, SnapshotError};
+use embedding::{EmbeddingError, EvictStats, FlushStats, SnapshotError};
 
+use super::Shard;
 use crate::config::Durability;
 use crate::metrics as m;
-use crate::write_health::{WriteHealth, PROBE_KEY};
+use crate::write_health::PROBE_KEY;
 use crate::{checkpoint, writeback};
-
-/// One server's shard: its storage engine and its place in the shard map.
-pub struct Shard {
-    /// The tables.
-    pub engine: Engine,
-    /// The cluster's shard map, which a live reshard changes ([`crate::reshard`]).
-    pub routing: crate::reshard::Routing,
-    /// This server's index in the map.
-    pub shard_index: u32,
-    /// When pushed rows reach the store; with [`Durability::Sync`], a push is persisted before its reply.
-    pub durability: Durability,
-    /// Whether storage writes work; while they fail, pushes are refused ([`crate::write_health`]).
-    pub writes: WriteHealth,
-    /// Seconds a prefetch's pins last at most ([`crate::config::TierConfig::pin_secs`]).
-    pub pin_secs: u64,
-    /// Sums of the trainers' reduce contributions (hybrid dense mode, [`crate::reduce`]).
-    pub reducer: crate::reduce::Reducer,
-    /// Changed rows and published dense parameters for serving's delta sync ([`crate::sync`]).
-    pub sync: crate::sync::SyncState,
-    /// This server's place among its shard's replicas ([`crate::replica`]).
-    pub replica: crate::replica::Replica,
-    /// Checkpoints are written under this directory only ([`crate::config::ServerConfig::checkpoint_root`]).
-    pub checkpoint_root: PathBuf,
-    /// The largest frame this server sends or takes ([`crate::config::ServerConfig::max_frame`]): a delta-sync
-    /// answer fits it.
-    pub max_frame: u64,
-    /// Bounds on the tables trainers register ([`Shard::register_as`]).
-    pub registration: crate::config::RegistrationLimits,
-}
 
 impl Shard {
     /// Writes every dirty row now ([`writeback::flush`]) and records the outcome in [`Shard::writes`]; `what`

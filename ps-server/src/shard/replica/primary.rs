@@ -36,7 +36,7 @@ const CATCHUP_ROWS: usize = 4096;
 const CATCHUP_QUEUE: usize = 16;
 
 /// One message of the stream: rows of one or more tables, or tables to register (also the unit of a
-/// reshard's stream, [`crate::reshard`]).
+/// reshard's stream, [`crate::shard::reshard`]).
 pub struct Msg {
     pub(crate) kind: ReplicateKind,
     pub(crate) new_tables: Vec<TableSpec>,

@@ -21,7 +21,7 @@ use protocol::wire::message::reshard::{MapInfo, ReshardPhase, ReshardStatus, Res
 use protocol::{Request, Response};
 
 use super::PeerSettings;
-use crate::replica::peer::Peers;
+use crate::shard::replica::peer::Peers;
 
 /// Time allowed for one step on one server (a commit drains its streams first).
 const STEP_TIMEOUT: Duration = Duration::from_secs(90);

@@ -11,8 +11,8 @@ use protocol::wire::message::replicate::{self, ReplicateHeader, ReplicateKind, R
 use protocol::{ErrorCode, Request, Response};
 
 use super::Replica;
-use crate::handler::{refuse, Refusal, Reply};
 use crate::metrics as m;
+use crate::reply::{refuse, Refusal, Reply};
 use crate::shard::Shard;
 
 /// A backup that heard nothing from its primary for this long looks for the primary again.

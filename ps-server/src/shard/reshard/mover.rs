@@ -26,10 +26,10 @@ use protocol::wire::message::reshard::MoveHeader;
 use protocol::{Request, Response, ShardMap, TableSpec};
 use tokio::sync::{watch, Notify};
 
-use crate::handler::{refuse, Refusal};
 use crate::metrics as m;
-use crate::replica::peer::Peers;
-use crate::replica::primary::{joined, take_batch, Msg};
+use crate::reply::{refuse, Refusal};
+use crate::shard::replica::peer::Peers;
+use crate::shard::replica::primary::{joined, take_batch, Msg};
 use crate::shard::Shard;
 
 /// Rows per scan message.

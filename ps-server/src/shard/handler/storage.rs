@@ -4,7 +4,7 @@ use std::path::{Component, Path, PathBuf};
 
 use protocol::{ErrorCode, Response, TableCount};
 
-use super::{refuse, Refusal, Reply};
+use crate::reply::{refuse, Refusal, Reply};
 use crate::shard::Shard;
 
 impl Shard {

@@ -9,7 +9,6 @@
 //! table untouched.
 
 use embedding::spec::{table_config, table_spec};
-use embedding::EmbeddingError;
 use protocol::compression::codec;
 use protocol::wire::{self, layout::PayloadLayout};
 use protocol::{
@@ -19,69 +18,8 @@ use protocol::{
 
 use crate::config::Durability;
 use crate::metrics as m;
+use crate::reply::{refuse, Refusal, Reply};
 use crate::shard::Shard;
-
-/// A response header with its payload.
-#[derive(Debug)]
-pub struct Reply {
-    /// The header.
-    pub header: Response,
-    /// Raw bytes after the header.
-    pub payload: Vec<u8>,
-}
-
-/// Why a request is refused: the typed error it is answered with.
-#[derive(Debug)]
-pub struct Refusal {
-    code: ErrorCode,
-    message: String,
-}
-
-impl Refusal {
-    /// The message naming the offending value.
-    pub fn message(&self) -> &str {
-        &self.message
-    }
-
-    /// The error reply, counted in [`m::REQUEST_ERRORS_TOTAL`].
-    pub fn into_reply(self) -> Reply {
-        metrics::counter!(m::REQUEST_ERRORS_TOTAL, "code" => format!("{:?}", self.code))
-            .increment(1);
-        tracing::debug!(code = ?self.code, message = %self.message, "refused request");
-        Reply {
-            header: Response::Error {
-                code: self.code,
-                message: self.message,
-            },
-            payload: Vec::new(),
-        }
-    }
-}
-
-pub(crate) fn refuse(code: ErrorCode, message: impl Into<String>) -> Refusal {
-    Refusal {
-        code,
-        message: message.into(),
-    }
-}
-
-impl From<EmbeddingError> for Refusal {
-    fn from(e: EmbeddingError) -> Refusal {
-        let code = match &e {
-            EmbeddingError::UnknownTable(_) => ErrorCode::UnknownTable,
-            EmbeddingError::TableConflict { .. } => ErrorCode::TableConflict,
-            EmbeddingError::PrefetchTooLarge { .. } | EmbeddingError::TooManyTables { .. } => {
-                ErrorCode::BadRequest
-            }
-            EmbeddingError::InvalidConfig { .. }
-            | EmbeddingError::WrongLength { .. }
-            | EmbeddingError::RowLength { .. } => ErrorCode::WrongDimension,
-            EmbeddingError::Store(_) => ErrorCode::Storage,
-            _ => ErrorCode::Internal,
-        };
-        refuse(code, e.to_string())
-    }
-}
 
 /// Counts a pull's rows (with or without state) on a table with a memory budget by where they came from ([`m::TIER_ROWS_TOTAL`]).
 fn record_tier(stats: &embedding::GatherStats) {
@@ -93,12 +31,6 @@ fn record_tier(stats: &embedding::GatherStats) {
         if n > 0 {
             metrics::counter!(m::TIER_ROWS_TOTAL, "outcome" => outcome).increment(n as u64);
         }
-    }
-}
-
-impl From<protocol::ProtocolError> for Refusal {
-    fn from(e: protocol::ProtocolError) -> Refusal {
-        refuse(ErrorCode::BadRequest, e.to_string())
     }
 }
 
@@ -154,14 +86,14 @@ impl Shard {
     }
 
     /// [`Shard::handle_us`], and for a push on a primary with `replicated` durability, what its reply must
-    /// wait for: its rows stored by every in-sync backup ([`crate::replica::AckWait`]). `Join` needs the
+    /// wait for: its rows stored by every in-sync backup ([`crate::shard::replica::AckWait`]). `Join` needs the
     /// shard's `Arc` and is answered by the server loop ([`Shard::join`]).
     pub fn handle_replicated(
         &self,
         req: Request,
         payload: &[u8],
         now_us: u64,
-    ) -> (Reply, Option<crate::replica::AckWait>) {
+    ) -> (Reply, Option<crate::shard::replica::AckWait>) {
         let now = now_us / 1_000_000;
         let mut wait = None;
         let result = match req {
@@ -268,7 +200,7 @@ impl Shard {
         })
     }
 
-    /// Registers `tables` for a connection with `access`: within [`Shard::registration`], except that an admin
+    /// Registers `tables` for a connection with `access`: within the shard's registration limits, except that an admin
     /// certificate may pass `max-tables` and `max-table-dim`. Registers a table per column family, which
     /// touches the disk: the server loop calls it off the async workers.
     pub fn register_as(&self, access: &protocol::Access, tables: &[TableSpec]) -> Reply {
@@ -564,12 +496,12 @@ impl Shard {
         tables: &[TableCount],
         payload: &[u8],
         now_us: u64,
-    ) -> Result<(Reply, Option<crate::replica::AckWait>), Refusal> {
+    ) -> Result<(Reply, Option<crate::shard::replica::AckWait>), Refusal> {
         let now = now_us / 1_000_000;
         self.replica.require_primary("push")?;
         self.replica.require_backup_for_push()?;
         // Held until the push's rows are queued to a reshard's destinations: the switch to a new map sees
-        // every push either forwarded or refused (`crate::reshard`).
+        // every push either forwarded or refused (`crate::shard::reshard`).
         let route = self.routing.read();
         Self::check_epoch(&route.map, epoch)?;
         if let Some(failure) = self.writes.failure() {
@@ -695,21 +627,16 @@ impl Shard {
     }
 }
 
-#[path = "handler_storage.rs"]
 mod storage;
 
-#[path = "handler_sync.rs"]
 mod sync;
 pub use sync::{SyncAsk, SyncOutcome};
 
 #[cfg(test)]
-#[path = "handler_tests.rs"]
 mod tests;
 
 #[cfg(test)]
-#[path = "handler_sync_tests.rs"]
 mod sync_tests;
 
 #[cfg(test)]
-#[path = "handler_prefetch_tests.rs"]
 mod prefetch_tests;

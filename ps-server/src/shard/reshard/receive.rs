@@ -9,9 +9,9 @@ use protocol::wire::message::reshard::{
 use protocol::{ErrorCode, Response};
 
 use super::mover::{self, Mover};
-use crate::handler::{refuse, Refusal, Reply};
 use crate::metrics as m;
-use crate::replica::peer::Peers;
+use crate::reply::{refuse, Refusal, Reply};
+use crate::shard::replica::peer::Peers;
 use crate::shard::Shard;
 
 impl Shard {

@@ -7,8 +7,8 @@ use protocol::wire::dense::DENSE_TABLE;
 use protocol::wire::message::sync::{self, DeltasHeader, DenseInfo, SyncCursor, SyncResume};
 use protocol::{Encoding, ErrorCode, Response, TableCount};
 
-use super::{refuse, Refusal, Reply};
 use crate::metrics as m;
+use crate::reply::{refuse, Refusal, Reply};
 use crate::shard::Shard;
 use crate::sync::{DenseVersion, Plan, MAX_PAGE_BYTES};
 
