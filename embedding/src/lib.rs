@@ -45,8 +45,9 @@
 //! - `rocksdb` (default): `RocksStore`, snapshots (`Engine::checkpoint`, `Snapshot`) and `MemStore`
 //!   checkpoints, which write a RocksDB. A trainer replaying its own pushes needs only the optimizers and
 //!   leaves it off, so it links no RocksDB (`cargo tree -p trainer -e normal`).
-//! - `failpoints` (tests only): the `fail` crate's failpoints in the store's write paths (`failpoints`
-//!   module lists them), for tests that inject disk errors. Production builds leave it off and contain none.
+//! - `failpoints` (tests only): the `fail` crate's failpoints in the store's write paths, for tests that
+//!   inject disk errors, and crash points mid-checkpoint and mid-eviction (`failpoints` module lists them).
+//!   Production builds leave it off and contain none.
 
 #![warn(missing_docs)]
 

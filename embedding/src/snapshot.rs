@@ -331,6 +331,9 @@ impl Engine {
         for (name, contents) in extra {
             write_file(&target.join(name), &contents)?;
         }
+        // Everything but the manifest is on disk: a crash here must leave a snapshot nobody takes as valid.
+        #[cfg(feature = "failpoints")]
+        crate::failpoints::crash_point(crate::failpoints::CHECKPOINT_BEFORE_MANIFEST);
         let db = RocksStore::open_read_only(target.join(DB_DIR)).map_err(|source| {
             SnapshotError::Store {
                 path: target.to_owned(),

@@ -11,9 +11,28 @@
 //! the failpoints that earlier contents configured and these do not. An absent or empty file removes them
 //! all. Then it writes the contents it applied to [`applied_path`] (or `error: ...` if a line was refused),
 //! so a test waits for that acknowledgement instead of sleeping.
+//!
+//! # The failpoints
+//! The store's, in `embedding::failpoints`: [`STORE_WRITE`](embedding::failpoints::STORE_WRITE) (a write
+//! error), and the crash points [`CHECKPOINT_BEFORE_MANIFEST`](embedding::failpoints::CHECKPOINT_BEFORE_MANIFEST)
+//! and [`EVICT_BEFORE_RELEASE`](embedding::failpoints::EVICT_BEFORE_RELEASE). This crate's crash points are
+//! [`PUSH_BEFORE_ACK`] and [`RESHARD_MAP_PERSISTED`]. A crash point configured `return` (or `return(exit)`)
+//! ends the process at once with status [`CRASH_EXIT_CODE`](embedding::failpoints::CRASH_EXIT_CODE)
+//! ([`embedding::failpoints::crash_point`]); `tests/crash_points.rs` restarts the server and checks what it
+//! recovered.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
+
+/// Crash point of a push with `durability = "sync"`: after its rows' synced store write, before the
+/// `Pushed` answer is sent. A crash here leaves the push durable but unacknowledged: the client sees an
+/// error, and a restart recovers the push's rows, applied once.
+pub const PUSH_BEFORE_ACK: &str = "ps_server::push::before_ack";
+
+/// Crash point of a reshard's commit on any server ([`crate::shard::reshard::Routing`]'s switch): after the new
+/// shard map is persisted (synced), before the server switches to it in memory and answers the commit. A
+/// crash here restarts the server on the new map.
+pub const RESHARD_MAP_PERSISTED: &str = "ps_server::reshard::map_persisted";
 
 /// Environment variable naming the failpoint file the watcher applies.
 pub const FILE_ENV: &str = "PS_FAILPOINTS_FILE";

@@ -12,14 +12,17 @@
 mod common;
 
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::{counter_table, http_get, metric, sigterm_and_wait, start, start_with_env, Server};
+use common::{
+    counter_table, http_get, metric, set_failpoints, sigterm_and_wait, start, start_with_env,
+    wait_for, wait_for_ack, Server,
+};
 use embedding::failpoints::STORE_WRITE;
 use protocol::compression::codec;
 use protocol::wire::layout::put_ids;
 use protocol::{Encoding, ErrorCode, ProtocolError, PsClient, TableCount};
-use ps_server::failpoints::{applied_path, FILE_ENV};
+use ps_server::failpoints::FILE_ENV;
 
 const TABLE: u32 = 6;
 const DIM: u32 = 4;
@@ -65,36 +68,13 @@ fn storage_error(r: Result<(u64, u64), ProtocolError>) -> String {
     }
 }
 
-fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while !f() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 fn readyz(s: &Server) -> String {
     http_get(s.metrics, "/readyz")
 }
 
-/// Waits until the server acknowledges that it applied `text` from its failpoint file `fail`.
-fn wait_for_ack(fail: &Path, text: &str) {
-    let ack = applied_path(fail);
-    wait_for("the server to apply its failpoint file", || {
-        let got = std::fs::read_to_string(&ack).unwrap_or_default();
-        assert!(!got.starts_with("error:"), "{got}");
-        got == text
-    });
-}
-
 /// Makes every store write of the server fail, as on a full disk.
 fn fail_writes(fail: &Path) {
-    let text = format!("{STORE_WRITE}=return\n");
-    // Written beside and renamed, so the server never reads half of it.
-    let tmp = fail.with_extension("tmp");
-    std::fs::write(&tmp, &text).unwrap();
-    std::fs::rename(&tmp, fail).unwrap();
-    wait_for_ack(fail, &text);
+    set_failpoints(fail, &format!("{STORE_WRITE}=return\n"));
 }
 
 /// Starts a server watching the failpoint file `fail` (absent: no fault), and a client that does not retry.

@@ -42,10 +42,23 @@ fn spawn(
     extra: &[&str],
     env: &[(&str, &Path)],
 ) -> Server {
+    spawn_at("127.0.0.1:0", data, tls, (index, num), extra, env)
+}
+
+/// [`start_shard`] (`shard` = (index, num)) listening on `listen`, with extra environment variables: a
+/// server restarted where its peers and the persisted shard map expect it.
+pub fn spawn_at(
+    listen: &str,
+    data: &Path,
+    tls: &Path,
+    (index, num): (u32, u32),
+    extra: &[&str],
+    env: &[(&str, &Path)],
+) -> Server {
     let mut child = Command::new(env!("CARGO_BIN_EXE_ps-server"))
         .args([
             "--listen",
-            "127.0.0.1:0",
+            listen,
             "--metrics-listen",
             "127.0.0.1:0",
             "--data-dir",
@@ -115,6 +128,46 @@ pub fn sigkill_and_wait(mut s: Server) {
         assert!(Instant::now() < deadline, "ps-server survived SIGKILL");
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// Waits up to 30 s for the server to exit by itself, and returns its exit code (`None`: killed by a signal).
+pub fn wait_for_exit(mut s: Server) -> Option<i32> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(status) = s.child.try_wait().unwrap() {
+            return status.code();
+        }
+        assert!(Instant::now() < deadline, "ps-server did not exit");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Polls `f` every 50 ms until it holds, failing the test after 15 s.
+pub fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Writes `text` as the failpoint file `fail` a server watches (`ps_server::failpoints`), and waits until
+/// the server acknowledges that it applied it. Written beside and renamed, so the server never reads half.
+pub fn set_failpoints(fail: &Path, text: &str) {
+    let tmp = fail.with_extension("tmp");
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(&tmp, fail).unwrap();
+    wait_for_ack(fail, text);
+}
+
+/// Waits until the server acknowledges that it applied `text` from its failpoint file `fail`.
+pub fn wait_for_ack(fail: &Path, text: &str) {
+    let ack = ps_server::failpoints::applied_path(fail);
+    wait_for("the server to apply its failpoint file", || {
+        let got = std::fs::read_to_string(&ack).unwrap_or_default();
+        assert!(!got.starts_with("error:"), "{got}");
+        got == text
+    });
 }
 
 /// One HTTP/1.0 GET; the whole response, headers included.

@@ -614,6 +614,9 @@ impl Shard {
         }
         if self.durability == Durability::Sync {
             self.persist_push(tables, &all_ids)?;
+            // Durable, not yet acknowledged: a crash here must not lose the push nor apply it twice.
+            #[cfg(feature = "failpoints")]
+            embedding::failpoints::crash_point(crate::failpoints::PUSH_BEFORE_ACK);
         }
         let reply = Reply {
             header: Response::Pushed {

@@ -182,6 +182,8 @@ impl Routing {
             .put_meta(MAP_KEY, &bytes)
             .and_then(|()| store.flush())
             .map_err(|e| format!("persist the shard map of epoch {}: {e}", map.epoch))?;
+        #[cfg(feature = "failpoints")]
+        embedding::failpoints::crash_point(crate::failpoints::RESHARD_MAP_PERSISTED);
         let mut st = self.state.write();
         tracing::info!(
             from_epoch = st.map.epoch,

@@ -9,6 +9,7 @@ use protocol::wire::message::reshard::{
 use protocol::{ErrorCode, Response};
 
 use super::mover::{self, Mover};
+use crate::config::Durability;
 use crate::metrics as m;
 use crate::reply::{refuse, Refusal, Reply};
 use crate::shard::replica::peer::Peers;
@@ -29,7 +30,8 @@ impl Shard {
     /// header's target epoch is prepared here, that the sender is another server of the current map, that
     /// every id belongs to this server under the target map (and to the sender under the current one, unless
     /// this is a standby that knows no map yet), and the sequence; then registers the tables, overwrites
-    /// whole rows and marks them dirty; recorded for the delta sync at `now_us`.
+    /// whole rows and marks them dirty, and writes them to the store synced before answering (not with
+    /// `durability = "none"`); recorded for the delta sync at `now_us`.
     pub fn move_rows(
         &self,
         header: &MoveHeader,
@@ -126,6 +128,25 @@ impl Shard {
             now,
             owned,
         )?;
+        // Durable before the answer: once every destination answered, the source commits and deletes the
+        // rows it moved, so a destination that crashed with them only in memory would lose them for good
+        // (tests/crash_points.rs). One synced write per `MoveRows`; dirty flags stay, as for a synced push.
+        if self.durability != Durability::None {
+            let written: Vec<(u32, &[u64])> = header
+                .tables
+                .iter()
+                .zip(&parts)
+                .map(|(t, (ids, _))| (t.table, &ids[..]))
+                .collect();
+            if let Err(e) = self.engine.persist(&written, true) {
+                metrics::counter!(m::WRITEBACK_ERRORS_TOTAL).increment(1);
+                self.writes.record_failure("synced write of moved rows", &e);
+                return Err(refuse(
+                    ErrorCode::Storage,
+                    format!("moved rows stored in memory, not on disk: {e}"),
+                ));
+            }
+        }
         let rows = rows as u64;
         self.sync.record(
             header
