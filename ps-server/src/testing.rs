@@ -3,12 +3,11 @@
 //! the trainer's loop) talks to the server's request handling without sockets, TLS or threads. The quinn
 //! `Pair` idea (STYLE.md, "Tests"): both ends in memory, time simulated.
 //!
-//! Each request is answered as [`crate::server`] answers it (authorized by the connection's role, then
-//! [`Shard::handle_as`]), at a time read from tokio's clock, so a test under
-//! `#[tokio::test(start_paused = true)]` controls it. What the memory transport cannot carry is refused with
-//! a typed error: requests the server answers asynchronously (the delta sync's long poll, the dense reduce,
-//! replication's join and reshard steps). Shards keep their rows in [`embedding::MemStore`], with
-//! [`Durability::Periodic`] and one replica each.
+//! Each request is answered by the server's own dispatch (`crate::server::dispatch`: authorized by the
+//! connection's role, then run as its kind needs, long polls and reduces awaited), at a time read from
+//! tokio's clock, so a test under `#[tokio::test(start_paused = true)]` controls it. Shards keep their rows
+//! in [`embedding::MemStore`], with periodic durability and one replica each (no peers: a `Join` or a
+//! reshard step is refused as a lone server refuses it).
 //!
 //! Faults are the memory transport's ([`MemoryServer`]: refused dials, lost connections, error answers,
 //! dropped replies, delays, hung connections), per server through [`MemoryCluster::server`];
@@ -20,11 +19,10 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
 use embedding::{Engine, MemStore};
 use protocol::auth::{Access, Role};
 use protocol::transport::memory::{MemoryDialer, MemoryServer};
-use protocol::{ErrorCode, ProtocolError, PsClient, PsClientConfig, Request, Response, ShardMap};
+use protocol::{ProtocolError, PsClient, PsClientConfig, ShardMap};
 
 use crate::shard::Shard;
 
@@ -54,9 +52,12 @@ impl MemoryCluster {
         for index in 0..num_servers {
             let shard = Arc::new(shard(num_servers, index));
             let (s, access) = (shard.clone(), access.clone());
-            servers.push(MemoryServer::new(move |req, payload| {
+            servers.push(MemoryServer::new_async(move |req, payload| {
                 let now_us = START_US + began.elapsed().as_micros() as u64;
-                answer(&s, &access, req, payload, now_us)
+                let (s, access, req) = (s.clone(), access.clone(), req.clone());
+                Box::pin(async move {
+                    crate::server::dispatch::answer(&s, &access, req, payload, now_us).await
+                })
             }));
             shards.push(shard);
         }
@@ -123,35 +124,10 @@ pub fn memory_shard(map: ShardMap, index: u32) -> Shard {
     Shard::builder(engine, map, index).build()
 }
 
-/// One request, as the server's connection loop answers it, except the requests it answers asynchronously.
-fn answer(
-    shard: &Shard,
-    access: &Access,
-    req: &Request,
-    payload: Bytes,
-    now_us: u64,
-) -> (Response, Bytes) {
-    if matches!(
-        req,
-        Request::SyncDeltas { .. }
-            | Request::Reduce { .. }
-            | Request::Join { .. }
-            | Request::Reshard { .. }
-    ) {
-        let message = format!(
-            "{} requests are not served by the memory cluster",
-            req.kind().label()
-        );
-        let code = ErrorCode::BadRequest;
-        return (Response::Error { code, message }, Bytes::new());
-    }
-    let reply = shard.handle_as(access, req.clone(), &payload, now_us);
-    (reply.header, Bytes::from(reply.payload))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use bytes::Bytes;
     use protocol::{Encoding, TableCount, TableSpec};
 
     fn ids(ids: &[u64]) -> Bytes {

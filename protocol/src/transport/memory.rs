@@ -51,7 +51,11 @@ use crate::wire::message::{Request, Response};
 
 /// The server side of a [`MemoryServer`]: answers one request (header and payload) with a reply header and
 /// payload.
-pub type Handler = dyn Fn(&Request, Bytes) -> (Response, Bytes) + Send + Sync;
+pub type Handler = dyn Fn(&Request, Bytes) -> Answering + Send + Sync;
+
+/// What a [`Handler`] answers with: a future of the response header and payload (an async server, such as
+/// ps-server's dispatcher, waits in it; a synchronous handler's is ready at once).
+pub type Answering = std::pin::Pin<Box<dyn future::Future<Output = (Response, Bytes)> + Send>>;
 
 /// How a request chosen by [`MemoryServer::fail_next`] fails.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -114,6 +118,17 @@ impl MemoryServer {
     /// [`crate::PsClient::connect_with`] to accept it ([`hello_reply`]).
     pub fn new(
         handler: impl Fn(&Request, Bytes) -> (Response, Bytes) + Send + Sync + 'static,
+    ) -> MemoryServer {
+        Self::new_async(move |req, payload| {
+            let reply = handler(req, payload);
+            Box::pin(std::future::ready(reply))
+        })
+    }
+
+    /// [`MemoryServer::new`] with a handler that answers asynchronously (it may wait, as a real server's long
+    /// polls and reduces do, in the caller's simulated time).
+    pub fn new_async(
+        handler: impl Fn(&Request, Bytes) -> Answering + Send + Sync + 'static,
     ) -> MemoryServer {
         MemoryServer {
             inner: Arc::new(Inner {
@@ -299,7 +314,7 @@ impl Connection for MemoryConn {
         if !delay.is_zero() {
             tokio::time::sleep(delay).await;
         }
-        let reply = (self.server.inner.handler)(req, payload.clone());
+        let reply = (self.server.inner.handler)(req, payload.clone()).await;
         if drop_reply {
             return future::pending().await;
         }

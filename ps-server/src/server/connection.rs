@@ -1,8 +1,8 @@
 //! One connection's requests: read a frame, admit its bytes, authorize it by the connection's role, call
-//! [`Shard::handle`] with the time, write the reply. QUIC requests arrive one per stream
+//! the dispatch ([`super::dispatch`]) with the time, write the reply. QUIC requests arrive one per stream
 //! ([`serve_connection`]); TCP requests arrive multiplexed on one connection ([`protocol::transport::tcp`],
-//! [`serve_tcp_connection`]); both go through [`answer`], the one dispatch point, which checks the role
-//! ([`crate::shard::handler::authorize`]) and reads the wall clock once per request.
+//! [`serve_tcp_connection`]); both go through [`answer`], which turns framing errors into typed replies and
+//! reads the wall clock once per request.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -13,7 +13,6 @@ use protocol::{Access, ErrorCode, ProtocolError, Request, Response};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::config::Durability;
 use crate::load_limits::{self, Admitted, LoadLimits};
 use crate::metrics as m;
 use crate::shard::Shard;
@@ -282,94 +281,12 @@ async fn answer(
     let kind = req.kind().label();
     metrics::counter!(m::BYTES_RECEIVED_TOTAL)
         .increment((protocol::wire::frame::PREFIX_LEN + payload.len()) as u64);
-    if let Err(refusal) = crate::shard::handler::authorize(access, &req) {
-        let reply = refusal.into_reply();
-        return Ok(Answer {
-            header: reply.header,
-            payload: Bytes::new(),
-            kind: Some(kind),
-        });
-    }
     // The handler reads no clock (STYLE.md, "Sans-IO cores"): the time of this request, read once.
-    let now = super::unix_us();
-    let reply = match req {
-        // A sync long-poll waits for the next cut, asynchronously.
-        Request::SyncDeltas {
-            cursor,
-            encoding,
-            max_rows,
-            wait_ms,
-            dense_version,
-        } => {
-            let ask = crate::shard::handler::SyncAsk {
-                cursor,
-                encoding,
-                max_rows,
-                dense_version,
-            };
-            super::sync::answer(shard, ask, wait_ms).await
-        }
-        // A reduce waits for the other trainers of its step, asynchronously.
-        Request::Reduce { header } => {
-            let (header, payload) = super::reduce::answer(shard, header, &payload).await;
-            return Ok(Answer {
-                header,
-                payload,
-                kind: Some(kind),
-            });
-        }
-        // A join starts the stream tasks, which hold the shard.
-        Request::Join {
-            shard_epoch,
-            replica_index,
-            session,
-        } => shard
-            .join(shard_epoch, replica_index, session)
-            .unwrap_or_else(crate::reply::Refusal::into_reply),
-        // A reshard step may start tasks (prepare) or wait for streams (commit).
-        Request::Reshard { step } => crate::shard::reshard::receive::answer(shard, step).await,
-        // Storing moved rows may read back or write: off the async workers.
-        req @ Request::MoveRows { .. } => {
-            tokio::task::block_in_place(|| shard.handle_us(req, &payload, now))
-        }
-        // A push waits for its backups in `replicated` durability (and for an fsync in `sync`).
-        req @ Request::Push { .. } => {
-            let blocking = shard.durability() == Durability::Sync || shard.engine().spilled();
-            let (reply, wait) = if blocking {
-                tokio::task::block_in_place(|| shard.handle_replicated(req, &payload, now))
-            } else {
-                shard.handle_replicated(req, &payload, now)
-            };
-            if let Some(wait) = wait {
-                wait.wait().await;
-            }
-            reply
-        }
-        // A new table creates a column family on disk: off the async workers. The role decides the limits.
-        Request::RegisterTables { tables } => {
-            tokio::task::block_in_place(|| shard.register_as(access, &tables))
-        }
-        // Flushes touch the disk: keep them off the async workers.
-        Request::Flush => tokio::task::block_in_place(|| shard.handle_us(Request::Flush, &[], now)),
-        // A checkpoint writes back, flushes memtables and fsyncs: off the async workers too.
-        req @ Request::Checkpoint { .. } => {
-            tokio::task::block_in_place(|| shard.handle_us(req, &[], now))
-        }
-        // A prefetch reads RocksDB; so may pulls and pushes once a table has evicted rows (its read-backs, or
-        // waits for a prefetch's): off the async workers (DESIGN.md, "Tier with lookahead prefetch").
-        req @ Request::Prefetch { .. } => {
-            tokio::task::block_in_place(|| shard.handle_us(req, &payload, now))
-        }
-        req @ (Request::Pull { .. } | Request::PullWithState { .. })
-            if shard.engine().spilled() =>
-        {
-            tokio::task::block_in_place(|| shard.handle_us(req, &payload, now))
-        }
-        req => shard.handle_us(req, &payload, now),
-    };
+    let (header, payload) =
+        super::dispatch::answer(shard, access, req, payload, super::unix_us()).await;
     Ok(Answer {
-        header: reply.header,
-        payload: Bytes::from(reply.payload),
+        header,
+        payload,
         kind: Some(kind),
     })
 }

@@ -10,6 +10,7 @@
 //! background tasks (module `tasks`), `accept_loop` until shutdown, then `shut_down`.
 
 mod connection;
+pub(crate) mod dispatch;
 mod handshake;
 mod listen;
 mod reduce;
