@@ -159,21 +159,6 @@ impl Engine {
         }
     }
 
-    /// `cfg` without the admission and TTL of the table policy, if it has exactly those: the config as the
-    /// trainer registered it.
-    pub fn without_policy(&self, cfg: &TableConfig) -> TableConfig {
-        let (admission, ttl_secs) = *self.policy.read();
-        if (cfg.admission, cfg.ttl_secs) == (admission, ttl_secs) {
-            TableConfig {
-                admission: None,
-                ttl_secs: None,
-                ..cfg.clone()
-            }
-        } else {
-            cfg.clone()
-        }
-    }
-
     /// Adds a table and persists its config. Registering an identical config again is a no-op; a different
     /// config for a registered id is a [`EmbeddingError::TableConflict`] listing the differing fields.
     ///
@@ -475,6 +460,21 @@ impl Engine {
             .values()
             .map(|t| t.config().clone())
             .collect()
+    }
+
+    /// Configs of all tables, by id, as they were registered: a table with exactly the admission and TTL of
+    /// the table policy ([`Engine::set_table_policy`]) got them from it and is listed without them. What a
+    /// server tells clients and passes to its backups and a reshard's destinations, which apply their own
+    /// policy.
+    pub fn registered_tables(&self) -> Vec<TableConfig> {
+        let policy = *self.policy.read();
+        let mut tables = self.tables();
+        for cfg in &mut tables {
+            if (cfg.admission, cfg.ttl_secs) == policy {
+                (cfg.admission, cfg.ttl_secs) = (None, None);
+            }
+        }
+        tables
     }
 
     /// Rows in memory over all tables.

@@ -165,7 +165,7 @@ fn answer(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use protocol::{Encoding, TableCount, TableSpec};
+    use protocol::{Encoding, TableConfig, TableCount};
 
     fn ids(ids: &[u64]) -> Bytes {
         let mut b = Vec::new();
@@ -180,7 +180,7 @@ mod tests {
         let cluster = MemoryCluster::new(2);
         let client = cluster.connect().await.unwrap();
         client
-            .register_tables(&[TableSpec::counter(1, 2)])
+            .register_tables(&[TableConfig::counter(1, 2)])
             .await
             .unwrap();
         let map = client.shard_map();

@@ -23,7 +23,7 @@ use crate::compression::codec::Encoding;
 use crate::error::ProtocolError;
 use crate::routing::ShardMap;
 use crate::wire::ids::{get_ids, IdCoding, IdError};
-use crate::wire::message::{TableCount, TableSpec};
+use crate::wire::message::{TableConfig, TableCount};
 use crate::wire::pull::IdSections;
 use crate::wire::replicate::RowsTable;
 
@@ -137,7 +137,7 @@ pub struct MoveHeader {
     /// Messages batched in this request (`seq .. seq + messages`).
     pub messages: u32,
     /// Tables to register before storing (the source's tables, in the first request).
-    pub new_tables: Vec<TableSpec>,
+    pub new_tables: Vec<TableConfig>,
     /// The rows' tables, in payload order.
     pub tables: Vec<RowsTable>,
 }
