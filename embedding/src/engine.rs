@@ -145,7 +145,7 @@ impl Engine {
     }
 
     /// Sets the admission filter and TTL (seconds) that [`Engine::register_table`] gives tables whose config
-    /// has neither (a server's policy, while trainers describe only dim, optimizer and initializer).
+    /// has neither (a server's policy, for the tables whose registration leaves them to it).
     pub fn set_table_policy(&self, admission: Option<AdmissionConfig>, ttl_secs: Option<u64>) {
         *self.policy.write() = (admission, ttl_secs);
     }

@@ -4,7 +4,7 @@
 //! (`trainer::export::write`).
 //!
 //! An export root holds one directory per version, `v<step, 12 digits>/`, each with
-//! - `manifest.json`: an [`ExportManifest`] (the resolved model spec, table specs, precision, tensor sizes),
+//! - `manifest.json`: an [`ExportManifest`] (the resolved model spec, table configs, precision, tensor sizes),
 //!   written last and atomically: a version directory without it is incomplete and refused;
 //! - `dense.bin`: the dense parameters, f32 LE, in [`Dlrm::params`] order;
 //! - `ps/shard-<i>-of-<n>/`: the parameter servers' snapshot (`embedding::snapshot`), each shard with its
