@@ -342,9 +342,9 @@ impl Shard {
         // The count again under the tables' lock: concurrent registrations cannot pass it together.
         let max = (!admin).then_some(self.registration.max_tables);
         let mut done = 0;
-        let result = tables.iter().try_for_each(|spec| {
+        let result = tables.iter().try_for_each(|cfg| {
             self.engine
-                .register_table_within(spec.clone(), max)
+                .register_table_within(cfg.clone(), max)
                 .map(|()| done += 1)
         });
         metrics::gauge!(m::TABLES).set(self.engine.table_count() as f64);
