@@ -41,8 +41,8 @@ use ops::local_cluster::{free_ports, http_get, metric};
 use protocol::transport::tls;
 use protocol::wire::layout::put_ids;
 use protocol::{
-    Encoding, ErrorCode, PsClient, PsClientConfig, Request, Response, Role, TableCount, TableSpec,
-    Transport,
+    Encoding, ErrorCode, PsClient, PsClientConfig, Request, Response, Role, TableConfig,
+    TableCount, Transport,
 };
 use support::{wait_for, DEADLINE};
 
@@ -127,7 +127,7 @@ impl Server {
         cfg.retry_for = Duration::from_secs(30);
         let client = PsClient::connect(cfg).await.unwrap();
         client
-            .register_tables(&[TableSpec::counter(1, 2)])
+            .register_tables(&[TableConfig::counter(1, 2)])
             .await
             .unwrap();
         client
@@ -457,8 +457,8 @@ fn tcp_replies_queued_behind_a_slow_reader_are_counted() {
 #[test]
 fn table_registration_is_bounded() {
     let dir = tempfile::tempdir().unwrap();
-    let specs = |ids: std::ops::Range<u32>| -> Vec<TableSpec> {
-        ids.map(|id| TableSpec::counter(id, 8)).collect()
+    let specs = |ids: std::ops::Range<u32>| -> Vec<TableConfig> {
+        ids.map(|id| TableConfig::counter(id, 8)).collect()
     };
     let rt = tokio::runtime::Runtime::new().unwrap();
     // The reproduction, with the defaults: 500 tables in one request are refused whole, at once.
@@ -511,7 +511,7 @@ fn table_registration_is_bounded() {
         matches!(&resp, Response::Error { code: ErrorCode::BadRequest, message } if message.contains("max-tables")),
         "{resp:?}"
     );
-    let resp = call(Role::Trainer, vec![TableSpec::counter(1, 32)]);
+    let resp = call(Role::Trainer, vec![TableConfig::counter(1, 32)]);
     assert!(
         matches!(&resp, Response::Error { code: ErrorCode::BadRequest, message } if message.contains("max-table-dim")),
         "{resp:?}"
@@ -519,7 +519,7 @@ fn table_registration_is_bounded() {
     assert!(matches!(
         call(
             Role::Admin,
-            vec![TableSpec::counter(5, 8), TableSpec::counter(6, 64)]
+            vec![TableConfig::counter(5, 8), TableConfig::counter(6, 64)]
         ),
         Response::Registered { tables: 6 }
     ));

@@ -26,7 +26,7 @@ use ops::local_cluster::{free_ports, http_get, metric};
 use protocol::transport::tls;
 use protocol::wire::layout::put_ids;
 use protocol::{
-    Encoding, ErrorCode, PsClient, PsClientConfig, Request, Response, Role, TableCount, TableSpec,
+    Encoding, ErrorCode, PsClient, PsClientConfig, Request, Response, Role, TableConfig, TableCount,
 };
 use support::wait_for;
 
@@ -173,8 +173,8 @@ async fn trainer(shards: Vec<Vec<SocketAddr>>, tls_dir: &Path) -> PsClient {
 }
 
 /// The counter table: SGD at rate 1 from zero rows, so rows count what was pushed.
-fn table() -> TableSpec {
-    TableSpec::counter(1, 2)
+fn table() -> TableConfig {
+    TableConfig::counter(1, 2)
 }
 
 /// A pull or push payload of `ids` (ascending), and its table counts.

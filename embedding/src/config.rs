@@ -1,15 +1,22 @@
 //! Table configuration: [`TableConfig`], its optimizer ([`OptimizerConfig`]), initializer ([`InitConfig`]) and
 //! admission filter ([`AdmissionConfig`]).
 //!
-//! Fields added after the first release carry `#[serde(default)]`, so configs stored by earlier versions load
-//! with those features off.
+//! One type describes a table everywhere: in table config files (TOML or JSON), persisted as JSON in the store's
+//! metadata (key `table/<id>`) so a restarted server rebuilds its tables, and on the wire (bincode:
+//! `RegisterTables`, `Hello`, replication and resharding, re-exported by `protocol`). A trainer replaying its
+//! own pushes builds the same optimizer as the server from the same config. Changing the config of an existing
+//! table is a [`EmbeddingError::TableConflict`].
 //!
-//! A config is persisted as JSON in the store's metadata (key `table/<id>`) so a restarted server rebuilds its
-//! tables; changing it for an existing table is a [`EmbeddingError::TableConflict`].
+//! Fields added after the first release carry `#[serde(default)]`, so configs stored by earlier versions load
+//! with those features off. The enums have two serde forms, internally tagged (`{"type": "sgd", "lr": 0.1}`)
+//! for people and positional for bincode (`forms`, chosen by `is_human_readable`).
 
 use serde::{Deserialize, Serialize};
 
 use crate::error::EmbeddingError;
+
+#[path = "config_forms.rs"]
+mod forms;
 
 /// Largest supported embedding dimension.
 pub const MAX_DIM: usize = 4096;
@@ -69,9 +76,10 @@ pub const MAX_SKETCH_WIDTH: usize = 1 << 26;
 /// Largest [`AdmissionConfig::depth`].
 pub const MAX_SKETCH_DEPTH: usize = 8;
 
-/// The per-table optimizer, applied row by row to pushed gradients (see [`crate::optimizer`]).
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+/// The per-table optimizer, applied row by row to pushed gradients (see [`crate::optimizer`]). Written
+/// `{"type": "<variant in snake_case>", <fields>}` in JSON and TOML; positional in bincode (`config_forms.rs`:
+/// new variants go last).
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub enum OptimizerConfig {
     /// Plain SGD: `w -= lr * g`. No state.
     Sgd {
@@ -159,9 +167,9 @@ pub struct InitConfig {
     pub kind: InitKind,
 }
 
-/// Distribution of initial weights.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+/// Distribution of initial weights. Written `{"type": "uniform" | "normal", <field>}` in JSON and TOML;
+/// positional in bincode (`config_forms.rs`).
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub enum InitKind {
     /// Uniform in `(-scale, scale)`; `scale = 0` gives zeros.
     Uniform {
@@ -221,6 +229,19 @@ impl TableConfig {
             clip_norm: 0.0,
             admission: None,
             ttl_secs: None,
+        }
+    }
+
+    /// A table whose rows count what was pushed to them: named `C<id>`, SGD with learning rate 1, every row
+    /// starting at zero (seed 1, which zero rows do not use). A push subtracts its gradients exactly (sums of
+    /// small integers are exact in f32), so tests, audits and dense-delta tables can read back what was
+    /// applied. Other settings by struct update: `TableConfig { optimizer, ..TableConfig::counter(id, dim) }`.
+    pub fn counter(id: u32, dim: usize) -> Self {
+        TableConfig {
+            optimizer: OptimizerConfig::Sgd { lr: 1.0 },
+            init: InitConfig::uniform(0.0),
+            seed: 1,
+            ..TableConfig::new(id, format!("C{id}"), dim)
         }
     }
 

@@ -204,3 +204,144 @@ fn differences_lists_fields() {
         "dim: registered 16, requested 32; seed: registered 0, requested 5"
     );
 }
+
+#[test]
+fn counter_table_subtracts_pushes_exactly() {
+    let cfg = TableConfig::counter(4, 2);
+    cfg.validate().unwrap();
+    assert_eq!((cfg.id, cfg.name.as_str(), cfg.dim), (4, "C4", 2));
+    let mut row = [1f32; 2];
+    crate::init::fill_row(&cfg, 99, &mut row);
+    assert_eq!(row, [0.0; 2]);
+}
+
+/// A config of every optimizer, both initializers, and every optional field set in some of them.
+fn every_kind_of_config() -> Vec<TableConfig> {
+    let optimizers = [
+        OptimizerConfig::Sgd { lr: 0.5 },
+        OptimizerConfig::RowAdagrad {
+            lr: 0.1,
+            eps: 1e-8,
+            initial_accumulator: 0.0,
+        },
+        OptimizerConfig::Adagrad {
+            lr: 0.1,
+            eps: 1e-6,
+            initial_accumulator: 0.1,
+        },
+        OptimizerConfig::Adam {
+            lr: 0.001,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+        },
+        OptimizerConfig::Ftrl {
+            alpha: 0.05,
+            beta: 1.0,
+            l1: 0.1,
+            l2: 0.01,
+        },
+    ];
+    let mut out = Vec::new();
+    for (i, optimizer) in optimizers.into_iter().enumerate() {
+        let plain = TableConfig {
+            optimizer,
+            ..TableConfig::counter(i as u32, 16)
+        };
+        out.push(plain.clone());
+        out.push(TableConfig {
+            init: InitConfig::normal(0.5),
+            seed: 1 << 40,
+            weight_decay: 0.01,
+            clip_norm: 2.0,
+            admission: Some(AdmissionConfig {
+                min_count: 3,
+                width: 1024,
+                depth: 4,
+            }),
+            ttl_secs: Some(86_400),
+            ..plain
+        });
+    }
+    out
+}
+
+/// bincode (the wire's format) is not human-readable: the configs take their positional form there, which
+/// bincode can read back (it cannot read the tagged one). protocol's frame tests use its exact bincode config.
+#[test]
+fn bincode_and_json_round_trip_of_every_optimizer() {
+    for c in every_kind_of_config() {
+        c.validate().unwrap();
+        let bytes = bincode::serde::encode_to_vec(&c, bincode::config::standard()).unwrap();
+        let (back, used): (TableConfig, usize) =
+            bincode::serde::decode_from_slice(&bytes, bincode::config::standard()).unwrap();
+        assert_eq!((back, used), (c.clone(), bytes.len()));
+        let json = serde_json::to_string(&c).unwrap();
+        assert!(json.contains("\"optimizer\":{\"type\":\""), "{json}");
+        assert_eq!(serde_json::from_str::<TableConfig>(&json).unwrap(), c);
+        let toml = toml::to_string(&c).unwrap();
+        assert_eq!(toml::from_str::<TableConfig>(&toml).unwrap(), c, "{toml}");
+    }
+}
+
+/// The JSON a server of the previous release persisted for a table (every field written) loads unchanged, and
+/// is what this release writes.
+#[test]
+fn persisted_json_of_the_previous_release_loads() {
+    let old = r#"{"id":3,"name":"C3","dim":16,"optimizer":{"type":"adagrad","lr":0.1,"eps":0.000001,"initial_accumulator":0.1},"init":{"kind":{"type":"uniform","scale":0.25}},"seed":9,"weight_decay":0.0,"clip_norm":1.0,"admission":{"min_count":2,"width":64,"depth":2},"ttl_secs":60}"#;
+    let c: TableConfig = serde_json::from_str(old).unwrap();
+    let want = TableConfig {
+        optimizer: OptimizerConfig::Adagrad {
+            lr: 0.1,
+            eps: 1e-6,
+            initial_accumulator: 0.1,
+        },
+        init: InitConfig::uniform(0.25),
+        seed: 9,
+        clip_norm: 1.0,
+        admission: Some(AdmissionConfig {
+            min_count: 2,
+            width: 64,
+            depth: 2,
+        }),
+        ttl_secs: Some(60),
+        ..TableConfig::new(3, "C3", 16)
+    };
+    assert_eq!(c, want);
+    assert_eq!(serde_json::to_string(&c).unwrap(), old);
+    // The tagged form still refuses what it refused.
+    let unknown = old.replace("\"lr\":0.1,", "\"lr\":0.1,\"momentum\":0.9,");
+    let e = serde_json::from_str::<TableConfig>(&unknown).unwrap_err();
+    assert!(e.to_string().contains("unknown field `momentum`"), "{e}");
+    let e = serde_json::from_str::<TableConfig>(&old.replace("adagrad", "lamb")).unwrap_err();
+    assert!(e.to_string().contains("unknown variant `lamb`"), "{e}");
+}
+
+/// A TOML table config as users write it.
+#[test]
+fn toml_table_config_loads() {
+    let text = r#"
+        id = 1
+        name = "user"
+        dim = 8
+        seed = 7
+        optimizer = { type = "row_adagrad", lr = 0.05, eps = 1e-8, initial_accumulator = 0.0 }
+        init = { kind = { type = "normal", std = 0.01 } }
+        ttl_secs = 3600
+    "#;
+    let c: TableConfig = toml::from_str(text).unwrap();
+    assert_eq!(
+        c,
+        TableConfig {
+            optimizer: OptimizerConfig::RowAdagrad {
+                lr: 0.05,
+                eps: 1e-8,
+                initial_accumulator: 0.0,
+            },
+            init: InitConfig::normal(0.01),
+            seed: 7,
+            ttl_secs: Some(3600),
+            ..TableConfig::new(1, "user", 8)
+        }
+    );
+}

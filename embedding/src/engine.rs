@@ -145,7 +145,7 @@ impl Engine {
     }
 
     /// Sets the admission filter and TTL (seconds) that [`Engine::register_table`] gives tables whose config
-    /// has neither (a server's policy, while trainers describe only dim, optimizer and initializer).
+    /// has neither (a server's policy, for the tables whose registration leaves them to it).
     pub fn set_table_policy(&self, admission: Option<AdmissionConfig>, ttl_secs: Option<u64>) {
         *self.policy.write() = (admission, ttl_secs);
     }
@@ -156,21 +156,6 @@ impl Engine {
         *self.guard.write() = guard;
         for t in self.tables.read().values() {
             t.set_weight_guard(guard);
-        }
-    }
-
-    /// `cfg` without the admission and TTL of the table policy, if it has exactly those: the config as the
-    /// trainer registered it.
-    pub fn without_policy(&self, cfg: &TableConfig) -> TableConfig {
-        let (admission, ttl_secs) = *self.policy.read();
-        if (cfg.admission, cfg.ttl_secs) == (admission, ttl_secs) {
-            TableConfig {
-                admission: None,
-                ttl_secs: None,
-                ..cfg.clone()
-            }
-        } else {
-            cfg.clone()
         }
     }
 
@@ -479,6 +464,21 @@ impl Engine {
             .values()
             .map(|t| t.config().clone())
             .collect()
+    }
+
+    /// Configs of all tables, by id, as they were registered: a table with exactly the admission and TTL of
+    /// the table policy ([`Engine::set_table_policy`]) got them from it and is listed without them. What a
+    /// server tells clients and passes to its backups and a reshard's destinations, which apply their own
+    /// policy.
+    pub fn registered_tables(&self) -> Vec<TableConfig> {
+        let policy = *self.policy.read();
+        let mut tables = self.tables();
+        for cfg in &mut tables {
+            if (cfg.admission, cfg.ttl_secs) == policy {
+                (cfg.admission, cfg.ttl_secs) = (None, None);
+            }
+        }
+        tables
     }
 
     /// Rows in memory over all tables.

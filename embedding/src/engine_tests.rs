@@ -423,3 +423,28 @@ fn persist_cost() {
     }
     println!("sync/periodic time ratio: {:.1}x", results[1] / results[0]);
 }
+
+/// Tables are listed as registered: the table policy's admission and TTL are left out, a table's own are
+/// kept, and registering a listed config again is a no-op (what backups and reshard destinations do).
+#[test]
+fn registered_tables_leave_out_the_table_policy() {
+    let (_, e) = mem_engine();
+    let admission = Some(crate::AdmissionConfig {
+        min_count: 2,
+        width: 64,
+        depth: 2,
+    });
+    e.set_table_policy(admission, Some(60));
+    e.register_table(cfg(1, 4)).unwrap();
+    let own = TableConfig {
+        ttl_secs: Some(5),
+        ..cfg(2, 4)
+    };
+    e.register_table(own.clone()).unwrap();
+    assert_eq!(e.table(1).unwrap().config().ttl_secs, Some(60));
+    assert_eq!(e.registered_tables(), vec![cfg(1, 4), own]);
+    for c in e.registered_tables() {
+        e.register_table(c).unwrap();
+    }
+    assert_eq!(e.table_count(), 2);
+}

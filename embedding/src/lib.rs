@@ -11,7 +11,8 @@
 //!
 //! # Layout
 //! - [`config`](TableConfig): [`TableConfig`], [`OptimizerConfig`], [`InitConfig`], [`AdmissionConfig`];
-//!   validation.
+//!   validation. The one description of a table, in config files, in the store's metadata and on the wire
+//!   (`config_forms.rs`: tagged serde form for JSON and TOML, positional for bincode).
 //! - [`init`]: the counter-based initializer, a pure function of (seed, id, element), drawn from the
 //!   splitmix64 hash of the `base` crate (which also holds the seeded generator).
 //! - [`optimizer`]: sans-IO row updates (SGD, row-wise and element-wise Adagrad, Adam with per-row steps,
@@ -24,8 +25,6 @@
 //!   `table/budget.rs`: the capacity tier (memory budget, CLOCK eviction, batched read-back).
 //! - [`batch`](DirtyBatch): [`DirtyBatch`], rows encoded for the store.
 //! - [`store`](Store): the [`Store`] trait; [`MemStore`] and `RocksStore` implement it.
-//! - [`spec`]: [`spec::TableSpec`], the plain description of a table that travels on the wire, and its
-//!   conversion to and from [`TableConfig`].
 //! - [`engine`](Engine): [`Engine`], the tables of one server: registration, recovery, flushing, expiry.
 //! - [`error`](EmbeddingError): [`EmbeddingError`], [`StoreError`].
 //! - `snapshot`: `Engine::checkpoint` (a consistent RocksDB checkpoint plus `manifest.json`),
@@ -69,7 +68,6 @@ mod rocks_store;
 pub mod sizing;
 #[cfg(feature = "rocksdb")]
 pub mod snapshot;
-pub mod spec;
 mod store;
 mod table;
 pub mod weight_guard;

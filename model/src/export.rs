@@ -4,7 +4,7 @@
 //! (`trainer::export::write`).
 //!
 //! An export root holds one directory per version, `v<step, 12 digits>/`, each with
-//! - `manifest.json`: an [`ExportManifest`] (the resolved model spec, table specs, precision, tensor sizes),
+//! - `manifest.json`: an [`ExportManifest`] (the resolved model spec, table configs, precision, tensor sizes),
 //!   written last and atomically: a version directory without it is incomplete and refused;
 //! - `dense.bin`: the dense parameters, f32 LE, in [`Dlrm::params`] order;
 //! - `ps/shard-<i>-of-<n>/`: the parameter servers' snapshot (`embedding::snapshot`), each shard with its
@@ -21,10 +21,12 @@ use serde::{Deserialize, Serialize};
 use crate::files::{at, remove_dir_if_present, write_atomic, FileError};
 use crate::spec::ModelSpec;
 use crate::{Dlrm, DlrmConfig, Precision};
-use protocol::TableSpec;
+use protocol::TableConfig;
 
-/// Version of the export layout; readers refuse others.
-pub const EXPORT_FORMAT_VERSION: u32 = 1;
+/// Version of the export layout; readers refuse others. Version 2: the manifest's tables are
+/// [`TableConfig`]s (in their JSON form, as in a server's store), no longer the wire-only table specs of
+/// version 1.
+pub const EXPORT_FORMAT_VERSION: u32 = 2;
 /// The manifest's file name in a version directory.
 pub const MANIFEST_FILE: &str = "manifest.json";
 /// The dense parameters' file name in a version directory.
@@ -50,7 +52,7 @@ pub struct ExportManifest {
     pub spec: ModelSpec,
     /// The embedding tables as the servers registered them (ids, dims, initializers: a row the snapshot lacks
     /// reads as its initializer, as a pull would).
-    pub tables: Vec<TableSpec>,
+    pub tables: Vec<TableConfig>,
     /// Arithmetic of the dense layers the trainer evaluated with.
     pub precision: Precision,
     /// Length of each parameter tensor in `dense.bin`.

@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use crate::config::InteractionConfig;
 use crate::DlrmConfig;
 use protocol::plan::{FeatureShape, SparseLayout, TableCodecs};
-use protocol::{Encoding, InitSpec, OptimizerSpec, TableSpec};
+use protocol::{Encoding, InitConfig, OptimizerConfig, TableConfig};
 
 mod file;
 #[cfg(test)]
@@ -292,26 +292,24 @@ impl ModelSpec {
 
     /// The embedding tables to register: table `t` has id `t`, rows initialized uniformly in
     /// `±init_scale` from seed `seed * 1000 + t` (as before specs).
-    pub fn table_specs(&self, seed: u64, init_scale: f32) -> Vec<TableSpec> {
+    pub fn table_configs(&self, seed: u64, init_scale: f32) -> Vec<TableConfig> {
         self.tables
             .iter()
             .enumerate()
             .map(|(t, table)| {
                 let lr = table.lr;
-                TableSpec {
-                    id: t as u32,
-                    name: table.name.clone(),
-                    dim: table.dim as u32,
+                TableConfig {
                     optimizer: match table.optimizer {
-                        OptimizerKind::Sgd => OptimizerSpec::Sgd { lr },
-                        OptimizerKind::Adagrad => OptimizerSpec::RowAdagrad {
+                        OptimizerKind::Sgd => OptimizerConfig::Sgd { lr },
+                        OptimizerKind::Adagrad => OptimizerConfig::RowAdagrad {
                             lr,
                             eps: 1e-8,
                             initial_accumulator: 0.0,
                         },
                     },
-                    init: InitSpec::Uniform { scale: init_scale },
+                    init: InitConfig::uniform(init_scale),
                     seed: seed.wrapping_mul(1000).wrapping_add(t as u64),
+                    ..TableConfig::new(t as u32, table.name.clone(), table.dim)
                 }
             })
             .collect()

@@ -26,8 +26,10 @@
 //! - [`error`]: [`ProtocolError`] and the typed [`ErrorCode`]s servers answer with.
 //! - [`auth`]: the [`Role`] a client certificate names and what each role may send ([`Access`]).
 //!
-//! Table specs ([`TableSpec`]) are plain types defined beside the tables they describe (`embedding::spec`)
-//! and re-exported here; nothing else of the storage crate is visible from the wire.
+//! A table travels as its [`TableConfig`] (with [`OptimizerConfig`], [`InitConfig`] and [`AdmissionConfig`]),
+//! the plain type defined beside the tables it describes (`embedding::config`) and re-exported here: the same
+//! type as in config files and the store's metadata, in its positional bincode form. Nothing else of the
+//! storage crate is visible from the wire.
 #![warn(missing_docs)]
 
 pub mod auth;
@@ -50,7 +52,10 @@ pub use routing::{MapError, ShardMap};
 pub use transport::Transport;
 pub use wire::layout::TableCount;
 pub use wire::message::prefetch::PrefetchCounts;
-pub use wire::message::{InitSpec, OptimizerSpec, Request, RequestKind, Response, TableSpec};
+pub use wire::message::{
+    AdmissionConfig, InitConfig, InitKind, OptimizerConfig, Request, RequestKind, Response,
+    TableConfig,
+};
 
 /// ALPN protocol name; bumped when the wire format changes incompatibly.
 pub const ALPN: &[u8] = b"ps/1";
@@ -59,4 +64,6 @@ pub const ALPN: &[u8] = b"ps/1";
 /// `Replicate`, `Join`, `Promote`). Version 4: live resharding (`GetShardMap`, `Reshard`, `MoveRows`; a
 /// standby server answers `Hello` with 0 shards). Version 5: roles (`ErrorCode::Forbidden`), `PublishDense`
 /// names its job, `Promote` may force a cold start, checkpoints go under the server's checkpoint root.
-pub const PROTOCOL_VERSION: u32 = 5;
+/// Version 6: tables travel as [`TableConfig`] (every optimizer, weight decay and clipping as fields,
+/// admission and TTL) instead of the wire-only `TableSpec`.
+pub const PROTOCOL_VERSION: u32 = 6;

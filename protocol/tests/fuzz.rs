@@ -13,8 +13,8 @@
 
 use protocol::wire::frame::{self, decode_frame, decode_header, encode_frame, MAGIC, PREFIX_LEN};
 use protocol::{
-    Encoding, ErrorCode, InitSpec, OptimizerSpec, ProtocolError, Request, Response, TableCount,
-    TableSpec,
+    AdmissionConfig, Encoding, ErrorCode, InitConfig, OptimizerConfig, ProtocolError, Request,
+    Response, TableConfig, TableCount,
 };
 
 /// The fuzzer's generator: splitmix64, tiny, fast and good enough to drive a fuzzer reproducibly.
@@ -59,61 +59,55 @@ fn counts(r: &mut Rng) -> Vec<TableCount> {
         .collect()
 }
 
-fn spec(r: &mut Rng) -> TableSpec {
-    let optimizer = match r.below(6) {
-        0 => OptimizerSpec::Sgd {
-            lr: r.f32_or_edge(&F32_EDGES),
+fn table(r: &mut Rng) -> TableConfig {
+    let kind = r.below(5);
+    let mut f = || r.f32_or_edge(&F32_EDGES);
+    let optimizer = match kind {
+        0 => OptimizerConfig::Sgd { lr: f() },
+        1 => OptimizerConfig::RowAdagrad {
+            lr: f(),
+            eps: f(),
+            initial_accumulator: f(),
         },
-        1 => OptimizerSpec::RowAdagrad {
-            lr: r.f32_or_edge(&F32_EDGES),
-            eps: r.f32_or_edge(&F32_EDGES),
-            initial_accumulator: r.f32_or_edge(&F32_EDGES),
+        2 => OptimizerConfig::Adagrad {
+            lr: f(),
+            eps: f(),
+            initial_accumulator: f(),
         },
-        2 => OptimizerSpec::Adam {
-            lr: r.f32_or_edge(&F32_EDGES),
-            beta1: r.f32_or_edge(&F32_EDGES),
-            beta2: r.f32_or_edge(&F32_EDGES),
-            eps: r.f32_or_edge(&F32_EDGES),
-            weight_decay: r.f32_or_edge(&F32_EDGES),
-            clip_norm: r.f32_or_edge(&F32_EDGES),
+        3 => OptimizerConfig::Adam {
+            lr: f(),
+            beta1: f(),
+            beta2: f(),
+            eps: f(),
         },
-        3 => OptimizerSpec::Ftrl {
-            alpha: r.f32_or_edge(&F32_EDGES),
-            beta: r.f32_or_edge(&F32_EDGES),
-            l1: r.f32_or_edge(&F32_EDGES),
-            l2: r.f32_or_edge(&F32_EDGES),
-            weight_decay: r.f32_or_edge(&F32_EDGES),
-            clip_norm: r.f32_or_edge(&F32_EDGES),
-        },
-        4 => OptimizerSpec::SgdRegularized {
-            lr: r.f32_or_edge(&F32_EDGES),
-            weight_decay: r.f32_or_edge(&F32_EDGES),
-            clip_norm: r.f32_or_edge(&F32_EDGES),
-        },
-        _ => OptimizerSpec::RowAdagradRegularized {
-            lr: r.f32_or_edge(&F32_EDGES),
-            eps: r.f32_or_edge(&F32_EDGES),
-            initial_accumulator: r.f32_or_edge(&F32_EDGES),
-            weight_decay: r.f32_or_edge(&F32_EDGES),
-            clip_norm: r.f32_or_edge(&F32_EDGES),
+        _ => OptimizerConfig::Ftrl {
+            alpha: f(),
+            beta: f(),
+            l1: f(),
+            l2: f(),
         },
     };
+    let init = if r.chance(2) {
+        InitConfig::uniform(r.f32_or_edge(&F32_EDGES))
+    } else {
+        InitConfig::normal(r.f32_or_edge(&F32_EDGES))
+    };
     let name_len = r.below(12) as usize;
-    TableSpec {
+    TableConfig {
         id: r.u32_or_edge(&U32_EDGES),
         name: String::from_utf8_lossy(&r.bytes(name_len)).into_owned(),
-        dim: r.u32_or_edge(&U32_EDGES),
+        dim: r.u32_or_edge(&U32_EDGES) as usize,
         optimizer,
-        init: if r.chance(2) {
-            InitSpec::Uniform {
-                scale: r.f32_or_edge(&F32_EDGES),
-            }
-        } else {
-            InitSpec::Normal {
-                std: r.f32_or_edge(&F32_EDGES),
-            }
-        },
+        init,
         seed: r.next_u64(),
+        weight_decay: r.f32_or_edge(&F32_EDGES),
+        clip_norm: r.f32_or_edge(&F32_EDGES),
+        admission: r.chance(2).then(|| AdmissionConfig {
+            min_count: r.u32_or_edge(&U32_EDGES),
+            width: r.u32_or_edge(&U32_EDGES) as usize,
+            depth: r.u32_or_edge(&U32_EDGES) as usize,
+        }),
+        ttl_secs: r.chance(2).then(|| r.next_u64() >> r.below(64)),
     }
 }
 
@@ -132,7 +126,7 @@ fn request(r: &mut Rng) -> Request {
             version: r.u32_or_edge(&U32_EDGES),
         },
         1 => Request::RegisterTables {
-            tables: (0..r.below(3)).map(|_| spec(r)).collect(),
+            tables: (0..r.below(3)).map(|_| table(r)).collect(),
         },
         2 => Request::Pull {
             epoch: r.next_u64() >> r.below(64),
@@ -180,7 +174,7 @@ fn response(r: &mut Rng) -> Response {
             num_shards: r.u32_or_edge(&U32_EDGES),
             epoch: r.next_u64(),
             routing: r.next_u64(),
-            tables: (0..r.below(2)).map(|_| spec(r)).collect(),
+            tables: (0..r.below(2)).map(|_| table(r)).collect(),
             replica: protocol::wire::message::replicate::ReplicaInfo {
                 shard_epoch: r.next_u64(),
                 in_sync_backups: r.next_u64(),

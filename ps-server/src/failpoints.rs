@@ -32,7 +32,7 @@ pub const PUSH_BEFORE_ACK: &str = "ps_server::push::before_ack";
 /// Crash point of a reshard's commit on any server ([`crate::shard::reshard::Routing`]'s switch): after the new
 /// shard map is persisted (synced), before the server switches to it in memory and answers the commit. A
 /// crash here restarts the server on the new map.
-pub const RESHARD_MAP_PERSISTED: &str = "ps_server::reshard::map_persisted";
+pub const RESHARD_MAP_PERSISTED: &str = "ps_server::shard::reshard::map_persisted";
 
 /// Environment variable naming the failpoint file the watcher applies.
 pub const FILE_ENV: &str = "PS_FAILPOINTS_FILE";

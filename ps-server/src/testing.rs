@@ -128,7 +128,7 @@ pub fn memory_shard(map: ShardMap, index: u32) -> Shard {
 mod tests {
     use super::*;
     use bytes::Bytes;
-    use protocol::{Encoding, TableCount, TableSpec};
+    use protocol::{Encoding, TableConfig, TableCount};
 
     fn ids(ids: &[u64]) -> Bytes {
         let mut b = Vec::new();
@@ -143,7 +143,7 @@ mod tests {
         let cluster = MemoryCluster::new(2);
         let client = cluster.connect().await.unwrap();
         client
-            .register_tables(&[TableSpec::counter(1, 2)])
+            .register_tables(&[TableConfig::counter(1, 2)])
             .await
             .unwrap();
         let map = client.shard_map();

@@ -30,7 +30,7 @@ use protocol::wire::frame::{decode_frame, encode_frame};
 use protocol::wire::ids::{get_sections, put_ids, sort_for_wire, IdCoding};
 use protocol::wire::layout::PayloadLayout;
 use protocol::{
-    Encoding, InitSpec, OptimizerSpec, Request, Response, ShardMap, TableCount, TableSpec,
+    Encoding, InitConfig, OptimizerConfig, Request, Response, ShardMap, TableConfig, TableCount,
 };
 use ps_server::config::Durability;
 use ps_server::reply::Reply;
@@ -69,74 +69,84 @@ const START: u64 = 1_700_000_000;
 /// The tables every fuzzed shard starts with: (id, dim).
 const TABLES: [(u32, u32); 4] = [(1, 4), (2, 2), (3, 8), (4, 3)];
 
-fn base_spec(id: u32, dim: u32) -> TableSpec {
-    let optimizer = match id {
-        1 => OptimizerSpec::Sgd { lr: 0.5 },
-        2 => OptimizerSpec::RowAdagrad {
-            lr: 0.1,
-            eps: 1e-8,
-            initial_accumulator: 0.0,
-        },
-        3 => OptimizerSpec::Adam {
-            lr: 0.01,
-            beta1: 0.9,
-            beta2: 0.999,
-            eps: 1e-8,
-            weight_decay: 0.0,
-            clip_norm: 1.0,
-        },
-        _ => OptimizerSpec::Ftrl {
-            alpha: 0.1,
-            beta: 1.0,
-            l1: 0.01,
-            l2: 0.01,
-            weight_decay: 0.0,
-            clip_norm: 0.0,
-        },
+fn base_spec(id: u32, dim: u32) -> TableConfig {
+    let (optimizer, clip_norm) = match id {
+        1 => (OptimizerConfig::Sgd { lr: 0.5 }, 0.0),
+        2 => (
+            OptimizerConfig::RowAdagrad {
+                lr: 0.1,
+                eps: 1e-8,
+                initial_accumulator: 0.0,
+            },
+            0.0,
+        ),
+        3 => (
+            OptimizerConfig::Adam {
+                lr: 0.01,
+                beta1: 0.9,
+                beta2: 0.999,
+                eps: 1e-8,
+            },
+            1.0,
+        ),
+        _ => (
+            OptimizerConfig::Ftrl {
+                alpha: 0.1,
+                beta: 1.0,
+                l1: 0.01,
+                l2: 0.01,
+            },
+            0.0,
+        ),
     };
-    TableSpec {
-        id,
-        name: format!("C{id}"),
-        dim,
+    TableConfig {
         optimizer,
-        init: InitSpec::Uniform { scale: 0.05 },
+        init: InitConfig::uniform(0.05),
         seed: 9,
+        clip_norm,
+        ..TableConfig::new(id, format!("C{id}"), dim as usize)
     }
 }
 
-fn random_spec(r: &mut Rng) -> TableSpec {
+fn random_spec(r: &mut Rng) -> TableConfig {
     let mut s = base_spec(r.below(6) as u32, r.below(10) as u32);
     if r.chance(2) {
         s.id = r.below(40) as u32;
     }
     if r.chance(3) {
-        s.dim = r.u32_or_edge(&U32_EDGES);
+        s.dim = r.u32_or_edge(&U32_EDGES) as usize;
     }
-    s.optimizer = match r.below(4) {
-        0 => OptimizerSpec::Sgd {
-            lr: r.f32_or_edge(&F32_EDGES),
+    let kind = r.below(5);
+    let mut f = || r.f32_or_edge(&F32_EDGES);
+    s.optimizer = match kind {
+        0 => OptimizerConfig::Sgd { lr: f() },
+        1 => OptimizerConfig::RowAdagrad {
+            lr: f(),
+            eps: f(),
+            initial_accumulator: f(),
         },
-        1 => OptimizerSpec::RowAdagradRegularized {
-            lr: r.f32_or_edge(&F32_EDGES),
-            eps: r.f32_or_edge(&F32_EDGES),
-            initial_accumulator: r.f32_or_edge(&F32_EDGES),
-            weight_decay: r.f32_or_edge(&F32_EDGES),
-            clip_norm: r.f32_or_edge(&F32_EDGES),
+        2 => OptimizerConfig::Adam {
+            lr: f(),
+            beta1: f(),
+            beta2: f(),
+            eps: f(),
         },
-        2 => OptimizerSpec::Adam {
-            lr: r.f32_or_edge(&F32_EDGES),
-            beta1: r.f32_or_edge(&F32_EDGES),
-            beta2: r.f32_or_edge(&F32_EDGES),
-            eps: r.f32_or_edge(&F32_EDGES),
-            weight_decay: r.f32_or_edge(&F32_EDGES),
-            clip_norm: r.f32_or_edge(&F32_EDGES),
+        3 => OptimizerConfig::Adagrad {
+            lr: f(),
+            eps: f(),
+            initial_accumulator: f(),
         },
         _ => s.optimizer,
     };
+    if kind == 1 || kind == 2 {
+        s.weight_decay = f();
+        s.clip_norm = f();
+    }
     if r.chance(2) {
-        s.init = InitSpec::Normal {
-            std: r.f32_or_edge(&F32_EDGES),
-        };
+        s.init = InitConfig::normal(r.f32_or_edge(&F32_EDGES));
+    }
+    if r.chance(8) {
+        s.ttl_secs = Some(r.next_u64() >> r.below(64));
     }
     s
 }

@@ -14,21 +14,19 @@ use bytes::Bytes;
 use protocol::compression::codec;
 use protocol::wire::layout::put_ids;
 use protocol::{
-    Encoding, InitSpec, OptimizerSpec, ProtocolError, PsClient, PsClientConfig, TableCount,
-    TableSpec, Transport,
+    Encoding, InitConfig, OptimizerConfig, ProtocolError, PsClient, PsClientConfig, TableConfig,
+    TableCount, Transport,
 };
 
 const DIM: usize = 16;
 const LR: f32 = 0.5;
 
-fn sgd_table() -> TableSpec {
-    TableSpec {
-        id: 5,
-        name: "C5".into(),
-        dim: DIM as u32,
-        optimizer: OptimizerSpec::Sgd { lr: LR },
-        init: InitSpec::Uniform { scale: 0.1 },
+fn sgd_table() -> TableConfig {
+    TableConfig {
+        optimizer: OptimizerConfig::Sgd { lr: LR },
+        init: InitConfig::uniform(0.1),
         seed: 9,
+        ..TableConfig::new(5, "C5", DIM)
     }
 }
 

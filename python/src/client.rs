@@ -16,7 +16,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use embedding::spec::table_spec;
 use embedding::{InitConfig, OptimizerConfig, TableConfig};
 use numpy::{PyReadonlyArray1, PyReadonlyArray2, PyReadwriteArray2};
 use protocol::{PsClient, PsClientConfig, Transport};
@@ -218,7 +217,7 @@ impl Client {
             .collect()
     }
 
-    /// Registers a table on every server (idempotent for the same spec; a different spec under the same id is
+    /// Registers a table on every server (idempotent for the same settings; different ones under the same id are
     /// refused by the servers). `optimizer`: `sgd`, `row_adagrad` or `adam`; `init`: `uniform` (half-width
     /// `init_scale`) or `normal` (std `init_scale`).
     #[pyo3(signature = (table_id, name, dim, optimizer, lr, eps, initial_accumulator, beta1, beta2,
@@ -270,8 +269,6 @@ impl Client {
                 )))
             }
         };
-        // The engine's config, turned into the wire spec by the one conversion the servers also use (it picks
-        // the regularized variants when weight decay or clipping is set).
         let config = TableConfig {
             optimizer,
             init,
@@ -280,15 +277,14 @@ impl Client {
             clip_norm,
             ..TableConfig::new(table_id, name.clone(), dim as usize)
         };
-        let spec = table_spec(&config).expect("sgd, row-wise Adagrad and Adam have wire specs");
         self.check_open(py, &format!("register table {name:?}"))?;
         // The server validates the rest (learning rates, dimension bounds) and names what it refuses.
-        let client = self.inner.clone();
+        let (client, tables) = (self.inner.clone(), [config.clone()]);
         block_on(
             py,
             self.timeout,
             &format!("register table {name:?}"),
-            async move { client.register_tables(&[spec]).await },
+            async move { client.register_tables(&tables).await },
         )?;
         self.configs
             .lock()

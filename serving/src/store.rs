@@ -12,9 +12,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use embedding::snapshot::{parse_shard_dir_name, read_manifest, DB_DIR};
-use embedding::spec::table_config;
 use embedding::{EmbeddingError, Engine, RocksStore, SnapshotError, StoreError};
-use protocol::{ShardMap, TableSpec};
+use protocol::{ShardMap, TableConfig};
 
 /// Why the rows could not be opened or used. Messages name the path or the table.
 #[derive(Debug, thiserror::Error)]
@@ -72,7 +71,7 @@ impl RowStore {
         snapshot_dir: &Path,
         data_dir: &Path,
         budget_rows: Option<u64>,
-        tables: &[TableSpec],
+        tables: &[TableConfig],
     ) -> Result<RowStore, StoreOpenError> {
         let shard_dirs = list_shards(snapshot_dir)?;
         let n = shard_dirs.len() as u32;
@@ -93,9 +92,9 @@ impl RowStore {
             let dst = data_dir.join(format!("shard-{i}"));
             link_copy(&dir.join(DB_DIR), &dst)?;
             let engine = Engine::open_with_budget(Arc::new(RocksStore::open(&dst)?), budget_rows)?;
-            for spec in tables {
-                if engine.table(spec.id).is_err() {
-                    engine.register_table(table_config(spec))?;
+            for cfg in tables {
+                if engine.table(cfg.id).is_err() {
+                    engine.register_table(cfg.clone())?;
                 }
             }
             shards.push(engine);

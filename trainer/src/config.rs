@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::model::spec::{DenseKind, OptimizerKind};
 use crate::model::{DenseOptimizer, DlrmConfig, ModelError};
-use protocol::{Encoding, InitSpec, OptimizerSpec, TableSpec};
+use protocol::{Encoding, InitConfig, OptimizerConfig, TableConfig};
 
 /// A trainer setting that cannot work, or a config file that cannot be read; each message names the setting
 /// or file and the value at fault.
@@ -489,27 +489,23 @@ impl ModelArgs {
         }
     }
 
-    /// The embedding table specs: one table per categorical feature, ids salted by feature.
-    pub fn table_specs(&self, num_sparse: usize) -> Vec<TableSpec> {
+    /// The embedding tables: one per categorical feature, ids salted by feature.
+    pub fn table_configs(&self, num_sparse: usize) -> Vec<TableConfig> {
         let lr = self.emb_lr();
         let optimizer = match self.optimizer {
-            OptimizerKind::Sgd => OptimizerSpec::Sgd { lr },
-            OptimizerKind::Adagrad => OptimizerSpec::RowAdagrad {
+            OptimizerKind::Sgd => OptimizerConfig::Sgd { lr },
+            OptimizerKind::Adagrad => OptimizerConfig::RowAdagrad {
                 lr,
                 eps: 1e-8,
                 initial_accumulator: 0.0,
             },
         };
         (0..num_sparse)
-            .map(|t| TableSpec {
-                id: t as u32,
-                name: format!("C{}", t + 1),
-                dim: self.emb_dim as u32,
+            .map(|t| TableConfig {
                 optimizer,
-                init: InitSpec::Uniform {
-                    scale: self.emb_init_scale,
-                },
+                init: InitConfig::uniform(self.emb_init_scale),
                 seed: self.seed.wrapping_mul(1000).wrapping_add(t as u64),
+                ..TableConfig::new(t as u32, format!("C{}", t + 1), self.emb_dim)
             })
             .collect()
     }

@@ -22,7 +22,7 @@ pub mod pusher;
 pub mod verify;
 
 use protocol::routing::{mix64, ShardMap};
-use protocol::wire::message::TableSpec;
+use protocol::TableConfig;
 
 pub use log::{Ack, AckLog, AuditError, LogHeader, Record};
 pub use pause::Pause;
@@ -35,13 +35,14 @@ pub const AUDIT_TABLE_ID: u32 = 1000;
 /// Largest number of counter rows per server (a push names a subset of them as a 64-bit mask).
 pub const MAX_ROWS_PER_SERVER: usize = 64;
 
-/// The audit table's spec, the same in every process: dimension 1, zero-initialized, SGD with learning rate 1.
-pub fn audit_table() -> TableSpec {
-    // Seed 0 as before `TableSpec::counter` existed: a server holding the table checks the spec matches.
-    TableSpec {
+/// The audit table's config, the same in every process: dimension 1, zero-initialized, SGD with learning
+/// rate 1.
+pub fn audit_table() -> TableConfig {
+    // Seed 0 as before `TableConfig::counter` existed: a server holding the table checks the config matches.
+    TableConfig {
         name: "audit".into(),
         seed: 0,
-        ..TableSpec::counter(AUDIT_TABLE_ID, 1)
+        ..TableConfig::counter(AUDIT_TABLE_ID, 1)
     }
 }
 

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context};
 use protocol::cluster::ShardAddrs;
-use protocol::{Encoding, Transport};
+use protocol::{Encoding, InitConfig, OptimizerConfig, TableConfig, Transport};
 use serde::Serialize;
 
 /// How ids are drawn within a table's vocabulary.
@@ -239,6 +239,27 @@ pub struct LoadConfig {
     /// Where the load goes.
     #[serde(skip)]
     pub where_to: Target,
+}
+
+impl LoadConfig {
+    /// The tables both drivers use: ids `0..tables`, named `C1..`.
+    pub fn table_configs(&self) -> Vec<TableConfig> {
+        (0..self.tables)
+            .map(|t| TableConfig {
+                optimizer: match self.optimizer {
+                    Optimizer::Sgd => OptimizerConfig::Sgd { lr: 0.01 },
+                    Optimizer::RowAdagrad => OptimizerConfig::RowAdagrad {
+                        lr: 0.05,
+                        eps: 1e-8,
+                        initial_accumulator: 0.0,
+                    },
+                },
+                init: InitConfig::uniform((1.0 / self.dim as f32).sqrt()),
+                seed: t as u64,
+                ..TableConfig::new(t, format!("C{}", t + 1), self.dim as usize)
+            })
+            .collect()
+    }
 }
 
 fn display<S: serde::Serializer>(e: &impl std::fmt::Display, s: S) -> Result<S::Ok, S::Error> {

@@ -7,38 +7,18 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::Context;
-use embedding::{Engine, InitConfig, MemStore, OptimizerConfig, TableConfig};
+use embedding::{Engine, MemStore};
 use rayon::prelude::*;
 
-use super::config::{LoadConfig, Optimizer};
+use super::config::LoadConfig;
 use super::populate;
 use super::workload::{gradient_block, Batch, IdSampler};
 use super::{Progress, Report, Window, WorkerStats};
 
-/// Table configs equal to the specs the QUIC driver registers.
-pub fn table_configs(cfg: &LoadConfig) -> Vec<TableConfig> {
-    (0..cfg.tables)
-        .map(|t| {
-            let mut c = TableConfig::new(t, format!("C{}", t + 1), cfg.dim as usize);
-            c.optimizer = match cfg.optimizer {
-                Optimizer::Sgd => OptimizerConfig::Sgd { lr: 0.01 },
-                Optimizer::RowAdagrad => OptimizerConfig::RowAdagrad {
-                    lr: 0.05,
-                    eps: 1e-8,
-                    initial_accumulator: 0.0,
-                },
-            };
-            c.init = InitConfig::uniform((1.0 / cfg.dim as f32).sqrt());
-            c.seed = t as u64;
-            c
-        })
-        .collect()
-}
-
 /// Runs the workload in process.
 pub fn run(cfg: &LoadConfig) -> anyhow::Result<Report> {
     let engine = Engine::open(Arc::new(MemStore::new())).context("open the engine")?;
-    for t in table_configs(cfg) {
+    for t in cfg.table_configs() {
         engine.register_table(t).context("register table")?;
     }
     let engine = Arc::new(engine);

@@ -10,10 +10,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use protocol::wire::frame::encode_head;
-use protocol::{InitSpec, OptimizerSpec, PsClient, PsClientConfig, Request, Response, TableSpec};
+use protocol::{PsClient, PsClientConfig, Request, Response};
 use rayon::prelude::*;
 
-use super::config::{LoadConfig, Optimizer};
+use super::config::LoadConfig;
 use super::populate;
 use super::prefetch::{self, Prefetcher};
 use super::workload::{gradient_block, plan, Batch, IdSampler, ServerRequests};
@@ -24,29 +24,6 @@ struct Prepared {
     req: ServerRequests,
     pull_wire: u64,
     push_wire: u64,
-}
-
-/// Table specs the benchmark registers: ids `0..tables`, named `C1..`.
-pub fn table_specs(cfg: &LoadConfig) -> Vec<TableSpec> {
-    (0..cfg.tables)
-        .map(|t| TableSpec {
-            id: t,
-            name: format!("C{}", t + 1),
-            dim: cfg.dim,
-            optimizer: match cfg.optimizer {
-                Optimizer::Sgd => OptimizerSpec::Sgd { lr: 0.01 },
-                Optimizer::RowAdagrad => OptimizerSpec::RowAdagrad {
-                    lr: 0.05,
-                    eps: 1e-8,
-                    initial_accumulator: 0.0,
-                },
-            },
-            init: InitSpec::Uniform {
-                scale: (1.0 / cfg.dim as f32).sqrt(),
-            },
-            seed: t as u64,
-        })
-        .collect()
 }
 
 fn head_len<H: serde::Serialize>(h: &H, payload: usize) -> anyhow::Result<u64> {
@@ -112,7 +89,7 @@ async fn run_async(
         .await
         .with_context(|| format!("connect to {addrs:?} over {}", cfg.transport))?;
     client
-        .register_tables(&table_specs(cfg))
+        .register_tables(&cfg.table_configs())
         .await
         .context("register tables")?;
     let map = client.shard_map();

@@ -47,12 +47,10 @@ pub(crate) fn keep_smallest(ids: &mut Vec<u64>, limit: usize) {
 #[cfg(test)]
 mod tests {
     use crate::config::TableConfig;
-    use crate::spec::{table_config, TableSpec};
     use crate::Table;
 
     fn table() -> Table {
-        let cfg: TableConfig = table_config(&TableSpec::counter(1, 2));
-        Table::new(cfg).unwrap()
+        Table::new(TableConfig::counter(1, 2)).unwrap()
     }
 
     #[test]

@@ -32,7 +32,7 @@ use crate::error::ProtocolError;
 use crate::routing::ShardMap;
 use crate::transport::tls;
 use crate::transport::{Connection, Dialer, NetDialer, Transport};
-use crate::wire::message::{Request, Response, TableSpec};
+use crate::wire::message::{Request, Response, TableConfig};
 use replicas::ShardReplicas;
 pub use replicas::FAILOVER_CALL_TIMEOUT;
 
@@ -218,7 +218,7 @@ pub struct PsClient<D: Dialer = NetDialer> {
     dial: Option<DialFn<D>>,
     /// One map refresh at a time.
     refresh: tokio::sync::Mutex<()>,
-    tables: Vec<TableSpec>,
+    tables: Vec<TableConfig>,
     /// Times a shard moved to another replica ([`PsClient::failovers`]).
     failovers: AtomicU64,
     /// Times the client followed a new shard map ([`PsClient::map_changes`]).
@@ -437,7 +437,7 @@ impl<D: Dialer> PsClient<D> {
     }
 
     /// Tables server 0 knew at connect time.
-    pub fn known_tables(&self) -> &[TableSpec] {
+    pub fn known_tables(&self) -> &[TableConfig] {
         &self.tables
     }
 

@@ -12,11 +12,11 @@ use crate::error::ProtocolError;
 use crate::transport::Dialer;
 use crate::wire;
 use crate::wire::layout::TableCount;
-use crate::wire::message::{Request, Response, TableSpec};
+use crate::wire::message::{Request, Response, TableConfig};
 
 impl<D: Dialer> PsClient<D> {
     /// Registers tables on every server (each shard's primary, which passes them to its backups).
-    pub async fn register_tables(&self, tables: &[TableSpec]) -> Result<(), ProtocolError> {
+    pub async fn register_tables(&self, tables: &[TableConfig]) -> Result<(), ProtocolError> {
         for i in 0..self.num_servers() {
             let req = Request::RegisterTables {
                 tables: tables.to_vec(),

@@ -3,7 +3,7 @@
 //! SGD table; the conventions below are shared by every trainer of a job (the synchronization itself, which
 //! sums parameter deltas, is `trainer::step::dense_sync`).
 //!
-//! - Table [`DENSE_TABLE`] ([`table_spec`]): rows of [`DENSE_ROW_DIM`] f32 values, SGD with learning rate 1,
+//! - Table [`DENSE_TABLE`] ([`table_config`]): rows of [`DENSE_ROW_DIM`] f32 values, SGD with learning rate 1,
 //!   rows starting at zero, so a push of `-delta` adds `delta`.
 //! - Parameter row `i` has id `i`; each trainer rank also has one push-counter row per server
 //!   ([`counter_id`], ids from [`COUNTER_BASE`]), pushed with `-1` in its first value by every push.
@@ -23,7 +23,7 @@ use crate::routing::ShardMap;
 use crate::wire::ids::IdCoding;
 use crate::wire::layout::{check_len, TableCount};
 use crate::wire::message::pull::IdSections;
-use embedding::spec::TableSpec;
+use embedding::TableConfig;
 
 /// The reserved table id of the dense parameters (embedding tables are numbered from 0 by feature).
 pub const DENSE_TABLE: u32 = 1_000_000;
@@ -34,14 +34,15 @@ pub const DENSE_ROW_DIM: usize = 64;
 /// First id of the push-counter rows (above every parameter row).
 pub const COUNTER_BASE: u64 = 1 << 32;
 
-/// The dense table's spec: SGD with learning rate 1 (the servers add the pushed deltas), rows starting at zero.
-pub fn table_spec() -> TableSpec {
-    // Seed 0 as before `TableSpec::counter` existed: servers (and checkpoints) holding the table check the
-    // spec matches.
-    TableSpec {
+/// The dense table's config: SGD with learning rate 1 (the servers add the pushed deltas), rows starting at
+/// zero.
+pub fn table_config() -> TableConfig {
+    // Seed 0 as before `TableConfig::counter` existed: servers (and checkpoints) holding the table check the
+    // config matches.
+    TableConfig {
         name: "dense".into(),
         seed: 0,
-        ..TableSpec::counter(DENSE_TABLE, DENSE_ROW_DIM as u32)
+        ..TableConfig::counter(DENSE_TABLE, DENSE_ROW_DIM)
     }
 }
 

@@ -30,7 +30,7 @@
 
 use serde::{Deserialize, Serialize};
 
-pub use embedding::spec::{InitSpec, OptimizerSpec, TableSpec};
+pub use embedding::{AdmissionConfig, InitConfig, InitKind, OptimizerConfig, TableConfig};
 
 use crate::compression::codec::Encoding;
 use crate::error::ErrorCode;
@@ -54,10 +54,10 @@ pub enum Request {
         /// The client's [`crate::PROTOCOL_VERSION`].
         version: u32,
     },
-    /// Create tables (idempotent for identical specs).
+    /// Create tables (idempotent for identical configs); the server validates each as one from a file.
     RegisterTables {
         /// The tables.
-        tables: Vec<TableSpec>,
+        tables: Vec<TableConfig>,
     },
     /// Read rows; unknown ids read as their initializer.
     Pull {
@@ -339,8 +339,8 @@ pub enum Response {
         epoch: u64,
         /// The server's [`crate::ShardMap::routing_fingerprint`].
         routing: u64,
-        /// Tables known to this server.
-        tables: Vec<TableSpec>,
+        /// Tables known to this server, without the admission and TTL its table policy gave them.
+        tables: Vec<TableConfig>,
         /// Its place among its shard's replicas.
         replica: crate::wire::message::replicate::ReplicaInfo,
     },

@@ -48,8 +48,9 @@ impl Background {
     }
 }
 
-/// Spawns the timers `cfg` asks for: write-back (gauges only with `durability = "none"`), expiry when a TTL is
-/// configured or a recovered table has one, eviction with a memory budget.
+/// Spawns the timers `cfg` asks for: write-back (gauges only with `durability = "none"`), expiry (always: a
+/// table registered later may carry its own TTL; a pass over tables without one visits no row), eviction with a
+/// memory budget.
 pub(super) fn spawn_timers(cfg: &ServerConfig, shard: &Arc<Shard>, background: &Background) {
     // Durability `none`: the timer only refreshes gauges (a zero interval), and shutdown writes nothing.
     let interval = if cfg.durability != Durability::None {
@@ -59,18 +60,14 @@ pub(super) fn spawn_timers(cfg: &ServerConfig, shard: &Arc<Shard>, background: &
     };
     tracing::info!(durability = ?cfg.durability, flush_interval = ?cfg.flush_interval, "durability");
     background.spawn(|stop| run_write_back_timer(shard.clone(), interval, stop));
-    let has_ttl =
-        cfg.row_ttl_secs.is_some() || shard.engine().tables().iter().any(|t| t.ttl_secs.is_some());
-    if has_ttl {
-        tracing::info!(
-            ttl_secs = ?cfg.row_ttl_secs,
-            interval = ?cfg.expire_interval,
-            admission = ?cfg.admission,
-            "row expiry"
-        );
-        let interval = cfg.expire_interval;
-        background.spawn(|stop| run_expiry_timer(shard.clone(), interval, stop));
-    }
+    tracing::info!(
+        ttl_secs = ?cfg.row_ttl_secs,
+        interval = ?cfg.expire_interval,
+        admission = ?cfg.admission,
+        "row expiry"
+    );
+    let interval = cfg.expire_interval;
+    background.spawn(|stop| run_expiry_timer(shard.clone(), interval, stop));
     if !cfg.sync_interval.is_zero() {
         tracing::info!(interval = ?cfg.sync_interval, retain_rows = cfg.sync_retain_rows, incarnation = shard.sync().incarnation, "delta sync");
         let interval = cfg.sync_interval;

@@ -11,8 +11,8 @@ use bytes::Bytes;
 use protocol::compression::codec;
 use protocol::wire::layout::put_ids;
 use protocol::{
-    Encoding, InitSpec, OptimizerSpec, ProtocolError, PsClient, PsClientConfig, TableCount,
-    TableSpec,
+    Encoding, InitConfig, OptimizerConfig, ProtocolError, PsClient, PsClientConfig, TableConfig,
+    TableCount,
 };
 
 /// A running server process; killed on drop if a test fails before stopping it.
@@ -180,18 +180,16 @@ pub fn http_get(addr: SocketAddr, path: &str) -> String {
 }
 
 /// The table every test uses: id 3, dim 8, row-wise Adagrad.
-pub fn table() -> TableSpec {
-    TableSpec {
-        id: 3,
-        name: "C3".into(),
-        dim: 8,
-        optimizer: OptimizerSpec::RowAdagrad {
+pub fn table() -> TableConfig {
+    TableConfig {
+        optimizer: OptimizerConfig::RowAdagrad {
             lr: 0.05,
             eps: 1e-8,
             initial_accumulator: 0.0,
         },
-        init: InitSpec::Uniform { scale: 0.1 },
+        init: InitConfig::uniform(0.1),
         seed: 42,
+        ..TableConfig::new(3, "C3", 8)
     }
 }
 
@@ -308,9 +306,9 @@ pub fn metric(s: &Server, name: &str) -> f64 {
 
 /// A table `id` of dimension `dim` with SGD at learning rate 1 and zero rows: every pushed gradient is
 /// subtracted exactly (sums of small integers are exact in f32), so rows count what was applied.
-pub fn counter_table(id: u32, dim: u32) -> TableSpec {
-    TableSpec {
+pub fn counter_table(id: u32, dim: u32) -> TableConfig {
+    TableConfig {
         name: format!("counter{id}"),
-        ..TableSpec::counter(id, dim)
+        ..TableConfig::counter(id, dim as usize)
     }
 }

@@ -9,7 +9,7 @@ fn defaults_are_valid_and_match_the_issue() {
     let m = ModelArgs::default();
     m.validate().unwrap();
     assert_eq!(m.dlrm().interaction_dim(), 367);
-    assert_eq!(m.table_specs(26).len(), 26);
+    assert_eq!(m.table_configs(26).len(), 26);
     assert_eq!(m.batch_size, 2048);
     assert_eq!((m.staleness_bound(1), m.staleness_bound(2)), (2, 0));
     let explicit: ModelArgs = toml::from_str("max-in-flight = 3").unwrap();
@@ -202,8 +202,8 @@ fn the_kaggle_spec_is_the_flags_model() {
     );
     assert_eq!(kaggle.dlrm_config(), ModelArgs::default().dlrm());
     assert_eq!(
-        kaggle.table_specs(1, 0.05),
-        ModelArgs::default().table_specs(26)
+        kaggle.table_configs(1, 0.05),
+        ModelArgs::default().table_configs(26)
     );
     assert_eq!(
         kaggle.codecs(Vec::new()).push,

@@ -39,7 +39,7 @@ use std::collections::VecDeque;
 use protocol::compression::topk::RowTopK;
 use protocol::wire::dense;
 pub use protocol::wire::dense::{counter_id, DENSE_ROW_DIM, DENSE_TABLE};
-use protocol::{ProtocolError, ShardMap, TableCount, TableSpec};
+use protocol::{ProtocolError, ShardMap, TableConfig, TableCount};
 
 use crate::model::Dlrm;
 
@@ -164,9 +164,9 @@ impl DenseSync {
         self.flat.len() / DENSE_ROW_DIM
     }
 
-    /// The table spec: SGD with learning rate 1 (the servers add the pushed deltas), rows starting at zero.
-    pub fn table_spec() -> TableSpec {
-        dense::table_spec()
+    /// The table's config: SGD with learning rate 1 (the servers add the pushed deltas), rows starting at zero.
+    pub fn table_config() -> TableConfig {
+        dense::table_config()
     }
 
     /// The pull requests: `(server, table counts, id payload)`.

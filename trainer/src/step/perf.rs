@@ -10,7 +10,7 @@
 //! one-hot features at dim 16 with Criteo-like cardinalities, drawn Zipf-like so that consecutive batches
 //! share their hot ids as real data does; f16 on the wire; two servers; row-wise Adagrad replayed.
 
-use protocol::{Encoding, InitSpec, OptimizerSpec, ShardMap, TableSpec};
+use protocol::{Encoding, InitConfig, OptimizerConfig, ShardMap, TableConfig};
 
 use crate::step::replay::Replayer;
 use protocol::plan::{Plan, SparseLayout, TableCodecs};
@@ -92,21 +92,19 @@ fn embedding_work_per_batch() {
         let map = ShardMap::new(2);
         let layout = SparseLayout::uniform(26, DIM);
         let codecs = TableCodecs::uniform(26, Encoding::F16, Encoding::F16);
-        let specs: Vec<TableSpec> = (0..26)
-            .map(|t| TableSpec {
-                id: t,
-                name: format!("C{}", t + 1),
-                dim: DIM as u32,
-                optimizer: OptimizerSpec::RowAdagrad {
+        let configs: Vec<TableConfig> = (0..26)
+            .map(|t| TableConfig {
+                optimizer: OptimizerConfig::RowAdagrad {
                     lr: 0.05,
                     eps: 1e-8,
                     initial_accumulator: 0.0,
                 },
-                init: InitSpec::Uniform { scale: 0.05 },
+                init: InitConfig::uniform(0.05),
                 seed: t as u64,
+                ..TableConfig::new(t, format!("C{}", t + 1), DIM)
             })
             .collect();
-        let mut replayer = Replayer::new(&specs);
+        let mut replayer = Replayer::new(&configs);
         let sparse: Vec<Vec<Vec<u64>>> = (0..3).map(|b| batch_ids(b + 1)).collect();
         let mut plans: Vec<Plan> = sparse
             .iter()

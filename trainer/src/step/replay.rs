@@ -23,8 +23,7 @@
 //! ascending key order, so replaying one batch costs one linear pass over both batches' ids.
 
 use embedding::optimizer::{self, Regularizer};
-use embedding::OptimizerConfig;
-use protocol::TableSpec;
+use embedding::{OptimizerConfig, TableConfig};
 
 use base::multiversion;
 use protocol::plan::Plan;
@@ -37,15 +36,12 @@ pub struct Replayer {
 }
 
 impl Replayer {
-    /// The replayer of the embedding tables `specs` (table `t` of a plan is `specs[t]`), as the servers
-    /// configure them ([`embedding::spec::table_config`]).
-    pub fn new(specs: &[TableSpec]) -> Replayer {
-        let tables = specs
+    /// The replayer of the embedding tables `configs` (table `t` of a plan is `configs[t]`), with the
+    /// optimizers and regularizers the servers build from the same configs.
+    pub fn new(configs: &[TableConfig]) -> Replayer {
+        let tables = configs
             .iter()
-            .map(|s| {
-                let cfg = embedding::spec::table_config(s);
-                (cfg.optimizer, Regularizer::of(&cfg))
-            })
+            .map(|cfg| (cfg.optimizer, Regularizer::of(cfg)))
             .collect();
         Replayer { tables }
     }
@@ -163,18 +159,16 @@ multiversion! {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use embedding::{Table, TableConfig};
-    use protocol::{InitSpec, OptimizerSpec, ShardMap};
+    use embedding::{InitConfig, Table};
+    use protocol::ShardMap;
 
-    fn specs(optimizer: OptimizerSpec) -> Vec<TableSpec> {
+    fn configs(optimizer: OptimizerConfig) -> Vec<TableConfig> {
         (0..2)
-            .map(|t| TableSpec {
-                id: t,
-                name: format!("C{t}"),
-                dim: 3,
+            .map(|t| TableConfig {
                 optimizer,
-                init: InitSpec::Uniform { scale: 0.1 },
+                init: InitConfig::uniform(0.1),
                 seed: 7 + t as u64,
+                ..TableConfig::new(t, format!("C{t}"), 3)
             })
             .collect()
     }
@@ -199,21 +193,20 @@ mod tests {
     #[test]
     fn replay_equals_pulling_after_the_pushes() {
         for optimizer in [
-            OptimizerSpec::Sgd { lr: 0.3 },
-            OptimizerSpec::RowAdagrad {
+            OptimizerConfig::Sgd { lr: 0.3 },
+            OptimizerConfig::RowAdagrad {
                 lr: 0.05,
                 eps: 1e-8,
                 initial_accumulator: 0.1,
             },
         ] {
-            let specs = specs(optimizer);
+            let configs = configs(optimizer);
             let map = ShardMap::new(3);
-            let tables: Vec<Table> = specs
+            let tables: Vec<Table> = configs
                 .iter()
-                .map(|s| Table::new(embedding::spec::table_config(s)).unwrap())
+                .map(|c| Table::new(c.clone()).unwrap())
                 .collect();
-            let configs: Vec<TableConfig> = tables.iter().map(|t| t.config().clone()).collect();
-            let mut replayer = Replayer::new(&specs);
+            let mut replayer = Replayer::new(&configs);
             // Pull batch "target" now, then push three batches overlapping it, then replay.
             let target = plan(&[[1, 2], [3, 2], [5, 9], [1, 4], [11, 12]], &map);
             let pull = |p: &Plan| -> (Vec<Vec<f32>>, Vec<Vec<f32>>) {
@@ -271,7 +264,8 @@ mod tests {
 #[cfg(test)]
 mod perf {
     use super::*;
-    use protocol::{InitSpec, OptimizerSpec, ShardMap};
+    use embedding::InitConfig;
+    use protocol::ShardMap;
     use std::time::Instant;
 
     /// Skewed ids like Criteo's: table `t` draws `floor(card_t * u^4)` (most draws hit a few hot ids).
@@ -296,20 +290,18 @@ mod perf {
     fn replay_cost_per_batch() {
         let (b, tables, dim, k) = (2048, 26, 16, 4);
         let map = ShardMap::new(2);
-        let spec = |t: usize| TableSpec {
-            id: t as u32,
-            name: format!("C{}", t + 1),
-            dim: dim as u32,
-            optimizer: OptimizerSpec::RowAdagrad {
+        let config = |t: usize| TableConfig {
+            optimizer: OptimizerConfig::RowAdagrad {
                 lr: 0.05,
                 eps: 1e-8,
                 initial_accumulator: 0.0,
             },
-            init: InitSpec::Uniform { scale: 0.05 },
+            init: InitConfig::uniform(0.05),
             seed: t as u64,
+            ..TableConfig::new(t as u32, format!("C{}", t + 1), dim)
         };
-        let specs: Vec<_> = (0..tables).map(spec).collect();
-        let mut replayer = Replayer::new(&specs);
+        let configs: Vec<_> = (0..tables).map(config).collect();
+        let mut replayer = Replayer::new(&configs);
         let plans: Vec<Plan> = (0..=k as u64)
             .map(|s| {
                 let mut p = Plan::default();

@@ -139,13 +139,13 @@ impl<D: Dialer> Trainer<D> {
         let residuals = Arc::new(std::sync::Mutex::new(
             args.residual_store_of_dim(&codecs, feedback_dim),
         ));
-        let mut specs = spec.table_specs(args.seed, args.emb_init_scale);
-        let replayer = args.replay_own_updates.then(|| Replayer::new(&specs));
+        let mut tables = spec.table_configs(args.seed, args.emb_init_scale);
+        let replayer = args.replay_own_updates.then(|| Replayer::new(&tables));
         let map = client.shard_map();
         let hybrid =
             dense_on_ps && world > 1 && args.dense_mode == crate::config::DenseMode::Hybrid;
         if dense_on_ps {
-            specs.push(DenseSync::table_spec());
+            tables.push(DenseSync::table_config());
         }
         let dense = (dense_on_ps && !hybrid).then(|| {
             DenseSync::new(&model, &map, rank).with_push_fraction(args.dense_push_fraction)
@@ -166,7 +166,7 @@ impl<D: Dialer> Trainer<D> {
         });
         let publish = (hybrid && rank == 0).then(|| DenseSync::new(&model, &map, rank));
         client
-            .register_tables(&specs)
+            .register_tables(&tables)
             .await
             .map_err(TrainError::servers("register embedding tables"))?;
         Ok(Trainer {
@@ -406,7 +406,7 @@ impl<D: Dialer> Trainer<D> {
             version: self.step,
             samples: self.samples,
             created_unix_ms: crate::model::export::now_unix_ms(),
-            tables: spec.table_specs(self.args.seed, self.args.emb_init_scale),
+            tables: spec.table_configs(self.args.seed, self.args.emb_init_scale),
             spec,
             precision: self.model.precision(),
             param_sizes: Vec::new(),

@@ -16,7 +16,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::error::ProtocolError;
-use crate::wire::message::TableSpec;
+use crate::wire::message::TableConfig;
 
 /// A replica's role in its shard.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -111,7 +111,7 @@ pub struct ReplicateHeader {
     pub kind: ReplicateKind,
     /// Tables to register before storing rows (the catch-up starts with every table; a table registered on
     /// the primary later comes in the stream).
-    pub new_tables: Vec<TableSpec>,
+    pub new_tables: Vec<TableConfig>,
     /// Tables of the payload, in order (a table may appear more than once).
     pub tables: Vec<RowsTable>,
 }

@@ -26,7 +26,7 @@ use crate::wire::ids::{get_ids, IdCoding, IdError};
 use crate::wire::layout::TableCount;
 use crate::wire::message::pull::IdSections;
 use crate::wire::message::replicate::RowsTable;
-use crate::wire::message::TableSpec;
+use crate::wire::message::TableConfig;
 
 #[cfg(doc)]
 use crate::wire::message::Request;
@@ -138,7 +138,7 @@ pub struct MoveHeader {
     /// Messages batched in this request (`seq .. seq + messages`).
     pub messages: u32,
     /// Tables to register before storing (the source's tables, in the first request).
-    pub new_tables: Vec<TableSpec>,
+    pub new_tables: Vec<TableConfig>,
     /// The rows' tables, in payload order.
     pub tables: Vec<RowsTable>,
 }

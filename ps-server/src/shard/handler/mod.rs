@@ -8,11 +8,10 @@
 //! A push is validated whole before any row is applied: a bad table or dimension anywhere in it leaves every
 //! table untouched.
 
-use embedding::spec::{table_config, table_spec};
 use protocol::compression::codec;
 use protocol::wire::{self, layout::PayloadLayout};
 use protocol::{
-    Encoding, ErrorCode, PrefetchCounts, Request, Response, ShardMap, TableCount, TableSpec,
+    Encoding, ErrorCode, PrefetchCounts, Request, Response, ShardMap, TableConfig, TableCount,
     PROTOCOL_VERSION,
 };
 
@@ -188,12 +187,7 @@ impl Shard {
                 num_shards: map.num_servers,
                 epoch: map.epoch,
                 routing: map.routing_fingerprint(),
-                tables: self
-                    .engine
-                    .tables()
-                    .iter()
-                    .filter_map(|cfg| table_spec(&self.engine.without_policy(cfg)))
-                    .collect(),
+                tables: self.engine.registered_tables(),
                 replica: self.replica.info(),
             },
             payload: Vec::new(),
@@ -203,7 +197,7 @@ impl Shard {
     /// Registers `tables` for a connection with `access`: within the shard's registration limits, except that an admin
     /// certificate may pass `max-tables` and `max-table-dim`. Registers a table per column family, which
     /// touches the disk: the server loop calls it off the async workers.
-    pub fn register_as(&self, access: &protocol::Access, tables: &[TableSpec]) -> Reply {
+    pub fn register_as(&self, access: &protocol::Access, tables: &[TableConfig]) -> Reply {
         let admin = *access == protocol::Access::Role(protocol::Role::Admin);
         self.register(tables, admin)
             .unwrap_or_else(Refusal::into_reply)
@@ -211,7 +205,7 @@ impl Shard {
 
     /// Refuses the whole request, before anything is registered, if it passes a registration limit (counted
     /// by reason); `admin` passes the table count and dimension limits.
-    fn check_registration(&self, tables: &[TableSpec], admin: bool) -> Result<(), Refusal> {
+    fn check_registration(&self, tables: &[TableConfig], admin: bool) -> Result<(), Refusal> {
         let limits = &self.registration;
         let refused = |reason: &'static str, message: String| {
             metrics::counter!(m::TABLE_REGISTRATIONS_REFUSED_TOTAL, "reason" => reason)
@@ -233,10 +227,7 @@ impl Shard {
         if admin {
             return Ok(());
         }
-        if let Some(t) = tables
-            .iter()
-            .find(|t| t.dim as usize > limits.max_table_dim)
-        {
+        if let Some(t) = tables.iter().find(|t| t.dim > limits.max_table_dim) {
             return refused(
                 "dim",
                 format!(
@@ -272,15 +263,20 @@ impl Shard {
         Ok(())
     }
 
-    fn register(&self, tables: &[TableSpec], admin: bool) -> Result<Reply, Refusal> {
+    fn register(&self, tables: &[TableConfig], admin: bool) -> Result<Reply, Refusal> {
         self.replica.require_primary("register tables")?;
         self.check_registration(tables, admin)?;
+        // Each config is checked as one from a file, all before any is registered (the engine checks again
+        // with the table policy applied).
+        for cfg in tables {
+            cfg.validate()?;
+        }
         // The count again under the tables' lock: concurrent registrations cannot pass it together.
         let max = (!admin).then_some(self.registration.max_tables);
         let mut done = 0;
-        let result = tables.iter().try_for_each(|spec| {
+        let result = tables.iter().try_for_each(|cfg| {
             self.engine
-                .register_table_within(table_config(spec), max)
+                .register_table_within(cfg.clone(), max)
                 .map(|()| done += 1)
         });
         metrics::gauge!(m::TABLES).set(self.engine.table_count() as f64);

@@ -4,7 +4,7 @@
 use super::*;
 use embedding::{Engine, MemStore};
 use protocol::wire::layout::put_ids;
-use protocol::{ShardMap, TableSpec};
+use protocol::{ShardMap, TableConfig};
 use std::sync::Arc;
 
 const NOW: u64 = 2_000_000;
@@ -20,7 +20,7 @@ fn spilled_shard(num_servers: u32) -> Shard {
     };
     let r = s.handle(
         Request::RegisterTables {
-            tables: vec![TableSpec::counter(1, 4)],
+            tables: vec![TableConfig::counter(1, 4)],
         },
         &[],
         NOW,

@@ -20,9 +20,9 @@ fn shard_with(retain_rows: usize) -> Shard {
     let r = s.handle(
         Request::RegisterTables {
             tables: vec![
-                TableSpec::counter(1, 2),
-                TableSpec::counter(2, 1),
-                dense::table_spec(),
+                TableConfig::counter(1, 2),
+                TableConfig::counter(2, 1),
+                dense::table_config(),
             ],
         },
         &[],
@@ -372,7 +372,7 @@ fn answers_fit_the_frame_cap_with_dense_values_and_wide_rows() {
     };
     let r = s.handle(
         Request::RegisterTables {
-            tables: vec![TableSpec::counter(3, 64)],
+            tables: vec![TableConfig::counter(3, 64)],
         },
         &[],
         NOW,

@@ -3,7 +3,7 @@
 use super::*;
 use embedding::{Engine, MemStore};
 use protocol::wire::layout::put_ids;
-use protocol::{OptimizerSpec, ShardMap, TableSpec};
+use protocol::{AdmissionConfig, OptimizerConfig, ShardMap, TableConfig};
 use std::sync::Arc;
 
 /// The time every request of these tests is handled at (Unix seconds), unless a test passes another.
@@ -13,7 +13,7 @@ fn shard(num_servers: u32, index: u32) -> Shard {
     let s = crate::testing::memory_shard(ShardMap::new(num_servers), index);
     let r = s.handle(
         Request::RegisterTables {
-            tables: vec![TableSpec::counter(1, 4), TableSpec::counter(2, 2)],
+            tables: vec![TableConfig::counter(1, 4), TableConfig::counter(2, 2)],
         },
         &[],
         NOW,
@@ -130,7 +130,7 @@ fn pushed_rows_are_stamped_with_the_time_passed_in() {
     s.engine.set_table_policy(None, Some(10));
     let r = s.handle(
         Request::RegisterTables {
-            tables: vec![TableSpec::counter(1, 4)],
+            tables: vec![TableConfig::counter(1, 4)],
         },
         &[],
         NOW,
@@ -246,7 +246,7 @@ fn conflicting_registration_refused() {
     let s = shard(1, 0);
     let (code, msg) = error_of(s.handle(
         Request::RegisterTables {
-            tables: vec![TableSpec::counter(1, 8)],
+            tables: vec![TableConfig::counter(1, 8)],
         },
         &[],
         NOW,
@@ -267,7 +267,7 @@ fn limited_shard() -> Shard {
     }
 }
 
-fn register_as(s: &Shard, role: protocol::Role, tables: Vec<TableSpec>) -> Reply {
+fn register_as(s: &Shard, role: protocol::Role, tables: Vec<TableConfig>) -> Reply {
     s.handle_as(
         &protocol::Access::Role(role),
         Request::RegisterTables { tables },
@@ -280,8 +280,8 @@ fn register_as(s: &Shard, role: protocol::Role, tables: Vec<TableSpec>) -> Reply
 fn registration_limits_refuse_whole_requests_and_admins_pass_count_and_dim() {
     use protocol::Role;
     let s = limited_shard();
-    let counters = |ids: std::ops::Range<u32>, dim| -> Vec<TableSpec> {
-        ids.map(|id| TableSpec::counter(id, dim)).collect()
+    let counters = |ids: std::ops::Range<u32>, dim| -> Vec<TableConfig> {
+        ids.map(|id| TableConfig::counter(id, dim)).collect()
     };
     // Too many in one request, from anyone: nothing registered.
     for role in [Role::Trainer, Role::Admin] {
@@ -334,7 +334,7 @@ fn registration_limits_refuse_whole_requests_and_admins_pass_count_and_dim() {
         register_as(
             &s,
             Role::Admin,
-            vec![TableSpec::counter(4, 2), TableSpec::counter(5, 512)]
+            vec![TableConfig::counter(4, 2), TableConfig::counter(5, 512)]
         )
         .header,
         Response::Registered { tables: 5 }
@@ -347,9 +347,9 @@ fn registration_limits_refuse_whole_requests_and_admins_pass_count_and_dim() {
 #[test]
 fn table_names_past_their_byte_limit_are_refused() {
     let s = limited_shard();
-    let spec = TableSpec {
+    let spec = TableConfig {
         name: "x".repeat(embedding::MAX_NAME_BYTES + 1),
-        ..TableSpec::counter(1, 2)
+        ..TableConfig::counter(1, 2)
     };
     let (_, msg) = error_of(register_as(&s, protocol::Role::Trainer, vec![spec]));
     assert!(msg.contains("257 bytes"), "{msg}");
@@ -359,16 +359,14 @@ fn table_names_past_their_byte_limit_are_refused() {
 #[test]
 fn register_adam_table_over_the_wire() {
     let s = shard(1, 0);
-    let spec = TableSpec {
-        optimizer: OptimizerSpec::Adam {
+    let spec = TableConfig {
+        optimizer: OptimizerConfig::Adam {
             lr: 0.1,
             beta1: 0.9,
             beta2: 0.999,
             eps: 1e-8,
-            weight_decay: 0.0,
-            clip_norm: 0.0,
         },
-        ..TableSpec::counter(7, 4)
+        ..TableConfig::counter(7, 4)
     };
     let reply = s.handle(
         Request::RegisterTables {
@@ -383,7 +381,68 @@ fn register_adam_table_over_the_wire() {
         reply.header
     );
     let cfg = s.engine.table(7).unwrap().config().clone();
-    assert_eq!(table_spec(&cfg), Some(spec));
+    assert_eq!(cfg, spec);
+}
+
+/// Admission and TTL travel with the table (protocol version 6): the server applies them as it would a config
+/// file's, lists them in `Hello` (they are not its policy's), and refuses a request with an invalid config
+/// whole, before any of its tables is registered.
+#[test]
+fn admission_and_ttl_over_the_wire() {
+    let s = shard(1, 0);
+    let spec = TableConfig {
+        admission: Some(AdmissionConfig {
+            min_count: 2,
+            width: 1024,
+            depth: 2,
+        }),
+        ttl_secs: Some(10),
+        ..TableConfig::counter(7, 2)
+    };
+    let register =
+        |tables: Vec<TableConfig>| s.handle(Request::RegisterTables { tables }, &[], NOW);
+    let r = register(vec![spec.clone()]);
+    assert!(
+        matches!(r.header, Response::Registered { tables: 3 }),
+        "{:?}",
+        r.header
+    );
+    assert_eq!(*s.engine.table(7).unwrap().config(), spec);
+    let hello = s.handle(
+        Request::Hello {
+            version: PROTOCOL_VERSION,
+        },
+        &[],
+        NOW,
+    );
+    let Response::Hello { tables, .. } = hello.header else {
+        panic!("{:?}", hello.header)
+    };
+    assert!(tables.contains(&spec), "{tables:?}");
+    // Admitted at the second push of an id.
+    let table = s.engine.table(7).unwrap();
+    push_at(&s, &[(7, 2, &[5], &[1.0, 1.0])], NOW);
+    assert_eq!(table.len(), 0);
+    push_at(&s, &[(7, 2, &[5], &[1.0, 1.0])], NOW);
+    assert_eq!(table.len(), 1);
+    // Expires 10 s after its last push.
+    assert!(table.expired(NOW + 9).is_empty());
+    assert_eq!(table.expired(NOW + 10), vec![5]);
+    // An invalid admission refuses the whole request, naming the field.
+    let bad = TableConfig {
+        admission: Some(AdmissionConfig {
+            min_count: 0,
+            width: 1024,
+            depth: 2,
+        }),
+        ..TableConfig::counter(9, 2)
+    };
+    let (_, msg) = error_of(register(vec![TableConfig::counter(8, 2), bad]));
+    assert!(
+        msg.contains("table 9: invalid admission.min_count = 0"),
+        "{msg}"
+    );
+    assert!(!s.engine.has_table(8) && !s.engine.has_table(9));
 }
 
 /// A [`MemStore`] whose row writes fail while `fail` is set.
@@ -466,7 +525,7 @@ fn sync_push_is_stored_before_the_reply_and_a_store_error_is_a_storage_refusal()
     };
     let r = s.handle(
         Request::RegisterTables {
-            tables: vec![TableSpec::counter(1, 4), TableSpec::counter(2, 2)],
+            tables: vec![TableConfig::counter(1, 4), TableConfig::counter(2, 2)],
         },
         &[],
         NOW,
@@ -611,8 +670,8 @@ fn unsorted_ids_and_short_sections_refused() {
 #[test]
 fn pull_with_state_returns_each_rows_accumulator_after_the_rows() {
     let s = shard(1, 0);
-    let mut adagrad = TableSpec::counter(3, 2);
-    adagrad.optimizer = OptimizerSpec::RowAdagrad {
+    let mut adagrad = TableConfig::counter(3, 2);
+    adagrad.optimizer = OptimizerConfig::RowAdagrad {
         lr: 0.1,
         eps: 1e-8,
         initial_accumulator: 0.5,

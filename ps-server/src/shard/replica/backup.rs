@@ -6,7 +6,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use embedding::spec::table_config;
 use protocol::wire::message::replicate::{self, ReplicateHeader, ReplicateKind, Role};
 use protocol::{ErrorCode, Request, Response};
 
@@ -206,7 +205,7 @@ impl Shard {
     pub(crate) fn store_whole_rows(
         &self,
         what: &str,
-        (new_tables, tables): (&[protocol::TableSpec], &[replicate::RowsTable]),
+        (new_tables, tables): (&[protocol::TableConfig], &[replicate::RowsTable]),
         payload: &[u8],
         now: u64,
         check: impl Fn(u32, &[u64]) -> Result<(), Refusal>,
@@ -215,8 +214,8 @@ impl Shard {
         for (t, (ids, _)) in tables.iter().zip(&parts) {
             check(t.table, ids)?;
         }
-        for spec in new_tables {
-            self.engine.register_table(table_config(spec))?;
+        for cfg in new_tables {
+            self.engine.register_table(cfg.clone())?;
         }
         let mut rows = 0;
         for (t, (ids, values)) in tables.iter().zip(&parts) {

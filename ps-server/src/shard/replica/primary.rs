@@ -15,11 +15,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use embedding::spec::table_spec;
 use embedding::Engine;
 use parking_lot::Mutex;
 use protocol::wire::message::replicate::{self, ReplicateHeader, ReplicateKind, RowsTable};
-use protocol::{ErrorCode, Request, Response, TableSpec};
+use protocol::{ErrorCode, Request, Response, TableConfig};
 use tokio::sync::{watch, Notify};
 
 use super::Replica;
@@ -39,7 +38,7 @@ const CATCHUP_QUEUE: usize = 16;
 /// reshard's stream, [`crate::shard::reshard`]).
 pub struct Msg {
     pub(crate) kind: ReplicateKind,
-    pub(crate) new_tables: Vec<TableSpec>,
+    pub(crate) new_tables: Vec<TableConfig>,
     pub(crate) tables: Vec<RowsTable>,
     pub(crate) payload: Vec<u8>,
     pub(crate) queued: Instant,
@@ -227,14 +226,14 @@ impl Links {
     }
 
     /// Queues newly registered tables to every backup.
-    pub fn tables_registered(&self, specs: Vec<TableSpec>) {
-        if self.links.lock().is_empty() || specs.is_empty() {
+    pub fn tables_registered(&self, tables: Vec<TableConfig>) {
+        if self.links.lock().is_empty() || tables.is_empty() {
             return;
         }
         let _order = self.order.lock();
         let msg = Arc::new(Msg {
             kind: ReplicateKind::Stream,
-            new_tables: specs,
+            new_tables: tables,
             tables: Vec::new(),
             payload: Vec::new(),
             queued: Instant::now(),
@@ -309,17 +308,13 @@ pub fn join(shard: &Arc<Shard>, replica: u32, session: u64) {
 async fn catch_up(shard: &Arc<Shard>, link: &Arc<Link>) {
     let engine = &shard.engine;
     let links = &shard.replica.links;
-    let specs: Vec<TableSpec> = engine
-        .tables()
-        .iter()
-        .filter_map(|cfg| table_spec(&engine.without_policy(cfg)))
-        .collect();
-    let tables: Vec<u32> = engine.tables().iter().map(|c| c.id).collect();
+    let configs = engine.registered_tables();
+    let tables: Vec<u32> = configs.iter().map(|c| c.id).collect();
     {
         let _order = links.order.lock();
         link.push(Arc::new(Msg {
             kind: ReplicateKind::CatchUp,
-            new_tables: specs,
+            new_tables: configs,
             tables: Vec::new(),
             payload: Vec::new(),
             queued: Instant::now(),
@@ -506,7 +501,7 @@ pub(crate) fn take_batch(msgs: &VecDeque<(u64, Arc<Msg>)>) -> Vec<(u64, Arc<Msg>
 }
 
 /// A batch's tables to register, row tables and rows, in order: one request's header fields and payload.
-pub(crate) fn joined(batch: &[(u64, Arc<Msg>)]) -> (Vec<TableSpec>, Vec<RowsTable>, Vec<u8>) {
+pub(crate) fn joined(batch: &[(u64, Arc<Msg>)]) -> (Vec<TableConfig>, Vec<RowsTable>, Vec<u8>) {
     let new_tables = batch
         .iter()
         .flat_map(|(_, m)| m.new_tables.iter().cloned())

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use protocol::wire::layout::put_ids;
 use protocol::wire::message::replicate::{self, ReplicateHeader, ReplicateKind, Role, RowsTable};
-use protocol::{Encoding, ErrorCode, Request, Response, ShardMap, TableCount, TableSpec};
+use protocol::{Encoding, ErrorCode, Request, Response, ShardMap, TableConfig, TableCount};
 
 use super::Replica;
 use crate::config::Durability;
@@ -24,7 +24,7 @@ fn backup() -> Shard {
     };
     s.handle(
         Request::RegisterTables {
-            tables: vec![TableSpec::counter(1, 2)],
+            tables: vec![TableConfig::counter(1, 2)],
         },
         &[],
         NOW,

@@ -18,12 +18,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use embedding::spec::table_spec;
 use embedding::Engine;
 use parking_lot::Mutex;
 use protocol::wire::message::replicate::ReplicateKind;
 use protocol::wire::message::reshard::MoveHeader;
-use protocol::{Request, Response, ShardMap, TableSpec};
+use protocol::{Request, Response, ShardMap, TableConfig};
 use tokio::sync::{watch, Notify};
 
 use crate::metrics as m;
@@ -101,12 +100,12 @@ pub struct Mover {
 
 impl Mover {
     /// The move of server `own` from `current` to `target`; `None` when it loses no virtual shard. Each
-    /// stream starts with the tables `specs` (the destination registers them before any row arrives).
+    /// stream starts with the tables `tables` (the destination registers them before any row arrives).
     pub fn new(
         current: &ShardMap,
         own: u32,
         (target, servers): (ShardMap, Vec<String>),
-        specs: Vec<TableSpec>,
+        tables: Vec<TableConfig>,
         peers: Peers,
     ) -> Option<Mover> {
         let mut dest_of = vec![STAYS; current.num_virtual as usize];
@@ -137,7 +136,7 @@ impl Mover {
                     wake: Notify::new(),
                     acked: watch::Sender::new(0),
                 };
-                link.push(tables_msg(specs.clone()));
+                link.push(tables_msg(tables.clone()));
                 Arc::new(link)
             })
             .collect();
@@ -202,13 +201,13 @@ impl Mover {
     }
 
     /// Queues tables registered here during the move to every destination (before any of their rows).
-    pub fn tables_registered(&self, specs: Vec<TableSpec>) {
-        if specs.is_empty() {
+    pub fn tables_registered(&self, tables: Vec<TableConfig>) {
+        if tables.is_empty() {
             return;
         }
         let _order = self.order.lock();
         for l in &self.links {
-            l.push(tables_msg(specs.clone()));
+            l.push(tables_msg(tables.clone()));
         }
     }
 
@@ -243,24 +242,15 @@ impl Mover {
     }
 }
 
-/// A message registering `specs` on the destination.
-fn tables_msg(specs: Vec<TableSpec>) -> Msg {
+/// A message registering `tables` on the destination.
+fn tables_msg(tables: Vec<TableConfig>) -> Msg {
     Msg {
         kind: ReplicateKind::Stream,
-        new_tables: specs,
+        new_tables: tables,
         tables: Vec::new(),
         payload: Vec::new(),
         queued: std::time::Instant::now(),
     }
-}
-
-/// The tables of `engine`, as registered (without the server's own policies).
-pub fn table_specs(engine: &Engine) -> Vec<TableSpec> {
-    engine
-        .tables()
-        .iter()
-        .filter_map(|cfg| table_spec(&engine.without_policy(cfg)))
-        .collect()
 }
 
 /// Starts `mover` on `shard`: the scan and one sender per destination, as tasks.

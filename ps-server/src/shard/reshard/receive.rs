@@ -282,12 +282,12 @@ fn prepare(shard: &Arc<Shard>, info: &MapInfo) -> Result<(), Refusal> {
     }
     let peers = Peers::new(&info.servers, shard.shard_index, routing.peers.clone());
     // Tables registered from here on are queued by the register handler; these go first.
-    let specs = mover::table_specs(&shard.engine);
+    let tables = shard.engine.registered_tables();
     match Mover::new(
         &current,
         shard.shard_index,
         (target.clone(), info.servers.clone()),
-        specs,
+        tables,
         peers,
     ) {
         Some(m) => {
@@ -300,7 +300,7 @@ fn prepare(shard: &Arc<Shard>, info: &MapInfo) -> Result<(), Refusal> {
             routing.set_mover(Some(m.clone()));
             // A table registered between the list above and now is queued here (registering twice is
             // harmless); from now on the register handler queues new ones.
-            m.tables_registered(mover::table_specs(&shard.engine));
+            m.tables_registered(shard.engine.registered_tables());
             mover::start(shard, m);
         }
         None => tracing::info!(

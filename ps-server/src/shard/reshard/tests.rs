@@ -7,7 +7,7 @@ use std::sync::Arc;
 use protocol::wire::layout::put_ids;
 use protocol::wire::message::replicate::{self, RowsTable};
 use protocol::wire::message::reshard::{MapInfo, MoveHeader, ReshardStep};
-use protocol::{Encoding, ErrorCode, Request, Response, ShardMap, TableCount, TableSpec};
+use protocol::{Encoding, ErrorCode, Request, Response, ShardMap, TableConfig, TableCount};
 
 use super::mover::Mover;
 use super::MAP_KEY;
@@ -22,7 +22,7 @@ fn server(map: ShardMap, index: u32) -> Arc<Shard> {
     let s = crate::testing::memory_shard(map, index);
     s.handle(
         Request::RegisterTables {
-            tables: vec![TableSpec::counter(1, 2)],
+            tables: vec![TableConfig::counter(1, 2)],
         },
         &[],
         NOW,
