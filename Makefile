@@ -23,8 +23,8 @@ python-test: deps
 
 # Offline validation of every Kubernetes object, and a real Prometheus scraping a ps-server and a trainer.
 k8s-check: deps
-	./k8s/validate.sh
-	./k8s/prometheus-check.sh
+	./scripts/k8s/validate.sh
+	./scripts/k8s/prometheus-check.sh
 
 # Import circles between sibling modules of each crate: none beyond the shrinking list in
 # scripts/import-cycles.allow (scripts/import_cycles.py).

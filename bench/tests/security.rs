@@ -225,7 +225,7 @@ fn render(overlay: &str) -> Vec<serde_json::Value> {
         .arg(&dir)
         .output()
         .expect(
-        "kubectl (with its built-in kustomize) renders the overlays: install it (k8s/validate.sh)",
+        "kubectl (with its built-in kustomize) renders the overlays: install it (scripts/k8s/validate.sh)",
     );
     assert!(
         yaml.status.success(),

@@ -108,7 +108,7 @@ mod tests {
     }
 
     /// A FIFO's bytes belong to the reader: sampling it would take them (and closing it broke the writer's pipe,
-    /// which is how `k8s/prometheus-check.sh` found this). Opening a FIFO with no writer blocks, so this test would
+    /// which is how `scripts/k8s/prometheus-check.sh` found this). Opening a FIFO with no writer blocks, so this test would
     /// hang rather than pass if the FIFO were opened.
     #[test]
     fn fifos_are_never_opened() {

@@ -6,7 +6,7 @@
 # microseconds per sample (the demo process and its ps-servers, which it waits for: getrusage of the children,
 # so the evaluation and start-up are in it for both builds alike) and test AUC; then the medians of new/old.
 #
-# Usage: bench/scripts/compare_builds.sh [OLD [NEW]]
+# Usage: scripts/bench/compare_builds.sh [OLD [NEW]]
 #   OLD  a git revision (default HEAD~1)
 #   NEW  a git revision (default HEAD); `.` is the checkout's working tree as it is (tracked files, uncommitted
 #        changes included, through `git stash create`, which changes nothing)

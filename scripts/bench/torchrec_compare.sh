@@ -4,7 +4,7 @@
 # fused, in process), same data, rounds interleaved (bench/pytorch/torchrec_dlrm.py). One JSON line per run; the
 # summaries stay under OUT.
 #
-# Usage: bench/scripts/torchrec_compare.sh [OUT]
+# Usage: scripts/bench/torchrec_compare.sh [OUT]
 #   env: ROWS (300000), TEST_ROWS (50000), ROUNDS (3), PSTRAIN_VENV (/var/tmp/pstrain-venv-torchrec: torch 2.14.1,
 #        torchrec 1.9.2, fbgemm-gpu-cpu 1.9.0 as scripts/python-test.sh installs), R (binaries), EXTRA (flags)
 set -euo pipefail

@@ -18,7 +18,7 @@
 # (the second from the servers' memory gauges, sampled every 5 s into OUT/memory.tsv)
 # and keeps every log, the summary and the servers' last /metrics under OUT.
 #
-# Usage: bench/scripts/scale.sh [OUT]
+# Usage: scripts/bench/scale.sh [OUT]
 #   env: ROWS (training rows, 150000000), TEST_ROWS (200000), VOCAB_SCALE (40), SCALED_ZIPF (0.8),
 #        SERVERS (2), BUDGET (rows per table per server kept in memory, 5000000), BATCH (4096),
 #        DISK_NEEDED_GB (40), R (binaries; default $CARGO_TARGET_DIR/release, else target/release),

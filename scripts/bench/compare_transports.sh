@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs the same ps-bench workload against QUIC, TCP (TLS over TCP), the in-process engine (no network, no codec:
-# the limit) and Redis as a naive parameter server (bench/scripts/redis_baseline.py), and prints one table.
+# the limit) and Redis as a naive parameter server (scripts/bench/redis_baseline.py), and prints one table.
 #
 # Every server is one process pinned to one core (SERVER_CPU, default 1) and the load generator another process
 # pinned to the other core (CLIENT_CPU, default 0): "one server core". A fresh ps-server is started for every
@@ -13,7 +13,7 @@
 # persistence off; skipped with a note when redis-server is absent.
 # BEFORE_BIN=DIR (a directory with an earlier build's ps-server and ps-bench) adds a "quic-before" row run with
 # those binaries, interleaved with the others (quic, quic-before, tcp, ...): a before/after comparison in one run.
-# Usage: bench/scripts/compare_transports.sh [OUT_DIR]
+# Usage: scripts/bench/compare_transports.sh [OUT_DIR]
 #   env: SECONDS_PER_RUN, CONCURRENCY, RUNS, CODEC, SERVER_CPU, CLIENT_CPU, EXTRA_ARGS (ps-bench), SKIP_BUILD=1,
 #        BIN_DIR (default target/release), BEFORE_BIN, SERVER_ARGS (extra ps-server flags), SERVER_ENV (e.g.
 #        TOKIO_WORKER_THREADS=2, for every ps-server of the run), SKIP_REDIS=1, SKIP_IN_PROCESS=1
@@ -103,7 +103,7 @@ elif command -v redis-server >/dev/null; then
   "${PIN_S[@]}" redis-server --port "$PORT" --bind 127.0.0.1 --save '' --appendonly no >"$OUT/redis.log" 2>&1 &
   REDIS_PID=$!
   sleep 0.5
-  "${PIN_C[@]}" python3 bench/scripts/redis_baseline.py --redis "127.0.0.1:$PORT" "${WORKLOAD[@]}" \
+  "${PIN_C[@]}" python3 scripts/bench/redis_baseline.py --redis "127.0.0.1:$PORT" "${WORKLOAD[@]}" \
     --concurrency "$CONC" --mix both --seconds "$SECS" --quiet --json "$OUT/redis.json" || true
   kill "$REDIS_PID" 2>/dev/null || true
   wait "$REDIS_PID" 2>/dev/null || true

@@ -6,7 +6,7 @@
 # (trainer_samples_total), progressive AUC and logloss (trainer_progressive_auc/_logloss, window WINDOW rows,
 # refreshed at each progress line, every second). Once every row is trained it sends SIGTERM and prints the
 # trainer's summary (final checkpoint in OUT_DIR/ckpt, test AUC on the held-out rows).
-# Usage: bench/scripts/stream.sh [OUT_DIR]
+# Usage: scripts/bench/stream.sh [OUT_DIR]
 #   env: ROWS (default 600000), CHUNK (4000), INTERVAL (1.0 s), WINDOW (100000), SERVERS (2), BATCH (1024),
 #        TEST_ROWS (50000), BIN_DIR (default $CARGO_TARGET_DIR/release or target/release), SKIP_BUILD=1,
 #        TRAINER_ARGS (extra trainer flags)

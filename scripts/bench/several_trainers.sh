@@ -3,7 +3,7 @@
 # interleaved RUNS times (default 3), f32 and bf16 reduce sums; (2) test AUC and calibration of 1, 2 and 4
 # trainers at the same global batch, k = 0 and 2, on the default demo data and on data of teacher 11.
 # Each line: the run, samples/s, test AUC, calibration. Per-run logs and summaries in OUT_DIR.
-# Usage: bench/scripts/several_trainers.sh [OUT_DIR]
+# Usage: scripts/bench/several_trainers.sh [OUT_DIR]
 #   env: RUNS, DATA_DIR (generated data, reused; default /var/tmp/demo-data), BIN_DIR (default
 #        $CARGO_TARGET_DIR/release or target/release), SKIP_BUILD=1, SKIP_AUC=1, SKIP_SPEED=1
 set -euo pipefail

@@ -4,7 +4,7 @@
 #   pytorch: bench/pytorch/dlrm_reference.py (everything in one process, embeddings in local memory)
 # for each optimizer setting (default: "sgd adagrad"), and prints samples/s, test AUC and logloss side by side.
 #
-# Usage: bench/pytorch/compare.sh [OUT_DIR]
+# Usage: scripts/bench/pytorch_compare.sh [OUT_DIR]
 #   env: ROWS (training rows, default 1000000), TEST_ROWS (100000), OPTIMIZERS ("sgd adagrad"),
 #        THREADS (PyTorch threads, default 2), PYTHON (an interpreter with torch and numpy; default python3),
 #        TRAINER_ARGS (extra flags for `trainer demo`, e.g. "--dense-precision bf16"),
@@ -15,7 +15,7 @@
 #
 # PyTorch is optional. Without it the script says how to install it and exits 0 ("skipped"):
 #   python3 -m venv /var/tmp/torch-venv && /var/tmp/torch-venv/bin/pip install torch numpy
-#   PYTHON=/var/tmp/torch-venv/bin/python bench/pytorch/compare.sh
+#   PYTHON=/var/tmp/torch-venv/bin/python scripts/bench/pytorch_compare.sh
 set -euo pipefail
 SPEC_ARGS=()
 if [ -n "${MODEL_SPEC:-}" ]; then

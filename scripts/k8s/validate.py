@@ -157,7 +157,7 @@ def serving_checks(path, by_kind, shards):
 PS_NAME = "pstrain-ps"
 SHARD_LABEL = "pstrain/shard"
 HOSTNAME_KEY = "kubernetes.io/hostname"
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 METRIC_RE = re.compile(r"\b((?:ps|trainer|serving)_[a-z0-9_]+)")
 
 

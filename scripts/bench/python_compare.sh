@@ -7,7 +7,7 @@
 # Prints one line per run (samples/s, AUC, and for pstrain the per-batch pull/push/wait milliseconds) and keeps
 # the summaries under OUT.
 #
-# Usage: bench/scripts/python_compare.sh [OUT]
+# Usage: scripts/bench/python_compare.sh [OUT]
 #   env: ROWS (training rows, 300000), TEST_ROWS (50000), ROUNDS (2), PSTRAIN_VENV (/var/tmp/pstrain-venv),
 #        R (binaries: $CARGO_TARGET_DIR/release or target/release), EXTRA (flags for every run)
 set -euo pipefail

@@ -3,8 +3,8 @@
 # On a shared host whose speed drifts, CPU seconds per sample move less than samples/s, and they say which
 # process the time goes to.
 #
-# Usage: bench/scripts/cpu_per_sample.sh LABEL [extra `trainer demo` flags]
-#   env: TRAIN (default data/demo/train-1000000-s1-t7.cols, made by bench/pytorch/compare.sh), TEST
+# Usage: scripts/bench/cpu_per_sample.sh LABEL [extra `trainer demo` flags]
+#   env: TRAIN (default data/demo/train-1000000-s1-t7.cols, made by scripts/bench/pytorch_compare.sh), TEST
 #        (data/demo/test-100000-s2-t7.tsv), OPT (sgd), BIN (${CARGO_TARGET_DIR:-target}/release)
 # Prints: LABEL samples/s, test AUC, trainer and ps-server CPU microseconds per sample (user + system, from
 # /proc/PID/stat, sampled every 0.2 s until the final evaluation starts), and wall microseconds per sample.
@@ -16,7 +16,7 @@ B=${BIN:-${CARGO_TARGET_DIR:-target}/release}
 TRAIN=${TRAIN:-data/demo/train-1000000-s1-t7.cols}
 TEST=${TEST:-data/demo/test-100000-s2-t7.tsv}
 for f in "$TRAIN" "$TEST"; do
-    [ -e "$f" ] || { echo "missing $f: run bench/pytorch/compare.sh once, or set TRAIN/TEST" >&2; exit 2; }
+    [ -e "$f" ] || { echo "missing $f: run scripts/bench/pytorch_compare.sh once, or set TRAIN/TEST" >&2; exit 2; }
 done
 out=$(mktemp -d /tmp/cpu-per-sample.XXXXXX)
 "$B/trainer" demo --data-dir data/demo --train "$TRAIN" --test "$TEST" --optimizer "${OPT:-sgd}" \

@@ -26,7 +26,7 @@
 # back by the pull, waited for a prefetch's read); 1.0 when no row was counted (factor 0: no budget).
 # readback_rows_s = increase of ps_readback_rows_total / SECONDS_RUN (read-backs by pulls, pushes and prefetches).
 #
-# Usage: bench/scripts/tier_sweep.sh [OUT_DIR]
+# Usage: scripts/bench/tier_sweep.sh [OUT_DIR]
 #   env: V (500000), FACTORS ("1 2 4 8"), DISTS ("uniform zipf"), PREFETCH (P, default 4; runs use 0 and P),
 #        SECONDS_RUN (10), WARMUP (2), ZIPF_S (1.1), POOL_BATCHES (1000), SERVER_CPU, CLIENT_CPU,
 #        SERVER_ARGS (extra ps-server flags), CONCURRENCY (batches in flight, 4), RATE_ARGS (extra ps-bench

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # The DLRM-v2 figures of issue 20 (bench/figures/history.md, "Sixteenth round"), one after the other on the same cores:
 #   1. ours vs PyTorch on the dlrm-v2 spec (model/specs/dlrm-v2.toml), generated multi-hot data, both in bf16
-#      (bench/pytorch/compare.sh with MODEL_SPEC=dlrm-v2): samples/s, AUC, and ours' wire bytes per sample (f16);
+#      (scripts/bench/pytorch_compare.sh with MODEL_SPEC=dlrm-v2): samples/s, AUC, and ours' wire bytes per sample (f16);
 #   2. ours with int8 pushes (error feedback on, f16 pulls): wire bytes per sample and AUC against 1;
 #   3. ours with the dot interaction instead of DCNv2 (dlrm-v2 with [interaction] kind = "dot"): AUC against 1.
 #
-# Usage: bench/scripts/dlrm_v2.sh [OUT_DIR]
+# Usage: scripts/bench/dlrm_v2.sh [OUT_DIR]
 #   env: ROWS (default 1000000), TEST_ROWS (100000), PYTHON (with torch and numpy), PRECISION (bf16 or f32)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -20,7 +20,7 @@ else
     export TRAINER_ARGS="--dense-precision f32" PYTORCH_ARGS=""
 fi
 export MODEL_SPEC=dlrm-v2 DATA=${DATA:-data/demo/spec-dlrm-v2}
-bench/pytorch/compare.sh "$OUT/compare" | tee "$OUT/compare.txt"
+scripts/bench/pytorch_compare.sh "$OUT/compare" | tee "$OUT/compare.txt"
 B=${CARGO_TARGET_DIR:-target}/release
 TRAIN=$(ls -d "$DATA"/train-$ROWS-s1-t7*.cols | head -1)
 TEST=$(ls "$DATA"/test-$TEST_ROWS-s2-t7*.tsv | head -1)

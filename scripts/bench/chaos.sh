@@ -23,7 +23,7 @@
 # binaries if missing, in $CARGO_TARGET_DIR/release if set, else target/release. Everything lives in a
 # temporary directory; every process it started is killed on exit or interrupt.
 #
-# Usage: bench/chaos.sh --kills N --durability sync|periodic|replicated [--replicas R] [--seed S] [--rows R]
+# Usage: scripts/bench/chaos.sh --kills N --durability sync|periodic|replicated [--replicas R] [--seed S] [--rows R]
 #        [--test-rows R] [--flush-interval-secs I] [--batch-size B] [--checkpoint-every K] [--keep]
 # --checkpoint-every 0: no checkpoints; a killed trainer restarts from the start of its share.
 # --durability replicated needs --replicas 2 or more.
@@ -70,7 +70,7 @@ if [ "$DURABILITY" = replicated ] && [ "$REPLICAS" -lt 2 ]; then
     echo "chaos: --durability replicated needs --replicas 2 or more" >&2; exit 2
 fi
 
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 # cargo puts the binaries under CARGO_TARGET_DIR when set (relative to where it runs: $ROOT below).
 TARGET_DIR=${CARGO_TARGET_DIR:-target}
 case "$TARGET_DIR" in /*) ;; *) TARGET_DIR="$ROOT/$TARGET_DIR" ;; esac

@@ -6,7 +6,7 @@
 #
 #   rows=N grow_rows_per_s=X shrink_rows_per_s=X grow_commit_s=X shrink_commit_s=X
 #
-# Usage: bench/scripts/reshard_copy.sh [--rows-per-table N] [--tables T] [--dim D] [--keep]
+# Usage: scripts/bench/reshard_copy.sh [--rows-per-table N] [--tables T] [--dim D] [--keep]
 # Builds the release binaries if missing ($CARGO_TARGET_DIR/release or target/release); everything lives in
 # a temporary directory; every process it started is killed on exit.
 set -euo pipefail

@@ -8,7 +8,8 @@
 #      default ${XDG_CACHE_HOME:-$HOME/.cache}/pstrain-k8s-venv).
 set -euo pipefail
 
-HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+SELF="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+HERE="$(cd "$SELF/../../k8s" && pwd)"
 K8S_VERSION="${K8S_VERSION:-1.29.0}"
 KV_VERSION="1.37.0"
 VENV="${PSTRAIN_K8S_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/pstrain-k8s-venv}"
@@ -60,7 +61,7 @@ for target in base overlays/dev overlays/prod; do
 done
 
 # --- validate ----------------------------------------------------------------------------------------------
-"$PY" "$HERE/validate.py" "$K8S_VERSION" "$KV" "$HERE/schemas" "${rendered[@]}"
+"$PY" "$SELF/validate.py" "$K8S_VERSION" "$KV" "$HERE/schemas" "${rendered[@]}"
 
 # --- self-test: broken manifests must be refused ------------------------------------------------------------
 dev="$WORK/rendered-overlays-dev.yaml"
@@ -73,7 +74,7 @@ by = {(d["kind"], d["metadata"]["name"]): d for d in docs}
 exec(sys.argv[3])
 yaml.safe_dump_all(docs, open(sys.argv[2], "w"))
 PYEOF
-    if "$PY" "$HERE/validate.py" "$K8S_VERSION" "$KV" "$HERE/schemas" "$broken" > "$WORK/selftest.log" 2>&1; then
+    if "$PY" "$SELF/validate.py" "$K8S_VERSION" "$KV" "$HERE/schemas" "$broken" > "$WORK/selftest.log" 2>&1; then
         cat "$WORK/selftest.log" >&2
         log "SELF-TEST FAILED: broken manifest '$name' was accepted"
         exit 1

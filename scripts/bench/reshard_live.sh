@@ -19,7 +19,7 @@
 # Installs nothing; builds the release binaries if missing, in $CARGO_TARGET_DIR/release if set, else
 # target/release. Everything lives in a temporary directory; every process it started is killed on exit.
 #
-# Usage: bench/scripts/reshard_live.sh [--seed S] [--rows R] [--test-rows R] [--batch-size B]
+# Usage: scripts/bench/reshard_live.sh [--seed S] [--rows R] [--test-rows R] [--batch-size B]
 #        [--durability D] [--settle-secs S] [--keep]
 # --settle-secs: training time before the grow, and between the grow and the shrink (default 4).
 set -euo pipefail

@@ -13,7 +13,7 @@
 # gradients, row-wise Adagrad, CONCURRENCY (default 4) batches in flight, MIX (default push: pushes only, the
 # cost measured; `both` for a pull then a push), 1 s warm-up then SECONDS_PER_RUN (default 10) measured.
 # Loopback: the replication stream costs CPU on the same machine, no network latency.
-# Usage: bench/scripts/replication_cost.sh [OUT_DIR]
+# Usage: scripts/bench/replication_cost.sh [OUT_DIR]
 #   env: SECONDS_PER_RUN, CONCURRENCY, RUNS, MIX, SHARDS, CONFIGS, EXTRA_ARGS (ps-bench), SERVER_ARGS (extra
 #        ps-server flags, each passed as --server-arg), SKIP_BUILD=1, BIN_DIR (default
 #        ${CARGO_TARGET_DIR:-target}/release)

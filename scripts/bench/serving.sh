@@ -7,7 +7,7 @@
 #  4. freshness under training load: job 2 trains on other rows (publishing its dense parameters) while
 #     `freshness-probe` pushes probe rows and times push-acknowledged -> served.
 # Everything shares the machine's cores (servers, trainer, ps-serve, the load generator): figures are for 2 cores.
-# Usage: bench/scripts/serving.sh [OUT_DIR]
+# Usage: scripts/bench/serving.sh [OUT_DIR]
 #   env: TRAIN_ROWS (200000), LOAD_ROWS (job 2, 1000000), TEST_ROWS (50000), SYNC (seconds, 1), SECONDS_EACH
 #        (load duration, 15), BIN_DIR (default $CARGO_TARGET_DIR/release or target/release), SKIP_BUILD=1
 set -euo pipefail

@@ -13,7 +13,8 @@
 # Bounded: about a minute after the build (the trainer's input is a FIFO the check feeds until it is done). Env: CARGO_TARGET_DIR (honoured), PROM_CHECK_TIMEOUT (default 150 s).
 set -euo pipefail
 
-HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+SELF="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+HERE="$(cd "$SELF/../../k8s" && pwd)"
 ROOT="$(cd "$HERE/.." && pwd)"
 TIMEOUT="${PROM_CHECK_TIMEOUT:-150}"
 log() { echo "prometheus-check: $*" >&2; }
@@ -120,7 +121,7 @@ try:
     import yaml
     doc = yaml.safe_load(open(sys.argv[1]))
 except ImportError:  # no PyYAML: let promtool's own YAML parser read the spec (JSON is YAML)
-    sys.exit("PyYAML is needed: pip install pyyaml (or run k8s/validate.sh first and use its venv)")
+    sys.exit("PyYAML is needed: pip install pyyaml (or run scripts/k8s/validate.sh first and use its venv)")
 json.dump(doc["spec"], open(sys.argv[2], "w"), indent=1)
 PYEOF
 promtool check rules "$WORK/rules.yml" >&2 || die "promtool check rules refused k8s/base/prometheusrule.yaml"
