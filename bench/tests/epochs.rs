@@ -33,14 +33,14 @@ fn preprocess(input: &Path, out: &Path) -> PathBuf {
 }
 
 /// The `--ps` list of `cluster`.
-fn ps_list(cluster: &ops::local_cluster::LocalCluster) -> String {
+fn ps_list(cluster: &local_cluster::LocalCluster) -> String {
     let addrs: Vec<String> = cluster.quic.iter().map(|a| a.to_string()).collect();
     addrs.join(",")
 }
 
 /// `trainer train` on `cluster` with `extra` flags, synchronous (k = 0), writing `json`.
 fn train(
-    cluster: &ops::local_cluster::LocalCluster,
+    cluster: &local_cluster::LocalCluster,
     shards: &Path,
     test: &Path,
     json: &Path,

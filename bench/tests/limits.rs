@@ -37,7 +37,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use ops::local_cluster::{free_ports, http_get, metric};
+use local_cluster::{free_ports, http_get, metric};
 use protocol::transport::tls;
 use protocol::wire::layout::put_ids;
 use protocol::{

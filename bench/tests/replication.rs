@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use bench::audit::{audit_table, AuditRows};
 use bytes::Bytes;
-use ops::local_cluster::LocalCluster;
+use local_cluster::LocalCluster;
 use protocol::wire::layout::put_ids;
 use protocol::wire::message::replicate::ReplicaInfo;
 use protocol::{Encoding, PsClient, PsClientConfig, Request, Response, TableCount};
@@ -246,9 +246,9 @@ async fn killed_primaries_and_backups_lose_no_acknowledged_push_and_replicas_con
 
 /// Sample `name` on the metrics page of replica `r` of `shard` (0 when absent).
 fn metric_of(c: &LocalCluster, shard: usize, r: usize, name: &str) -> f64 {
-    ops::local_cluster::http_get(c.replica_metrics[shard][r], "/metrics")
+    local_cluster::http_get(c.replica_metrics[shard][r], "/metrics")
         .ok()
-        .and_then(|page| ops::local_cluster::metric(&page, name))
+        .and_then(|page| local_cluster::metric(&page, name))
         .unwrap_or(0.0)
 }
 

@@ -15,8 +15,8 @@ mod support;
 use support::generate;
 
 use bytes::Bytes;
+use local_cluster::LocalCluster;
 use model::eval::EvalReport;
-use ops::local_cluster::LocalCluster;
 use protocol::wire::ids::IdCoding;
 use protocol::wire::message::pull::IdSections;
 use protocol::wire::message::reshard::{MapInfo, ReshardStep};

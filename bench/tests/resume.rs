@@ -10,9 +10,9 @@ use std::time::Duration;
 mod support;
 use support::generate;
 
+use local_cluster::LocalCluster;
 use model::eval::EvalReport;
 use model::spec::OptimizerKind;
-use ops::local_cluster::LocalCluster;
 use trainer::config::ModelArgs;
 use trainer::criteo::ReaderConfig;
 use trainer::train::{Event, PassOptions, Trainer};

@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use ops::local_cluster::{free_ports, http_get, metric};
+use local_cluster::{free_ports, http_get, metric};
 use protocol::transport::tls;
 use protocol::wire::layout::put_ids;
 use protocol::{

@@ -17,14 +17,14 @@ use support::{generate, summary, trainer};
 /// Generous: a loaded 2-core machine builds, starts and trains far within it.
 const DEADLINE: Duration = Duration::from_secs(300);
 
-fn ps_list(cluster: &ops::local_cluster::LocalCluster) -> String {
+fn ps_list(cluster: &local_cluster::LocalCluster) -> String {
     let addrs: Vec<String> = cluster.quic.iter().map(|a| a.to_string()).collect();
     addrs.join(",")
 }
 
 /// `trainer train` on `cluster`, small batches, stderr to a channel of lines.
 fn spawn_train(
-    cluster: &ops::local_cluster::LocalCluster,
+    cluster: &local_cluster::LocalCluster,
     args: &[&str],
     stdin: Stdio,
 ) -> (Child, mpsc::Receiver<String>) {

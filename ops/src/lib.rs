@@ -9,12 +9,9 @@
 //!   colour only on a terminal.
 //! - [`shutdown`]: the future that resolves on SIGTERM or SIGINT ([`shutdown::signal`]), passed into each
 //!   binary's `run`.
-//! - [`local_cluster`]: `ps-server` processes on loopback ([`local_cluster::LocalCluster`]) for the demo, load
-//!   generators, the Python helper and tests; it starts the binary, it does not link the server.
 #![warn(missing_docs)]
 
 pub mod buckets;
 pub mod http;
-pub mod local_cluster;
 pub mod logging;
 pub mod shutdown;

@@ -1,4 +1,4 @@
-//! `LocalCluster`: real `ps-server` processes on loopback ([`ops::local_cluster`]) for examples and tests,
+//! `LocalCluster`: real `ps-server` processes on loopback ([`local_cluster`]) for examples and tests,
 //! started from Python and stopped with SIGTERM (`stop`) or killed when the object goes away.
 
 use std::path::PathBuf;
@@ -11,12 +11,12 @@ use pyo3::prelude::*;
 /// A running local cluster.
 #[pyclass(module = "pstrain._pstrain")]
 pub struct LocalCluster {
-    inner: Option<ops::local_cluster::LocalCluster>,
+    inner: Option<local_cluster::LocalCluster>,
     run_dir: PathBuf,
 }
 
 impl LocalCluster {
-    fn running(&self) -> PyResult<&ops::local_cluster::LocalCluster> {
+    fn running(&self) -> PyResult<&local_cluster::LocalCluster> {
         self.inner
             .as_ref()
             .ok_or_else(|| PyRuntimeError::new_err("the local cluster was stopped"))
@@ -48,7 +48,7 @@ impl LocalCluster {
         let dir = run_dir.clone();
         let cluster = py
             .detach(move || {
-                ops::local_cluster::LocalCluster::start_with(
+                local_cluster::LocalCluster::start_with(
                     &|| Ok(Command::new(&ps_server)),
                     servers,
                     &dir,

@@ -267,7 +267,7 @@ pub fn run_demo(mut args: DemoArgs) -> anyhow::Result<Summary> {
     if let Some(root) = common_root(&roots) {
         server_flags.extend(["--checkpoint-root".into(), root.display().to_string()]);
     }
-    let cluster = ops::local_cluster::LocalCluster::start(args.servers, &run_dir, &server_flags)?;
+    let cluster = local_cluster::LocalCluster::start(args.servers, &run_dir, &server_flags)?;
     for (i, (q, m)) in cluster.quic.iter().zip(&cluster.metrics).enumerate() {
         eprintln!("  ps-server {i}: quic {q}, metrics http://{m}/metrics");
     }

@@ -3,7 +3,7 @@
 //! Batches of ids (per table, uniform or Zipf, deduplicated like the trainer) are generated before the run
 //! ([`workload`]) and cycled through by `--concurrency` workers, each with one batch in flight: a pull, a push,
 //! or a pull then a push (a training step without the compute). The load goes to a cluster over QUIC
-//! ([`quic`], through `protocol::PsClient`; local `ps-server` processes from `ops::local_cluster` or a running cluster)
+//! ([`quic`], through `protocol::PsClient`; local `ps-server` processes from `local_cluster` or a running cluster)
 //! or straight to an `embedding::Engine` over a `MemStore` ([`inproc`], the upper limit without network and
 //! codec). Requests that start before the warm-up ends or finish after the measured window are not counted.
 //!
@@ -30,7 +30,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use ops::local_cluster::LocalCluster;
+use local_cluster::LocalCluster;
 
 pub use config::{LoadArgs, LoadConfig, Target};
 pub use report::Report;

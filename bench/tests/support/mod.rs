@@ -28,29 +28,21 @@ pub fn generate(rows: u64, seed: u64, path: &Path) -> PathBuf {
 /// The trainer binary, told to start the workspace's `ps-server` binary for its demo clusters.
 pub fn trainer() -> Command {
     let mut cmd = bench::bins::command("trainer");
-    cmd.env(
-        ops::local_cluster::PS_SERVER_ENV,
-        bench::bins::path("ps-server"),
-    );
+    cmd.env(local_cluster::PS_SERVER_ENV, bench::bins::path("ps-server"));
     cmd
 }
 
 /// Starts `n` real `ps-server` processes under `run_dir` with `extra` flags (data directories
 /// `run_dir/ps-<i>`, which may hold a restored snapshot already). Their checkpoint root is the folder holding
 /// `run_dir` (the test's temporary folder, where its checkpoints go).
-pub fn start_servers(
-    n: usize,
-    run_dir: &Path,
-    extra: &[String],
-) -> ops::local_cluster::LocalCluster {
+pub fn start_servers(n: usize, run_dir: &Path, extra: &[String]) -> local_cluster::LocalCluster {
     let bin = bench::bins::path("ps-server");
     let mut flags = vec![
         "--checkpoint-root".to_owned(),
         run_dir.parent().unwrap_or(run_dir).display().to_string(),
     ];
     flags.extend(extra.iter().cloned());
-    ops::local_cluster::LocalCluster::start_with(&|| Ok(Command::new(&bin)), n, run_dir, &flags)
-        .unwrap()
+    local_cluster::LocalCluster::start_with(&|| Ok(Command::new(&bin)), n, run_dir, &flags).unwrap()
 }
 
 /// Restores `n` servers' data directories `run_dir/ps-<i>` from the snapshot `snapshot` (a checkpoint's `ps/`)

@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use ops::local_cluster::{ps_server_binary, LocalCluster};
+use local_cluster::{ps_server_binary, LocalCluster};
 
 #[test]
 fn two_replicas_start_and_a_killed_primary_rejoins_on_its_port() {

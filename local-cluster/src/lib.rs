@@ -1,10 +1,12 @@
-//! Local parameter-server processes on loopback, for the demo, load generators, the Python helper and tests.
+//! Local parameter-server processes on loopback, for the demo, load generators, the Python package and
+//! end-to-end tests; the one launcher, in a crate of its own: `ops` holds no domain logic, and the Python
+//! wheel links this without `ops`'s HTTP server and Prometheus exporter.
 //!
 //! Each server is a real `ps-server` process ([`ps_server_binary`], or whatever command the caller gives)
 //! with its own RocksDB directory, free ports (port 0, read back from the server's
 //! "ps-server ready quic=.. metrics=.." line) and logs in `<run-dir>/ps-<i>.log`; the dev CA and certificates
 //! come from the binary's own `certs init`. [`LocalCluster::shutdown`] sends SIGTERM and checks that every
-//! server exits cleanly; dropping the cluster kills what is left. This module starts the binary: it does not
+//! server exits cleanly; dropping the cluster kills what is left. This crate starts the binary: it does not
 //! link the server, so a trainer using it carries no server code and no RocksDB.
 //!
 //! [`LocalCluster::start_replicated`] starts R replicas of every shard (docs/replication.md): their listen
