@@ -13,6 +13,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
 
 use crate::error::EmbeddingError;
 use crate::table::{PrefetchStats, Table};
@@ -37,13 +38,21 @@ pub(crate) struct Leases {
     by_owner: Mutex<HashMap<u64, BTreeMap<u64, Lease>>>,
 }
 
-/// What [`crate::Engine::prefetch`] did.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+/// What [`crate::Engine::prefetch`] did: also the answer to a prefetch request on the wire (protocol's
+/// `Response::Prefetched`, summed over servers by the client), bincode writing the fields by position.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LeaseStats {
     /// Rows, summed over tables.
     pub rows: PrefetchStats,
     /// Leases released by `release_below` (and a replaced lease of the same number).
     pub released: usize,
+}
+
+impl std::ops::AddAssign for LeaseStats {
+    fn add_assign(&mut self, o: LeaseStats) {
+        self.rows += o.rows;
+        self.released += o.released;
+    }
 }
 
 impl Leases {

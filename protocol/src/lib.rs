@@ -51,7 +51,7 @@ pub use error::{ErrorCode, ProtocolError};
 pub use routing::{MapError, ShardMap};
 pub use transport::Transport;
 pub use wire::layout::TableCount;
-pub use wire::message::prefetch::PrefetchCounts;
+pub use wire::message::prefetch::LeaseStats;
 pub use wire::message::{
     AdmissionConfig, InitConfig, InitKind, OptimizerConfig, Request, RequestKind, Response,
     TableConfig,

@@ -718,13 +718,10 @@ fn check(
             );
         }
         (Response::Prefetched { stats }, Request::Prefetch { tables, .. }) => {
-            let ids = PayloadLayout::of(tables).unwrap().ids as u64;
+            let ids = PayloadLayout::of(tables).unwrap().ids;
+            let rows = &stats.rows;
             assert!(
-                stats.resident
-                    + stats.absent
-                    + stats.pinned
-                    + stats.over_pin_limit
-                    + stats.untiered
+                rows.resident + rows.absent + rows.pinned + rows.over_pin_limit + rows.untiered
                     <= ids,
                 "{stats:?} for {ids} ids"
             );

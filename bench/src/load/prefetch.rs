@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use bytes::Bytes;
-use protocol::{PrefetchCounts, ProtocolError, PsClient};
+use protocol::{LeaseStats, ProtocolError, PsClient};
 use tokio::task::JoinHandle;
 
 use super::workload::ServerRequests;
@@ -29,7 +29,7 @@ pub struct PrefetchTotals {
     /// Prefetch requests sent (one per server with ids, per batch).
     pub requests: u64,
     /// The servers' counts, summed.
-    pub counts: PrefetchCounts,
+    pub counts: LeaseStats,
 }
 
 impl PrefetchTotals {
@@ -55,7 +55,7 @@ pub fn run_base() -> u64 {
     mix64(nanos ^ (u64::from(std::process::id()) << 32))
 }
 
-type Pending = JoinHandle<Result<PrefetchCounts, ProtocolError>>;
+type Pending = JoinHandle<Result<LeaseStats, ProtocolError>>;
 
 /// One worker's prefetches. Call [`Prefetcher::ahead_of`] before each pull, then [`Prefetcher::finish`] once.
 pub struct Prefetcher {
@@ -160,6 +160,7 @@ impl Prefetcher {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use protocol::wire::message::prefetch::PrefetchStats;
 
     #[test]
     fn owners_differ_by_worker_and_run() {
@@ -173,23 +174,33 @@ mod tests {
     fn totals_add_up() {
         let mut a = PrefetchTotals {
             requests: 2,
-            counts: PrefetchCounts {
-                resident: 5,
-                read_back: 1,
-                ..PrefetchCounts::default()
+            counts: LeaseStats {
+                rows: PrefetchStats {
+                    resident: 5,
+                    read_back: 1,
+                    ..PrefetchStats::default()
+                },
+                released: 0,
             },
         };
         a.add(PrefetchTotals {
             requests: 1,
-            counts: PrefetchCounts {
-                resident: 1,
-                waited: 3,
-                ..PrefetchCounts::default()
+            counts: LeaseStats {
+                rows: PrefetchStats {
+                    resident: 1,
+                    waited: 3,
+                    ..PrefetchStats::default()
+                },
+                released: 0,
             },
         });
         assert_eq!(a.requests, 3);
         assert_eq!(
-            (a.counts.resident, a.counts.read_back, a.counts.waited),
+            (
+                a.counts.rows.resident,
+                a.counts.rows.read_back,
+                a.counts.rows.waited
+            ),
             (6, 1, 3)
         );
     }

@@ -71,7 +71,7 @@ pub struct Report {
     /// `wire_bytes` per second, in MB (10^6 bytes).
     pub wire_mb_per_sec: f64,
     /// Prefetch requests sent (`--prefetch-distance`; one per server with ids per batch), over the whole run,
-    /// warm-up included, like the `prefetch_*` row counts below (summed `protocol::PrefetchCounts`). Not
+    /// warm-up included, like the `prefetch_*` row counts below (summed `protocol::LeaseStats`). Not
     /// counted in `wire_bytes`.
     pub prefetch_requests: u64,
     /// Prefetched ids already in memory.
@@ -121,13 +121,13 @@ impl Report {
             },
             wire_mb_per_sec: m.wire_bytes as f64 / secs / 1e6,
             prefetch_requests: m.prefetch.requests,
-            prefetch_resident: m.prefetch.counts.resident,
-            prefetch_read_back: m.prefetch.counts.read_back,
-            prefetch_waited: m.prefetch.counts.waited,
-            prefetch_absent: m.prefetch.counts.absent,
-            prefetch_pinned: m.prefetch.counts.pinned,
-            prefetch_over_pin_limit: m.prefetch.counts.over_pin_limit,
-            prefetch_untiered: m.prefetch.counts.untiered,
+            prefetch_resident: m.prefetch.counts.rows.resident as u64,
+            prefetch_read_back: m.prefetch.counts.rows.read_back as u64,
+            prefetch_waited: m.prefetch.counts.rows.waited as u64,
+            prefetch_absent: m.prefetch.counts.rows.absent as u64,
+            prefetch_pinned: m.prefetch.counts.rows.pinned as u64,
+            prefetch_over_pin_limit: m.prefetch.counts.rows.over_pin_limit as u64,
+            prefetch_untiered: m.prefetch.counts.rows.untiered as u64,
             config: config.clone(),
         }
     }

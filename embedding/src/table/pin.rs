@@ -8,12 +8,15 @@
 
 use std::sync::atomic::Ordering;
 
+use serde::{Deserialize, Serialize};
+
 use super::stripe::{group_by_stripe, hash, stripe_of};
 use super::Table;
 use crate::error::EmbeddingError;
 
-/// What [`Table::prefetch`] did, in distinct ids.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+/// What [`Table::prefetch`] did, in distinct ids. Part of a prefetch's answer on the wire ([`crate::LeaseStats`]):
+/// bincode writes the fields by position (a `usize` as a `u64`), so new fields go last.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PrefetchStats {
     /// Ids whose rows were in memory already (every id, duplicates included and not looked up, of a table
     /// that never evicted a row).

@@ -120,7 +120,7 @@ impl<D: Dialer> PsClient<D> {
         (owner, lease, release_below): (u64, u64, u64),
         tables: Vec<TableCount>,
         ids: Bytes,
-    ) -> Result<wire::message::prefetch::PrefetchCounts, ProtocolError> {
+    ) -> Result<wire::message::prefetch::LeaseStats, ProtocolError> {
         let req = wire::message::prefetch::request(epoch, owner, lease, release_below, tables);
         let (resp, _) = self.call(server, &req, ids).await?;
         match resp {

@@ -29,7 +29,7 @@ use crate::routing::ShardMap;
 use crate::transport::{Connection, Dialer};
 use crate::wire;
 use crate::wire::layout::{PayloadLayout, TableCount};
-use crate::wire::message::prefetch::PrefetchCounts;
+use crate::wire::message::prefetch::LeaseStats;
 use crate::wire::message::reshard::{MapInfo, SplitPart};
 use crate::wire::message::{Request, Response};
 
@@ -455,7 +455,7 @@ impl<D: Dialer> PsClient<D> {
         release_below: u64,
         tables: Vec<TableCount>,
         ids: Bytes,
-    ) -> Result<PrefetchCounts, ProtocolError> {
+    ) -> Result<LeaseStats, ProtocolError> {
         self.prefetch_at(server, (owner, lease, release_below), tables, ids, 0)
             .await
     }
@@ -467,7 +467,7 @@ impl<D: Dialer> PsClient<D> {
         tables: Vec<TableCount>,
         ids: Bytes,
         depth: u32,
-    ) -> BoxFuture<'_, PrefetchCounts> {
+    ) -> BoxFuture<'_, LeaseStats> {
         Box::pin(async move {
             if let Some(done) = self
                 .attempt(server, depth, |epoch| {
@@ -488,7 +488,7 @@ impl<D: Dialer> PsClient<D> {
                 )
             }))
             .await?;
-            let mut sum = PrefetchCounts::default();
+            let mut sum = LeaseStats::default();
             for a in answers {
                 sum += a;
             }

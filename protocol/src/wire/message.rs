@@ -395,7 +395,7 @@ pub enum Response {
     /// Answer to [`Request::Prefetch`], once the rows are in memory.
     Prefetched {
         /// What the server did.
-        stats: crate::wire::message::prefetch::PrefetchCounts,
+        stats: crate::wire::message::prefetch::LeaseStats,
     },
     /// Answer to [`Request::Reduce`]: the sums follow in the payload.
     Reduced {

@@ -99,8 +99,8 @@ impl<D: Dialer> Prefetcher<D> {
                     match reply {
                         Ok(stats) => {
                             metrics::counter!(m::PREFETCH_ROWS_READ_BACK_TOTAL)
-                                .increment(stats.read_back);
-                            if stats.untiered == sent {
+                                .increment(stats.rows.read_back as u64);
+                            if stats.rows.untiered as u64 == sent {
                                 skip(&untiered, s);
                                 tracing::debug!(server = s, "no memory budget on this server: prefetch off for it");
                             }

@@ -4,7 +4,7 @@
 //! pull and push have passed.
 //!
 //! The request's payload is the id sections of a pull ([`super::pull::IdSections`], decoded with
-//! [`decode`]); the `Prefetched` reply carries only [`PrefetchCounts`].
+//! [`decode`]); the `Prefetched` reply carries only [`LeaseStats`].
 //!
 //! # Leases
 //! Pins belong to a lease `(owner, lease)`: `owner` is a number a client draws once per pass, `lease` a batch
@@ -13,46 +13,13 @@
 //! releases (a trainer that died, a batch never pulled) ends at the server's pin deadline, so pins never hold
 //! memory forever. A prefetch without tables is a pure release (the end of a pass).
 
-use serde::{Deserialize, Serialize};
-
 use crate::error::ProtocolError;
 use crate::wire::layout::{PayloadLayout, TableCount};
 use crate::wire::message::Request;
 
-/// What a server did for one prefetch.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct PrefetchCounts {
-    /// Distinct ids already in memory (every id, uncounted, of a table that never evicted a row).
-    pub resident: u64,
-    /// Rows read back from storage into memory by this prefetch.
-    pub read_back: u64,
-    /// Rows another request was already reading back; this prefetch waited for them.
-    pub waited: u64,
-    /// Ids with no row anywhere (never pushed): the push will create them.
-    pub absent: u64,
-    /// Rows pinned under this lease.
-    pub pinned: u64,
-    /// Rows not pinned because the table's pin limit was reached (still read back).
-    pub over_pin_limit: u64,
-    /// Ids of tables without a memory budget: nothing to prefetch there (a client may stop prefetching from
-    /// a server that answers only these).
-    pub untiered: u64,
-    /// Leases released by `release_below` (and an earlier prefetch under the same lease, replaced).
-    pub released: u64,
-}
-
-impl std::ops::AddAssign for PrefetchCounts {
-    fn add_assign(&mut self, o: PrefetchCounts) {
-        self.resident += o.resident;
-        self.read_back += o.read_back;
-        self.waited += o.waited;
-        self.absent += o.absent;
-        self.pinned += o.pinned;
-        self.over_pin_limit += o.over_pin_limit;
-        self.untiered += o.untiered;
-        self.released += o.released;
-    }
-}
+/// What a server did for one prefetch (and, summed, a client's prefetch over servers): the engine's own
+/// counts, which travel as they are.
+pub use embedding::{LeaseStats, PrefetchStats};
 
 /// The header of a prefetch of `counts`' tables under lease `(owner, lease)`, releasing `owner`'s leases
 /// numbered below `release_below` first.

@@ -11,8 +11,7 @@
 use protocol::compression::codec;
 use protocol::wire::{self, layout::PayloadLayout};
 use protocol::{
-    Encoding, ErrorCode, PrefetchCounts, Request, Response, ShardMap, TableConfig, TableCount,
-    PROTOCOL_VERSION,
+    Encoding, ErrorCode, Request, Response, ShardMap, TableConfig, TableCount, PROTOCOL_VERSION,
 };
 
 use crate::config::Durability;
@@ -466,18 +465,7 @@ impl Shard {
             }
         }
         Ok(Reply {
-            header: Response::Prefetched {
-                stats: PrefetchCounts {
-                    resident: rows.resident as u64,
-                    read_back: rows.read_back as u64,
-                    waited: rows.waited as u64,
-                    absent: rows.absent as u64,
-                    pinned: rows.pinned as u64,
-                    over_pin_limit: rows.over_pin_limit as u64,
-                    untiered: rows.untiered as u64,
-                    released: stats.released as u64,
-                },
-            },
+            header: Response::Prefetched { stats },
             payload: Vec::new(),
         })
     }

@@ -86,7 +86,12 @@ fn prefetch_reads_back_and_pins_until_the_deadline() {
         panic!("{:?}", r.header)
     };
     assert_eq!(
-        (stats.read_back, stats.resident, stats.absent, stats.pinned),
+        (
+            stats.rows.read_back,
+            stats.rows.resident,
+            stats.rows.absent,
+            stats.rows.pinned
+        ),
         (10, 5, 1, 10)
     );
     assert!(evicted.iter().all(|&id| t.row(id).is_some()));
