@@ -59,6 +59,173 @@ enum Next {
     Reroute,
 }
 
+/// What differs between the requests the client re-routes ([`PsClient::routed`]): how one is sent to one
+/// server, whether rows follow its id sections, and how the answers of its split parts merge.
+trait Reroute<D: Dialer>: Copy + Send + Sync + 'static {
+    /// The answer of one server, and of the merged parts.
+    type Answer: Send + Sync;
+
+    /// Sends the request for `tables` and `payload` to `server` under map `epoch`.
+    fn send<'a>(
+        self,
+        client: &'a PsClient<D>,
+        server: usize,
+        epoch: u64,
+        tables: Vec<TableCount>,
+        payload: Bytes,
+    ) -> BoxFuture<'a, Self::Answer>;
+
+    /// The encoding of the rows that follow the id sections (a push's gradients), which each part carries
+    /// for its ids; `None` when only ids are sent.
+    fn rows(self) -> Option<Encoding> {
+        None
+    }
+
+    /// One answer from the parts' answers, laid out as one server would have answered `tables`.
+    fn merge(
+        self,
+        tables: &[TableCount],
+        parts: &[SplitPart],
+        answers: Vec<Self::Answer>,
+    ) -> Result<Self::Answer, ProtocolError>;
+}
+
+/// A pull in this encoding.
+#[derive(Clone, Copy)]
+struct PullOp(Encoding);
+
+impl<D: Dialer> Reroute<D> for PullOp {
+    type Answer = Bytes;
+
+    fn send<'a>(
+        self,
+        client: &'a PsClient<D>,
+        server: usize,
+        epoch: u64,
+        tables: Vec<TableCount>,
+        ids: Bytes,
+    ) -> BoxFuture<'a, Bytes> {
+        Box::pin(client.pull_once(server, epoch, self.0, tables, ids))
+    }
+
+    fn merge(
+        self,
+        tables: &[TableCount],
+        parts: &[SplitPart],
+        answers: Vec<Bytes>,
+    ) -> Result<Bytes, ProtocolError> {
+        let mut out = vec![0u8; PayloadLayout::of(tables)?.pull_response_bytes(self.0)];
+        for (p, rows) in parts.iter().zip(&answers) {
+            p.scatter_rows(tables, self.0, rows, &mut out)?;
+        }
+        Ok(Bytes::from(out))
+    }
+}
+
+/// A pull with optimizer state, rows in this encoding.
+#[derive(Clone, Copy)]
+struct PullWithStateOp(Encoding);
+
+impl<D: Dialer> Reroute<D> for PullWithStateOp {
+    type Answer = PulledState;
+
+    fn send<'a>(
+        self,
+        client: &'a PsClient<D>,
+        server: usize,
+        epoch: u64,
+        tables: Vec<TableCount>,
+        ids: Bytes,
+    ) -> BoxFuture<'a, PulledState> {
+        Box::pin(client.pull_with_state_once(server, epoch, self.0, tables, ids))
+    }
+
+    fn merge(
+        self,
+        tables: &[TableCount],
+        parts: &[SplitPart],
+        answers: Vec<PulledState>,
+    ) -> Result<PulledState, ProtocolError> {
+        merge_with_state(tables, self.0, parts, &answers)
+    }
+}
+
+/// A push of gradients in `encoding`, scaled by `grad_scale`.
+#[derive(Clone, Copy)]
+struct PushOp {
+    encoding: Encoding,
+    grad_scale: f32,
+}
+
+impl<D: Dialer> Reroute<D> for PushOp {
+    type Answer = (u64, u64);
+
+    fn send<'a>(
+        self,
+        client: &'a PsClient<D>,
+        server: usize,
+        epoch: u64,
+        tables: Vec<TableCount>,
+        payload: Bytes,
+    ) -> BoxFuture<'a, (u64, u64)> {
+        Box::pin(client.push_once(
+            server,
+            epoch,
+            self.encoding,
+            self.grad_scale,
+            tables,
+            payload,
+        ))
+    }
+
+    fn rows(self) -> Option<Encoding> {
+        Some(self.encoding)
+    }
+
+    fn merge(
+        self,
+        _: &[TableCount],
+        _: &[SplitPart],
+        answers: Vec<(u64, u64)>,
+    ) -> Result<(u64, u64), ProtocolError> {
+        Ok(answers
+            .into_iter()
+            .fold((0, 0), |(a, r), (a2, r2)| (a + a2, r + r2)))
+    }
+}
+
+/// A prefetch under `(owner, lease, release_below)`.
+#[derive(Clone, Copy)]
+struct PrefetchOp((u64, u64, u64));
+
+impl<D: Dialer> Reroute<D> for PrefetchOp {
+    type Answer = LeaseStats;
+
+    fn send<'a>(
+        self,
+        client: &'a PsClient<D>,
+        server: usize,
+        epoch: u64,
+        tables: Vec<TableCount>,
+        ids: Bytes,
+    ) -> BoxFuture<'a, LeaseStats> {
+        Box::pin(client.prefetch_once(server, epoch, self.0, tables, ids))
+    }
+
+    fn merge(
+        self,
+        _: &[TableCount],
+        _: &[SplitPart],
+        answers: Vec<LeaseStats>,
+    ) -> Result<LeaseStats, ProtocolError> {
+        let mut sum = LeaseStats::default();
+        for a in answers {
+            sum += a;
+        }
+        Ok(sum)
+    }
+}
+
 impl<D: Dialer> PsClient<D> {
     fn map_epoch(&self) -> u64 {
         self.shard_map.read().expect("not poisoned").epoch
@@ -291,43 +458,7 @@ impl<D: Dialer> PsClient<D> {
         tables: Vec<TableCount>,
         ids: Bytes,
     ) -> Result<Bytes, ProtocolError> {
-        self.pull_at(server, encoding, tables, ids, 0).await
-    }
-
-    fn pull_at(
-        &self,
-        server: usize,
-        encoding: Encoding,
-        tables: Vec<TableCount>,
-        ids: Bytes,
-        depth: u32,
-    ) -> BoxFuture<'_, Bytes> {
-        Box::pin(async move {
-            if let Some(done) = self
-                .attempt(server, depth, |epoch| {
-                    self.pull_once(server, epoch, encoding, tables.clone(), ids.clone())
-                })
-                .await
-            {
-                return done;
-            }
-            let (parts, _) = self.split(&tables, &ids)?;
-            let answers = futures_util::future::try_join_all(parts.iter().map(|p| {
-                self.pull_at(
-                    p.server as usize,
-                    encoding,
-                    p.sections.counts.clone(),
-                    Bytes::from(p.sections.payload.clone()),
-                    depth + 1,
-                )
-            }))
-            .await?;
-            let mut out = vec![0u8; PayloadLayout::of(&tables)?.pull_response_bytes(encoding)];
-            for (p, rows) in parts.iter().zip(&answers) {
-                p.scatter_rows(&tables, encoding, rows, &mut out)?;
-            }
-            Ok(Bytes::from(out))
-        })
+        self.routed(server, 0, PullOp(encoding), tables, ids).await
     }
 
     /// Pulls rows and their optimizer state from server `server` (see [`wire::message::pull_with_state`]). Returns the
@@ -340,40 +471,8 @@ impl<D: Dialer> PsClient<D> {
         tables: Vec<TableCount>,
         ids: Bytes,
     ) -> Result<PulledState, ProtocolError> {
-        self.pull_with_state_at(server, encoding, tables, ids, 0)
+        self.routed(server, 0, PullWithStateOp(encoding), tables, ids)
             .await
-    }
-
-    fn pull_with_state_at(
-        &self,
-        server: usize,
-        encoding: Encoding,
-        tables: Vec<TableCount>,
-        ids: Bytes,
-        depth: u32,
-    ) -> BoxFuture<'_, PulledState> {
-        Box::pin(async move {
-            if let Some(done) = self
-                .attempt(server, depth, |epoch| {
-                    self.pull_with_state_once(server, epoch, encoding, tables.clone(), ids.clone())
-                })
-                .await
-            {
-                return done;
-            }
-            let (parts, _) = self.split(&tables, &ids)?;
-            let answers = futures_util::future::try_join_all(parts.iter().map(|p| {
-                self.pull_with_state_at(
-                    p.server as usize,
-                    encoding,
-                    p.sections.counts.clone(),
-                    Bytes::from(p.sections.payload.clone()),
-                    depth + 1,
-                )
-            }))
-            .await?;
-            merge_with_state(&tables, encoding, &parts, &answers)
-        })
     }
 
     /// Pushes gradients to server `server`: `payload` is the ids of every table then the encoded gradient rows
@@ -387,60 +486,11 @@ impl<D: Dialer> PsClient<D> {
         tables: Vec<TableCount>,
         payload: Bytes,
     ) -> Result<(u64, u64), ProtocolError> {
-        self.push_at(server, encoding, grad_scale, tables, payload, 0)
-            .await
-    }
-
-    fn push_at(
-        &self,
-        server: usize,
-        encoding: Encoding,
-        grad_scale: f32,
-        tables: Vec<TableCount>,
-        payload: Bytes,
-        depth: u32,
-    ) -> BoxFuture<'_, (u64, u64)> {
-        Box::pin(async move {
-            if let Some(done) = self
-                .attempt(server, depth, |epoch| {
-                    self.push_once(
-                        server,
-                        epoch,
-                        encoding,
-                        grad_scale,
-                        tables.clone(),
-                        payload.clone(),
-                    )
-                })
-                .await
-            {
-                return done;
-            }
-            let (mut parts, used) = self.split(&tables, &payload)?;
-            let layout = PayloadLayout::of(&tables)?;
-            wire::layout::check_len(
-                "re-routed push rows",
-                payload.len() - used,
-                layout.rows_bytes(encoding),
-            )?;
-            for p in &mut parts {
-                p.append_rows(&tables, encoding, &payload[used..]);
-            }
-            let answers = futures_util::future::try_join_all(parts.iter().map(|p| {
-                self.push_at(
-                    p.server as usize,
-                    encoding,
-                    grad_scale,
-                    p.sections.counts.clone(),
-                    Bytes::from(p.sections.payload.clone()),
-                    depth + 1,
-                )
-            }))
-            .await?;
-            Ok(answers
-                .into_iter()
-                .fold((0, 0), |(a, r), (a2, r2)| (a + a2, r + r2)))
-        })
+        let op = PushOp {
+            encoding,
+            grad_scale,
+        };
+        self.routed(server, 0, op, tables, payload).await
     }
 
     /// Asks server `server` to bring the rows of `ids` (one id section per table of `tables`, as for
@@ -456,43 +506,53 @@ impl<D: Dialer> PsClient<D> {
         tables: Vec<TableCount>,
         ids: Bytes,
     ) -> Result<LeaseStats, ProtocolError> {
-        self.prefetch_at(server, (owner, lease, release_below), tables, ids, 0)
-            .await
+        let op = PrefetchOp((owner, lease, release_below));
+        self.routed(server, 0, op, tables, ids).await
     }
 
-    fn prefetch_at(
+    /// Sends `op` (its `tables` and `payload`) to `server` ([`PsClient::attempt`]); when it must be re-routed,
+    /// splits it by the current map, sends each part to its server the same way (one level deeper) and merges
+    /// the parts' answers into the one `server` would have given.
+    fn routed<R: Reroute<D>>(
         &self,
         server: usize,
-        lease: (u64, u64, u64),
-        tables: Vec<TableCount>,
-        ids: Bytes,
         depth: u32,
-    ) -> BoxFuture<'_, LeaseStats> {
+        op: R,
+        tables: Vec<TableCount>,
+        payload: Bytes,
+    ) -> BoxFuture<'_, R::Answer> {
         Box::pin(async move {
             if let Some(done) = self
                 .attempt(server, depth, |epoch| {
-                    self.prefetch_once(server, epoch, lease, tables.clone(), ids.clone())
+                    op.send(self, server, epoch, tables.clone(), payload.clone())
                 })
                 .await
             {
                 return done;
             }
-            let (parts, _) = self.split(&tables, &ids)?;
+            let (mut parts, used) = self.split(&tables, &payload)?;
+            if let Some(encoding) = op.rows() {
+                let layout = PayloadLayout::of(&tables)?;
+                wire::layout::check_len(
+                    "re-routed push rows",
+                    payload.len() - used,
+                    layout.rows_bytes(encoding),
+                )?;
+                for p in &mut parts {
+                    p.append_rows(&tables, encoding, &payload[used..]);
+                }
+            }
             let answers = futures_util::future::try_join_all(parts.iter().map(|p| {
-                self.prefetch_at(
+                self.routed(
                     p.server as usize,
-                    lease,
+                    depth + 1,
+                    op,
                     p.sections.counts.clone(),
                     Bytes::from(p.sections.payload.clone()),
-                    depth + 1,
                 )
             }))
             .await?;
-            let mut sum = LeaseStats::default();
-            for a in answers {
-                sum += a;
-            }
-            Ok(sum)
+            op.merge(&tables, &parts, answers)
         })
     }
 
