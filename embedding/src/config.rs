@@ -8,15 +8,12 @@
 //! table is a [`EmbeddingError::TableConflict`].
 //!
 //! Fields added after the first release carry `#[serde(default)]`, so configs stored by earlier versions load
-//! with those features off. The enums have two serde forms, internally tagged (`{"type": "sgd", "lr": 0.1}`)
-//! for people and positional for bincode (`forms`, chosen by `is_human_readable`).
+//! with those features off. The enums are internally tagged (`{"type": "sgd", "lr": 0.1}`); on the wire, whose
+//! bincode cannot read that, a config travels as its JSON text (protocol's `wire::tables`).
 
 use serde::{Deserialize, Serialize};
 
 use crate::error::EmbeddingError;
-
-#[path = "config_forms.rs"]
-mod forms;
 
 /// Largest supported embedding dimension.
 pub const MAX_DIM: usize = 4096;
@@ -77,9 +74,9 @@ pub const MAX_SKETCH_WIDTH: usize = 1 << 26;
 pub const MAX_SKETCH_DEPTH: usize = 8;
 
 /// The per-table optimizer, applied row by row to pushed gradients (see [`crate::optimizer`]). Written
-/// `{"type": "<variant in snake_case>", <fields>}` in JSON and TOML; positional in bincode (`config_forms.rs`:
-/// new variants go last).
-#[derive(Debug, Clone, Copy, PartialEq)]
+/// `{"type": "<variant in snake_case>", <fields>}`.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
 pub enum OptimizerConfig {
     /// Plain SGD: `w -= lr * g`. No state.
     Sgd {
@@ -167,9 +164,9 @@ pub struct InitConfig {
     pub kind: InitKind,
 }
 
-/// Distribution of initial weights. Written `{"type": "uniform" | "normal", <field>}` in JSON and TOML;
-/// positional in bincode (`config_forms.rs`).
-#[derive(Debug, Clone, Copy, PartialEq)]
+/// Distribution of initial weights. Written `{"type": "uniform" | "normal", <field>}`.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
 pub enum InitKind {
     /// Uniform in `(-scale, scale)`; `scale = 0` gives zeros.
     Uniform {

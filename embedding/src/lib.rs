@@ -12,7 +12,7 @@
 //! # Layout
 //! - [`config`](TableConfig): [`TableConfig`], [`OptimizerConfig`], [`InitConfig`], [`AdmissionConfig`];
 //!   validation. The one description of a table, in config files, in the store's metadata and on the wire
-//!   (`config_forms.rs`: tagged serde form for JSON and TOML, positional for bincode).
+//!   (as its JSON text there: protocol's `wire::tables`).
 //! - [`init`]: the counter-based initializer, a pure function of (seed, id, element), drawn from the
 //!   splitmix64 hash of the `base` crate (which also holds the seeded generator).
 //! - [`optimizer`]: sans-IO row updates (SGD, row-wise and element-wise Adagrad, Adam with per-row steps,

@@ -65,5 +65,5 @@ pub const ALPN: &[u8] = b"ps/1";
 /// standby server answers `Hello` with 0 shards). Version 5: roles (`ErrorCode::Forbidden`), `PublishDense`
 /// names its job, `Promote` may force a cold start, checkpoints go under the server's checkpoint root.
 /// Version 6: tables travel as [`TableConfig`] (every optimizer, weight decay and clipping as fields,
-/// admission and TTL) instead of the wire-only `TableSpec`.
+/// admission and TTL), each as its JSON text ([`wire::tables`]), instead of the wire-only `TableSpec`.
 pub const PROTOCOL_VERSION: u32 = 6;

@@ -57,6 +57,7 @@ pub enum Request {
     /// Create tables (idempotent for identical configs); the server validates each as one from a file.
     RegisterTables {
         /// The tables.
+        #[serde(with = "crate::wire::tables")]
         tables: Vec<TableConfig>,
     },
     /// Read rows; unknown ids read as their initializer.
@@ -340,6 +341,7 @@ pub enum Response {
         /// The server's [`crate::ShardMap::routing_fingerprint`].
         routing: u64,
         /// Tables known to this server, without the admission and TTL its table policy gave them.
+        #[serde(with = "crate::wire::tables")]
         tables: Vec<TableConfig>,
         /// Its place among its shard's replicas.
         replica: crate::wire::message::replicate::ReplicaInfo,

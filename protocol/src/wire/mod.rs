@@ -10,6 +10,7 @@
 //! - [`dense`]: the dense table: a model's dense parameters as rows of one reserved table, pulled and pushed
 //!   with `Pull` and `Push`.
 //! - [`layout`]: a table's share of a payload ([`layout::TableCount`]) and the sizes it implies.
+//! - [`tables`]: table configs in headers, as their JSON text.
 //! - [`ids`]: id sections: ascending ids, delta + varint coded.
 //! - [`frame`]: sans-IO framing: a fixed 12-byte prefix, a bincode header, then raw bulk bytes.
 
@@ -18,3 +19,4 @@ pub mod frame;
 pub mod ids;
 pub mod layout;
 pub mod message;
+pub mod tables;

@@ -111,6 +111,7 @@ pub struct ReplicateHeader {
     pub kind: ReplicateKind,
     /// Tables to register before storing rows (the catch-up starts with every table; a table registered on
     /// the primary later comes in the stream).
+    #[serde(with = "crate::wire::tables")]
     pub new_tables: Vec<TableConfig>,
     /// Tables of the payload, in order (a table may appear more than once).
     pub tables: Vec<RowsTable>,

@@ -138,6 +138,7 @@ pub struct MoveHeader {
     /// Messages batched in this request (`seq .. seq + messages`).
     pub messages: u32,
     /// Tables to register before storing (the source's tables, in the first request).
+    #[serde(with = "crate::wire::tables")]
     pub new_tables: Vec<TableConfig>,
     /// The rows' tables, in payload order.
     pub tables: Vec<RowsTable>,
