@@ -1,6 +1,6 @@
 //! The workspace's binaries, for end-to-end tests and runners that need several of them (a test can name
-//! only its own package's binaries through `CARGO_BIN_EXE_*`; the cluster tests need `trainer` and
-//! `ps-server` together, so they live here, on top of both).
+//! only its own package's binaries through `CARGO_BIN_EXE_*`; the end-to-end tests, crate `e2e`, need
+//! `trainer`, `ps-server`, `ps-serve` and this crate's together).
 //!
 //! [`path`] finds `target/<profile>/<name>` from the running executable (a test binary runs from
 //! `target/<profile>/deps/`). Under cargo (`CARGO` is set), the first call also runs

@@ -186,7 +186,7 @@ pub struct ModelArgs {
     /// On the demo data at `--max-in-flight 4` without replay, 100 steps lift the test AUC from 0.7590 to
     /// 0.7722 (k = 0: 0.7783). Default: 100 where rows can lack updates this trainer cannot replay (several
     /// trainers, or `--replay-own-updates false`); 0 for one trainer replaying its own pushes, whose rows lack
-    /// none (bit for bit with f32 rows: bench/tests/resume.rs), so a warm-up would only wait.
+    /// none (bit for bit with f32 rows: e2e/tests/resume.rs), so a warm-up would only wait.
     #[arg(long)]
     pub staleness_warmup_steps: Option<u64>,
     /// Lookahead prefetch: send each batch's ids to the servers this many batches before its pull, so

@@ -237,7 +237,7 @@ fn demo_with_two_trainer_processes_trains_one_model() {
     assert!(evals.len() >= 2, "{s}");
     assert!(stderr.contains("eval at step 20"), "{stderr}");
     // The hybrid dense mode (the default): rank 0 published the dense model to the servers, whose model the
-    // demo evaluated; chance is 0.5 (how close two trainers come to one: bench/tests/hybrid.rs).
+    // demo evaluated; chance is 0.5 (how close two trainers come to one: e2e/tests/hybrid.rs).
     let auc = s["auc"].as_f64().unwrap();
     assert!(auc.is_finite() && auc > 0.55, "{s}\n{stderr}");
     assert!(
