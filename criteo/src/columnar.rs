@@ -527,5 +527,4 @@ fn write_dense_and_labels(
 }
 
 #[cfg(test)]
-#[path = "columnar_tests.rs"]
 mod tests;

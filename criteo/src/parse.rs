@@ -528,5 +528,4 @@ fn snippet(text: &[u8]) -> String {
 }
 
 #[cfg(test)]
-#[path = "parse_tests.rs"]
 mod tests;

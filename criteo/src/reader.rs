@@ -608,5 +608,4 @@ impl<'a> Pipeline<'a> {
 }
 
 #[cfg(test)]
-#[path = "stream_tests.rs"]
-mod stream_tests;
+mod tests;

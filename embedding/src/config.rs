@@ -429,5 +429,4 @@ impl TableConfig {
 }
 
 #[cfg(test)]
-#[path = "config_tests.rs"]
 mod tests;

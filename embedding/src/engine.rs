@@ -690,8 +690,6 @@ fn load_rows(store: &dyn Store, table: &Table) -> Result<(), EmbeddingError> {
 }
 
 #[cfg(test)]
-#[path = "engine_tests.rs"]
 mod tests;
 
-#[path = "engine_remove.rs"]
 mod remove;

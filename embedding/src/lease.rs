@@ -166,5 +166,4 @@ impl Leases {
 }
 
 #[cfg(test)]
-#[path = "lease_tests.rs"]
 mod tests;

@@ -568,5 +568,4 @@ impl Snapshot {
 }
 
 #[cfg(test)]
-#[path = "snapshot_tests.rs"]
 mod tests;

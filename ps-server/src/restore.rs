@@ -388,5 +388,4 @@ pub fn check_restored_shard(
 }
 
 #[cfg(test)]
-#[path = "restore_tests.rs"]
 mod tests;
