@@ -53,6 +53,16 @@ pub enum DenseOptimizer {
 }
 
 impl DenseOptimizer {
+    /// Adam with PyTorch's defaults besides the learning rate: `beta1 = 0.9`, `beta2 = 0.999`, `eps = 1e-8`.
+    pub fn adam(lr: f32) -> DenseOptimizer {
+        DenseOptimizer::Adam {
+            lr,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+        }
+    }
+
     /// Checks the hyper-parameters: finite, non-negative learning rate, betas in `[0, 1)`, positive `eps`
     /// for Adam, and for Adagrad a positive `eps` or `initial_accumulator` (so the denominator is never 0).
     pub fn validate(&self) -> Result<(), ModelError> {

@@ -113,12 +113,7 @@ fn bf16_cfg() -> DlrmConfig {
 /// Trains on a learnable problem in `precision`: held-out loss must halve and the AUC pass 0.9.
 fn learns(cfg: DlrmConfig, precision: Precision) {
     // The label is 1 when dense[0] + <e_1, e_2> > 0: learning it needs the bottom MLP and the interaction.
-    let opt = DenseOptimizer::Adam {
-        lr: 0.01,
-        beta1: 0.9,
-        beta2: 0.999,
-        eps: 1e-8,
-    };
+    let opt = DenseOptimizer::adam(0.01);
     let mut model = Dlrm::new(cfg.clone(), opt, 1).unwrap();
     model.set_precision(precision).unwrap();
     let mut rng = Rng::new(2);
@@ -357,12 +352,7 @@ fn thread_count_independent_on(cfg: DlrmConfig, precision: Precision) {
             .build()
             .unwrap();
         pool.install(|| {
-            let opt = DenseOptimizer::Adam {
-                lr: 0.01,
-                beta1: 0.9,
-                beta2: 0.999,
-                eps: 1e-8,
-            };
+            let opt = DenseOptimizer::adam(0.01);
             let mut model = Dlrm::new(cfg.clone(), opt, 3).unwrap();
             model.set_precision(precision).unwrap();
             let mut grad = vec![0.0; b.emb.len()];
@@ -451,12 +441,7 @@ fn chunked_equals_sub_batches(cfg: DlrmConfig) {
 fn train_step_equals_forward_backward_then_apply() {
     // train_step sums the chunks' gradients inside the optimizer pass; it must equal the two-step path.
     let cfg = small_cfg();
-    let opt = DenseOptimizer::Adam {
-        lr: 0.01,
-        beta1: 0.9,
-        beta2: 0.999,
-        eps: 1e-8,
-    };
+    let opt = DenseOptimizer::adam(0.01);
     let mut a = Dlrm::new(cfg.clone(), opt, 2).unwrap();
     let mut b = Dlrm::new(cfg.clone(), opt, 2).unwrap();
     let mut rng = Rng::new(3);
@@ -531,12 +516,7 @@ fn a_short_batch_counts_for_its_samples() {
 #[test]
 fn apply_flat_gradients_equals_set_grads_then_apply() {
     let cfg = small_cfg();
-    let adam = DenseOptimizer::Adam {
-        lr: 0.01,
-        beta1: 0.9,
-        beta2: 0.999,
-        eps: 1e-8,
-    };
+    let adam = DenseOptimizer::adam(0.01);
     let mut a = Dlrm::new(cfg.clone(), adam, 9).unwrap();
     let mut b = Dlrm::new(cfg.clone(), adam, 9).unwrap();
     let mut rng = Rng::new(4);

@@ -341,12 +341,7 @@ mod tests {
     use crate::model::DenseOptimizer;
 
     fn model(seed: u64) -> Dlrm {
-        let opt = DenseOptimizer::Adam {
-            lr: 0.01,
-            beta1: 0.9,
-            beta2: 0.999,
-            eps: 1e-8,
-        };
+        let opt = DenseOptimizer::adam(0.01);
         Dlrm::tiny(opt, seed)
     }
 

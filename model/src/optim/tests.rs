@@ -41,12 +41,7 @@ fn adagrad_reference() {
 
 #[test]
 fn adam_reference() {
-    let kind = DenseOptimizer::Adam {
-        lr: 0.01,
-        beta1: 0.9,
-        beta2: 0.999,
-        eps: 1e-8,
-    };
+    let kind = DenseOptimizer::adam(0.01);
     let mut st = OptimizerState::new(kind, &[2]);
     let mut p = [1.0, 0.0];
     // Step 1: m̂ = g, v̂ = g², so each parameter moves by lr · sign(g) (up to eps).
@@ -74,12 +69,7 @@ fn parallel_update_matches_serial() {
             eps: 1e-10,
             initial_accumulator: 0.0,
         },
-        DenseOptimizer::Adam {
-            lr: 0.01,
-            beta1: 0.9,
-            beta2: 0.999,
-            eps: 1e-8,
-        },
+        DenseOptimizer::adam(0.01),
     ] {
         let mut big = OptimizerState::new(kind, &[n]);
         let mut p = vec![1.0; n];
@@ -107,12 +97,7 @@ fn fused_update_matches_fill_then_update() {
                 eps: 1e-10,
                 initial_accumulator: 0.1,
             },
-            DenseOptimizer::Adam {
-                lr: 0.01,
-                beta1: 0.9,
-                beta2: 0.999,
-                eps: 1e-8,
-            },
+            DenseOptimizer::adam(0.01),
         ] {
             let (mut a, mut b) = (
                 OptimizerState::new(kind, &[n]),
@@ -200,15 +185,7 @@ fn lr_decay_is_constant_then_falls_quadratically_to_zero() {
 
 #[test]
 fn the_decay_scales_every_optimizer_step() {
-    for kind in [
-        DenseOptimizer::Sgd { lr: 0.1 },
-        DenseOptimizer::Adam {
-            lr: 0.1,
-            beta1: 0.9,
-            beta2: 0.999,
-            eps: 1e-8,
-        },
-    ] {
+    for kind in [DenseOptimizer::Sgd { lr: 0.1 }, DenseOptimizer::adam(0.1)] {
         let run = |decay: LrDecay| {
             let mut opt = OptimizerState::new(kind, &[3]);
             opt.set_decay(decay);

@@ -168,12 +168,7 @@ fn dcn_parameters_sit_between_bottom_and_top() {
 #[test]
 fn dcn_set_params_and_flat_gradients_cover_the_cross_layers() {
     let cfg = small_dcn_cfg();
-    let adam = DenseOptimizer::Adam {
-        lr: 0.01,
-        beta1: 0.9,
-        beta2: 0.999,
-        eps: 1e-8,
-    };
+    let adam = DenseOptimizer::adam(0.01);
     let mut a = Dlrm::new(cfg.clone(), adam, 1).unwrap();
     let mut b = Dlrm::new(cfg.clone(), adam, 2).unwrap();
     let params: Vec<Vec<f32>> = a.params().iter().map(|p| p.to_vec()).collect();

@@ -76,15 +76,7 @@ fn step(model: &mut Dlrm, t: usize) {
 /// applied before they were acknowledged, and different lags per server.
 #[test]
 fn own_updates_are_never_stale() {
-    for opt in [
-        DenseOptimizer::Sgd { lr: 0.1 },
-        DenseOptimizer::Adam {
-            lr: 0.01,
-            beta1: 0.9,
-            beta2: 0.999,
-            eps: 1e-8,
-        },
-    ] {
+    for opt in [DenseOptimizer::Sgd { lr: 0.1 }, DenseOptimizer::adam(0.01)] {
         let mut local = small(opt);
         let mut model = small(opt);
         let map = ShardMap::new(3);
@@ -133,12 +125,7 @@ fn flat(model: &Dlrm) -> Vec<f32> {
 /// residual equals the sum of every local update: nothing is lost.
 #[test]
 fn top_k_sends_k_rows_and_loses_nothing() {
-    let mut model = small(DenseOptimizer::Adam {
-        lr: 0.01,
-        beta1: 0.9,
-        beta2: 0.999,
-        eps: 1e-8,
-    });
+    let mut model = small(DenseOptimizer::adam(0.01));
     let map = ShardMap::new(2);
     let mut sync = DenseSync::new(&model, &map, 0).with_push_fraction(0.3);
     let rows = sync.rows();
