@@ -9,10 +9,8 @@
 //! [`crate::reply`], beneath them all.
 
 use std::path::PathBuf;
-use std::sync::Arc;
 
 use embedding::Engine;
-use protocol::ShardMap;
 
 use crate::config::{Durability, RegistrationLimits, ServerConfig};
 use crate::reduce::Reducer;
@@ -84,7 +82,7 @@ impl Shard {
     /// A shard for tests: server `index` of `map` on `engine`, periodic durability, one replica, checkpoints
     /// under the temporary directory, default limits; the builder's setters change what a test needs.
     #[cfg(any(test, feature = "testing"))]
-    pub fn builder(engine: Engine, map: ShardMap, index: u32) -> ShardBuilder {
+    pub fn builder(engine: Engine, map: protocol::ShardMap, index: u32) -> ShardBuilder {
         ShardBuilder(Shard {
             engine,
             routing: Routing::new(map),
@@ -180,10 +178,5 @@ impl ShardBuilder {
     /// The shard.
     pub fn build(self) -> Shard {
         self.0
-    }
-
-    /// The shard, shared as the server holds it.
-    pub fn build_arc(self) -> Arc<Shard> {
-        Arc::new(self.0)
     }
 }
