@@ -28,7 +28,7 @@
 //!
 //! A table travels as its [`TableConfig`] (with [`OptimizerConfig`], [`InitConfig`] and [`AdmissionConfig`]),
 //! the plain type defined beside the tables it describes (`embedding::config`) and re-exported here: the same
-//! type as in config files and the store's metadata, in its positional bincode form. Nothing else of the
+//! type as in config files and the store's metadata, carried as its JSON text ([`wire::tables`]). Nothing else of the
 //! storage crate is visible from the wire.
 #![warn(missing_docs)]
 

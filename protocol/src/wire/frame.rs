@@ -184,9 +184,9 @@ mod tests {
         assert_eq!(used, frame.len());
     }
 
-    /// Table configs take their positional serde form in this codec (bincode says it is not human-readable),
-    /// the only one it can read back: every optimizer, both initializers, admission and TTL survive a
-    /// `RegisterTables` frame.
+    /// Table configs travel as their JSON text in this codec (`wire::tables`: bincode cannot read their
+    /// tagged form back): every optimizer, both initializers, admission and TTL survive a `RegisterTables`
+    /// frame.
     #[test]
     fn table_configs_round_trip() {
         use crate::wire::message::{AdmissionConfig, InitConfig, OptimizerConfig, TableConfig};
