@@ -242,6 +242,59 @@ impl TableConfig {
         }
     }
 
+    /// One config of every optimizer, each plain and with every optional field set (the other initializer,
+    /// weight decay, clipping, admission, TTL), ids from 0: for tests of what carries configs (files, the store,
+    /// the wire).
+    pub fn every_kind() -> Vec<TableConfig> {
+        let optimizers = [
+            OptimizerConfig::Sgd { lr: 0.5 },
+            OptimizerConfig::RowAdagrad {
+                lr: 0.1,
+                eps: 1e-8,
+                initial_accumulator: 0.0,
+            },
+            OptimizerConfig::Adagrad {
+                lr: 0.1,
+                eps: 1e-6,
+                initial_accumulator: 0.1,
+            },
+            OptimizerConfig::Adam {
+                lr: 0.001,
+                beta1: 0.9,
+                beta2: 0.999,
+                eps: 1e-8,
+            },
+            OptimizerConfig::Ftrl {
+                alpha: 0.05,
+                beta: 1.0,
+                l1: 0.1,
+                l2: 0.01,
+            },
+        ];
+        let mut out = Vec::new();
+        for (i, optimizer) in optimizers.into_iter().enumerate() {
+            let plain = TableConfig {
+                optimizer,
+                ..TableConfig::counter(i as u32, 16)
+            };
+            out.push(plain.clone());
+            out.push(TableConfig {
+                init: InitConfig::normal(0.5),
+                seed: 1 << 40,
+                weight_decay: 0.01,
+                clip_norm: 2.0,
+                admission: Some(AdmissionConfig {
+                    min_count: 3,
+                    width: 1024,
+                    depth: 4,
+                }),
+                ttl_secs: Some(86_400),
+                ..plain
+            });
+        }
+        out
+    }
+
     /// f32s of optimizer state per row.
     pub fn state_len(&self) -> usize {
         self.optimizer.state_len(self.dim)

@@ -215,61 +215,10 @@ fn counter_table_subtracts_pushes_exactly() {
     assert_eq!(row, [0.0; 2]);
 }
 
-/// A config of every optimizer, both initializers, and every optional field set in some of them.
-fn every_kind_of_config() -> Vec<TableConfig> {
-    let optimizers = [
-        OptimizerConfig::Sgd { lr: 0.5 },
-        OptimizerConfig::RowAdagrad {
-            lr: 0.1,
-            eps: 1e-8,
-            initial_accumulator: 0.0,
-        },
-        OptimizerConfig::Adagrad {
-            lr: 0.1,
-            eps: 1e-6,
-            initial_accumulator: 0.1,
-        },
-        OptimizerConfig::Adam {
-            lr: 0.001,
-            beta1: 0.9,
-            beta2: 0.999,
-            eps: 1e-8,
-        },
-        OptimizerConfig::Ftrl {
-            alpha: 0.05,
-            beta: 1.0,
-            l1: 0.1,
-            l2: 0.01,
-        },
-    ];
-    let mut out = Vec::new();
-    for (i, optimizer) in optimizers.into_iter().enumerate() {
-        let plain = TableConfig {
-            optimizer,
-            ..TableConfig::counter(i as u32, 16)
-        };
-        out.push(plain.clone());
-        out.push(TableConfig {
-            init: InitConfig::normal(0.5),
-            seed: 1 << 40,
-            weight_decay: 0.01,
-            clip_norm: 2.0,
-            admission: Some(AdmissionConfig {
-                min_count: 3,
-                width: 1024,
-                depth: 4,
-            }),
-            ttl_secs: Some(86_400),
-            ..plain
-        });
-    }
-    out
-}
-
 /// JSON (files, the store, the wire's text) and TOML read back every config they write.
 #[test]
 fn json_and_toml_round_trip_of_every_optimizer() {
-    for c in every_kind_of_config() {
+    for c in TableConfig::every_kind() {
         c.validate().unwrap();
         let json = serde_json::to_string(&c).unwrap();
         assert!(json.contains("\"optimizer\":{\"type\":\""), "{json}");

@@ -189,49 +189,7 @@ mod tests {
     /// frame.
     #[test]
     fn table_configs_round_trip() {
-        use crate::wire::message::{AdmissionConfig, InitConfig, OptimizerConfig, TableConfig};
-        let optimizers = [
-            OptimizerConfig::Sgd { lr: 0.5 },
-            OptimizerConfig::RowAdagrad {
-                lr: 0.1,
-                eps: 1e-8,
-                initial_accumulator: 0.0,
-            },
-            OptimizerConfig::Adagrad {
-                lr: 0.1,
-                eps: 1e-6,
-                initial_accumulator: 0.1,
-            },
-            OptimizerConfig::Adam {
-                lr: 0.001,
-                beta1: 0.9,
-                beta2: 0.999,
-                eps: 1e-8,
-            },
-            OptimizerConfig::Ftrl {
-                alpha: 0.05,
-                beta: 1.0,
-                l1: 0.1,
-                l2: 0.01,
-            },
-        ];
-        let tables: Vec<TableConfig> = optimizers
-            .into_iter()
-            .enumerate()
-            .map(|(i, optimizer)| TableConfig {
-                optimizer,
-                init: InitConfig::normal(0.25),
-                weight_decay: 1e-4,
-                clip_norm: i as f32,
-                admission: (i % 2 == 0).then_some(AdmissionConfig {
-                    min_count: 2,
-                    width: 1 << 20,
-                    depth: 4,
-                }),
-                ttl_secs: (i % 3 == 0).then_some(3600),
-                ..TableConfig::counter(i as u32, 8)
-            })
-            .collect();
+        let tables = crate::wire::message::TableConfig::every_kind();
         let req = Request::RegisterTables { tables };
         let frame = encode_frame(&req, &[]).unwrap();
         let (back, _, used) = decode_frame::<Request>(&frame, DEFAULT_MAX_FRAME)
