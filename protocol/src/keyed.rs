@@ -125,6 +125,7 @@ impl KeyedPlan {
             rows.extend_from_slice(&unique_grads[p..p + dim]);
         }
         encode_rows(&rows, dim, encoding, &mut sections.payload);
+        debug_assert!(crate::wire::message::push::check_rows(&sections, encoding).is_ok());
         sections
     }
 }

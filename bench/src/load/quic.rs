@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use protocol::wire::frame::encode_head;
-use protocol::{PsClient, PsClientConfig, Request, Response};
+use protocol::wire::message::{pull, push};
+use protocol::{PsClient, PsClientConfig, Response};
 use rayon::prelude::*;
 
 use super::config::LoadConfig;
@@ -35,21 +36,12 @@ fn head_len<H: serde::Serialize>(h: &H, payload: usize) -> anyhow::Result<u64> {
 /// Exact frame bytes of a pull and of a push (both directions) for `r`.
 fn wire_sizes(r: &ServerRequests, cfg: &LoadConfig, epoch: u64) -> anyhow::Result<(u64, u64)> {
     let rows_bytes = r.rows * cfg.codec.row_bytes(cfg.dim as usize);
-    let pull_req = Request::Pull {
-        epoch,
-        encoding: cfg.codec,
-        tables: r.counts.clone(),
-    };
+    let pull_req = pull::request(epoch, cfg.codec, r.counts.clone());
     let pull_resp = Response::Pulled {
         encoding: cfg.codec,
         tables: r.counts.clone(),
     };
-    let push_req = Request::Push {
-        epoch,
-        encoding: cfg.codec,
-        grad_scale: 1.0,
-        tables: r.counts.clone(),
-    };
+    let push_req = push::request(epoch, cfg.codec, 1.0, r.counts.clone())?;
     let push_resp = Response::Pushed {
         rows: r.rows as u64,
         rejected_nonfinite: 0,

@@ -96,12 +96,7 @@ impl<D: Dialer> PsClient<D> {
         tables: Vec<TableCount>,
         payload: Bytes,
     ) -> Result<(u64, u64), ProtocolError> {
-        let req = Request::Push {
-            epoch,
-            encoding,
-            grad_scale,
-            tables,
-        };
+        let req = wire::message::push::request(epoch, encoding, grad_scale, tables)?;
         let (resp, _) = self.call(server, &req, payload).await?;
         match resp {
             Response::Pushed {

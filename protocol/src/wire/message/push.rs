@@ -14,27 +14,33 @@ use crate::wire::message::Request;
 
 use super::pull::{decode_sections, IdSections};
 
-/// The header of a push of `sections` (id sections followed by their rows), checked: the rows must have the
-/// length the counts and `encoding` announce, and `grad_scale` must be finite and > 0.
+/// The header of a push of `tables` under map `epoch`, gradients in `encoding` multiplied by `grad_scale`:
+/// the one builder every sender uses. Refuses a `grad_scale` that is not finite and > 0 before anything is
+/// sent (the server would refuse it).
 pub fn request(
     epoch: u64,
     encoding: Encoding,
     grad_scale: f32,
-    sections: &IdSections,
+    tables: Vec<TableCount>,
 ) -> Result<Request, ProtocolError> {
     check_grad_scale(grad_scale)?;
+    Ok(Request::Push {
+        epoch,
+        encoding,
+        grad_scale,
+        tables,
+    })
+}
+
+/// Checks that `sections` (id sections followed by their rows) holds the rows' bytes its counts announce in
+/// `encoding`: what [`decode`] will require of the payload on the server.
+pub fn check_rows(sections: &IdSections, encoding: Encoding) -> Result<(), ProtocolError> {
     let layout = crate::wire::layout::PayloadLayout::of(&sections.counts)?;
     check_len(
         "push rows",
         sections.payload.len() - sections.ids_len(),
         layout.rows_bytes(encoding),
-    )?;
-    Ok(Request::Push {
-        epoch,
-        encoding,
-        grad_scale,
-        tables: sections.counts.clone(),
-    })
+    )
 }
 
 /// Refuses a gradient scale that is not finite and > 0 (the server divides by it).
@@ -73,12 +79,11 @@ mod tests {
         s.table(1, 2, IdCoding::Plain, &[4, 8]);
         s.table(2, 2, IdCoding::Plain, &[3]);
         encode_rows(&[1.0, 2.0, 3.0, 4.0], 2, Encoding::F32, &mut s.payload);
-        assert!(
-            request(0, Encoding::F32, 1.0, &s).is_err(),
-            "table 2's row is missing"
-        );
+        let err = check_rows(&s, Encoding::F32).unwrap_err();
+        assert!(err.to_string().contains("push rows"), "table 2's row is missing: {err}");
         encode_rows(&[5.0, 6.0], 2, Encoding::F32, &mut s.payload);
-        let req = request(7, Encoding::F32, 2.0, &s).unwrap();
+        check_rows(&s, Encoding::F32).unwrap();
+        let req = request(7, Encoding::F32, 2.0, s.counts.clone()).unwrap();
         assert!(matches!(
             req,
             Request::Push {
@@ -88,7 +93,7 @@ mod tests {
             }
         ));
         for bad in [0.0, -1.0, f32::NAN, f32::INFINITY] {
-            let err = request(7, Encoding::F32, bad, &s).unwrap_err();
+            let err = request(7, Encoding::F32, bad, s.counts.clone()).unwrap_err();
             assert!(err.to_string().contains("grad_scale"), "{err}");
         }
         let mut ids = Vec::new();
