@@ -7,10 +7,12 @@
 //! - [`hash`]: [`hash::mix64`] (the splitmix64 finalizer), its inverse, [`hash::splitmix64`], and
 //!   [`hash::IdHasher`], the `HashMap` hasher of ids.
 //! - [`rng`]: [`rng::SplitMix64`], the seeded generator (initial weights, generated data, fuzzers).
+//! - [`fuzz`]: what the structured fuzzers share (their size and seed from the environment, float edges).
 //! - [`simd`]: [`simd::isa`] and [`multiversion!`], one loop compiled for AVX-512, AVX2 and the baseline.
 
 #![warn(missing_docs)]
 
+pub mod fuzz;
 pub mod hash;
 pub mod rng;
 pub mod simd;

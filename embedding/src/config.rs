@@ -154,6 +154,36 @@ impl OptimizerConfig {
             OptimizerConfig::Ftrl { alpha, .. } => alpha,
         }
     }
+
+    /// Every hyper-parameter of this optimizer, in declaration order: for tools that set them all, as the
+    /// fuzzers do with edge values (`protocol/tests/fuzz.rs`, `ps-server/tests/fuzz_handler.rs`).
+    pub fn params_mut(&mut self) -> Vec<&mut f32> {
+        match self {
+            OptimizerConfig::Sgd { lr } => vec![lr],
+            OptimizerConfig::RowAdagrad {
+                lr,
+                eps,
+                initial_accumulator,
+            }
+            | OptimizerConfig::Adagrad {
+                lr,
+                eps,
+                initial_accumulator,
+            } => vec![lr, eps, initial_accumulator],
+            OptimizerConfig::Adam {
+                lr,
+                beta1,
+                beta2,
+                eps,
+            } => vec![lr, beta1, beta2, eps],
+            OptimizerConfig::Ftrl {
+                alpha,
+                beta,
+                l1,
+                l2,
+            } => vec![alpha, beta, l1, l2],
+        }
+    }
 }
 
 /// How new rows are initialized (see [`crate::init`]).

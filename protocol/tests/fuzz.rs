@@ -13,8 +13,8 @@
 
 use protocol::wire::frame::{self, decode_frame, decode_header, encode_frame, MAGIC, PREFIX_LEN};
 use protocol::{
-    AdmissionConfig, Encoding, ErrorCode, InitConfig, OptimizerConfig, ProtocolError, Request,
-    Response, TableConfig, TableCount,
+    AdmissionConfig, Encoding, ErrorCode, InitConfig, ProtocolError, Request, Response,
+    TableConfig, TableCount,
 };
 
 /// The fuzzer's generator: splitmix64, tiny, fast and good enough to drive a fuzzer reproducibly.
@@ -33,20 +33,10 @@ const U32_EDGES: [u32; 9] = [
     u32::MAX,
 ];
 
-/// `f32` values a fuzzed field should hit often: signed zeros and ones, NaN, infinities, the smallest normal.
-const F32_EDGES: [f32; 8] = [
-    0.0,
-    -0.0,
-    1.0,
-    -1.0,
-    f32::NAN,
-    f32::INFINITY,
-    f32::NEG_INFINITY,
-    f32::MIN_POSITIVE,
-];
+use base::fuzz::{iters, seed, F32_EDGES};
 
 fn encoding(r: &mut Rng) -> Encoding {
-    [Encoding::F32, Encoding::F16, Encoding::Bf16, Encoding::Int8][r.below(4) as usize]
+    r.pick(&Encoding::ALL)
 }
 
 fn counts(r: &mut Rng) -> Vec<TableCount> {
@@ -60,33 +50,11 @@ fn counts(r: &mut Rng) -> Vec<TableCount> {
 }
 
 fn table(r: &mut Rng) -> TableConfig {
-    let kind = r.below(5);
-    let mut f = || r.f32_or_edge(&F32_EDGES);
-    let optimizer = match kind {
-        0 => OptimizerConfig::Sgd { lr: f() },
-        1 => OptimizerConfig::RowAdagrad {
-            lr: f(),
-            eps: f(),
-            initial_accumulator: f(),
-        },
-        2 => OptimizerConfig::Adagrad {
-            lr: f(),
-            eps: f(),
-            initial_accumulator: f(),
-        },
-        3 => OptimizerConfig::Adam {
-            lr: f(),
-            beta1: f(),
-            beta2: f(),
-            eps: f(),
-        },
-        _ => OptimizerConfig::Ftrl {
-            alpha: f(),
-            beta: f(),
-            l1: f(),
-            l2: f(),
-        },
-    };
+    let kinds = TableConfig::every_kind();
+    let mut optimizer = kinds[r.below(kinds.len() as u64) as usize].optimizer;
+    for p in optimizer.params_mut() {
+        *p = r.f32_or_edge(&F32_EDGES);
+    }
     let init = if r.chance(2) {
         InitConfig::uniform(r.f32_or_edge(&F32_EDGES))
     } else {
@@ -344,20 +312,6 @@ where
     }
     // The header decoder alone, on any slice.
     let _ = decode_header::<H>(buf);
-}
-
-fn iters(default: u64) -> u64 {
-    std::env::var("FUZZ_ITERS")
-        .ok()
-        .map(|v| v.parse().expect("FUZZ_ITERS is a number"))
-        .unwrap_or(default)
-}
-
-fn seed() -> u64 {
-    std::env::var("FUZZ_SEED")
-        .ok()
-        .map(|v| v.parse().expect("FUZZ_SEED is a number"))
-        .unwrap_or(0x5eed)
 }
 
 #[test]

@@ -42,17 +42,7 @@ type Rng = base::rng::SplitMix64;
 /// `u32` values a fuzzed field should hit often: zero, small counts, a page and one more, the top.
 const U32_EDGES: [u32; 8] = [0, 1, 2, 4, 4096, 4097, u32::MAX - 1, u32::MAX];
 
-/// `f32` values a fuzzed field should hit often: signed zeros and ones, NaN, infinities, a tiny value.
-const F32_EDGES: [f32; 8] = [
-    0.0,
-    -0.0,
-    1.0,
-    -1.0,
-    f32::NAN,
-    f32::INFINITY,
-    f32::NEG_INFINITY,
-    1e-30,
-];
+use base::fuzz::{iters, seed, F32_EDGES};
 
 /// A small gradient value, sometimes an edge case.
 fn grad(r: &mut Rng) -> f32 {
@@ -116,31 +106,17 @@ fn random_spec(r: &mut Rng) -> TableConfig {
     if r.chance(3) {
         s.dim = r.u32_or_edge(&U32_EDGES) as usize;
     }
-    let kind = r.below(5);
-    let mut f = || r.f32_or_edge(&F32_EDGES);
-    s.optimizer = match kind {
-        0 => OptimizerConfig::Sgd { lr: f() },
-        1 => OptimizerConfig::RowAdagrad {
-            lr: f(),
-            eps: f(),
-            initial_accumulator: f(),
-        },
-        2 => OptimizerConfig::Adam {
-            lr: f(),
-            beta1: f(),
-            beta2: f(),
-            eps: f(),
-        },
-        3 => OptimizerConfig::Adagrad {
-            lr: f(),
-            eps: f(),
-            initial_accumulator: f(),
-        },
-        _ => s.optimizer,
-    };
-    if kind == 1 || kind == 2 {
-        s.weight_decay = f();
-        s.clip_norm = f();
+    let kind = r.below(5) as usize;
+    let kinds = TableConfig::every_kind();
+    if kind < 4 {
+        s.optimizer = kinds[2 * kind].optimizer;
+        for p in s.optimizer.params_mut() {
+            *p = r.f32_or_edge(&F32_EDGES);
+        }
+    }
+    if kind == 1 || kind == 3 {
+        s.weight_decay = r.f32_or_edge(&F32_EDGES);
+        s.clip_norm = r.f32_or_edge(&F32_EDGES);
     }
     if r.chance(2) {
         s.init = InitConfig::normal(r.f32_or_edge(&F32_EDGES));
@@ -171,7 +147,7 @@ fn new_shard(
 }
 
 fn encoding(r: &mut Rng) -> Encoding {
-    [Encoding::F32, Encoding::F16, Encoding::Bf16, Encoding::Int8][r.below(4) as usize]
+    r.pick(&Encoding::ALL)
 }
 
 /// Distinct ids, mostly owned by shard 0, sometimes foreign, in wire order for `coding`.
@@ -741,20 +717,6 @@ fn check(
         }
         _ => {}
     }
-}
-
-fn iters(default: u64) -> u64 {
-    std::env::var("FUZZ_ITERS")
-        .ok()
-        .map(|v| v.parse().expect("FUZZ_ITERS is a number"))
-        .unwrap_or(default)
-}
-
-fn seed() -> u64 {
-    std::env::var("FUZZ_SEED")
-        .ok()
-        .map(|v| v.parse().expect("FUZZ_SEED is a number"))
-        .unwrap_or(0x5eed)
 }
 
 #[test]

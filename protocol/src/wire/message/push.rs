@@ -80,7 +80,10 @@ mod tests {
         s.table(2, 2, IdCoding::Plain, &[3]);
         encode_rows(&[1.0, 2.0, 3.0, 4.0], 2, Encoding::F32, &mut s.payload);
         let err = check_rows(&s, Encoding::F32).unwrap_err();
-        assert!(err.to_string().contains("push rows"), "table 2's row is missing: {err}");
+        assert!(
+            err.to_string().contains("push rows"),
+            "table 2's row is missing: {err}"
+        );
         encode_rows(&[5.0, 6.0], 2, Encoding::F32, &mut s.payload);
         check_rows(&s, Encoding::F32).unwrap();
         let req = request(7, Encoding::F32, 2.0, s.counts.clone()).unwrap();
