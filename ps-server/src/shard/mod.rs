@@ -169,6 +169,12 @@ impl ShardBuilder {
         self
     }
 
+    /// The replica state (default [`Replica::single`]).
+    pub fn replica(mut self, replica: Replica) -> Self {
+        self.0.replica = replica;
+        self
+    }
+
     /// Delta-sync tracking.
     pub fn sync(mut self, sync: SyncState) -> Self {
         self.0.sync = sync;

@@ -16,13 +16,14 @@ pub mod startup;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use embedding::Engine;
 use parking_lot::Mutex;
 use protocol::wire::message::replicate::{ReplicaInfo, Role};
 use protocol::{ErrorCode, Response};
 use tokio::sync::Notify;
+use tokio::time::Instant;
 
 use crate::config::{Durability, ReplicatedWithoutBackup, ServerConfig};
 use crate::metrics as m;
@@ -139,6 +140,15 @@ impl Replica {
         Replica::build(0, peers, false, Role::Primary, 1)
     }
 
+    /// Replica `index` of a shard whose replicas are `peers` (several), starting at epoch 1: what
+    /// [`Replica::new`] makes of a `--replicas` list, for in-memory clusters. `wait_for_backups`:
+    /// `durability = "replicated"`.
+    #[cfg(feature = "testing")]
+    pub fn starting(index: u32, peers: peer::Peers, wait_for_backups: bool) -> Replica {
+        assert!(peers.len() > 1, "a replicated shard has several replicas");
+        Replica::build(index, peers, wait_for_backups, Role::Starting, 1)
+    }
+
     fn build(
         index: u32,
         peers: peer::Peers,
@@ -166,10 +176,21 @@ impl Replica {
 
     /// Ends the streams to the backups and waits for their tasks (at shutdown, before the engine closes).
     pub async fn shut_down(&self) {
+        self.stop_streams();
+        self.tasks.wait().await;
+    }
+
+    /// Ends the streams to the backups and closes the connections to the peers at once, as a crash would
+    /// (in-memory clusters: `crate::testing::Killer`).
+    #[cfg(feature = "testing")]
+    pub fn crash(&self) {
+        self.stop_streams();
+    }
+
+    fn stop_streams(&self) {
         self.links.clear();
         self.peers.close();
         self.tasks.close();
-        self.tasks.wait().await;
     }
 
     /// Whether the shard has more than one replica.

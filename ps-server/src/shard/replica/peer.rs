@@ -7,6 +7,9 @@
 //! error that retrying does not heal: it is logged at error level with the name expected and the names the
 //! certificate carries, counted in [`m::PEER_TLS_FAILURES_TOTAL`] and shown by
 //! [`m::PEER_TLS_FAILING`] until a connection succeeds (alert `PstrainReplicaPeerTlsFailure`).
+//!
+//! With the `testing` feature, [`Peers::in_memory`] reaches the other replicas through protocol's memory
+//! transport instead (`crate::testing::MemoryCluster::replicated`): the same calls, timeouts and reconnects.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -59,8 +62,49 @@ impl PeerSettings {
     }
 }
 
-/// A peer's resolved address, its dialer, and the open connection if any.
-type Link = (SocketAddr, Arc<NetDialer>, Option<NetConn>);
+/// A peer's resolved address, its dialer (none in memory), and the open connection if any.
+type Link = (SocketAddr, Option<Arc<NetDialer>>, Option<PeerConn>);
+
+/// An open connection to a peer.
+#[derive(Clone)]
+enum PeerConn {
+    /// QUIC with TLS.
+    Net(NetConn),
+    /// The memory transport (tests).
+    #[cfg(feature = "testing")]
+    Memory(protocol::transport::memory::MemoryConn),
+}
+
+impl PeerConn {
+    async fn call(
+        &self,
+        addr: SocketAddr,
+        req: &Request,
+        payload: &Bytes,
+    ) -> Result<(Response, Bytes), ProtocolError> {
+        match self {
+            PeerConn::Net(c) => c.call(addr, req, payload).await,
+            #[cfg(feature = "testing")]
+            PeerConn::Memory(c) => c.call(addr, req, payload).await,
+        }
+    }
+
+    fn is_open(&self, addr: SocketAddr) -> bool {
+        match self {
+            PeerConn::Net(c) => c.close_reason(addr).is_none(),
+            #[cfg(feature = "testing")]
+            PeerConn::Memory(c) => c.close_reason(addr).is_none(),
+        }
+    }
+
+    fn close(&self) {
+        match self {
+            PeerConn::Net(c) => c.close(),
+            #[cfg(feature = "testing")]
+            PeerConn::Memory(c) => c.close(),
+        }
+    }
+}
 
 /// One other server.
 struct Peer {
@@ -78,6 +122,9 @@ pub struct Peers {
     peers: Vec<Peer>,
     own: u32,
     settings: PeerSettings,
+    /// In memory: a dialer per replica, used instead of QUIC.
+    #[cfg(feature = "testing")]
+    memory: Option<Vec<protocol::transport::memory::MemoryDialer>>,
 }
 
 impl Peers {
@@ -94,6 +141,23 @@ impl Peers {
                 .collect(),
             own,
             settings,
+            #[cfg(feature = "testing")]
+            memory: None,
+        }
+    }
+
+    /// Peers reached through the memory transport: `dialers[r]` reaches replica `r` (named `names[r]`, an
+    /// address, in errors and logs); this server is `own`.
+    #[cfg(feature = "testing")]
+    pub fn in_memory(
+        names: &[String],
+        own: u32,
+        dialers: Vec<protocol::transport::memory::MemoryDialer>,
+    ) -> Peers {
+        assert_eq!(names.len(), dialers.len(), "a dialer per replica");
+        Peers {
+            memory: Some(dialers),
+            ..Peers::new(names, own, PeerSettings::default())
         }
     }
 
@@ -117,21 +181,27 @@ impl Peers {
         &self.peers[r as usize].name
     }
 
-    async fn connection(&self, r: u32) -> Result<(SocketAddr, NetConn), ProtocolError> {
+    async fn connection(&self, r: u32) -> Result<(SocketAddr, PeerConn), ProtocolError> {
         let peer = &self.peers[r as usize];
         let cached = peer.link.lock().as_ref().and_then(|(addr, _, conn)| {
             conn.as_ref()
-                .filter(|c| c.close_reason(*addr).is_none())
+                .filter(|c| c.is_open(*addr))
                 .map(|c| (*addr, c.clone()))
         });
         if let Some(found) = cached {
             return Ok(found);
         }
         let addr = resolve(&peer.name).await?;
+        #[cfg(feature = "testing")]
+        if let Some(dialers) = &self.memory {
+            let conn = PeerConn::Memory(dialers[r as usize].connect(addr, "", 0).await?);
+            *peer.link.lock() = Some((addr, None, Some(conn.clone())));
+            return Ok((addr, conn));
+        }
         let dialer = {
             let mut link = peer.link.lock();
             match link.as_ref() {
-                Some((a, d, _)) if *a == addr => d.clone(),
+                Some((a, Some(d), _)) if *a == addr => d.clone(),
                 _ => {
                     let d = Arc::new(NetDialer::new(
                         Transport::Quic,
@@ -139,7 +209,7 @@ impl Peers {
                         &self.settings.tls_dir,
                         self.settings.role,
                     )?);
-                    *link = Some((addr, d.clone(), None));
+                    *link = Some((addr, Some(d.clone()), None));
                     d
                 }
             }
@@ -160,6 +230,7 @@ impl Peers {
                 return Err(e);
             }
         };
+        let conn = PeerConn::Net(conn);
         if let Some((a, _, c)) = peer.link.lock().as_mut() {
             if *a == addr {
                 *c = Some(conn.clone());

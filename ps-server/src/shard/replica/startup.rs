@@ -16,11 +16,12 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use protocol::wire::message::replicate::Role;
 use protocol::{Request, Response};
+use tokio::time::Instant;
 
 use crate::metrics as m;
 use crate::shard::Shard;
