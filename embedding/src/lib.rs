@@ -75,6 +75,8 @@ pub mod weight_guard;
 #[cfg(test)]
 mod prop_budget_test;
 #[cfg(test)]
+mod prop_model;
+#[cfg(test)]
 mod prop_test;
 #[cfg(test)]
 mod store_conformance;

@@ -4,7 +4,6 @@
 //! to the store. Also: a table 5x over budget trains exactly like the model, and an `#[ignore]` measurement of
 //! hit ratio and gather speed at 1x, 2x and 5x over budget under a Zipf-like access pattern.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use proptest::prelude::*;
@@ -14,7 +13,7 @@ use crate::config::{AdmissionConfig, InitConfig, OptimizerConfig, TableConfig};
 use crate::engine::Engine;
 use crate::init;
 use crate::mem_store::MemStore;
-use crate::optimizer::{self, Regularizer};
+use crate::prop_model::{bits, RowModel};
 use crate::rocks_store::RocksStore;
 use crate::store::Store;
 
@@ -104,53 +103,7 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
-type Rows = HashMap<u64, Vec<f32>>;
-
-struct Model {
-    configs: Vec<TableConfig>,
-    live: Vec<Rows>,
-    sightings: Vec<HashMap<u64, u32>>,
-}
-
-impl Model {
-    fn gather(&self, t: usize, ids: &[u64]) -> Vec<f32> {
-        let cfg = &self.configs[t];
-        let mut out = vec![0.0; ids.len() * cfg.dim];
-        for (i, id) in ids.iter().enumerate() {
-            let dst = &mut out[i * cfg.dim..(i + 1) * cfg.dim];
-            match self.live[t].get(id) {
-                Some(row) => dst.copy_from_slice(&row[..cfg.dim]),
-                None => init::fill_weights(cfg, *id, dst),
-            }
-        }
-        out
-    }
-
-    fn apply(&mut self, t: usize, ids: &[u64], grads: &[f32]) {
-        let cfg = &self.configs[t];
-        for (i, id) in ids.iter().enumerate() {
-            let g = &grads[i * cfg.dim..(i + 1) * cfg.dim];
-            if let (Some(adm), false) = (cfg.admission, self.live[t].contains_key(id)) {
-                let seen = self.sightings[t].entry(*id).or_default();
-                *seen += 1;
-                if *seen < adm.min_count {
-                    continue;
-                }
-            }
-            let row = self.live[t].entry(*id).or_insert_with(|| {
-                let mut row = vec![0.0; cfg.row_len()];
-                init::fill_row(cfg, *id, &mut row);
-                row
-            });
-            let (w, s) = row.split_at_mut(cfg.dim);
-            optimizer::update(&cfg.optimizer, Regularizer::of(cfg), w, s, g);
-        }
-    }
-}
-
-fn bits(v: &[f32]) -> Vec<u32> {
-    v.iter().map(|x| x.to_bits()).collect()
-}
+type Model = RowModel;
 
 fn open_engine(store: Arc<dyn Store>, configs: &[TableConfig]) -> Engine {
     let engine = Engine::open_with_budget(store, Some(BUDGET)).unwrap();
@@ -204,11 +157,7 @@ fn check_rows(engine: &Engine, model: &Model) -> Result<(), TestCaseError> {
 
 fn run(store: impl Fn() -> Arc<dyn Store>, ops: Vec<Op>) -> Result<(), TestCaseError> {
     let configs = configs();
-    let mut model = Model {
-        live: vec![Rows::new(); configs.len()],
-        sightings: vec![HashMap::new(); configs.len()],
-        configs: configs.clone(),
-    };
+    let mut model = RowModel::new(configs.clone());
     let mut engine = Some(open_engine(store(), &configs));
     for op in ops {
         let e = engine.as_ref().unwrap();
@@ -225,7 +174,7 @@ fn run(store: impl Fn() -> Arc<dyn Store>, ops: Vec<Op>) -> Result<(), TestCaseE
                     .flat_map(|g| g[..dim].to_vec())
                     .collect();
                 e.apply(configs[table].id, &ids, &grads).unwrap();
-                model.apply(table, &ids, &grads);
+                model.apply(table, &ids, &grads, |_| ());
             }
             Op::Prefetch {
                 table,
@@ -357,11 +306,7 @@ fn sgd_table_five_times_over_budget_trains_exactly() {
     let store: Arc<dyn Store> = Arc::new(MemStore::new());
     let engine = Engine::open_with_budget(store, Some(100)).unwrap();
     engine.register_table(cfg.clone()).unwrap();
-    let mut model = Model {
-        live: vec![Rows::new()],
-        sightings: vec![HashMap::new()],
-        configs: vec![cfg.clone()],
-    };
+    let mut model = RowModel::new(vec![cfg.clone()]);
     let ids: Vec<u64> = (0..500).collect();
     let mut evicted = 0;
     for step in 0..20u64 {
@@ -372,7 +317,7 @@ fn sgd_table_five_times_over_budget_trains_exactly() {
             .collect();
         for (c, g) in ids.chunks(64).zip(grads.chunks(64 * 4)) {
             engine.apply(1, c, g).unwrap();
-            model.apply(0, c, g);
+            model.apply(0, c, g, |_| ());
         }
         evicted += engine.enforce_budget().unwrap().rows_evicted;
         assert!(engine.table(1).unwrap().len() <= 100);

@@ -10,9 +10,8 @@ use proptest::prelude::*;
 
 use crate::config::{AdmissionConfig, InitConfig, OptimizerConfig, TableConfig};
 use crate::engine::Engine;
-use crate::init;
 use crate::mem_store::MemStore;
-use crate::optimizer::{self, Regularizer};
+use crate::prop_model::{bits, RowModel, Rows};
 use crate::rocks_store::RocksStore;
 use crate::store::Store;
 
@@ -121,61 +120,26 @@ impl Backend {
     }
 }
 
-type Rows = HashMap<u64, Vec<f32>>;
-
-/// The reference: rows per table, live and as of the last flush; last-touched times of live rows (`None`:
-/// recovered, unknown until the next expire); pushes of ids without a row since the last restart.
+/// The reference: rows per table, live ([`RowModel`]) and as of the last flush; last-touched times of live rows
+/// (`None`: recovered, unknown until the next expire).
 struct Model {
-    configs: Vec<TableConfig>,
-    live: Vec<Rows>,
+    rows: RowModel,
     durable: Vec<Rows>,
     stamps: Vec<HashMap<u64, Option<u64>>>,
-    sightings: Vec<HashMap<u64, u32>>,
 }
 
 impl Model {
-    fn gather(&self, t: usize, ids: &[u64]) -> Vec<f32> {
-        let cfg = &self.configs[t];
-        let mut out = vec![0.0; ids.len() * cfg.dim];
-        for (i, id) in ids.iter().enumerate() {
-            let dst = &mut out[i * cfg.dim..(i + 1) * cfg.dim];
-            match self.live[t].get(id) {
-                Some(row) => dst.copy_from_slice(&row[..cfg.dim]),
-                None => init::fill_weights(cfg, *id, dst),
-            }
-        }
-        out
-    }
-
     fn apply(&mut self, t: usize, ids: &[u64], grads: &[f32], now: u64) {
-        let cfg = &self.configs[t];
-        for (i, id) in ids.iter().enumerate() {
-            let g = &grads[i * cfg.dim..(i + 1) * cfg.dim];
-            if g.iter().any(|x| !x.is_finite()) {
-                continue;
-            }
-            if let (Some(adm), false) = (cfg.admission, self.live[t].contains_key(id)) {
-                let seen = self.sightings[t].entry(*id).or_default();
-                *seen += 1;
-                if *seen < adm.min_count {
-                    continue;
-                }
-            }
-            self.stamps[t].insert(*id, Some(now));
-            let row = self.live[t].entry(*id).or_insert_with(|| {
-                let mut row = vec![0.0; cfg.row_len()];
-                init::fill_row(cfg, *id, &mut row);
-                row
-            });
-            let (w, s) = row.split_at_mut(cfg.dim);
-            optimizer::update(&cfg.optimizer, Regularizer::of(cfg), w, s, g);
-        }
+        let stamps = &mut self.stamps[t];
+        self.rows.apply(t, ids, grads, |id| {
+            stamps.insert(id, Some(now));
+        });
     }
 
     /// Deletes rows untouched for their table's TTL, live and durable; returns how many.
     fn expire(&mut self, now: u64) -> usize {
         let mut deleted = 0;
-        for (t, cfg) in self.configs.iter().enumerate() {
+        for (t, cfg) in self.rows.configs.iter().enumerate() {
             let Some(ttl) = cfg.ttl_secs else { continue };
             let mut gone = Vec::new();
             for (id, stamp) in self.stamps[t].iter_mut() {
@@ -187,7 +151,7 @@ impl Model {
             }
             for id in gone {
                 self.stamps[t].remove(&id);
-                self.live[t].remove(&id);
+                self.rows.live[t].remove(&id);
                 self.durable[t].remove(&id);
                 deleted += 1;
             }
@@ -197,15 +161,11 @@ impl Model {
 
     /// A restart: `live` rows are recovered with unknown stamps and the sketches start empty.
     fn restart(&mut self) {
-        for t in 0..self.configs.len() {
-            self.stamps[t] = self.live[t].keys().map(|&id| (id, None)).collect();
-            self.sightings[t].clear();
+        for t in 0..self.rows.configs.len() {
+            self.stamps[t] = self.rows.live[t].keys().map(|&id| (id, None)).collect();
+            self.rows.sightings[t].clear();
         }
     }
-}
-
-fn bits(v: &[f32]) -> Vec<u32> {
-    v.iter().map(|x| x.to_bits()).collect()
 }
 
 fn open_engine(backend: &Backend, configs: &[TableConfig]) -> Engine {
@@ -217,10 +177,15 @@ fn open_engine(backend: &Backend, configs: &[TableConfig]) -> Engine {
 }
 
 fn check_rows(engine: &Engine, model: &Model) -> Result<(), TestCaseError> {
-    for (t, cfg) in model.configs.iter().enumerate() {
+    for (t, cfg) in model.rows.configs.iter().enumerate() {
         let table = engine.table(cfg.id).unwrap();
-        prop_assert_eq!(table.len(), model.live[t].len(), "rows of table {}", cfg.id);
-        for (id, want) in &model.live[t] {
+        prop_assert_eq!(
+            table.len(),
+            model.rows.live[t].len(),
+            "rows of table {}",
+            cfg.id
+        );
+        for (id, want) in &model.rows.live[t] {
             let got = table.row(*id);
             prop_assert!(got.is_some(), "table {} lost id {}", cfg.id, id);
             prop_assert_eq!(
@@ -238,11 +203,9 @@ fn check_rows(engine: &Engine, model: &Model) -> Result<(), TestCaseError> {
 fn run(backend: Backend, ops: Vec<Op>) -> Result<(), TestCaseError> {
     let configs = configs();
     let mut model = Model {
-        live: vec![Rows::new(); configs.len()],
+        rows: RowModel::new(configs.clone()),
         durable: vec![Rows::new(); configs.len()],
         stamps: vec![HashMap::new(); configs.len()],
-        sightings: vec![HashMap::new(); configs.len()],
-        configs: configs.clone(),
     };
     let mut now = 0u64;
     let mut engine = Some(open_engine(&backend, &configs));
@@ -252,7 +215,7 @@ fn run(backend: Backend, ops: Vec<Op>) -> Result<(), TestCaseError> {
             Op::Gather { table, ids } => {
                 let mut out = vec![0.0; ids.len() * configs[table].dim];
                 e.gather(configs[table].id, &ids, &mut out).unwrap();
-                prop_assert_eq!(bits(&out), bits(&model.gather(table, &ids)));
+                prop_assert_eq!(bits(&out), bits(&model.rows.gather(table, &ids)));
             }
             Op::Apply {
                 table,
@@ -277,18 +240,18 @@ fn run(backend: Backend, ops: Vec<Op>) -> Result<(), TestCaseError> {
             }
             Op::Flush => {
                 e.flush_dirty().unwrap();
-                model.durable = model.live.clone();
+                model.durable = model.rows.live.clone();
             }
             Op::Reopen => {
                 e.flush_dirty().unwrap();
-                model.durable = model.live.clone();
+                model.durable = model.rows.live.clone();
                 drop(engine.take());
                 model.restart();
                 engine = Some(open_engine(&backend, &configs));
             }
             Op::Crash => {
                 drop(engine.take());
-                model.live = model.durable.clone();
+                model.rows.live = model.durable.clone();
                 model.restart();
                 engine = Some(open_engine(&backend, &configs));
             }
