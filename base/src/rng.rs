@@ -65,6 +65,21 @@ impl SplitMix64 {
     }
 }
 
+/// A number drawn anew by every call and every process (never 0): the OS-seeded hasher of the standard
+/// library over the time and the process id. For identities that must not collide between processes (a
+/// server's incarnation, a client's push ids), not for cryptography.
+pub fn unique_u64() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    h.write_u32(std::process::id());
+    h.finish().max(1)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -281,6 +281,7 @@ async fn push_one(c: &LocalCluster, r: usize) -> Response {
         encoding: Encoding::F32,
         grad_scale: 1.0,
         tables: counts,
+        id: protocol::wire::message::push::PushId::NONE,
     };
     raw_call(c, 0, r, &req, Bytes::from(payload))
         .await

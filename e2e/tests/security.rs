@@ -518,6 +518,7 @@ fn every_request_is_authorized_by_the_role_of_its_certificate() {
                 kind: protocol::wire::message::replicate::ReplicateKind::Stream,
                 new_tables: Vec::new(),
                 tables: Vec::new(),
+                pushes: Vec::new(),
             },
         };
         let move_rows = Request::MoveRows {
@@ -555,6 +556,7 @@ fn every_request_is_authorized_by_the_role_of_its_certificate() {
             encoding: Encoding::F32,
             grad_scale: 1.0,
             tables: counts.clone(),
+            id: protocol::wire::message::push::PushId::NONE,
         };
         // (role, request, payload, forbidden?)
         let cases: Vec<(Role, &Request, &[u8], bool)> = vec![
@@ -746,6 +748,7 @@ fn one_message_cannot_disable_a_shard() {
                 count: 1,
                 row_len: 2,
             }],
+            pushes: Vec::new(),
         };
         let mut payload = Vec::new();
         protocol::wire::message::replicate::put_rows(&[1], &[f32::NAN, f32::NAN], &mut payload);

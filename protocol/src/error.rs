@@ -44,6 +44,9 @@ pub enum ErrorCode {
     /// A primary with `replicated` durability and `replicated-without-backup = "refuse"` has no backup in
     /// sync, so it acknowledges no push: transient, a backup catches up.
     NoBackup,
+    /// A retried push whose first copy this server is still applying (or waiting for its backups): transient,
+    /// the retry then gets the first copy's answer.
+    InProgress,
 }
 
 impl ErrorCode {
@@ -56,6 +59,7 @@ impl ErrorCode {
                 | ErrorCode::NotPrimary
                 | ErrorCode::Resharding
                 | ErrorCode::NoBackup
+                | ErrorCode::InProgress
         )
     }
 }

@@ -66,4 +66,6 @@ pub const ALPN: &[u8] = b"ps/1";
 /// names its job, `Promote` may force a cold start, checkpoints go under the server's checkpoint root.
 /// Version 6: tables travel as [`TableConfig`] (every optimizer, weight decay and clipping as fields,
 /// admission and TTL), each as its JSON text ([`wire::tables`]), instead of the wire-only `TableSpec`.
-pub const PROTOCOL_VERSION: u32 = 6;
+/// Version 7: pushes carry a [`wire::message::push::PushId`] and are applied once per id; `Replicate` carries
+/// the answers of the pushes whose rows it streams; `ErrorCode::InProgress`.
+pub const PROTOCOL_VERSION: u32 = 7;

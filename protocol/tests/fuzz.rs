@@ -106,6 +106,10 @@ fn request(r: &mut Rng) -> Request {
             encoding: encoding(r),
             grad_scale: r.f32_or_edge(&F32_EDGES),
             tables: counts(r),
+            id: protocol::wire::message::push::PushId {
+                client: r.next_u64(),
+                seq: r.next_u64(),
+            },
         },
         _ => Request::Flush,
     }

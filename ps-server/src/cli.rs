@@ -334,6 +334,12 @@ struct ServeArgs {
     /// Bytes of reduce sums held; finalized steps kept for retries are dropped first [default: 2 GiB].
     #[arg(long, env = "PS_MAX_REDUCE_BYTES")]
     max_reduce_bytes: Option<u64>,
+    /// Clients whose push answers are remembered, so a retried push is applied once [default: 1024].
+    #[arg(long, env = "PS_PUSH_WINDOW_CLIENTS")]
+    push_window_clients: Option<u64>,
+    /// Push answers remembered per client [default: 1024; at least 16].
+    #[arg(long, env = "PS_PUSH_WINDOW_PER_CLIENT")]
+    push_window_per_client: Option<u64>,
     /// Seconds a request stream may make no progress before it is dropped [default: 30; 0 = no bound].
     #[arg(long, env = "PS_STREAM_IDLE_TIMEOUT_SECS")]
     stream_idle_timeout_secs: Option<f64>,
@@ -383,6 +389,8 @@ impl ServeArgs {
             max_tables_per_request: self.max_tables_per_request,
             max_reduce_groups: self.max_reduce_groups,
             max_reduce_bytes: self.max_reduce_bytes,
+            push_window_clients: self.push_window_clients,
+            push_window_per_client: self.push_window_per_client,
             block_cache_mib: self.block_cache_mib,
             rocksdb_tuning: self.rocksdb_tuning,
             prefetch_pin_secs: self.prefetch_pin_secs,

@@ -88,6 +88,15 @@ pub const REDUCE_BYTES: &str = "ps_reduce_bytes";
 pub const REDUCE_REFUSED_TOTAL: &str = "ps_reduce_refused_total";
 /// Finalized reduce steps dropped early to make room for a new step (`max-reduce-bytes`).
 pub const REDUCE_STEPS_DROPPED_TOTAL: &str = "ps_reduce_steps_dropped_total";
+/// Retried pushes answered from the push window instead of being applied again.
+pub const PUSH_RETRIES_ANSWERED_TOTAL: &str = "ps_push_retries_answered_total";
+/// Push copies refused by the push window, labelled `reason` (`in_progress`: the first copy is still being
+/// applied, transient; `too_old`: older than the window remembers, not applied again).
+pub const PUSH_WINDOW_REFUSED_TOTAL: &str = "ps_push_window_refused_total";
+/// Clients the push window remembers (`push-window-clients`).
+pub const PUSH_WINDOW_CLIENTS: &str = "ps_push_window_clients";
+/// Clients forgotten by the push window to make room (their later retries would be applied again).
+pub const PUSH_WINDOW_CLIENTS_EVICTED_TOTAL: &str = "ps_push_window_clients_evicted_total";
 /// Open connections (QUIC and TCP), counted once their handshake is done.
 pub const CONNECTIONS: &str = "ps_connections";
 /// Rows evicted from memory to RocksDB by the memory budget.
@@ -333,6 +342,22 @@ fn describe_requests() {
     describe_counter!(
         REDUCE_STEPS_DROPPED_TOTAL,
         "Finalized reduce steps dropped early to make room for a new step."
+    );
+    describe_counter!(
+        PUSH_RETRIES_ANSWERED_TOTAL,
+        "Retried pushes answered from the push window instead of being applied again."
+    );
+    describe_counter!(
+        PUSH_WINDOW_REFUSED_TOTAL,
+        "Push copies refused by the push window, by reason (in_progress, too_old)."
+    );
+    describe_gauge!(
+        PUSH_WINDOW_CLIENTS,
+        "Clients whose push answers the push window remembers."
+    );
+    describe_counter!(
+        PUSH_WINDOW_CLIENTS_EVICTED_TOTAL,
+        "Clients forgotten by the push window to make room."
     );
     describe_counter!(REQUEST_ERRORS_TOTAL, "Error responses, by code.");
     describe_histogram!(

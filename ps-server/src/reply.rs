@@ -29,6 +29,14 @@ impl Refusal {
         &self.message
     }
 
+    /// The error header this refusal is answered with (not counted: [`Refusal::into_reply`] counts).
+    pub fn response(&self) -> Response {
+        Response::Error {
+            code: self.code,
+            message: self.message.clone(),
+        }
+    }
+
     /// The error reply, counted in [`m::REQUEST_ERRORS_TOTAL`].
     pub fn into_reply(self) -> Reply {
         metrics::counter!(m::REQUEST_ERRORS_TOTAL, "code" => format!("{:?}", self.code))

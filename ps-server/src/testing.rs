@@ -305,7 +305,7 @@ pub fn memory_shard(map: ShardMap, index: u32) -> Shard {
 mod tests {
     use super::*;
     use bytes::Bytes;
-    use protocol::{Encoding, TableConfig, TableCount};
+    use protocol::{Encoding, Request, TableConfig, TableCount};
 
     use crate::config::Durability;
 
@@ -441,5 +441,99 @@ mod tests {
             .gather(1, &[id], &mut stored)
             .unwrap();
         assert_eq!(stored, [-1.0, -2.0], "the dead primary took nothing more");
+    }
+
+    /// The stored weights of `id` in table 1 of server `i` (empty while it has no table 1).
+    fn stored(cluster: &MemoryCluster, i: usize, id: u64) -> Vec<f32> {
+        let mut row = vec![0.0; 2];
+        match cluster.shard(i).engine().gather(1, &[id], &mut row) {
+            Ok(()) => row,
+            Err(_) => Vec::new(),
+        }
+    }
+
+    /// A client of `cluster` that retries for longer than a request's timeout (a lost reply is retried).
+    async fn patient_client(cluster: &MemoryCluster) -> PsClient<MemoryDialer> {
+        let mut cfg = cluster.config();
+        cfg.retry_for = Duration::from_secs(30);
+        cluster.connect_with(cfg).await.unwrap()
+    }
+
+    fn one_row(id: u64, g: [f32; 2]) -> (Vec<TableCount>, Bytes) {
+        let mut payload = ids(&[id]).to_vec();
+        protocol::compression::codec::encode(&g, Encoding::F32, &mut payload);
+        let counts = vec![TableCount {
+            table: 1,
+            count: 1,
+            dim: 2,
+        }];
+        (counts, Bytes::from(payload))
+    }
+
+    /// A push whose reply is lost is retried by the client, and the server answers the retry from its push
+    /// window: the row moved once.
+    #[tokio::test(start_paused = true)]
+    async fn a_retried_push_is_applied_once() {
+        let cluster = MemoryCluster::new(1);
+        let client = patient_client(&cluster).await;
+        client
+            .register_tables(&[TableConfig::counter(1, 2)])
+            .await
+            .unwrap();
+        cluster.server(0).drop_replies(1);
+        let (counts, payload) = one_row(5, [1.0, 2.0]);
+        let (applied, _) = client
+            .push(0, Encoding::F32, 1.0, counts, payload)
+            .await
+            .unwrap();
+        assert_eq!(applied, 1, "the retry gets the first copy's answer");
+        let pushes = cluster
+            .server(0)
+            .log()
+            .work()
+            .iter()
+            .filter(|(_, _, r)| matches!(r, Request::Push { .. }))
+            .count();
+        assert_eq!(pushes, 2, "the push reached the server twice");
+        assert_eq!(
+            stored(&cluster, 0, 5),
+            [-1.0, -2.0],
+            "and moved the row once"
+        );
+    }
+
+    /// A primary applies a push and streams it to its backup, then crashes before answering: the client's
+    /// retry reaches the promoted backup, which answers it from the answers its primary streamed: the row
+    /// moved once.
+    #[tokio::test(start_paused = true)]
+    async fn a_push_retried_after_a_failover_is_applied_once() {
+        let cluster = Arc::new(MemoryCluster::replicated(1, 2, Durability::Replicated).await);
+        let client = Arc::new(patient_client(&cluster).await);
+        client
+            .register_tables(&[TableConfig::counter(1, 2)])
+            .await
+            .unwrap();
+        cluster.server(0).drop_replies(1);
+        let (counts, payload) = one_row(5, [1.0, 2.0]);
+        let c = client.clone();
+        let push =
+            tokio::spawn(async move { c.push(0, Encoding::F32, 1.0, counts, payload).await });
+        // The backup holds the push's rows (the primary waited for that before its lost answer).
+        while stored(&cluster, 1, 5) != [-1.0, -2.0] {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        cluster.kill(0);
+        let (applied, _) = push.await.unwrap().unwrap();
+        assert_eq!(applied, 1);
+        assert_eq!(cluster.shard(1).replica().role().name(), "primary");
+        let pushes = cluster
+            .server(1)
+            .log()
+            .work()
+            .iter()
+            .filter(|(_, _, r)| matches!(r, Request::Push { .. }))
+            .count();
+        assert_eq!(pushes, 1, "the retry reached the promoted backup");
+        assert_eq!(stored(&cluster, 1, 5), [-1.0, -2.0], "and moved nothing");
     }
 }

@@ -42,6 +42,7 @@ fn push_frame(ids: &[u64], dim: u32, grads: &[f32], grad_scale: f32) -> Vec<u8> 
         encoding: Encoding::F32,
         grad_scale,
         tables: counts(ids.len(), dim),
+        id: protocol::wire::message::push::PushId::NONE,
     };
     encode_frame(&req, &push_payload(ids, grads)).unwrap()
 }
@@ -314,6 +315,7 @@ async fn duplicate_ids(bad: &quinn::Connection, good: &PsClient) {
         encoding: Encoding::F32,
         grad_scale: 1.0,
         tables: counts(2, DIM),
+        id: protocol::wire::message::push::PushId::NONE,
     };
     let (code, msg) = refusal(bad, &encode_frame(&req, &payload).unwrap()).await;
     assert_eq!(code, ErrorCode::BadRequest, "{msg}");
@@ -328,6 +330,7 @@ async fn empty_batches(bad: &quinn::Connection) {
         encoding: Encoding::F32,
         grad_scale: 1.0,
         tables: vec![],
+        id: protocol::wire::message::push::PushId::NONE,
     };
     let answer = raw_request(bad, &encode_frame(&empty, &[]).unwrap()).await;
     assert!(

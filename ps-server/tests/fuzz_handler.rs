@@ -231,6 +231,7 @@ fn valid(r: &mut Rng, shard: &Shard) -> (Request, Vec<u8>) {
             encoding: enc,
             grad_scale,
             tables: counts,
+            id: protocol::wire::message::push::PushId::NONE,
         },
         payload,
     )
@@ -459,6 +460,7 @@ fn peer_or_admin(r: &mut Rng) -> (Request, Vec<u8>) {
                 kind,
                 new_tables: Vec::new(),
                 tables,
+                pushes: Vec::new(),
             };
             (Request::Replicate { header }, payload)
         }

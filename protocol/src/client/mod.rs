@@ -32,6 +32,7 @@ use crate::error::ProtocolError;
 use crate::routing::ShardMap;
 use crate::transport::tls;
 use crate::transport::{Connection, Dialer, NetDialer, Transport};
+use crate::wire::message::push::PushId;
 use crate::wire::message::{Request, Response, TableConfig};
 use replicas::ShardReplicas;
 pub use replicas::FAILOVER_CALL_TIMEOUT;
@@ -225,19 +226,10 @@ pub struct PsClient<D: Dialer = NetDialer> {
     map_changes: AtomicU64,
     /// The job this client publishes dense parameters for ([`PsClient::publish_dense`]): drawn once.
     job: u64,
-}
-
-/// A random, non-zero job number: std's per-process random hash keys, mixed with the time and process id.
-fn draw_job() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos()),
-    );
-    h.write_u32(std::process::id());
-    h.finish().max(1)
+    /// This client's identity in its pushes' [`wire::message::push::PushId`]s: drawn once.
+    push_client: u64,
+    /// The number of the next push.
+    push_seq: AtomicU64,
 }
 
 /// Rows and optimizer state answering [`PsClient::pull_with_state`].
@@ -264,6 +256,16 @@ impl PsClient<NetDialer> {
         let (transport, tls_dir, role) = (cfg.transport, cfg.tls_dir.clone(), cfg.role);
         let dial: DialFn<NetDialer> = Arc::new(move |addr| transport.dialer(addr, &tls_dir, role));
         PsClient::connect_following(cfg, dialers, Some(dial)).await
+    }
+}
+
+impl<D: Dialer> PsClient<D> {
+    /// The id of this client's next push ([`wire::message::push`], "Exactly once").
+    fn next_push_id(&self) -> PushId {
+        PushId {
+            client: self.push_client,
+            seq: self.push_seq.fetch_add(1, Ordering::Relaxed),
+        }
     }
 }
 
@@ -327,7 +329,9 @@ impl<D: Dialer> PsClient<D> {
             tables: Vec::new(),
             failovers: AtomicU64::new(0),
             map_changes: AtomicU64::new(0),
-            job: draw_job(),
+            job: base::rng::unique_u64(),
+            push_client: base::rng::unique_u64(),
+            push_seq: AtomicU64::new(1),
         };
         if replicated {
             client.find_primaries().await?;

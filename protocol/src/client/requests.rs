@@ -95,8 +95,9 @@ impl<D: Dialer> PsClient<D> {
         grad_scale: f32,
         tables: Vec<TableCount>,
         payload: Bytes,
+        id: wire::message::push::PushId,
     ) -> Result<(u64, u64), ProtocolError> {
-        let req = wire::message::push::request(epoch, encoding, grad_scale, tables)?;
+        let req = wire::message::push::request(epoch, encoding, grad_scale, tables, id)?;
         let (resp, _) = self.call(server, &req, payload).await?;
         match resp {
             Response::Pushed {

@@ -30,6 +30,7 @@ use crate::transport::{Connection, Dialer};
 use crate::wire;
 use crate::wire::layout::{PayloadLayout, TableCount};
 use crate::wire::message::prefetch::LeaseStats;
+use crate::wire::message::push::PushId;
 use crate::wire::message::reshard::{MapInfo, SplitPart};
 use crate::wire::message::{Request, Response};
 
@@ -150,11 +151,13 @@ impl<D: Dialer> Reroute<D> for PullWithStateOp {
     }
 }
 
-/// A push of gradients in `encoding`, scaled by `grad_scale`.
+/// A push of gradients in `encoding`, scaled by `grad_scale`, under one id for all its copies (retries and
+/// the parts of a re-routed push: each server sees its part once).
 #[derive(Clone, Copy)]
 struct PushOp {
     encoding: Encoding,
     grad_scale: f32,
+    id: PushId,
 }
 
 impl<D: Dialer> Reroute<D> for PushOp {
@@ -175,6 +178,7 @@ impl<D: Dialer> Reroute<D> for PushOp {
             self.grad_scale,
             tables,
             payload,
+            self.id,
         ))
     }
 
@@ -489,6 +493,7 @@ impl<D: Dialer> PsClient<D> {
         let op = PushOp {
             encoding,
             grad_scale,
+            id: self.next_push_id(),
         };
         self.routed(server, 0, op, tables, payload).await
     }

@@ -80,6 +80,10 @@ pub enum Request {
         grad_scale: f32,
         /// Per-table counts, in payload order.
         tables: Vec<TableCount>,
+        /// Who sent this push and its number: a retry carries the same id, and the server answers it with
+        /// the first answer instead of applying it again ([`push::PushId`]; [`push::PushId::NONE`]: no
+        /// de-duplication).
+        id: push::PushId,
     },
     /// Write every dirty row to storage now.
     Flush,

@@ -150,6 +150,29 @@ impl FileConfig {
     }
 }
 
+impl FileConfig {
+    /// The push window's bounds with their defaults: at least one client and 16 answers per client.
+    pub(super) fn push_window_limits(
+        &self,
+    ) -> Result<crate::shard::push_window::PushWindowLimits, ConfigError> {
+        use crate::shard::push_window::{DEFAULT_CLIENTS, DEFAULT_PER_CLIENT};
+        Ok(crate::shard::push_window::PushWindowLimits {
+            clients: at_least(
+                "push-window-clients",
+                self.push_window_clients,
+                DEFAULT_CLIENTS as u64,
+                1,
+            )? as usize,
+            per_client: at_least(
+                "push-window-per-client",
+                self.push_window_per_client,
+                DEFAULT_PER_CLIENT as u64,
+                16,
+            )? as usize,
+        })
+    }
+}
+
 /// Default [`FileConfig::weight_clamp_abs`].
 pub const DEFAULT_WEIGHT_CLAMP_ABS: f32 = 1e6;
 

@@ -109,6 +109,12 @@ pub struct FileConfig {
     /// Bytes of reduce sums a server holds (open steps, and finalized ones kept for retries, which are dropped
     /// first); a new step past it is refused (`reason="bytes"`). >= 1 MiB. Default 2 GiB.
     pub max_reduce_bytes: Option<u64>,
+    /// Clients whose push answers a server remembers (exactly-once pushes, `crate::shard::push_window`); the
+    /// one idle longest is forgotten first (`ps_push_window_clients_evicted_total`). >= 1. Default 1024.
+    pub push_window_clients: Option<u64>,
+    /// Push answers remembered per client; a retry older than them is refused, never applied again
+    /// (`ps_push_window_refused_total{reason="too_old"}`). >= 16. Default 1024.
+    pub push_window_per_client: Option<u64>,
     /// MiB of RocksDB block cache, shared by every table (`crate::config::tier`). Default 64.
     pub block_cache_mib: Option<u64>,
     /// RocksDB column family setup: `point-lookup` (blooms, block hash index, memtable bloom: the capacity
@@ -260,6 +266,8 @@ impl FileConfig {
             max_tables_per_request,
             max_reduce_groups,
             max_reduce_bytes,
+            push_window_clients,
+            push_window_per_client,
             block_cache_mib,
             rocksdb_tuning,
             prefetch_pin_secs,
@@ -303,6 +311,7 @@ impl FileConfig {
         let weight_guard = self.weight_guard()?;
         let registration_limits = self.registration_limits()?;
         let reduce_limits = self.reduce_limits()?;
+        let push_window = self.push_window_limits()?;
         let tier = self.tier()?;
         let sync_interval = secs("sync-interval-secs", self.sync_interval_secs, 2.0)?;
         let sync_retain_rows = at_least(
@@ -359,6 +368,7 @@ impl FileConfig {
             weight_guard,
             registration_limits,
             reduce_limits,
+            push_window,
             memory_budget_rows: self.memory_budget_rows,
             durability: self.durability.unwrap_or_default(),
             replicated_without_backup,
@@ -673,6 +683,8 @@ pub struct ServerConfig {
     pub registration_limits: RegistrationLimits,
     /// Bounds on the reduce groups' state.
     pub reduce_limits: crate::reduce::ReduceLimits,
+    /// Bounds on the push answers remembered for retries.
+    pub push_window: crate::shard::push_window::PushWindowLimits,
     /// Period of the delta sync's cuts; zero turns change tracking off.
     pub sync_interval: Duration,
     /// Ids the retained deltas hold at most.

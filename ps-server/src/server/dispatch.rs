@@ -63,10 +63,10 @@ pub(crate) async fn answer(
         // read-backs once a table has evicted rows).
         req @ Request::Push { .. } => {
             let blocking = shard.durability() == Durability::Sync || shard.engine().spilled();
-            let (reply, wait) =
+            let (reply, pending) =
                 off_workers(blocking, || shard.handle_replicated(req, &payload, now_us));
-            if let Some(wait) = wait {
-                wait.wait().await;
+            if let Some(pending) = pending {
+                pending.settle().await;
             }
             reply
         }

@@ -9,6 +9,7 @@
 //! [`crate::reply`], beneath them all.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use embedding::Engine;
 
@@ -20,6 +21,7 @@ use replica::Replica;
 use reshard::Routing;
 
 pub mod handler;
+pub mod push_window;
 pub mod replica;
 pub mod reshard;
 pub mod storage;
@@ -51,6 +53,8 @@ pub struct Shard {
     max_frame: u64,
     /// Bounds on the tables trainers register ([`Shard::register_as`]).
     registration: RegistrationLimits,
+    /// The answers of recent pushes, so that each is applied once ([`push_window`]).
+    pushes: Arc<push_window::PushWindow>,
 }
 
 impl Shard {
@@ -71,6 +75,7 @@ impl Shard {
             checkpoint_root: cfg.checkpoint_root.clone(),
             registration: cfg.registration_limits,
             max_frame: cfg.max_frame,
+            pushes: Arc::new(push_window::PushWindow::new(cfg.push_window)),
             sync: SyncState::new(
                 !cfg.sync_interval.is_zero(),
                 cfg.sync_retain_rows,
@@ -96,6 +101,7 @@ impl Shard {
             registration: RegistrationLimits::default(),
             max_frame: protocol::wire::frame::DEFAULT_MAX_FRAME,
             sync: SyncState::default(),
+            pushes: Default::default(),
         })
     }
 

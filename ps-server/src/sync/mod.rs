@@ -71,15 +71,7 @@ pub const MAX_DENSE_JOBS: usize = 1024;
 
 /// A random, non-zero `u64`: std's per-process random hash keys, mixed with the time and process id.
 pub fn draw_incarnation() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos()),
-    );
-    h.write_u32(std::process::id());
-    h.finish().max(1)
+    base::rng::unique_u64()
 }
 
 impl SyncState {

@@ -6,6 +6,13 @@
 //! | --- | --- |
 //! | client | [`IdSections::table`] per table, then encode each table's rows onto `payload`, then [`request`] |
 //! | server | [`decode`]: every id and the rows' bytes, checked for length, before anything is applied |
+//!
+//! **Exactly once.** Every push carries a [`PushId`]: the sending client's random identity and a number it
+//! increments per push. A retry (after a lost connection, a timeout, a failover) carries the same id; a server
+//! that applied it answers with its first answer instead of applying it again, and a primary's backups learn
+//! the answers with the rows ([`super::replicate::ReplicateHeader::pushes`]), so a promoted backup does too.
+
+use serde::{Deserialize, Serialize};
 
 use crate::compression::codec::Encoding;
 use crate::error::ProtocolError;
@@ -13,6 +20,37 @@ use crate::wire::layout::{check_len, TableCount};
 use crate::wire::message::Request;
 
 use super::pull::{decode_sections, IdSections};
+
+/// The identity of one push: `client`, drawn at random by each client (0: none, the push is not
+/// de-duplicated), and `seq`, the client's count of pushes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct PushId {
+    /// The sending client, random and non-zero; 0 for senders that do not retry (tools, tests).
+    pub client: u64,
+    /// The client's number of this push, increasing.
+    pub seq: u64,
+}
+
+impl PushId {
+    /// No identity: the server applies every copy it gets.
+    pub const NONE: PushId = PushId { client: 0, seq: 0 };
+
+    /// Whether the server de-duplicates this push.
+    pub fn is_some(self) -> bool {
+        self.client != 0
+    }
+}
+
+/// A push's answer, as a primary tells its backups (so that a retry reaching a promoted backup gets it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PushAnswer {
+    /// The push.
+    pub id: PushId,
+    /// Rows applied ([`crate::Response::Pushed`]).
+    pub rows: u64,
+    /// Rows rejected as non-finite.
+    pub rejected_nonfinite: u64,
+}
 
 /// The header of a push of `tables` under map `epoch`, gradients in `encoding` multiplied by `grad_scale`:
 /// the one builder every sender uses. Refuses a `grad_scale` that is not finite and > 0 before anything is
@@ -22,6 +60,7 @@ pub fn request(
     encoding: Encoding,
     grad_scale: f32,
     tables: Vec<TableCount>,
+    id: PushId,
 ) -> Result<Request, ProtocolError> {
     check_grad_scale(grad_scale)?;
     Ok(Request::Push {
@@ -29,6 +68,7 @@ pub fn request(
         encoding,
         grad_scale,
         tables,
+        id,
     })
 }
 
@@ -86,7 +126,7 @@ mod tests {
         );
         encode_rows(&[5.0, 6.0], 2, Encoding::F32, &mut s.payload);
         check_rows(&s, Encoding::F32).unwrap();
-        let req = request(7, Encoding::F32, 2.0, s.counts.clone()).unwrap();
+        let req = request(7, Encoding::F32, 2.0, s.counts.clone(), PushId::NONE).unwrap();
         assert!(matches!(
             req,
             Request::Push {
@@ -96,7 +136,7 @@ mod tests {
             }
         ));
         for bad in [0.0, -1.0, f32::NAN, f32::INFINITY] {
-            let err = request(7, Encoding::F32, bad, s.counts.clone()).unwrap_err();
+            let err = request(7, Encoding::F32, bad, s.counts.clone(), PushId::NONE).unwrap_err();
             assert!(err.to_string().contains("grad_scale"), "{err}");
         }
         let mut ids = Vec::new();

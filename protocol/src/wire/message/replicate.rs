@@ -115,6 +115,9 @@ pub struct ReplicateHeader {
     pub new_tables: Vec<TableConfig>,
     /// Tables of the payload, in order (a table may appear more than once).
     pub tables: Vec<RowsTable>,
+    /// The answers of the pushes whose rows these are (stream messages): a backup remembers them, so a
+    /// client retrying one of them after a failover gets its answer, not a second application.
+    pub pushes: Vec<super::push::PushAnswer>,
 }
 
 /// Appends one table's ids and full rows to a `Replicate` payload. `rows.len()` must be `ids.len() x

@@ -9,6 +9,7 @@
 //! table untouched.
 
 use protocol::compression::codec;
+use protocol::wire::message::push::{PushAnswer, PushId};
 use protocol::wire::{self, layout::PayloadLayout};
 use protocol::{
     Encoding, ErrorCode, Request, Response, ShardMap, TableConfig, TableCount, PROTOCOL_VERSION,
@@ -17,6 +18,7 @@ use protocol::{
 use crate::config::Durability;
 use crate::metrics as m;
 use crate::reply::{refuse, Refusal, Reply};
+use crate::shard::push_window::Admission;
 use crate::shard::Shard;
 
 /// Counts a pull's rows (with or without state) on a table with a memory budget by where they came from ([`m::TIER_ROWS_TOTAL`]).
@@ -80,18 +82,19 @@ impl Shard {
     /// A sync request is answered at once (the server loop waits for cuts: [`Shard::sync_deltas`]). Never
     /// panics on peer input: every problem becomes a [`Response::Error`].
     pub fn handle_us(&self, req: Request, payload: &[u8], now_us: u64) -> Reply {
+        // A push's pending acknowledgement is not waited for here: dropped, its answer stands as it is.
         self.handle_replicated(req, payload, now_us).0
     }
 
     /// [`Shard::handle_us`], and for a push on a primary with `replicated` durability, what its reply must
-    /// wait for: its rows stored by every in-sync backup ([`crate::shard::replica::AckWait`]). `Join` needs the
-    /// shard's `Arc` and is answered by the server loop ([`Shard::join`]).
+    /// wait for: its rows stored by every in-sync backup ([`PendingAck::settle`]). `Join` needs the shard's
+    /// `Arc` and is answered by the server loop ([`Shard::join`]).
     pub fn handle_replicated(
         &self,
         req: Request,
         payload: &[u8],
         now_us: u64,
-    ) -> (Reply, Option<crate::shard::replica::AckWait>) {
+    ) -> (Reply, Option<PendingAck>) {
         let now = now_us / 1_000_000;
         let mut wait = None;
         let result = match req {
@@ -108,10 +111,16 @@ impl Shard {
                 encoding,
                 grad_scale,
                 tables,
+                id,
             } => self
-                .push(epoch, encoding, grad_scale, &tables, payload, now_us)
+                .push_once(id, (epoch, encoding, grad_scale), &tables, payload, now_us)
                 .map(|(reply, w)| {
-                    wait = w;
+                    wait = w.map(|wait| PendingAck {
+                        wait: Some(wait),
+                        id,
+                        answer: reply.header.clone(),
+                        window: self.pushes.clone(),
+                    });
                     reply
                 }),
             Request::Flush => self.flush(),
@@ -470,19 +479,52 @@ impl Shard {
         })
     }
 
-    /// A push, its rows stamped with `now_us`'s second for TTL expiry and recorded as changed at `now_us` for
-    /// the delta sync.
-    fn push(
+    /// Push `id` applied once ([`crate::shard::push_window`]): a copy already applied is answered from the
+    /// window; the first copy is applied ([`Shard::push`]) and its answer remembered, at once or, when it
+    /// waits for backups, by [`PendingAck::settle`].
+    fn push_once(
         &self,
-        epoch: u64,
-        encoding: Encoding,
-        grad_scale: f32,
+        id: PushId,
+        head: (u64, Encoding, f32),
         tables: &[TableCount],
         payload: &[u8],
         now_us: u64,
     ) -> Result<(Reply, Option<crate::shard::replica::AckWait>), Refusal> {
-        let now = now_us / 1_000_000;
         self.replica.require_primary("push")?;
+        if let Admission::Answer(header) = self.pushes.admit(id)? {
+            return Ok((
+                Reply {
+                    header,
+                    payload: Vec::new(),
+                },
+                None,
+            ));
+        }
+        let mut changed = false;
+        let result = self.push(id, head, tables, payload, now_us, &mut changed);
+        match &result {
+            Ok((_, Some(_))) => {} // settled once its backups stored it
+            Ok((reply, None)) => self.pushes.finish(id, Some(&reply.header)),
+            Err(refusal) => self
+                .pushes
+                .finish(id, changed.then(|| refusal.response()).as_ref()),
+        }
+        result
+    }
+
+    /// A push, its rows stamped with `now_us`'s second for TTL expiry and recorded as changed at `now_us` for
+    /// the delta sync. `changed` is set once rows may have changed (a refusal after that is remembered as
+    /// the push's answer).
+    fn push(
+        &self,
+        id: PushId,
+        (epoch, encoding, grad_scale): (u64, Encoding, f32),
+        tables: &[TableCount],
+        payload: &[u8],
+        now_us: u64,
+        changed: &mut bool,
+    ) -> Result<(Reply, Option<crate::shard::replica::AckWait>), Refusal> {
+        let now = now_us / 1_000_000;
         self.replica.require_backup_for_push()?;
         // Held until the push's rows are queued to a reshard's destinations: the switch to a new map sees
         // every push either forwarded or refused (`crate::shard::reshard`).
@@ -517,6 +559,7 @@ impl Shard {
         let (mut refused_weights, mut clamped_weights) = (0u64, 0u64);
         // One guard for all tables: a checkpoint holds all of this push or none of it.
         let guard = self.engine.begin_push();
+        *changed = true;
         let mut outcome = Ok(());
         let mut tried = 0;
         for t in tables {
@@ -568,11 +611,19 @@ impl Shard {
             })
             .collect();
         self.sync.record(parts.iter().copied(), now_us);
-        // The rows go to the backups whatever the outcome: a failed push may have changed some.
-        let wait =
-            self.replica
-                .links
-                .after_push(&self.engine, &parts, self.replica.waits_for_backups());
+        // The rows go to the backups whatever the outcome: a failed push may have changed some. With its
+        // answer when it has one, so that a promoted backup answers its retry.
+        let answer = (outcome.is_ok() && id.is_some()).then_some(PushAnswer {
+            id,
+            rows: applied,
+            rejected_nonfinite: rejected + refused_weights,
+        });
+        let wait = self.replica.links.after_push(
+            &self.engine,
+            &parts,
+            answer,
+            self.replica.waits_for_backups(),
+        );
         if let Some(mover) = &route.mover {
             mover.forward(&self.engine, &parts);
         }
@@ -611,6 +662,32 @@ impl Shard {
             payload: Vec::new(),
         };
         Ok((reply, wait))
+    }
+}
+
+/// A push's answer waiting for its backups ([`Shard::handle_replicated`]).
+pub struct PendingAck {
+    wait: Option<crate::shard::replica::AckWait>,
+    id: PushId,
+    answer: Response,
+    window: std::sync::Arc<crate::shard::push_window::PushWindow>,
+}
+
+impl PendingAck {
+    /// Waits until every in-sync backup stored the push's rows, then remembers the answer as the push's (a
+    /// retry arriving meanwhile was refused as in progress).
+    pub async fn settle(mut self) {
+        if let Some(wait) = self.wait.take() {
+            wait.wait().await;
+        }
+    }
+}
+
+impl Drop for PendingAck {
+    /// Also when the wait is abandoned (the request's connection closed): the push was applied, and a retry
+    /// must get its answer rather than wait for a settlement that will not come.
+    fn drop(&mut self) {
+        self.window.finish(self.id, Some(&self.answer));
     }
 }
 

@@ -55,6 +55,7 @@ fn push(s: &Shard, table: u32, dim: u32, ids: &[u64], grad: f32) {
                 count: ids.len() as u32,
                 dim,
             }],
+            id: protocol::wire::message::push::PushId::NONE,
         },
         &payload,
         NOW,

@@ -88,6 +88,9 @@ impl Shard {
             now,
             |_, _| Ok(()),
         )?;
+        // The answers of the pushes whose rows these are: a client's retry of one of them, after a failover
+        // to this replica, gets its answer instead of a second application.
+        self.pushes.remember(&header.pushes);
         stream.next_seq += u64::from(header.messages);
         rep.heard();
         if header.shard_epoch > epoch {

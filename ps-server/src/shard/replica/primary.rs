@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use embedding::Engine;
 use parking_lot::Mutex;
+use protocol::wire::message::push::PushAnswer;
 use protocol::wire::message::replicate::{self, ReplicateHeader, ReplicateKind, RowsTable};
 use protocol::{ErrorCode, Request, Response, TableConfig};
 use tokio::sync::{watch, Notify};
@@ -41,6 +42,8 @@ pub struct Msg {
     pub(crate) new_tables: Vec<TableConfig>,
     pub(crate) tables: Vec<RowsTable>,
     pub(crate) payload: Vec<u8>,
+    /// The answers of the pushes whose rows these are (a backup remembers them for retries).
+    pub(crate) pushes: Vec<PushAnswer>,
     pub(crate) queued: Instant,
 }
 
@@ -75,6 +78,7 @@ impl Msg {
             new_tables: Vec::new(),
             tables,
             payload,
+            pushes: Vec::new(),
             queued: Instant::now(),
         }
     }
@@ -202,6 +206,7 @@ impl Links {
         &self,
         engine: &Engine,
         parts: &[(u32, &[u64])],
+        answer: Option<PushAnswer>,
         wait_for_backups: bool,
     ) -> Option<AckWait> {
         if self.links.lock().is_empty() {
@@ -209,7 +214,9 @@ impl Links {
         }
         let _order = self.order.lock();
         let links = self.all();
-        let msg = Arc::new(Msg::gather(engine, ReplicateKind::Stream, parts));
+        let mut msg = Msg::gather(engine, ReplicateKind::Stream, parts);
+        msg.pushes.extend(answer);
+        let msg = Arc::new(msg);
         let rows = msg.rows();
         let mut waits = Vec::new();
         for link in links {
@@ -236,6 +243,7 @@ impl Links {
             new_tables: tables,
             tables: Vec::new(),
             payload: Vec::new(),
+            pushes: Vec::new(),
             queued: Instant::now(),
         });
         for link in self.all() {
@@ -317,6 +325,7 @@ async fn catch_up(shard: &Arc<Shard>, link: &Arc<Link>) {
             new_tables: configs,
             tables: Vec::new(),
             payload: Vec::new(),
+            pushes: Vec::new(),
             queued: Instant::now(),
         }));
     }
@@ -361,6 +370,7 @@ async fn catch_up(shard: &Arc<Shard>, link: &Arc<Link>) {
             new_tables: Vec::new(),
             tables: Vec::new(),
             payload: Vec::new(),
+            pushes: Vec::new(),
             queued: Instant::now(),
         }));
     }
@@ -430,6 +440,10 @@ async fn sender(shard: &Arc<Shard>, link: Arc<Link>) {
                 .map_or(ReplicateKind::Heartbeat, |(_, m)| m.kind),
             new_tables,
             tables,
+            pushes: batch
+                .iter()
+                .flat_map(|(_, m)| m.pushes.iter().copied())
+                .collect(),
         };
         let req = Request::Replicate { header };
         let answer = rep

@@ -56,6 +56,7 @@ fn header(epoch: u64, session: u64, seq: u64, kind: ReplicateKind, rows: u32) ->
             count: rows,
             row_len: 2,
         }],
+        pushes: Vec::new(),
     }
 }
 
@@ -144,6 +145,7 @@ fn a_backup_refuses_pushes_and_reads_until_in_sync() {
             encoding: Encoding::F32,
             grad_scale: 1.0,
             tables: tables.clone(),
+            id: protocol::wire::message::push::PushId::NONE,
         },
         &push,
         NOW,

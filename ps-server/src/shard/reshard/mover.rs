@@ -245,6 +245,7 @@ impl Mover {
 /// A message registering `tables` on the destination.
 fn tables_msg(tables: Vec<TableConfig>) -> Msg {
     Msg {
+        pushes: Vec::new(),
         kind: ReplicateKind::Stream,
         new_tables: tables,
         tables: Vec::new(),

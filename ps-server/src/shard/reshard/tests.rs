@@ -81,6 +81,7 @@ fn push_req(epoch: u64, ids: &[u64]) -> (Request, Vec<u8>) {
                 count: ids.len() as u32,
                 dim: 2,
             }],
+            id: protocol::wire::message::push::PushId::NONE,
         },
         payload,
     )
