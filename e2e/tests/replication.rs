@@ -267,6 +267,15 @@ async fn wait_metric(c: &LocalCluster, r: usize, name: &str, want: f64) {
 
 /// One `+1` push of the audit table's first row of shard 0, straight to replica `r`.
 async fn push_one(c: &LocalCluster, r: usize) -> Response {
+    push_one_as(c, r, protocol::wire::message::push::PushId::NONE).await
+}
+
+/// [`push_one`] under push id `push`.
+async fn push_one_as(
+    c: &LocalCluster,
+    r: usize,
+    push: protocol::wire::message::push::PushId,
+) -> Response {
     let id = AuditRows::new(1, 1).unwrap().per_server[0][0];
     let mut payload = Vec::new();
     put_ids(&[id], &mut payload);
@@ -281,7 +290,7 @@ async fn push_one(c: &LocalCluster, r: usize) -> Response {
         encoding: Encoding::F32,
         grad_scale: 1.0,
         tables: counts,
-        id: protocol::wire::message::push::PushId::NONE,
+        id: push,
     };
     raw_call(c, 0, r, &req, Bytes::from(payload))
         .await
@@ -349,4 +358,86 @@ async fn replicated_without_an_in_sync_backup_refuses_or_says_it_is_degraded() {
         client.close().await;
         c.shutdown(Duration::from_secs(60)).unwrap();
     }
+}
+
+/// Issue 40: retried pushes were applied twice (a reply lost, a client closing with a push in flight, a
+/// failover). Real servers, 1 shard x 2 replicas, `replicated` durability: a push sent twice under one id (as
+/// a retry after a lost reply is) moves its row once and both copies get the same answer; the primary is
+/// killed, a client fails over to the backup, and a third copy sent to the new primary is answered from the
+/// answers the replication stream carried: the row still moved once. A push under a new id moves it again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_push_retried_on_its_primary_or_after_a_failover_is_applied_once() {
+    use protocol::wire::message::push::PushId;
+    let dir = tempfile::tempdir().unwrap();
+    let extra = ["--durability", "replicated"].map(String::from);
+    let mut c = LocalCluster::start_replicated(1, 2, dir.path(), &extra).unwrap();
+    let primary = c.primary_of(0).expect("shard 0 has a primary");
+    let backup = 1 - primary;
+    let mut cfg = PsClientConfig::replicated(c.replicas.clone(), c.tls_dir.clone());
+    cfg.retry_for = Duration::from_secs(60);
+    let client = PsClient::connect(cfg).await.unwrap();
+    client.register_tables(&[audit_table()]).await.unwrap();
+    wait_in_sync(&c, 0, backup).await;
+    let row = AuditRows::new(1, 1).unwrap().per_server[0][0];
+    let value = |bits: Vec<u32>| f32::from_bits(bits[0]);
+
+    let first = PushId {
+        client: 0xfeed,
+        seq: 1,
+    };
+    let answer = push_one_as(&c, primary, first).await;
+    assert!(
+        matches!(answer, Response::Pushed { rows: 1, .. }),
+        "{answer:?}"
+    );
+    assert_eq!(
+        push_one_as(&c, primary, first).await,
+        answer,
+        "the retry gets the first answer"
+    );
+    assert_eq!(
+        value(rows_of(&c, 0, primary, &[row]).await),
+        1.0,
+        "one application"
+    );
+    assert!(metric_of(&c, 0, primary, "ps_push_retries_answered_total") >= 1.0);
+
+    c.kill_replica(0, primary).unwrap();
+    // The client finds the primary gone and promotes the backup.
+    let mut ids = Vec::new();
+    put_ids(&[row], &mut ids);
+    let counts = vec![TableCount {
+        table: audit_table().id,
+        count: 1,
+        dim: 1,
+    }];
+    client
+        .pull(0, Encoding::F32, counts, Bytes::from(ids))
+        .await
+        .unwrap();
+    assert_eq!(
+        info(&c, 0, backup).await.map(|i| i.role.name()),
+        Some("primary")
+    );
+    assert_eq!(
+        push_one_as(&c, backup, first).await,
+        answer,
+        "the promoted backup answers the retry from the stream's answers"
+    );
+    assert_eq!(
+        value(rows_of(&c, 0, backup, &[row]).await),
+        1.0,
+        "still one application"
+    );
+    let second = PushId {
+        client: 0xfeed,
+        seq: 2,
+    };
+    assert!(matches!(
+        push_one_as(&c, backup, second).await,
+        Response::Pushed { rows: 1, .. }
+    ));
+    assert_eq!(value(rows_of(&c, 0, backup, &[row]).await), 2.0);
+    client.close().await;
+    c.shutdown(Duration::from_secs(60)).unwrap();
 }
