@@ -454,6 +454,105 @@ fn tcp_replies_queued_behind_a_slow_reader_are_counted() {
     });
 }
 
+/// Resident memory of process `pid`, bytes (Linux `/proc`).
+fn rss_bytes(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS in /proc/pid/status");
+    kib << 10
+}
+
+/// A TCP client starting 2048 frames of 8 MiB each and finishing none grew the server by hundreds of MiB
+/// while `ps_inflight_bytes` read 0 (frames still arriving were not counted). Now the bytes a TCP connection
+/// buffers take in-flight bytes before it reads more: with a 1 MiB cap the server stops reading that client
+/// (its memory stays put, the gauge shows what is held, at most the cap), drops it after the idle bound, and
+/// releases every byte; other clients are served meanwhile... once the bytes are back.
+#[test]
+fn tcp_frames_still_arriving_are_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let cap = 1u64 << 20;
+    let server = Server::start(
+        dir.path(),
+        &[
+            "--max-inflight-bytes",
+            &cap.to_string(),
+            "--stream-idle-timeout-secs",
+            "3",
+        ],
+    );
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let client = server.client(Transport::Quic).await;
+        let rss_before = rss_bytes(server.child.id());
+        let connector = tokio_rustls::TlsConnector::from(Arc::new(
+            tls::rustls_client_config(&server.tls_dir(), Role::Trainer).unwrap(),
+        ));
+        let tcp = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+        let name = rustls_pki_types::ServerName::try_from(SERVER_NAME).unwrap();
+        let mut stream = connector.connect(name, tcp).await.unwrap();
+        // The first chunk (64 KiB) of 2048 pushes that announce 8 MiB each: 128 MiB the server would hold.
+        let body = 8usize << 20;
+        let req = Request::Push {
+            epoch: 1,
+            encoding: Encoding::F32,
+            grad_scale: 1.0,
+            tables: vec![TableCount {
+                table: 1,
+                count: (body / 16) as u32,
+                dim: 2,
+            }],
+            id: protocol::wire::message::push::PushId::NONE,
+        };
+        let mut first = Vec::new();
+        protocol::wire::frame::encode_head(&req, body, &mut first).unwrap();
+        first.resize(protocol::transport::mux::CHUNK_MAX, 7);
+        let writer = tokio::spawn(async move {
+            use tokio::io::AsyncWriteExt;
+            for id in 1..=2048u32 {
+                let mut chunk = Vec::with_capacity(first.len() + 8);
+                chunk.extend_from_slice(&id.to_le_bytes());
+                chunk.extend_from_slice(&(first.len() as u32).to_le_bytes());
+                chunk.extend_from_slice(&first);
+                if stream.write_all(&chunk).await.is_err() {
+                    return;
+                }
+            }
+            std::future::pending::<()>().await;
+        });
+        let inflight = || server.metric("ps_inflight_bytes");
+        wait_for(
+            "the frames still arriving to be counted in ps_inflight_bytes",
+            || inflight() >= (cap / 2) as f64,
+            || format!("ps_inflight_bytes = {}", inflight()),
+        );
+        assert!(inflight() <= cap as f64, "{}", inflight());
+        let grown = rss_bytes(server.child.id()).saturating_sub(rss_before);
+        assert!(
+            grown < 64 << 20,
+            "the server grew by {} MiB holding partial frames",
+            grown >> 20
+        );
+        wait_for(
+            "the server to drop the connection that cannot get in-flight bytes",
+            || {
+                server.metric("ps_stream_idle_timeouts_total{transport=\"tcp\",direction=\"read\"}")
+                    >= 1.0
+            },
+            || server.log_text(),
+        );
+        wait_for(
+            "the partial frames' bytes to be released",
+            || inflight() == 0.0,
+            || format!("ps_inflight_bytes = {}", inflight()),
+        );
+        assert_eq!(pull(&client).await.len(), 16, "other clients are served");
+        writer.abort();
+    });
+}
+
 #[test]
 fn table_registration_is_bounded() {
     let dir = tempfile::tempdir().unwrap();

@@ -11,6 +11,11 @@
 //!   (latency grows, `ps_inflight_wait_seconds`), none is dropped. Two pools acquired in a fixed order
 //!   (request, then response) cannot deadlock; a single request larger than a pool takes the whole pool.
 //!
+//! On TCP, frames of many requests arrive interleaved on one connection, so their bodies cannot wait unread
+//! the way a QUIC stream's do: the bytes a TCP connection buffers (frames still arriving) take permits of the
+//! request pool before the connection reads more, and a completed frame's permits become its request's
+//! ([`LoadLimits::receive_budget`]); a connection that cannot get them within the stream idle bound is dropped.
+//!
 //! So the bytes of requests and replies held by the server are at most
 //! `max-connections x connection-window-bytes` (unread, in QUIC buffers) + `2 x max-inflight-bytes` (being
 //! handled). A pull whose response would exceed the frame cap is refused (`FrameTooLarge`) before it is built.
@@ -99,14 +104,48 @@ impl LoadLimits {
 
     /// Waits until `bytes` of request body may be read.
     pub async fn request(&self, bytes: usize) -> Admitted {
+        self.request_holding(bytes, None).await
+    }
+
+    /// [`LoadLimits::request`] for a request whose bytes were partly counted while it arrived (`held`, a TCP
+    /// frame's permits from [`LoadLimits::receive_budget`]): only the rest is waited for.
+    pub async fn request_holding(
+        &self,
+        bytes: usize,
+        held: Option<OwnedSemaphorePermit>,
+    ) -> Admitted {
         let start = Instant::now();
-        let permit = Self::take(&self.requests, self.pool, bytes).await;
+        let want = bytes.min(self.pool as usize).max(1);
+        let mut held = held;
+        if let Some(p) = &mut held {
+            // The frame's prefix and header counted too: the request holds its body's bytes.
+            if p.num_permits() > want {
+                drop(p.split(p.num_permits() - want));
+            }
+        }
+        let have = held.as_ref().map_or(0, |p| p.num_permits());
+        let mut permits = Vec::from_iter(held);
+        if want > have {
+            permits.push(Self::take(&self.requests, self.pool, want - have).await);
+        }
         metrics::histogram!(m::INFLIGHT_WAIT_SECONDS).record(start.elapsed().as_secs_f64());
         metrics::gauge!(m::INFLIGHT_BYTES).increment(bytes as f64);
         Admitted {
-            _permits: vec![permit],
+            _permits: permits,
             bytes: bytes as u64,
             response_bytes: 0,
+        }
+    }
+
+    /// What a TCP connection counts the bytes of frames still arriving against: the request pool, in the
+    /// in-flight gauge ([`protocol::transport::tcp::ServerConn::count_buffered_in`]).
+    pub fn receive_budget(&self) -> protocol::transport::tcp::ReceiveBudget {
+        protocol::transport::tcp::ReceiveBudget {
+            pool: self.requests.clone(),
+            cap: self.pool as usize,
+            on_change: Arc::new(|delta| {
+                metrics::gauge!(m::INFLIGHT_BYTES).increment(delta as f64);
+            }),
         }
     }
 

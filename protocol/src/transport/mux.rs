@@ -155,6 +155,8 @@ enum Partial {
 pub struct Demux {
     streams: HashMap<u32, Partial>,
     max_frame: u64,
+    /// Bytes the partial frames hold.
+    held: usize,
 }
 
 impl Demux {
@@ -163,7 +165,13 @@ impl Demux {
         Demux {
             streams: HashMap::new(),
             max_frame,
+            held: 0,
         }
+    }
+
+    /// Bytes of frames partly received, held until they complete (discarded ones hold none).
+    pub fn partial_bytes(&self) -> usize {
+        self.held
     }
 
     /// Frames partly received (their chunks so far held, or discarded).
@@ -202,7 +210,12 @@ impl Demux {
         out: &mut Vec<Event>,
     ) -> Result<(), ProtocolError> {
         let partial = match self.streams.remove(&id) {
-            Some(p) => p,
+            Some(p) => {
+                if let Partial::Filling(acc) = &p {
+                    self.held -= acc.len();
+                }
+                p
+            }
             None if last => {
                 // The common case: a whole frame in one chunk, handed out without a copy.
                 out.push(match self.check_prefix(&body) {
@@ -264,6 +277,9 @@ impl Demux {
             }
         };
         if !last {
+            if let Partial::Filling(acc) = &next {
+                self.held += acc.len();
+            }
             self.streams.insert(id, next);
         }
         Ok(())
@@ -366,6 +382,34 @@ mod tests {
                 assert_eq!(&bytes[..h.len()], &h[..]);
             }
         }
+    }
+
+    /// The demultiplexer counts the bytes of frames still arriving (what a server holds for them), and
+    /// none once they complete or are refused.
+    #[test]
+    fn partial_bytes_count_frames_still_arriving() {
+        let mut s = Scheduler::default();
+        for id in [1, 2] {
+            let (h, p) = frame_of(3 * CHUNK_MAX);
+            s.push(Outgoing::new(id, h, p));
+        }
+        let mut wire = Vec::new();
+        s.fill(&mut wire, 1);
+        let first = wire.len();
+        s.fill(&mut wire, first + 1);
+        let mut d = Demux::new(1 << 30);
+        let (mut buf, mut events) = (BytesMut::from(&wire[..]), Vec::new());
+        d.feed(&mut buf, &mut events).unwrap();
+        assert!(events.is_empty());
+        assert_eq!((d.partial_frames(), d.partial_bytes()), (2, 2 * CHUNK_MAX));
+        while !s.is_empty() {
+            let mut more = Vec::new();
+            s.fill(&mut more, 1);
+            buf.extend_from_slice(&more);
+            d.feed(&mut buf, &mut events).unwrap();
+        }
+        assert_eq!(events.len(), 2);
+        assert_eq!((d.partial_frames(), d.partial_bytes()), (0, 0));
     }
 
     #[test]

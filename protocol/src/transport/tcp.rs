@@ -19,7 +19,7 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, oneshot, Notify};
+use tokio::sync::{mpsc, oneshot, Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinHandle;
 use tokio_rustls::{TlsAcceptor, TlsConnector};
 
@@ -400,6 +400,7 @@ impl Handshake {
             })
         };
         Ok(ServerConn {
+            budget: None,
             idle,
             writer_failed,
             peer_certificates,
@@ -418,6 +419,8 @@ impl Handshake {
 
 /// A server's side of one TCP connection: yields requests, each with a [`Responder`] for its answer.
 pub struct ServerConn {
+    /// What the bytes of frames still arriving are counted against ([`ServerConn::count_buffered_in`]).
+    budget: Option<Held>,
     /// The client's verified certificate chain, leaf first (none without client authentication).
     peer_certificates: Option<Vec<rustls::pki_types::CertificateDer<'static>>>,
     reader: Box<dyn AsyncRead + Send + Unpin>,
@@ -439,6 +442,81 @@ pub struct Incoming {
     pub request: Result<(Request, Bytes), ProtocolError>,
     /// Sends the answer.
     pub reply: Responder,
+    /// With a [`ReceiveBudget`]: the permits that counted this frame's bytes while it arrived (at most its
+    /// length; fewer when its last bytes came in the read that completed it), handed to whoever handles it.
+    pub permit: Option<OwnedSemaphorePermit>,
+}
+
+/// The server-wide pool the bytes of frames still arriving on TCP connections are counted against, one permit
+/// per byte: a connection takes permits for what it holds before it reads more (so a sender that starts many
+/// frames and finishes none waits for the pool instead of growing the server), and hands a frame's permits
+/// to its request when it completes.
+#[derive(Clone)]
+pub struct ReceiveBudget {
+    /// The pool (ps-server's request pool of `max-inflight-bytes`).
+    pub pool: Arc<Semaphore>,
+    /// Most permits one connection holds (the pool's size: a connection holding the whole pool reads on).
+    pub cap: usize,
+    /// Told the change of the permits connections hold (+ taken, - released or handed to a request): a gauge.
+    pub on_change: Arc<dyn Fn(i64) + Send + Sync>,
+}
+
+/// The permits a connection holds for its buffered bytes; released (and reported) on drop.
+struct Held {
+    budget: ReceiveBudget,
+    permit: Option<OwnedSemaphorePermit>,
+}
+
+impl Held {
+    fn count(&self) -> usize {
+        self.permit.as_ref().map_or(0, |p| p.num_permits())
+    }
+
+    /// Takes permits until `bytes` are covered (at most the cap).
+    async fn cover(&mut self, bytes: usize) {
+        let want = bytes.min(self.budget.cap);
+        let have = self.count();
+        if want <= have {
+            return;
+        }
+        let more = self
+            .budget
+            .pool
+            .clone()
+            .acquire_many_owned((want - have) as u32)
+            .await
+            .expect("the receive pool is never closed");
+        (self.budget.on_change)((want - have) as i64);
+        match &mut self.permit {
+            Some(p) => p.merge(more),
+            None => self.permit = Some(more),
+        }
+    }
+
+    /// Hands up to `bytes` permits to a completed frame.
+    fn hand_over(&mut self, bytes: usize) -> Option<OwnedSemaphorePermit> {
+        let n = bytes.min(self.count());
+        if n == 0 {
+            return None;
+        }
+        let permit = self.permit.as_mut()?;
+        let out = if n == permit.num_permits() {
+            self.permit.take()
+        } else {
+            permit.split(n)
+        };
+        (self.budget.on_change)(-(n as i64));
+        out
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        let n = self.count();
+        if n > 0 {
+            (self.budget.on_change)(-(n as i64));
+        }
+    }
 }
 
 /// Answers one request.
@@ -481,13 +559,28 @@ impl ServerConn {
         self.peer_certificates.as_deref()
     }
 
+    /// Counts the bytes this connection buffers (frames still arriving, and read bytes not yet reassembled)
+    /// against `budget` from now on: before each read, the connection holds permits for them, waiting for the
+    /// pool when it is short (within the idle bound: a connection that cannot get them for that long is
+    /// dropped, [`ProtocolError::Idle`], freeing what it held, so connections holding partial frames cannot
+    /// starve each other for ever). Each completed frame's permits go with it ([`Incoming::permit`]).
+    pub fn count_buffered_in(&mut self, budget: ReceiveBudget) {
+        self.budget = Some(Held {
+            budget,
+            permit: None,
+        });
+    }
+
     /// The next request; `Ok(None)` when the client closed the connection cleanly.
     pub async fn next(&mut self) -> Result<Option<Incoming>, ProtocolError> {
         loop {
             if let Some(ev) = self.ready.pop_front() {
-                let (id, request) = match ev {
-                    Event::Frame { id, bytes } => (id, mux::split_frame(bytes, self.max_frame)),
-                    Event::Refused { id, error } => (id, Err(error)),
+                let (id, request, permit) = match ev {
+                    Event::Frame { id, bytes } => {
+                        let permit = self.budget.as_mut().and_then(|b| b.hand_over(bytes.len()));
+                        (id, mux::split_frame(bytes, self.max_frame), permit)
+                    }
+                    Event::Refused { id, error } => (id, Err(error), None),
                 };
                 return Ok(Some(Incoming {
                     request,
@@ -495,11 +588,27 @@ impl ServerConn {
                         id,
                         out: self.out.clone(),
                     },
+                    permit,
                 }));
             }
             // Between frames a connection may idle (QUIC keep-alives stand for it); in the middle of one, the
             // bytes received so far are held in memory and a stalled sender is dropped after `idle`.
             let mid_frame = !self.buf.is_empty() || self.demux.partial_frames() > 0;
+            if let Some(held) = &mut self.budget {
+                let buffered = self.buf.len() + self.demux.partial_bytes();
+                crate::transport::stream::within(self.idle, "read", held.cover(buffered)).await?;
+                if buffered > held.budget.cap && self.demux.partial_frames() > 1 {
+                    // Frames holding the whole pool and wanting more: only one frame larger than the pool is
+                    // read on (as on QUIC); several are a sender that finishes none. Nothing frees the pool
+                    // but this connection's end.
+                    crate::transport::stream::within(
+                        self.idle,
+                        "read",
+                        std::future::pending::<()>(),
+                    )
+                    .await?;
+                }
+            }
             let read = read_some(
                 &mut self.reader,
                 &mut self.buf,

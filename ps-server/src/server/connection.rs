@@ -309,6 +309,9 @@ async fn serve_tcp_connection(
         Access::Unauthenticated
     });
     tracing::debug!(peer = %conn.peer(), role = access.label(), "tcp connection accepted");
+    // Frames still arriving count against the in-flight bytes too (issue 40): a client that starts many frames
+    // and finishes none waits for the pool instead of growing the server.
+    conn.count_buffered_in(admission.receive_budget());
     let mut ended = Ok(());
     loop {
         let incoming = tokio::select! {
@@ -329,10 +332,14 @@ async fn serve_tcp_connection(
         // Admitted before the next request is read: past the cap, the connection stops being read and TCP
         // flow control holds the client back (the frame itself was read already).
         let bytes = incoming.request.as_ref().map(|(_, p)| p.len()).unwrap_or(0);
-        let mut admitted = Some(admission.request(bytes).await);
+        let tcp::Incoming {
+            request,
+            reply,
+            permit,
+        } = incoming;
+        let mut admitted = Some(admission.request_holding(bytes, permit).await);
         tracker.spawn(async move {
             let start = Instant::now();
-            let tcp::Incoming { request, reply } = incoming;
             let request = match admit_response(request, max_frame, &admission, &mut admitted).await
             {
                 Ok(request) => request,
