@@ -387,6 +387,42 @@ impl Engine {
         self.table(table)?.store_rows(ids, rows, now)
     }
 
+    /// Sets the weights of `ids` in table `table` to `weights` (`dim` f32s per id), keeping each row's optimizer
+    /// state (a row not held yet, in memory or the store, gets the table's initial state), stamped with `now`
+    /// (seconds) and dirty: a trainer loading saved weights. No optimizer runs and no admission applies. Not
+    /// atomic with a concurrent push of the same rows (either may win). Returns the rows written.
+    pub fn write_weights(
+        &self,
+        table: u32,
+        ids: &[u64],
+        weights: &[f32],
+        now: u64,
+    ) -> Result<usize, EmbeddingError> {
+        let t = self.table(table)?;
+        let (dim, row_len) = (t.dim(), t.row_len());
+        if weights.len() != ids.len() * dim {
+            return Err(EmbeddingError::WrongLength {
+                table,
+                what: "weights",
+                len: weights.len(),
+                expected: ids.len() * dim,
+                ids: ids.len(),
+                dim,
+            });
+        }
+        let mut rows = vec![0.0; ids.len() * row_len];
+        t.gather_with_state(ids, &mut rows)?;
+        for (row, w) in rows
+            .chunks_exact_mut(row_len)
+            .zip(weights.chunks_exact(dim))
+        {
+            row[..dim].copy_from_slice(w);
+        }
+        let _push = self.push_gate.read();
+        t.store_rows(ids, &rows, now)?;
+        Ok(ids.len())
+    }
+
     /// Deletes the rows of every table with a TTL that were untouched for `ttl_secs` at `now_secs`, first from
     /// the store (one atomic delete batch per table), then from memory, and advances every table's logical
     /// clock to `now_secs`. Runs under the flush lock, so a flush never rewrites a row this call deletes.

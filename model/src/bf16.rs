@@ -111,6 +111,23 @@ pub fn available() -> bool {
     kernel().is_some()
 }
 
+/// Whether the CPU is Intel's (its CPUID vendor string), for [`crate::bf16_preferred`].
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn intel() -> bool {
+    // CPUID leaf 0 (the vendor) exists on every x86_64 CPU.
+    let r = std::arch::x86_64::__cpuid(0);
+    let mut vendor = [0u8; 12];
+    vendor[..4].copy_from_slice(&r.ebx.to_le_bytes());
+    vendor[4..8].copy_from_slice(&r.edx.to_le_bytes());
+    vendor[8..].copy_from_slice(&r.ecx.to_le_bytes());
+    &vendor == b"GenuineIntel"
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+pub(crate) fn intel() -> bool {
+    false
+}
+
 /// Every kernel this CPU can run, best first, whatever the environment says (for tests comparing them).
 fn hardware() -> Vec<Kernel> {
     let mut out = Vec::new();

@@ -62,7 +62,9 @@ impl Role {
             K::Pull | K::PullWithState => {
                 matches!(self, Role::Trainer | Role::Serving | Role::Admin)
             }
-            K::Push | K::Prefetch | K::Reduce | K::PublishDense => self == Role::Trainer,
+            K::Push | K::Prefetch | K::Reduce | K::PublishDense | K::WriteRows => {
+                self == Role::Trainer
+            }
             K::RegisterTables | K::Flush | K::Checkpoint => {
                 matches!(self, Role::Trainer | Role::Admin)
             }
@@ -284,7 +286,13 @@ mod tests {
         let s = Access::Role(Role::Serving);
         let p = Access::Role(Role::Peer);
         let a = Access::Role(Role::Admin);
-        for k in [K::Push, K::Prefetch, K::Reduce, K::PublishDense] {
+        for k in [
+            K::Push,
+            K::Prefetch,
+            K::Reduce,
+            K::PublishDense,
+            K::WriteRows,
+        ] {
             assert!(t.authorize(k).is_ok());
             for other in [&s, &p, &a] {
                 assert!(other.authorize(k).is_err(), "{other:?} {k:?}");

@@ -95,6 +95,17 @@ impl KeyedPlan {
         }
     }
 
+    /// The caller's rows (`ids.len() x dim`) per unique id (`unique().len() x dim`), the last row of a
+    /// duplicated id winning (as a later assignment would).
+    pub fn last_of_duplicates(&self, rows: &[f32], dim: usize) -> Vec<f32> {
+        let mut out = vec![0f32; self.unique.len() * dim];
+        for (r, &u) in rows.chunks_exact(dim).zip(&self.inverse) {
+            let u = u as usize * dim;
+            out[u..u + dim].copy_from_slice(r);
+        }
+        out
+    }
+
     /// Sums the caller's gradient rows (`ids.len() x dim`) per unique id (`unique().len() x dim`).
     pub fn sum_duplicates(&self, grads: &[f32], dim: usize) -> Vec<f32> {
         let mut sums = vec![0f32; self.unique.len() * dim];
@@ -331,6 +342,64 @@ pub async fn push_tables<D: Dialer>(
         applied += rows;
     }
     Ok(applied)
+}
+
+/// Sets the weights of the rows of several tables (`weights[i]` is `parts[i].ids.len() x dim`, finite; a
+/// duplicated id takes its last row), their optimizer state kept ([`crate::wire::message::write_rows`]): one
+/// request per server. Returns the rows written.
+pub async fn write_tables<D: Dialer>(
+    client: &Arc<PsClient<D>>,
+    parts: &[TableIds<'_>],
+    weights: &[&[f32]],
+) -> Result<u64, ProtocolError> {
+    if weights.len() != parts.len() {
+        return Err(ProtocolError::BadPayload(format!(
+            "{} weight buffers for {} tables",
+            weights.len(),
+            parts.len()
+        )));
+    }
+    for (p, w) in parts.iter().zip(weights) {
+        check_rows_len("write", w.len(), p.ids.len(), p.dim)?;
+        if let Some(i) = w.iter().position(|x| !x.is_finite()) {
+            return Err(ProtocolError::BadPayload(format!(
+                "table {}: weight row {} column {} is {}: weights must be finite",
+                p.table,
+                i / p.dim.max(1),
+                i % p.dim.max(1),
+                w[i]
+            )));
+        }
+    }
+    let map = client.shard_map();
+    let plans: Vec<KeyedPlan> = parts.iter().map(|p| KeyedPlan::new(p.ids, &map)).collect();
+    let rows: Vec<Vec<f32>> = plans
+        .iter()
+        .zip(parts.iter().zip(weights))
+        .map(|(plan, (p, w))| plan.last_of_duplicates(w, p.dim))
+        .collect();
+    let mut set = JoinSet::new();
+    for server in 0..map.num_servers as usize {
+        let (mut sections, order) = server_sections(&plans, parts, server);
+        if order.is_empty() {
+            continue;
+        }
+        for &t in &order {
+            sections =
+                plans[t].push_payload(server, sections, &rows[t], Encoding::F32, parts[t].dim);
+        }
+        let client = client.clone();
+        set.spawn(async move {
+            client
+                .write_rows(server, sections.counts, Bytes::from(sections.payload))
+                .await
+        });
+    }
+    let mut written = 0;
+    while let Some(joined) = set.join_next().await {
+        written += joined.expect("write task panicked")?;
+    }
+    Ok(written)
 }
 
 /// The gradient scale of an f16 push: gradients of a mean loss are often below f16's normal range (6.1e-5)

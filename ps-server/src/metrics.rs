@@ -88,6 +88,8 @@ pub const REDUCE_BYTES: &str = "ps_reduce_bytes";
 pub const REDUCE_REFUSED_TOTAL: &str = "ps_reduce_refused_total";
 /// Finalized reduce steps dropped early to make room for a new step (`max-reduce-bytes`).
 pub const REDUCE_STEPS_DROPPED_TOTAL: &str = "ps_reduce_steps_dropped_total";
+/// Rows whose weights trainers set (`WriteRows`, loading saved weights).
+pub const ROWS_WRITTEN_TOTAL: &str = "ps_rows_written_total";
 /// Retried pushes answered from the push window instead of being applied again.
 pub const PUSH_RETRIES_ANSWERED_TOTAL: &str = "ps_push_retries_answered_total";
 /// Push copies refused by the push window, labelled `reason` (`in_progress`: the first copy is still being
@@ -342,6 +344,10 @@ fn describe_requests() {
     describe_counter!(
         REDUCE_STEPS_DROPPED_TOTAL,
         "Finalized reduce steps dropped early to make room for a new step."
+    );
+    describe_counter!(
+        ROWS_WRITTEN_TOTAL,
+        "Rows whose weights trainers set (WriteRows, loading saved weights)."
     );
     describe_counter!(
         PUSH_RETRIES_ANSWERED_TOTAL,

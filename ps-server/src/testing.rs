@@ -536,4 +536,38 @@ mod tests {
         assert_eq!(pushes, 1, "the retry reached the promoted backup");
         assert_eq!(stored(&cluster, 1, 5), [-1.0, -2.0], "and moved nothing");
     }
+
+    /// A client's write of rows' weights reaches the owning shards' primaries and, with replicated durability,
+    /// their backups before it is answered.
+    #[tokio::test(start_paused = true)]
+    async fn written_rows_reach_the_backups() {
+        let cluster = MemoryCluster::replicated(2, 2, Durability::Replicated).await;
+        let client = Arc::new(cluster.connect().await.unwrap());
+        client
+            .register_tables(&[TableConfig::counter(1, 2)])
+            .await
+            .unwrap();
+        let ids: Vec<u64> = (0..16).collect();
+        let weights: Vec<f32> = (0..32).map(|i| i as f32 / 4.0).collect();
+        let parts = [protocol::keyed::TableIds {
+            table: 1,
+            dim: 2,
+            ids: &ids,
+        }];
+        let written = protocol::keyed::write_tables(&client, &parts, &[&weights])
+            .await
+            .unwrap();
+        assert_eq!(written, 16);
+        let map = client.shard_map();
+        for (i, &id) in ids.iter().enumerate() {
+            let s = map.server_of(id) as usize;
+            for replica in [2 * s, 2 * s + 1] {
+                assert_eq!(
+                    stored(&cluster, replica, id),
+                    weights[2 * i..2 * i + 2],
+                    "id {id} on {replica}"
+                );
+            }
+        }
+    }
 }

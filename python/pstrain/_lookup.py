@@ -453,37 +453,22 @@ class Lookup:
         return out
 
     def write_table(self, name: str, rows: torch.Tensor, what: str):
-        """Sets rows ``0 .. num_embeddings`` of ``name`` to ``rows``, in pages. The servers store rows only
-        through their optimizer: an ``sgd`` table without weight decay or clipping takes the difference as a
-        gradient (then a correction of the rounding), so the rows end equal; other optimizers would change
-        their state, and are refused naming the table."""
+        """Sets rows ``0 .. num_embeddings`` of ``name`` to ``rows``, in pages (``Client.write``): the weights;
+        each row's optimizer state on the servers is kept (as TorchRec's ``load_state_dict`` keeps its fused
+        optimizer's state), and rows not yet created get the initial state."""
         s, t = self.specs[name], self.tables[name]
-        if s.optimizer != "sgd" or s.options.get("weight_decay", 0.0) or s.options.get("clip_norm", 0.0):
-            raise ValueError(
-                f"{what}: table {name!r} ({s.optimizer}) cannot take rows from a state_dict: the servers change "
-                "rows only through a table's optimizer, and only plain sgd tables can be set exactly that way. "
-                "Restore its rows from a checkpoint instead: collection.checkpoint(dir), then "
-                "pstrain.LocalCluster(restore_from=dir) or `ps-server restore` (docs/torchrec.md)")
         if tuple(rows.shape) != (s.num_embeddings, s.dim):
             raise ValueError(f"{what}: shape {tuple(rows.shape)}, expected ({s.num_embeddings}, {s.dim}) for table "
                              f"{name!r}")
         rows = rows.detach().to("cpu", torch.float32).contiguous().numpy()
+        finite = np.isfinite(rows)
+        if not finite.all():
+            r, c = np.argwhere(~finite)[0]
+            raise ValueError(f"{what}: table {name!r} row {r} column {c} is {rows[r, c]}: weights must be finite")
         self.wait_pushes(0)
-        inv_lr = np.float32(1.0 / s.lr)
         for a in range(0, s.num_embeddings, PAGE_ROWS):
             b = min(a + PAGE_ROWS, s.num_embeddings)
-            ids = np.arange(a, b, dtype=np.uint64)
-            want = rows[a:b]
-            for _ in range(4):
-                have = self.client.pull(t, ids)
-                diff = have != want
-                if not diff.any():
-                    break
-                sel = diff.any(axis=1)
-                g = ((have[sel] - want[sel]) * inv_lr).astype(np.float32)
-                self.client.push(t, ids[sel], g)
-            else:
-                raise ValueError(f"{what}: table {name!r}: rows {a}..{b} did not take the saved values exactly")
+            self.client.write(t, np.arange(a, b, dtype=np.uint64), rows[a:b])
 
 
 class EmbeddingOptimizer(torch.optim.Optimizer):

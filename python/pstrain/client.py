@@ -106,17 +106,18 @@ def _check_ids(ids, what: str, negative_as_bits: bool = False) -> np.ndarray:
     raise TypeError(f"{what}: ids dtype {ids.dtype}: expected int64 or uint64")
 
 
-def _check_grads(grads, n: int, dim: int, what: str) -> np.ndarray:
+def _check_grads(grads, n: int, dim: int, what: str, name: str = "grads") -> np.ndarray:
+    """``grads`` as a contiguous ``float32`` ``[n, dim]`` array of finite values, or an error naming ``name``."""
     if not isinstance(grads, np.ndarray):
-        raise TypeError(f"{what}: grads must be a numpy float32 array, got {type(grads).__name__}")
+        raise TypeError(f"{what}: {name} must be a numpy float32 array, got {type(grads).__name__}")
     if grads.dtype != np.float32:
-        raise TypeError(f"{what}: grads dtype {grads.dtype}: expected float32")
+        raise TypeError(f"{what}: {name} dtype {grads.dtype}: expected float32")
     if grads.shape != (n, dim):
-        raise ValueError(f"{what}: grads shape {grads.shape}, expected ({n}, {dim}) for {n} ids of dim {dim}")
+        raise ValueError(f"{what}: {name} shape {grads.shape}, expected ({n}, {dim}) for {n} ids of dim {dim}")
     finite = np.isfinite(grads)
     if not finite.all():
         r, c = np.argwhere(~finite)[0]
-        raise ValueError(f"{what}: grads[{r}, {c}] = {grads[r, c]}: gradients must be finite")
+        raise ValueError(f"{what}: {name}[{r}, {c}] = {grads[r, c]}: values must be finite")
     return np.ascontiguousarray(grads)
 
 
@@ -295,6 +296,16 @@ class Client:
     def push(self, table, ids, grads) -> int:
         """Applies ``grads`` (``float32`` ``[len(ids), dim]``) with the table's optimizer; returns rows applied."""
         return self.push_async(table, ids, grads).wait()
+
+    def write(self, table, ids, rows) -> int:
+        """Sets the weights of ``ids``' rows to ``rows`` (``float32`` ``[len(ids), dim]``, finite; a repeated id
+        takes its last row), keeping their optimizer state (rows not yet created get the initial state): how
+        saved weights are loaded. Not atomic with a concurrent push of the same rows. Returns rows written."""
+        t = self.table(table)
+        what = f"write of table {t.name!r}"
+        u = _check_ids(ids, what)
+        r = _check_grads(rows, len(u), t.dim, what, "rows")
+        return self._c.write_rows([(t.id, t.dim)], what, [u], [r])
 
     def flush(self) -> int:
         """Writes every server's dirty rows to RocksDB; returns the rows written."""

@@ -30,7 +30,8 @@ pushes, push in backward or at ``fused_optimizer.step()``). Differences from Tor
   table name; a custom ``init_fn`` is refused (it cannot run on the servers);
 - ``state_dict()`` holds ``embedding_bags.<table>.weight`` / ``embeddings.<table>.weight`` of
   ``[num_embeddings, dim]`` like TorchRec's (pulled in pages), so it loads into TorchRec's own modules too;
-  ``load_state_dict`` writes rows back into ``sgd`` tables (other optimizers: restore a ``checkpoint()``);
+  ``load_state_dict`` writes the rows back into every table (the weights; the servers keep each row's optimizer
+  state, as TorchRec keeps its fused optimizer's; restore a ``checkpoint()`` to bring the state back too);
 - ids must be below the table's ``num_embeddings`` (TorchRec indexes out of bounds otherwise): refused, naming
   the feature and the id (``check_ids=False`` lets any 64-bit id through: the servers' tables are hash maps).
 """

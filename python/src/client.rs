@@ -18,6 +18,7 @@ use std::time::Duration;
 
 use embedding::{InitConfig, OptimizerConfig, TableConfig};
 use numpy::{PyReadonlyArray1, PyReadonlyArray2, PyReadwriteArray2};
+use protocol::keyed::{write_tables, TableIds};
 use protocol::{PsClient, PsClientConfig, Transport};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -431,6 +432,43 @@ impl Client {
             state: Slot::Pending(rx),
             counters: self.counters.clone(),
             seq,
+        })
+    }
+
+    /// Sets the weights of rows of several tables (`rows[i]` is `len(ids[i]) x dim` of `tables[i]`, finite),
+    /// keeping their optimizer state (new rows get the initial state): loading saved weights. Waits; returns
+    /// the rows written.
+    fn write_rows(
+        &self,
+        py: Python<'_>,
+        tables: Vec<(u32, usize)>,
+        what: String,
+        ids: Vec<PyReadonlyArray1<'_, u64>>,
+        rows: Vec<PyReadonlyArray2<'_, f32>>,
+    ) -> PyResult<u64> {
+        self.check_open(py, &what)?;
+        if ids.len() != tables.len() || rows.len() != tables.len() {
+            return Err(PyValueError::new_err(format!(
+                "{what}: {} id and {} row arrays for {} tables",
+                ids.len(),
+                rows.len(),
+                tables.len()
+            )));
+        }
+        let ids: Vec<Vec<u64>> = ids.iter().map(|a| a.as_array().to_vec()).collect();
+        let rows: Vec<Vec<f32>> = rows
+            .iter()
+            .map(|a| a.as_array().iter().copied().collect())
+            .collect();
+        let client = self.inner.clone();
+        block_on(py, self.timeout, &what, async move {
+            let parts: Vec<TableIds<'_>> = tables
+                .iter()
+                .zip(&ids)
+                .map(|(&(table, dim), ids)| TableIds { table, dim, ids })
+                .collect();
+            let weights: Vec<&[f32]> = rows.iter().map(Vec::as_slice).collect();
+            write_tables(&client, &parts, &weights).await
         })
     }
 

@@ -278,10 +278,21 @@ def test_state_dict_round_trip_restores_every_row(client, tmp_path):
     m.load_state_dict(torch.load(tmp_path / "model.pt"))
     for k, v in m.state_dict().items():
         assert torch.equal(v, saved[k]), k
-    # Tables whose optimizer has state cannot be written through it: refused, naming the table and the way.
+    # Tables whose optimizer has state take their weights too (the rows' state stays on the servers).
     ada = EmbeddingBagCollection(configs(), client, optimizer="row_adagrad", lr=0.1, table_prefix=prefix())
-    with pytest.raises(ValueError, match=r"table '.*t0' \(row_adagrad\).*checkpoint"):
-        ada.load_state_dict(ada.state_dict())
+    m = make_dlrm(DLRM, ada)
+    train(m, batches(8, 3), torch.optim.SGD(m.parameters(), lr=LR))
+    saved = {k: v.clone() for k, v in m.state_dict().items()}
+    train(m, batches(9, 3), torch.optim.SGD(m.parameters(), lr=LR))
+    assert any(not torch.equal(v, saved[k]) for k, v in m.state_dict().items())
+    m.load_state_dict(saved)
+    for k, v in m.state_dict().items():
+        assert torch.equal(v, saved[k]), k
+    bad = {k: v.clone() for k, v in saved.items()}
+    key = "sparse_arch.embedding_bag_collection.embedding_bags.t0.weight"
+    bad[key][3, 1] = float("nan")
+    with pytest.raises(ValueError, match=r"table '.*t0' row 3 column 1 is nan"):
+        m.load_state_dict(bad)
 
 
 def test_pickling_and_deepcopy_fail_naming_what_to_do(client):

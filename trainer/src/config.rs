@@ -72,8 +72,9 @@ impl ConfigError {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum DensePrecision {
-    /// bf16 where the CPU has a bf16 kernel (AMX-BF16 tiles, or AVX512-BF16 on AMD Zen 4/5 and Intel
-    /// Cooper Lake), else f32.
+    /// bf16 where the CPU has a bf16 kernel expected to beat f32 (AMX-BF16 tiles, or AVX512-BF16 on AMD Zen
+    /// 4/5; not AVX512-BF16 on Intel, measured slower than f32 there: [`crate::model::bf16_preferred`]), else
+    /// f32.
     Auto,
     /// f32 everywhere.
     F32,
@@ -85,9 +86,9 @@ pub enum DensePrecision {
 impl DensePrecision {
     /// The model precision this setting picks on this machine.
     pub fn resolve(self) -> crate::model::Precision {
-        use crate::model::{bf16_available, Precision};
+        use crate::model::{bf16_preferred, Precision};
         match self {
-            DensePrecision::Auto if bf16_available() => Precision::Bf16,
+            DensePrecision::Auto if bf16_preferred() => Precision::Bf16,
             DensePrecision::Auto | DensePrecision::F32 => Precision::F32,
             DensePrecision::Bf16 => Precision::Bf16,
         }

@@ -448,3 +448,45 @@ fn registered_tables_leave_out_the_table_policy() {
     }
     assert_eq!(e.table_count(), 2);
 }
+
+/// Written weights replace a row's weights and keep its optimizer state; a row not held yet gets the initial
+/// state; the rows are dirty (written back) and a wrong length is refused naming it.
+#[test]
+fn written_weights_keep_the_optimizer_state() {
+    let (_, e) = mem_engine();
+    let mut c = cfg(1, 2);
+    c.optimizer = OptimizerConfig::RowAdagrad {
+        lr: 0.1,
+        eps: 1e-8,
+        initial_accumulator: 0.5,
+    };
+    e.register_table(c).unwrap();
+    e.apply(1, &[7], &[1.0, 1.0]).unwrap();
+    let state = |id: u64| {
+        let mut row = vec![0.0; 3];
+        e.gather_with_state(1, &[id], &mut row).unwrap();
+        row
+    };
+    let before = state(7);
+    assert_eq!(
+        e.write_weights(1, &[7, 9], &[3.0, 4.0, 5.0, 6.0], 10)
+            .unwrap(),
+        2
+    );
+    assert_eq!(
+        state(7),
+        [3.0, 4.0, before[2]],
+        "weights set, accumulator kept"
+    );
+    assert_eq!(
+        state(9),
+        [5.0, 6.0, 0.5],
+        "a new row: the initial accumulator"
+    );
+    assert!(e.flush_dirty().unwrap().rows >= 2);
+    let err = e
+        .write_weights(1, &[7], &[1.0], 10)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("weights"), "{err}");
+}

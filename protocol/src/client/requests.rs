@@ -86,16 +86,15 @@ impl<D: Dialer> PsClient<D> {
         }
     }
 
-    /// One push to server `server` under map `epoch` ([`PsClient::push`] re-routes).
+    /// One push to server `server` under map `epoch` ([`PsClient::push`] re-routes): gradients in `encoding`,
+    /// multiplied by `grad_scale`, under push `id`.
     pub(super) async fn push_once(
         &self,
         server: usize,
         epoch: u64,
-        encoding: Encoding,
-        grad_scale: f32,
+        (encoding, grad_scale, id): (Encoding, f32, wire::message::push::PushId),
         tables: Vec<TableCount>,
         payload: Bytes,
-        id: wire::message::push::PushId,
     ) -> Result<(u64, u64), ProtocolError> {
         let req = wire::message::push::request(epoch, encoding, grad_scale, tables, id)?;
         let (resp, _) = self.call(server, &req, payload).await?;
@@ -105,6 +104,22 @@ impl<D: Dialer> PsClient<D> {
                 rejected_nonfinite,
             } => Ok((rows, rejected_nonfinite)),
             other => Err(self.unexpected(server, &other, "Pushed")),
+        }
+    }
+
+    /// One write of rows' weights to server `server` under map `epoch` ([`PsClient::write_rows`] re-routes).
+    pub(super) async fn write_rows_once(
+        &self,
+        server: usize,
+        epoch: u64,
+        tables: Vec<TableCount>,
+        payload: Bytes,
+    ) -> Result<u64, ProtocolError> {
+        let req = wire::message::write_rows::request(epoch, tables);
+        let (resp, _) = self.call(server, &req, payload).await?;
+        match resp {
+            Response::WroteRows { rows } => Ok(rows),
+            other => Err(self.unexpected(server, &other, "WroteRows")),
         }
     }
 

@@ -174,11 +174,9 @@ impl<D: Dialer> Reroute<D> for PushOp {
         Box::pin(client.push_once(
             server,
             epoch,
-            self.encoding,
-            self.grad_scale,
+            (self.encoding, self.grad_scale, self.id),
             tables,
             payload,
-            self.id,
         ))
     }
 
@@ -195,6 +193,38 @@ impl<D: Dialer> Reroute<D> for PushOp {
         Ok(answers
             .into_iter()
             .fold((0, 0), |(a, r), (a2, r2)| (a + a2, r + r2)))
+    }
+}
+
+/// A write of rows' weights (f32).
+#[derive(Clone, Copy)]
+struct WriteRowsOp;
+
+impl<D: Dialer> Reroute<D> for WriteRowsOp {
+    type Answer = u64;
+
+    fn send<'a>(
+        self,
+        client: &'a PsClient<D>,
+        server: usize,
+        epoch: u64,
+        tables: Vec<TableCount>,
+        payload: Bytes,
+    ) -> BoxFuture<'a, u64> {
+        Box::pin(client.write_rows_once(server, epoch, tables, payload))
+    }
+
+    fn rows(self) -> Option<Encoding> {
+        Some(Encoding::F32)
+    }
+
+    fn merge(
+        self,
+        _: &[TableCount],
+        _: &[SplitPart],
+        answers: Vec<u64>,
+    ) -> Result<u64, ProtocolError> {
+        Ok(answers.into_iter().sum())
     }
 }
 
@@ -496,6 +526,19 @@ impl<D: Dialer> PsClient<D> {
             id: self.next_push_id(),
         };
         self.routed(server, 0, op, tables, payload).await
+    }
+
+    /// Sets the weights of rows on server `server`: `payload` is the ids of every table then every table's
+    /// weights (f32 LE, `dim` per row; [`wire::message::write_rows`]). The rows' optimizer state is kept (a new
+    /// row gets the initial state). Returns the rows written. Rows of ids the server no longer owns go to
+    /// their new servers.
+    pub async fn write_rows(
+        &self,
+        server: usize,
+        tables: Vec<TableCount>,
+        payload: Bytes,
+    ) -> Result<u64, ProtocolError> {
+        self.routed(server, 0, WriteRowsOp, tables, payload).await
     }
 
     /// Asks server `server` to bring the rows of `ids` (one id section per table of `tables`, as for

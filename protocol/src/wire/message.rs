@@ -25,6 +25,7 @@
 //! | [`Request::GetShardMap`] | none | [`Response::ShardMap`] | none |
 //! | [`Request::Reshard`] | none | [`Response::Resharding`] | none |
 //! | [`Request::MoveRows`] | ids then full rows of every table ([`crate::wire::message::reshard`]) | [`Response::MovedRows`] | none |
+//! | [`Request::WriteRows`] | ids of every table, then f32 LE weights of every table ([`crate::wire::message::write_rows`]) | [`Response::WroteRows`] | none |
 //!
 //! Any request may be answered by [`Response::Error`].
 
@@ -45,6 +46,7 @@ pub mod reduce;
 pub mod replicate;
 pub mod reshard;
 pub mod sync;
+pub mod write_rows;
 
 /// A request header.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -195,6 +197,14 @@ pub enum Request {
         /// Target epoch, source, sequence, tables.
         header: crate::wire::message::reshard::MoveHeader,
     },
+    /// Set the weights of rows (a trainer loading saved weights): the payload is a push's, f32 weights in
+    /// place of gradients ([`write_rows`]).
+    WriteRows {
+        /// The client's shard-map epoch.
+        epoch: u64,
+        /// Per-table counts, in payload order.
+        tables: Vec<TableCount>,
+    },
 }
 
 /// Which request a [`Request`] is, without its fields: what roles are checked against
@@ -235,11 +245,13 @@ pub enum RequestKind {
     Reshard,
     /// [`Request::MoveRows`].
     MoveRows,
+    /// [`Request::WriteRows`].
+    WriteRows,
 }
 
 impl RequestKind {
     /// Every kind, in wire order.
-    pub const ALL: [RequestKind; 17] = [
+    pub const ALL: [RequestKind; 18] = [
         RequestKind::Hello,
         RequestKind::RegisterTables,
         RequestKind::Pull,
@@ -257,6 +269,7 @@ impl RequestKind {
         RequestKind::GetShardMap,
         RequestKind::Reshard,
         RequestKind::MoveRows,
+        RequestKind::WriteRows,
     ];
 
     /// The request's name, for messages (the variant's name).
@@ -279,6 +292,7 @@ impl RequestKind {
             RequestKind::GetShardMap => "GetShardMap",
             RequestKind::Reshard => "Reshard",
             RequestKind::MoveRows => "MoveRows",
+            RequestKind::WriteRows => "WriteRows",
         }
     }
 
@@ -302,6 +316,7 @@ impl RequestKind {
             RequestKind::GetShardMap => "get_shard_map",
             RequestKind::Reshard => "reshard",
             RequestKind::MoveRows => "move_rows",
+            RequestKind::WriteRows => "write_rows",
         }
     }
 }
@@ -327,6 +342,7 @@ impl Request {
             Request::GetShardMap => RequestKind::GetShardMap,
             Request::Reshard { .. } => RequestKind::Reshard,
             Request::MoveRows { .. } => RequestKind::MoveRows,
+            Request::WriteRows { .. } => RequestKind::WriteRows,
         }
     }
 }
@@ -448,6 +464,11 @@ pub enum Response {
         /// Sequence number of the request stored.
         seq: u64,
     },
+    /// Answer to [`Request::WriteRows`]: the weights are set.
+    WroteRows {
+        /// Rows written.
+        rows: u64,
+    },
 }
 
 impl Response {
@@ -472,6 +493,7 @@ impl Response {
             Response::ShardMap { .. } => "ShardMap",
             Response::Resharding { .. } => "Resharding",
             Response::MovedRows { .. } => "MovedRows",
+            Response::WroteRows { .. } => "WroteRows",
         }
     }
 }

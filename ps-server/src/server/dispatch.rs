@@ -59,9 +59,9 @@ pub(crate) async fn answer(
             .unwrap_or_else(Refusal::into_reply),
         // A reshard step may start tasks (prepare) or wait for streams (commit).
         Request::Reshard { step } => crate::shard::reshard::receive::answer(shard, step).await,
-        // A push waits for its backups in `replicated` durability (and for an fsync in `sync`, or for
+        // A push (and a write of rows) waits for its backups in `replicated` durability (and for an fsync in `sync`, or for
         // read-backs once a table has evicted rows).
-        req @ Request::Push { .. } => {
+        req @ (Request::Push { .. } | Request::WriteRows { .. }) => {
             let blocking = shard.durability() == Durability::Sync || shard.engine().spilled();
             let (reply, pending) =
                 off_workers(blocking, || shard.handle_replicated(req, &payload, now_us));

@@ -111,7 +111,7 @@ fn dense_precision_parses_and_the_k8s_model_config_picks_auto() {
     let auto = DensePrecision::Auto.resolve();
     assert_eq!(
         auto == crate::model::Precision::Bf16,
-        crate::model::bf16_available()
+        crate::model::bf16_preferred()
     );
 }
 

@@ -123,6 +123,17 @@ impl Shard {
                     });
                     reply
                 }),
+            Request::WriteRows { epoch, tables } => self
+                .write_rows(epoch, &tables, payload, now_us)
+                .map(|(reply, w)| {
+                    wait = w.map(|wait| PendingAck {
+                        wait: Some(wait),
+                        id: PushId::NONE,
+                        answer: reply.header.clone(),
+                        window: self.pushes.clone(),
+                    });
+                    reply
+                }),
             Request::Flush => self.flush(),
             Request::Checkpoint { dir, step } => self.checkpoint_request(&dir, step, now_us),
             Request::PullWithState {
@@ -692,6 +703,7 @@ impl Drop for PendingAck {
 }
 
 mod storage;
+mod write_rows;
 
 mod sync;
 pub use sync::{SyncAsk, SyncOutcome};

@@ -736,3 +736,54 @@ fn pull_with_state_returns_each_rows_accumulator_after_the_rows() {
     assert_eq!(code, ErrorCode::WrongDimension, "{msg}");
     assert!(msg.contains("dim 5"), "{msg}");
 }
+
+fn write(s: &Shard, epoch: u64, table: u32, dim: u32, ids: &[u64], weights: &[f32]) -> Reply {
+    let mut payload = Vec::new();
+    put_ids(ids, &mut payload);
+    codec::encode(weights, Encoding::F32, &mut payload);
+    let tables = vec![TableCount {
+        table,
+        count: ids.len() as u32,
+        dim,
+    }];
+    s.handle(
+        protocol::wire::message::write_rows::request(epoch, tables),
+        &payload,
+        NOW,
+    )
+}
+
+/// `WriteRows` sets weights (pulls then read them) and is checked as a push is: the epoch, the table's
+/// dimension, ownership, and finite weights, each refused whole with nothing written.
+#[test]
+fn written_rows_are_pulled_and_bad_writes_change_nothing() {
+    let s = shard(1, 0);
+    let r = write(&s, 1, 2, 2, &[3, 8], &[1.5, -2.0, 0.25, 4.0]);
+    assert!(
+        matches!(r.header, Response::WroteRows { rows: 2 }),
+        "{:?}",
+        r.header
+    );
+    assert_eq!(rows(pull(&s, 2, 2, &[3, 8]), 4), [1.5, -2.0, 0.25, 4.0]);
+    let (code, msg) = error_of(write(&s, 1, 2, 2, &[3], &[f32::NAN, 1.0]));
+    assert_eq!(code, ErrorCode::BadRequest);
+    assert!(
+        msg.contains("table 2 id 3") && msg.contains("not finite"),
+        "{msg}"
+    );
+    let (code, _) = error_of(write(&s, 7, 2, 2, &[3], &[9.0, 9.0]));
+    assert_eq!(code, ErrorCode::WrongEpoch);
+    let (code, _) = error_of(write(&s, 1, 2, 4, &[3], &[9.0; 4]));
+    assert_eq!(code, ErrorCode::WrongDimension);
+    assert_eq!(
+        rows(pull(&s, 2, 2, &[3]), 2),
+        [1.5, -2.0],
+        "nothing written"
+    );
+    // Another server's ids are refused.
+    let s = shard(2, 0);
+    let map = ShardMap::new(2);
+    let foreign = (0..).find(|&id| map.server_of(id) == 1).unwrap();
+    let (code, _) = error_of(write(&s, 1, 2, 2, &[foreign], &[1.0, 1.0]));
+    assert_eq!(code, ErrorCode::WrongShard);
+}
