@@ -150,23 +150,43 @@ impl FileConfig {
     }
 }
 
+/// Default [`PushWindowLimits::clients`].
+pub const DEFAULT_PUSH_WINDOW_CLIENTS: usize = 1024;
+/// Default [`PushWindowLimits::per_client`].
+pub const DEFAULT_PUSH_WINDOW_PER_CLIENT: usize = 1024;
+
+/// The bounds of the push window (`push-window-clients`, `push-window-per-client`; `crate::shard::push_window`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PushWindowLimits {
+    /// Clients remembered; the one idle longest is forgotten first.
+    pub clients: usize,
+    /// Answers remembered per client; the oldest are forgotten first.
+    pub per_client: usize,
+}
+
+impl Default for PushWindowLimits {
+    fn default() -> PushWindowLimits {
+        PushWindowLimits {
+            clients: DEFAULT_PUSH_WINDOW_CLIENTS,
+            per_client: DEFAULT_PUSH_WINDOW_PER_CLIENT,
+        }
+    }
+}
+
 impl FileConfig {
     /// The push window's bounds with their defaults: at least one client and 16 answers per client.
-    pub(super) fn push_window_limits(
-        &self,
-    ) -> Result<crate::shard::push_window::PushWindowLimits, ConfigError> {
-        use crate::shard::push_window::{DEFAULT_CLIENTS, DEFAULT_PER_CLIENT};
-        Ok(crate::shard::push_window::PushWindowLimits {
+    pub(super) fn push_window_limits(&self) -> Result<PushWindowLimits, ConfigError> {
+        Ok(PushWindowLimits {
             clients: at_least(
                 "push-window-clients",
                 self.push_window_clients,
-                DEFAULT_CLIENTS as u64,
+                DEFAULT_PUSH_WINDOW_CLIENTS as u64,
                 1,
             )? as usize,
             per_client: at_least(
                 "push-window-per-client",
                 self.push_window_per_client,
-                DEFAULT_PER_CLIENT as u64,
+                DEFAULT_PUSH_WINDOW_PER_CLIENT as u64,
                 16,
             )? as usize,
         })

@@ -684,7 +684,7 @@ pub struct ServerConfig {
     /// Bounds on the reduce groups' state.
     pub reduce_limits: crate::reduce::ReduceLimits,
     /// Bounds on the push answers remembered for retries.
-    pub push_window: crate::shard::push_window::PushWindowLimits,
+    pub push_window: PushWindowLimits,
     /// Period of the delta sync's cuts; zero turns change tracking off.
     pub sync_interval: Duration,
     /// Ids the retained deltas hold at most.
@@ -722,8 +722,9 @@ mod limits;
 mod tier;
 
 pub use limits::{
-    ConnectionLimits, RegistrationLimits, WeightGuardMode, DEFAULT_MAX_TABLES,
-    DEFAULT_MAX_TABLES_PER_REQUEST, DEFAULT_MAX_TABLE_DIM, DEFAULT_WEIGHT_CLAMP_ABS,
+    ConnectionLimits, PushWindowLimits, RegistrationLimits, WeightGuardMode, DEFAULT_MAX_TABLES,
+    DEFAULT_MAX_TABLES_PER_REQUEST, DEFAULT_MAX_TABLE_DIM, DEFAULT_PUSH_WINDOW_CLIENTS,
+    DEFAULT_PUSH_WINDOW_PER_CLIENT, DEFAULT_WEIGHT_CLAMP_ABS,
 };
 pub use tier::{RocksdbTuning, TierConfig, DEFAULT_PIN_SECS};
 

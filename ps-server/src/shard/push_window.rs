@@ -21,31 +21,9 @@ use parking_lot::Mutex;
 use protocol::wire::message::push::{PushAnswer, PushId};
 use protocol::{ErrorCode, Response};
 
+use crate::config::PushWindowLimits;
 use crate::metrics as m;
 use crate::reply::{refuse, Refusal};
-
-/// Default [`PushWindowLimits::clients`].
-pub const DEFAULT_CLIENTS: usize = 1024;
-/// Default [`PushWindowLimits::per_client`].
-pub const DEFAULT_PER_CLIENT: usize = 1024;
-
-/// The window's bounds (`push-window-clients`, `push-window-per-client`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PushWindowLimits {
-    /// Clients remembered; the one idle longest is forgotten first.
-    pub clients: usize,
-    /// Answers remembered per client; the oldest are forgotten first.
-    pub per_client: usize,
-}
-
-impl Default for PushWindowLimits {
-    fn default() -> PushWindowLimits {
-        PushWindowLimits {
-            clients: DEFAULT_CLIENTS,
-            per_client: DEFAULT_PER_CLIENT,
-        }
-    }
-}
 
 /// What to do with a push.
 #[derive(Debug)]
