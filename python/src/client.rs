@@ -395,8 +395,8 @@ impl Client {
 
     /// Starts a push of several tables' gradients in one request per server: `grads[i]` is
     /// `len(ids[i]) x dim` of `tables[i]`. Returns a `PushHandle`. `lane`: as for `pull_async` (the push runs
-    /// after that lane's earlier pulls are answered). A push is sent once and never again: a push whose
-    /// connection is lost fails (its rows may or may not have been applied), `close` waits for it.
+    /// after that lane's earlier pulls are answered). A push whose reply is lost is retried under its first
+    /// id, and the servers apply it once (a retry gets the first answer); `close` waits for it.
     #[pyo3(signature = (tables, what, encoding, ids, grads, lane = None))]
     #[allow(clippy::too_many_arguments)]
     fn push_async(

@@ -3,6 +3,9 @@
 # the data) and the ps-audit auditor on loopback. Injects N faults at random intervals (seeded) and checks the
 # audit (acknowledged pushes against the servers' counters) at the end.
 #
+# Trainers run `--dense-mode async` (dense parameters on the servers): a trainer killed and restarted alone
+# rejoins the job, which the default hybrid mode does not allow (its steps wait for every rank: README.md).
+#
 # --replicas 1 (default): one ps-server per shard. Each fault SIGKILLs a random process (a server, a trainer
 # or the auditor) and restarts it: a server on its port and data directory, a trainer with --resume from its
 # last checkpoint if it has written one (else from the start of its share), the auditor on its log.
@@ -242,7 +245,7 @@ start_trainer() {
     [ "$r" = 0 ] && test=(--test "$TMP/test.tsv")
     "$B/trainer" train --ps "$PS" --tls-dir "$dir/tls" --server-name "$TLS_NAME" --train "$TMP/train.tsv" "${test[@]}" \
         --rank "$r" --world 2 --seed "$SEED" --batch-size "$BATCH" --progress-secs 5 \
-        "${ckpt[@]}" "${resume[@]}" \
+        --dense-mode async "${ckpt[@]}" "${resume[@]}" \
         --summary-json "$dir/summary-$r.json" >> "$dir/trainer-$r.out" 2>> "$dir/trainer-$r.log" &
     PID[trainer$r]=$!
 }

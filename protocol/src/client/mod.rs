@@ -4,8 +4,10 @@
 //! stream id (TCP, [`crate::transport::mux`]), so any number of requests can be in flight on one connection without
 //! head-of-line blocking between them. A request that fails with a
 //! transient error (connection lost, server restarting) is retried after reconnecting, with exponential backoff
-//! ([`INITIAL_BACKOFF`] doubling up to [`MAX_BACKOFF`]), until `retry_for` has passed. Retried pushes are
-//! at-least-once: a push whose acknowledgement was lost may be applied twice. A request whose reply is overdue has
+//! ([`INITIAL_BACKOFF`] doubling up to [`MAX_BACKOFF`]), until `retry_for` has passed. A retried push
+//! carries the id of its first copy, and a server (or, after a failover, the backup that took over) that
+//! applied it answers with its first answer instead of applying it again ([`wire::message::push`], "Exactly
+//! once"). A request whose reply is overdue has
 //! its connection probed ([`PROBE_AFTER`], [`PROBE_TIMEOUT`]).
 //!
 //! The client is generic over how it reaches servers ([`Dialer`]); `PsClient` alone names the real transports
@@ -163,7 +165,7 @@ pub const SYNC_TIMEOUT_MARGIN: Duration = Duration::from_secs(10);
 /// token the client does not accept), so without the probe a request would wait for the idle or request
 /// timeout (30 s). A probe unanswered for [`PROBE_TIMEOUT`], while no datagram at all arrived on the connection
 /// (an overloaded but live server still acknowledges packets), fails the request with a transient
-/// [`ProtocolError::Timeout`], and the caller reconnects and retries it (a push at least once).
+/// [`ProtocolError::Timeout`], and the caller reconnects and retries it (a push under its first id).
 async fn call_watched<C: Connection>(
     conn: &C,
     addr: SocketAddr,
