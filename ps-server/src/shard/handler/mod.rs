@@ -349,6 +349,40 @@ impl Shard {
         Ok(())
     }
 
+    /// Where the rows a push (or a write of rows) changed go, under the routing lock it checked its epoch
+    /// with: the delta sync records them at `now_us`, the backups get them (with the push's `answer`), a
+    /// reshard's destinations get those of moving virtual shards. `tables` are the tables tried, their ids at
+    /// the front of `all_ids`. Returns what the reply waits for in `replicated` durability.
+    fn rows_changed(
+        &self,
+        route: &crate::shard::reshard::RouteState,
+        tables: &[TableCount],
+        all_ids: &[u64],
+        answer: Option<PushAnswer>,
+        now_us: u64,
+    ) -> Option<crate::shard::replica::AckWait> {
+        let mut at = 0;
+        let parts: Vec<(u32, &[u64])> = tables
+            .iter()
+            .map(|t| {
+                let ids = &all_ids[at..at + t.count as usize];
+                at += t.count as usize;
+                (t.table, ids)
+            })
+            .collect();
+        self.sync.record(parts.iter().copied(), now_us);
+        let wait = self.replica.links.after_push(
+            &self.engine,
+            &parts,
+            answer,
+            self.replica.waits_for_backups(),
+        );
+        if let Some(mover) = &route.mover {
+            mover.forward(&self.engine, &parts);
+        }
+        wait
+    }
+
     fn check_ownership(&self, map: &ShardMap, table: u32, ids: &[u64]) -> Result<(), Refusal> {
         if map.num_servers == 1 && self.shard_index == 0 {
             return Ok(());
@@ -612,16 +646,6 @@ impl Shard {
         // Recorded after the applies (a cut between a record and its apply would send the old value) and
         // under the push gate (a checkpoint's cut sees every push its snapshot holds, `crate::checkpoint`);
         // the tables a failed push tried are recorded too, as they may have changed. One lock for the push.
-        let mut at = 0;
-        let parts: Vec<(u32, &[u64])> = tables[..tried]
-            .iter()
-            .map(|t| {
-                let ids = &all_ids[at..at + t.count as usize];
-                at += t.count as usize;
-                (t.table, ids)
-            })
-            .collect();
-        self.sync.record(parts.iter().copied(), now_us);
         // The rows go to the backups whatever the outcome: a failed push may have changed some. With its
         // answer when it has one, so that a promoted backup answers its retry.
         let answer = (outcome.is_ok() && id.is_some()).then_some(PushAnswer {
@@ -629,15 +653,7 @@ impl Shard {
             rows: applied,
             rejected_nonfinite: rejected + refused_weights,
         });
-        let wait = self.replica.links.after_push(
-            &self.engine,
-            &parts,
-            answer,
-            self.replica.waits_for_backups(),
-        );
-        if let Some(mover) = &route.mover {
-            mover.forward(&self.engine, &parts);
-        }
+        let wait = self.rows_changed(&route, &tables[..tried], &all_ids, answer, now_us);
         drop(route);
         outcome?;
         drop(guard);

@@ -76,25 +76,7 @@ impl Shard {
             }
             at += t.count as usize;
         }
-        let mut at = 0;
-        let parts: Vec<(u32, &[u64])> = tables[..tried]
-            .iter()
-            .map(|t| {
-                let ids = &all_ids[at..at + t.count as usize];
-                at += t.count as usize;
-                (t.table, ids)
-            })
-            .collect();
-        self.sync.record(parts.iter().copied(), now_us);
-        let wait = self.replica.links.after_push(
-            &self.engine,
-            &parts,
-            None,
-            self.replica.waits_for_backups(),
-        );
-        if let Some(mover) = &route.mover {
-            mover.forward(&self.engine, &parts);
-        }
+        let wait = self.rows_changed(&route, &tables[..tried], &all_ids, None, now_us);
         drop(route);
         outcome?;
         metrics::counter!(m::ROWS_WRITTEN_TOTAL).increment(written);
