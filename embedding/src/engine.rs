@@ -28,7 +28,7 @@ use crate::batch::{self, DirtyBatch};
 use crate::config::{AdmissionConfig, TableConfig};
 use crate::error::{EmbeddingError, StoreError};
 use crate::lease::{LeaseStats, Leases};
-use crate::store::Store;
+use crate::store::{MetaWrite, Store};
 use crate::table::{ApplyStats, GatherStats, Table};
 
 /// Rows per store write batch in [`Engine::flush_dirty`] (4096 rows of dim 16 with row-wise Adagrad are
@@ -625,6 +625,17 @@ impl Engine {
         tables: &[(u32, &[u64])],
         sync: bool,
     ) -> Result<FlushStats, EmbeddingError> {
+        self.persist_with(tables, &[], sync)
+    }
+
+    /// [`Engine::persist`] with the metadata changes `meta` in the same atomic store write: a push's rows and
+    /// the answer its retries get are durable together, or neither is.
+    pub fn persist_with(
+        &self,
+        tables: &[(u32, &[u64])],
+        meta: &[MetaWrite],
+        sync: bool,
+    ) -> Result<FlushStats, EmbeddingError> {
         let resolved = tables
             .iter()
             .filter(|(_, ids)| !ids.is_empty())
@@ -643,12 +654,14 @@ impl Engine {
                 batches.push((table.id(), batch));
             }
         }
-        if !batches.is_empty() {
+        if !batches.is_empty() || !meta.is_empty() {
             let parts: Vec<(u32, &DirtyBatch)> = batches.iter().map(|(t, b)| (*t, b)).collect();
-            self.store.write_tables(&parts, sync && missing == 0)?;
+            self.store
+                .write_tables(&parts, meta, sync && missing == 0)?;
             stats.batches = batches.len();
         }
-        if sync && (missing > 0 || batches.is_empty()) && !resolved.is_empty() {
+        if sync && (missing > 0 || (batches.is_empty() && meta.is_empty())) && !resolved.is_empty()
+        {
             self.store.flush()?;
         }
         Ok(stats)

@@ -101,6 +101,6 @@ pub use rocks_store::{
 };
 #[cfg(feature = "rocksdb")]
 pub use snapshot::{PushGuard, Snapshot, SnapshotError};
-pub use store::{GetFn, ScanFn, Store, StoreMemory};
+pub use store::{GetFn, MetaWrite, ScanFn, Store, StoreMemory};
 pub use table::{ApplyStats, GatherStats, PrefetchStats, Table, STRIPES};
 pub use weight_guard::{Guarded, WeightGuard};

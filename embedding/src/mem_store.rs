@@ -10,7 +10,7 @@ use parking_lot::RwLock;
 
 use crate::batch::DirtyBatch;
 use crate::error::StoreError;
-use crate::store::{GetFn, ScanFn, Store};
+use crate::store::{GetFn, MetaWrite, ScanFn, Store};
 
 #[derive(Debug, Default)]
 struct Inner {
@@ -72,7 +72,12 @@ impl Store for MemStore {
         Ok(())
     }
 
-    fn write_tables(&self, tables: &[(u32, &DirtyBatch)], _sync: bool) -> Result<(), StoreError> {
+    fn write_tables(
+        &self,
+        tables: &[(u32, &DirtyBatch)],
+        meta: &[MetaWrite],
+        _sync: bool,
+    ) -> Result<(), StoreError> {
         if self.fail_writes.load(Ordering::Relaxed) {
             return Err(StoreError::Backend {
                 op: format!(
@@ -91,6 +96,12 @@ impl Store for MemStore {
             for (id, bytes) in rows.iter() {
                 t.insert(id, bytes.to_vec());
             }
+        }
+        for m in meta {
+            match &m.value {
+                Some(v) => inner.meta.insert(m.key.clone(), v.clone()),
+                None => inner.meta.remove(&m.key),
+            };
         }
         Ok(())
     }
@@ -166,6 +177,11 @@ impl Store for MemStore {
             .write()
             .meta
             .insert(key.to_owned(), value.to_vec());
+        Ok(())
+    }
+
+    fn delete_meta(&self, key: &str) -> Result<(), StoreError> {
+        self.inner.write().meta.remove(key);
         Ok(())
     }
 

@@ -42,7 +42,7 @@ use rocksdb::{
 
 use crate::batch::DirtyBatch;
 use crate::error::StoreError;
-use crate::store::{GetFn, ScanFn, Store, StoreMemory};
+use crate::store::{GetFn, MetaWrite, ScanFn, Store, StoreMemory};
 
 /// Column family holding metadata.
 const META_CF: &str = "meta";
@@ -316,7 +316,12 @@ impl Store for RocksStore {
             .map_err(backend(format!("write_rows table {table}")))
     }
 
-    fn write_tables(&self, tables: &[(u32, &DirtyBatch)], sync: bool) -> Result<(), StoreError> {
+    fn write_tables(
+        &self,
+        tables: &[(u32, &DirtyBatch)],
+        meta: &[MetaWrite],
+        sync: bool,
+    ) -> Result<(), StoreError> {
         #[cfg(feature = "failpoints")]
         fail_write(|| "write_tables".into())?;
         let mut batch = WriteBatch::default();
@@ -324,6 +329,15 @@ impl Store for RocksStore {
             let cf = self.table_cf(*table)?;
             for (id, bytes) in rows.iter() {
                 batch.put_cf(&cf, id.to_be_bytes(), bytes);
+            }
+        }
+        if !meta.is_empty() {
+            let cf = self.meta_cf()?;
+            for m in meta {
+                match &m.value {
+                    Some(v) => batch.put_cf(&cf, &m.key, v),
+                    None => batch.delete_cf(&cf, &m.key),
+                }
             }
         }
         let mut wo = WriteOptions::default();
@@ -413,6 +427,15 @@ impl Store for RocksStore {
         self.db
             .put_cf_opt(&cf, key, value, &wo)
             .map_err(backend(format!("put_meta {key}")))
+    }
+
+    fn delete_meta(&self, key: &str) -> Result<(), StoreError> {
+        #[cfg(feature = "failpoints")]
+        fail_write(|| format!("delete_meta {key}"))?;
+        let cf = self.meta_cf()?;
+        self.db
+            .delete_cf(&cf, key)
+            .map_err(backend(format!("delete_meta {key}")))
     }
 
     fn get_meta(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {

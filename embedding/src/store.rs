@@ -9,7 +9,7 @@
 //!   not know row lengths: the engine checks them when it reads rows back and reports a wrong length as
 //!   [`StoreError::CorruptValue`].
 //! - Metadata is a flat map from string keys to bytes (table configs live under `table/<id>`).
-//! - `write_rows` is atomic per call (one write batch), and so is `write_tables` over several tables. Writes with `sync = false` are durable after the next
+//! - `write_rows` is atomic per call (one write batch), and so is `write_tables` over several tables and metadata changes. Writes with `sync = false` are durable after the next
 //!   [`Store::flush`].
 //! - Callbacks passed to `scan_rows` and `get_rows` must not call back into the store.
 
@@ -22,6 +22,16 @@ pub type ScanFn<'a> = dyn FnMut(u64, &[u8]) -> Result<(), StoreError> + 'a;
 /// Callback of [`Store::get_rows`]: called with each requested index and its value, if stored.
 pub type GetFn<'a> = dyn FnMut(usize, Option<&[u8]>) -> Result<(), StoreError> + 'a;
 
+/// A metadata change written with rows in one [`Store::write_tables`] batch: `Some` sets `key` to the value,
+/// `None` deletes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MetaWrite {
+    /// The metadata key.
+    pub key: String,
+    /// Its new value, or `None` to delete it.
+    pub value: Option<Vec<u8>>,
+}
+
 /// Durable storage of table rows and metadata. Implementations are shared across threads (`Arc<dyn Store>`).
 pub trait Store: Send + Sync {
     /// Creates the storage of `table` if it does not exist yet (idempotent).
@@ -31,16 +41,31 @@ pub trait Store: Send + Sync {
     /// durable before returning. Fails with [`StoreError::UnknownTable`] if `table` was never ensured.
     fn write_rows(&self, table: u32, rows: &DirtyBatch, sync: bool) -> Result<(), StoreError>;
 
-    /// Writes the rows of several tables (`(table, rows)` pairs) as one atomic write, all or nothing: one
-    /// push touching several tables in `sync` durability ([`crate::Engine::persist`]). `sync` makes the write
-    /// durable before returning. Fails with [`StoreError::UnknownTable`], writing nothing, if any table was
-    /// never ensured. [`crate::RocksStore`] uses one WriteBatch across column families and
-    /// [`crate::MemStore`] one lock; this default (for wrappers and test doubles) writes table by table with
-    /// [`Store::write_rows`], syncing the last, which is not atomic across tables.
-    fn write_tables(&self, tables: &[(u32, &DirtyBatch)], sync: bool) -> Result<(), StoreError> {
+    /// Writes the rows of several tables (`(table, rows)` pairs) and the metadata changes `meta` as one atomic
+    /// write, all or nothing: one push touching several tables in `sync` durability, with its answer
+    /// ([`crate::Engine::persist_with`]). `sync` makes the write durable before returning. Fails with
+    /// [`StoreError::UnknownTable`], writing nothing, if any table was never ensured. [`crate::RocksStore`]
+    /// uses one WriteBatch across column families and [`crate::MemStore`] one lock; this default (for wrappers
+    /// and test doubles) writes table by table with [`Store::write_rows`] (syncing the last), then the
+    /// metadata (then flushing when `sync`), which is not atomic.
+    fn write_tables(
+        &self,
+        tables: &[(u32, &DirtyBatch)],
+        meta: &[MetaWrite],
+        sync: bool,
+    ) -> Result<(), StoreError> {
         let last = tables.len().saturating_sub(1);
         for (k, (table, rows)) in tables.iter().enumerate() {
-            self.write_rows(*table, rows, sync && k == last)?;
+            self.write_rows(*table, rows, sync && k == last && meta.is_empty())?;
+        }
+        for m in meta {
+            match &m.value {
+                Some(v) => self.put_meta(&m.key, v)?,
+                None => self.delete_meta(&m.key)?,
+            }
+        }
+        if sync && !meta.is_empty() {
+            self.flush()?;
         }
         Ok(())
     }
@@ -79,6 +104,9 @@ pub trait Store: Send + Sync {
 
     /// Sets a metadata entry.
     fn put_meta(&self, key: &str, value: &[u8]) -> Result<(), StoreError>;
+
+    /// Deletes a metadata entry (nothing if absent), durable after the next [`Store::flush`].
+    fn delete_meta(&self, key: &str) -> Result<(), StoreError>;
 
     /// Reads a metadata entry.
     fn get_meta(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError>;

@@ -160,6 +160,57 @@ pub(crate) fn meta_put_get_list(h: &mut dyn Harness) {
     assert_eq!(s.list_meta("").unwrap().len(), 4);
 }
 
+pub(crate) fn write_tables_carries_meta_and_survives_reopen(h: &mut dyn Harness) {
+    use crate::store::MetaWrite;
+    let put = |k: &str, v: &[u8]| MetaWrite {
+        key: k.into(),
+        value: Some(v.to_vec()),
+    };
+    {
+        let s = h.open();
+        s.ensure_table(1).unwrap();
+        s.put_meta("push/a", b"old").unwrap();
+        s.put_meta("push/b", b"gone").unwrap();
+        let meta = [
+            put("push/a", b"new"),
+            put("push/c", b"c"),
+            MetaWrite {
+                key: "push/b".into(),
+                value: None,
+            },
+        ];
+        s.write_tables(&[(1, &batch(&[(5, [1.0, 2.0])]))], &meta, true)
+            .unwrap();
+        // Metadata alone, no rows.
+        s.write_tables(&[], &[put("push/d", b"d")], true).unwrap();
+        s.delete_meta("push/c").unwrap();
+        s.delete_meta("push/never").unwrap();
+        s.flush().unwrap();
+    }
+    let s = h.open();
+    assert_eq!(scan(&*s, 1), vec![(5, le([1.0, 2.0]))]);
+    assert_eq!(
+        s.list_meta("push/").unwrap(),
+        vec![
+            ("push/a".to_owned(), b"new".to_vec()),
+            ("push/d".to_owned(), b"d".to_vec())
+        ]
+    );
+    // An unknown table writes nothing, metadata included.
+    assert!(matches!(
+        s.write_tables(
+            &[
+                (1, &batch(&[(6, [0.0, 0.0])])),
+                (77, &batch(&[(1, [0.0, 0.0])]))
+            ],
+            &[put("push/e", b"e")],
+            true
+        ),
+        Err(StoreError::UnknownTable(77))
+    ));
+    assert_eq!(s.get_meta("push/e").unwrap(), None);
+}
+
 pub(crate) fn survives_reopen(h: &mut dyn Harness) {
     let s = h.open();
     s.ensure_table(4).unwrap();
@@ -270,6 +321,7 @@ macro_rules! store_conformance_tests {
             scan_stops_at_callback_error,
             values_are_stored_verbatim,
             meta_put_get_list,
+            write_tables_carries_meta_and_survives_reopen,
             survives_reopen,
             delete_rows_removes_only_those_ids,
             estimate_rows_counts_written_rows,

@@ -5,7 +5,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use embedding::{
-    DirtyBatch, Engine, GetFn, MemStore, RocksStore, ScanFn, Store, StoreError, TableConfig,
+    DirtyBatch, Engine, GetFn, MemStore, MetaWrite, RocksStore, ScanFn, Store, StoreError,
+    TableConfig,
 };
 
 /// A [`MemStore`] that records how rows were written.
@@ -25,12 +26,17 @@ impl Store for Recording {
         self.write_rows.fetch_add(1, Ordering::Relaxed);
         self.inner.write_rows(table, rows, sync)
     }
-    fn write_tables(&self, tables: &[(u32, &DirtyBatch)], sync: bool) -> Result<(), StoreError> {
+    fn write_tables(
+        &self,
+        tables: &[(u32, &DirtyBatch)],
+        meta: &[MetaWrite],
+        sync: bool,
+    ) -> Result<(), StoreError> {
         self.write_tables
             .lock()
             .unwrap()
             .push((tables.iter().map(|t| t.0).collect(), sync));
-        self.inner.write_tables(tables, sync)
+        self.inner.write_tables(tables, meta, sync)
     }
     fn delete_rows(&self, table: u32, ids: &[u64]) -> Result<(), StoreError> {
         self.inner.delete_rows(table, ids)
@@ -43,6 +49,9 @@ impl Store for Recording {
     }
     fn put_meta(&self, key: &str, value: &[u8]) -> Result<(), StoreError> {
         self.inner.put_meta(key, value)
+    }
+    fn delete_meta(&self, key: &str) -> Result<(), StoreError> {
+        self.inner.delete_meta(key)
     }
     fn get_meta(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
         self.inner.get_meta(key)
@@ -97,7 +106,9 @@ fn all_or_nothing(store: &dyn Store) -> Result<(), StoreError> {
     store.ensure_table(1)?;
     let (a, b) = (batch(&[1, 2], 5), batch(&[7], 9));
     // Table 2 was never ensured: nothing is written, not even table 1's rows.
-    let err = store.write_tables(&[(1, &a), (2, &b)], true).unwrap_err();
+    let err = store
+        .write_tables(&[(1, &a), (2, &b)], &[], true)
+        .unwrap_err();
     assert!(matches!(err, StoreError::UnknownTable(2)), "{err}");
     let mut found = 0;
     store.get_rows(1, &[1, 2], &mut |_, v| {
@@ -106,7 +117,7 @@ fn all_or_nothing(store: &dyn Store) -> Result<(), StoreError> {
     })?;
     assert_eq!(found, 0, "a failed multi-table write left rows behind");
     store.ensure_table(2)?;
-    store.write_tables(&[(1, &a), (2, &b)], true)
+    store.write_tables(&[(1, &a), (2, &b)], &[], true)
 }
 
 #[test]
@@ -115,7 +126,9 @@ fn write_tables_is_all_or_nothing_in_memory() {
     all_or_nothing(&store).unwrap();
     assert_eq!((store.row_count(1), store.row_count(2)), (2, 1));
     store.set_fail_writes(true);
-    assert!(store.write_tables(&[(1, &batch(&[3], 5))], false).is_err());
+    assert!(store
+        .write_tables(&[(1, &batch(&[3], 5))], &[], false)
+        .is_err());
     assert_eq!(store.row_count(1), 2);
 }
 

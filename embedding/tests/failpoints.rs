@@ -27,7 +27,10 @@ fn store_write_failpoint_fails_every_write_while_configured() {
     assert!(e.contains("write_rows table 1"), "{e}");
     assert!(e.contains("No space left on device"), "{e}");
     assert!(e.contains(STORE_WRITE), "{e}");
-    let e = s.write_tables(&[(1, &rows)], true).unwrap_err().to_string();
+    let e = s
+        .write_tables(&[(1, &rows)], &[], true)
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("write_tables"), "{e}");
     assert!(s.delete_rows(1, &[5]).is_err());
     assert!(s.put_meta("k", b"v").is_err());

@@ -99,6 +99,8 @@ pub const PUSH_WINDOW_REFUSED_TOTAL: &str = "ps_push_window_refused_total";
 pub const PUSH_WINDOW_CLIENTS: &str = "ps_push_window_clients";
 /// Clients forgotten by the push window to make room (their later retries would be applied again).
 pub const PUSH_WINDOW_CLIENTS_EVICTED_TOTAL: &str = "ps_push_window_clients_evicted_total";
+/// Push answers read back from the store at start (`sync` durability stores each with its push's rows).
+pub const PUSH_WINDOW_RESTORED_TOTAL: &str = "ps_push_window_restored_total";
 /// Open connections (QUIC and TCP), counted once their handshake is done.
 pub const CONNECTIONS: &str = "ps_connections";
 /// Rows evicted from memory to RocksDB by the memory budget.
@@ -364,6 +366,10 @@ fn describe_requests() {
     describe_counter!(
         PUSH_WINDOW_CLIENTS_EVICTED_TOTAL,
         "Clients forgotten by the push window to make room."
+    );
+    describe_counter!(
+        PUSH_WINDOW_RESTORED_TOTAL,
+        "Push answers read back from the store at start (sync durability)."
     );
     describe_counter!(REQUEST_ERRORS_TOTAL, "Error responses, by code.");
     describe_histogram!(

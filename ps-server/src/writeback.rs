@@ -71,8 +71,13 @@ impl<S: Store> Store for MeteredStore<S> {
     fn write_rows(&self, table: u32, rows: &DirtyBatch, sync: bool) -> Result<(), StoreError> {
         self.0.write_rows(table, rows, sync)
     }
-    fn write_tables(&self, tables: &[(u32, &DirtyBatch)], sync: bool) -> Result<(), StoreError> {
-        self.0.write_tables(tables, sync)
+    fn write_tables(
+        &self,
+        tables: &[(u32, &DirtyBatch)],
+        meta: &[embedding::MetaWrite],
+        sync: bool,
+    ) -> Result<(), StoreError> {
+        self.0.write_tables(tables, meta, sync)
     }
     fn delete_rows(&self, table: u32, ids: &[u64]) -> Result<(), StoreError> {
         self.0.delete_rows(table, ids)
@@ -105,6 +110,9 @@ impl<S: Store> Store for MeteredStore<S> {
     }
     fn put_meta(&self, key: &str, value: &[u8]) -> Result<(), StoreError> {
         self.0.put_meta(key, value)
+    }
+    fn delete_meta(&self, key: &str) -> Result<(), StoreError> {
+        self.0.delete_meta(key)
     }
     fn get_meta(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
         self.0.get_meta(key)

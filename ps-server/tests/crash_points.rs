@@ -176,6 +176,51 @@ async fn crash_after_the_synced_write_before_the_ack_keeps_the_push_once() {
     sigterm_and_wait(s);
 }
 
+/// `durability = "sync"`: the same crash, and the client retries. The retry reaches the server restarted on its
+/// port and data, which answers it from the push answers stored with the rows: the client sees the push
+/// succeed, applied once (before the push window was stored, the retry was applied a second time).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_push_retried_across_a_crash_after_its_synced_write_is_applied_once() {
+    let d = Dirs::new();
+    let flags = ["--durability", "sync", "--flush-interval-secs", "3600"];
+    let s = d.start("ps", "127.0.0.1:0", (0, 1), &flags);
+    let listen = s.quic.to_string();
+    let mut cfg = PsClientConfig::new(vec![s.quic], d.tls.clone());
+    cfg.retry_for = Duration::from_secs(120);
+    let c = std::sync::Arc::new(PsClient::connect(cfg).await.unwrap());
+    c.register_tables(&[counter_table(TABLE, DIM)])
+        .await
+        .unwrap();
+    let ids = [1, 2, 3];
+    assert_eq!(push_ones(&c, 0, &ids).await.unwrap(), (3, 0));
+
+    arm(&d.fail("ps"), PUSH_BEFORE_ACK);
+    let pushing = {
+        let c = c.clone();
+        tokio::spawn(async move { push_ones(&c, 0, &ids).await })
+    };
+    let dead = tokio::task::spawn_blocking({
+        let fail = d.fail("ps");
+        move || {
+            let code = wait_for_exit(s);
+            std::fs::remove_file(fail).unwrap();
+            code
+        }
+    });
+    assert_eq!(dead.await.unwrap(), Some(CRASH_EXIT_CODE));
+    let s = d.start("ps", &listen, (0, 1), &flags);
+    assert_eq!(
+        pushing.await.unwrap().unwrap(),
+        (3, 0),
+        "the retry gets the first answer"
+    );
+    assert_eq!(applied(&c, 0, &ids).await, [2.0; 3], "applied once");
+    assert!(metric(&s, "ps_push_window_restored_total") >= 1.0);
+    assert!(metric(&s, "ps_push_retries_answered_total") >= 1.0);
+    c.close().await;
+    sigterm_and_wait(s);
+}
+
 /// Runs `ps-server restore` of `from` into `out` as the one server.
 fn restore(from: &Path, out: &Path) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_ps-server"))

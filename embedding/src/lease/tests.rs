@@ -46,6 +46,9 @@ impl Store for HeldStore {
     fn put_meta(&self, key: &str, value: &[u8]) -> Result<(), StoreError> {
         self.inner.put_meta(key, value)
     }
+    fn delete_meta(&self, key: &str) -> Result<(), StoreError> {
+        self.inner.delete_meta(key)
+    }
     fn get_meta(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
         self.inner.get_meta(key)
     }

@@ -63,6 +63,11 @@ impl Shard {
     pub fn open(cfg: &ServerConfig, engine: Engine) -> anyhow::Result<Shard> {
         let replica = Replica::new(cfg, &engine);
         let routing = Routing::open(cfg, &engine)?;
+        let pushes = if cfg.durability == Durability::Sync {
+            push_window::PushWindow::durable(cfg.push_window, &**engine.store())?
+        } else {
+            push_window::PushWindow::new(cfg.push_window)
+        };
         Ok(Shard {
             engine,
             routing,
@@ -75,7 +80,7 @@ impl Shard {
             checkpoint_root: cfg.checkpoint_root.clone(),
             registration: cfg.registration_limits,
             max_frame: cfg.max_frame,
-            pushes: Arc::new(push_window::PushWindow::new(cfg.push_window)),
+            pushes: Arc::new(pushes),
             sync: SyncState::new(
                 !cfg.sync_interval.is_zero(),
                 cfg.sync_retain_rows,
@@ -157,9 +162,16 @@ pub struct ShardBuilder(Shard);
 
 #[cfg(any(test, feature = "testing"))]
 impl ShardBuilder {
-    /// When pushed rows reach the store.
+    /// When pushed rows reach the store; `sync` reads the push answers the store holds
+    /// ([`push_window::PushWindow::durable`]).
     pub fn durability(mut self, durability: Durability) -> Self {
         self.0.durability = durability;
+        if durability == Durability::Sync {
+            self.0.pushes = Arc::new(
+                push_window::PushWindow::durable(Default::default(), &**self.0.engine.store())
+                    .expect("stored push answers readable"),
+            );
+        }
         self
     }
 

@@ -14,9 +14,17 @@
 //! longest goes first, counted in [`m::PUSH_WINDOW_CLIENTS_EVICTED_TOTAL`]: its later retries would be applied
 //! again). A client retries for seconds (`retry_for`) with at most a few pushes in flight per server, so the
 //! defaults keep every retry's answer with room to spare.
+//!
+//! Durable in `sync` durability ([`PushWindow::durable`]): each push's answer is stored in the same atomic
+//! store write as its rows ([`PushWindow::durable_writes`]), under `push/<client>/<slot>` with slot = seq mod
+//! `push-window-per-client`, so a server killed after that write and restarted answers the retry rather than
+//! applying the push again; a push whose write did not happen is applied by its retry, as nothing of it
+//! survived. A client forgotten to make room has its stored answers deleted with the next push's write. In
+//! the other modes a restarted server lost the rows of unflushed pushes too, and the window starts empty.
 
 use std::collections::{BTreeMap, HashMap};
 
+use embedding::{MetaWrite, Store, StoreError};
 use parking_lot::Mutex;
 use protocol::wire::message::push::{PushAnswer, PushId};
 use protocol::{ErrorCode, Response};
@@ -55,6 +63,35 @@ struct Client {
 struct Inner {
     clients: HashMap<u64, Client>,
     tick: u64,
+    /// Answers are stored with their pushes' rows ([`PushWindow::durable`]).
+    durable: bool,
+    /// Stored answers to delete with the next push's write (clients forgotten, stale keys).
+    deletes: Vec<String>,
+}
+
+/// Where the stored answers live in the store's metadata.
+pub const DURABLE_PREFIX: &str = "push/";
+
+/// The metadata key of the stored answer of push `seq` of `client`.
+fn durable_key(client: u64, seq: u64, per_client: usize) -> String {
+    format!(
+        "{DURABLE_PREFIX}{client:016x}/{:08x}",
+        seq % per_client as u64
+    )
+}
+
+/// A stored answer: its client and (seq, rows, rejected_nonfinite), from a key and value as
+/// [`PushWindow::durable_writes`] writes them.
+fn parse_durable(key: &str, value: &[u8]) -> Option<(u64, [u64; 3])> {
+    let rest = key.strip_prefix(DURABLE_PREFIX)?;
+    let (client, slot) = rest.split_once('/')?;
+    let client = u64::from_str_radix(client, 16).ok()?;
+    u64::from_str_radix(slot, 16).ok()?;
+    if value.len() != 24 {
+        return None;
+    }
+    let word = |i: usize| u64::from_le_bytes(value[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
+    Some((client, [word(0), word(1), word(2)]))
 }
 
 /// The answers of recent pushes, per client.
@@ -76,6 +113,77 @@ impl PushWindow {
         }
     }
 
+    /// The window of a server in `sync` durability: the answers `store` holds (written with their pushes'
+    /// rows by an earlier run) are read back, within `limits`; unreadable entries are deleted with the next
+    /// write, with a warning.
+    pub fn durable(limits: PushWindowLimits, store: &dyn Store) -> Result<PushWindow, StoreError> {
+        let w = PushWindow::new(limits);
+        let stored = store.list_meta(DURABLE_PREFIX)?;
+        let mut inner = w.inner.lock();
+        inner.durable = true;
+        let mut restored = 0u64;
+        for (key, value) in stored {
+            let Some((client_id, [seq, rows, rejected_nonfinite])) = parse_durable(&key, &value)
+            else {
+                tracing::warn!(
+                    key,
+                    bytes = value.len(),
+                    "unreadable stored push answer deleted"
+                );
+                inner.deletes.push(key);
+                continue;
+            };
+            if key != durable_key(client_id, seq, w.limits.per_client) {
+                // Written under another push-window-per-client: kept in memory, its old key deleted.
+                inner.deletes.push(key);
+            }
+            let answer = Response::Pushed {
+                rows,
+                rejected_nonfinite,
+            };
+            let limits = w.limits;
+            let client = inner.client(client_id, limits);
+            client.entries.insert(seq, Entry::Done(answer));
+            client.trim(limits.per_client);
+            restored += 1;
+        }
+        drop(inner);
+        metrics::counter!(m::PUSH_WINDOW_RESTORED_TOTAL).increment(restored);
+        if restored > 0 {
+            tracing::info!(
+                answers = restored,
+                clients = w.clients(),
+                "push answers restored from the store"
+            );
+        }
+        Ok(w)
+    }
+
+    /// The metadata writes that store push `id`'s answer with its rows in one atomic write (a durable window
+    /// only; nothing otherwise, nor for a push without id), with the deletions the window owes the store.
+    pub fn durable_writes(&self, id: PushId, rows: u64, rejected_nonfinite: u64) -> Vec<MetaWrite> {
+        let mut inner = self.inner.lock();
+        if !inner.durable {
+            return Vec::new();
+        }
+        let mut out: Vec<MetaWrite> = inner
+            .deletes
+            .drain(..)
+            .map(|key| MetaWrite { key, value: None })
+            .collect();
+        if id.is_some() {
+            let mut value = Vec::with_capacity(24);
+            for w in [id.seq, rows, rejected_nonfinite] {
+                value.extend_from_slice(&w.to_le_bytes());
+            }
+            out.push(MetaWrite {
+                key: durable_key(id.client, id.seq, self.limits.per_client),
+                value: Some(value),
+            });
+        }
+        out
+    }
+
     /// Admits push `id`: apply it (its entry now says so), answer it from the window, or refuse it (a copy
     /// still being applied: transient; a copy the window moved past: not applied again). A push without id
     /// is always applied.
@@ -84,7 +192,7 @@ impl PushWindow {
             return Ok(Admission::Apply);
         }
         let mut inner = self.inner.lock();
-        let client = inner.client(id.client, self.limits.clients);
+        let client = inner.client(id.client, self.limits);
         if id.seq < client.floor && !client.entries.contains_key(&id.seq) {
             metrics::counter!(m::PUSH_WINDOW_REFUSED_TOTAL, "reason" => "too_old").increment(1);
             return Err(refuse(
@@ -151,7 +259,7 @@ impl PushWindow {
         }
         let mut inner = self.inner.lock();
         for a in answers.iter().filter(|a| a.id.is_some()) {
-            let client = inner.client(a.id.client, self.limits.clients);
+            let client = inner.client(a.id.client, self.limits);
             if a.id.seq < client.floor {
                 continue;
             }
@@ -171,11 +279,12 @@ impl PushWindow {
 }
 
 impl Inner {
-    /// Client `id`'s window, made (forgetting the client idle longest when `max` are held) if new.
-    fn client(&mut self, id: u64, max: usize) -> &mut Client {
+    /// Client `id`'s window, made (forgetting the client idle longest when `limits.clients` are held) if
+    /// new. A durable window deletes every stored answer of a forgotten client.
+    fn client(&mut self, id: u64, limits: PushWindowLimits) -> &mut Client {
         self.tick += 1;
         if !self.clients.contains_key(&id) {
-            if self.clients.len() >= max {
+            if self.clients.len() >= limits.clients {
                 let idle = self
                     .clients
                     .iter()
@@ -183,6 +292,12 @@ impl Inner {
                     .map(|(&k, _)| k);
                 if let Some(k) = idle {
                     self.clients.remove(&k);
+                    if self.durable {
+                        self.deletes.extend(
+                            (0..limits.per_client as u64)
+                                .map(|slot| durable_key(k, slot, limits.per_client)),
+                        );
+                    }
                     metrics::counter!(m::PUSH_WINDOW_CLIENTS_EVICTED_TOTAL).increment(1);
                 }
             }

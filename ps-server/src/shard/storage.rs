@@ -27,9 +27,13 @@ impl Shard {
     /// Writes rows already applied in memory with a synced store write ([`Durability::Sync`]): `parts` are
     /// (table, ids). On a store error the rows stay dirty, so the timer's write-back retries them, and
     /// [`Shard::writes`] records the failure.
-    pub fn persist_synced(&self, parts: &[(u32, &[u64])]) -> Result<FlushStats, EmbeddingError> {
+    pub fn persist_synced(
+        &self,
+        parts: &[(u32, &[u64])],
+        meta: &[embedding::MetaWrite],
+    ) -> Result<FlushStats, EmbeddingError> {
         let began = Instant::now();
-        match self.engine.persist(parts, true) {
+        match self.engine.persist_with(parts, meta, true) {
             Ok(stats) => {
                 metrics::histogram!(m::SYNC_PUSH_WRITE_SECONDS)
                     .record(began.elapsed().as_secs_f64());

@@ -675,7 +675,11 @@ impl Shard {
             metrics::counter!(m::ROWS_CLAMPED_WEIGHTS_TOTAL).increment(clamped_weights);
         }
         if self.durability == Durability::Sync {
-            self.persist_push(tables, &all_ids)?;
+            // The answer its retries get, stored with its rows: a restart after this write answers them.
+            let answer = self
+                .pushes
+                .durable_writes(id, applied, rejected + refused_weights);
+            self.persist_push(tables, &all_ids, &answer)?;
             // Durable, not yet acknowledged: a crash here must not lose the push nor apply it twice.
             #[cfg(feature = "failpoints")]
             embedding::failpoints::crash_point(crate::failpoints::PUSH_BEFORE_ACK);

@@ -8,13 +8,15 @@ use crate::reply::{refuse, Refusal, Reply};
 use crate::shard::Shard;
 
 impl Shard {
-    /// Writes the rows of a push, already applied, with a synced store write ([`Durability::Sync`]). On a store
+    /// Writes the rows of a push, already applied, with `meta` (its answer, [`crate::shard::push_window`]) in
+    /// one synced store write ([`Durability::Sync`]). On a store
     /// error the push is refused with `Storage`, though its rows were applied in memory: they stay dirty, and
     /// the timer's write-back retries them ([`Shard::persist_synced`]).
     pub(super) fn persist_push(
         &self,
         tables: &[TableCount],
         all_ids: &[u64],
+        meta: &[embedding::MetaWrite],
     ) -> Result<(), Refusal> {
         let mut parts = Vec::with_capacity(tables.len());
         let mut start = 0;
@@ -23,7 +25,7 @@ impl Shard {
             parts.push((t.table, &all_ids[start..start + n]));
             start += n;
         }
-        self.persist_synced(&parts)?;
+        self.persist_synced(&parts, meta)?;
         Ok(())
     }
 

@@ -57,6 +57,15 @@ fn push(s: &Shard, tables: &[(u32, u32, &[u64], &[f32])]) -> Reply {
 }
 
 fn push_at(s: &Shard, tables: &[(u32, u32, &[u64], &[f32])], now: u64) -> Reply {
+    push_as(s, tables, now, protocol::wire::message::push::PushId::NONE)
+}
+
+fn push_as(
+    s: &Shard,
+    tables: &[(u32, u32, &[u64], &[f32])],
+    now: u64,
+    id: protocol::wire::message::push::PushId,
+) -> Reply {
     let mut payload = Vec::new();
     for (_, _, ids, _) in tables {
         put_ids(ids, &mut payload);
@@ -78,7 +87,7 @@ fn push_at(s: &Shard, tables: &[(u32, u32, &[u64], &[f32])], now: u64) -> Reply 
             encoding: Encoding::F32,
             grad_scale: 1.0,
             tables: counts,
-            id: protocol::wire::message::push::PushId::NONE,
+            id,
         },
         &payload,
         now,
@@ -496,6 +505,9 @@ impl embedding::Store for FlakyStore {
     fn put_meta(&self, key: &str, value: &[u8]) -> Result<(), embedding::StoreError> {
         self.inner.put_meta(key, value)
     }
+    fn delete_meta(&self, key: &str) -> Result<(), embedding::StoreError> {
+        self.inner.delete_meta(key)
+    }
     fn get_meta(&self, key: &str) -> Result<Option<Vec<u8>>, embedding::StoreError> {
         self.inner.get_meta(key)
     }
@@ -786,4 +798,74 @@ fn written_rows_are_pulled_and_bad_writes_change_nothing() {
     let foreign = (0..).find(|&id| map.server_of(id) == 1).unwrap();
     let (code, _) = error_of(write(&s, 1, 2, 2, &[foreign], &[1.0, 1.0]));
     assert_eq!(code, ErrorCode::WrongShard);
+}
+
+/// Sync durability: a push's answer is stored with its rows, so a server restarted after that write answers
+/// the retry instead of applying the push again; a push whose write failed left nothing, and its retry after
+/// a restart is applied.
+#[test]
+fn a_sync_push_is_answered_once_across_a_restart() {
+    use embedding::Store as _;
+    use protocol::wire::message::push::PushId;
+    use std::sync::atomic::Ordering;
+    let store = Arc::new(FlakyStore {
+        inner: MemStore::new(),
+        fail: false.into(),
+        synced_writes: 0.into(),
+    });
+    let open = || {
+        let engine = Engine::open(store.clone()).unwrap();
+        Shard::builder(engine, ShardMap::new(1), 0)
+            .durability(Durability::Sync)
+            .build()
+    };
+    let s = open();
+    let r = s.handle(
+        Request::RegisterTables {
+            tables: vec![TableConfig::counter(1, 4)],
+        },
+        &[],
+        NOW,
+    );
+    assert!(matches!(r.header, Response::Registered { tables: 1 }));
+    let first = PushId { client: 9, seq: 1 };
+    let r = push_as(&s, &[(1, 4, &[10, 11], &[1.0; 8])], NOW, first);
+    assert!(
+        matches!(r.header, Response::Pushed { rows: 2, .. }),
+        "{:?}",
+        r.header
+    );
+    // A push whose synced write fails: applied in memory only, refused.
+    store.fail.store(true, Ordering::Relaxed);
+    let lost = PushId { client: 9, seq: 2 };
+    let (code, _) = error_of(push_as(&s, &[(1, 4, &[12], &[1.0; 4])], NOW, lost));
+    assert_eq!(code, ErrorCode::Storage);
+    store.fail.store(false, Ordering::Relaxed);
+    // Killed: nothing but the store survives.
+    drop(s);
+    let s = open();
+    let r = push_as(&s, &[(1, 4, &[10, 11], &[1.0; 8])], NOW, first);
+    assert!(
+        matches!(r.header, Response::Pushed { rows: 2, .. }),
+        "the retry gets the first answer: {:?}",
+        r.header
+    );
+    assert_eq!(
+        rows(pull(&s, 1, 4, &[10, 11]), 8),
+        vec![-1.0; 8],
+        "applied once"
+    );
+    let r = push_as(&s, &[(1, 4, &[12], &[1.0; 4])], NOW, lost);
+    assert!(
+        matches!(r.header, Response::Pushed { rows: 1, .. }),
+        "{:?}",
+        r.header
+    );
+    assert_eq!(rows(pull(&s, 1, 4, &[12]), 4), vec![-1.0; 4]);
+    // Pushes without id, and WriteRows, store no answer.
+    push(&s, &[(1, 4, &[13], &[1.0; 4])]);
+    let stored = store
+        .list_meta(crate::shard::push_window::DURABLE_PREFIX)
+        .unwrap();
+    assert_eq!(stored.len(), 2, "{stored:?}");
 }

@@ -81,7 +81,7 @@ impl Shard {
         outcome?;
         metrics::counter!(m::ROWS_WRITTEN_TOTAL).increment(written);
         if self.durability == Durability::Sync {
-            self.persist_push(tables, &all_ids)?;
+            self.persist_push(tables, &all_ids, &[])?;
         }
         let reply = Reply {
             header: Response::WroteRows { rows: written },

@@ -104,3 +104,80 @@ fn a_backup_remembers_the_answers_its_primary_streams() {
         other => panic!("{other:?}"),
     }
 }
+
+#[test]
+fn a_durable_window_stores_answers_and_reads_them_back_within_its_bounds() {
+    use embedding::{MemStore, Store};
+    let store = MemStore::new();
+    let limits = PushWindowLimits {
+        clients: 2,
+        per_client: 4,
+    };
+    let put = |w: &PushWindow, id: PushId, rows: u64| {
+        assert!(matches!(w.admit(id), Ok(Admission::Apply)));
+        let meta = w.durable_writes(id, rows, 1);
+        store.write_tables(&[], &meta, true).unwrap();
+        w.finish(
+            id,
+            Some(&Response::Pushed {
+                rows,
+                rejected_nonfinite: 1,
+            }),
+        );
+    };
+    let w = PushWindow::durable(limits, &store).unwrap();
+    for seq in 0..6 {
+        put(&w, id(1, seq), 10 + seq);
+    }
+    put(&w, id(2, 0), 20);
+    // Slots: seq mod 4, so client 1 holds seqs 2..6 on disk.
+    assert_eq!(store.list_meta(DURABLE_PREFIX).unwrap().len(), 5);
+    // A window that is not durable writes nothing.
+    assert!(PushWindow::new(limits)
+        .durable_writes(id(1, 9), 1, 0)
+        .is_empty());
+    // No id: only the deletions owed.
+    assert!(w.durable_writes(PushId::NONE, 1, 0).is_empty());
+
+    // Restarted: the answers come back.
+    let w = PushWindow::durable(limits, &store).unwrap();
+    for (who, rows) in [(id(1, 5), 15), (id(1, 2), 12), (id(2, 0), 20)] {
+        match w.admit(who) {
+            Ok(Admission::Answer(a)) => assert_eq!(
+                a,
+                Response::Pushed {
+                    rows,
+                    rejected_nonfinite: 1
+                }
+            ),
+            other => panic!("{who:?}: {other:?}"),
+        }
+    }
+    // A push never stored is applied.
+    assert!(matches!(w.admit(id(1, 6)), Ok(Admission::Apply)));
+    w.finish(id(1, 6), None);
+    // A third client makes room by forgetting the idle one (client 2): its answers are deleted with the next
+    // write.
+    let _ = w.admit(id(1, 7));
+    put(&w, id(3, 0), 30);
+    let keys: Vec<String> = store
+        .list_meta(DURABLE_PREFIX)
+        .unwrap()
+        .into_iter()
+        .map(|(k, _)| k)
+        .collect();
+    assert!(
+        keys.iter().all(|k| !k.contains(&format!("{:016x}", 2))),
+        "{keys:?}"
+    );
+    assert_eq!(keys.len(), 5, "{keys:?}");
+
+    // Unreadable entries are dropped (and deleted), not fatal.
+    store.put_meta("push/zz/1", b"x").unwrap();
+    store.put_meta(&durable_key(4, 0, 4), b"short").unwrap();
+    let w = PushWindow::durable(limits, &store).unwrap();
+    store
+        .write_tables(&[], &w.durable_writes(PushId::NONE, 0, 0), true)
+        .unwrap();
+    assert_eq!(store.list_meta(DURABLE_PREFIX).unwrap().len(), 5);
+}
