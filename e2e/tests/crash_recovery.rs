@@ -328,8 +328,16 @@ fn train_kill_restart(flags: &[&str], write_backs: bool) -> Outcome {
         .block_on(audit::verify::pull_counters(&client, &rows))
         .unwrap();
     rt.block_on(client.close());
-    let (_, acks) = audit::log::read(&log_path).unwrap();
-    let verdict = audit::verify::compare(&rows, &acks, &found);
+    let (header, records) = audit::log::read_records(&log_path).unwrap();
+    let acks: Vec<audit::Ack> = records
+        .iter()
+        .filter_map(|r| match r {
+            audit::Record::Ack(a) => Some(*a),
+            _ => None,
+        })
+        .collect();
+    let unacked = audit::verify::unacknowledged(header.servers, &records);
+    let verdict = audit::verify::compare(&rows, &acks, &unacked, &found);
     eprintln!("{totals:?}\n{}", verdict.line());
     assert!(
         acks.iter().any(|a| a.server == 0 && a.t_ms < before),

@@ -17,10 +17,12 @@
 #
 # Prints, last, one line:
 #
-#   faults=N lost_acked_updates=N max_pause_s=X duplicates=N auc=X undisturbed_auc=Y
+#   faults=N lost_acked_updates=N max_pause_s=X duplicates=N unacked_applied=N auc=X undisturbed_auc=Y
 #
 # where max_pause_s is the audit's longest gap between two acknowledged pushes of one shard (restarts of the
-# auditor excluded) and undisturbed_auc comes from the same job (same data, seeds, flags and replicas) run
+# auditor excluded), duplicates counts increments beyond every push the auditor sent (pushes applied twice),
+# unacked_applied the pushes sent and never acknowledged that were applied (a reply lost, the auditor killed
+# before logging it: ps-audit's log records each push before sending it), and undisturbed_auc comes from the same job (same data, seeds, flags and replicas) run
 # first without faults; auc is rank 0's test AUC (its summary's top-level "auc"). Installs nothing (needs python3:
 # picking ports, reading the summary); builds the release
 # binaries if missing, in $CARGO_TARGET_DIR/release if set, else target/release. Everything lives in a
@@ -348,6 +350,7 @@ run_job() {
     log "$name: $verdict"
     LOST=$(sed -n 's/.*lost_acked_updates=\([0-9]*\).*/\1/p' <<< "$verdict")
     DUPS=$(sed -n 's/.*duplicates=\([0-9]*\).*/\1/p' <<< "$verdict")
+    UNACKED=$(sed -n 's/.*unacked_applied=\([0-9]*\).*/\1/p' <<< "$verdict")
     PAUSE=$(sed -n 's/.*max_pause_s=\([0-9.]*\).*/\1/p' <<< "$verdict")
     AUC=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["auc"] or "")' "$dir/summary-0.json")
     [ -n "$LOST" ] && [ -n "$PAUSE" ] && [ -n "$AUC" ] || { echo "chaos: $name: no audit verdict or AUC" >&2; exit 1; }
@@ -361,6 +364,6 @@ UNDISTURBED_AUC=$AUC
 [ "$LOST" = 0 ] || log "WARNING: the undisturbed run lost $LOST acknowledged updates"
 log "undisturbed run: longest pause of a shard ${PAUSE}s"
 run_job chaos "$KILLS"
-log "chaos run: $FAULTS faults, $DUPS duplicate increments (at-least-once retries, unlogged acks), flush interval ${FLUSH}s"
-printf 'faults=%d lost_acked_updates=%d max_pause_s=%s duplicates=%d auc=%.4f undisturbed_auc=%.4f\n' \
-    "$FAULTS" "$LOST" "$PAUSE" "$DUPS" "$AUC" "$UNDISTURBED_AUC"
+log "chaos run: $FAULTS faults, $DUPS increments applied twice, ${UNACKED:-0} of pushes never acknowledged, flush interval ${FLUSH}s"
+printf 'faults=%d lost_acked_updates=%d max_pause_s=%s duplicates=%d unacked_applied=%d auc=%.4f undisturbed_auc=%.4f\n' \
+    "$FAULTS" "$LOST" "$PAUSE" "$DUPS" "${UNACKED:-0}" "$AUC" "$UNDISTURBED_AUC"

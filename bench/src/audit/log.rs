@@ -1,6 +1,8 @@
 //! The acknowledgement log: a header line, then one line per acknowledged push, `<unix ms> <server> <mask
 //! hex>`, appended with a single `write` after the acknowledgement arrives and before the next push to that
-//! server. A SIGKILL of the auditor leaves every completed `write` in the file (the page cache outlives the
+//! server. Each push is announced first by a line `s <unix ms> <server> <mask hex>` written before it is sent
+//! ([`Record::Sent`]), so the verifier knows which pushes were sent and never acknowledged (their increments
+//! may or may not be in the counters) and counts as duplicates only what exceeds them. A SIGKILL of the auditor leaves every completed `write` in the file (the page cache outlives the
 //! process); a torn last line is cut off when the log is reopened and ignored when it is read.
 //!
 //! Every [`AckLog::open`] appends a marker line `# open <unix ms>` (after the header of a new log), and an
@@ -92,6 +94,8 @@ pub struct Ack {
 pub enum Record {
     /// An acknowledged push.
     Ack(Ack),
+    /// A push about to be sent (its time is when it was logged, before sending).
+    Sent(Ack),
     /// The auditor opened the log (a new life of the auditor starts), ms since the Unix epoch.
     Open(u64),
     /// The auditor stopped in order (every push in flight finished), ms since the Unix epoch.
@@ -163,6 +167,14 @@ impl AckLog {
             })
     }
 
+    /// Appends a push about to be sent, with a single `write`.
+    pub fn sent(&self, push: Ack) -> Result<(), AuditError> {
+        self.write_line(&format!(
+            "s {} {} {:x}\n",
+            push.t_ms, push.server, push.mask
+        ))
+    }
+
     /// Appends one acknowledged push with a single `write`.
     pub fn append(&self, ack: Ack) -> Result<(), AuditError> {
         self.write_line(&format!("{} {} {:x}\n", ack.t_ms, ack.server, ack.mask))
@@ -219,7 +231,11 @@ pub fn read_records(path: &Path) -> Result<(LogHeader, Vec<Record>), AuditError>
             }
             continue;
         }
-        let mut f = line.split(' ');
+        let (sent, fields) = match line.strip_prefix("s ") {
+            Some(rest) => (true, rest),
+            None => (false, line),
+        };
+        let mut f = fields.split(' ');
         let (Some(t), Some(s), Some(m), None) = (f.next(), f.next(), f.next(), f.next()) else {
             return Err(bad(i + 2, format!("expected 3 fields in {line:?}")));
         };
@@ -238,7 +254,11 @@ pub fn read_records(path: &Path) -> Result<(LogHeader, Vec<Record>), AuditError>
                 format!("server {} of {}", ack.server, header.servers),
             ));
         }
-        records.push(Record::Ack(ack));
+        records.push(if sent {
+            Record::Sent(ack)
+        } else {
+            Record::Ack(ack)
+        });
     }
     Ok((header, records))
 }
@@ -283,6 +303,7 @@ mod tests {
             server: 0,
             mask: 1,
         };
+        log.sent(b).unwrap();
         log.append(b).unwrap();
         log.close().unwrap();
         assert_eq!(read(&path).unwrap().1, vec![a, b]);
@@ -295,9 +316,10 @@ mod tests {
                     Record::Open(_),
                     Record::Ack(x),
                     Record::Open(_),
+                    Record::Sent(z),
                     Record::Ack(y),
                     Record::Close(_)
-                ] if x == a && y == b
+                ] if x == a && y == b && z == b
             ),
             "{records:?}"
         );

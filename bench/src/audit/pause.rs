@@ -52,6 +52,7 @@ pub fn max_pause(servers: usize, records: &[Record]) -> Option<Pause> {
                     }
                 }
             }
+            Record::Sent(_) => {}
             Record::Ack(a) => {
                 let Some(l) = last.get_mut(a.server) else {
                     continue;

@@ -1,5 +1,6 @@
 //! The push loop: one task per server, each with one push in flight. A push increments a random, non-empty
-//! subset of that server's counters; its acknowledgement is logged before the next push to the server starts.
+//! subset of that server's counters; it is logged as sent before it goes out, and its acknowledgement is
+//! logged before the next push to the server starts.
 //! A push that still fails after the client's retries is counted and not logged (it may or may not have been
 //! applied: the verifier sees an applied one as a duplicate), and the task goes on.
 
@@ -91,6 +92,11 @@ async fn push_to(
         let mut push = IdSections::new();
         push.table(AUDIT_TABLE_ID, 1, IdCoding::Plain, &ids);
         codec::encode(&vec![-1.0f32; ids.len()], Encoding::F32, &mut push.payload);
+        log.sent(Ack {
+            t_ms: now_ms(),
+            server,
+            mask,
+        })?;
         match client
             .push(
                 server,

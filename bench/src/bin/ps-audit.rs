@@ -40,7 +40,8 @@ enum Command {
     },
     /// Pull the counters and compare them with the log; prints `lost_acked_updates=N duplicates=N
     /// max_pause_s=X` last (X: the longest gap between two acknowledged pushes of one shard, within one life
-    /// of the auditor).
+    /// of the auditor), then `unacked_pushes=N unacked_applied=N` (pushes sent and never acknowledged, and
+    /// those of them applied: not duplicates).
     Verify {
         #[command(flatten)]
         common: Common,
@@ -178,7 +179,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 .await
                 .context("pull the audit counters")?;
             client.close().await;
-            let mut verdict = audit::verify::compare(&rows, &acks, &found);
+            let unacked = audit::verify::unacknowledged(header.servers, &records);
+            let mut verdict = audit::verify::compare(&rows, &acks, &unacked, &found);
             verdict.max_pause = audit::pause::max_pause(header.servers, &records);
             if let Some(path) = json {
                 let text = serde_json::to_string_pretty(&verdict)?;

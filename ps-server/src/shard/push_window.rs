@@ -44,10 +44,35 @@ pub enum Admission {
 
 #[derive(Debug, Clone)]
 enum Entry {
-    /// The first copy is being applied.
-    Running,
-    /// Its answer.
-    Done(Response),
+    /// The first copy is being applied; its shape ([`push_shape`]).
+    Running(u64),
+    /// Its answer and shape.
+    Done(Response, u64),
+}
+
+impl Entry {
+    fn shape(&self) -> u64 {
+        match *self {
+            Entry::Running(s) | Entry::Done(_, s) => s,
+        }
+    }
+}
+
+/// The shape of a push, compared between copies of one id: its encoding, tables (id, row count, dim) and
+/// payload length, mixed into a nonzero number (0 stands for unknown: answers a backup learnt from its
+/// primary's stream carry none). A copy whose shape differs is not a retry of the same push.
+pub fn push_shape(
+    encoding: protocol::Encoding,
+    tables: &[protocol::TableCount],
+    payload: usize,
+) -> u64 {
+    let mut h = protocol::routing::mix64(encoding as u64 ^ ((payload as u64) << 8));
+    for t in tables {
+        h = protocol::routing::mix64(
+            h ^ u64::from(t.table) ^ (u64::from(t.count) << 32) ^ (u64::from(t.dim) << 20),
+        );
+    }
+    h | 1
 }
 
 #[derive(Debug, Default)]
@@ -80,18 +105,18 @@ fn durable_key(client: u64, seq: u64, per_client: usize) -> String {
     )
 }
 
-/// A stored answer: its client and (seq, rows, rejected_nonfinite), from a key and value as
+/// A stored answer: its client and (seq, rows, rejected_nonfinite, shape), from a key and value as
 /// [`PushWindow::durable_writes`] writes them.
-fn parse_durable(key: &str, value: &[u8]) -> Option<(u64, [u64; 3])> {
+fn parse_durable(key: &str, value: &[u8]) -> Option<(u64, [u64; 4])> {
     let rest = key.strip_prefix(DURABLE_PREFIX)?;
     let (client, slot) = rest.split_once('/')?;
     let client = u64::from_str_radix(client, 16).ok()?;
     u64::from_str_radix(slot, 16).ok()?;
-    if value.len() != 24 {
+    if value.len() != 32 {
         return None;
     }
     let word = |i: usize| u64::from_le_bytes(value[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
-    Some((client, [word(0), word(1), word(2)]))
+    Some((client, [word(0), word(1), word(2), word(3)]))
 }
 
 /// The answers of recent pushes, per client.
@@ -123,7 +148,8 @@ impl PushWindow {
         inner.durable = true;
         let mut restored = 0u64;
         for (key, value) in stored {
-            let Some((client_id, [seq, rows, rejected_nonfinite])) = parse_durable(&key, &value)
+            let Some((client_id, [seq, rows, rejected_nonfinite, shape])) =
+                parse_durable(&key, &value)
             else {
                 tracing::warn!(
                     key,
@@ -143,7 +169,7 @@ impl PushWindow {
             };
             let limits = w.limits;
             let client = inner.client(client_id, limits);
-            client.entries.insert(seq, Entry::Done(answer));
+            client.entries.insert(seq, Entry::Done(answer, shape));
             client.trim(limits.per_client);
             restored += 1;
         }
@@ -161,7 +187,13 @@ impl PushWindow {
 
     /// The metadata writes that store push `id`'s answer with its rows in one atomic write (a durable window
     /// only; nothing otherwise, nor for a push without id), with the deletions the window owes the store.
-    pub fn durable_writes(&self, id: PushId, rows: u64, rejected_nonfinite: u64) -> Vec<MetaWrite> {
+    pub fn durable_writes(
+        &self,
+        id: PushId,
+        shape: u64,
+        rows: u64,
+        rejected_nonfinite: u64,
+    ) -> Vec<MetaWrite> {
         let mut inner = self.inner.lock();
         if !inner.durable {
             return Vec::new();
@@ -172,8 +204,8 @@ impl PushWindow {
             .map(|key| MetaWrite { key, value: None })
             .collect();
         if id.is_some() {
-            let mut value = Vec::with_capacity(24);
-            for w in [id.seq, rows, rejected_nonfinite] {
+            let mut value = Vec::with_capacity(32);
+            for w in [id.seq, rows, rejected_nonfinite, shape] {
                 value.extend_from_slice(&w.to_le_bytes());
             }
             out.push(MetaWrite {
@@ -184,10 +216,10 @@ impl PushWindow {
         out
     }
 
-    /// Admits push `id`: apply it (its entry now says so), answer it from the window, or refuse it (a copy
-    /// still being applied: transient; a copy the window moved past: not applied again). A push without id
-    /// is always applied.
-    pub fn admit(&self, id: PushId) -> Result<Admission, Refusal> {
+    /// Admits push `id` of `shape` ([`push_shape`]): apply it (its entry now says so), answer it from the
+    /// window, or refuse it (a copy still being applied: transient; a copy the window moved past, or one
+    /// whose shape differs from the first copy's: not applied). A push without id is always applied.
+    pub fn admit(&self, id: PushId, shape: u64) -> Result<Admission, Refusal> {
         if !id.is_some() {
             return Ok(Admission::Apply);
         }
@@ -204,8 +236,22 @@ impl PushWindow {
                 ),
             ));
         }
+        if let Some(e) = client.entries.get(&id.seq) {
+            if e.shape() != 0 && e.shape() != shape {
+                metrics::counter!(m::PUSH_WINDOW_REFUSED_TOTAL, "reason" => "mismatch")
+                    .increment(1);
+                return Err(refuse(
+                    ErrorCode::BadRequest,
+                    format!(
+                        "push {} of client {:#x} reuses the id of an earlier push with other tables, encoding \
+                         or length: not applied (a retry must resend the same push)",
+                        id.seq, id.client
+                    ),
+                ));
+            }
+        }
         match client.entries.get(&id.seq) {
-            Some(Entry::Running) => {
+            Some(Entry::Running(_)) => {
                 metrics::counter!(m::PUSH_WINDOW_REFUSED_TOTAL, "reason" => "in_progress")
                     .increment(1);
                 Err(refuse(
@@ -216,12 +262,12 @@ impl PushWindow {
                     ),
                 ))
             }
-            Some(Entry::Done(answer)) => {
+            Some(Entry::Done(answer, _)) => {
                 metrics::counter!(m::PUSH_RETRIES_ANSWERED_TOTAL).increment(1);
                 Ok(Admission::Answer(answer.clone()))
             }
             None => {
-                client.entries.insert(id.seq, Entry::Running);
+                client.entries.insert(id.seq, Entry::Running(shape));
                 client.trim(self.limits.per_client);
                 Ok(Admission::Apply)
             }
@@ -241,11 +287,11 @@ impl PushWindow {
         match answer {
             Some(a) => {
                 if let Some(e) = client.entries.get_mut(&id.seq) {
-                    *e = Entry::Done(a.clone());
+                    *e = Entry::Done(a.clone(), e.shape());
                 }
             }
             None => {
-                if matches!(client.entries.get(&id.seq), Some(Entry::Running)) {
+                if matches!(client.entries.get(&id.seq), Some(Entry::Running(_))) {
                     client.entries.remove(&id.seq);
                 }
             }
@@ -267,7 +313,7 @@ impl PushWindow {
                 rows: a.rows,
                 rejected_nonfinite: a.rejected_nonfinite,
             };
-            client.entries.insert(a.id.seq, Entry::Done(answer));
+            client.entries.insert(a.id.seq, Entry::Done(answer, 0));
             client.trim(self.limits.per_client);
         }
     }
@@ -319,7 +365,7 @@ impl Client {
             let oldest_done = self
                 .entries
                 .iter()
-                .find(|(_, e)| matches!(e, Entry::Done(_)))
+                .find(|(_, e)| matches!(e, Entry::Done(..)))
                 .map(|(&s, _)| s);
             let Some(seq) = oldest_done else { return };
             self.entries.remove(&seq);

@@ -536,7 +536,8 @@ impl Shard {
         now_us: u64,
     ) -> Result<(Reply, Option<crate::shard::replica::AckWait>), Refusal> {
         self.replica.require_primary("push")?;
-        if let Admission::Answer(header) = self.pushes.admit(id)? {
+        let shape = crate::shard::push_window::push_shape(head.1, tables, payload.len());
+        if let Admission::Answer(header) = self.pushes.admit(id, shape)? {
             return Ok((
                 Reply {
                     header,
@@ -546,7 +547,7 @@ impl Shard {
             ));
         }
         let mut changed = false;
-        let result = self.push(id, head, tables, payload, now_us, &mut changed);
+        let result = self.push((id, shape), head, tables, payload, now_us, &mut changed);
         match &result {
             Ok((_, Some(_))) => {} // settled once its backups stored it
             Ok((reply, None)) => self.pushes.finish(id, Some(&reply.header)),
@@ -562,7 +563,7 @@ impl Shard {
     /// the push's answer).
     fn push(
         &self,
-        id: PushId,
+        (id, shape): (PushId, u64),
         (epoch, encoding, grad_scale): (u64, Encoding, f32),
         tables: &[TableCount],
         payload: &[u8],
@@ -678,7 +679,7 @@ impl Shard {
             // The answer its retries get, stored with its rows: a restart after this write answers them.
             let answer = self
                 .pushes
-                .durable_writes(id, applied, rejected + refused_weights);
+                .durable_writes(id, shape, applied, rejected + refused_weights);
             self.persist_push(tables, &all_ids, &answer)?;
             // Durable, not yet acknowledged: a crash here must not lose the push nor apply it twice.
             #[cfg(feature = "failpoints")]

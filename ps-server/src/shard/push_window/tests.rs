@@ -1,5 +1,8 @@
 use super::*;
 
+/// The shape of every push of these tests but where one differs.
+const SHAPE: u64 = 5;
+
 fn id(client: u64, seq: u64) -> PushId {
     PushId { client, seq }
 }
@@ -24,31 +27,31 @@ fn code(r: Result<Admission, Refusal>) -> ErrorCode {
 #[test]
 fn a_retry_gets_the_first_answer_and_a_running_copy_is_refused_transiently() {
     let w = PushWindow::new(PushWindowLimits::default());
-    assert!(matches!(w.admit(id(7, 1)), Ok(Admission::Apply)));
-    assert_eq!(code(w.admit(id(7, 1))), ErrorCode::InProgress);
+    assert!(matches!(w.admit(id(7, 1), SHAPE), Ok(Admission::Apply)));
+    assert_eq!(code(w.admit(id(7, 1), SHAPE)), ErrorCode::InProgress);
     assert!(ErrorCode::InProgress.is_transient());
     w.finish(id(7, 1), Some(&pushed(3)));
-    match w.admit(id(7, 1)) {
+    match w.admit(id(7, 1), SHAPE) {
         Ok(Admission::Answer(a)) => assert_eq!(a, pushed(3)),
         other => panic!("{other:?}"),
     }
     // Another client's push of the same number is its own.
-    assert!(matches!(w.admit(id(8, 1)), Ok(Admission::Apply)));
+    assert!(matches!(w.admit(id(8, 1), SHAPE), Ok(Admission::Apply)));
 }
 
 #[test]
 fn a_push_refused_before_any_change_is_forgotten_and_its_retry_applied() {
     let w = PushWindow::new(PushWindowLimits::default());
-    assert!(matches!(w.admit(id(7, 1)), Ok(Admission::Apply)));
+    assert!(matches!(w.admit(id(7, 1), SHAPE), Ok(Admission::Apply)));
     w.finish(id(7, 1), None);
-    assert!(matches!(w.admit(id(7, 1)), Ok(Admission::Apply)));
+    assert!(matches!(w.admit(id(7, 1), SHAPE), Ok(Admission::Apply)));
 }
 
 #[test]
 fn pushes_without_id_are_always_applied() {
     let w = PushWindow::new(PushWindowLimits::default());
     for _ in 0..3 {
-        assert!(matches!(w.admit(PushId::NONE), Ok(Admission::Apply)));
+        assert!(matches!(w.admit(PushId::NONE, SHAPE), Ok(Admission::Apply)));
         w.finish(PushId::NONE, Some(&pushed(1)));
     }
     assert_eq!(w.clients(), 0);
@@ -61,31 +64,31 @@ fn the_window_is_bounded_and_never_reapplies_what_it_forgot() {
         per_client: 3,
     });
     for seq in 1..=5 {
-        assert!(matches!(w.admit(id(7, seq)), Ok(Admission::Apply)));
+        assert!(matches!(w.admit(id(7, seq), SHAPE), Ok(Admission::Apply)));
         w.finish(id(7, seq), Some(&pushed(seq)));
     }
     // 1 and 2 were forgotten: a copy is refused (not applied, not transient); 3..=5 are answered.
     for seq in [1, 2] {
-        let c = code(w.admit(id(7, seq)));
+        let c = code(w.admit(id(7, seq), SHAPE));
         assert_eq!(c, ErrorCode::BadRequest);
         assert!(!c.is_transient());
     }
     for seq in 3..=5 {
-        assert!(matches!(w.admit(id(7, seq)), Ok(Admission::Answer(a)) if a == pushed(seq)));
+        assert!(matches!(w.admit(id(7, seq), SHAPE), Ok(Admission::Answer(a)) if a == pushed(seq)));
     }
     // A running entry is never forgotten to make room.
-    assert!(matches!(w.admit(id(7, 6)), Ok(Admission::Apply)));
+    assert!(matches!(w.admit(id(7, 6), SHAPE), Ok(Admission::Apply)));
     for seq in 7..=9 {
-        assert!(matches!(w.admit(id(7, seq)), Ok(Admission::Apply)));
+        assert!(matches!(w.admit(id(7, seq), SHAPE), Ok(Admission::Apply)));
         w.finish(id(7, seq), Some(&pushed(seq)));
     }
-    assert_eq!(code(w.admit(id(7, 6))), ErrorCode::InProgress);
+    assert_eq!(code(w.admit(id(7, 6), SHAPE)), ErrorCode::InProgress);
     // Two clients at most: a third forgets the one idle longest (8 here, as 7 was just heard from).
-    assert!(matches!(w.admit(id(8, 1)), Ok(Admission::Apply)));
-    let _ = w.admit(id(7, 9));
-    assert!(matches!(w.admit(id(9, 1)), Ok(Admission::Apply)));
+    assert!(matches!(w.admit(id(8, 1), SHAPE), Ok(Admission::Apply)));
+    let _ = w.admit(id(7, 9), SHAPE);
+    assert!(matches!(w.admit(id(9, 1), SHAPE), Ok(Admission::Apply)));
     assert_eq!(w.clients(), 2);
-    assert!(matches!(w.admit(id(7, 9)), Ok(Admission::Answer(_))));
+    assert!(matches!(w.admit(id(7, 9), SHAPE), Ok(Admission::Answer(_))));
 }
 
 #[test]
@@ -96,7 +99,7 @@ fn a_backup_remembers_the_answers_its_primary_streams() {
         rows: 2,
         rejected_nonfinite: 1,
     }]);
-    match w.admit(id(7, 4)) {
+    match w.admit(id(7, 4), SHAPE) {
         Ok(Admission::Answer(Response::Pushed {
             rows: 2,
             rejected_nonfinite: 1,
@@ -114,8 +117,8 @@ fn a_durable_window_stores_answers_and_reads_them_back_within_its_bounds() {
         per_client: 4,
     };
     let put = |w: &PushWindow, id: PushId, rows: u64| {
-        assert!(matches!(w.admit(id), Ok(Admission::Apply)));
-        let meta = w.durable_writes(id, rows, 1);
+        assert!(matches!(w.admit(id, SHAPE), Ok(Admission::Apply)));
+        let meta = w.durable_writes(id, SHAPE, rows, 1);
         store.write_tables(&[], &meta, true).unwrap();
         w.finish(
             id,
@@ -134,15 +137,15 @@ fn a_durable_window_stores_answers_and_reads_them_back_within_its_bounds() {
     assert_eq!(store.list_meta(DURABLE_PREFIX).unwrap().len(), 5);
     // A window that is not durable writes nothing.
     assert!(PushWindow::new(limits)
-        .durable_writes(id(1, 9), 1, 0)
+        .durable_writes(id(1, 9), SHAPE, 1, 0)
         .is_empty());
     // No id: only the deletions owed.
-    assert!(w.durable_writes(PushId::NONE, 1, 0).is_empty());
+    assert!(w.durable_writes(PushId::NONE, SHAPE, 1, 0).is_empty());
 
     // Restarted: the answers come back.
     let w = PushWindow::durable(limits, &store).unwrap();
     for (who, rows) in [(id(1, 5), 15), (id(1, 2), 12), (id(2, 0), 20)] {
-        match w.admit(who) {
+        match w.admit(who, SHAPE) {
             Ok(Admission::Answer(a)) => assert_eq!(
                 a,
                 Response::Pushed {
@@ -154,11 +157,11 @@ fn a_durable_window_stores_answers_and_reads_them_back_within_its_bounds() {
         }
     }
     // A push never stored is applied.
-    assert!(matches!(w.admit(id(1, 6)), Ok(Admission::Apply)));
+    assert!(matches!(w.admit(id(1, 6), SHAPE), Ok(Admission::Apply)));
     w.finish(id(1, 6), None);
     // A third client makes room by forgetting the idle one (client 2): its answers are deleted with the next
     // write.
-    let _ = w.admit(id(1, 7));
+    let _ = w.admit(id(1, 7), SHAPE);
     put(&w, id(3, 0), 30);
     let keys: Vec<String> = store
         .list_meta(DURABLE_PREFIX)
@@ -177,7 +180,46 @@ fn a_durable_window_stores_answers_and_reads_them_back_within_its_bounds() {
     store.put_meta(&durable_key(4, 0, 4), b"short").unwrap();
     let w = PushWindow::durable(limits, &store).unwrap();
     store
-        .write_tables(&[], &w.durable_writes(PushId::NONE, 0, 0), true)
+        .write_tables(&[], &w.durable_writes(PushId::NONE, SHAPE, 0, 0), true)
         .unwrap();
     assert_eq!(store.list_meta(DURABLE_PREFIX).unwrap().len(), 5);
+}
+
+#[test]
+fn a_copy_of_another_shape_is_refused_not_answered() {
+    let w = PushWindow::new(PushWindowLimits::default());
+    assert!(matches!(w.admit(id(7, 1), SHAPE), Ok(Admission::Apply)));
+    let refused = |r: Result<Admission, Refusal>| match r {
+        Err(refusal) => match refusal.into_reply().header {
+            Response::Error { code, message } => (code, message),
+            other => panic!("{other:?}"),
+        },
+        Ok(a) => panic!("admitted: {a:?}"),
+    };
+    let (code, message) = refused(w.admit(id(7, 1), SHAPE + 2));
+    assert_eq!(code, ErrorCode::BadRequest);
+    assert!(
+        message.contains("push 1 of client 0x7 reuses the id"),
+        "{message}"
+    );
+    w.finish(id(7, 1), Some(&pushed(3)));
+    assert_eq!(
+        refused(w.admit(id(7, 1), SHAPE + 2)).0,
+        ErrorCode::BadRequest
+    );
+    assert!(matches!(w.admit(id(7, 1), SHAPE), Ok(Admission::Answer(_))));
+    // Answers learnt from a primary carry no shape: any copy gets them.
+    w.remember(&[PushAnswer {
+        id: id(7, 2),
+        rows: 1,
+        rejected_nonfinite: 0,
+    }]);
+    assert!(matches!(
+        w.admit(id(7, 2), SHAPE + 2),
+        Ok(Admission::Answer(_))
+    ));
+    assert_ne!(
+        push_shape(protocol::Encoding::F32, &[], 8),
+        push_shape(protocol::Encoding::F32, &[], 9)
+    );
 }
