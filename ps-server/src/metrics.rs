@@ -93,7 +93,8 @@ pub const ROWS_WRITTEN_TOTAL: &str = "ps_rows_written_total";
 /// Retried pushes answered from the push window instead of being applied again.
 pub const PUSH_RETRIES_ANSWERED_TOTAL: &str = "ps_push_retries_answered_total";
 /// Push copies refused by the push window, labelled `reason` (`in_progress`: the first copy is still being
-/// applied, transient; `too_old`: older than the window remembers, not applied again).
+/// applied, transient; `too_old`: older than the window remembers, not applied again; `mismatch`: the id of an
+/// earlier push of another shape, not applied).
 pub const PUSH_WINDOW_REFUSED_TOTAL: &str = "ps_push_window_refused_total";
 /// Clients the push window remembers (`push-window-clients`).
 pub const PUSH_WINDOW_CLIENTS: &str = "ps_push_window_clients";
@@ -357,7 +358,7 @@ fn describe_requests() {
     );
     describe_counter!(
         PUSH_WINDOW_REFUSED_TOTAL,
-        "Push copies refused by the push window, by reason (in_progress, too_old)."
+        "Push copies refused by the push window, by reason (in_progress, too_old, mismatch)."
     );
     describe_gauge!(
         PUSH_WINDOW_CLIENTS,
