@@ -100,6 +100,9 @@ pub const PUSH_WINDOW_REFUSED_TOTAL: &str = "ps_push_window_refused_total";
 pub const PUSH_WINDOW_CLIENTS: &str = "ps_push_window_clients";
 /// Clients forgotten by the push window to make room (their later retries would be applied again).
 pub const PUSH_WINDOW_CLIENTS_EVICTED_TOTAL: &str = "ps_push_window_clients_evicted_total";
+/// Ids held for the retries of pushes applied in memory whose synced write failed (`sync` durability): each
+/// retry writes its push's rows before it is answered (at most 4M ids).
+pub const PUSH_WINDOW_UNWRITTEN_IDS: &str = "ps_push_window_unwritten_ids";
 /// Push answers read back from the store at start (`sync` durability stores each with its push's rows).
 pub const PUSH_WINDOW_RESTORED_TOTAL: &str = "ps_push_window_restored_total";
 /// Open connections (QUIC and TCP), counted once their handshake is done.
@@ -367,6 +370,10 @@ fn describe_requests() {
     describe_counter!(
         PUSH_WINDOW_CLIENTS_EVICTED_TOTAL,
         "Clients forgotten by the push window to make room."
+    );
+    describe_gauge!(
+        PUSH_WINDOW_UNWRITTEN_IDS,
+        "Ids of pushes applied whose synced write failed, held for their retries to write them."
     );
     describe_counter!(
         PUSH_WINDOW_RESTORED_TOTAL,

@@ -178,3 +178,40 @@ async fn periodic_write_back_failure_refuses_pushes_and_recovers() {
     assert_eq!(rows(&c).await, [-2.0; 3]);
     assert_eq!(rows_after_restart(s, c, dir.path()).await, [-2.0; 3]);
 }
+
+/// `durability = "sync"` with a client that retries (as trainers do): the push whose synced write fails on
+/// the full disk is applied in memory and held unwritten; its retries are refused (transient) while the disk
+/// is full, and once writes work the next retry writes its rows and gets its answer. The client sees one
+/// success, the rows hold the push once, and a restart finds them (before, the retry got the storage error
+/// it was first answered, until the client gave up).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sync_push_retried_through_a_full_disk_is_acknowledged_once_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let fail = dir.path().join("fail");
+    let (s, c) = setup(dir.path(), &["--durability", "sync"]).await;
+    assert_eq!(push_ones(&c).await.unwrap(), (3, 0));
+    let tls = dir.path().join("tls");
+    let retrying =
+        std::sync::Arc::new(common::client_retrying_for(&s, &tls, Duration::from_secs(300)).await);
+
+    fail_writes(&fail);
+    let pushing = {
+        let c = retrying.clone();
+        tokio::spawn(async move { push_ones(&c).await })
+    };
+    tokio::task::block_in_place(|| {
+        wait_for("the push held unwritten", || {
+            metric(&s, "ps_push_window_unwritten_ids") >= 3.0
+        })
+    });
+    assert_eq!(rows(&c).await, [-2.0; 3], "applied in memory once");
+    assert!(!pushing.is_finished(), "acknowledged while unwritten");
+
+    std::fs::remove_file(&fail).unwrap();
+    wait_for_ack(&fail, "");
+    assert_eq!(pushing.await.unwrap().unwrap(), (3, 0));
+    assert_eq!(rows(&c).await, [-2.0; 3], "applied once");
+    assert_eq!(metric(&s, "ps_push_window_unwritten_ids"), 0.0);
+    retrying.close().await;
+    assert_eq!(rows_after_restart(s, c, dir.path()).await, [-2.0; 3]);
+}

@@ -40,7 +40,25 @@ pub enum Admission {
     Apply,
     /// A copy already applied: answer this, change nothing.
     Answer(Response),
+    /// A copy already applied whose synced write failed: write its rows now (with its answer), then
+    /// [`PushWindow::finish`] it with the answer, or give it back with [`PushWindow::keep_unwritten`].
+    Write(Box<Unwritten>),
 }
+
+/// A push applied in memory whose synced write failed (`sync` durability): what its retry writes.
+#[derive(Debug, Clone)]
+pub struct Unwritten {
+    /// The answer it gets once written.
+    pub answer: Response,
+    /// Its tables, in push order.
+    pub tables: Vec<protocol::TableCount>,
+    /// Its ids, the tables' one after another.
+    pub ids: Vec<u64>,
+}
+
+/// Ids of unwritten pushes a window holds at most (32 MiB); a push past it keeps its storage error as its
+/// answer.
+pub const MAX_UNWRITTEN_IDS: usize = 1 << 22;
 
 #[derive(Debug, Clone)]
 enum Entry {
@@ -48,12 +66,22 @@ enum Entry {
     Running(u64),
     /// Its answer and shape.
     Done(Response, u64),
+    /// Applied, its synced write failed: a retry writes it; and its shape.
+    Unwritten(Box<Unwritten>, u64),
 }
 
 impl Entry {
     fn shape(&self) -> u64 {
         match *self {
-            Entry::Running(s) | Entry::Done(_, s) => s,
+            Entry::Running(s) | Entry::Done(_, s) | Entry::Unwritten(_, s) => s,
+        }
+    }
+
+    /// Ids held for a retry's write.
+    fn unwritten_ids(&self) -> usize {
+        match self {
+            Entry::Unwritten(u, _) => u.ids.len(),
+            _ => 0,
         }
     }
 }
@@ -90,6 +118,8 @@ struct Inner {
     tick: u64,
     /// Answers are stored with their pushes' rows ([`PushWindow::durable`]).
     durable: bool,
+    /// Ids held by [`Entry::Unwritten`] entries, at most [`MAX_UNWRITTEN_IDS`].
+    unwritten_ids: usize,
     /// Stored answers to delete with the next push's write (clients forgotten, stale keys).
     deletes: Vec<String>,
 }
@@ -266,11 +296,50 @@ impl PushWindow {
                 metrics::counter!(m::PUSH_RETRIES_ANSWERED_TOTAL).increment(1);
                 Ok(Admission::Answer(answer.clone()))
             }
+            Some(Entry::Unwritten(..)) => {
+                let Some(Entry::Unwritten(u, _)) =
+                    client.entries.insert(id.seq, Entry::Running(shape))
+                else {
+                    unreachable!("matched above")
+                };
+                inner.unwritten_ids -= u.ids.len();
+                metrics::gauge!(m::PUSH_WINDOW_UNWRITTEN_IDS).set(inner.unwritten_ids as f64);
+                Ok(Admission::Write(u))
+            }
             None => {
                 client.entries.insert(id.seq, Entry::Running(shape));
-                client.trim(self.limits.per_client);
+                let dropped = client.trim(self.limits.per_client);
+                inner.unwritten_ids -= dropped;
                 Ok(Admission::Apply)
             }
+        }
+    }
+
+    /// Ends push `id` (admitted with [`Admission::Apply`] or [`Admission::Write`]) whose synced write failed
+    /// after it was applied: its retry writes `unwritten` and then gets its answer. Past
+    /// [`MAX_UNWRITTEN_IDS`], `otherwise` (the storage refusal) is kept as its answer instead.
+    pub fn keep_unwritten(&self, id: PushId, unwritten: Box<Unwritten>, otherwise: &Response) {
+        if !id.is_some() {
+            return;
+        }
+        let mut inner = self.inner.lock();
+        let fits = inner.unwritten_ids + unwritten.ids.len() <= MAX_UNWRITTEN_IDS;
+        let Some(client) = inner.clients.get_mut(&id.client) else {
+            return;
+        };
+        let Some(e) = client.entries.get_mut(&id.seq) else {
+            return;
+        };
+        let shape = e.shape();
+        let n = unwritten.ids.len();
+        *e = if fits {
+            Entry::Unwritten(unwritten, shape)
+        } else {
+            Entry::Done(otherwise.clone(), shape)
+        };
+        if fits {
+            inner.unwritten_ids += n;
+            metrics::gauge!(m::PUSH_WINDOW_UNWRITTEN_IDS).set(inner.unwritten_ids as f64);
         }
     }
 
@@ -313,8 +382,12 @@ impl PushWindow {
                 rows: a.rows,
                 rejected_nonfinite: a.rejected_nonfinite,
             };
-            client.entries.insert(a.id.seq, Entry::Done(answer, 0));
-            client.trim(self.limits.per_client);
+            if let Some(old) = client.entries.insert(a.id.seq, Entry::Done(answer, 0)) {
+                inner.unwritten_ids -= old.unwritten_ids();
+            }
+            let client = inner.clients.get_mut(&a.id.client).expect("made above");
+            let dropped = client.trim(self.limits.per_client);
+            inner.unwritten_ids -= dropped;
         }
     }
 
@@ -337,7 +410,13 @@ impl Inner {
                     .min_by_key(|(_, c)| c.last_use)
                     .map(|(&k, _)| k);
                 if let Some(k) = idle {
-                    self.clients.remove(&k);
+                    if let Some(gone) = self.clients.remove(&k) {
+                        self.unwritten_ids -= gone
+                            .entries
+                            .values()
+                            .map(Entry::unwritten_ids)
+                            .sum::<usize>();
+                    }
                     if self.durable {
                         self.deletes.extend(
                             (0..limits.per_client as u64)
@@ -359,18 +438,22 @@ impl Inner {
 
 impl Client {
     /// Forgets the oldest answers past `max` (entries still running stay: their pushes are under way); copies
-    /// numbered below a forgotten answer and not held are then refused.
-    fn trim(&mut self, max: usize) {
+    /// numbered below a forgotten answer and not held are then refused. Returns the unwritten ids dropped.
+    fn trim(&mut self, max: usize) -> usize {
+        let mut dropped = 0;
         while self.entries.len() > max {
             let oldest_done = self
                 .entries
                 .iter()
-                .find(|(_, e)| matches!(e, Entry::Done(..)))
+                .find(|(_, e)| !matches!(e, Entry::Running(_)))
                 .map(|(&s, _)| s);
-            let Some(seq) = oldest_done else { return };
-            self.entries.remove(&seq);
+            let Some(seq) = oldest_done else { break };
+            if let Some(e) = self.entries.remove(&seq) {
+                dropped += e.unwritten_ids();
+            }
             self.floor = self.floor.max(seq + 1);
         }
+        dropped
     }
 }
 

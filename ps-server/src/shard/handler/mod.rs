@@ -537,30 +537,83 @@ impl Shard {
     ) -> Result<(Reply, Option<crate::shard::replica::AckWait>), Refusal> {
         self.replica.require_primary("push")?;
         let shape = crate::shard::push_window::push_shape(head.1, tables, payload.len());
-        if let Admission::Answer(header) = self.pushes.admit(id, shape)? {
-            return Ok((
-                Reply {
-                    header,
-                    payload: Vec::new(),
-                },
-                None,
-            ));
+        match self.pushes.admit(id, shape)? {
+            Admission::Apply => {}
+            Admission::Answer(header) => {
+                return Ok((
+                    Reply {
+                        header,
+                        payload: Vec::new(),
+                    },
+                    None,
+                ))
+            }
+            Admission::Write(unwritten) => return self.write_unwritten(id, shape, unwritten),
         }
         let mut changed = false;
-        let result = self.push((id, shape), head, tables, payload, now_us, &mut changed);
+        let mut unwritten = None;
+        let result = self.push(
+            (id, shape),
+            head,
+            tables,
+            payload,
+            now_us,
+            (&mut changed, &mut unwritten),
+        );
         match &result {
             Ok((_, Some(_))) => {} // settled once its backups stored it
             Ok((reply, None)) => self.pushes.finish(id, Some(&reply.header)),
-            Err(refusal) => self
-                .pushes
-                .finish(id, changed.then(|| refusal.response()).as_ref()),
+            Err(refusal) => match unwritten {
+                Some(u) => self.pushes.keep_unwritten(id, u, &refusal.response()),
+                None => self
+                    .pushes
+                    .finish(id, changed.then(|| refusal.response()).as_ref()),
+            },
         }
         result
     }
 
+    /// The retry of a push applied in memory whose synced write failed: writes its rows now, with its answer
+    /// when the window is durable, and answers it; while writes still fail, it stays unwritten and the retry
+    /// is refused with the transient `Storage`.
+    fn write_unwritten(
+        &self,
+        id: PushId,
+        shape: u64,
+        unwritten: Box<crate::shard::push_window::Unwritten>,
+    ) -> Result<(Reply, Option<crate::shard::replica::AckWait>), Refusal> {
+        let (rows, rejected) = match unwritten.answer {
+            Response::Pushed {
+                rows,
+                rejected_nonfinite,
+            } => (rows, rejected_nonfinite),
+            _ => (0, 0),
+        };
+        let meta = self.pushes.durable_writes(id, shape, rows, rejected);
+        match self.persist_push(&unwritten.tables, &unwritten.ids, &meta) {
+            Ok(()) => {
+                self.pushes.finish(id, Some(&unwritten.answer));
+                metrics::counter!(m::PUSH_RETRIES_ANSWERED_TOTAL).increment(1);
+                Ok((
+                    Reply {
+                        header: unwritten.answer,
+                        payload: Vec::new(),
+                    },
+                    None,
+                ))
+            }
+            Err(refusal) => {
+                let response = refusal.response();
+                self.pushes.keep_unwritten(id, unwritten, &response);
+                Err(refusal)
+            }
+        }
+    }
+
     /// A push, its rows stamped with `now_us`'s second for TTL expiry and recorded as changed at `now_us` for
     /// the delta sync. `changed` is set once rows may have changed (a refusal after that is remembered as
-    /// the push's answer).
+    /// the push's answer); `unwritten` is set when the push was applied and its synced write failed (its
+    /// retry writes it).
     fn push(
         &self,
         (id, shape): (PushId, u64),
@@ -568,7 +621,10 @@ impl Shard {
         tables: &[TableCount],
         payload: &[u8],
         now_us: u64,
-        changed: &mut bool,
+        (changed, unwritten): (
+            &mut bool,
+            &mut Option<Box<crate::shard::push_window::Unwritten>>,
+        ),
     ) -> Result<(Reply, Option<crate::shard::replica::AckWait>), Refusal> {
         let now = now_us / 1_000_000;
         self.replica.require_backup_for_push()?;
@@ -677,10 +733,22 @@ impl Shard {
         }
         if self.durability == Durability::Sync {
             // The answer its retries get, stored with its rows: a restart after this write answers them.
-            let answer = self
+            let meta = self
                 .pushes
                 .durable_writes(id, shape, applied, rejected + refused_weights);
-            self.persist_push(tables, &all_ids, &answer)?;
+            if let Err(refusal) = self.persist_push(tables, &all_ids, &meta) {
+                if id.is_some() {
+                    *unwritten = Some(Box::new(crate::shard::push_window::Unwritten {
+                        answer: Response::Pushed {
+                            rows: applied,
+                            rejected_nonfinite: rejected + refused_weights,
+                        },
+                        tables: tables.to_vec(),
+                        ids: all_ids,
+                    }));
+                }
+                return Err(refusal);
+            }
             // Durable, not yet acknowledged: a crash here must not lose the push nor apply it twice.
             #[cfg(feature = "failpoints")]
             embedding::failpoints::crash_point(crate::failpoints::PUSH_BEFORE_ACK);

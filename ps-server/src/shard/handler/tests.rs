@@ -801,8 +801,9 @@ fn written_rows_are_pulled_and_bad_writes_change_nothing() {
 }
 
 /// Sync durability: a push's answer is stored with its rows, so a server restarted after that write answers
-/// the retry instead of applying the push again; a push whose write failed left nothing, and its retry after
-/// a restart is applied.
+/// the retry instead of applying the push again. A push whose write failed is refused (transient) until a
+/// retry writes it, then answered, applied once; if the server dies first, nothing of it survived, and its
+/// retry after the restart is applied.
 #[test]
 fn a_sync_push_is_answered_once_across_a_restart() {
     use embedding::Store as _;
@@ -835,9 +836,31 @@ fn a_sync_push_is_answered_once_across_a_restart() {
         "{:?}",
         r.header
     );
-    // A push whose synced write fails: applied in memory only, refused.
+    // A push whose synced write fails: applied in memory, refused with the transient Storage; its retries
+    // write it, and are refused while the writes fail.
     store.fail.store(true, Ordering::Relaxed);
-    let lost = PushId { client: 9, seq: 2 };
+    let late = PushId { client: 9, seq: 2 };
+    for _ in 0..2 {
+        let (code, _) = error_of(push_as(&s, &[(1, 4, &[14], &[1.0; 4])], NOW, late));
+        assert_eq!(code, ErrorCode::Storage);
+    }
+    store.fail.store(false, Ordering::Relaxed);
+    let r = push_as(&s, &[(1, 4, &[14], &[1.0; 4])], NOW, late);
+    assert!(
+        matches!(r.header, Response::Pushed { rows: 1, .. }),
+        "the retry once written: {:?}",
+        r.header
+    );
+    assert_eq!(
+        rows(pull(&s, 1, 4, &[14]), 4),
+        vec![-1.0; 4],
+        "applied once"
+    );
+    let r = push_as(&s, &[(1, 4, &[14], &[1.0; 4])], NOW, late);
+    assert!(matches!(r.header, Response::Pushed { rows: 1, .. }));
+    // Another whose write fails, and the server is killed before any retry.
+    store.fail.store(true, Ordering::Relaxed);
+    let lost = PushId { client: 9, seq: 3 };
     let (code, _) = error_of(push_as(&s, &[(1, 4, &[12], &[1.0; 4])], NOW, lost));
     assert_eq!(code, ErrorCode::Storage);
     store.fail.store(false, Ordering::Relaxed);
@@ -862,10 +885,17 @@ fn a_sync_push_is_answered_once_across_a_restart() {
         r.header
     );
     assert_eq!(rows(pull(&s, 1, 4, &[12]), 4), vec![-1.0; 4]);
+    let r = push_as(&s, &[(1, 4, &[14], &[1.0; 4])], NOW, late);
+    assert!(
+        matches!(r.header, Response::Pushed { rows: 1, .. }),
+        "{:?}",
+        r.header
+    );
+    assert_eq!(rows(pull(&s, 1, 4, &[14]), 4), vec![-1.0; 4]);
     // Pushes without id, and WriteRows, store no answer.
     push(&s, &[(1, 4, &[13], &[1.0; 4])]);
     let stored = store
         .list_meta(crate::shard::push_window::DURABLE_PREFIX)
         .unwrap();
-    assert_eq!(stored.len(), 2, "{stored:?}");
+    assert_eq!(stored.len(), 3, "{stored:?}");
 }

@@ -223,3 +223,33 @@ fn a_copy_of_another_shape_is_refused_not_answered() {
         push_shape(protocol::Encoding::F32, &[], 9)
     );
 }
+
+#[test]
+fn an_unwritten_push_is_handed_to_one_retry_at_a_time_until_written() {
+    let w = PushWindow::new(PushWindowLimits::default());
+    assert!(matches!(w.admit(id(7, 1), SHAPE), Ok(Admission::Apply)));
+    let unwritten = Box::new(Unwritten {
+        answer: pushed(2),
+        tables: Vec::new(),
+        ids: vec![4, 5],
+    });
+    let storage = Response::Error {
+        code: ErrorCode::Storage,
+        message: "disk full".into(),
+    };
+    w.keep_unwritten(id(7, 1), unwritten, &storage);
+    let Ok(Admission::Write(u)) = w.admit(id(7, 1), SHAPE) else {
+        panic!("the retry writes it")
+    };
+    assert_eq!(u.ids, vec![4, 5]);
+    // A second retry while the first writes.
+    assert_eq!(code(w.admit(id(7, 1), SHAPE)), ErrorCode::InProgress);
+    // The write failed again: the next retry gets it back.
+    w.keep_unwritten(id(7, 1), u, &storage);
+    let Ok(Admission::Write(u)) = w.admit(id(7, 1), SHAPE) else {
+        panic!("the retry writes it")
+    };
+    w.finish(id(7, 1), Some(&u.answer));
+    assert!(matches!(w.admit(id(7, 1), SHAPE), Ok(Admission::Answer(a)) if a == pushed(2)));
+    assert_eq!(w.inner.lock().unwritten_ids, 0);
+}
