@@ -96,8 +96,8 @@ pub use lease::LeaseStats;
 pub use mem_store::MemStore;
 #[cfg(feature = "rocksdb")]
 pub use rocks_store::{
-    RocksStore, RocksTuning, DEFAULT_BLOCK_CACHE_BYTES, TABLE_READER_BYTES_PER_ROW,
-    WRITE_BUFFER_BYTES,
+    free_bytes, RocksStore, RocksTuning, DEFAULT_BLOCK_CACHE_BYTES, DEFAULT_RESERVE_BYTES,
+    TABLE_READER_BYTES_PER_ROW, WRITE_BUFFER_BYTES,
 };
 #[cfg(feature = "rocksdb")]
 pub use snapshot::{PushGuard, Snapshot, SnapshotError};

@@ -96,6 +96,30 @@ pub struct RocksTuning {
     pub point_lookup: bool,
     /// Bytes of the block cache all column families share.
     pub block_cache_bytes: usize,
+    /// Free bytes the data directory's filesystem keeps: a write that finds less free is refused
+    /// ([`StoreError::Backend`] naming both) before RocksDB runs out of space, 0 for none. RocksDB 7.8 (the
+    /// Debian library this crate links) aborts the process on a write after a failed WAL write
+    /// (facebook/rocksdb#12448, fixed in 9.1): a real full disk must never reach it.
+    pub reserve_bytes: u64,
+}
+
+/// The disk reserve of a default [`RocksTuning`]: 256 MiB, what the memtables hold at most
+/// ([`WRITE_BUFFER_BYTES`]), so that a memtable flush still fits when writes are refused.
+pub const DEFAULT_RESERVE_BYTES: u64 = 256 << 20;
+
+/// Bytes free for unprivileged writers on the filesystem holding `path` (`statvfs`).
+pub fn free_bytes(path: &Path) -> std::io::Result<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+    let mut st = std::mem::MaybeUninit::<libc::statvfs>::zeroed();
+    // SAFETY: `c` is a NUL-terminated path and `st` a writable statvfs; statvfs fills it on success.
+    if unsafe { libc::statvfs(c.as_ptr(), st.as_mut_ptr()) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: statvfs returned 0, so it initialized `st`.
+    let st = unsafe { st.assume_init() };
+    Ok(st.f_bavail.saturating_mul(st.f_frsize))
 }
 
 /// The block cache of a default [`RocksTuning`]: 64 MiB.
@@ -117,6 +141,7 @@ impl Default for RocksTuning {
         RocksTuning {
             point_lookup: true,
             block_cache_bytes: DEFAULT_BLOCK_CACHE_BYTES,
+            reserve_bytes: DEFAULT_RESERVE_BYTES,
         }
     }
 }
@@ -274,6 +299,28 @@ impl RocksStore {
             .ok_or(StoreError::UnknownTable(table))
     }
 
+    /// Refuses write `op` when the data directory's filesystem has less free than the reserve
+    /// ([`RocksTuning::reserve_bytes`]).
+    fn check_reserve(&self, op: impl FnOnce() -> String) -> Result<(), StoreError> {
+        let reserve = self.tuning.reserve_bytes;
+        if reserve == 0 {
+            return Ok(());
+        }
+        match free_bytes(&self.path) {
+            Ok(free) if free < reserve => Err(StoreError::Backend {
+                op: op(),
+                detail: format!(
+                    "No space left on device: {free} bytes free on the filesystem of {}, below the disk reserve \
+                     of {reserve} bytes (disk-reserve-mib); writes are refused until space is freed",
+                    self.path.display()
+                ),
+            }),
+            Ok(_) => Ok(()),
+            // Unknown free space: let the write try.
+            Err(_) => Ok(()),
+        }
+    }
+
     fn meta_cf(&self) -> Result<std::sync::Arc<rocksdb::BoundColumnFamily<'_>>, StoreError> {
         self.db
             .cf_handle(META_CF)
@@ -304,6 +351,7 @@ impl Store for RocksStore {
     fn write_rows(&self, table: u32, rows: &DirtyBatch, sync: bool) -> Result<(), StoreError> {
         #[cfg(feature = "failpoints")]
         fail_write(|| format!("write_rows table {table}"))?;
+        self.check_reserve(|| format!("write_rows table {table}"))?;
         let cf = self.table_cf(table)?;
         let mut batch = WriteBatch::default();
         for (id, bytes) in rows.iter() {
@@ -324,6 +372,12 @@ impl Store for RocksStore {
     ) -> Result<(), StoreError> {
         #[cfg(feature = "failpoints")]
         fail_write(|| "write_tables".into())?;
+        self.check_reserve(|| {
+            format!(
+                "write_tables {:?}",
+                tables.iter().map(|t| t.0).collect::<Vec<_>>()
+            )
+        })?;
         let mut batch = WriteBatch::default();
         for (table, rows) in tables {
             let cf = self.table_cf(*table)?;
@@ -351,6 +405,7 @@ impl Store for RocksStore {
     fn delete_rows(&self, table: u32, ids: &[u64]) -> Result<(), StoreError> {
         #[cfg(feature = "failpoints")]
         fail_write(|| format!("delete_rows table {table}"))?;
+        self.check_reserve(|| format!("delete_rows table {table}"))?;
         let cf = self.table_cf(table)?;
         let mut batch = WriteBatch::default();
         for id in ids {
@@ -420,6 +475,7 @@ impl Store for RocksStore {
     fn put_meta(&self, key: &str, value: &[u8]) -> Result<(), StoreError> {
         #[cfg(feature = "failpoints")]
         fail_write(|| format!("put_meta {key}"))?;
+        self.check_reserve(|| format!("put_meta {key}"))?;
         let cf = self.meta_cf()?;
         let mut wo = WriteOptions::default();
         // Metadata (table configs) is rare and must not be lost: write it synchronously.
@@ -432,6 +488,7 @@ impl Store for RocksStore {
     fn delete_meta(&self, key: &str) -> Result<(), StoreError> {
         #[cfg(feature = "failpoints")]
         fail_write(|| format!("delete_meta {key}"))?;
+        self.check_reserve(|| format!("delete_meta {key}"))?;
         let cf = self.meta_cf()?;
         self.db
             .delete_cf(&cf, key)

@@ -255,6 +255,10 @@ struct ServeArgs {
     /// MiB of RocksDB block cache shared by every table [default: 64].
     #[arg(long, env = "PS_BLOCK_CACHE_MIB")]
     block_cache_mib: Option<u64>,
+    /// MiB the data directory's filesystem keeps free: a write finding less is refused before RocksDB runs out
+    /// of space (pushes refused with Storage until space is freed); 0 for none [default: 256].
+    #[arg(long, env = "PS_DISK_RESERVE_MIB")]
+    disk_reserve_mib: Option<u64>,
     /// RocksDB column family setup: point-lookup (blooms, block hash index) or defaults [default:
     /// point-lookup].
     #[arg(long, env = "PS_ROCKSDB_TUNING", value_enum)]
@@ -392,6 +396,7 @@ impl ServeArgs {
             push_window_clients: self.push_window_clients,
             push_window_per_client: self.push_window_per_client,
             block_cache_mib: self.block_cache_mib,
+            disk_reserve_mib: self.disk_reserve_mib,
             rocksdb_tuning: self.rocksdb_tuning,
             prefetch_pin_secs: self.prefetch_pin_secs,
             sync_interval_secs: self.sync_interval_secs,

@@ -117,6 +117,9 @@ pub struct FileConfig {
     pub push_window_per_client: Option<u64>,
     /// MiB of RocksDB block cache, shared by every table (`crate::config::tier`). Default 64.
     pub block_cache_mib: Option<u64>,
+    /// MiB the data directory's filesystem keeps free: a store write finding less is refused (a `Storage`
+    /// error, pushes refused until space is freed) before RocksDB runs out of space; 0 for none. Default 256.
+    pub disk_reserve_mib: Option<u64>,
     /// RocksDB column family setup: `point-lookup` (blooms, block hash index, memtable bloom: the capacity
     /// tier's reads) or `defaults` (RocksDB's own, for comparisons). Default `point-lookup`.
     pub rocksdb_tuning: Option<tier::RocksdbTuning>,
@@ -269,6 +272,7 @@ impl FileConfig {
             push_window_clients,
             push_window_per_client,
             block_cache_mib,
+            disk_reserve_mib,
             rocksdb_tuning,
             prefetch_pin_secs,
             sync_interval_secs,

@@ -46,10 +46,19 @@ impl FileConfig {
                 "prefetch-pin-secs = 0, expected at least 1".into(),
             ));
         }
+        let reserve_mib = self
+            .disk_reserve_mib
+            .unwrap_or(embedding::DEFAULT_RESERVE_BYTES >> 20);
+        if reserve_mib > 1 << 30 {
+            return Err(ConfigError::Invalid(format!(
+                "disk-reserve-mib = {reserve_mib}, expected 0 to 1073741824"
+            )));
+        }
         Ok(TierConfig {
             rocks: embedding::RocksTuning {
                 point_lookup: self.rocksdb_tuning.unwrap_or_default() == RocksdbTuning::PointLookup,
                 block_cache_bytes: (mib << 20) as usize,
+                reserve_bytes: reserve_mib << 20,
             },
             pin_secs,
         })
