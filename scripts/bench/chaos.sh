@@ -28,8 +28,14 @@
 # binaries if missing, in $CARGO_TARGET_DIR/release if set, else target/release. Everything lives in a
 # temporary directory; every process it started is killed on exit or interrupt.
 #
+# --disk-faults (needs root: mount): every server's data directory is a 256 MiB tmpfs of its own, and a fault
+# is, half the time, a full disk instead of a kill: the server's filesystem is filled to the last byte for
+# DISK_FULL_SECS (default 3) seconds, then the filler is deleted. The server refuses pushes (Storage, its
+# disk reserve set to 16 MiB here), clients retry, and the audit checks that nothing acknowledged was lost or
+# applied twice.
+#
 # Usage: scripts/bench/chaos.sh --kills N --durability sync|periodic|replicated [--replicas R] [--seed S] [--rows R]
-#        [--test-rows R] [--flush-interval-secs I] [--batch-size B] [--checkpoint-every K] [--keep]
+#        [--test-rows R] [--flush-interval-secs I] [--batch-size B] [--checkpoint-every K] [--disk-faults] [--keep]
 # --checkpoint-every 0: no checkpoints; a killed trainer restarts from the start of its share.
 # --durability replicated needs --replicas 2 or more.
 set -euo pipefail
@@ -44,6 +50,8 @@ BATCH=1024
 CKPT_EVERY=8
 KEEP=0
 REPLICAS=1
+DISK_FAULTS=0
+DISK_FULL_SECS=${DISK_FULL_SECS:-3}
 # Interval between faults: MIN_GAP_MS + uniform [0, GAP_SPAN_MS).
 MIN_GAP_MS=1500
 GAP_SPAN_MS=2500
@@ -61,6 +69,7 @@ while [ $# -gt 0 ]; do
         --batch-size) BATCH=$2; shift 2 ;;
         --checkpoint-every) CKPT_EVERY=$2; shift 2 ;;
         --keep) KEEP=1; shift ;;
+        --disk-faults) DISK_FAULTS=1; shift ;;
         -h|--help) usage ;;
         *) echo "chaos: unknown argument $1" >&2; usage ;;
     esac
@@ -89,6 +98,7 @@ fi
 
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/chaos.XXXXXX")
 declare -A PID=()    # process name -> pid of every process this script started and has not reaped
+MOUNTS=()            # tmpfs mounts of --disk-faults, unmounted on exit
 
 cleanup() {
     local rc=$?
@@ -99,6 +109,7 @@ cleanup() {
     for name in "${!PID[@]}"; do
         wait "${PID[$name]}" 2>/dev/null || true
     done
+    for m in "${MOUNTS[@]}"; do umount -l "$m" 2>/dev/null || true; done
     if [ "$KEEP" = 1 ] || [ $rc -ne 0 ]; then
         echo "chaos: files kept in $TMP" >&2
     else
@@ -165,7 +176,17 @@ launch_server() {
         replica_flags=(--replica-index "$r" --replicas "$(IFS=,; echo "${peers[*]}")")
     fi
     : > "$dir/$file.ready"
-    "$B/ps-server" --listen "127.0.0.1:${PORT[$name]:-0}" --metrics-listen 127.0.0.1:0 --data-dir "$dir/$file" \
+    local disk_flags=()
+    if [ "$DISK_FAULTS" = 1 ]; then
+        if ! mountpoint -q "$dir/$file"; then
+            mkdir -p "$dir/$file"
+            mount -t tmpfs -o size=256m tmpfs "$dir/$file" \
+                || { echo "chaos: --disk-faults: cannot mount a tmpfs on $dir/$file (needs root)" >&2; exit 1; }
+            MOUNTS+=("$dir/$file")
+        fi
+        disk_flags=(--disk-reserve-mib 16)
+    fi
+    "$B/ps-server" "${disk_flags[@]}" --listen "127.0.0.1:${PORT[$name]:-0}" --metrics-listen 127.0.0.1:0 --data-dir "$dir/$file" \
         --tls-dir "$dir/tls" --shard-index "$i" --num-shards "$SHARDS" "${replica_flags[@]}" \
         --replica-server-name "$TLS_NAME" --checkpoint-root "$dir" \
         --durability "$DURABILITY" --flush-interval-secs "$FLUSH" < /dev/null > "$dir/$file.ready" 2>> "$dir/$file.log" &
@@ -293,6 +314,7 @@ run_job() {
 
     RANDOM=$SEED
     FAULTS=0
+    DISK_FULLS=0
     local done0=0 done1=0 misses=0
     finished() {  # trainer R exited on its own: check its status
         local r=$1
@@ -330,6 +352,19 @@ run_job() {
             misses=0
         fi
         local victim=${victims[$((RANDOM % ${#victims[@]}))]}
+        if [ "$DISK_FAULTS" = 1 ] && [ $((RANDOM % 2)) = 0 ]; then
+            # A full disk on a random server instead of a kill.
+            local full
+            full=$(all_servers | sed -n "$((RANDOM % (SHARDS * REPLICAS) + 1))p")
+            local disk="$dir/$(server_file ${full% *} ${full#* })"
+            dd if=/dev/zero of="$disk/filler" bs=1M 2>/dev/null || true
+            FAULTS=$((FAULTS + 1))
+            DISK_FULLS=$((DISK_FULLS + 1))
+            log "$name: fault $FAULTS: the disk of $(server_name ${full% *} ${full#* }) full ($(df --output=avail -B1 "$disk" | tail -1) bytes free) for ${DISK_FULL_SECS}s"
+            sleep "$DISK_FULL_SECS"
+            rm -f "$disk/filler"
+            continue
+        fi
         kill -KILL "${PID[$victim]}" 2>/dev/null || true
         reap "$victim"
         FAULTS=$((FAULTS + 1))
@@ -364,6 +399,7 @@ UNDISTURBED_AUC=$AUC
 [ "$LOST" = 0 ] || log "WARNING: the undisturbed run lost $LOST acknowledged updates"
 log "undisturbed run: longest pause of a shard ${PAUSE}s"
 run_job chaos "$KILLS"
+[ "$DISK_FAULTS" = 1 ] && log "chaos run: $DISK_FULLS of the faults were full disks"
 log "chaos run: $FAULTS faults, $DUPS increments applied twice, ${UNACKED:-0} of pushes never acknowledged, flush interval ${FLUSH}s"
 printf 'faults=%d lost_acked_updates=%d max_pause_s=%s duplicates=%d unacked_applied=%d auc=%.4f undisturbed_auc=%.4f\n' \
     "$FAULTS" "$LOST" "$PAUSE" "$DUPS" "${UNACKED:-0}" "$AUC" "$UNDISTURBED_AUC"
