@@ -339,6 +339,7 @@ impl Store for RocksStore {
         }
         let mut names = self.column_families.lock();
         if self.db.cf_handle(&name).is_none() {
+            self.check_reserve(|| format!("create column family {name}"))?;
             self.db
                 .create_cf(&name, &cf_options(&name, self.tuning, &self.cache))
                 .map_err(backend(format!("create column family {name}")))?;
@@ -549,6 +550,8 @@ impl Store for RocksStore {
     }
 
     fn checkpoint(&self, dir: &Path) -> Result<(), StoreError> {
+        // A memtable flush writes SST files and a new WAL into the database: not into the disk reserve.
+        self.check_reserve(|| format!("checkpoint {}", dir.display()))?;
         // Flushes the memtables first (log_size_for_flush = 0 in the crate), so the checkpoint is SST files only.
         rocksdb::checkpoint::Checkpoint::new(&self.db)
             .and_then(|c| c.create_checkpoint(dir))
@@ -558,6 +561,7 @@ impl Store for RocksStore {
     fn flush(&self) -> Result<(), StoreError> {
         #[cfg(feature = "failpoints")]
         fail_write(|| "flush".into())?;
+        self.check_reserve(|| "flush".into())?;
         // Rows are written with the WAL on; syncing the WAL makes every earlier write durable without forcing
         // a memtable flush.
         self.db.flush_wal(true).map_err(backend("flush"))

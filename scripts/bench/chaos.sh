@@ -297,6 +297,21 @@ reap() {
     unset "PID[$1]"
 }
 
+# restart_crashed DIR: restarts every server that died without being killed here (as Kubernetes would),
+# counted in CRASHES; its log's last line says why.
+restart_crashed() {
+    local dir=$1 i r name
+    while read -r i r; do
+        name=$(server_name "$i" "$r")
+        if ! kill -0 "${PID[$name]}" 2>/dev/null; then
+            reap "$name"
+            CRASHES=$((CRASHES + 1))
+            log "$name died on its own (exit $RC: $(tail -1 "$dir/$(server_file "$i" "$r").log" | cut -c1-160)); restarting it"
+            restart "$dir" "$name"
+        fi
+    done < <(all_servers)
+}
+
 # run_job NAME KILLS: one whole job; sets FAULTS, LOST, DUPS, PAUSE, AUC.
 run_job() {
     local name=$1 kills=$2 dir="$TMP/$1"
@@ -315,6 +330,7 @@ run_job() {
     RANDOM=$SEED
     FAULTS=0
     DISK_FULLS=0
+    CRASHES=0
     local done0=0 done1=0 misses=0
     finished() {  # trainer R exited on its own: check its status
         local r=$1
@@ -327,6 +343,7 @@ run_job() {
     while [ "$FAULTS" -lt "$kills" ]; do
         local gap=$((MIN_GAP_MS + RANDOM % GAP_SPAN_MS))
         sleep "$((gap / 1000)).$(printf %03d $((gap % 1000)))"
+        restart_crashed "$dir"
         local victims=()
         if [ "$REPLICAS" = 1 ]; then victims=(ps0 ps1 audit); fi
         for r in 0 1; do
@@ -361,8 +378,17 @@ run_job() {
             FAULTS=$((FAULTS + 1))
             DISK_FULLS=$((DISK_FULLS + 1))
             log "$name: fault $FAULTS: the disk of $(server_name ${full% *} ${full#* }) full ($(df --output=avail -B1 "$disk" | tail -1) bytes free) for ${DISK_FULL_SECS}s"
-            sleep "$DISK_FULL_SECS"
+            local t
+            local fullname
+            fullname=$(server_name ${full% *} ${full#* })
+            for t in $(seq 1 $((DISK_FULL_SECS * 5))); do
+                sleep 0.2
+                # A server that died of it restarts on a freed disk (it could not open its database on a full one).
+                kill -0 "${PID[$fullname]}" 2>/dev/null || rm -f "$disk/filler"
+                restart_crashed "$dir"
+            done
             rm -f "$disk/filler"
+            restart_crashed "$dir"
             continue
         fi
         kill -KILL "${PID[$victim]}" 2>/dev/null || true
@@ -400,6 +426,7 @@ UNDISTURBED_AUC=$AUC
 log "undisturbed run: longest pause of a shard ${PAUSE}s"
 run_job chaos "$KILLS"
 [ "$DISK_FAULTS" = 1 ] && log "chaos run: $DISK_FULLS of the faults were full disks"
+[ "$CRASHES" = 0 ] || log "chaos run: servers died on their own $CRASHES times (restarted)"
 log "chaos run: $FAULTS faults, $DUPS increments applied twice, ${UNACKED:-0} of pushes never acknowledged, flush interval ${FLUSH}s"
 printf 'faults=%d lost_acked_updates=%d max_pause_s=%s duplicates=%d unacked_applied=%d auc=%.4f undisturbed_auc=%.4f\n' \
     "$FAULTS" "$LOST" "$PAUSE" "$DUPS" "${UNACKED:-0}" "$AUC" "$UNDISTURBED_AUC"
