@@ -15,7 +15,10 @@
 #        which every revision reads, parsing included in the timed pass), WORK (default /var/tmp/compare-builds),
 #        KEEP (1: keep the target directories), TOLERANCE (default 0.05), JOBS (cargo -j), TARGET (build both
 #        revisions in this existing target directory instead, e.g. your own, which keeps its dependencies:
-#        when the disk has no room for two more; nothing in it is deleted)
+#        when the disk has no room for two more; nothing in it is deleted. Caution: `git archive` gives the
+#        sources their commit's times, so cargo may take a workspace crate built earlier in that directory from
+#        another revision as fresh and fail to build, or mix revisions; seen with an old revision built after
+#        a newer one. Without TARGET each revision builds in a fresh directory)
 # Exit status 1 when the new build's median samples/s ratio is below 1 - TOLERANCE or its median CPU per sample
 # ratio above 1 + TOLERANCE: on a shared host, run with REPEAT >= 3 and read the per-round lines.
 set -euo pipefail
