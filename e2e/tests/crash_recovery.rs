@@ -329,13 +329,7 @@ fn train_kill_restart(flags: &[&str], write_backs: bool) -> Outcome {
         .unwrap();
     rt.block_on(client.close());
     let (header, records) = audit::log::read_records(&log_path).unwrap();
-    let acks: Vec<audit::Ack> = records
-        .iter()
-        .filter_map(|r| match r {
-            audit::Record::Ack(a) => Some(*a),
-            _ => None,
-        })
-        .collect();
+    let acks = audit::log::acks(&records);
     let unacked = audit::verify::unacknowledged(header.servers, &records);
     let verdict = audit::verify::compare(&rows, &acks, &unacked, &found);
     eprintln!("{totals:?}\n{}", verdict.line());

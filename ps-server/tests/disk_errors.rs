@@ -126,11 +126,21 @@ async fn recover(s: &Server, c: &PsClient, fail: &Path) {
 
 /// Restarts the server on the same data (no fault) and returns the rows it recovered.
 async fn rows_after_restart(s: Server, c: PsClient, dir: &Path) -> Vec<f32> {
+    rows_after_restart_on(s, c, &dir.join("data"), &dir.join("tls"), &[]).await
+}
+
+/// [`rows_after_restart`] with the data directory `data`, TLS material `tls` and `flags`.
+async fn rows_after_restart_on(
+    s: Server,
+    c: PsClient,
+    data: &Path,
+    tls: &Path,
+    flags: &[&str],
+) -> Vec<f32> {
     c.close().await;
     sigterm_and_wait(s);
-    let (data, tls) = (dir.join("data"), dir.join("tls"));
-    let s = start(&data, &tls, &[]);
-    let c = common::client(&s, &tls).await;
+    let s = start(data, tls, flags);
+    let c = common::client(&s, tls).await;
     let after = rows(&c).await;
     c.close().await;
     sigterm_and_wait(s);
@@ -303,11 +313,9 @@ async fn a_real_full_disk_refuses_pushes_without_crashing_and_loses_nothing() {
     assert_eq!(rows(&c).await, [-3.0; 3]);
     assert!(s.child.try_wait().unwrap().is_none(), "the server died");
     retrying.close().await;
-    c.close().await;
-    sigterm_and_wait(s);
-    let s = start(&data, &tls, &flags);
-    let c = common::client(&s, &tls).await;
-    assert_eq!(rows(&c).await, [-3.0; 3], "after a restart");
-    c.close().await;
-    sigterm_and_wait(s);
+    assert_eq!(
+        rows_after_restart_on(s, c, &data, &tls, &flags).await,
+        [-3.0; 3],
+        "after a restart"
+    );
 }

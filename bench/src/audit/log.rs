@@ -184,14 +184,18 @@ impl AckLog {
 /// Reads a log: its header and every acknowledged push (a torn last line and marker lines are skipped).
 pub fn read(path: &Path) -> Result<(LogHeader, Vec<Ack>), AuditError> {
     let (header, records) = read_records(path)?;
-    let acks = records
-        .into_iter()
+    Ok((header, acks(&records)))
+}
+
+/// The acknowledged pushes of `records`, in order.
+pub fn acks(records: &[Record]) -> Vec<Ack> {
+    records
+        .iter()
         .filter_map(|r| match r {
-            Record::Ack(a) => Some(a),
+            Record::Ack(a) => Some(*a),
             _ => None,
         })
-        .collect();
-    Ok((header, acks))
+        .collect()
 }
 
 /// Reads a log: its header and every complete record in order, acknowledgements and the auditor's open and

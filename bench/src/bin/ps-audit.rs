@@ -163,13 +163,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Verify { common, json } => {
             let (client, rows, header) = common.connect().await?;
             let (found_header, records) = audit::log::read_records(&common.log)?;
-            let acks: Vec<audit::Ack> = records
-                .iter()
-                .filter_map(|r| match r {
-                    audit::Record::Ack(a) => Some(*a),
-                    _ => None,
-                })
-                .collect();
+            let acks = audit::log::acks(&records);
             anyhow::ensure!(
                 found_header == header,
                 "{} was written for {found_header:?}, verify was asked for {header:?}",

@@ -361,15 +361,7 @@ impl Shard {
         answer: Option<PushAnswer>,
         now_us: u64,
     ) -> Option<crate::shard::replica::AckWait> {
-        let mut at = 0;
-        let parts: Vec<(u32, &[u64])> = tables
-            .iter()
-            .map(|t| {
-                let ids = &all_ids[at..at + t.count as usize];
-                at += t.count as usize;
-                (t.table, ids)
-            })
-            .collect();
+        let parts = table_parts(tables, all_ids);
         self.sync.record(parts.iter().copied(), now_us);
         let wait = self.replica.links.after_push(
             &self.engine,
@@ -381,6 +373,19 @@ impl Shard {
             mover.forward(&self.engine, &parts);
         }
         wait
+    }
+
+    /// Refuses `what` (pushes, row writes) while storage writes fail ([`crate::write_health`]).
+    fn refuse_while_writes_fail(&self, what: &str) -> Result<(), Refusal> {
+        match self.writes.failure() {
+            Some(failure) => Err(refuse(
+                ErrorCode::Storage,
+                format!(
+                    "storage writes failing ({failure}): {what} refused until a write succeeds"
+                ),
+            )),
+            None => Ok(()),
+        }
     }
 
     fn check_ownership(&self, map: &ShardMap, table: u32, ids: &[u64]) -> Result<(), Refusal> {
@@ -632,14 +637,7 @@ impl Shard {
         // every push either forwarded or refused (`crate::shard::reshard`).
         let route = self.routing.read();
         Self::check_epoch(&route.map, epoch)?;
-        if let Some(failure) = self.writes.failure() {
-            return Err(refuse(
-                ErrorCode::Storage,
-                format!(
-                    "storage writes failing ({failure}): pushes refused until a write succeeds"
-                ),
-            ));
-        }
+        self.refuse_while_writes_fail("pushes")?;
         wire::message::push::check_grad_scale(grad_scale)?;
         self.check_tables(tables)?;
         // Every id section and the rows' length are checked, then ownership of every id, before any row
@@ -763,6 +761,19 @@ impl Shard {
         };
         Ok((reply, wait))
     }
+}
+
+/// The `(table, ids)` of each of `tables`, whose ids lie one table after another in `all_ids`.
+fn table_parts<'a>(tables: &[TableCount], all_ids: &'a [u64]) -> Vec<(u32, &'a [u64])> {
+    let mut at = 0;
+    tables
+        .iter()
+        .map(|t| {
+            let ids = &all_ids[at..at + t.count as usize];
+            at += t.count as usize;
+            (t.table, ids)
+        })
+        .collect()
 }
 
 /// A push's answer waiting for its backups ([`Shard::handle_replicated`]).

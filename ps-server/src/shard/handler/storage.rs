@@ -18,14 +18,7 @@ impl Shard {
         all_ids: &[u64],
         meta: &[embedding::MetaWrite],
     ) -> Result<(), Refusal> {
-        let mut parts = Vec::with_capacity(tables.len());
-        let mut start = 0;
-        for t in tables {
-            let n = t.count as usize;
-            parts.push((t.table, &all_ids[start..start + n]));
-            start += n;
-        }
-        self.persist_synced(&parts, meta)?;
+        self.persist_synced(&super::table_parts(tables, all_ids), meta)?;
         Ok(())
     }
 

@@ -26,14 +26,7 @@ impl Shard {
         self.replica.require_backup_for_push()?;
         let route = self.routing.read();
         Self::check_epoch(&route.map, epoch)?;
-        if let Some(failure) = self.writes.failure() {
-            return Err(refuse(
-                ErrorCode::Storage,
-                format!(
-                    "storage writes failing ({failure}): row writes refused until a write succeeds"
-                ),
-            ));
-        }
+        self.refuse_while_writes_fail("row writes")?;
         self.check_tables(tables)?;
         let mut all_ids = Vec::new();
         let bytes = wire::message::write_rows::decode(tables, payload, &mut all_ids)?;
