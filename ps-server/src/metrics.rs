@@ -53,6 +53,9 @@ pub const WRITEBACK_ROWS_TOTAL: &str = "ps_writeback_rows_total";
 pub const WRITEBACK_BATCHES_TOTAL: &str = "ps_writeback_batches_total";
 /// Duration of one write-back of all dirty rows.
 pub const WRITEBACK_SECONDS: &str = "ps_writeback_duration_seconds";
+/// Checkpoints refused because the snapshot could not be written (a full or failing disk); answered
+/// `Storage`, so the client retries.
+pub const CHECKPOINTS_FAILED_TOTAL: &str = "ps_checkpoints_failed_total";
 /// Failed write-backs.
 pub const WRITEBACK_ERRORS_TOTAL: &str = "ps_writeback_errors_total";
 /// Duration of the synced RocksDB write of one push (`durability = "sync"`), buckets 50 µs .. 10 s (an fsync
@@ -254,6 +257,10 @@ fn describe_replication() {
         REPLICATION_LAG_SECONDS,
         Unit::Seconds,
         "On a primary: age of the oldest message not yet stored by a backup."
+    );
+    describe_counter!(
+        CHECKPOINTS_FAILED_TOTAL,
+        "Checkpoints whose snapshot could not be written (full or failing disk)."
     );
     describe_counter!(REPLICATION_ROWS_TOTAL, "Rows sent to backups, by phase.");
     describe_counter!(

@@ -306,11 +306,18 @@ async fn a_real_full_disk_refuses_pushes_without_crashing_and_loses_nothing() {
         })
     });
     assert_eq!(rows(&c).await, [-2.0; 3], "pulls are served");
+    // A checkpoint on the full disk (the default root beside the data) is refused as transient `Storage`:
+    // a client retries it, a trainer skips a periodic one.
+    let msg = storage_error(c.checkpoint("full", 1).await.map(|_| (0, 0)));
+    assert!(msg.contains("below the disk reserve"), "{msg}");
     assert!(s.child.try_wait().unwrap().is_none(), "the server died");
 
     std::fs::remove_file(disk.join("filler")).unwrap();
     assert_eq!(pushing.await.unwrap().unwrap(), (3, 0));
     assert_eq!(rows(&c).await, [-3.0; 3]);
+    // Its retry, with room again, replaces what the failed attempt left.
+    let written = c.checkpoint("full", 1).await.unwrap();
+    assert_eq!(written[0].0, 3, "{written:?}");
     assert!(s.child.try_wait().unwrap().is_none(), "the server died");
     retrying.close().await;
     assert_eq!(

@@ -62,6 +62,20 @@ pub enum CheckpointError {
     PsSnapshot(#[source] protocol::ProtocolError),
 }
 
+impl CheckpointError {
+    /// Whether a disk, the trainer's or a server's, failed while writing (full, or an I/O error): what a
+    /// periodic checkpoint rides out by being skipped, the previous checkpoint staying the latest.
+    pub fn is_write_failure(&self) -> bool {
+        match self {
+            CheckpointError::Io { .. } => true,
+            CheckpointError::PsSnapshot(protocol::ProtocolError::Remote { code, .. }) => {
+                *code == protocol::ErrorCode::Storage
+            }
+            _ => false,
+        }
+    }
+}
+
 /// What a checkpoint records besides the tensors.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CheckpointMeta {

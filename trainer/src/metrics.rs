@@ -75,6 +75,9 @@ pub const EVAL_SAMPLES: &str = "trainer_eval_samples";
 pub const EVALS_TOTAL: &str = "trainer_evals_total";
 /// Checkpoints written.
 pub const CHECKPOINTS_TOTAL: &str = "trainer_checkpoints_total";
+/// Counter: periodic checkpoints skipped because they could not be written (a full disk on the trainer or a
+/// server, after the client's retries); training goes on and the previous checkpoint stays the latest.
+pub const CHECKPOINTS_SKIPPED_TOTAL: &str = "trainer_checkpoints_skipped_total";
 /// Time to write one checkpoint (waiting for pushes, the servers' snapshot, the file).
 pub const CHECKPOINT_SECONDS: &str = "trainer_checkpoint_duration_seconds";
 /// Exports written (`--export-dir`).
@@ -239,6 +242,10 @@ pub fn describe() {
     describe_gauge!(EVAL_SAMPLES, "Rows of the last evaluation.");
     describe_counter!(EVALS_TOTAL, "Evaluations run (periodic and final).");
     describe_counter!(CHECKPOINTS_TOTAL, "Checkpoints written.");
+    describe_counter!(
+        CHECKPOINTS_SKIPPED_TOTAL,
+        "Periodic checkpoints skipped because they could not be written (full disk)."
+    );
     describe_histogram!(
         CHECKPOINT_SECONDS,
         Unit::Seconds,

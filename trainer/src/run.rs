@@ -533,6 +533,11 @@ fn print_event(e: &Event, terminal: bool) {
                 ""
             }
         ),
+        Event::CheckpointSkipped { step, error } => {
+            eprintln!(
+                "checkpoint at step {step} skipped (the previous one stays the latest): {error}"
+            )
+        }
         Event::Export { step, path } => eprintln!("export at step {step}: {}", path.display()),
     }
 }

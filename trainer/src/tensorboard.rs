@@ -174,7 +174,7 @@ impl TrainLog {
                 self.write(p.step, &values);
             }
             Event::Eval { step, report } => self.eval(*step, report),
-            Event::Checkpoint { .. } | Event::Export { .. } => {}
+            Event::Checkpoint { .. } | Event::CheckpointSkipped { .. } | Event::Export { .. } => {}
         }
     }
 

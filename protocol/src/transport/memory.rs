@@ -93,6 +93,8 @@ struct State {
     refuse: u64,
     fail: u64,
     fault: Option<Fault>,
+    /// Only requests of this kind count towards (and get) `fail`; `None`: every request.
+    fail_only: Option<crate::RequestKind>,
     drop_replies: u64,
     delay: Duration,
     /// Connections with a smaller id are black holes.
@@ -159,6 +161,16 @@ impl MemoryServer {
         let mut st = self.state();
         st.fail = n;
         st.fault = Some(fault);
+        st.fail_only = None;
+    }
+
+    /// Fails the next `n` requests of kind `kind` with `fault` (`u64::MAX`: every one from now on); requests
+    /// of other kinds are answered.
+    pub fn fail_next_of(&self, kind: crate::RequestKind, n: u64, fault: Fault) {
+        let mut st = self.state();
+        st.fail = n;
+        st.fault = Some(fault);
+        st.fail_only = Some(kind);
     }
 
     /// Handles the next `n` requests but never delivers their replies.
@@ -255,7 +267,8 @@ impl MemoryConn {
         }
         // The peer is alive: it acknowledges the request whatever becomes of its reply.
         self.shared.heard.fetch_add(1, Ordering::Relaxed);
-        let fault = if st.fail > 0 {
+        let chosen = st.fail_only.is_none_or(|k| k == req.kind());
+        let fault = if st.fail > 0 && chosen {
             st.fail -= 1;
             st.fault
         } else {

@@ -527,7 +527,18 @@ impl<D: Dialer> Trainer<D> {
             t.watch.lap(Phase::Other);
             let started = Instant::now();
             t.rejected += drain(&mut w.pushes).await?;
-            on_event(self.checkpoint(dir).await?);
+            match self.checkpoint(dir).await {
+                Ok(event) => on_event(event),
+                Err(TrainError::Checkpoint(e)) if e.is_write_failure() => {
+                    tracing::error!(step = self.step, error = %e, "periodic checkpoint skipped");
+                    metrics::counter!(m::CHECKPOINTS_SKIPPED_TOTAL).increment(1);
+                    on_event(Event::CheckpointSkipped {
+                        step: self.step,
+                        error: e.to_string(),
+                    });
+                }
+                Err(e) => return Err(e),
+            }
             t.paused += started.elapsed();
             t.watch.skip();
             t.last_report = Instant::now();

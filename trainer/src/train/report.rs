@@ -93,6 +93,16 @@ pub enum Event {
         /// Whether the servers' snapshot was taken with it.
         ps_snapshot: bool,
     },
+    /// A periodic checkpoint could not be written (a full or failing disk, after the client's retries) and
+    /// was skipped: the previous one stays the latest, training goes on
+    /// ([`crate::checkpoint::CheckpointError::is_write_failure`]). A final checkpoint that fails ends the pass
+    /// with its error instead.
+    CheckpointSkipped {
+        /// The step it would have held.
+        step: u64,
+        /// Why it failed.
+        error: String,
+    },
     /// An export was written.
     Export {
         /// The step (and version) it holds.

@@ -27,7 +27,7 @@ use ps_server::testing::{Killer, MemoryCluster};
 use std::sync::atomic::Ordering;
 
 use super::stages::AckPrefix;
-use super::{PassOptions, TrainError, Trainer};
+use super::{Event, PassOptions, TrainError, Trainer};
 use crate::config::ModelArgs;
 use crate::criteo::ReaderConfig;
 use model::spec::OptimizerKind;
@@ -452,4 +452,73 @@ async fn a_primary_crashing_mid_pass_fails_over_and_the_pass_is_unchanged() {
         params[0] == params[1],
         "dense parameters differ in some bit"
     );
+}
+
+/// A periodic checkpoint whose server snapshot fails with a storage error (a full disk) after the client's
+/// retries is skipped: the pass goes on, the next checkpoints are written, and the latest checkpoint on disk
+/// is the last one written. Any other checkpoint error still ends the pass.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_periodic_checkpoint_on_a_full_disk_is_skipped_and_training_goes_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = write_data(dir.path());
+    let ckpt = dir.path().join("ckpt");
+    let cluster = MemoryCluster::new(2);
+    let mut cfg = cluster.config();
+    cfg.retry_for = Duration::from_millis(300);
+    let (mut t, _) = trainer(&cluster, cfg.clone(), args(0), 0).await;
+    let storage = Fault::Answer(ErrorCode::Storage);
+    cluster
+        .server(1)
+        .fail_next_of(protocol::RequestKind::Checkpoint, u64::MAX, storage);
+    let opts = PassOptions {
+        checkpoint_dir: Some(ckpt.clone()),
+        checkpoint_every: 4,
+        ..PassOptions::default()
+    };
+    let mut events = Vec::new();
+    let server = cluster.server(1);
+    let run = t.train_pass(ReaderConfig::new([&data], BATCH), &opts, |e| {
+        if matches!(e, Event::CheckpointSkipped { .. }) {
+            // The disk has room again.
+            server.fail_next(0, storage);
+        }
+        events.push(e);
+    });
+    let report = tokio::time::timeout(Duration::from_secs(60), run)
+        .await
+        .expect("the pass hung")
+        .unwrap();
+    assert_eq!(report.batches, BATCHES as u64);
+    let steps = |skipped: bool| -> Vec<u64> {
+        events
+            .iter()
+            .filter_map(|e| match e {
+                Event::Checkpoint { step, .. } if !skipped => Some(*step),
+                Event::CheckpointSkipped { step, error } if skipped => {
+                    assert!(error.contains("Storage"), "{error}");
+                    Some(*step)
+                }
+                _ => None,
+            })
+            .collect()
+    };
+    assert_eq!(steps(true), vec![4]);
+    assert_eq!(steps(false), vec![8, 12]);
+    let latest = crate::checkpoint::Checkpoint::read(&ckpt, 0).unwrap();
+    assert_eq!(latest.meta.step, 12);
+
+    // A refusal that is not a disk failure ends the pass.
+    let cluster = MemoryCluster::new(2);
+    let (mut t, _) = trainer(&cluster, cfg, args(0), 0).await;
+    cluster.server(0).fail_next_of(
+        protocol::RequestKind::Checkpoint,
+        u64::MAX,
+        Fault::Answer(ErrorCode::Internal),
+    );
+    let run = t.train_pass(ReaderConfig::new([&data], BATCH), &opts, |_| {});
+    let err = tokio::time::timeout(Duration::from_secs(60), run)
+        .await
+        .expect("the pass hung")
+        .unwrap_err();
+    assert!(format!("{err:#}").contains("Internal"), "{err:#}");
 }

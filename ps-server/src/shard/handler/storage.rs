@@ -56,6 +56,15 @@ impl Shard {
             Err(e @ embedding::SnapshotError::Exists { .. }) => {
                 Err(refuse(ErrorCode::BadRequest, e.to_string()))
             }
+            // A full or failing disk: transient (the client retries; a retry replaces the folder the failed
+            // attempt left, [`embedding::Engine::checkpoint_with`]).
+            Err(
+                e @ (embedding::SnapshotError::Io { .. } | embedding::SnapshotError::Store { .. }),
+            ) => {
+                metrics::counter!(crate::metrics::CHECKPOINTS_FAILED_TOTAL).increment(1);
+                tracing::error!(dir = %path.display(), error = %e, "checkpoint failed");
+                Err(refuse(ErrorCode::Storage, e.to_string()))
+            }
             Err(e) => Err(refuse(ErrorCode::Internal, e.to_string())),
         }
     }
