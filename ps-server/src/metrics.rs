@@ -56,6 +56,10 @@ pub const WRITEBACK_SECONDS: &str = "ps_writeback_duration_seconds";
 /// Checkpoints refused because the snapshot could not be written (a full or failing disk); answered
 /// `Storage`, so the client retries.
 pub const CHECKPOINTS_FAILED_TOTAL: &str = "ps_checkpoints_failed_total";
+/// Gauge: rows of `sync` pushes applied in memory whose synced write is not done (reads of them wait).
+pub const UNSYNCED_ROWS: &str = "ps_unsynced_rows";
+/// Reads (pulls, delta-sync answers) that found a row not yet durable and waited for its synced write.
+pub const READS_WAITED_FOR_SYNC_TOTAL: &str = "ps_reads_waited_for_sync_total";
 /// Failed write-backs.
 pub const WRITEBACK_ERRORS_TOTAL: &str = "ps_writeback_errors_total";
 /// Duration of the synced RocksDB write of one push (`durability = "sync"`), buckets 50 µs .. 10 s (an fsync
@@ -257,6 +261,14 @@ fn describe_replication() {
         REPLICATION_LAG_SECONDS,
         Unit::Seconds,
         "On a primary: age of the oldest message not yet stored by a backup."
+    );
+    describe_gauge!(
+        UNSYNCED_ROWS,
+        "Rows of sync pushes applied in memory whose synced write is not done."
+    );
+    describe_counter!(
+        READS_WAITED_FOR_SYNC_TOTAL,
+        "Reads that waited for a row's synced write (sync durability)."
     );
     describe_counter!(
         CHECKPOINTS_FAILED_TOTAL,

@@ -44,17 +44,35 @@ async fn push_ones(c: &PsClient) -> Result<(u64, u64), ProtocolError> {
         .await
 }
 
-/// The first element of each row (every element of a row is equal here).
-async fn rows(c: &PsClient) -> Vec<f32> {
+/// The first element of each row of `ids` (every element of a row is equal here).
+async fn pull(c: &PsClient, ids: &[u64]) -> Result<Vec<f32>, ProtocolError> {
     let mut payload = Vec::new();
-    put_ids(&IDS, &mut payload);
+    put_ids(ids, &mut payload);
     let bytes = c
-        .pull(0, Encoding::F32, counts(IDS.len()), payload.into())
-        .await
-        .expect("pulls are served while writes fail");
-    let mut out = vec![0.0; IDS.len() * DIM as usize];
+        .pull(0, Encoding::F32, counts(ids.len()), payload.into())
+        .await?;
+    let mut out = vec![0.0; ids.len() * DIM as usize];
     codec::decode(&bytes, Encoding::F32, &mut out).unwrap();
-    out.chunks(DIM as usize).map(|r| r[0]).collect()
+    Ok(out.chunks(DIM as usize).map(|r| r[0]).collect())
+}
+
+/// [`pull`] of `IDS`, which must be served.
+async fn rows(c: &PsClient) -> Vec<f32> {
+    pull(c, &IDS).await.expect("pulls are served")
+}
+
+/// `IDS`' rows, or `None` when the pull is refused because an update of them is applied but not durable yet
+/// (`sync`: a push whose synced write failed holds its rows from reads until written).
+async fn visible_rows(c: &PsClient) -> Option<Vec<f32>> {
+    match pull(c, &IDS).await {
+        Ok(rows) => Some(rows),
+        Err(ProtocolError::Remote {
+            code: ErrorCode::Storage,
+            message,
+            ..
+        }) if message.contains("synced write is not done") => None,
+        Err(e) => panic!("pull refused for another reason: {e}"),
+    }
 }
 
 fn storage_error(r: Result<(u64, u64), ProtocolError>) -> String {
@@ -91,14 +109,14 @@ async fn setup(dir: &Path, flags: &[&str]) -> (Server, PsClient) {
 
 /// Checks the write-refusing state: pushes refused (and not applied), pulls served, readiness and metrics.
 async fn check_refusing(s: &Server, c: &PsClient) {
-    let before = rows(c).await;
+    let before = visible_rows(c).await;
     let msg = storage_error(push_ones(c).await);
     assert!(
         msg.contains("pushes refused until a write succeeds"),
         "{msg}"
     );
     assert!(msg.contains("No space left on device"), "{msg}");
-    assert_eq!(rows(c).await, before, "a refused push was applied");
+    assert_eq!(visible_rows(c).await, before, "a refused push was applied");
     let ready = readyz(s);
     assert!(
         ready.starts_with("HTTP/1.0 503") || ready.starts_with("HTTP/1.1 503"),
@@ -157,11 +175,21 @@ async fn sync_durability_refuses_pushes_while_writes_fail_and_recovers() {
     assert!(readyz(&s).contains(" 200 "));
 
     fail_writes(&fail);
-    // The synced write of this push fails: not acknowledged. Its rows were applied in memory and stay dirty
-    // (documented for durability sync), so the write-back after recovery stores them.
+    // The synced write of this push fails: not acknowledged. Its rows were applied in memory and are held
+    // from reads until written (a pull is refused, transient, rather than shown an update a crash could
+    // lose); once writes work, the server writes it with its answer.
     let msg = storage_error(push_ones(&c).await);
     assert!(msg.contains("No space left on device"), "{msg}");
-    assert_eq!(rows(&c).await, [-2.0; 3]);
+    assert_eq!(
+        visible_rows(&c).await,
+        None,
+        "an update not yet durable was read"
+    );
+    assert_eq!(
+        pull(&c, &[77]).await.unwrap(),
+        [0.0],
+        "other rows are served"
+    );
     check_refusing(&s, &c).await;
 
     recover(&s, &c, &fail).await;
@@ -214,7 +242,11 @@ async fn a_sync_push_retried_through_a_full_disk_is_acknowledged_once_written() 
             metric(&s, "ps_push_window_unwritten_ids") >= 3.0
         })
     });
-    assert_eq!(rows(&c).await, [-2.0; 3], "applied in memory once");
+    assert_eq!(
+        visible_rows(&c).await,
+        None,
+        "an update not yet durable was read"
+    );
     assert!(!pushing.is_finished(), "acknowledged while unwritten");
 
     std::fs::remove_file(&fail).unwrap();
@@ -305,7 +337,15 @@ async fn a_real_full_disk_refuses_pushes_without_crashing_and_loses_nothing() {
             metric(&s, "ps_storage_writes_failing") == 1.0
         })
     });
-    assert_eq!(rows(&c).await, [-2.0; 3], "pulls are served");
+    // (The pushed rows are held from reads until written: checked by the failpoint tests above. Not here: a
+    // pull of them waits `unsynced::WAIT` (2 s), and a disk full that much longer made the Debian RocksDB 7.8
+    // abort on the first write after space was freed, though every write of ours was refused meanwhile:
+    // docs/limits.md, "Disk space".)
+    assert_eq!(
+        pull(&c, &[77]).await.unwrap(),
+        [0.0],
+        "other rows are served"
+    );
     // A checkpoint on the full disk (the default root beside the data) is refused as transient `Storage`:
     // a client retries it, a trainer skips a periodic one.
     let msg = storage_error(c.checkpoint("full", 1).await.map(|_| (0, 0)));

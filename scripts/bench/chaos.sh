@@ -34,8 +34,17 @@
 # disk reserve set to 16 MiB here), clients retry, and the audit checks that nothing acknowledged was lost or
 # applied twice.
 #
+# --partition-faults (needs root: ip netns): every server runs in a network namespace of its own, linked to the
+# host's by a veth pair (10.213.<n>.2, the host end 10.213.<n>.1; the host forwards between them, so replicas
+# reach each other through it), and a fault is, half the time (a third each with --disk-faults), a network
+# partition instead of a kill: one random server is cut off from everything (trainers, the auditor and its
+# fellow replicas) for PARTITION_SECS (default 8) seconds, then healed. The cut is silent, as a real one is:
+# each end's neighbour entry for the other points at a MAC address nobody has, so packets are dropped without
+# an error to either side. The line of each fault in the log says what it was.
+#
 # Usage: scripts/bench/chaos.sh --kills N --durability sync|periodic|replicated [--replicas R] [--seed S] [--rows R]
-#        [--test-rows R] [--flush-interval-secs I] [--batch-size B] [--checkpoint-every K] [--disk-faults] [--keep]
+#        [--test-rows R] [--flush-interval-secs I] [--batch-size B] [--checkpoint-every K] [--disk-faults]
+#        [--partition-faults] [--keep]
 # --checkpoint-every 0: no checkpoints; a killed trainer restarts from the start of its share.
 # --durability replicated needs --replicas 2 or more.
 set -euo pipefail
@@ -52,11 +61,13 @@ KEEP=0
 REPLICAS=1
 DISK_FAULTS=0
 DISK_FULL_SECS=${DISK_FULL_SECS:-3}
+PARTITION_FAULTS=0
+PARTITION_SECS=${PARTITION_SECS:-8}
 # Interval between faults: MIN_GAP_MS + uniform [0, GAP_SPAN_MS).
 MIN_GAP_MS=1500
 GAP_SPAN_MS=2500
 
-usage() { sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { sed -n '2,47p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 while [ $# -gt 0 ]; do
     case "$1" in
         --kills) KILLS=$2; shift 2 ;;
@@ -70,6 +81,7 @@ while [ $# -gt 0 ]; do
         --checkpoint-every) CKPT_EVERY=$2; shift 2 ;;
         --keep) KEEP=1; shift ;;
         --disk-faults) DISK_FAULTS=1; shift ;;
+        --partition-faults) PARTITION_FAULTS=1; shift ;;
         -h|--help) usage ;;
         *) echo "chaos: unknown argument $1" >&2; usage ;;
     esac
@@ -99,6 +111,8 @@ fi
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/chaos.XXXXXX")
 declare -A PID=()    # process name -> pid of every process this script started and has not reaped
 MOUNTS=()            # tmpfs mounts of --disk-faults, unmounted on exit
+NETNS=()             # network namespaces of --partition-faults, deleted on exit
+FORWARD_WAS=         # net.ipv4.ip_forward before --partition-faults set it, restored on exit
 
 cleanup() {
     local rc=$?
@@ -110,6 +124,8 @@ cleanup() {
         wait "${PID[$name]}" 2>/dev/null || true
     done
     for m in "${MOUNTS[@]}"; do umount -l "$m" 2>/dev/null || true; done
+    for ns in "${NETNS[@]}"; do ip netns delete "$ns" 2>/dev/null || true; done
+    [ -z "$FORWARD_WAS" ] || sysctl -qw net.ipv4.ip_forward="$FORWARD_WAS" || true
     if [ "$KEEP" = 1 ] || [ $rc -ne 0 ]; then
         echo "chaos: files kept in $TMP" >&2
     else
@@ -145,6 +161,48 @@ all_servers() {
     done
 }
 
+# server_host NAME: the address server NAME listens on: loopback, or with --partition-faults its namespace's.
+declare -A HOST=()
+server_host() { echo "${HOST[$1]:-127.0.0.1}"; }
+
+# netns_setup NAME N: with --partition-faults, network namespace chaos<pid>-NAME linked to the host by a veth
+# pair (host end 10.213.N.1, namespace end 10.213.N.2, the namespace's default route through the host end);
+# sets HOST[NAME]. Kept across restarts of the server and across both jobs.
+netns_setup() {
+    local name=$1 n=$2 ns="chaos$$-$1" host_if="chh$$n$2" ns_if="chn$$n$2"
+    HOST[$name]=10.213.$n.2
+    ip netns list | grep -qw "$ns" && return 0
+    if [ -z "$FORWARD_WAS" ]; then
+        FORWARD_WAS=$(sysctl -n net.ipv4.ip_forward)
+        sysctl -qw net.ipv4.ip_forward=1
+    fi
+    ip netns add "$ns" || { echo "chaos: --partition-faults: cannot create a network namespace (needs root)" >&2; exit 1; }
+    NETNS+=("$ns")
+    ip link add "$host_if" type veth peer name "$ns_if"
+    ip link set "$ns_if" netns "$ns"
+    ip addr add "10.213.$n.1/30" dev "$host_if"
+    ip link set "$host_if" up
+    ip -n "$ns" addr add "10.213.$n.2/30" dev "$ns_if"
+    ip -n "$ns" link set "$ns_if" up
+    ip -n "$ns" link set lo up
+    ip -n "$ns" route add default via "10.213.$n.1"
+}
+
+# partition NAME on|off: cuts server NAME off from everything, silently (each end's neighbour entry for the
+# other points at an address nobody has), or heals the cut.
+partition() {
+    local name=$1 n ns="chaos$$-$1"
+    n=${HOST[$name]#10.213.}; n=${n%.2}
+    local host_if="chh$$n$n" ns_if="chn$$n$n"
+    if [ "$2" = on ]; then
+        ip neigh replace "10.213.$n.2" lladdr 02:00:00:00:de:ad dev "$host_if" nud permanent
+        ip -n "$ns" neigh replace "10.213.$n.1" lladdr 02:00:00:00:be:ef dev "$ns_if" nud permanent
+    else
+        ip neigh del "10.213.$n.2" dev "$host_if" 2>/dev/null || true
+        ip -n "$ns" neigh del "10.213.$n.1" dev "$ns_if" 2>/dev/null || true
+    fi
+}
+
 # pick_ports N: N distinct loopback ports, each free for UDP (QUIC) and TCP when picked (held until all are
 # picked, then released).
 pick_ports() {
@@ -172,7 +230,11 @@ launch_server() {
     file=$(server_file "$i" "$r")
     if [ "$REPLICAS" -gt 1 ]; then
         local peers=() k
-        for k in $(seq 0 $((REPLICAS - 1))); do peers+=("127.0.0.1:${PORT[$(server_name "$i" "$k")]}"); done
+        for k in $(seq 0 $((REPLICAS - 1))); do
+            local peer
+            peer=$(server_name "$i" "$k")
+            peers+=("$(server_host "$peer"):${PORT[$peer]}")
+        done
         replica_flags=(--replica-index "$r" --replicas "$(IFS=,; echo "${peers[*]}")")
     fi
     : > "$dir/$file.ready"
@@ -186,7 +248,11 @@ launch_server() {
         fi
         disk_flags=(--disk-reserve-mib 16)
     fi
-    "$B/ps-server" "${disk_flags[@]}" --listen "127.0.0.1:${PORT[$name]:-0}" --metrics-listen 127.0.0.1:0 --data-dir "$dir/$file" \
+    local in_ns=()
+    [ "$PARTITION_FAULTS" = 1 ] && in_ns=(ip netns exec "chaos$$-$name")
+    local host
+    host=$(server_host "$name")
+    "${in_ns[@]}" "$B/ps-server" "${disk_flags[@]}" --listen "$host:${PORT[$name]:-0}" --metrics-listen "$host:0" --data-dir "$dir/$file" \
         --tls-dir "$dir/tls" --shard-index "$i" --num-shards "$SHARDS" "${replica_flags[@]}" \
         --replica-server-name "$TLS_NAME" --checkpoint-root "$dir" \
         --durability "$DURABILITY" --flush-interval-secs "$FLUSH" < /dev/null > "$dir/$file.ready" 2>> "$dir/$file.log" &
@@ -216,7 +282,15 @@ await_server() {
 start_servers() {
     local dir=$1 i r
     PORT=()
-    if [ "$REPLICAS" -gt 1 ]; then
+    if [ "$PARTITION_FAULTS" = 1 ]; then
+        # Each server has a namespace, so a port, of its own.
+        local n=0
+        while read -r i r; do
+            netns_setup "$(server_name "$i" "$r")" "$n"
+            PORT[$(server_name "$i" "$r")]=7000
+            n=$((n + 1))
+        done < <(all_servers)
+    elif [ "$REPLICAS" -gt 1 ]; then
         local ports
         read -r -a ports <<< "$(pick_ports $((SHARDS * REPLICAS)))"
         while read -r i r; do PORT[$(server_name "$i" "$r")]=${ports[$((i * REPLICAS + r))]}; done < <(all_servers)
@@ -226,7 +300,11 @@ start_servers() {
     local shards=() addrs
     for i in $(seq 0 $((SHARDS - 1))); do
         addrs=()
-        for r in $(seq 0 $((REPLICAS - 1))); do addrs+=("127.0.0.1:${PORT[$(server_name "$i" "$r")]}"); done
+        for r in $(seq 0 $((REPLICAS - 1))); do
+            local s
+            s=$(server_name "$i" "$r")
+            addrs+=("$(server_host "$s"):${PORT[$s]}")
+        done
         shards+=("$(IFS=/; echo "${addrs[*]}")")
     done
     PS=$(IFS=,; echo "${shards[*]}")
@@ -330,6 +408,7 @@ run_job() {
     RANDOM=$SEED
     FAULTS=0
     DISK_FULLS=0
+    PARTITIONS=0
     CRASHES=0
     local done0=0 done1=0 misses=0
     finished() {  # trainer R exited on its own: check its status
@@ -369,7 +448,30 @@ run_job() {
             misses=0
         fi
         local victim=${victims[$((RANDOM % ${#victims[@]}))]}
-        if [ "$DISK_FAULTS" = 1 ] && [ $((RANDOM % 2)) = 0 ]; then
+        # What this fault is: a kill, a full disk or a partition (equally likely among those enabled).
+        local kinds=(kill) kind
+        [ "$DISK_FAULTS" = 1 ] && kinds+=(disk)
+        [ "$PARTITION_FAULTS" = 1 ] && kinds+=(partition)
+        kind=${kinds[$((RANDOM % ${#kinds[@]}))]}
+        if [ "$kind" = partition ]; then
+            local cut
+            cut=$(all_servers | sed -n "$((RANDOM % (SHARDS * REPLICAS) + 1))p")
+            cut=$(server_name ${cut% *} ${cut#* })
+            FAULTS=$((FAULTS + 1))
+            PARTITIONS=$((PARTITIONS + 1))
+            log "$name: fault $FAULTS: $cut cut off from every other process for ${PARTITION_SECS}s"
+            partition "$cut" on
+            local t
+            for t in $(seq 1 $((PARTITION_SECS * 5))); do
+                sleep 0.2
+                restart_crashed "$dir"
+            done
+            partition "$cut" off
+            log "$name: $cut reachable again"
+            restart_crashed "$dir"
+            continue
+        fi
+        if [ "$kind" = disk ]; then
             # A full disk on a random server instead of a kill.
             local full
             full=$(all_servers | sed -n "$((RANDOM % (SHARDS * REPLICAS) + 1))p")
@@ -426,6 +528,7 @@ UNDISTURBED_AUC=$AUC
 log "undisturbed run: longest pause of a shard ${PAUSE}s"
 run_job chaos "$KILLS"
 [ "$DISK_FAULTS" = 1 ] && log "chaos run: $DISK_FULLS of the faults were full disks"
+[ "$PARTITION_FAULTS" = 1 ] && log "chaos run: $PARTITIONS of the faults were network partitions"
 [ "$CRASHES" = 0 ] || log "chaos run: servers died on their own $CRASHES times (restarted)"
 log "chaos run: $FAULTS faults, $DUPS increments applied twice, ${UNACKED:-0} of pushes never acknowledged, flush interval ${FLUSH}s"
 printf 'faults=%d lost_acked_updates=%d max_pause_s=%s duplicates=%d unacked_applied=%d auc=%.4f undisturbed_auc=%.4f\n' \

@@ -91,7 +91,10 @@ fn may_block(req: &Request, shard: &Shard) -> bool {
         | Request::Checkpoint { .. }
         | Request::MoveRows { .. }
         | Request::Prefetch { .. } => true,
-        Request::Pull { .. } | Request::PullWithState { .. } => shard.engine().spilled(),
+        // With `sync` durability a pull may wait for a push's synced write (`crate::shard::unsynced`).
+        Request::Pull { .. } | Request::PullWithState { .. } => {
+            shard.engine().spilled() || shard.durability() == crate::config::Durability::Sync
+        }
         _ => false,
     }
 }

@@ -25,6 +25,7 @@ pub mod push_window;
 pub mod replica;
 pub mod reshard;
 pub mod storage;
+pub mod unsynced;
 
 /// One server's shard: its storage engine and its place in the shard map.
 pub struct Shard {
@@ -55,6 +56,8 @@ pub struct Shard {
     registration: RegistrationLimits,
     /// The answers of recent pushes, so that each is applied once ([`push_window`]).
     pushes: Arc<push_window::PushWindow>,
+    /// With [`Durability::Sync`], rows applied and not yet durable, which reads wait for ([`unsynced`]).
+    unsynced: Option<Arc<unsynced::Unsynced>>,
 }
 
 impl Shard {
@@ -81,6 +84,7 @@ impl Shard {
             registration: cfg.registration_limits,
             max_frame: cfg.max_frame,
             pushes: Arc::new(pushes),
+            unsynced: (cfg.durability == Durability::Sync).then(Default::default),
             sync: SyncState::new(
                 !cfg.sync_interval.is_zero(),
                 cfg.sync_retain_rows,
@@ -107,6 +111,7 @@ impl Shard {
             max_frame: protocol::wire::frame::DEFAULT_MAX_FRAME,
             sync: SyncState::default(),
             pushes: Default::default(),
+            unsynced: None,
         })
     }
 
@@ -166,6 +171,7 @@ impl ShardBuilder {
     /// ([`push_window::PushWindow::durable`]).
     pub fn durability(mut self, durability: Durability) -> Self {
         self.0.durability = durability;
+        self.0.unsynced = (durability == Durability::Sync).then(Default::default);
         if durability == Durability::Sync {
             self.0.pushes = Arc::new(
                 push_window::PushWindow::durable(Default::default(), &**self.0.engine.store())

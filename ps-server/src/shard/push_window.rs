@@ -54,6 +54,9 @@ pub struct Unwritten {
     pub tables: Vec<protocol::TableCount>,
     /// Its ids, the tables' one after another.
     pub ids: Vec<u64>,
+    /// Its rows, held from reads until written ([`crate::shard::unsynced`]); released when this is dropped
+    /// (written, or forgotten by the window).
+    pub held: Option<std::sync::Arc<crate::shard::unsynced::Held>>,
 }
 
 /// Ids of unwritten pushes a window holds at most (32 MiB); a push past it keeps its storage error as its
@@ -341,6 +344,30 @@ impl PushWindow {
             inner.unwritten_ids += n;
             metrics::gauge!(m::PUSH_WINDOW_UNWRITTEN_IDS).set(inner.unwritten_ids as f64);
         }
+    }
+
+    /// Every unwritten push, each admitted again as if retried ([`Admission::Write`]): the caller writes it and
+    /// ends it with [`PushWindow::finish`] or [`PushWindow::keep_unwritten`]. Its shape comes with it.
+    pub fn take_unwritten(&self) -> Vec<(PushId, u64, Box<Unwritten>)> {
+        let mut inner = self.inner.lock();
+        if inner.unwritten_ids == 0 {
+            return Vec::new();
+        }
+        let mut out = Vec::new();
+        for (&client, c) in inner.clients.iter_mut() {
+            for (&seq, e) in c.entries.iter_mut() {
+                if let Entry::Unwritten(..) = e {
+                    let shape = e.shape();
+                    let Entry::Unwritten(u, _) = std::mem::replace(e, Entry::Running(shape)) else {
+                        unreachable!("matched above")
+                    };
+                    out.push((PushId { client, seq }, shape, u));
+                }
+            }
+        }
+        inner.unwritten_ids = 0;
+        metrics::gauge!(m::PUSH_WINDOW_UNWRITTEN_IDS).set(0.0);
+        out
     }
 
     /// Ends push `id` admitted with [`Admission::Apply`]: `Some(answer)` once it changed rows (a retry gets

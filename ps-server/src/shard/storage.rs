@@ -84,7 +84,12 @@ impl Shard {
             Ok(())
         })();
         match result {
-            Ok(()) => self.writes.record_success(),
+            Ok(()) => {
+                self.writes.record_success();
+                // Pushes applied whose synced write failed: written now with their answers, which
+                // ends their hold on reads ([`crate::shard::unsynced`]) without waiting for a retry.
+                self.write_unwritten_pushes();
+            }
             Err(e) => {
                 tracing::debug!(error = %e, "storage write probe failed");
                 self.writes.record_failure("write probe", &e);

@@ -425,6 +425,38 @@ impl Shard {
         Ok((layout, all_ids))
     }
 
+    /// Reads rows of `table` with `read`, again after a wait while one of `ids` is held by a push whose synced
+    /// write is not done ([`crate::shard::unsynced`], `sync` durability only); refused as the transient
+    /// `Storage`, naming a row, if one stays held past [`crate::shard::unsynced::WAIT`].
+    pub(crate) fn read_durable(
+        &self,
+        table: u32,
+        ids: &[u64],
+        mut read: impl FnMut() -> Result<(), Refusal>,
+    ) -> Result<(), Refusal> {
+        let Some(u) = &self.unsynced else {
+            return read();
+        };
+        let deadline = std::time::Instant::now() + crate::shard::unsynced::WAIT;
+        loop {
+            read()?;
+            let Some(id) = u.first_held(table, ids) else {
+                return Ok(());
+            };
+            metrics::counter!(m::READS_WAITED_FOR_SYNC_TOTAL).increment(1);
+            if !u.wait(table, ids, deadline) {
+                return Err(refuse(
+                    ErrorCode::Storage,
+                    format!(
+                        "table {table} row {id}: its last update is applied but its synced write is not done \
+                         after {:?} (a full or failing disk?); retry once writes work",
+                        crate::shard::unsynced::WAIT
+                    ),
+                ));
+            }
+        }
+    }
+
     /// A pull; `with_state` ([`Request::PullWithState`]) appends each row's optimizer state after the rows.
     fn pull(
         &self,
@@ -451,7 +483,10 @@ impl Shard {
                 let row_len = self.engine.table(t.table)?.row_len();
                 full.clear();
                 full.resize(n * row_len, 0.0);
-                record_tier(&self.engine.gather_with_state(t.table, ids, &mut full)?);
+                self.read_durable(t.table, ids, || {
+                    record_tier(&self.engine.gather_with_state(t.table, ids, &mut full)?);
+                    Ok(())
+                })?;
                 for row in full.chunks_exact(row_len) {
                     rows.extend_from_slice(&row[..dim]);
                     wire::message::pull_with_state::put_state(&row[dim..], &mut state);
@@ -459,8 +494,10 @@ impl Shard {
                 state_lens.push((row_len - dim) as u32);
             } else {
                 rows.resize(n * dim, 0.0);
-                let stats = self.engine.gather_stats(t.table, ids, &mut rows)?;
-                record_tier(&stats);
+                self.read_durable(t.table, ids, || {
+                    record_tier(&self.engine.gather_stats(t.table, ids, &mut rows)?);
+                    Ok(())
+                })?;
             }
             codec::encode_rows(&rows, dim, encoding, &mut out);
         }
@@ -553,7 +590,13 @@ impl Shard {
                     None,
                 ))
             }
-            Admission::Write(unwritten) => return self.write_unwritten(id, shape, unwritten),
+            Admission::Write(unwritten) => {
+                let written = self.write_unwritten(id, shape, unwritten);
+                if written.is_ok() {
+                    metrics::counter!(m::PUSH_RETRIES_ANSWERED_TOTAL).increment(1);
+                }
+                return written;
+            }
         }
         let mut changed = false;
         let mut unwritten = None;
@@ -578,6 +621,24 @@ impl Shard {
         result
     }
 
+    /// Writes every push applied in memory whose synced write failed, with its answer (once writes work
+    /// again: [`Shard::probe_writes`]); stops at the first that fails, the rest staying unwritten for their
+    /// retries or the next probe.
+    pub(crate) fn write_unwritten_pushes(&self) {
+        let mut failed = false;
+        for (id, shape, unwritten) in self.pushes.take_unwritten() {
+            if failed {
+                let again = Response::Error {
+                    code: ErrorCode::Storage,
+                    message: "its synced write failed".into(),
+                };
+                self.pushes.keep_unwritten(id, unwritten, &again);
+                continue;
+            }
+            failed = self.write_unwritten(id, shape, unwritten).is_err();
+        }
+    }
+
     /// The retry of a push applied in memory whose synced write failed: writes its rows now, with its answer
     /// when the window is durable, and answers it; while writes still fail, it stays unwritten and the retry
     /// is refused with the transient `Storage`.
@@ -598,7 +659,6 @@ impl Shard {
         match self.persist_push(&unwritten.tables, &unwritten.ids, &meta) {
             Ok(()) => {
                 self.pushes.finish(id, Some(&unwritten.answer));
-                metrics::counter!(m::PUSH_RETRIES_ANSWERED_TOTAL).increment(1);
                 Ok((
                     Reply {
                         header: unwritten.answer,
@@ -657,6 +717,11 @@ impl Shard {
         let mut grads = Vec::new();
         let (mut applied, mut rejected, mut not_admitted) = (0u64, 0u64, 0u64);
         let (mut refused_weights, mut clamped_weights) = (0u64, 0u64);
+        // With `sync`, reads of these rows wait from now until their synced write is done (dropped on return).
+        let held = self
+            .unsynced
+            .as_ref()
+            .map(|u| u.hold(&table_parts(tables, &all_ids)));
         // One guard for all tables: a checkpoint holds all of this push or none of it.
         let guard = self.engine.begin_push();
         *changed = true;
@@ -743,6 +808,7 @@ impl Shard {
                         },
                         tables: tables.to_vec(),
                         ids: all_ids,
+                        held: held.map(std::sync::Arc::new),
                     }));
                 }
                 return Err(refusal);

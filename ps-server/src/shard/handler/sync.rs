@@ -155,7 +155,9 @@ impl Shard {
         for (cfg, ids) in &parts {
             rows.clear();
             rows.resize(ids.len() * cfg.dim, 0.0);
-            self.engine.gather(cfg.id, ids, &mut rows)?;
+            self.read_durable(cfg.id, ids, || {
+                Ok(self.engine.gather(cfg.id, ids, &mut rows)?)
+            })?;
             codec::encode_rows(&rows, cfg.dim, ask.encoding, &mut payload);
             sent += ids.len() as u64;
         }

@@ -232,6 +232,7 @@ fn an_unwritten_push_is_handed_to_one_retry_at_a_time_until_written() {
         answer: pushed(2),
         tables: Vec::new(),
         ids: vec![4, 5],
+        held: None,
     });
     let storage = Response::Error {
         code: ErrorCode::Storage,
