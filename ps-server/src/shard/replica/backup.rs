@@ -123,6 +123,9 @@ pub async fn follow(shard: Arc<Shard>, stop: tokio_util::sync::CancellationToken
             Role::Primary => {
                 rep.links.record_lag();
                 rep.record_durability();
+                if rep.links.in_sync_bits() == 0 {
+                    step_down_if_deposed(rep).await;
+                }
                 Duration::from_millis(500)
             }
             Role::Starting => Duration::from_millis(200),
@@ -143,6 +146,34 @@ pub async fn follow(shard: Arc<Shard>, stop: tokio_util::sync::CancellationToken
             _ = rep.changed.notified() => {}
             _ = tokio::time::sleep(pause) => {}
         }
+    }
+}
+
+/// A primary without an in-sync backup (it may have been cut off while the others promoted one) asks the
+/// other replicas: if one is primary at a newer shard epoch, this one was deposed and never told (its backups
+/// dropped as unreachable, nobody streams to it), so it steps down and, as a backup, joins the newer primary,
+/// whose catch-up replaces its rows. Found by `scripts/bench/chaos.sh --partition-faults`: such a stale
+/// primary was later followed by a restarted replica, and the pushes the newer primary had acknowledged were
+/// lost.
+async fn step_down_if_deposed(rep: &Replica) {
+    let epoch = rep.epoch();
+    let census = rep.peers.census().await;
+    let newer = census
+        .iter()
+        .filter(|(_, i)| i.role == Role::Primary && i.shard_epoch > epoch)
+        .max_by_key(|(_, i)| i.shard_epoch);
+    if let Some(&(p, info)) = newer {
+        if rep.role() != Role::Primary || rep.epoch() != epoch {
+            return;
+        }
+        tracing::warn!(
+            primary = rep.peers.name(p),
+            their_epoch = info.shard_epoch,
+            our_epoch = epoch,
+            "another replica is primary at a newer shard epoch: stepping down"
+        );
+        rep.heard_of_epoch(info.shard_epoch);
+        rep.step_down(None);
     }
 }
 

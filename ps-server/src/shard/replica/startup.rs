@@ -58,7 +58,10 @@ pub async fn settle(shard: &Arc<Shard>, wait: Duration) -> Role {
         let epoch = rep.epoch();
         if let Some(&(p, info)) = census
             .iter()
-            .filter(|(_, i)| i.role == Role::Primary)
+            // A primary at an older epoch than this replica's was deposed while cut off and not told yet
+            // (it steps down once it sees a newer primary, `backup::follow`): following it would replace
+            // this replica's newer rows with its stale ones.
+            .filter(|(_, i)| i.role == Role::Primary && i.shard_epoch >= epoch)
             .max_by_key(|(_, i)| i.shard_epoch)
         {
             tracing::info!(
