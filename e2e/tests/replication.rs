@@ -441,3 +441,83 @@ async fn a_push_retried_on_its_primary_or_after_a_failover_is_applied_once() {
     client.close().await;
     c.shutdown(Duration::from_secs(60)).unwrap();
 }
+
+/// Sends `signal` to replica `r` of shard 0.
+fn signal(c: &LocalCluster, r: usize, signal: libc::c_int) {
+    let pid = c.pids()[r];
+    assert_ne!(pid, 0, "replica {r} is not running");
+    // SAFETY: kill(2) with the pid of a child of this process.
+    assert_eq!(unsafe { libc::kill(pid as libc::pid_t, signal) }, 0);
+}
+
+/// A primary cut off long enough for the clients to promote its backup (frozen with SIGSTOP: to every other
+/// process it is a partition) wakes up believing it is still the primary, its stream to the backup dropped as
+/// unreachable. It must step down and catch up from the newer primary; and the newer primary, killed and
+/// restarted later, must not follow it. Before, the stale primary stayed primary, the restarted replica joined
+/// it, and its catch-up replaced the newer rows: every push the newer primary had acknowledged was lost
+/// (`scripts/bench/chaos.sh --partition-faults`, BENCHMARKS.md "Network partitions").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_primary_cut_off_past_a_failover_steps_down_and_nothing_acknowledged_is_lost() {
+    let dir = tempfile::tempdir().unwrap();
+    let bin = bench::bins::path("ps-server");
+    let extra = ["--durability", "replicated", "--flush-interval-secs", "1"].map(String::from);
+    let mut c = LocalCluster::start_replicated_with(
+        &|| Ok(std::process::Command::new(&bin)),
+        1,
+        2,
+        dir.path(),
+        &extra,
+    )
+    .unwrap();
+    let mut cfg = PsClientConfig::replicated(c.replicas.clone(), c.tls_dir.clone());
+    cfg.retry_for = Duration::from_secs(60);
+    let client = Arc::new(PsClient::connect(cfg).await.unwrap());
+    client.register_tables(&[audit_table()]).await.unwrap();
+    let rows = AuditRows::new(1, ROWS_PER_SHARD).unwrap();
+    let (acks, stop) = (Arc::new(Acks::default()), Arc::new(AtomicBool::new(false)));
+    let task = tokio::spawn(pusher(
+        client.clone(),
+        rows.clone(),
+        acks.clone(),
+        stop.clone(),
+    ));
+    acked_more(&acks, 30).await;
+    let old = c.primary_of(0).expect("a primary");
+    wait_in_sync(&c, 0, 1 - old).await;
+
+    // Cut off: pushes go on through the promoted backup.
+    signal(&c, old, libc::SIGSTOP);
+    acked_more(&acks, 60).await;
+    assert!(client.failovers() >= 1, "the client moved the shard");
+    // Back: the stale primary hears of the newer epoch, steps down and catches up.
+    signal(&c, old, libc::SIGCONT);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let i = info(&c, 0, old).await;
+        if i.is_some_and(|i| {
+            i.in_sync && i.role == protocol::wire::message::replicate::Role::Backup
+        }) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the cut-off primary never stepped down and caught up: {i:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    acked_more(&acks, 30).await;
+    // The newer primary dies and comes back; pushes go on through the old one, now in sync.
+    let newer = 1 - old;
+    c.kill_replica(0, newer).unwrap();
+    acked_more(&acks, 30).await;
+    let role = c.restart_replica(0, newer).unwrap();
+    assert_eq!(role.as_deref(), Some("backup"));
+    wait_in_sync(&c, 0, newer).await;
+    acked_more(&acks, 30).await;
+
+    stop.store(true, Ordering::Release);
+    task.await.unwrap();
+    check(&c, &client, &rows, &acks).await;
+    client.close().await;
+    c.shutdown(Duration::from_secs(60)).unwrap();
+}
