@@ -337,10 +337,14 @@ async fn a_real_full_disk_refuses_pushes_without_crashing_and_loses_nothing() {
             metric(&s, "ps_storage_writes_failing") == 1.0
         })
     });
-    // (The pushed rows are held from reads until written: checked by the failpoint tests above. Not here: a
-    // pull of them waits `unsynced::WAIT` (2 s), and a disk full that much longer made the Debian RocksDB 7.8
-    // abort on the first write after space was freed, though every write of ours was refused meanwhile:
-    // docs/limits.md, "Disk space".)
+    // The pushed rows are held from reads until written (the pull waits 2 s, then is refused): the disk stays
+    // full that long, which made the Debian RocksDB abort at its next log line before its LOG was set to
+    // warnings only (`embedding::rocks_store`).
+    assert_eq!(
+        visible_rows(&c).await,
+        None,
+        "an update not yet durable was read"
+    );
     assert_eq!(
         pull(&c, &[77]).await.unwrap(),
         [0.0],
