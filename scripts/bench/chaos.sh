@@ -37,8 +37,8 @@
 # --partition-faults (needs root: ip netns): every server runs in a network namespace of its own, linked to the
 # host's by a veth pair (10.213.<n>.2, the host end 10.213.<n>.1; the host forwards between them, so replicas
 # reach each other through it), and a fault is, half the time (a third each with --disk-faults), a network
-# partition instead of a kill: one random server is cut off from everything (trainers, the auditor and its
-# fellow replicas) for PARTITION_SECS (default 8) seconds, then healed. The cut is silent, as a real one is:
+# partition instead of a kill: one server (with replicas, the current primary of a random shard) is cut off from
+# everything (trainers, the auditor and its fellow replicas) for PARTITION_SECS (default 8) seconds, then healed. The cut is silent, as a real one is:
 # each end's neighbour entry for the other points at a MAC address nobody has, so packets are dropped without
 # an error to either side. The line of each fault in the log says what it was.
 #
@@ -455,8 +455,12 @@ run_job() {
         kind=${kinds[$((RANDOM % ${#kinds[@]}))]}
         if [ "$kind" = partition ]; then
             local cut
-            cut=$(all_servers | sed -n "$((RANDOM % (SHARDS * REPLICAS) + 1))p")
-            cut=$(server_name ${cut% *} ${cut#* })
+            if [ "$REPLICAS" -gt 1 ]; then
+                cut=$victim  # the current primary of a random shard, as for kills
+            else
+                cut=$(all_servers | sed -n "$((RANDOM % (SHARDS * REPLICAS) + 1))p")
+                cut=$(server_name ${cut% *} ${cut#* })
+            fi
             FAULTS=$((FAULTS + 1))
             PARTITIONS=$((PARTITIONS + 1))
             log "$name: fault $FAULTS: $cut cut off from every other process for ${PARTITION_SECS}s"
