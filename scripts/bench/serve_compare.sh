@@ -33,9 +33,11 @@ wait_line() {
 export_model() {
     local name=$1 bin=$2 dir="$OUT/$1" ps=() i
     rm -rf "$dir"; mkdir -p "$dir"
+    "$bin/ps-server" certs init --tls-dir "$dir/tls" >/dev/null
     for i in 0 1; do
         "$bin/ps-server" --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 --data-dir "$dir/ps$i" \
-            --tls-dir "$dir/tls" --shard-index "$i" --num-shards 2 >"$dir/ps$i.out" 2>"$dir/ps$i.log" &
+            --tls-dir "$dir/tls" --shard-index "$i" --num-shards 2 --checkpoint-root "$dir" \
+            >"$dir/ps$i.out" 2>"$dir/ps$i.log" &
         PIDS+=($!)
         wait_line "$dir/ps$i.out" 'quic='
         ps+=("$(grep -o 'quic=[^ ]*' "$dir/ps$i.out" | cut -d= -f2)")
