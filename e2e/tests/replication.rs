@@ -60,6 +60,38 @@ async fn pusher(client: Arc<PsClient>, rows: AuditRows, acks: Arc<Acks>, stop: A
     }
 }
 
+/// A client of a replicated cluster with the audit table registered, and a [`pusher`] running on it.
+struct Pushing {
+    client: Arc<PsClient>,
+    rows: AuditRows,
+    acks: Arc<Acks>,
+    stop: Arc<AtomicBool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+/// Connects to `c` (retrying for a minute), registers the audit table over `shards` shards and starts pushing.
+async fn start_pushing(c: &LocalCluster, shards: usize) -> Pushing {
+    let mut cfg = PsClientConfig::replicated(c.replicas.clone(), c.tls_dir.clone());
+    cfg.retry_for = Duration::from_secs(60);
+    let client = Arc::new(PsClient::connect(cfg).await.unwrap());
+    client.register_tables(&[audit_table()]).await.unwrap();
+    let rows = AuditRows::new(shards, ROWS_PER_SHARD).unwrap();
+    let (acks, stop) = (Arc::new(Acks::default()), Arc::new(AtomicBool::new(false)));
+    let task = tokio::spawn(pusher(
+        client.clone(),
+        rows.clone(),
+        acks.clone(),
+        stop.clone(),
+    ));
+    Pushing {
+        client,
+        rows,
+        acks,
+        stop,
+        task,
+    }
+}
+
 /// Waits until `acks` counts `more` pushes beyond now.
 async fn acked_more(acks: &Acks, more: u64) {
     let target = acks.pushes.load(Ordering::Acquire) + more;
@@ -188,20 +220,13 @@ async fn killed_primaries_and_backups_lose_no_acknowledged_push_and_replicas_con
     )
     .unwrap();
     stage("started");
-    let mut cfg = PsClientConfig::replicated(c.replicas.clone(), c.tls_dir.clone());
-    cfg.retry_for = Duration::from_secs(60);
-    let client = Arc::new(PsClient::connect(cfg).await.unwrap());
-    stage("connected");
-    client.register_tables(&[audit_table()]).await.unwrap();
-    stage("registered");
-    let rows = AuditRows::new(2, ROWS_PER_SHARD).unwrap();
-    let (acks, stop) = (Arc::new(Acks::default()), Arc::new(AtomicBool::new(false)));
-    let task = tokio::spawn(pusher(
-        client.clone(),
-        rows.clone(),
-        acks.clone(),
-        stop.clone(),
-    ));
+    let Pushing {
+        client,
+        rows,
+        acks,
+        stop,
+        task,
+    } = start_pushing(&c, 2).await;
     acked_more(&acks, 60).await;
     stage("pushing");
 
@@ -469,18 +494,13 @@ async fn a_primary_cut_off_past_a_failover_steps_down_and_nothing_acknowledged_i
         &extra,
     )
     .unwrap();
-    let mut cfg = PsClientConfig::replicated(c.replicas.clone(), c.tls_dir.clone());
-    cfg.retry_for = Duration::from_secs(60);
-    let client = Arc::new(PsClient::connect(cfg).await.unwrap());
-    client.register_tables(&[audit_table()]).await.unwrap();
-    let rows = AuditRows::new(1, ROWS_PER_SHARD).unwrap();
-    let (acks, stop) = (Arc::new(Acks::default()), Arc::new(AtomicBool::new(false)));
-    let task = tokio::spawn(pusher(
-        client.clone(),
-        rows.clone(),
-        acks.clone(),
-        stop.clone(),
-    ));
+    let Pushing {
+        client,
+        rows,
+        acks,
+        stop,
+        task,
+    } = start_pushing(&c, 1).await;
     acked_more(&acks, 30).await;
     let old = c.primary_of(0).expect("a primary");
     wait_in_sync(&c, 0, 1 - old).await;

@@ -75,6 +75,20 @@ async fn visible_rows(c: &PsClient) -> Option<Vec<f32>> {
     }
 }
 
+/// `IDS` (an unwritten push's rows) are held from reads; another row is served.
+async fn held_while_others_are_served(c: &PsClient) {
+    assert_eq!(
+        visible_rows(c).await,
+        None,
+        "an update not yet durable was read"
+    );
+    assert_eq!(
+        pull(c, &[77]).await.unwrap(),
+        [0.0],
+        "other rows are served"
+    );
+}
+
 fn storage_error(r: Result<(u64, u64), ProtocolError>) -> String {
     match r {
         Err(ProtocolError::Remote {
@@ -180,16 +194,7 @@ async fn sync_durability_refuses_pushes_while_writes_fail_and_recovers() {
     // lose); once writes work, the server writes it with its answer.
     let msg = storage_error(push_ones(&c).await);
     assert!(msg.contains("No space left on device"), "{msg}");
-    assert_eq!(
-        visible_rows(&c).await,
-        None,
-        "an update not yet durable was read"
-    );
-    assert_eq!(
-        pull(&c, &[77]).await.unwrap(),
-        [0.0],
-        "other rows are served"
-    );
+    held_while_others_are_served(&c).await;
     check_refusing(&s, &c).await;
 
     recover(&s, &c, &fail).await;
@@ -340,16 +345,7 @@ async fn a_real_full_disk_refuses_pushes_without_crashing_and_loses_nothing() {
     // The pushed rows are held from reads until written (the pull waits 2 s, then is refused): the disk stays
     // full that long, which made the Debian RocksDB abort at its next log line before its LOG was set to
     // warnings only (`embedding::rocks_store`).
-    assert_eq!(
-        visible_rows(&c).await,
-        None,
-        "an update not yet durable was read"
-    );
-    assert_eq!(
-        pull(&c, &[77]).await.unwrap(),
-        [0.0],
-        "other rows are served"
-    );
+    held_while_others_are_served(&c).await;
     // A checkpoint on the full disk (the default root beside the data) is refused as transient `Storage`:
     // a client retries it, a trainer skips a periodic one.
     let msg = storage_error(c.checkpoint("full", 1).await.map(|_| (0, 0)));
