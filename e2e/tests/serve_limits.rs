@@ -7,6 +7,8 @@
 //!    the model's rows) answered anyone. Now `--api-token-file` makes every `/v1/` request carry
 //!    `Authorization: Bearer <token>` (401 otherwise; probes and `/metrics` stay open), and `/v1/embedding`
 //!    answers only with `--enable-embedding-api`.
+//! 3. `one_client_cannot_hold_every_slot`: 1024 half-sent requests from one client held every slot and locked
+//!    everyone else out (`scripts/bench/attack_memory.py`). Now `--max-connections-per-client` caps one address.
 //!
 //! The server runs with an export directory that holds no export yet: its HTTP endpoint answers while it waits
 //! for one, which is all these tests need. No test sleeps in place of a condition: waits block on a socket or
@@ -157,5 +159,66 @@ fn the_api_needs_its_token_and_the_embedding_route_is_off() {
     assert_eq!(
         status, 503,
         "on, it answers (the export is still loading): {text}"
+    );
+}
+
+/// Half-sent requests from one client held every slot until the body timeout, and a legitimate request
+/// meanwhile was closed at accept (`scripts/bench/attack_memory.py`, BENCHMARKS.md). With
+/// `--max-connections-per-client` one address holds at most that many; others are still served.
+#[test]
+fn one_client_cannot_hold_every_slot() {
+    let (serve, _dir) = start(&[
+        "--max-connections",
+        "16",
+        "--max-connections-per-client",
+        "4",
+        "--header-timeout-secs",
+        "600",
+        "--body-timeout-secs",
+        "600",
+    ]);
+    assert!(serve.addr.ip().is_loopback(), "{}", serve.addr);
+    // The attacker: another loopback address (Linux routes all of 127.0.0.0/8 to lo).
+    let attacker = || {
+        let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+        s.bind(&SocketAddr::from(([127, 0, 0, 2], 0)).into())
+            .unwrap();
+        s.connect(&serve.addr.into()).unwrap();
+        let mut s: TcpStream = s.into();
+        // Headers that never end: the slot is held until the header timeout (a request with a body would be
+        // answered at once here, 503 with no export loaded, and the connection closed).
+        s.write_all(b"POST /v1/predict HTTP/1.1\r\nHost: x\r\n")
+            .unwrap();
+        s
+    };
+    let held: Vec<TcpStream> = (0..4).map(|_| attacker()).collect();
+    eventually("the attacker's 4 connections to be open", || {
+        metric(serve.addr, "serving_connections_open") >= 4.0
+    });
+    let mut fifth = attacker();
+    wait_closed(
+        &mut fifth,
+        Duration::from_secs(60),
+        "a fifth connection from one address over --max-connections-per-client 4",
+    );
+    // Everyone else is served meanwhile.
+    assert_eq!(request(serve.addr, "GET", "/healthz", &[]).0, 200);
+    assert!(metric(serve.addr, "serving_connections_refused_per_client_total") >= 1.0);
+    // Its connections gone, the attacker's address gets slots again (the metrics request is itself one open
+    // connection).
+    let refused = metric(serve.addr, "serving_connections_refused_per_client_total");
+    drop(held);
+    drop(fifth);
+    eventually("the attacker's slots to free", || {
+        metric(serve.addr, "serving_connections_open") <= 1.0
+    });
+    let _again = attacker();
+    eventually("a new connection from that address to be held", || {
+        metric(serve.addr, "serving_connections_open") >= 2.0
+    });
+    assert_eq!(
+        metric(serve.addr, "serving_connections_refused_per_client_total"),
+        refused,
+        "a connection within the limit was refused"
     );
 }

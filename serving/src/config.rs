@@ -76,6 +76,12 @@ pub struct ServeOptions {
     /// `serving_connections_refused_total`). Default 1024.
     #[arg(long, env = "PS_SERVE_MAX_CONNECTIONS")]
     pub max_connections: Option<usize>,
+    /// Most HTTP connections open at once from one client address; one more is closed at accept
+    /// (`serving_connections_refused_per_client_total`). Default: a quarter of --max-connections, so one
+    /// client cannot hold every slot. Behind a proxy every request comes from its address: raise it to
+    /// --max-connections there.
+    #[arg(long, env = "PS_SERVE_MAX_CONNECTIONS_PER_CLIENT")]
+    pub max_connections_per_client: Option<usize>,
     /// Seconds a connection gets to send a request's headers (from its first byte, or from the connection's
     /// start); past it the connection is closed. Default 10.
     #[arg(long, env = "PS_SERVE_HEADER_TIMEOUT_SECS")]
@@ -138,6 +144,8 @@ pub struct ServeConfig {
     pub sync: Option<SyncConfig>,
     /// See [`ServeOptions::max_connections`].
     pub max_connections: usize,
+    /// See [`ServeOptions::max_connections_per_client`].
+    pub max_connections_per_client: usize,
     /// See [`ServeOptions::header_timeout_secs`].
     pub header_timeout: Duration,
     /// See [`ServeOptions::body_timeout_secs`].
@@ -203,6 +211,7 @@ impl ServeOptions {
             sync_encoding,
             sync_wait_ms,
             max_connections,
+            max_connections_per_client,
             header_timeout_secs,
             body_timeout_secs,
             api_token_file,
@@ -293,6 +302,7 @@ impl ServeOptions {
                 })
             }
         };
+        let max_connections = positive("max-connections", self.max_connections, 1024)?;
         Ok(ServeConfig {
             export,
             listen: self
@@ -308,7 +318,12 @@ impl ServeOptions {
             threads: positive("threads", self.threads, cores)?,
             drain_timeout: Duration::from_secs_f64(drain),
             sync,
-            max_connections: positive("max-connections", self.max_connections, 1024)?,
+            max_connections,
+            max_connections_per_client: positive(
+                "max-connections-per-client",
+                self.max_connections_per_client,
+                (max_connections / 4).max(1),
+            )?,
             header_timeout,
             body_timeout,
             api_token,
@@ -355,6 +370,7 @@ mod tests {
         assert_eq!(c.listen.port(), 8500);
         assert!(c.listen.ip().is_loopback(), "{}", c.listen);
         assert_eq!(c.max_connections, 1024);
+        assert_eq!(c.max_connections_per_client, 256);
         assert_eq!(
             (c.header_timeout, c.body_timeout),
             (Duration::from_secs(10), Duration::from_secs(30))

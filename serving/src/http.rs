@@ -28,6 +28,8 @@ pub struct HttpLimits {
     pub max_rows: usize,
     /// Most connections open at once.
     pub max_connections: usize,
+    /// Most connections open at once from one client address.
+    pub max_connections_per_client: usize,
     /// Time to send a request's headers.
     pub header_timeout: Duration,
     /// Time to send a request's body.
@@ -299,10 +301,23 @@ pub async fn serve(
     tokio::pin!(shutdown);
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut conns = JoinSet::new();
+    // Connections open per client address: one client cannot hold every slot (half-sent requests held
+    // all 1024 until the body timeout, and locked everyone else out).
+    let mut per_client: std::collections::HashMap<std::net::IpAddr, usize> = Default::default();
     loop {
-        let (stream, _) = tokio::select! {
+        let (stream, peer) = tokio::select! {
             _ = &mut shutdown => break,
-            Some(_) = conns.join_next(), if !conns.is_empty() => continue,
+            Some(ended) = conns.join_next(), if !conns.is_empty() => {
+                if let Ok(ip) = ended {
+                    if let std::collections::hash_map::Entry::Occupied(mut e) = per_client.entry(ip) {
+                        *e.get_mut() -= 1;
+                        if *e.get() == 0 {
+                            e.remove();
+                        }
+                    }
+                }
+                continue;
+            }
             accepted = listener.accept() => match accepted {
                 Ok(s) => s,
                 Err(e) => {
@@ -318,6 +333,15 @@ pub async fn serve(
             drop(stream);
             continue;
         }
+        let ip = peer.ip();
+        let open = per_client.entry(ip).or_default();
+        if *open >= shared.limits.max_connections_per_client {
+            metrics::counter!(m::CONNECTIONS_REFUSED_TOTAL).increment(1);
+            metrics::counter!(m::CONNECTIONS_REFUSED_PER_CLIENT_TOTAL).increment(1);
+            drop(stream);
+            continue;
+        }
+        *open += 1;
         let _ = stream.set_nodelay(true);
         metrics::gauge!(m::CONNECTIONS_OPEN).increment(1.0);
         let header_timeout = shared.limits.header_timeout;
@@ -350,6 +374,7 @@ pub async fn serve(
                 }
                 tracing::debug!(error = %e, "connection ended with an error");
             }
+            ip
         });
     }
     drop(listener);

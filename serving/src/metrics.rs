@@ -31,6 +31,9 @@ pub const EXPORT_VERSION: &str = "serving_export_version";
 pub const CONNECTIONS_OPEN: &str = "serving_connections_open";
 /// Connections closed at accept because `--max-connections` were open.
 pub const CONNECTIONS_REFUSED_TOTAL: &str = "serving_connections_refused_total";
+/// Of those, connections refused because their client address had `--max-connections-per-client` open.
+pub const CONNECTIONS_REFUSED_PER_CLIENT_TOTAL: &str =
+    "serving_connections_refused_per_client_total";
 /// Connections closed because a request's headers did not arrive within `--header-timeout-secs`.
 pub const HEADER_TIMEOUTS_TOTAL: &str = "serving_header_timeouts_total";
 /// Requests answered 408 because their body did not arrive within `--body-timeout-secs`.
@@ -87,7 +90,11 @@ pub fn describe() {
     describe_gauge!(CONNECTIONS_OPEN, "HTTP connections open.");
     describe_counter!(
         CONNECTIONS_REFUSED_TOTAL,
-        "Connections closed at accept because --max-connections were open."
+        "Connections closed at accept because --max-connections (or --max-connections-per-client) were open."
+    );
+    describe_counter!(
+        CONNECTIONS_REFUSED_PER_CLIENT_TOTAL,
+        "Connections closed at accept because their client address had --max-connections-per-client open."
     );
     describe_counter!(
         HEADER_TIMEOUTS_TOTAL,

@@ -72,6 +72,7 @@ pub async fn run(
             max_body_bytes: cfg.max_body_bytes,
             max_rows: cfg.max_rows,
             max_connections: cfg.max_connections,
+            max_connections_per_client: cfg.max_connections_per_client,
             header_timeout: cfg.header_timeout,
             body_timeout: cfg.body_timeout,
             api_token: cfg.api_token.clone(),
