@@ -5,7 +5,7 @@ Starts one ps-server (development certificates, defaults otherwise), trains a ti
 export, starts ps-serve on the export, then for each attack opens N connections at once, holds them for HOLD
 seconds while sampling the target's VmRSS every 100 ms, closes them and reports: baseline RSS, peak RSS during
 the attack, how many of the N connections the target had closed by the end of the hold, and whether a fresh
-legitimate request still got an answer during the attack.
+legitimate request (from 127.0.0.1; the attacker connects from 127.0.0.2) still got an answer during the attack.
 
 Attacks (N each, default 2000):
   tcp-preauth      raw TCP sockets to ps-server's data port that never start TLS
@@ -66,7 +66,8 @@ def attack(name, pid, addr, n, hold, first_bytes, probe):
     socks, refused = [], 0
     for _ in range(n):
         try:
-            s = socket.create_connection(addr, timeout=2)
+            # From another loopback address than the legitimate probe's (127.0.0.1): one attacking client.
+            s = socket.create_connection(addr, timeout=2, source_address=("127.0.0.2", 0))
             if first_bytes:
                 s.sendall(first_bytes)
             socks.append(s)
