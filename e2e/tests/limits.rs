@@ -496,6 +496,7 @@ fn tcp_frames_still_arriving_are_counted() {
         // The first chunk (64 KiB) of 2048 pushes that announce 8 MiB each: 128 MiB the server would hold.
         let body = 8usize << 20;
         let req = Request::Push {
+            lr_scale: 1.0,
             epoch: 1,
             encoding: Encoding::F32,
             grad_scale: 1.0,

@@ -311,6 +311,7 @@ async fn push_one_as(
         dim: 1,
     }];
     let req = Request::Push {
+        lr_scale: 1.0,
         epoch: 1,
         encoding: Encoding::F32,
         grad_scale: 1.0,

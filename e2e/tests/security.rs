@@ -552,6 +552,7 @@ fn every_request_is_authorized_by_the_role_of_its_certificate() {
         let mut push_payload = ids.clone();
         protocol::compression::codec::encode(&[5.0, 5.0], Encoding::F32, &mut push_payload);
         let push = Request::Push {
+            lr_scale: 1.0,
             epoch: 1,
             encoding: Encoding::F32,
             grad_scale: 1.0,

@@ -132,6 +132,22 @@ pub enum OptimizerConfig {
 }
 
 impl OptimizerConfig {
+    /// This optimizer with its learning rate multiplied by `scale` (a push's `lr_scale`: a learning-rate schedule
+    /// on the trainer reaching a table whose optimizer keeps state). `None` for FTRL unless `scale` is 1: its
+    /// per-coordinate rate `alpha / (beta + sqrt(n))` is not a multiplier a schedule can move.
+    pub fn with_lr_scale(&self, scale: f32) -> Option<OptimizerConfig> {
+        let mut out = *self;
+        match &mut out {
+            OptimizerConfig::Sgd { lr }
+            | OptimizerConfig::RowAdagrad { lr, .. }
+            | OptimizerConfig::Adagrad { lr, .. }
+            | OptimizerConfig::Adam { lr, .. } => *lr *= scale,
+            OptimizerConfig::Ftrl { .. } if scale == 1.0 => {}
+            OptimizerConfig::Ftrl { .. } => return None,
+        }
+        Some(out)
+    }
+
     /// f32s of optimizer state stored after the weights of each row: SGD 0, row-wise Adagrad 1,
     /// element-wise Adagrad `dim`, Adam `2 * dim + 1`, FTRL `2 * dim`.
     pub fn state_len(&self, dim: usize) -> usize {

@@ -224,6 +224,21 @@ impl PushGuard<'_> {
     ) -> Result<ApplyStats, EmbeddingError> {
         self.engine.table(table)?.apply_at(ids, grads, now)
     }
+
+    /// [`Table::apply_scaled`](crate::Table::apply_scaled) on table `table`: a push at time `now` (seconds)
+    /// with its learning rate multiplied by `lr_scale`.
+    pub fn apply_scaled(
+        &self,
+        table: u32,
+        ids: &[u64],
+        grads: &[f32],
+        now: u64,
+        lr_scale: f32,
+    ) -> Result<ApplyStats, EmbeddingError> {
+        self.engine
+            .table(table)?
+            .apply_scaled(ids, grads, now, lr_scale)
+    }
 }
 
 impl Engine {

@@ -277,11 +277,11 @@ pub async fn pull_tables<D: Dialer>(
 }
 
 /// Pushes several tables' gradient rows (`grads[t]` is `parts[t].ids.len() x dim`; rows of a repeated id are
-/// summed) in `encoding`, one request per server (all tables together) in parallel. Returns the rows the
-/// servers applied.
+/// summed) in `encoding`, one request per server (all tables together) in parallel, applied at `lr_scale`
+/// times each table's learning rate (1: the registered rate). Returns the rows the servers applied.
 pub async fn push_tables<D: Dialer>(
     client: &Arc<PsClient<D>>,
-    encoding: Encoding,
+    (encoding, lr_scale): (Encoding, f32),
     parts: &[TableIds<'_>],
     grads: &[&[f32]],
 ) -> Result<u64, ProtocolError> {
@@ -296,6 +296,7 @@ pub async fn push_tables<D: Dialer>(
         check_rows_len("push", g.len(), p.ids.len(), p.dim)?;
         check_finite(g, p.dim)?;
     }
+    crate::wire::message::push::check_lr_scale(lr_scale)?;
     let map = client.shard_map();
     let plans: Vec<KeyedPlan> = parts.iter().map(|p| KeyedPlan::new(p.ids, &map)).collect();
     let mut sums: Vec<Vec<f32>> = plans
@@ -321,10 +322,10 @@ pub async fn push_tables<D: Dialer>(
         let client = client.clone();
         set.spawn(async move {
             client
-                .push(
+                .push_scaled(
                     server,
                     encoding,
-                    scale,
+                    (scale, lr_scale),
                     sections.counts,
                     Bytes::from(sections.payload),
                 )

@@ -102,6 +102,7 @@ fn request(r: &mut Rng) -> Request {
             tables: counts(r),
         },
         3 => Request::Push {
+            lr_scale: 1.0,
             epoch: r.next_u64() >> r.below(64),
             encoding: encoding(r),
             grad_scale: r.f32_or_edge(&F32_EDGES),

@@ -38,6 +38,7 @@ fn push_payload(ids: &[u64], grads: &[f32]) -> Vec<u8> {
 
 fn push_frame(ids: &[u64], dim: u32, grads: &[f32], grad_scale: f32) -> Vec<u8> {
     let req = Request::Push {
+        lr_scale: 1.0,
         epoch: 1,
         encoding: Encoding::F32,
         grad_scale,
@@ -311,6 +312,7 @@ async fn duplicate_ids(bad: &quinn::Connection, good: &PsClient) {
     );
     codec::encode(&[1.0; 8], Encoding::F32, &mut payload);
     let req = Request::Push {
+        lr_scale: 1.0,
         epoch: 1,
         encoding: Encoding::F32,
         grad_scale: 1.0,
@@ -326,6 +328,7 @@ async fn duplicate_ids(bad: &quinn::Connection, good: &PsClient) {
 /// Empty batches: no tables, or a table with zero ids.
 async fn empty_batches(bad: &quinn::Connection) {
     let empty = Request::Push {
+        lr_scale: 1.0,
         epoch: 1,
         encoding: Encoding::F32,
         grad_scale: 1.0,

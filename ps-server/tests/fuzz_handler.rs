@@ -227,6 +227,7 @@ fn valid(r: &mut Rng, shard: &Shard) -> (Request, Vec<u8>) {
     };
     (
         Request::Push {
+            lr_scale: 1.0,
             epoch: 1,
             encoding: enc,
             grad_scale,

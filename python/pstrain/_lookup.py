@@ -27,11 +27,12 @@ push acknowledged: the servers hold every step before this one, and a crash lose
 Replay makes the rows the same for every K; a larger K only lets pushes overlap more compute.
 
 Per-table learning rates live in the optimizer handle's ``param_groups`` (one group per table), so learning
-rate schedulers apply. The servers run each table's optimizer with the learning rate it was registered with;
-an ``sgd`` table takes a new rate per step exactly, as a multiplier on its gradient. Other optimizers' rates
-are fixed at registration (a change raises naming the table).
+rate schedulers apply. Every push carries the multiplier of the table's registered learning rate its group's
+``lr`` asks for (``lr_scale``), and the servers (and the replay of pushes in flight) run the table's optimizer
+at that rate, whatever the optimizer: sgd, row-wise Adagrad and Adam alike.
 """
 
+import math
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -224,10 +225,15 @@ class Lookup:
     def _check_lrs(self):
         for g in self.optimizer.param_groups:
             s = self.specs[g["table"]]
-            if g["lr"] != s.lr and s.optimizer != "sgd":
-                raise ValueError(
-                    f"table {s.name!r}: learning rate {g['lr']} set in the optimizer handle, but the servers run its "
-                    f"{s.optimizer} optimizer at the registered {s.lr}: only sgd tables take a new rate per step")
+            lr = g["lr"]
+            if not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr >= 0):
+                raise ValueError(f"table {s.name!r}: learning rate {lr!r} set in the optimizer handle, expected a "
+                                 "finite number >= 0")
+
+    def _lr_scale(self, name: str, lrs: Dict[str, float]) -> float:
+        """The multiplier of table ``name``'s registered learning rate that its param group's ``lr`` asks for."""
+        s = self.specs[name]
+        return 1.0 if lrs[name] == s.lr else float(lrs[name]) / float(s.lr)
 
     def lookup(self, batch: Batch, stack: Optional[List[str]] = None):
         """Per feature of ``batch`` served here: pooled rows ``[batch, dim]``, or for pooling ``none`` the rows
@@ -322,8 +328,8 @@ class Lookup:
             s = state[at_s : at_s + n * sl].reshape(n, sl)
             for _, u in later:
                 if name in u:
-                    ids, g = u[name]
-                    self.client._c.replay(t.id, r, s, plan.unique[name], ids, g)
+                    ids, g, lr_scale = u[name]
+                    self.client._c.replay(t.id, r, s, plan.unique[name], ids, g, lr_scale)
             at_r += n
             at_s += n * sl
 
@@ -410,24 +416,26 @@ class Lookup:
         """Pushes one update (per table: distinct ids and their summed gradients), one request per server and
         push encoding, on the lane; logs it for replay."""
         start = time.perf_counter()
+        self._check_lrs()
         lrs = {g["table"]: g["lr"] for g in self.optimizer.param_groups}
-        by_enc: Dict[str, list] = {}
+        # One request per server for every (push encoding, learning-rate multiplier): the servers apply each
+        # table's optimizer at its registered rate times the multiplier the param group's lr asks for.
+        by_enc: Dict[Tuple[str, float], list] = {}
         for name, (ids, g) in update.items():
-            s = self.specs[name]
-            if s.optimizer == "sgd" and lrs[name] != s.lr:
-                g = g * np.float32(lrs[name] / s.lr)
-            by_enc.setdefault(self.tables[name].push_encoding, []).append((name, ids, g))
+            key = (self.tables[name].push_encoding, self._lr_scale(name, lrs))
+            by_enc.setdefault(key, []).append((name, ids, g))
         handles = []
-        for enc, parts in by_enc.items():
+        for (enc, lr_scale), parts in by_enc.items():
             # The ids are the plan's (uint64, distinct) and the gradients were checked finite in backward: straight
             # to the extension, without the public API's checks.
             ts = [self.tables[n] for n, _, _ in parts]
             what = "tables " + ", ".join(repr(t.name) for t in ts) if len(ts) < 5 else f"{len(ts)} tables"
             h = self.client._c.push_async([(t.id, t.dim) for t in ts], what, enc, [i for _, i, _ in parts],
-                                          [np.ascontiguousarray(g, dtype=np.float32) for _, _, g in parts], self.lane)
+                                          [np.ascontiguousarray(g, dtype=np.float32) for _, _, g in parts], self.lane,
+                                          lr_scale=lr_scale)
             handles.append(h)
             if self._prefetched:
-                self._log.append((h.seq, {n: (i, g) for n, i, g in parts}))
+                self._log.append((h.seq, {n: (i, g, lr_scale) for n, i, g in parts}))
         self._inflight.append((self.updates, handles))
         self.updates += 1
         self.timing["push"] += time.perf_counter() - start

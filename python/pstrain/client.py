@@ -266,17 +266,19 @@ class Client:
         """The rows of ``ids``: ``float32`` ``[len(ids), dim]``."""
         return self.pull_async(table, ids).wait()
 
-    def push_async(self, table, ids, grads) -> PushHandle:
-        """Starts a push of ``grads`` for ``ids``; ``wait()`` gives the rows applied."""
+    def push_async(self, table, ids, grads, *, lr_scale: float = 1.0) -> PushHandle:
+        """Starts a push of ``grads`` for ``ids``; ``wait()`` gives the rows applied. ``lr_scale`` multiplies the
+        table's learning rate for this push (a schedule; finite, >= 0; an ``ftrl`` table takes only 1)."""
         t = self.table(table)
         what = f"push of table {t.name!r}"
         u = _check_ids(ids, what)
         g = _check_grads(grads, len(u), t.dim, what)
-        return self._c.push_async([(t.id, t.dim)], f"table {t.name!r}", t.push_encoding, [u], [g])
+        return self._c.push_async([(t.id, t.dim)], f"table {t.name!r}", t.push_encoding, [u], [g],
+                                  lr_scale=float(lr_scale))
 
-    def push_many(self, tables, ids, grads, *, lane=None) -> PushHandle:
+    def push_many(self, tables, ids, grads, *, lane=None, lr_scale: float = 1.0) -> PushHandle:
         """Starts one push of several tables (``grads[i]`` for ``ids[i]`` of ``tables[i]``, one push encoding);
-        ``lane`` orders it after that lane's earlier pulls."""
+        ``lane`` orders it after that lane's earlier pulls; ``lr_scale`` as for ``push_async``."""
         ts = [self.table(t) for t in tables]
         if not (len(ts) == len(ids) == len(grads)):
             raise ValueError(f"push_many: {len(ids)} id and {len(grads)} gradient arrays for {len(ts)} tables")
@@ -291,11 +293,12 @@ class Client:
             gs.append(_check_grads(g, len(u), t.dim, what))
         what = "tables " + ", ".join(repr(t.name) for t in ts) if len(ts) < 5 else f"{len(ts)} tables"
         return self._c.push_async([(t.id, t.dim) for t in ts], what, ts[0].push_encoding if ts else "f32", us, gs,
-                                  lane)
+                                  lane, lr_scale=float(lr_scale))
 
-    def push(self, table, ids, grads) -> int:
-        """Applies ``grads`` (``float32`` ``[len(ids), dim]``) with the table's optimizer; returns rows applied."""
-        return self.push_async(table, ids, grads).wait()
+    def push(self, table, ids, grads, *, lr_scale: float = 1.0) -> int:
+        """Applies ``grads`` (``float32`` ``[len(ids), dim]``) with the table's optimizer, at ``lr_scale`` times its
+        learning rate; returns rows applied."""
+        return self.push_async(table, ids, grads, lr_scale=lr_scale).wait()
 
     def write(self, table, ids, rows) -> int:
         """Sets the weights of ``ids``' rows to ``rows`` (``float32`` ``[len(ids), dim]``, finite; a repeated id

@@ -303,7 +303,9 @@ impl Client {
     /// each id of `target` (distinct) that `pushed` (distinct) holds, its row in `rows` (`len(target) x dim`)
     /// and state in `state` (`len(target) x state_len`) are updated in place with table `table`'s optimizer
     /// and the pushed gradient row of `grads` (`len(pushed) x dim`, as pushed: summed per id, unscaled).
-    /// Rows whose gradient is not finite are left, as the servers refuse them. Returns the rows updated.
+    /// Rows whose gradient is not finite are left, as the servers refuse them. `lr_scale`: the push's learning-rate
+    /// multiplier. Returns the rows updated.
+    #[pyo3(signature = (table, rows, state, target, pushed, grads, lr_scale = 1.0))]
     #[allow(clippy::too_many_arguments)]
     fn replay(
         &self,
@@ -314,8 +316,19 @@ impl Client {
         target: PyReadonlyArray1<'_, u64>,
         pushed: PyReadonlyArray1<'_, u64>,
         grads: PyReadonlyArray2<'_, f32>,
+        lr_scale: f32,
     ) -> PyResult<usize> {
         let cfg = self.config(table)?;
+        let opt = cfg
+            .optimizer
+            .with_lr_scale(lr_scale)
+            .filter(|_| lr_scale.is_finite() && lr_scale >= 0.0)
+            .ok_or_else(|| {
+                PyValueError::new_err(format!(
+                    "replay on table {table:?} ({}): lr_scale {lr_scale} does not apply to its optimizer",
+                    cfg.name
+                ))
+            })?;
         let (dim, len) = (cfg.dim, cfg.state_len());
         let target = target.as_slice()?;
         let pushed = pushed.as_slice()?;
@@ -337,7 +350,7 @@ impl Client {
                 pushed.len()
             )));
         }
-        Ok(py.detach(|| crate::replay::apply(&cfg, rows, state, target, pushed, grads)))
+        Ok(py.detach(|| crate::replay::apply((&cfg, &opt), rows, state, target, pushed, grads)))
     }
 
     /// Starts a pull of several tables in one request per server: `tables[i]` is `(table id, dim)` and
@@ -396,8 +409,9 @@ impl Client {
     /// Starts a push of several tables' gradients in one request per server: `grads[i]` is
     /// `len(ids[i]) x dim` of `tables[i]`. Returns a `PushHandle`. `lane`: as for `pull_async` (the push runs
     /// after that lane's earlier pulls are answered). A push whose reply is lost is retried under its first
-    /// id, and the servers apply it once (a retry gets the first answer); `close` waits for it.
-    #[pyo3(signature = (tables, what, encoding, ids, grads, lane = None))]
+    /// id, and the servers apply it once (a retry gets the first answer); `close` waits for it. `lr_scale`
+    /// multiplies every table's learning rate for this push (a schedule; 1: the registered rate).
+    #[pyo3(signature = (tables, what, encoding, ids, grads, lane = None, lr_scale = 1.0))]
     #[allow(clippy::too_many_arguments)]
     fn push_async(
         &self,
@@ -408,9 +422,10 @@ impl Client {
         ids: Vec<PyReadonlyArray1<'_, u64>>,
         grads: Vec<PyReadonlyArray2<'_, f32>>,
         lane: Option<PyRef<'_, Lane>>,
+        lr_scale: f32,
     ) -> PyResult<PushHandle> {
         self.check_open(py, &what)?;
-        let push = PushJob::new(tables, &what, encoding, &ids, &grads)?;
+        let push = PushJob::new(tables, &what, (encoding, lr_scale), &ids, &grads)?;
         let (tx, rx) = oneshot::channel();
         let (client, counters, timeout) = (self.inner.clone(), self.counters.clone(), self.timeout);
         let guard = self.inflight.enter();

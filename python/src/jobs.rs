@@ -299,17 +299,24 @@ pub(crate) struct PushJob {
     ids: Vec<Vec<u64>>,
     grads: Vec<Vec<f32>>,
     what: String,
+    /// Multiplies every table's learning rate for this push (a schedule on the optimizer handle).
+    pub(crate) lr_scale: f32,
 }
 
 impl PushJob {
     pub(crate) fn new(
         tables: Vec<(u32, usize)>,
         what: &str,
-        encoding: &str,
+        (encoding, lr_scale): (&str, f32),
         ids: &[PyReadonlyArray1<'_, u64>],
         grads: &[PyReadonlyArray2<'_, f32>],
     ) -> PyResult<PushJob> {
         let encoding = parse_encoding(encoding)?;
+        if !(lr_scale.is_finite() && lr_scale >= 0.0) {
+            return Err(PyValueError::new_err(format!(
+                "push of {what}: lr_scale {lr_scale}, expected a finite number >= 0"
+            )));
+        }
         if ids.len() != tables.len() || grads.len() != tables.len() {
             return Err(PyValueError::new_err(format!(
                 "{what}: {} id arrays and {} gradient arrays for {} tables",
@@ -339,6 +346,7 @@ impl PushJob {
             ids: all_ids,
             grads: all_grads,
             what: format!("push of {what} ({n} ids)"),
+            lr_scale,
         })
     }
 
@@ -356,8 +364,11 @@ impl PushJob {
             .map(|(&(table, dim), ids)| TableIds { table, dim, ids })
             .collect();
         let grads: Vec<&[f32]> = self.grads.iter().map(Vec::as_slice).collect();
-        let r =
-            tokio::time::timeout(timeout, push_tables(client, self.encoding, &parts, &grads)).await;
+        let r = tokio::time::timeout(
+            timeout,
+            push_tables(client, (self.encoding, self.lr_scale), &parts, &grads),
+        )
+        .await;
         let r = match r {
             Ok(Ok(applied)) => Ok(applied),
             Ok(Err(e)) => Err(failed(&self.what, e, start)),

@@ -10,10 +10,11 @@ use embedding::TableConfig;
 
 /// For each id of `target` (distinct) that `pushed` (distinct) holds, updates its row of `rows`
 /// (`target.len() x dim`) and its state of `state` (`target.len() x state_len`) with `cfg`'s optimizer and the
-/// pushed gradient row of `grads` (`pushed.len() x dim`). Rows whose gradient is not finite are left, as the
-/// servers refuse them. The caller checked the lengths. Returns the rows updated.
+/// pushed gradient row of `grads` (`pushed.len() x dim`), at `opt` (the table's optimizer at the push's
+/// learning-rate multiplier). Rows whose gradient is not finite are left, as the servers refuse them. The
+/// caller checked the lengths. Returns the rows updated.
 pub(crate) fn apply(
-    cfg: &TableConfig,
+    (cfg, opt): (&TableConfig, &embedding::OptimizerConfig),
     rows: &mut [f32],
     state: &mut [f32],
     target: &[u64],
@@ -31,7 +32,7 @@ pub(crate) fn apply(
             continue;
         }
         update(
-            &cfg.optimizer,
+            opt,
             reg,
             &mut rows[i * dim..(i + 1) * dim],
             &mut state[i * len..(i + 1) * len],

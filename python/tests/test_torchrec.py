@@ -242,8 +242,8 @@ def test_unfused_updates_accumulate_clip_and_unscale_like_dense_parameters(clien
 
 
 def test_learning_rate_handle_and_scheduler(client):
-    """The per-table handle's lr reaches an sgd table every step (a scheduler halves it); a table whose server
-    optimizer cannot take a new rate refuses the change naming the table."""
+    """The per-table handle's lr reaches an sgd table every step (a scheduler halves it); a rate that is not a
+    finite number >= 0 is refused naming the table."""
     data = batches(7, 4)
     ours = EmbeddingBagCollection(configs(), client, optimizer="sgd", lr=LR, table_prefix=prefix())
     theirs = torchrec_twin(ours, False)
@@ -261,9 +261,74 @@ def test_learning_rate_handle_and_scheduler(client):
     for k, v in theirs.state_dict().items():
         torch.testing.assert_close(ours.state_dict()[k], v, rtol=1e-5, atol=1e-6)
     ada = EmbeddingBagCollection(configs(), client, optimizer="row_adagrad", lr=0.1, table_prefix=prefix())
-    ada.fused_optimizer.param_groups[1]["lr"] = 0.05
-    with pytest.raises(ValueError, match=r"table '.*t1'.*row_adagrad.*registered 0.1"):
+    ada.fused_optimizer.param_groups[1]["lr"] = -0.05
+    with pytest.raises(ValueError, match=r"table '.*t1': learning rate -0.05 .*finite number >= 0"):
         ada(data[0][1])
+
+
+def _reference_update(optimizer, w, state, row, g, lr, eps=1e-8, betas=(0.9, 0.999)):
+    """One row of the servers' optimizer (embedding/src/optimizer.rs), in float64: row-wise Adagrad as FBGEMM's,
+    Adam with the row's own step count."""
+    if optimizer == "row_adagrad":
+        acc = state.setdefault(row, np.zeros(1))
+        acc += np.mean(g * g)
+        w[row] -= lr / (np.sqrt(acc) + eps) * g
+    else:
+        m, v, t = state.setdefault(row, [np.zeros_like(g), np.zeros_like(g), 0])
+        t += 1
+        m[:] = betas[0] * m + (1 - betas[0]) * g
+        v[:] = betas[1] * v + (1 - betas[1]) * g * g
+        state[row][2] = t
+        bc1, bc2 = 1 - betas[0] ** t, 1 - betas[1] ** t
+        w[row] -= (lr / bc1) * (m / (np.sqrt(v) / np.sqrt(bc2) + eps))
+
+
+@pytest.mark.parametrize("optimizer", ["row_adagrad", "adam"])
+def test_scheduler_reaches_tables_whose_optimizer_keeps_state(client, optimizer):
+    """A StepLR on the handle reaches row-wise Adagrad and Adam tables every step (each push carries its
+    lr_scale): the rows equal a reference of the optimizer at the scheduled rates; at staleness 2 with prefetch
+    (replay of the pushes in flight, each at its own rate) they equal staleness 0 bit for bit."""
+    data = batches(8, 6, max_len=2)
+    runs = []
+    for k in (0, 2):
+        ebc = EmbeddingBagCollection(configs(), client, optimizer=optimizer, lr=0.2, eps=1e-8, staleness=k,
+                                     table_prefix=prefix(), seed=9)
+        initial = rows_of(ebc)
+        sched = torch.optim.lr_scheduler.StepLR(ebc.fused_optimizer, step_size=1, gamma=0.5)
+        for i, (_, kjt, _) in enumerate(data):
+            if k and i + 1 < len(data):
+                ebc.prefetch(data[i + 1][1])
+            ebc.fused_optimizer.zero_grad()
+            ebc(kjt).values().pow(2).sum().backward()
+            ebc.fused_optimizer.step()
+            sched.step()
+        ebc.wait()
+        runs.append((initial, rows_of(ebc)))
+    (init0, rows0), (init2, rows2) = runs
+    for key in rows0:
+        assert torch.equal(rows0[key], rows2[key]), key
+    # The reference: TorchRec's module on the same initial rows computes the gradients, the optimizer above
+    # applies them at 0.2, 0.1, 0.05, ... to the rows the batch touched.
+    twin = torchrec.EmbeddingBagCollection(tables=configs())
+    twin.load_state_dict(init0)
+    weights = {f"embedding_bags.t{i}.weight": p for i, p in enumerate(twin.embedding_bags[f"t{i}"].weight
+                                                                        for i in range(len(FEATURES)))}
+    state = {key: {} for key in weights}
+    for i, (_, kjt, _) in enumerate(data):
+        for p in weights.values():
+            p.grad = None
+        twin(kjt).values().pow(2).sum().backward()
+        lr = 0.2 * 0.5 ** i
+        with torch.no_grad():
+            for f, key in zip(FEATURES, weights):
+                w = weights[key].data.double().numpy().copy()
+                g = weights[key].grad.double().numpy()
+                for row in np.unique(kjt[f].values().numpy()):
+                    _reference_update(optimizer, w, state[key], int(row), g[row].copy(), lr)
+                weights[key].data.copy_(torch.from_numpy(w).float())
+    for key, p in weights.items():
+        torch.testing.assert_close(rows0[key], p.data, rtol=1e-5, atol=1e-6, msg=key)
+        assert not torch.equal(rows0[key], init0[key])
 
 
 def test_state_dict_round_trip_restores_every_row(client, tmp_path):

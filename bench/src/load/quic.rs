@@ -41,7 +41,13 @@ fn wire_sizes(r: &ServerRequests, cfg: &LoadConfig, epoch: u64) -> anyhow::Resul
         encoding: cfg.codec,
         tables: r.counts.clone(),
     };
-    let push_req = push::request(epoch, cfg.codec, 1.0, r.counts.clone(), push::PushId::NONE)?;
+    let push_req = push::request(
+        epoch,
+        cfg.codec,
+        (1.0, 1.0),
+        r.counts.clone(),
+        push::PushId::NONE,
+    )?;
     let push_resp = Response::Pushed {
         rows: r.rows as u64,
         rejected_nonfinite: 0,

@@ -348,6 +348,27 @@ impl Table {
         Ok(stats)
     }
 
+    /// The table's optimizer at `lr_scale` times its learning rate, or why not (not finite, negative, or an FTRL
+    /// table's scale other than 1): what [`Table::apply_scaled`] checks first, for callers that must check
+    /// several tables before applying to any.
+    pub fn scaled_optimizer(
+        &self,
+        lr_scale: f32,
+    ) -> Result<crate::config::OptimizerConfig, EmbeddingError> {
+        let invalid = |expected| EmbeddingError::InvalidConfig {
+            table: self.cfg.id,
+            field: "lr_scale",
+            value: lr_scale.to_string(),
+            expected,
+        };
+        if !(lr_scale.is_finite() && lr_scale >= 0.0) {
+            return Err(invalid("a finite number >= 0"));
+        }
+        self.cfg.optimizer.with_lr_scale(lr_scale).ok_or_else(|| {
+            invalid("1 for an FTRL table (its per-coordinate rates take no multiplier)")
+        })
+    }
+
     /// The table's logical clock: the latest `now` it was given, in seconds.
     pub fn clock(&self) -> u64 {
         self.clock.load(Ordering::Relaxed)
@@ -381,6 +402,20 @@ impl Table {
         grads: &[f32],
         now: u64,
     ) -> Result<ApplyStats, EmbeddingError> {
+        self.apply_scaled(ids, grads, now, 1.0)
+    }
+
+    /// [`Table::apply_at`] with the optimizer's learning rate multiplied by `lr_scale` (finite, >= 0) for this
+    /// call ([`OptimizerConfig::with_lr_scale`](crate::config::OptimizerConfig::with_lr_scale)): a trainer's
+    /// learning-rate schedule. Refused before any row changes for an FTRL table unless `lr_scale` is 1.
+    pub fn apply_scaled(
+        &self,
+        ids: &[u64],
+        grads: &[f32],
+        now: u64,
+        lr_scale: f32,
+    ) -> Result<ApplyStats, EmbeddingError> {
+        let opt = self.scaled_optimizer(lr_scale)?;
         self.check_len("gradient", ids.len(), grads.len())?;
         self.advance_clock(now);
         let stamp = stamp_of(now);
@@ -451,7 +486,7 @@ impl Table {
                 let row = stripe.arena.row_mut(slot);
                 before.copy_from_slice(row);
                 let (weights, state) = row.split_at_mut(dim);
-                optimizer::update(&self.cfg.optimizer, self.reg, weights, state, grad);
+                optimizer::update(&opt, self.reg, weights, state, grad);
                 match guard.check(&before, row, dim) {
                     crate::Guarded::Kept => {}
                     crate::Guarded::Refused => {

@@ -462,3 +462,85 @@ fn an_update_to_infinity_is_refused_and_counted() {
     assert_eq!((clamped.applied, clamped.clamped_weights), (1, 1));
     assert_eq!(t.row(7).unwrap(), vec![1e38, 2.0]);
 }
+
+/// A push's `lr_scale` is the table's learning rate times the scale for that call, for every optimizer that
+/// has one (the same rows, bit for bit, as a table registered at the scaled rate; later calls at scale 1 go
+/// back to the registered rate with the state the scaled call left); FTRL and bad scales are refused before
+/// any row changes, naming the table and the value.
+#[test]
+fn lr_scale_multiplies_the_learning_rate_for_one_call() {
+    let optimizers = [
+        OptimizerConfig::Sgd { lr: 0.3 },
+        OptimizerConfig::RowAdagrad {
+            lr: 0.3,
+            eps: 1e-8,
+            initial_accumulator: 0.0,
+        },
+        OptimizerConfig::Adagrad {
+            lr: 0.3,
+            eps: 1e-8,
+            initial_accumulator: 0.1,
+        },
+        OptimizerConfig::Adam {
+            lr: 0.3,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+        },
+    ];
+    let (ids, grads) = ([4u64, 9, 4], [0.5f32, -1.0, 2.0, 0.25, -0.75, 1.5]);
+    for opt in optimizers {
+        let mut cfg = sgd(2, 1.0);
+        cfg.optimizer = opt;
+        let scaled = Table::new(cfg.clone()).unwrap();
+        let mut at_rate = cfg.clone();
+        at_rate.optimizer = opt.with_lr_scale(0.25).unwrap();
+        let reference = Table::new(at_rate).unwrap();
+        scaled.apply_scaled(&ids, &grads, 0, 0.25).unwrap();
+        reference.apply(&ids, &grads).unwrap();
+        for id in [4, 9] {
+            assert_eq!(
+                bits(&scaled.row(id).unwrap()),
+                bits(&reference.row(id).unwrap()),
+                "{opt:?} id {id}"
+            );
+        }
+        // Back at the registered rate: the next update uses it (and the state the scaled one left).
+        let plain = Table::new(cfg.clone()).unwrap();
+        plain.apply(&ids, &grads).unwrap();
+        scaled.apply_scaled(&ids, &grads, 0, 1.0).unwrap();
+        plain.apply(&ids, &grads).unwrap();
+        assert_ne!(
+            bits(&scaled.row(4).unwrap()),
+            bits(&plain.row(4).unwrap()),
+            "{opt:?}: the scaled first step must leave a different row"
+        );
+    }
+    let mut ftrl = sgd(2, 1.0);
+    ftrl.optimizer = OptimizerConfig::Ftrl {
+        alpha: 0.1,
+        beta: 1.0,
+        l1: 0.0,
+        l2: 0.0,
+    };
+    let t = Table::new(ftrl).unwrap();
+    let err = t.apply_scaled(&[1], &[1.0, 1.0], 0, 0.5).unwrap_err();
+    assert!(
+        err.to_string().contains("table 3") && err.to_string().contains("lr_scale = 0.5"),
+        "{err}"
+    );
+    assert!(t.is_empty(), "nothing applied");
+    t.apply_scaled(&[1], &[1.0, 1.0], 0, 1.0).unwrap();
+    let t = Table::new(sgd(2, 1.0)).unwrap();
+    for bad in [-1.0, f32::NAN, f32::INFINITY] {
+        let err = t.apply_scaled(&[1], &[1.0, 1.0], 0, bad).unwrap_err();
+        assert!(err.to_string().contains("lr_scale"), "{err}");
+    }
+    assert!(t.is_empty());
+    t.apply_scaled(&[1], &[1.0, 1.0], 0, 0.0).unwrap();
+    assert_eq!(
+        bits(&t.row(1).unwrap()),
+        bits(&init_of(&sgd(2, 1.0), 1)),
+        "lr 0 leaves the weights"
+    );
+}

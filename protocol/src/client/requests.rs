@@ -92,11 +92,11 @@ impl<D: Dialer> PsClient<D> {
         &self,
         server: usize,
         epoch: u64,
-        (encoding, grad_scale, id): (Encoding, f32, wire::message::push::PushId),
+        (encoding, scales, id): (Encoding, (f32, f32), wire::message::push::PushId),
         tables: Vec<TableCount>,
         payload: Bytes,
     ) -> Result<(u64, u64), ProtocolError> {
-        let req = wire::message::push::request(epoch, encoding, grad_scale, tables, id)?;
+        let req = wire::message::push::request(epoch, encoding, scales, tables, id)?;
         let (resp, _) = self.call(server, &req, payload).await?;
         match resp {
             Response::Pushed {

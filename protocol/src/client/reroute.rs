@@ -157,6 +157,7 @@ impl<D: Dialer> Reroute<D> for PullWithStateOp {
 struct PushOp {
     encoding: Encoding,
     grad_scale: f32,
+    lr_scale: f32,
     id: PushId,
 }
 
@@ -174,7 +175,7 @@ impl<D: Dialer> Reroute<D> for PushOp {
         Box::pin(client.push_once(
             server,
             epoch,
-            (self.encoding, self.grad_scale, self.id),
+            (self.encoding, (self.grad_scale, self.lr_scale), self.id),
             tables,
             payload,
         ))
@@ -520,9 +521,24 @@ impl<D: Dialer> PsClient<D> {
         tables: Vec<TableCount>,
         payload: Bytes,
     ) -> Result<(u64, u64), ProtocolError> {
+        self.push_scaled(server, encoding, (grad_scale, 1.0), tables, payload)
+            .await
+    }
+
+    /// [`PsClient::push`] at `lr_scale` times every table's learning rate (finite, >= 0; a learning-rate
+    /// schedule reaching tables whose optimizer keeps state).
+    pub async fn push_scaled(
+        &self,
+        server: usize,
+        encoding: Encoding,
+        (grad_scale, lr_scale): (f32, f32),
+        tables: Vec<TableCount>,
+        payload: Bytes,
+    ) -> Result<(u64, u64), ProtocolError> {
         let op = PushOp {
             encoding,
             grad_scale,
+            lr_scale,
             id: self.next_push_id(),
         };
         self.routed(server, 0, op, tables, payload).await

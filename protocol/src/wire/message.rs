@@ -86,6 +86,9 @@ pub enum Request {
         /// the first answer instead of applying it again ([`push::PushId`]; [`push::PushId::NONE`]: no
         /// de-duplication).
         id: push::PushId,
+        /// Every table's learning rate is multiplied by this for this push (a learning-rate schedule on the
+        /// trainer; 1: the registered rate). Finite and >= 0; refused for an FTRL table unless 1.
+        lr_scale: f32,
     },
     /// Write every dirty row to storage now.
     Flush,

@@ -52,24 +52,37 @@ pub struct PushAnswer {
     pub rejected_nonfinite: u64,
 }
 
-/// The header of a push of `tables` under map `epoch`, gradients in `encoding` multiplied by `grad_scale`:
-/// the one builder every sender uses. Refuses a `grad_scale` that is not finite and > 0 before anything is
-/// sent (the server would refuse it).
+/// The header of a push of `tables` under map `epoch`, gradients in `encoding` multiplied by `grad_scale`,
+/// applied at `lr_scale` times each table's learning rate: the one builder every sender uses. Refuses a
+/// `grad_scale` that is not finite and > 0, or an `lr_scale` that is not finite and >= 0, before anything is
+/// sent (the server would refuse them).
 pub fn request(
     epoch: u64,
     encoding: Encoding,
-    grad_scale: f32,
+    (grad_scale, lr_scale): (f32, f32),
     tables: Vec<TableCount>,
     id: PushId,
 ) -> Result<Request, ProtocolError> {
     check_grad_scale(grad_scale)?;
+    check_lr_scale(lr_scale)?;
     Ok(Request::Push {
         epoch,
         encoding,
         grad_scale,
         tables,
         id,
+        lr_scale,
     })
+}
+
+/// Refuses a learning-rate multiplier that is not finite and >= 0.
+pub fn check_lr_scale(lr_scale: f32) -> Result<(), ProtocolError> {
+    if !(lr_scale.is_finite() && lr_scale >= 0.0) {
+        return Err(ProtocolError::BadPayload(format!(
+            "lr_scale = {lr_scale}, expected a finite number >= 0"
+        )));
+    }
+    Ok(())
 }
 
 /// Checks that `sections` (id sections followed by their rows) holds the rows' bytes its counts announce in
@@ -126,7 +139,7 @@ mod tests {
         );
         encode_rows(&[5.0, 6.0], 2, Encoding::F32, &mut s.payload);
         check_rows(&s, Encoding::F32).unwrap();
-        let req = request(7, Encoding::F32, 2.0, s.counts.clone(), PushId::NONE).unwrap();
+        let req = request(7, Encoding::F32, (2.0, 1.0), s.counts.clone(), PushId::NONE).unwrap();
         assert!(matches!(
             req,
             Request::Push {
@@ -136,7 +149,8 @@ mod tests {
             }
         ));
         for bad in [0.0, -1.0, f32::NAN, f32::INFINITY] {
-            let err = request(7, Encoding::F32, bad, s.counts.clone(), PushId::NONE).unwrap_err();
+            let err =
+                request(7, Encoding::F32, (bad, 1.0), s.counts.clone(), PushId::NONE).unwrap_err();
             assert!(err.to_string().contains("grad_scale"), "{err}");
         }
         let mut ids = Vec::new();

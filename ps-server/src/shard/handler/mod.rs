@@ -112,8 +112,15 @@ impl Shard {
                 grad_scale,
                 tables,
                 id,
+                lr_scale,
             } => self
-                .push_once(id, (epoch, encoding, grad_scale), &tables, payload, now_us)
+                .push_once(
+                    id,
+                    (epoch, encoding, (grad_scale, lr_scale)),
+                    &tables,
+                    payload,
+                    now_us,
+                )
                 .map(|(reply, w)| {
                     wait = w.map(|wait| PendingAck {
                         wait: Some(wait),
@@ -572,7 +579,7 @@ impl Shard {
     fn push_once(
         &self,
         id: PushId,
-        head: (u64, Encoding, f32),
+        head: (u64, Encoding, (f32, f32)),
         tables: &[TableCount],
         payload: &[u8],
         now_us: u64,
@@ -682,7 +689,7 @@ impl Shard {
     fn push(
         &self,
         (id, shape): (PushId, u64),
-        (epoch, encoding, grad_scale): (u64, Encoding, f32),
+        (epoch, encoding, (grad_scale, lr_scale)): (u64, Encoding, (f32, f32)),
         tables: &[TableCount],
         payload: &[u8],
         now_us: u64,
@@ -699,7 +706,12 @@ impl Shard {
         Self::check_epoch(&route.map, epoch)?;
         self.refuse_while_writes_fail("pushes")?;
         wire::message::push::check_grad_scale(grad_scale)?;
+        wire::message::push::check_lr_scale(lr_scale)?;
         self.check_tables(tables)?;
+        // Every table must take the learning-rate multiplier (FTRL takes none but 1) before any row changes.
+        for t in tables {
+            self.engine.table(t.table)?.scaled_optimizer(lr_scale)?;
+        }
         // Every id section and the rows' length are checked, then ownership of every id, before any row
         // changes.
         let mut all_ids = Vec::new();
@@ -747,7 +759,7 @@ impl Shard {
                 grads.iter_mut().for_each(|g| *g *= inv);
             }
             tried += 1;
-            match guard.apply_at(t.table, &all_ids[id_at..id_at + n], &grads, now) {
+            match guard.apply_scaled(t.table, &all_ids[id_at..id_at + n], &grads, now, lr_scale) {
                 Ok(stats) => {
                     applied += stats.applied as u64;
                     rejected += stats.rejected_nonfinite as u64;

@@ -47,6 +47,7 @@ fn push(s: &Shard, table: u32, dim: u32, ids: &[u64], grad: f32) {
     );
     let r = s.handle(
         Request::Push {
+            lr_scale: 1.0,
             epoch: 1,
             encoding: Encoding::F32,
             grad_scale: 1.0,

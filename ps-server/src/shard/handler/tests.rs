@@ -66,6 +66,16 @@ fn push_as(
     now: u64,
     id: protocol::wire::message::push::PushId,
 ) -> Reply {
+    push_scaled(s, tables, now, id, 1.0)
+}
+
+fn push_scaled(
+    s: &Shard,
+    tables: &[(u32, u32, &[u64], &[f32])],
+    now: u64,
+    id: protocol::wire::message::push::PushId,
+    lr_scale: f32,
+) -> Reply {
     let mut payload = Vec::new();
     for (_, _, ids, _) in tables {
         put_ids(ids, &mut payload);
@@ -83,6 +93,7 @@ fn push_as(
         .collect();
     s.handle(
         Request::Push {
+            lr_scale,
             epoch: 1,
             encoding: Encoding::F32,
             grad_scale: 1.0,
@@ -599,6 +610,7 @@ fn int8_rows_and_unmixed_id_sections_round_trip() {
     }];
     let r = s.handle(
         Request::Push {
+            lr_scale: 1.0,
             epoch: 1,
             encoding: Encoding::Int8,
             grad_scale: 2.0,
@@ -665,6 +677,7 @@ fn unsorted_ids_and_short_sections_refused() {
     payload.extend_from_slice(&[0; 15]);
     let r = s.handle(
         Request::Push {
+            lr_scale: 1.0,
             epoch: 1,
             encoding: Encoding::F32,
             grad_scale: 1.0,
@@ -898,4 +911,60 @@ fn a_sync_push_is_answered_once_across_a_restart() {
         .list_meta(crate::shard::push_window::DURABLE_PREFIX)
         .unwrap();
     assert_eq!(stored.len(), 3, "{stored:?}");
+}
+
+/// A push's `lr_scale` multiplies the tables' learning rates for that push; a scale that is not finite and
+/// >= 0, or one an FTRL table cannot take, refuses the whole push before any row changes, naming the value.
+#[test]
+fn push_lr_scale_multiplies_the_rate_and_bad_scales_change_nothing() {
+    let s = shard(1, 0);
+    let mut ftrl = TableConfig::new(3, "ftrl", 2);
+    ftrl.optimizer = OptimizerConfig::Ftrl {
+        alpha: 0.1,
+        beta: 1.0,
+        l1: 0.0,
+        l2: 0.0,
+    };
+    let r = s.handle(Request::RegisterTables { tables: vec![ftrl] }, &[], NOW);
+    assert!(
+        matches!(r.header, Response::Registered { .. }),
+        "{:?}",
+        r.header
+    );
+    let none = protocol::wire::message::push::PushId::NONE;
+    let r = push_scaled(&s, &[(1, 4, &[7], &[2.0, 4.0, 6.0, 8.0])], NOW, none, 0.5);
+    assert!(
+        matches!(r.header, Response::Pushed { rows: 1, .. }),
+        "{:?}",
+        r.header
+    );
+    // The counter table is SGD at lr 1 from zero rows: half the gradient at lr_scale 0.5.
+    assert_eq!(rows(pull(&s, 1, 4, &[7]), 4), [-1.0, -2.0, -3.0, -4.0]);
+    for bad in [f32::NAN, -0.5, f32::INFINITY] {
+        let (code, msg) = error_of(push_scaled(&s, &[(1, 4, &[7], &[1.0; 4])], NOW, none, bad));
+        assert_eq!(code, ErrorCode::BadRequest, "{msg}");
+        assert!(msg.contains("lr_scale"), "{msg}");
+    }
+    let (code, msg) = error_of(push_scaled(
+        &s,
+        &[(1, 4, &[7], &[1.0; 4]), (3, 2, &[7], &[1.0; 2])],
+        NOW,
+        none,
+        0.5,
+    ));
+    assert!(
+        msg.contains("table 3") && msg.contains("lr_scale = 0.5") && msg.contains("FTRL"),
+        "{code:?} {msg}"
+    );
+    assert_eq!(
+        rows(pull(&s, 1, 4, &[7]), 4),
+        [-1.0, -2.0, -3.0, -4.0],
+        "the refused push changed nothing, not even the table before the FTRL one"
+    );
+    let r = push_scaled(&s, &[(3, 2, &[7], &[1.0; 2])], NOW, none, 1.0);
+    assert!(
+        matches!(r.header, Response::Pushed { rows: 1, .. }),
+        "{:?}",
+        r.header
+    );
 }

@@ -141,6 +141,7 @@ fn a_backup_refuses_pushes_and_reads_until_in_sync() {
     push.extend_from_slice(&[0u8; 8]);
     let (c, m) = code(s.handle(
         Request::Push {
+            lr_scale: 1.0,
             epoch: 1,
             encoding: Encoding::F32,
             grad_scale: 1.0,

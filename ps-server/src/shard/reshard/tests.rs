@@ -73,6 +73,7 @@ fn push_req(epoch: u64, ids: &[u64]) -> (Request, Vec<u8>) {
     );
     (
         Request::Push {
+            lr_scale: 1.0,
             epoch,
             encoding: Encoding::F32,
             grad_scale: 1.0,
