@@ -2,7 +2,7 @@
 # The Python package's tests (python/tests, pytest) with real PyTorch and TorchRec, as `make test` runs them:
 #   1. a virtual environment OUTSIDE the clone (PSTRAIN_VENV, default /var/tmp/pstrain-venv-torchrec), created once
 #      and reused, holding exactly the pinned versions below (checked every run, fixed when they differ);
-#   2. the ps-server, gen-criteo and trainer binaries the tests start (release build);
+#   2. the ps-server, gen-criteo, trainer and ps-serve binaries the tests start (release build);
 #   3. `pip install ./python` (maturin builds the PyO3 extension against the same target directory);
 #   4. pytest, from outside the source folder so the installed package is the one imported.
 #
@@ -62,7 +62,7 @@ fi
   echo "torchrec does not import in $VENV (see the pins in $0)" >&2
   exit 1
 }
-cargo build --release -p ps-server -p bench -p trainer --bin ps-server --bin gen-criteo --bin trainer
+cargo build --release -p ps-server -p bench -p trainer -p serving --bin ps-server --bin gen-criteo --bin trainer --bin ps-serve
 "$VPY" -m pip install -q ./python
 export PSTRAIN_BIN_DIR="${CARGO_TARGET_DIR:-$PWD/target}/release"
 cd python/tests

@@ -150,17 +150,15 @@ impl Batch {
         let mut truncated = 0;
         let columns = self.sparse.iter_mut().zip(&mut self.offsets);
         for (input, (ids, offsets)) in layout.features.iter().zip(columns) {
-            let table = input.table as usize;
             if input.tokens == 1 {
-                let token = row.sparse[input.column].map(|t| input.cap(t));
-                ids.push(feature_id(table, token));
+                ids.push(input.id(row.sparse[input.column]));
                 if extra {
                     truncated += row.tokens(input.column).len().saturating_sub(1);
                 }
             } else {
                 let tokens = row.tokens(input.column);
                 let kept = &tokens[..tokens.len().min(input.tokens)];
-                ids.extend(kept.iter().map(|&t| feature_id(table, Some(input.cap(t)))));
+                ids.extend(kept.iter().map(|&t| input.id(Some(t))));
                 offsets.push(ids.len() as u32);
                 truncated += tokens.len() - kept.len();
             }
@@ -272,6 +270,7 @@ mod tests {
             features: vec![
                 // C3, multi-hot (3 tokens), table 0, capped at 16.
                 FeatureInput {
+                    ids: Default::default(),
                     column: 2,
                     table: 0,
                     hash_size: 16,
@@ -279,6 +278,7 @@ mod tests {
                 },
                 // C1, one-hot, sharing table 0.
                 FeatureInput {
+                    ids: Default::default(),
                     column: 0,
                     table: 0,
                     hash_size: 0,
@@ -286,6 +286,7 @@ mod tests {
                 },
                 // C2, multi-hot, table 7.
                 FeatureInput {
+                    ids: Default::default(),
                     column: 1,
                     table: 7,
                     hash_size: 0,

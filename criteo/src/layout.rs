@@ -3,11 +3,24 @@
 //!
 //! Feature `f` of a [`FeatureLayout`] reads column `column` (C1 is 0), keeps at most `tokens` of its
 //! `|`-separated tokens (1 = one-hot), caps each token to `token % hash_size` (0 = no cap) and keys it as
-//! [`feature_id`](crate::feature_id)`(table, token)`. The default layout is today's: 26 one-hot features,
+//! [`feature_id`](crate::feature_id)`(table, token)` ([`IdScheme::Hashed`], the trainer's) or as the capped
+//! token itself ([`IdScheme::Token`], TorchRec's Criteo convention). The default layout is today's: 26 one-hot features,
 //! feature `j` reading column `j` into table `j` without a cap, so its ids are exactly the one-hot ids.
 
-use super::ids::MAX_FEATURES;
+use super::ids::{feature_id, MAX_FEATURES};
 use super::parse::NUM_SPARSE;
+
+/// How a feature's (capped) tokens become row ids.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum IdScheme {
+    /// [`feature_id`]`(table, token)`: a bijective hash of the table and the token, the missing token an id of
+    /// its own (the trainer's ids; rows of different features never collide, whatever the cap).
+    #[default]
+    Hashed,
+    /// The capped token's value itself, the missing token read as token 0: `int(token or "0", 16) %
+    /// hash_size`, the ids TorchRec's Criteo pipeline (and a `num_embeddings`-sized table) expects.
+    Token,
+}
 
 /// One sparse feature: the column it reads and how its tokens become ids.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -20,6 +33,8 @@ pub struct FeatureInput {
     pub hash_size: u64,
     /// The most tokens kept per field (the rest are counted as truncated); 1 = one-hot, at least 1.
     pub tokens: usize,
+    /// How the capped tokens become ids.
+    pub ids: IdScheme,
 }
 
 impl FeatureInput {
@@ -30,6 +45,16 @@ impl FeatureInput {
             table: j as u32,
             hash_size: 0,
             tokens: 1,
+            ids: IdScheme::Hashed,
+        }
+    }
+
+    /// The row id of `token` (`None`: the field is empty) in this feature: capped, then keyed by [`Self::ids`].
+    #[inline]
+    pub fn id(&self, token: Option<u32>) -> u64 {
+        match self.ids {
+            IdScheme::Hashed => feature_id(self.table as usize, token.map(|t| self.cap(t))),
+            IdScheme::Token => u64::from(self.cap(token.unwrap_or(0))),
         }
     }
 
@@ -142,6 +167,10 @@ impl FeatureLayout {
             ] {
                 h = mix(h ^ x);
             }
+            // Hashed ids add nothing, so the digests of shards written before the scheme existed still match.
+            if f.ids == IdScheme::Token {
+                h = mix(h ^ 0x0074_6f6b_656e);
+            }
         }
         h
     }
@@ -245,6 +274,35 @@ mod tests {
             ],
         };
         l.validate().unwrap();
+    }
+
+    /// TorchRec's Criteo ids: `int(token or "0", 16) % hash_size`, the same value whatever the table; the
+    /// trainer's hashed ids otherwise. The scheme changes the fingerprint (a shard of one is never read as the
+    /// other); hashed layouts keep theirs.
+    #[test]
+    fn token_ids_are_the_capped_token_and_missing_is_zero() {
+        let token = FeatureInput {
+            hash_size: 1000,
+            table: 5,
+            ids: IdScheme::Token,
+            ..FeatureInput::one_hot(3)
+        };
+        assert_eq!(token.id(Some(0x1234)), 0x1234 % 1000);
+        assert_eq!(token.id(None), 0);
+        assert_eq!(token.id(Some(0)), 0);
+        let uncapped = FeatureInput {
+            hash_size: 0,
+            ..token
+        };
+        assert_eq!(uncapped.id(Some(u32::MAX)), u64::from(u32::MAX));
+        let hashed = FeatureInput {
+            ids: IdScheme::Hashed,
+            ..token
+        };
+        assert_eq!(hashed.id(Some(0x1234)), feature_id(5, Some(0x1234 % 1000)));
+        assert_eq!(hashed.id(None), feature_id(5, None));
+        let layout = |f| FeatureLayout { features: vec![f] };
+        assert_ne!(layout(token).fingerprint(), layout(hashed).fingerprint());
     }
 
     #[test]

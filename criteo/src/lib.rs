@@ -59,7 +59,7 @@ pub use columnar::{ColumnarError, Shard};
 pub use error::ReadError;
 pub use follow::Follow;
 pub use ids::{decode_feature_id, feature_id};
-pub use layout::{FeatureInput, FeatureLayout, LayoutError};
+pub use layout::{FeatureInput, FeatureLayout, IdScheme, LayoutError};
 pub use lines::{Next, Source, StreamEnd};
 pub use parse::{
     parse_csv_line, parse_line, parse_unlabeled_line, LineKind, ParseError, Row, TextFormat,

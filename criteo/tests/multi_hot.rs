@@ -11,6 +11,7 @@ use criteo::{
 /// C1 one-hot capped at 10 in table 0; C2 multi-hot (4 tokens) sharing table 0; C26 multi-hot (2).
 fn layout() -> FeatureLayout {
     let input = |column, table, hash_size, tokens| FeatureInput {
+        ids: Default::default(),
         column,
         table,
         hash_size,

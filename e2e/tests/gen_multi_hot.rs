@@ -25,6 +25,7 @@ fn layout(sizes: BagSizes) -> FeatureLayout {
     FeatureLayout {
         features: (0..NUM_SPARSE)
             .map(|j| FeatureInput {
+                ids: Default::default(),
                 tokens: sizes.size(j),
                 ..FeatureInput::one_hot(j)
             })

@@ -97,6 +97,10 @@ pub struct Export {
     pub manifest: ExportManifest,
     /// The dense parameters, one tensor per [`ExportManifest::param_sizes`] entry.
     pub params: Vec<Vec<f32>>,
+    /// Per table of the spec (in spec order), its id on the servers (and in the snapshot): the id of the
+    /// registered table of the same name. A trainer registers spec table `t` as id `t`; a Python job's tables
+    /// have ids of their own (`pstrain`: a hash of the name).
+    pub table_ids: Vec<u32>,
 }
 
 impl Export {
@@ -133,6 +137,29 @@ impl Export {
                 ),
             ));
         }
+        let table_ids = manifest
+            .spec
+            .tables
+            .iter()
+            .map(|t| {
+                manifest
+                    .tables
+                    .iter()
+                    .find(|c| c.name == t.name)
+                    .map(|c| c.id)
+                    .ok_or_else(|| {
+                        let names: Vec<&str> =
+                            manifest.tables.iter().map(|c| c.name.as_str()).collect();
+                        corrupt(
+                            &manifest_path,
+                            format!(
+                                "the spec's table {:?} is not among the registered tables {names:?}",
+                                t.name
+                            ),
+                        )
+                    })
+            })
+            .collect::<Result<Vec<u32>, ExportError>>()?;
         let mut at = 0;
         let params = manifest
             .param_sizes
@@ -150,6 +177,7 @@ impl Export {
             dir,
             manifest,
             params,
+            table_ids,
         })
     }
 
@@ -320,5 +348,49 @@ mod tests {
             .collect();
         left.sort();
         assert_eq!(left, ["other", "v000000000010", "v000000000012"]);
+    }
+
+    /// The spec's tables are found among the registered ones by name, whatever their ids (a Python job's tables
+    /// have ids of their own); a spec table missing from them refuses the export naming it.
+    #[test]
+    fn tables_are_matched_by_name() {
+        let text = "name = \"t\"\nbottom_mlp = [8, 4]\ntop_mlp = [4, 1]\n[sparse]\ndim = 4\n\
+                    [[feature]]\ncolumn = \"C1\"\ntable = \"a\"\n[[feature]]\ncolumn = \"C2\"\ntable = \"b\"\n";
+        let spec = ModelSpec::parse(text).unwrap();
+        let model = Dlrm::new(
+            spec.dlrm_config(),
+            crate::DenseOptimizer::Sgd { lr: 1.0 },
+            1,
+        )
+        .unwrap();
+        let write = |tables: Vec<TableConfig>| {
+            let dir = tempfile::tempdir().unwrap();
+            let staging = Staging::begin(dir.path(), 3).unwrap();
+            std::fs::create_dir_all(staging.snapshot_dir()).unwrap();
+            let manifest = ExportManifest {
+                format: EXPORT_FORMAT_VERSION,
+                version: 3,
+                samples: 0,
+                created_unix_ms: 0,
+                spec: spec.clone(),
+                tables,
+                precision: Precision::F32,
+                param_sizes: Vec::new(),
+                num_shards: 1,
+            };
+            staging.commit(manifest, &model, 1).unwrap();
+            (Export::open(dir.path()), dir)
+        };
+        let (export, _dir) = write(vec![
+            TableConfig::new(5, "b", 4),
+            TableConfig::new(77, "a", 4),
+        ]);
+        assert_eq!(export.unwrap().table_ids, [77, 5]);
+        let (export, _dir) = write(vec![TableConfig::new(77, "a", 4)]);
+        let err = export.unwrap_err().to_string();
+        assert!(
+            err.contains("table \"b\" is not among the registered tables [\"a\"]"),
+            "{err}"
+        );
     }
 }

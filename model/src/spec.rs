@@ -79,6 +79,72 @@ pub enum OptimizerKind {
     /// Row-wise Adagrad on embedding rows; Adam on the dense layers unless `--dense-optimizer` says otherwise
     /// (dense Adam measured better than dense Adagrad on the demo data: BENCHMARKS.md).
     Adagrad,
+    /// Adam on embedding rows (each row counts its own steps; betas 0.9 / 0.999, eps 1e-8); Adam on the dense
+    /// layers unless `--dense-optimizer` says otherwise.
+    Adam,
+}
+
+impl OptimizerKind {
+    /// The rows' optimizer at learning rate `lr` (the one home of each kind's settings).
+    pub fn config(self, lr: f32) -> OptimizerConfig {
+        match self {
+            OptimizerKind::Sgd => OptimizerConfig::Sgd { lr },
+            OptimizerKind::Adagrad => OptimizerConfig::RowAdagrad {
+                lr,
+                eps: 1e-8,
+                initial_accumulator: 0.0,
+            },
+            OptimizerKind::Adam => OptimizerConfig::Adam {
+                lr,
+                beta1: 0.9,
+                beta2: 0.999,
+                eps: 1e-8,
+            },
+        }
+    }
+
+    /// The rows' learning rate when nothing sets one.
+    pub fn default_lr(self) -> f32 {
+        match self {
+            OptimizerKind::Adagrad => 0.05,
+            OptimizerKind::Sgd => 0.5,
+            OptimizerKind::Adam => 0.001,
+        }
+    }
+
+    /// The dense optimizer that goes with it when nothing sets one.
+    pub fn dense_default(self) -> DenseKind {
+        match self {
+            OptimizerKind::Sgd => DenseKind::Sgd,
+            OptimizerKind::Adagrad | OptimizerKind::Adam => DenseKind::Adam,
+        }
+    }
+}
+
+/// How a table's rows are keyed by the tokens its features read (docs/model-spec.md, `ids`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Ids {
+    /// The trainer's ids: a bijective hash of the table and the (capped) token; the missing token has its own.
+    #[default]
+    Hashed,
+    /// The capped token's value itself, the missing token read as 0: `int(token or "0", 16) % hash_size`,
+    /// TorchRec's Criteo convention (tables of `hash_size` rows indexed from 0).
+    Token,
+}
+
+impl Ids {
+    fn is_hashed(&self) -> bool {
+        *self == Ids::Hashed
+    }
+
+    /// The reader's scheme.
+    pub fn scheme(self) -> criteo::IdScheme {
+        match self {
+            Ids::Hashed => criteo::IdScheme::Hashed,
+            Ids::Token => criteo::IdScheme::Token,
+        }
+    }
 }
 
 /// The optimizer of the dense layers (applied on the trainer).
@@ -135,6 +201,9 @@ pub struct Table {
     pub pull: Encoding,
     /// Encoding of pushed gradients.
     pub push: Encoding,
+    /// How tokens become row ids (absent in specs and exports written before it existed: hashed).
+    #[serde(default, skip_serializing_if = "Ids::is_hashed")]
+    pub ids: Ids,
 }
 
 /// A checked model spec (serialized resolved, as an export's manifest records it).
@@ -228,6 +297,7 @@ impl ModelSpec {
                 .features
                 .iter()
                 .map(|f| criteo::FeatureInput {
+                    ids: self.tables[f.table].ids.scheme(),
                     column: f.column,
                     table: f.table as u32,
                     hash_size: self.tables[f.table].hash_size,
@@ -296,21 +366,11 @@ impl ModelSpec {
         self.tables
             .iter()
             .enumerate()
-            .map(|(t, table)| {
-                let lr = table.lr;
-                TableConfig {
-                    optimizer: match table.optimizer {
-                        OptimizerKind::Sgd => OptimizerConfig::Sgd { lr },
-                        OptimizerKind::Adagrad => OptimizerConfig::RowAdagrad {
-                            lr,
-                            eps: 1e-8,
-                            initial_accumulator: 0.0,
-                        },
-                    },
-                    init: InitConfig::uniform(init_scale),
-                    seed: seed.wrapping_mul(1000).wrapping_add(t as u64),
-                    ..TableConfig::new(t as u32, table.name.clone(), table.dim)
-                }
+            .map(|(t, table)| TableConfig {
+                optimizer: table.optimizer.config(table.lr),
+                init: InitConfig::uniform(init_scale),
+                seed: seed.wrapping_mul(1000).wrapping_add(t as u64),
+                ..TableConfig::new(t as u32, table.name.clone(), table.dim)
             })
             .collect()
     }

@@ -26,12 +26,14 @@ class CriteoWarning(UserWarning):
 
 
 def _layout_of(layout) -> Tuple[List[str], List[tuple]]:
-    """Feature names and the reader's ``(column, table salt, hash size, tokens)`` of a ``layout`` list."""
+    """Feature names and the reader's ``(column, table salt, hash size, tokens, token ids)`` of a ``layout``
+    list."""
     names, out, tables = [], [], {}
     for i, f in enumerate(layout):
         if not isinstance(f, dict):
-            raise TypeError(f"layout[{i}]: expected a dict with 'column' (and 'tokens', 'hash_size', 'table', 'name')")
-        unknown = set(f) - {"column", "tokens", "hash_size", "table", "name"}
+            raise TypeError(f"layout[{i}]: expected a dict with 'column' (and 'tokens', 'hash_size', 'table', 'name', "
+                            "'ids')")
+        unknown = set(f) - {"column", "tokens", "hash_size", "table", "name", "ids"}
         if unknown:
             raise ValueError(f"layout[{i}]: unknown fields {sorted(unknown)}")
         col = f.get("column")
@@ -42,8 +44,12 @@ def _layout_of(layout) -> Tuple[List[str], List[tuple]]:
         table = f.get("table", f"C{col + 1}")
         salt = tables.setdefault(table, len(tables))
         tokens, hash_size = int(f.get("tokens", 1)), int(f.get("hash_size", 0))
+        ids = f.get("ids", "hashed")
+        if ids not in ("hashed", "token"):
+            raise ValueError(f"layout[{i}].ids = {ids!r}: expected 'hashed' (the trainer's ids) or 'token' "
+                             "(int(token or '0', 16) % hash_size, TorchRec's Criteo ids)")
         names.append(f.get("name", f"C{col + 1}"))
-        out.append((col, salt, hash_size, tokens))
+        out.append((col, salt, hash_size, tokens, ids == "token"))
     return names, out
 
 
@@ -62,6 +68,7 @@ def spec_layout(spec: str) -> List[dict]:
     if not feats:
         raise ValueError(f"{spec}: no [[feature]] entries")
     hash_sizes: Dict[str, int] = {}
+    ids: Dict[str, str] = {}
     layout = []
     for i, f in enumerate(feats):
         if "column" not in f:
@@ -69,8 +76,9 @@ def spec_layout(spec: str) -> List[dict]:
         table = f.get("table", f["column"])
         hs = int(f.get("hash_size", sparse.get("hash_size", 0)))
         hash_sizes.setdefault(table, hs)
+        ids.setdefault(table, f.get("ids", sparse.get("ids", "hashed")))
         layout.append(dict(column=f["column"], table=table, tokens=int(f.get("tokens", sparse.get("tokens", 1))),
-                           hash_size=hash_sizes[table], name=f["column"]))
+                           hash_size=hash_sizes[table], name=f["column"], ids=ids[table]))
     return layout
 
 
@@ -78,10 +86,12 @@ def read_criteo(paths: Union[str, Sequence[str]], max_bad_lines: int = 1000, lay
                 spec: Optional[str] = None, return_stats: bool = False):
     """Criteo files (TSV or Kaggle CSV, plain, gzip or zstd, or ``trainer preprocess`` shards) as numpy arrays:
     dense features as ``ln(1 + max(x, 0))``, ids as the trainer's feature ids (one id space per table, so
-    features can share a table or use one each).
+    features can share a table or use one each), or with ``"ids": "token"`` in a layout entry TorchRec's
+    Criteo ids, ``int(token or "0", 16) % hash_size`` (rows ``0 .. hash_size`` of a ``num_embeddings`` table).
 
     Without ``layout``/``spec``: ``(labels [n] float32, dense [n, 13] float32, ids [n, 26] uint64)``. With a
-    ``layout`` (a list of ``{"column": "C3", "tokens": 4, "hash_size": 0, "table": "t", "name": "C3"}``) or a
+    ``layout`` (a list of ``{"column": "C3", "tokens": 4, "hash_size": 0, "table": "t", "name": "C3", "ids":
+    "hashed"}``) or a
     model ``spec`` file: ``(labels, dense, {name: (values uint64, lengths int64)})``, the KeyedJaggedTensor
     layout (``lengths`` all 1 for one-hot features). ``return_stats`` adds a dict of counts (``bad_lines``,
     ``first_errors``, ``truncated_tokens``, ...). Skipped lines and dropped tokens are also reported as a

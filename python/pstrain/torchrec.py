@@ -50,7 +50,7 @@ from ._lookup import Batch, EmbeddingOptimizer, Lookup, TableSpec
 from .client import Client, _check_ids
 from .torch import _NO_PICKLE, _stats
 
-__all__ = ["EmbeddingBagCollection", "EmbeddingCollection", "kjt_batch"]
+__all__ = ["EmbeddingBagCollection", "EmbeddingCollection", "kjt_batch", "export_dlrm"]
 
 _POOLING = {PoolingType.SUM: "sum", PoolingType.MEAN: "mean"}
 
@@ -362,3 +362,117 @@ def _key_bounds(kjt: KeyedJaggedTensor):
         out[k] = (at, at + n)
         at += n
     return out
+
+
+# The servers' optimizer names as a model spec writes them (docs/model-spec.md).
+_SPEC_OPTIMIZER = {"sgd": "sgd", "row_adagrad": "adagrad", "adam": "adam"}
+
+
+def _is_relu(fn) -> bool:
+    return fn is torch.relu or fn is torch.nn.functional.relu or isinstance(fn, nn.ReLU)
+
+
+def _mlp_linears(arch: nn.Module, what: str, last_relu: bool) -> List[nn.Linear]:
+    """The ``nn.Linear`` layers of a TorchRec ``DenseArch``/``OverArch`` in order, checked to be the model
+    ps-serve computes: ReLU after every layer (``last_relu=False``: but the last), biases everywhere."""
+    from torchrec.modules.mlp import Perceptron
+
+    linears, acts = [], []
+    for m in arch.modules():
+        if isinstance(m, Perceptron):
+            acts.append(m._activation_fn)
+        elif isinstance(m, nn.Linear):
+            linears.append(m)
+    want = len(linears) if last_relu else len(linears) - 1
+    if len(acts) != want or not all(_is_relu(a) for a in acts):
+        raise ValueError(f"export_dlrm: the {what} is not {'all ReLU layers' if last_relu else 'ReLU layers then a linear one'}"
+                         f" ({len(linears)} linear layers, activations {[getattr(a, '__name__', type(a).__name__) for a in acts]})")
+    for i, l in enumerate(linears):
+        if l.bias is None:
+            raise ValueError(f"export_dlrm: layer {i} of the {what} has no bias")
+    return linears
+
+
+def export_dlrm(model: nn.Module, root: str, version: Optional[int] = None, *,
+                columns: Optional[Dict[str, str]] = None, tokens: Optional[Dict[str, int]] = None,
+                samples: int = 0, keep: int = 3) -> str:
+    """Writes a TorchRec ``DLRM`` whose ``EmbeddingBagCollection`` is ours as an export ``ps-serve --export
+    root`` loads (the trainer's format, docs/serving.md): the servers snapshot every table into it, the dense
+    parameters and a model spec complete it. Returns the version directory (``root/v<version>``, version
+    default: the collection's steps).
+
+    What ps-serve then computes is this model on Criteo rows: dense features ``ln(1 + max(x, 0))`` (what
+    ``read_criteo`` gives), and for each feature the ids TorchRec's Criteo pipeline uses, ``int(token or "0",
+    16) % num_embeddings`` of its column (``read_criteo`` with ``"ids": "token"`` and ``hash_size =
+    num_embeddings`` in the layout). ``columns`` maps feature names to Criteo columns (default: a feature
+    named ``C1`` .. ``C26`` reads that column); ``tokens`` the most tokens per field of multi-hot features
+    (default 1: one-hot). ``root`` must be on the servers' file system, inside their checkpoint root.
+
+    Refused with ``TypeError``/``ValueError`` naming the reason: another model class (``DLRM_DCN``'s cross
+    layers, ``DLRM_Projection``), a TorchRec collection instead of ours, weighted features, a feature without a
+    column, tables without ``num_embeddings``, layers that are not DLRM's."""
+    from torchrec.models.dlrm import DLRM
+
+    if type(model) is not DLRM:
+        raise TypeError(f"export_dlrm: {type(model).__name__} is not torchrec.models.dlrm.DLRM (ps-serve computes "
+                        "DLRM's dot interaction)")
+    ebc = model.sparse_arch.embedding_bag_collection
+    if not isinstance(ebc, EmbeddingBagCollection):
+        raise TypeError(f"export_dlrm: the model's collection is a {type(ebc).__module__}.{type(ebc).__name__}, not "
+                        "pstrain.torchrec.EmbeddingBagCollection: its tables are not on the servers")
+    if ebc.is_weighted():
+        raise ValueError("export_dlrm: the collection is weighted; ps-serve's Criteo rows carry no per-id weights")
+    engine = ebc._engine
+    engine.wait_pushes(0)
+    columns = dict(columns or {})
+    tokens = dict(tokens or {})
+    features = list(model.sparse_arch.sparse_feature_names)
+    bottom = _mlp_linears(model.dense_arch, "dense arch", last_relu=True)
+    top = _mlp_linears(model.over_arch, "over arch", last_relu=False)
+    if bottom[0].in_features != 13:
+        raise ValueError(f"export_dlrm: the dense arch reads {bottom[0].in_features} dense features; Criteo rows have "
+                         "13 (I1..I13)")
+    lines = ['name = "torchrec-dlrm"', "dense_inputs = 13",
+             f"bottom_mlp = {[l.out_features for l in bottom]}", f"top_mlp = {[l.out_features for l in top]}",
+             "", "[interaction]", 'kind = "dot"', ""]
+    table_ids = []
+    for f in features:
+        col = columns.get(f, f)
+        if not (isinstance(col, str) and col[:1] == "C" and col[1:].isdigit() and 1 <= int(col[1:]) <= 26):
+            raise ValueError(f"export_dlrm: feature {f!r} reads no Criteo column: name it C1..C26 or pass "
+                             f"columns={{{f!r}: 'C<n>'}}")
+        name = engine.feature_table[f]
+        s, t = engine.specs[name], engine.tables[name]
+        if s.num_embeddings is None:
+            raise ValueError(f"export_dlrm: table {name!r} has no num_embeddings (ids would not be "
+                             "int(token, 16) % num_embeddings)")
+        if t.id not in table_ids:
+            table_ids.append(t.id)
+        lines += ["[[feature]]", f'column = "{col}"', f'table = "{name}"', f"dim = {s.dim}",
+                  f'pooling = "{s.pooling}"', f"tokens = {int(tokens.get(f, 1))}", f"hash_size = {s.num_embeddings}",
+                  f'optimizer = "{_SPEC_OPTIMIZER[s.optimizer]}"', f"lr = {float(s.lr)!r}",
+                  f'encoding = "{t.encoding}/{t.push_encoding}"', 'ids = "token"', ""]
+    n, d = len(features), bottom[-1].out_features
+    # TorchRec's InteractionArch gives [dense, pairs (i < j) of [dense, sparse...] in row-major upper-triangle
+    # order]; ours gives the pairs in the lower triangle's row order (model/src/interaction.rs): the top MLP's
+    # first layer reads the same products in another order, so its columns are permuted to ours.
+    upper = torch.triu_indices(n + 1, n + 1, offset=1).t().tolist()
+    ours = {(small, large): k for k, (small, large) in
+            enumerate((j, i) for i in range(1, n + 1) for j in range(i))}
+    perm = list(range(d)) + [0] * len(upper)
+    for p, (a, b) in enumerate(upper):
+        perm[d + ours[(a, b)]] = d + p
+    params = []
+    with torch.no_grad():
+        for i, layer in enumerate(bottom + top):
+            w = layer.weight.detach().to("cpu", torch.float32)
+            if i == len(bottom):
+                if w.shape[1] != len(perm):
+                    raise ValueError(f"export_dlrm: the over arch reads {w.shape[1]} inputs, DLRM's dot interaction of "
+                                     f"{n} features of dim {d} gives {len(perm)}")
+                w = w[:, perm]
+            params += [w.contiguous().reshape(-1).numpy(), layer.bias.detach().to("cpu", torch.float32).numpy()]
+    step = engine.steps if version is None else int(version)
+    return ebc.client._c.export_dlrm(str(root), step, "\n".join(lines), table_ids,
+                                     [np.ascontiguousarray(p, dtype=np.float32) for p in params], int(samples),
+                                     int(keep))

@@ -511,6 +511,50 @@ impl Client {
         )
     }
 
+    /// Writes an export that `ps-serve --export root` loads (docs/serving.md, "Export"): version `version`
+    /// under `root` (on a file system the servers share, inside their checkpoint root), holding the servers'
+    /// snapshot of every table, the dense parameters `params` (f32 tensors in the order of the spec's model:
+    /// bottom MLP weights and biases, then top MLP's), and a manifest with the model spec `spec_toml`
+    /// (docs/model-spec.md) whose tables are `tables` of this client, by name. Every push must be
+    /// acknowledged first (the caller waits). Returns the version directory.
+    #[pyo3(signature = (root, version, spec_toml, tables, params, samples = 0, keep = 3))]
+    #[allow(clippy::too_many_arguments)]
+    fn export_dlrm(
+        &self,
+        py: Python<'_>,
+        root: PathBuf,
+        version: u64,
+        spec_toml: &str,
+        tables: Vec<u32>,
+        params: Vec<PyReadonlyArray1<'_, f32>>,
+        samples: u64,
+        keep: usize,
+    ) -> PyResult<String> {
+        self.check_open(py, "export")?;
+        let tables = tables
+            .into_iter()
+            .map(|t| self.config(t))
+            .collect::<PyResult<Vec<TableConfig>>>()?;
+        let params: Vec<Vec<f32>> = params.iter().map(|a| a.as_array().to_vec()).collect();
+        let (client, timeout) = (self.inner.clone(), self.timeout);
+        let dir = py.detach(|| {
+            crate::export::write(
+                &client,
+                timeout,
+                &root,
+                (version, samples, keep),
+                spec_toml,
+                tables,
+                &params,
+            )
+        });
+        match dir {
+            Ok(dir) => Ok(dir.display().to_string()),
+            Err(crate::export::ExportError::Request(e)) => Err(e.into_py(py)),
+            Err(e) => Err(PyValueError::new_err(e.to_string())),
+        }
+    }
+
     /// The client's counters: calls, rows and seconds of pulls and pushes (seconds from start to reply, on the
     /// I/O threads), and seconds the caller spent blocked in `wait`.
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {

@@ -15,7 +15,8 @@ type Column<'py> = (Bound<'py, PyArray1<u64>>, Option<Bound<'py, PyArray1<i64>>>
 
 /// `(labels [n] float32, dense [n x 13] float32 (flat), features, stats)` of the Criteo file(s) `paths` (TSV or
 /// Kaggle CSV, plain/gzip/zstd, or `trainer preprocess` shards). `layout`: per feature `(column (C1 = 0),
-/// table salt, hash size (0 = none), tokens kept (1 = one-hot))`; `None` is the default 26 one-hot features.
+/// table salt, hash size (0 = none), tokens kept (1 = one-hot), token ids (`criteo::IdScheme::Token`: the
+/// capped token itself, TorchRec's Criteo ids))`; `None` is the default 26 one-hot features.
 /// `features[f]` is `(values uint64, lengths int64 or None)`; `stats` counts lines, rows, bad lines (the first
 /// of them as `path:line: message`), padded lines and dropped tokens. Malformed lines are skipped up to
 /// `max_bad_lines`, then it raises naming the first ones.
@@ -26,7 +27,7 @@ pub fn read_criteo<'py>(
     py: Python<'py>,
     paths: Vec<PathBuf>,
     max_bad_lines: u64,
-    layout: Option<Vec<(usize, u32, u64, usize)>>,
+    layout: Option<Vec<(usize, u32, u64, usize, bool)>>,
 ) -> PyResult<(
     Bound<'py, PyArray1<f32>>,
     Bound<'py, PyArray1<f32>>,
@@ -41,12 +42,19 @@ pub fn read_criteo<'py>(
         Some(fs) => criteo::FeatureLayout {
             features: fs
                 .into_iter()
-                .map(|(column, table, hash_size, tokens)| criteo::FeatureInput {
-                    column,
-                    table,
-                    hash_size,
-                    tokens,
-                })
+                .map(
+                    |(column, table, hash_size, tokens, token)| criteo::FeatureInput {
+                        ids: if token {
+                            criteo::IdScheme::Token
+                        } else {
+                            criteo::IdScheme::Hashed
+                        },
+                        column,
+                        table,
+                        hash_size,
+                        tokens,
+                    },
+                )
                 .collect(),
         },
     };

@@ -26,6 +26,7 @@ pub(crate) mod counters;
 pub mod data;
 pub mod dedup;
 pub mod errors;
+pub(crate) mod export;
 pub mod handles;
 pub(crate) mod jobs;
 pub mod lane;

@@ -490,3 +490,89 @@ def test_dlrm_v2_spec_multi_hot_data_trains_from_python(client, tmp_path):
     ours.wait()
     for k, v in theirs.state_dict().items():
         torch.testing.assert_close(ours.state_dict()[k], v, rtol=1e-5, atol=1e-6)
+
+
+def _serve(export_dir, data_dir):
+    """``ps-serve --export export_dir`` on a free loopback port; returns (process, base URL) once /readyz is 200."""
+    import subprocess
+    import time
+    import urllib.error
+    import urllib.request
+
+    proc = subprocess.Popen([pstrain.find_binary("ps-serve"), "--export", str(export_dir), "--data-dir",
+                             str(data_dir), "--listen", "127.0.0.1:0"], stdout=subprocess.PIPE, text=True)
+    first = proc.stdout.readline().strip()
+    assert first.startswith("ps-serve listening on http://"), first
+    url = first.removeprefix("ps-serve listening on ")
+    deadline = time.monotonic() + 120
+    while True:
+        assert proc.poll() is None, f"ps-serve exited with {proc.returncode}"
+        try:
+            if urllib.request.urlopen(url + "/readyz", timeout=5).status == 200:
+                return proc, url
+        except urllib.error.HTTPError:
+            pass
+        assert time.monotonic() < deadline, "ps-serve not ready in 120 s"
+        time.sleep(0.05)
+
+
+def test_export_of_a_torchrec_dlrm_is_served_with_its_own_predictions(tmp_path):
+    """TorchRec's DLRM with our collection, trained on Criteo rows read with TorchRec's ids
+    (int(token or "0", 16) % num_embeddings), exported with export_dlrm: ps-serve answers the test rows with the
+    model's own probabilities (to float tolerance), rows the training never saw included (initializer)."""
+    import json
+    import urllib.request
+
+    from pstrain.data import generate, read_criteo
+    from pstrain.torchrec import export_dlrm
+
+    cols = [f"C{i}" for i in range(1, 27)]
+    hash_size = 300
+    layout = [dict(column=c, hash_size=hash_size, ids="token", name=c, table=c) for c in cols]
+    train_tsv = generate(4096, str(tmp_path / "train.tsv"), 1, 7)
+    test_tsv = generate(600, str(tmp_path / "test.tsv"), 2, 7)
+
+    def kjt_of(sparse, rows):
+        values = [torch.from_numpy(sparse[c][0][rows].astype(np.int64)) for c in cols]
+        return KeyedJaggedTensor(keys=cols, values=torch.cat(values),
+                                 lengths=torch.ones(len(cols) * len(rows), dtype=torch.int64))
+
+    y, dense, sparse = read_criteo(train_tsv, layout=layout)
+    assert max(int(sparse[c][0].max()) for c in cols) < hash_size
+    with pstrain.LocalCluster(servers=2, checkpoint_root=str(tmp_path)) as cluster, \
+            pstrain.Client(cluster.servers, cluster.tls_dir) as client:
+        tables = [EmbeddingBagConfig(name=f"e_{c}", embedding_dim=8, num_embeddings=hash_size, feature_names=[c])
+                  for c in cols]
+        ebc = EmbeddingBagCollection(tables, client, optimizer="row_adagrad", lr=0.05, staleness=1)
+        torch.manual_seed(0)
+        model = DLRM(embedding_bag_collection=ebc, dense_in_features=13, dense_arch_layer_sizes=[16, 8],
+                     over_arch_layer_sizes=[16, 1])
+        opt = torch.optim.Adam(model.parameters(), lr=0.01)
+        for start in range(0, len(y), 512):
+            rows = np.arange(start, min(start + 512, len(y)))
+            logits = model(torch.from_numpy(dense[rows]), kjt_of(sparse, rows)).squeeze(1)
+            loss = nn.functional.binary_cross_entropy_with_logits(logits, torch.from_numpy(y[rows]))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        version_dir = export_dlrm(model, tmp_path / "export")
+        assert version_dir.endswith("v000000000008"), version_dir
+        yt, dt, st = read_criteo(test_tsv, layout=layout)
+        with torch.no_grad():
+            want = torch.sigmoid(model(torch.from_numpy(dt), kjt_of(st, np.arange(len(yt)))).squeeze(1)).numpy()
+        with pytest.raises(TypeError, match="DLRM_DCN is not torchrec.models.dlrm.DLRM"):
+            export_dlrm(make_dlrm(DLRM_DCN, EmbeddingBagCollection(configs(), client, table_prefix=prefix())),
+                        tmp_path / "export")
+    # The servers are gone: ps-serve reads the export alone.
+    lines = [line.split("\t", 1)[1] for line in open(test_tsv).read().splitlines()]
+    proc, url = _serve(tmp_path / "export", tmp_path / "serve")
+    try:
+        req = urllib.request.Request(url + "/v1/predict", data="\n".join(lines).encode(),
+                                     headers={"Content-Type": "text/tab-separated-values"})
+        got = np.array(json.loads(urllib.request.urlopen(req, timeout=60).read())["probabilities"])
+    finally:
+        proc.kill()
+        proc.wait()
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
+    assert want.std() > 0.01, "a model that learned something"

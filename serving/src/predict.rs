@@ -91,6 +91,8 @@ impl DenseTemplate {
 pub struct Predictor {
     dense: DenseModel,
     layout: SparseLayout,
+    /// Per spec table, its id in the store ([`Export::table_ids`]).
+    table_ids: Vec<u32>,
     pull: Vec<Encoding>,
     map: ShardMap,
     plan: Plan,
@@ -116,6 +118,7 @@ impl Predictor {
         Ok(Predictor {
             dense: DenseTemplate::of(export).build(&params, dense_version)?,
             layout: spec.sparse_layout(),
+            table_ids: export.table_ids.clone(),
             pull: spec.tables.iter().map(|t| t.pull).collect(),
             map: ShardMap::new(1),
             plan: Plan::default(),
@@ -152,12 +155,10 @@ impl Predictor {
             let dim = self.layout.dims[t];
             let rows = &mut self.unique_rows[t];
             rows.resize(ids.len() * dim, 0.0);
+            let table = self.table_ids[t];
             store
-                .gather(t as u32, ids, rows, &mut self.scratch)
-                .map_err(|source| PredictError::Rows {
-                    table: t as u32,
-                    source,
-                })?;
+                .gather(table, ids, rows, &mut self.scratch)
+                .map_err(|source| PredictError::Rows { table, source })?;
             let enc = self.pull[t];
             if enc != Encoding::F32 {
                 // What a pull in `enc` would have delivered to the trainer.

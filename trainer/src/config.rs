@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::model::spec::{DenseKind, OptimizerKind};
 use crate::model::{DenseOptimizer, DlrmConfig, ModelError};
-use protocol::{Encoding, InitConfig, OptimizerConfig, TableConfig};
+use protocol::{Encoding, InitConfig, TableConfig};
 
 /// A trainer setting that cannot work, or a config file that cannot be read; each message names the setting
 /// or file and the value at fault.
@@ -448,10 +448,8 @@ impl ModelArgs {
 
     /// Which dense optimizer runs.
     pub fn dense_kind(&self) -> DenseKind {
-        self.dense_optimizer.unwrap_or(match self.optimizer {
-            OptimizerKind::Sgd => DenseKind::Sgd,
-            OptimizerKind::Adagrad => DenseKind::Adam,
-        })
+        self.dense_optimizer
+            .unwrap_or(self.optimizer.dense_default())
     }
 
     /// The dense learning rate.
@@ -465,10 +463,7 @@ impl ModelArgs {
 
     /// The embedding learning rate.
     pub fn emb_lr(&self) -> f32 {
-        self.emb_lr.unwrap_or(match self.optimizer {
-            OptimizerKind::Adagrad => 0.05,
-            OptimizerKind::Sgd => 0.5,
-        })
+        self.emb_lr.unwrap_or(self.optimizer.default_lr())
     }
 
     /// The dense optimizer.
@@ -492,15 +487,7 @@ impl ModelArgs {
 
     /// The embedding tables: one per categorical feature, ids salted by feature.
     pub fn table_configs(&self, num_sparse: usize) -> Vec<TableConfig> {
-        let lr = self.emb_lr();
-        let optimizer = match self.optimizer {
-            OptimizerKind::Sgd => OptimizerConfig::Sgd { lr },
-            OptimizerKind::Adagrad => OptimizerConfig::RowAdagrad {
-                lr,
-                eps: 1e-8,
-                initial_accumulator: 0.0,
-            },
-        };
+        let optimizer = self.optimizer.config(self.emb_lr());
         (0..num_sparse)
             .map(|t| TableConfig {
                 optimizer,

@@ -89,6 +89,7 @@ fn corrupt_shards_are_refused() {
 /// C1 one-hot (table 0, capped at 1000), C2 multi-hot with 3 tokens (table 0), C5 multi-hot with 2 (table 4).
 fn layout() -> FeatureLayout {
     let input = |column, table, hash_size, tokens| FeatureInput {
+        ids: Default::default(),
         column,
         table,
         hash_size,

@@ -4,7 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::{field, Feature, ModelSpec, Pooling, SpecError, Table, COLUMNS, DENSE_INPUTS, MAX_DIM};
-use super::{DenseKind, OptimizerKind};
+use super::{DenseKind, Ids, OptimizerKind};
 use crate::config::InteractionConfig;
 use crate::{DlrmConfig, ModelError};
 use protocol::Encoding;
@@ -76,6 +76,9 @@ pub struct SparseDefaults {
     /// Wire encoding, `ENC` or `PULL/PUSH` (default f16).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub encoding: Option<String>,
+    /// How tokens become row ids: `hashed` (default) or `token`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ids: Option<Ids>,
 }
 
 /// One `[[feature]]`.
@@ -152,10 +155,7 @@ impl SpecFile {
                 .optimizer
                 .or(d.optimizer)
                 .unwrap_or(OptimizerKind::Adagrad);
-            let lr = s.lr.or(d.lr).unwrap_or(match optimizer {
-                OptimizerKind::Adagrad => 0.05,
-                OptimizerKind::Sgd => 0.5,
-            });
+            let lr = s.lr.or(d.lr).unwrap_or(optimizer.default_lr());
             if !(lr.is_finite() && lr > 0.0) {
                 return Err(field(
                     format!("{at}.lr"),
@@ -175,6 +175,7 @@ impl SpecFile {
                 lr,
                 pull,
                 push,
+                ids: s.ids.or(d.ids).unwrap_or_default(),
             };
             let t = match tables.iter().position(|t| t.name == entry.table) {
                 Some(t) => {
@@ -243,6 +244,10 @@ fn check_shared(at: &str, have: &Table, new: &Table, first: &str) -> Result<(), 
     if have.hash_size != new.hash_size {
         let (a, b) = (have.hash_size.to_string(), new.hash_size.to_string());
         return Err(differs("hash_size", a, b));
+    }
+    if have.ids != new.ids {
+        let (a, b) = (format!("{:?}", have.ids), format!("{:?}", new.ids));
+        return Err(differs("ids", a, b));
     }
     if have.optimizer != new.optimizer || have.lr != new.lr {
         let (a, b) = (

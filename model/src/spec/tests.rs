@@ -138,3 +138,51 @@ fn bad_specs_are_refused_naming_the_field() {
         Err(SpecError::Unknown(_))
     ));
 }
+
+/// `ids = "token"` (TorchRec's Criteo ids) and `optimizer = "adam"`: set per table, carried into the reader's
+/// layout and the table configs, agreed by every feature of a shared table, kept out of the JSON when hashed
+/// (exports written before it read back as hashed).
+#[test]
+fn token_ids_and_adam_tables() {
+    let text = r#"
+name = "t"
+bottom_mlp = [8, 4]
+top_mlp = [4, 1]
+[sparse]
+dim = 4
+hash_size = 100
+[[feature]]
+column = "C1"
+table = "a"
+ids = "token"
+optimizer = "adam"
+[[feature]]
+column = "C2"
+table = "b"
+"#;
+    let spec = ModelSpec::parse(text).unwrap();
+    assert_eq!(spec.tables[0].ids, Ids::Token);
+    assert_eq!(spec.tables[1].ids, Ids::Hashed);
+    let layout = spec.feature_layout();
+    assert_eq!(layout.features[0].ids, criteo::IdScheme::Token);
+    assert_eq!(layout.features[0].id(Some(0x1234)), 0x1234 % 100);
+    assert_eq!(layout.features[1].ids, criteo::IdScheme::Hashed);
+    let configs = spec.table_configs(1, 0.05);
+    assert!(matches!(
+        configs[0].optimizer,
+        OptimizerConfig::Adam { lr, .. } if lr == OptimizerKind::Adam.default_lr()
+    ));
+    let json = serde_json::to_string(&spec).unwrap();
+    assert_eq!(json.matches("\"ids\"").count(), 1, "{json}");
+    let old = json.replace(",\"ids\":\"token\"", "");
+    let back: ModelSpec = serde_json::from_str(&old).unwrap();
+    assert_eq!(back.tables[0].ids, Ids::Hashed);
+    let shared = text.replace(
+        "table = \"b\"",
+        "table = \"a\"\nids = \"hashed\"\noptimizer = \"adam\"",
+    );
+    let err = refused(&shared);
+    assert!(err.contains("ids"), "{err}");
+    let err = refused(&text.replace("ids = \"token\"", "ids = \"raw\""));
+    assert!(err.contains("raw"), "{err}");
+}

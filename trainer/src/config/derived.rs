@@ -31,6 +31,7 @@ impl ModelArgs {
                 lr: self.emb_lr(),
                 pull: codecs.pull_of(t),
                 push: codecs.push_of(t),
+                ids: Default::default(),
             })
             .collect();
         let features = (0..COLUMNS)
