@@ -576,3 +576,25 @@ def test_export_of_a_torchrec_dlrm_is_served_with_its_own_predictions(tmp_path):
     assert got.shape == want.shape
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
     assert want.std() > 0.01, "a model that learned something"
+
+
+def test_export_refusals_name_the_problem(client, tmp_path):
+    """export_dlrm refuses, naming why: a feature that reads no Criteo column, TorchRec's own collection (its
+    tables are not on the servers), and a root outside the servers' checkpoint root (the servers refuse to write
+    there, and the staged version is left for the next attempt to replace)."""
+    from pstrain.torchrec import export_dlrm
+
+    ours = EmbeddingBagCollection(configs(), client, table_prefix=prefix())
+    torch.manual_seed(0)
+    criteo_model = DLRM(embedding_bag_collection=ours, dense_in_features=13, dense_arch_layer_sizes=[8, DIM],
+                        over_arch_layer_sizes=[8, 1])
+    columns = {"f0": "C1", "f1": "C2", "f2": "C3"}
+    with pytest.raises(ValueError, match=r"feature 'f0' reads no Criteo column.*columns=\{'f0': 'C<n>'\}"):
+        export_dlrm(criteo_model, tmp_path / "export")
+    with pytest.raises(TypeError, match=r"not pstrain.torchrec.EmbeddingBagCollection"):
+        export_dlrm(make_dlrm(DLRM, torchrec_twin(ours, False)), tmp_path / "export")
+    with pytest.raises(ValueError, match=r"reads 5 dense features; Criteo rows have 13"):
+        export_dlrm(make_dlrm(DLRM, ours), tmp_path / "export", columns=columns)
+    with pytest.raises(ValueError, match=r"outside the checkpoint root"):
+        export_dlrm(criteo_model, tmp_path / "export", columns=columns)
+    assert not (tmp_path / "export" / "LATEST").exists()

@@ -476,12 +476,7 @@ impl ModelArgs {
                 eps: 1e-8,
                 initial_accumulator: 0.0,
             },
-            DenseKind::Adam => DenseOptimizer::Adam {
-                lr,
-                beta1: 0.9,
-                beta2: 0.999,
-                eps: 1e-8,
-            },
+            DenseKind::Adam => DenseOptimizer::adam(lr),
         }
     }
 
