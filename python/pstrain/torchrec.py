@@ -37,6 +37,7 @@ pushes, push in backward or at ``fused_optimizer.step()``). Differences from Tor
 """
 
 import functools
+import json
 from typing import Dict, List, Optional, Sequence, Union
 
 import numpy as np
@@ -448,10 +449,12 @@ def export_dlrm(model: nn.Module, root: str, version: Optional[int] = None, *,
                              "int(token, 16) % num_embeddings)")
         if t.id not in table_ids:
             table_ids.append(t.id)
-        lines += ["[[feature]]", f'column = "{col}"', f'table = "{name}"', f"dim = {s.dim}",
-                  f'pooling = "{s.pooling}"', f"tokens = {int(tokens.get(f, 1))}", f"hash_size = {s.num_embeddings}",
-                  f'optimizer = "{_SPEC_OPTIMIZER[s.optimizer]}"', f"lr = {float(s.lr)!r}",
-                  f'encoding = "{t.encoding}/{t.push_encoding}"', 'ids = "token"', ""]
+        # json.dumps writes a valid TOML basic string whatever the table's name holds.
+        lines += ["[[feature]]", f"column = {json.dumps(col)}", f"table = {json.dumps(name)}", f"dim = {s.dim}",
+                  f"pooling = {json.dumps(s.pooling)}", f"tokens = {int(tokens.get(f, 1))}",
+                  f"hash_size = {s.num_embeddings}", f"optimizer = {json.dumps(_SPEC_OPTIMIZER[s.optimizer])}",
+                  f"lr = {float(s.lr)!r}", f"encoding = {json.dumps(t.encoding + '/' + t.push_encoding)}",
+                  'ids = "token"', ""]
     n, d = len(features), bottom[-1].out_features
     # TorchRec's InteractionArch gives [dense, pairs (i < j) of [dense, sparse...] in row-major upper-triangle
     # order]; ours gives the pairs in the lower triangle's row order (model/src/interaction.rs): the top MLP's
