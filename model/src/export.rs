@@ -287,13 +287,15 @@ impl Staging {
             &root.join("LATEST.tmp"),
             format!("{name}\n").as_bytes(),
         )?;
-        prune(&root, keep)?;
+        prune(&root, keep, &name)?;
         Ok(done)
     }
 }
 
-/// Removes complete versions older than the newest `keep` (at least one is kept), and stale `.tmp` builds.
-fn prune(root: &Path, keep: usize) -> Result<(), FileError> {
+/// Keeps `latest` (the version `LATEST` names, whatever its number: a job restarted with a lower step count
+/// exports lower versions than the ones it finds) and the newest of the others up to `keep` versions in all
+/// (at least `latest`); removes the rest.
+fn prune(root: &Path, keep: usize, latest: &str) -> Result<(), FileError> {
     let mut versions = Vec::new();
     for entry in std::fs::read_dir(root).map_err(at(root))? {
         let entry = entry.map_err(at(root))?;
@@ -301,12 +303,15 @@ fn prune(root: &Path, keep: usize) -> Result<(), FileError> {
         let Some(digits) = name.strip_prefix('v') else {
             continue;
         };
+        if name == latest {
+            continue;
+        }
         if let Ok(v) = digits.parse::<u64>() {
             versions.push((v, entry.path()));
         }
     }
     versions.sort();
-    let drop = versions.len().saturating_sub(keep.max(1));
+    let drop = versions.len().saturating_sub(keep.max(1) - 1);
     for (_, path) in &versions[..drop] {
         remove_dir_if_present(path)?;
     }
@@ -341,13 +346,28 @@ mod tests {
             std::fs::create_dir(dir.path().join(version_dir_name(v))).unwrap();
         }
         std::fs::create_dir(dir.path().join("other")).unwrap();
-        prune(dir.path(), 2).unwrap();
-        let mut left: Vec<String> = std::fs::read_dir(dir.path())
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .collect();
-        left.sort();
-        assert_eq!(left, ["other", "v000000000010", "v000000000012"]);
+        let left = |dir: &Path| {
+            let mut left: Vec<String> = std::fs::read_dir(dir)
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect();
+            left.sort();
+            left
+        };
+        prune(dir.path(), 2, &version_dir_name(12)).unwrap();
+        assert_eq!(
+            left(dir.path()),
+            ["other", "v000000000010", "v000000000012"]
+        );
+        // A restarted job exports a lower version than those it finds: the one LATEST names stays.
+        std::fs::create_dir(dir.path().join(version_dir_name(2))).unwrap();
+        prune(dir.path(), 2, &version_dir_name(2)).unwrap();
+        assert_eq!(
+            left(dir.path()),
+            ["other", "v000000000002", "v000000000012"]
+        );
+        prune(dir.path(), 0, &version_dir_name(2)).unwrap();
+        assert_eq!(left(dir.path()), ["other", "v000000000002"]);
     }
 
     /// The spec's tables are found among the registered ones by name, whatever their ids (a Python job's tables
