@@ -492,7 +492,7 @@ def test_dlrm_v2_spec_multi_hot_data_trains_from_python(client, tmp_path):
         torch.testing.assert_close(ours.state_dict()[k], v, rtol=1e-5, atol=1e-6)
 
 
-def _serve(export_dir, data_dir):
+def _serve(export_dir, data_dir, *extra):
     """``ps-serve --export export_dir`` on a free loopback port; returns (process, base URL) once /readyz is 200."""
     import subprocess
     import time
@@ -500,7 +500,7 @@ def _serve(export_dir, data_dir):
     import urllib.request
 
     proc = subprocess.Popen([pstrain.find_binary("ps-serve"), "--export", str(export_dir), "--data-dir",
-                             str(data_dir), "--listen", "127.0.0.1:0"], stdout=subprocess.PIPE, text=True)
+                             str(data_dir), "--listen", "127.0.0.1:0", *extra], stdout=subprocess.PIPE, text=True)
     first = proc.stdout.readline().strip()
     assert first.startswith("ps-serve listening on http://"), first
     url = first.removeprefix("ps-serve listening on ")
@@ -598,3 +598,58 @@ def test_export_refusals_name_the_problem(client, tmp_path):
     with pytest.raises(ValueError, match=r"outside the checkpoint root"):
         export_dlrm(criteo_model, tmp_path / "export", columns=columns)
     assert not (tmp_path / "export" / "LATEST").exists()
+
+
+def test_ps_serve_follows_a_python_export_live(tmp_path):
+    """ps-serve started on a pstrain export with --subscribe follows the training servers: rows the collection
+    updates after the export reach serving (the delta sync finds the tables by the ids the manifest names)."""
+    import json
+    import time
+    import urllib.request
+
+    from pstrain.torchrec import export_dlrm
+
+    cols, hash_size = ["C1", "C2", "C3"], 50
+    rng = np.random.default_rng(3)
+
+    def batch(n=64):
+        values = torch.from_numpy(rng.integers(0, hash_size, n * len(cols)))
+        kjt = KeyedJaggedTensor(keys=cols, values=values, lengths=torch.ones(n * len(cols), dtype=torch.int64))
+        return torch.from_numpy(rng.normal(size=(n, 13)).astype(np.float32)), kjt
+
+    with pstrain.LocalCluster(servers=2, checkpoint_root=str(tmp_path)) as cluster, \
+            pstrain.Client(cluster.servers, cluster.tls_dir) as client:
+        tables = [EmbeddingBagConfig(name=f"live_{c}", embedding_dim=4, num_embeddings=hash_size, feature_names=[c])
+                  for c in cols]
+        ebc = EmbeddingBagCollection(tables, client, optimizer="sgd", lr=0.5)
+        torch.manual_seed(0)
+        model = DLRM(embedding_bag_collection=ebc, dense_in_features=13, dense_arch_layer_sizes=[8, 4],
+                     over_arch_layer_sizes=[8, 1])
+
+        def train(steps):
+            for _ in range(steps):
+                dense, kjt = batch()
+                model(dense, kjt).sum().backward()
+            ebc.wait()
+
+        train(2)
+        export_dlrm(model, tmp_path / "export")
+        at_export = ebc.state_dict()["embedding_bags.live_C1.weight"].clone()
+        train(3)
+        now = ebc.state_dict()["embedding_bags.live_C1.weight"]
+        row = int(torch.nonzero((now != at_export).any(dim=1))[0])
+        table_id = ebc._engine.tables["live_C1"].id
+        proc, url = _serve(tmp_path / "export", tmp_path / "serve", "--subscribe", ",".join(cluster.servers),
+                           "--tls-dir", cluster.tls_dir, "--sync-wait-ms", "200", "--enable-embedding-api")
+        try:
+            deadline = time.monotonic() + 120
+            while True:
+                got = json.loads(urllib.request.urlopen(f"{url}/v1/embedding?table={table_id}&id={row}",
+                                                        timeout=10).read())["row"]
+                if np.allclose(got, now[row].numpy(), rtol=0, atol=1e-6):
+                    break
+                assert time.monotonic() < deadline, f"serving still holds {got}, the servers {now[row].tolist()}"
+                time.sleep(0.05)
+        finally:
+            proc.kill()
+            proc.wait()
