@@ -196,29 +196,30 @@ async fn check(c: &LocalCluster, client: &PsClient, rows: &AuditRows, acks: &Ack
     }
 }
 
+/// `shards` shards of 2 ps-server replicas each in `replicated` durability (rows written back every second),
+/// plus `extra` flags.
+fn replicated_cluster(shards: usize, dir: &std::path::Path, extra: &[&str]) -> LocalCluster {
+    let bin = bench::bins::path("ps-server");
+    let mut args: Vec<String> = ["--durability", "replicated", "--flush-interval-secs", "1"]
+        .map(String::from)
+        .to_vec();
+    args.extend(extra.iter().map(|a| a.to_string()));
+    LocalCluster::start_replicated_with(
+        &|| Ok(std::process::Command::new(&bin)),
+        shards,
+        2,
+        dir,
+        &args,
+    )
+    .unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_primaries_and_backups_lose_no_acknowledged_push_and_replicas_converge() {
     let began = Instant::now();
     let stage = |what: &str| eprintln!("[{:6.2} s] {what}", began.elapsed().as_secs_f64());
     let dir = tempfile::tempdir().unwrap();
-    let bin = bench::bins::path("ps-server");
-    let extra = [
-        "--durability",
-        "replicated",
-        "--flush-interval-secs",
-        "1",
-        "--drain-timeout-secs",
-        "5",
-    ]
-    .map(String::from);
-    let mut c = LocalCluster::start_replicated_with(
-        &|| Ok(std::process::Command::new(&bin)),
-        2,
-        2,
-        dir.path(),
-        &extra,
-    )
-    .unwrap();
+    let mut c = replicated_cluster(2, dir.path(), &["--drain-timeout-secs", "5"]);
     stage("started");
     let Pushing {
         client,
@@ -485,16 +486,7 @@ fn signal(c: &LocalCluster, r: usize, signal: libc::c_int) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_primary_cut_off_past_a_failover_steps_down_and_nothing_acknowledged_is_lost() {
     let dir = tempfile::tempdir().unwrap();
-    let bin = bench::bins::path("ps-server");
-    let extra = ["--durability", "replicated", "--flush-interval-secs", "1"].map(String::from);
-    let mut c = LocalCluster::start_replicated_with(
-        &|| Ok(std::process::Command::new(&bin)),
-        1,
-        2,
-        dir.path(),
-        &extra,
-    )
-    .unwrap();
+    let mut c = replicated_cluster(1, dir.path(), &[]);
     let Pushing {
         client,
         rows,
