@@ -53,6 +53,7 @@ def main(argv=None):
     ap.add_argument("--staleness", type=int, default=0)
     ap.add_argument("--encoding", default="f32", choices=["f32", "f16", "bf16"])
     ap.add_argument("--no-prefetch", action="store_true")
+    ap.add_argument("--transport", default="quic", choices=["quic", "tcp"], help="pstrain: client to servers")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--summary-json")
     a = ap.parse_args(argv)
@@ -82,7 +83,7 @@ def main(argv=None):
         from pstrain.torchrec import EmbeddingBagCollection
 
         cluster = pstrain.LocalCluster(a.servers)
-        client = pstrain.Client(cluster.servers, cluster.tls_dir)
+        client = pstrain.Client(cluster.servers, cluster.tls_dir, transport=a.transport)
         ebc = EmbeddingBagCollection(tables, client, optimizer="row_adagrad", lr=a.emb_lr, eps=1e-8,
                                      staleness=a.staleness, encoding=a.encoding)
     torch.manual_seed(0)

@@ -117,19 +117,16 @@ class _Plan:
         self.unique: Dict[str, np.ndarray] = {}
         self.inverse: Dict[str, np.ndarray] = {}
         for group in engine.groups:
-            base = 0
-            for name in group:
-                spec = engine.specs[name]
-                parts = [batch.ids[f] for f in spec.features]
-                allv = np.concatenate(parts) if len(parts) > 1 else parts[0]
-                u, inv = _pstrain.unique_inverse(allv)
+            features = [engine.specs[name].features for name in group]
+            # One call per group (in Rust): every table's distinct ids, every feature's positions.
+            uniques, inv = _pstrain.plan_group([[batch.ids[f] for f in fs] for fs in features])
+            at = 0
+            for name, u, fs in zip(group, uniques, features):
                 self.unique[name] = u
-                inv += base
-                at = 0
-                for f, part in zip(spec.features, parts):
-                    self.inverse[f] = inv[at : at + len(part)]
-                    at += len(part)
-                base += len(u)
+                for f in fs:
+                    n = len(batch.ids[f])
+                    self.inverse[f] = inv[at : at + n]
+                    at += n
         self.handles = {}
         self.with_state = False
 
@@ -170,12 +167,17 @@ class Lookup:
             t = self.tables[s.name]
             groups.setdefault((t.dim, t.encoding, t.push_encoding), []).append(s.name)
         self.groups: List[Tuple[str, ...]] = [tuple(g) for g in groups.values()]
+        # Per group: its tables, their (id, dim) for the extension, and how errors name them.
+        self._group_tables = {g: [self.tables[n] for n in g] for g in self.groups}
+        self._group_keys = {g: [(t.id, t.dim) for t in ts] for g, ts in self._group_tables.items()}
+        self._group_what = {g: "tables " + ", ".join(repr(n) for n in g) if len(g) < 5 else f"{len(g)} tables"
+                            for g in self.groups}
         self.lane = _pstrain.Lane()
         # A tensor that requires grad, so the pulled rows join the graph (not a Parameter: no optimizer sees it).
         self._anchor = torch.zeros(0, requires_grad=True)
         self._prefetched: deque = deque()  # plans of prefetched batches, oldest first (at most MAX_PREFETCHED)
-        # (lane seq, {table: (distinct ids, gradients as pushed)}) of pushes a prefetched pull may lack.
-        self._log: deque = deque()
+        # The pushes a prefetched pull may lack (their ids and gradients as pushed), kept by the extension.
+        self._log = _pstrain.ReplayLog()
         self._inflight: deque = deque()  # (update index, [push handles])
         self.updates = 0  # updates submitted (pushes of one step)
         self.steps = 0  # forward passes
@@ -218,9 +220,10 @@ class Lookup:
     def _start_pulls(self, plan: _Plan, with_state: bool):
         plan.with_state = with_state
         for group in self.groups:
-            plan.handles[group] = self.client.pull_many(
-                [self.tables[n] for n in group], [plan.unique[n] for n in group], lane=self.lane,
-                with_state=with_state)
+            # The ids are the plan's (uint64, distinct): straight to the extension, without the public API's checks.
+            plan.handles[group] = self.client._c.pull_async(
+                self._group_keys[group], self._group_what[group], self._group_tables[group][0].encoding,
+                [plan.unique[n] for n in group], self.lane, with_state)
 
     def _check_lrs(self):
         for g in self.optimizer.param_groups:
@@ -235,10 +238,12 @@ class Lookup:
         s = self.specs[name]
         return 1.0 if lrs[name] == s.lr else float(lrs[name]) / float(s.lr)
 
-    def lookup(self, batch: Batch, stack: Optional[List[str]] = None):
+    def lookup(self, batch: Batch, stack: Optional[List[str]] = None, concat: Optional[List[str]] = None):
         """Per feature of ``batch`` served here: pooled rows ``[batch, dim]``, or for pooling ``none`` the rows
         of its ids ``[len(ids), dim]``; in the graph when grad is enabled. With ``stack`` (feature names, all
-        pooled, one dimension): one ``[batch, len(stack), dim]`` tensor in that order instead."""
+        pooled, one dimension): one ``[batch, len(stack), dim]`` tensor in that order instead; with ``concat``
+        (feature names, all pooled): one ``[batch, sum of dims]`` tensor, the features side by side in that
+        order (TorchRec's ``KeyedTensor`` values)."""
         self._check_lrs()
         self.wait_pushes(self.staleness)
         plan = None
@@ -254,33 +259,46 @@ class Lookup:
             self._start_pulls(plan, with_state=False)
         self.steps += 1
         out: Dict[str, torch.Tensor] = {}
-        self._picked = None
         grad = torch.is_grad_enabled()
+        layout = stack if stack is not None else concat
+        # Every feature of the layout one-hot, in the one group: one index_select gives the rows sample by sample,
+        # already in the layout's shape (no split, stack or cat after it).
+        side_by_side = (layout is not None and len(self.groups) == 1 and sorted(layout) == sorted(self.feature_table)
+                        and all(self._one_hot(plan, f) for f in layout))
         for group in self.groups:
             start = time.perf_counter()
             h = plan.handles[group]
-            rows = h.wait(concat=True)
-            self.timing["pull_wait"] += time.perf_counter() - start
-            if plan.with_state:
-                start = time.perf_counter()
-                self._replay(group, plan, rows, h.take_state(), h.seq)
-                self.timing["replay"] += time.perf_counter() - start
+            rows = h.wait(None, True, self._log if plan.with_state else None)[0]
+            replayed = h.replay_seconds
+            self.timing["pull_wait"] += time.perf_counter() - start - replayed
+            self.timing["replay"] += replayed
             weight = torch.from_numpy(rows)
             if grad:
                 weight = _PulledRows.apply(self._anchor, _Holder(weight), self, group,
                                            [plan.unique[n] for n in group])
-            self._gather(group, plan, weight, out)
-        self._trim_log()
-        if stack is not None:
-            if self._picked is not None and self._picked[0] == list(stack) and len(self.groups) == 1:
-                # Every feature one-hot in one group: the gathered rows are [features x batch] already.
-                res = self._picked[1].view(len(stack), batch.batch_size, -1).transpose(0, 1)
+            if side_by_side:
+                inv = np.stack([plan.inverse[f] for f in layout], axis=1).reshape(-1)
+                picked = weight.index_select(0, torch.from_numpy(inv))
+                res = picked.view(batch.batch_size, len(layout), -1) if stack is not None else \
+                    picked.view(batch.batch_size, -1)
             else:
-                res = torch.stack([out[k] for k in stack], dim=1)
+                self._gather(group, plan, weight, out)
+        self._trim_log()
+        if layout is not None:
+            if not side_by_side:
+                res = torch.stack([out[k] for k in stack], dim=1) if stack is not None else \
+                    torch.cat([out[k] for k in concat], dim=1)
             return res.to(batch.device) if batch.device is not None and batch.device.type != "cpu" else res
         if batch.device is not None and batch.device.type != "cpu":
             out = {k: v.to(batch.device) for k, v in out.items()}
         return out
+
+    @staticmethod
+    def _one_hot(plan: _Plan, f: str) -> bool:
+        """Whether feature ``f`` of the plan's batch has one unweighted id per sample."""
+        lengths = plan.batch.lengths[f]
+        return (len(plan.inverse[f]) == len(lengths) and plan.batch.weights.get(f) is None
+                and bool((lengths == 1).all()))
 
     def _gather(self, group, plan: _Plan, weight: torch.Tensor, out: Dict[str, torch.Tensor]):
         batch = plan.batch
@@ -288,15 +306,10 @@ class Lookup:
         for name in group:
             spec = self.specs[name]
             for f in spec.features:
-                lengths = batch.lengths[f]
-                one_hot = (len(plan.inverse[f]) == len(lengths) and batch.weights.get(f) is None
-                           and bool((lengths == 1).all()))
-                (direct if spec.pooling == "none" or one_hot else bags).append(f)
+                (direct if spec.pooling == "none" or self._one_hot(plan, f) else bags).append(f)
         if direct:
             inv = np.concatenate([plan.inverse[f] for f in direct]) if len(direct) > 1 else plan.inverse[direct[0]]
             picked = weight.index_select(0, torch.from_numpy(inv))
-            if not bags:
-                self._picked = (direct, picked)
             out.update(zip(direct, torch.split(picked, [len(plan.inverse[f]) for f in direct])))
         for f in bags:
             lengths = batch.lengths[f]
@@ -314,52 +327,29 @@ class Lookup:
                     pooled = pooled / torch.from_numpy(np.maximum(lengths, 1).astype(np.float32)).unsqueeze(1)
                 out[f] = pooled
 
-    def _replay(self, group, plan: _Plan, rows: np.ndarray, state: np.ndarray, pull_seq: int):
-        """Applies this collection's updates entered after the group's pull to its rows."""
-        later = [(seq, u) for seq, u in self._log if seq > pull_seq]
-        if not later:
-            return
-        at_r, at_s = 0, 0
-        for name in group:
-            t = self.tables[name]
-            n = len(plan.unique[name])
-            sl = self.client._c.state_len(t.id)
-            r = rows[at_r : at_r + n]
-            s = state[at_s : at_s + n * sl].reshape(n, sl)
-            for _, u in later:
-                if name in u:
-                    ids, g, lr_scale = u[name]
-                    self.client._c.replay(t.id, r, s, plan.unique[name], ids, g, lr_scale)
-            at_r += n
-            at_s += n * sl
-
     def _trim_log(self):
         oldest = min((h.seq for p in self._prefetched for h in p.handles.values()), default=None)
-        while self._log and (oldest is None or self._log[0][0] < oldest):
-            self._log.popleft()
+        self._log.trim(oldest)
 
     # ---- backward and push ----
 
     def _backward(self, group, uniques, grad: torch.Tensor):
         g = grad.detach().to(torch.float32)
         if self.fused:
+            divisor = 1.0
             if self.grad_scaler is not None and self.grad_scaler.is_enabled():
-                g = g / float(self.grad_scaler.get_scale())
-            if not torch.isfinite(g).all():
+                divisor = float(self.grad_scaler.get_scale())
+            # Divided by the scale, checked finite and copied in one pass (in Rust).
+            bad = self._push(list(group), list(uniques), g.contiguous().numpy(), divisor)
+            if bad is not None:
                 if self.grad_scaler is not None:
                     # GradScaler's contract: a step with inf/NaN gradients is skipped (the scale then drops).
                     self.skipped_updates += 1
                     return
-                r, c = (~torch.isfinite(g)).nonzero()[0].tolist()
+                r, c, v = bad
                 name, at = self._row_table(group, uniques, r)
                 raise ValueError(f"table {name!r}: gradient of id {int(uniques[group.index(name)][at])} column {c} is "
-                                 f"{g[r, c].item()}: gradients must be finite (with AMP, pass grad_scaler=)")
-            g = g.contiguous().numpy()
-            update, at = {}, 0
-            for name, u in zip(group, uniques):
-                update[name] = (u, g[at : at + len(u)])
-                at += len(u)
-            self.submit(update)
+                                 f"{v}: gradients must be finite (with AMP, pass grad_scaler=)")
         else:
             at = 0
             for name, u in zip(group, uniques):
@@ -413,32 +403,45 @@ class Lookup:
             p.data = torch.empty(0, p.shape[1])
 
     def submit(self, update: Dict[str, Tuple[np.ndarray, np.ndarray]]):
-        """Pushes one update (per table: distinct ids and their summed gradients), one request per server and
-        push encoding, on the lane; logs it for replay."""
+        """Pushes one update (per table: distinct ids and their summed gradients, finite), one request per server,
+        dimension and push encoding, on the lane; logs it for replay."""
+        parts: Dict[Tuple[int, str], List[str]] = {}
+        for name in update:
+            t = self.tables[name]
+            parts.setdefault((t.dim, t.push_encoding), []).append(name)
+        for names in parts.values():
+            g = np.concatenate([np.asarray(update[n][1], dtype=np.float32) for n in names]) if len(names) > 1 \
+                else np.ascontiguousarray(update[names[0]][1], dtype=np.float32)
+            bad = self._push(names, [update[n][0] for n in names], g, 1.0)
+            if bad is not None:
+                r, c, v = bad
+                raise ValueError(f"row {r} column {c} of the update is {v}: gradients must be finite")
+
+    def _push(self, names: List[str], ids: List[np.ndarray], g: np.ndarray, divisor: float):
+        """Pushes ``g`` (``sum(len(ids)) x dim``, the tables' rows one table after another; tables of one
+        dimension and push encoding) divided by ``divisor``, one request per server and learning-rate multiplier,
+        on the lane; logs it for replay while batches are prefetched. Returns ``(row, column, value)`` of the first
+        value that is not finite (then nothing is pushed), else None."""
         start = time.perf_counter()
         self._check_lrs()
         lrs = {g["table"]: g["lr"] for g in self.optimizer.param_groups}
-        # One request per server for every (push encoding, learning-rate multiplier): the servers apply each
-        # table's optimizer at its registered rate times the multiplier the param group's lr asks for.
-        by_enc: Dict[Tuple[str, float], list] = {}
-        for name, (ids, g) in update.items():
-            key = (self.tables[name].push_encoding, self._lr_scale(name, lrs))
-            by_enc.setdefault(key, []).append((name, ids, g))
-        handles = []
-        for (enc, lr_scale), parts in by_enc.items():
-            # The ids are the plan's (uint64, distinct) and the gradients were checked finite in backward: straight
-            # to the extension, without the public API's checks.
-            ts = [self.tables[n] for n, _, _ in parts]
-            what = "tables " + ", ".join(repr(t.name) for t in ts) if len(ts) < 5 else f"{len(ts)} tables"
-            h = self.client._c.push_async([(t.id, t.dim) for t in ts], what, enc, [i for _, i, _ in parts],
-                                          [np.ascontiguousarray(g, dtype=np.float32) for _, _, g in parts], self.lane,
-                                          lr_scale=lr_scale)
-            handles.append(h)
-            if self._prefetched:
-                self._log.append((h.seq, {n: (i, g, lr_scale) for n, i, g in parts}))
+        ts = [self.tables[n] for n in names]
+        keys, at = [], 0
+        for t, i in zip(ts, ids):
+            keys.append((t.id, t.dim, at))
+            at += len(i)
+        what = "tables " + ", ".join(repr(n) for n in names) if len(names) < 5 else f"{len(names)} tables"
+        # The servers apply each table's optimizer at its registered rate times the multiplier its param group's
+        # lr asks for; the ids are the plan's (uint64, distinct): straight to the extension.
+        handles, bad = self.client._c.push_group(keys, what, ts[0].push_encoding, ids, g,
+                                                 [self._lr_scale(n, lrs) for n in names], divisor, self.lane,
+                                                 self._log if self._prefetched else None)
+        self.timing["push"] += time.perf_counter() - start
+        if bad is not None:
+            return bad
         self._inflight.append((self.updates, handles))
         self.updates += 1
-        self.timing["push"] += time.perf_counter() - start
+        return None
 
     def wait_pushes(self, keep: int):
         """Waits until only the pushes of the last ``keep`` updates are unacknowledged (raising their errors)."""

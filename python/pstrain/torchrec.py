@@ -270,8 +270,7 @@ class EmbeddingBagCollection(_Collection):
 
     def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
         """The pooled embeddings of every configured feature, as TorchRec's ``EmbeddingBagCollection``."""
-        out = self._engine.lookup(self._batch(features))
-        values = torch.cat([out[f] for f in self._flat], dim=1)
+        values = self._engine.lookup(self._batch(features), concat=self._flat)
         if self._device is not None:
             values = values.to(self._device)
         return KeyedTensor(keys=self._embedding_names, length_per_key=self._lengths, values=values)

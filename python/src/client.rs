@@ -29,6 +29,7 @@ use crate::counters::Counters;
 use crate::handles::{PullHandle, PushHandle, Slot};
 use crate::jobs::{PullJob, PushJob};
 use crate::lane::{wait_all, Lane};
+use crate::replay::{Logged, ReplayLog};
 
 use crate::errors::RequestError;
 use crate::runtime;
@@ -91,6 +92,54 @@ impl Client {
             ));
         }
         Ok(())
+    }
+
+    /// Starts `push` on the runtime, after `lane`'s earlier requests.
+    fn spawn_push(&self, push: PushJob, lane: Option<&Lane>) -> PushHandle {
+        self.spawn_push_logged(push, lane, None)
+    }
+
+    /// Starts `push` on the runtime, after `lane`'s earlier requests, logged in `log` for replay.
+    fn spawn_push_logged(
+        &self,
+        push: PushJob,
+        lane: Option<&Lane>,
+        log: Option<&ReplayLog>,
+    ) -> PushHandle {
+        let (tx, rx) = oneshot::channel();
+        let (client, counters, timeout) = (self.inner.clone(), self.counters.clone(), self.timeout);
+        let guard = self.inflight.enter();
+        let entry = lane.map(|l| l.enter(true));
+        let seq = entry.as_ref().map_or(0, |e| e.seq);
+        if let Some(log) = log {
+            let tables = push
+                .tables()
+                .zip(push.ids.iter().zip(&push.grads))
+                .map(|(table, (ids, grads))| Logged {
+                    table,
+                    ids: ids.clone(),
+                    grads: grads.clone(),
+                })
+                .collect();
+            log.add(seq, push.lr_scale, tables);
+        }
+        runtime().spawn(async move {
+            let _guard = guard;
+            let done = match entry {
+                Some(e) => {
+                    wait_all(e.after).await;
+                    Some(e.done)
+                }
+                None => None,
+            };
+            let _ = tx.send(push.run(&client, &counters, timeout).await);
+            drop(done);
+        });
+        PushHandle {
+            state: Slot::Pending(rx),
+            counters: self.counters.clone(),
+            seq,
+        }
     }
 
     fn config(&self, table: u32) -> PyResult<TableConfig> {
@@ -372,12 +421,14 @@ impl Client {
     ) -> PyResult<PullHandle> {
         self.check_open(py, &what)?;
         let mut pull = PullJob::new(tables, &what, encoding, &ids)?;
+        let mut replay = None;
         if with_state {
-            let lens = pull
+            let configs = pull
                 .table_ids()
-                .map(|t| self.config(t).map(|c| c.state_len()))
+                .map(|t| self.config(t))
                 .collect::<PyResult<Vec<_>>>()?;
-            pull.state_lens = Some(lens);
+            pull.state_lens = Some(configs.iter().map(TableConfig::state_len).collect());
+            replay = Some(configs.into_iter().zip(pull.ids.iter().cloned()).collect());
         }
         let (tx, rx) = oneshot::channel();
         let shapes = pull.shapes();
@@ -403,6 +454,8 @@ impl Client {
             counters: self.counters.clone(),
             seq,
             opt_state: None,
+            replay,
+            replay_secs: 0.0,
         })
     }
 
@@ -426,28 +479,104 @@ impl Client {
     ) -> PyResult<PushHandle> {
         self.check_open(py, &what)?;
         let push = PushJob::new(tables, &what, (encoding, lr_scale), &ids, &grads)?;
-        let (tx, rx) = oneshot::channel();
-        let (client, counters, timeout) = (self.inner.clone(), self.counters.clone(), self.timeout);
-        let guard = self.inflight.enter();
-        let entry = lane.map(|l| l.enter(true));
-        let seq = entry.as_ref().map_or(0, |e| e.seq);
-        runtime().spawn(async move {
-            let _guard = guard;
-            let done = match entry {
-                Some(e) => {
-                    wait_all(e.after).await;
-                    Some(e.done)
-                }
-                None => None,
-            };
-            let _ = tx.send(push.run(&client, &counters, timeout).await);
-            drop(done);
-        });
-        Ok(PushHandle {
-            state: Slot::Pending(rx),
-            counters: self.counters.clone(),
-            seq,
-        })
+        Ok(self.spawn_push(push, lane.as_deref()))
+    }
+
+    /// Starts one push per learning-rate multiplier of a group's gradients: `grads` is `rows x dim` (every
+    /// table's dim), table `tables[i]` = `(id, dim, first row)` owns rows `first .. first + len(ids[i])` and
+    /// pushes at `lr_scales[i]`. Each gradient is divided by `divisor` (a `GradScaler`'s scale; 1: none) as
+    /// it is copied, and checked finite: the first value that is not gives `(None, (row, column, value))` and
+    /// nothing is pushed; else `(handles, None)`, one per distinct multiplier in first-seen order. With `log`,
+    /// each push is logged there for replay (its ids and gradients shared, not copied). `lane`: as for
+    /// `push_async`.
+    #[pyo3(signature = (tables, what, encoding, ids, grads, lr_scales, divisor = 1.0, lane = None,
+                        log = None))]
+    #[allow(clippy::too_many_arguments, clippy::type_complexity)]
+    fn push_group(
+        &self,
+        py: Python<'_>,
+        tables: Vec<(u32, usize, usize)>,
+        what: String,
+        encoding: &str,
+        ids: Vec<PyReadonlyArray1<'_, u64>>,
+        grads: PyReadonlyArray2<'_, f32>,
+        lr_scales: Vec<f32>,
+        divisor: f32,
+        lane: Option<PyRef<'_, Lane>>,
+        log: Option<PyRef<'_, ReplayLog>>,
+    ) -> PyResult<(Option<Vec<PushHandle>>, Option<(usize, usize, f32)>)> {
+        self.check_open(py, &what)?;
+        let encoding = crate::jobs::parse_encoding(encoding)?;
+        if ids.len() != tables.len() || lr_scales.len() != tables.len() {
+            return Err(PyValueError::new_err(format!(
+                "push of {what}: {} id arrays and {} learning-rate multipliers for {} tables",
+                ids.len(),
+                lr_scales.len(),
+                tables.len()
+            )));
+        }
+        if !(divisor.is_finite() && divisor > 0.0) {
+            return Err(PyValueError::new_err(format!(
+                "push of {what}: divisor {divisor}, expected a finite number > 0"
+            )));
+        }
+        if let Some(s) = lr_scales.iter().find(|s| !(s.is_finite() && **s >= 0.0)) {
+            return Err(PyValueError::new_err(format!(
+                "push of {what}: lr_scale {s}, expected a finite number >= 0"
+            )));
+        }
+        let view = grads.as_array();
+        let (rows, cols) = (view.shape()[0], view.shape()[1]);
+        let owned;
+        let all: &[f32] = match view.as_slice() {
+            Some(s) => s,
+            None => {
+                owned = view.iter().copied().collect::<Vec<f32>>();
+                &owned
+            }
+        };
+        let mut parts = Vec::with_capacity(tables.len());
+        for (&(table, dim, first), i) in tables.iter().zip(&ids) {
+            let i = i.as_array();
+            let n = i.len();
+            if dim != cols || first.checked_add(n).is_none_or(|end| end > rows) {
+                return Err(PyValueError::new_err(format!(
+                    "push of {what}: table {table} (dim {dim}) takes rows {first}..{} of a {rows} x {cols} \
+                     gradient",
+                    first.saturating_add(n)
+                )));
+            }
+            let src = &all[first * dim..(first + n) * dim];
+            let mut g = Vec::with_capacity(src.len());
+            if divisor == 1.0 {
+                g.extend_from_slice(src);
+            } else {
+                g.extend(src.iter().map(|x| x / divisor));
+            }
+            if let Some(k) = g.iter().position(|x| !x.is_finite()) {
+                return Ok((None, Some((first + k / dim, k % dim, g[k]))));
+            }
+            parts.push((table, dim, lr_scales[parts.len()], i.to_vec(), g));
+        }
+        let mut scales: Vec<f32> = Vec::new();
+        for p in &parts {
+            if !scales.iter().any(|s| s.to_bits() == p.2.to_bits()) {
+                scales.push(p.2);
+            }
+        }
+        let mut handles = Vec::with_capacity(scales.len());
+        for scale in scales {
+            let (mut ts, mut is, mut gs) = (Vec::new(), Vec::new(), Vec::new());
+            for p in parts.iter_mut().filter(|p| p.2.to_bits() == scale.to_bits()) {
+                ts.push((p.0, p.1));
+                is.push(std::mem::take(&mut p.3));
+                gs.push(std::mem::take(&mut p.4));
+            }
+            let push = PushJob::from_parts(ts, &what, (encoding, scale), is, gs);
+            let h = self.spawn_push_logged(push, lane.as_deref(), log.as_deref());
+            handles.push(h);
+        }
+        Ok((Some(handles), None))
     }
 
     /// Sets the weights of rows of several tables (`rows[i]` is `len(ids[i]) x dim` of `tables[i]`, finite),

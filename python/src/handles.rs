@@ -11,6 +11,7 @@ use tokio::sync::oneshot;
 
 use crate::counters::Counters;
 use crate::errors::RequestError;
+use crate::replay::ReplayLog;
 use crate::runtime;
 
 /// A request's result slot: still pending, or taken.
@@ -93,6 +94,10 @@ pub struct PullHandle {
     pub(crate) seq: u64,
     /// The optimizer state of a pull with state, once waited for.
     pub(crate) opt_state: Option<Vec<f32>>,
+    /// A pull with state's tables (config, ids): what `wait(log=)` replays onto.
+    pub(crate) replay: Option<Vec<(embedding::TableConfig, Arc<Vec<u64>>)>>,
+    /// Seconds `wait(log=)` spent replaying.
+    pub(crate) replay_secs: f64,
 }
 
 #[pymethods]
@@ -105,15 +110,27 @@ impl PullHandle {
     /// The rows: with `concat`, one `float32` array of `(sum of len(ids)) x dim` holding every table's rows
     /// one after another (tables of one dimension only); else per table a `len(ids) x dim` array (views of
     /// that one buffer). The buffer is the decoded rows themselves (no copy). Raises the request's error.
-    /// `timeout`: seconds to wait at most (`PsTimeoutError` past it; the request goes on).
-    #[pyo3(signature = (timeout = None, concat = false))]
+    /// `timeout`: seconds to wait at most (`PsTimeoutError` past it; the request goes on). `log` (a pull
+    /// with state): the pushes of that log entered after this pull are first applied to the rows and their
+    /// optimizer state, as the servers apply them (`crate::replay`).
+    #[pyo3(signature = (timeout = None, concat = false, log = None))]
     fn wait<'py>(
         &mut self,
         py: Python<'py>,
         timeout: Option<f64>,
         concat: bool,
+        log: Option<PyRef<'py, ReplayLog>>,
     ) -> PyResult<Vec<Bound<'py, PyAny>>> {
-        let (rows, opt_state) = self.state.wait(py, timeout, &self.counters)?;
+        let (mut rows, mut opt_state) = self.state.wait(py, timeout, &self.counters)?;
+        if let Some(log) = log {
+            let tables = self.replay.as_ref().ok_or_else(|| {
+                PyValueError::new_err("wait(log=...): only a pull with state replays pushes")
+            })?;
+            let start = Instant::now();
+            let (seq, log) = (self.seq, &*log);
+            py.detach(|| log.replay(seq, tables, &mut rows, &mut opt_state));
+            self.replay_secs += start.elapsed().as_secs_f64();
+        }
         self.opt_state = Some(opt_state);
         let dims: std::collections::BTreeSet<usize> = self.shapes.iter().map(|s| s.1).collect();
         let total: usize = self.shapes.iter().map(|s| s.0).sum();
@@ -156,6 +173,12 @@ impl PullHandle {
     #[getter]
     fn seq(&self) -> u64 {
         self.seq
+    }
+
+    /// Seconds `wait(log=)` spent replaying pushes onto the rows.
+    #[getter]
+    fn replay_seconds(&self) -> f64 {
+        self.replay_secs
     }
 }
 

@@ -207,7 +207,8 @@ async fn pull_tables_with_state(
 pub(crate) struct PullJob {
     tables: Vec<(u32, usize)>,
     encoding: Encoding,
-    ids: Vec<Vec<u64>>,
+    /// Each table's ids (shared with the handle of a pull with state, which replays onto its rows).
+    pub(crate) ids: Vec<Arc<Vec<u64>>>,
     what: String,
     /// With each table's f32s of optimizer state per row: a pull with state (ids distinct).
     pub(crate) state_lens: Option<Vec<usize>>,
@@ -228,8 +229,11 @@ impl PullJob {
                 tables.len()
             )));
         }
-        let ids: Vec<Vec<u64>> = ids.iter().map(|a| copy_out(a.as_array())).collect();
-        let n: usize = ids.iter().map(Vec::len).sum();
+        let ids: Vec<Arc<Vec<u64>>> = ids
+            .iter()
+            .map(|a| Arc::new(copy_out(a.as_array())))
+            .collect();
+        let n: usize = ids.iter().map(|i| i.len()).sum();
         Ok(PullJob {
             tables,
             encoding,
@@ -263,7 +267,11 @@ impl PullJob {
             .tables
             .iter()
             .zip(&self.ids)
-            .map(|(&(table, dim), ids)| TableIds { table, dim, ids })
+            .map(|(&(table, dim), ids)| TableIds {
+                table,
+                dim,
+                ids: ids.as_slice(),
+            })
             .collect();
         let encoding = self.encoding;
         let pulled = async {
@@ -282,7 +290,7 @@ impl PullJob {
             Ok(Err(e)) => Err(failed(&self.what, e, start)),
             Err(_) => Err(timed_out(&self.what, client, timeout.as_secs_f64())),
         };
-        let n: usize = self.ids.iter().map(Vec::len).sum();
+        let n: usize = self.ids.iter().map(|i| i.len()).sum();
         counters.pull_calls.fetch_add(1, Ordering::Relaxed);
         counters.pull_rows.fetch_add(n as u64, Ordering::Relaxed);
         counters
@@ -296,8 +304,9 @@ impl PullJob {
 pub(crate) struct PushJob {
     tables: Vec<(u32, usize)>,
     encoding: Encoding,
-    ids: Vec<Vec<u64>>,
-    grads: Vec<Vec<f32>>,
+    /// Each table's distinct ids and gradients (`ids x dim`), shared with a [`crate::replay::ReplayLog`].
+    pub(crate) ids: Vec<Arc<Vec<u64>>>,
+    pub(crate) grads: Vec<Arc<Vec<f32>>>,
     what: String,
     /// Multiplies every table's learning rate for this push (a schedule on the optimizer handle).
     pub(crate) lr_scale: f32,
@@ -339,15 +348,37 @@ impl PushJob {
             all_grads.push(copy_out(g.as_array()));
             all_ids.push(i);
         }
-        let n: usize = all_ids.iter().map(Vec::len).sum();
-        Ok(PushJob {
+        Ok(PushJob::from_parts(
+            tables,
+            what,
+            (encoding, lr_scale),
+            all_ids,
+            all_grads,
+        ))
+    }
+
+    /// The table ids, in request order.
+    pub(crate) fn tables(&self) -> impl Iterator<Item = u32> + '_ {
+        self.tables.iter().map(|t| t.0)
+    }
+
+    /// A push of `ids[i]` and `grads[i]` (`len x dim`) to `tables[i]`, checked by the caller.
+    pub(crate) fn from_parts(
+        tables: Vec<(u32, usize)>,
+        what: &str,
+        (encoding, lr_scale): (Encoding, f32),
+        ids: Vec<Vec<u64>>,
+        grads: Vec<Vec<f32>>,
+    ) -> PushJob {
+        let n: usize = ids.iter().map(Vec::len).sum();
+        PushJob {
             tables,
             encoding,
-            ids: all_ids,
-            grads: all_grads,
+            ids: ids.into_iter().map(Arc::new).collect(),
+            grads: grads.into_iter().map(Arc::new).collect(),
             what: format!("push of {what} ({n} ids)"),
             lr_scale,
-        })
+        }
     }
 
     pub(crate) async fn run(
@@ -361,9 +392,13 @@ impl PushJob {
             .tables
             .iter()
             .zip(&self.ids)
-            .map(|(&(table, dim), ids)| TableIds { table, dim, ids })
+            .map(|(&(table, dim), ids)| TableIds {
+                table,
+                dim,
+                ids: ids.as_slice(),
+            })
             .collect();
-        let grads: Vec<&[f32]> = self.grads.iter().map(Vec::as_slice).collect();
+        let grads: Vec<&[f32]> = self.grads.iter().map(|g| g.as_slice()).collect();
         let r = tokio::time::timeout(
             timeout,
             push_tables(client, (self.encoding, self.lr_scale), &parts, &grads),
@@ -374,7 +409,7 @@ impl PushJob {
             Ok(Err(e)) => Err(failed(&self.what, e, start)),
             Err(_) => Err(timed_out(&self.what, client, timeout.as_secs_f64())),
         };
-        let n: usize = self.ids.iter().map(Vec::len).sum();
+        let n: usize = self.ids.iter().map(|i| i.len()).sum();
         counters.push_calls.fetch_add(1, Ordering::Relaxed);
         counters.push_rows.fetch_add(n as u64, Ordering::Relaxed);
         counters

@@ -30,7 +30,7 @@ pub(crate) mod export;
 pub mod handles;
 pub(crate) mod jobs;
 pub mod lane;
-pub(crate) mod replay;
+pub mod replay;
 
 /// The process-wide tokio runtime every client shares, created on first use with `PSTRAIN_IO_THREADS` worker
 /// threads (default 2: requests are I/O and codec work beside the caller's Python and torch threads).
@@ -58,9 +58,11 @@ fn _pstrain(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<handles::PullHandle>()?;
     m.add_class::<handles::PushHandle>()?;
     m.add_class::<lane::Lane>()?;
+    m.add_class::<replay::ReplayLog>()?;
     m.add_class::<cluster::LocalCluster>()?;
     m.add_function(wrap_pyfunction!(data::read_criteo, m)?)?;
     m.add_function(wrap_pyfunction!(dedup::unique_inverse, m)?)?;
+    m.add_function(wrap_pyfunction!(dedup::plan_group, m)?)?;
     m.add("NUM_DENSE", criteo::NUM_DENSE)?;
     m.add("NUM_SPARSE", criteo::NUM_SPARSE)?;
     Ok(())
