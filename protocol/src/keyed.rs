@@ -78,11 +78,19 @@ impl KeyedPlan {
         unique_rows: &mut [f32],
     ) -> Result<(), ProtocolError> {
         let pos = &self.by_server[server];
-        let mut decoded = vec![0f32; pos.len() * dim];
-        decode_rows(rows, dim, encoding, &mut decoded)?;
-        for (&p, row) in pos.iter().zip(decoded.chunks_exact(dim)) {
+        let row_bytes = encoding.row_bytes(dim);
+        if rows.len() != pos.len() * row_bytes {
+            return Err(ProtocolError::BadPayload(format!(
+                "{encoding} rows section of {} bytes, expected {} ({} rows of dim {dim})",
+                rows.len(),
+                pos.len() * row_bytes,
+                pos.len()
+            )));
+        }
+        // Each row decoded straight into its place (no scratch buffer to zero and copy from).
+        for (&p, bytes) in pos.iter().zip(rows.chunks_exact(row_bytes.max(1))) {
             let p = p as usize * dim;
-            unique_rows[p..p + dim].copy_from_slice(row);
+            decode_rows(bytes, dim, encoding, &mut unique_rows[p..p + dim])?;
         }
         Ok(())
     }

@@ -182,12 +182,17 @@ async fn pull_tables_with_state(
                     )))
                 }
             };
-            let mut decoded = vec![0f32; pos.len() * p.dim];
-            decode_rows(rb, p.dim, encoding, &mut decoded)?;
+            // Each row decoded straight into its place (no scratch buffer to zero and copy from).
+            let row_bytes = encoding.row_bytes(p.dim);
             for (j, &i) in pos.iter().enumerate() {
                 let (i, d) = (i as usize, p.dim);
                 let o = row_at[t] + i * d;
-                rows[o..o + d].copy_from_slice(&decoded[j * d..(j + 1) * d]);
+                decode_rows(
+                    &rb[j * row_bytes..(j + 1) * row_bytes],
+                    d,
+                    encoding,
+                    &mut rows[o..o + d],
+                )?;
                 let o = state_at[t] + i * want;
                 for (x, b) in state[o..o + want]
                     .iter_mut()
