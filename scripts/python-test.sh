@@ -29,7 +29,7 @@ check() {
 import sys
 from importlib import metadata
 want = {"torch": sys.argv[1], "torchrec": sys.argv[2], "fbgemm-gpu-cpu": sys.argv[3]}
-for name in ("numpy", "pytest", "maturin", "tensorboard"):
+for name in ("numpy", "pytest", "maturin", "tensorboard", "safetensors"):
     want.setdefault(name, None)
 for name, version in want.items():
     try:
@@ -49,7 +49,7 @@ PYEOF
 wrong=$(check)
 if [ -n "$wrong" ]; then
   echo "fixing the Python test environment: $wrong" | tr '\n' ' '; echo
-  "$VPY" -m pip install -q numpy pytest maturin tensorboard "torch==$TORCH" "torchrec==$TORCHREC"
+  "$VPY" -m pip install -q numpy pytest maturin tensorboard safetensors "torch==$TORCH" "torchrec==$TORCHREC"
   "$VPY" -m pip uninstall -q -y fbgemm-gpu >/dev/null 2>&1 || true
   "$VPY" -m pip install -q --no-deps --force-reinstall "fbgemm-gpu-cpu==$FBGEMM_CPU"
   wrong=$(check)

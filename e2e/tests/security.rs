@@ -602,6 +602,7 @@ fn every_request_is_authorized_by_the_role_of_its_certificate() {
         let outside = Request::Checkpoint {
             dir: dir.path().join("elsewhere").display().to_string(),
             step: 1,
+            tensors: false,
         };
         let (code, message) =
             error(call_as(addr, &tls_dir, Role::Admin, &outside, Vec::new()).await);
@@ -611,6 +612,7 @@ fn every_request_is_authorized_by_the_role_of_its_certificate() {
         let named = Request::Checkpoint {
             dir: "job-1/step-1".into(),
             step: 1,
+            tensors: true,
         };
         match call_as(addr, &tls_dir, Role::Trainer, &named, Vec::new()).await {
             Response::Checkpointed { dir: written, .. } => {

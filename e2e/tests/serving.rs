@@ -29,6 +29,59 @@ fn close(a: &[f64], b: &[f64]) {
     }
 }
 
+/// The trainer's export holds its tables as SafeTensors per shard (`tables.safetensors`), row for row the
+/// shard's snapshot, and its dense parameters as `dense.safetensors` equal to `dense.bin`.
+fn open_export_equals_the_snapshot(root: &std::path::Path) {
+    use embedding::snapshot::tensors::{read_tables, TABLES_FILE};
+    let export = model::export::Export::open(root).unwrap();
+    let shards: Vec<_> = std::fs::read_dir(export.dir.join("ps"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(shards.len(), export.manifest.num_shards as usize);
+    for shard in shards {
+        let snap = embedding::snapshot::Snapshot::open(&shard).unwrap();
+        let tables = read_tables(&shard.join(TABLES_FILE)).unwrap();
+        assert_eq!(tables.len(), snap.manifest().tables.len());
+        for t in &tables {
+            let mut want = Vec::new();
+            snap.for_each_row(t.config.id, &mut |id, bytes| {
+                want.push((id, bytes.to_vec()));
+                Ok(())
+            })
+            .unwrap();
+            let (dim, sl) = (t.config.dim, t.config.state_len());
+            let got: Vec<(u64, Vec<u8>)> = t
+                .ids
+                .iter()
+                .enumerate()
+                .map(|(i, &id)| {
+                    let row = t.weights[i * dim..(i + 1) * dim]
+                        .iter()
+                        .chain(&t.state[i * sl..(i + 1) * sl]);
+                    (id, row.flat_map(|v| v.to_le_bytes()).collect())
+                })
+                .collect();
+            assert!(!got.is_empty(), "table {} has rows", t.prefix);
+            assert_eq!(got, want, "table {}", t.prefix);
+        }
+    }
+    let dense =
+        embedding::tensors::read_file(&export.dir.join(model::export::DENSE_TENSORS_FILE)).unwrap();
+    let flat: Vec<f32> = std::fs::read(export.dir.join(model::export::DENSE_FILE))
+        .unwrap()
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    assert_eq!(dense.names().count(), export.manifest.param_sizes.len());
+    assert_eq!(
+        dense
+            .f32("bottom.0.weight", dense.shape("bottom.0.weight").unwrap())
+            .unwrap(),
+        &flat[..export.manifest.param_sizes[0]]
+    );
+}
+
 #[test]
 fn served_predictions_are_the_trainers() {
     let dir = tempfile::tempdir().unwrap();
@@ -43,6 +96,7 @@ fn served_predictions_are_the_trainers() {
         &["--export-dir", export.to_str().unwrap()],
     );
     assert!(stderr.contains("export at step"), "{stderr}");
+    open_export_equals_the_snapshot(&export);
     let lines = support::read_lines(&test);
     let labels = labels(&lines);
 

@@ -31,6 +31,8 @@
 //!   `Snapshot` to read one back, `PushGuard` to keep a multi-table push out of half a checkpoint.
 //! - [`weight_guard`]: [`WeightGuard`], what an optimizer step may leave in a row (never a non-finite weight).
 //! - [`sizing`]: memory and disk of a table of R rows from the layout above, without building it.
+//! - [`tensors`]: SafeTensors files, the open format of an export's tables (`snapshot::tensors`, a shard's
+//!   tables as one file) and dense parameters.
 //!
 //! With a memory budget ([`Engine::open_with_budget`]), [`Engine::enforce_budget`] evicts cold rows (CLOCK) to
 //! the store and misses read them back with one batched [`Store::get_rows`] per call (`table/budget.rs`).
@@ -70,6 +72,7 @@ pub mod sizing;
 pub mod snapshot;
 mod store;
 mod table;
+pub mod tensors;
 pub mod weight_guard;
 
 #[cfg(test)]

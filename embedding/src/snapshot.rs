@@ -582,5 +582,7 @@ impl Snapshot {
     }
 }
 
+pub mod tensors;
+
 #[cfg(test)]
 mod tests;

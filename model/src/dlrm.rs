@@ -190,6 +190,31 @@ impl Dlrm {
         self.layers().flat_map(Linear::params).collect()
     }
 
+    /// Every parameter tensor's name and shape, in the order of [`params`](Self::params): `bottom.<i>.weight`
+    /// (`[out, in]`) and `bottom.<i>.bias` (`[out]`), per cross layer `cross.<l>.v.weight`, `cross.<l>.u.weight`
+    /// and `cross.<l>.u.bias`, then `top.<i>.weight` and `top.<i>.bias` (the names of an export's
+    /// `dense.safetensors`).
+    pub fn param_names(&self) -> Vec<(String, Vec<usize>)> {
+        let mut out = Vec::new();
+        let mut add = |prefix: String, l: &Linear| {
+            out.push((format!("{prefix}.weight"), vec![l.out_dim(), l.in_dim()]));
+            if l.has_bias() {
+                out.push((format!("{prefix}.bias"), vec![l.out_dim()]));
+            }
+        };
+        for (i, l) in self.bottom.layers().iter().enumerate() {
+            add(format!("bottom.{i}"), l);
+        }
+        for (i, l) in self.interaction.layers().iter().enumerate() {
+            let part = if i % 2 == 0 { "v" } else { "u" };
+            add(format!("cross.{}.{part}", i / 2), l);
+        }
+        for (i, l) in self.top.layers().iter().enumerate() {
+            add(format!("top.{i}"), l);
+        }
+        out
+    }
+
     /// Every layer holding parameters: bottom, cross, top.
     fn layers(&self) -> impl Iterator<Item = &Linear> {
         all_layers(&self.bottom, &self.interaction, &self.top)

@@ -31,6 +31,11 @@ pub const EXPORT_FORMAT_VERSION: u32 = 2;
 pub const MANIFEST_FILE: &str = "manifest.json";
 /// The dense parameters' file name in a version directory.
 pub const DENSE_FILE: &str = "dense.bin";
+/// The dense parameters as SafeTensors, one tensor per parameter ([`Dlrm::param_names`]), readable without
+/// our code (docs/serving.md).
+pub const DENSE_TENSORS_FILE: &str = "dense.safetensors";
+/// `format` in [`DENSE_TENSORS_FILE`]'s metadata.
+pub const DENSE_TENSORS_FORMAT: &str = "pstrain.dense.v1";
 /// The servers' snapshot directory in a version directory.
 pub const SNAPSHOT_DIR: &str = "ps";
 /// The file naming the newest complete version in an export root.
@@ -272,6 +277,7 @@ impl Staging {
             &tmp.join("dense.bin.tmp"),
             &dense,
         )?;
+        write_dense_tensors(&tmp.join(DENSE_TENSORS_FILE), model)?;
         let json = serde_json::to_vec_pretty(&manifest).expect("manifest serializes");
         write_atomic(
             &tmp,
@@ -290,6 +296,42 @@ impl Staging {
         prune(&root, keep, &name)?;
         Ok(done)
     }
+}
+
+/// Writes `model`'s dense parameters as SafeTensors ([`DENSE_TENSORS_FILE`]), one tensor per parameter named
+/// as [`Dlrm::param_names`] says.
+fn write_dense_tensors(path: &Path, model: &Dlrm) -> Result<(), FileError> {
+    use embedding::tensors::{write_file, Dtype, TensorSpec};
+    let names = model.param_names();
+    let params = model.params();
+    let specs: Vec<TensorSpec> = names
+        .into_iter()
+        .map(|(name, shape)| TensorSpec {
+            name,
+            dtype: Dtype::F32,
+            shape,
+        })
+        .collect();
+    let meta = std::collections::BTreeMap::from([(
+        "format".to_string(),
+        DENSE_TENSORS_FORMAT.to_string(),
+    )]);
+    write_file(path, &specs, &meta, &mut |k, out| {
+        let bytes: Vec<u8> = params[k].iter().flat_map(|v| v.to_le_bytes()).collect();
+        out.write_all(&bytes)
+            .map_err(|source| embedding::tensors::TensorsError::Io {
+                path: path.to_owned(),
+                source,
+            })
+    })
+    .map_err(|e| match e {
+        embedding::tensors::TensorsError::Io { path, source } => FileError { path, source },
+        other => FileError {
+            path: path.to_owned(),
+            source: std::io::Error::other(other.to_string()),
+        },
+    })?;
+    Ok(())
 }
 
 /// Keeps `latest` (the version `LATEST` names, whatever its number: a job restarted with a lower step count
@@ -412,5 +454,65 @@ mod tests {
             err.contains("table \"b\" is not among the registered tables [\"a\"]"),
             "{err}"
         );
+    }
+}
+
+#[cfg(test)]
+mod tensor_tests {
+    use super::*;
+    use crate::spec::ModelSpec;
+
+    /// `dense.safetensors` holds every parameter under its name and shape, equal to `dense.bin`'s values.
+    #[test]
+    fn dense_tensors_name_every_parameter() {
+        let text = "name = \"t\"\nbottom_mlp = [8, 4]\ntop_mlp = [4, 1]\n[sparse]\ndim = 4\n\
+                    [[feature]]\ncolumn = \"C1\"\ntable = \"a\"\n\
+                    [interaction]\nkind = \"dcn\"\nlayers = 2\nrank = 3\n";
+        let spec = ModelSpec::parse(text).unwrap();
+        let model = Dlrm::new(
+            spec.dlrm_config(),
+            crate::DenseOptimizer::Sgd { lr: 1.0 },
+            5,
+        )
+        .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let staging = Staging::begin(dir.path(), 4).unwrap();
+        std::fs::create_dir_all(staging.snapshot_dir()).unwrap();
+        let manifest = ExportManifest {
+            format: EXPORT_FORMAT_VERSION,
+            version: 4,
+            samples: 0,
+            created_unix_ms: 0,
+            spec: spec.clone(),
+            tables: vec![TableConfig::new(1, "a", 4)],
+            precision: Precision::F32,
+            param_sizes: Vec::new(),
+            num_shards: 1,
+        };
+        let done = staging.commit(manifest, &model, 1).unwrap();
+        let f = embedding::tensors::read_file(&done.join(DENSE_TENSORS_FILE)).unwrap();
+        assert_eq!(f.metadata()["format"], DENSE_TENSORS_FORMAT);
+        let names = model.param_names();
+        assert_eq!(names.len(), model.params().len());
+        let mut listed: Vec<&str> = names.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(
+            listed[..4],
+            [
+                "bottom.0.weight",
+                "bottom.0.bias",
+                "bottom.1.weight",
+                "bottom.1.bias"
+            ]
+        );
+        assert!(listed.contains(&"cross.1.v.weight") && listed.contains(&"cross.1.u.bias"));
+        assert_eq!(listed.last(), Some(&"top.1.bias"));
+        for ((name, shape), values) in names.iter().zip(model.params()) {
+            assert_eq!(shape.iter().product::<usize>(), values.len(), "{name}");
+            assert_eq!(f.f32(name, shape).unwrap(), values, "{name}");
+        }
+        listed.sort();
+        let mut in_file: Vec<&str> = f.names().collect();
+        in_file.sort();
+        assert_eq!(in_file, listed, "no other tensor");
     }
 }

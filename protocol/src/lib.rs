@@ -68,5 +68,6 @@ pub const ALPN: &[u8] = b"ps/1";
 /// admission and TTL), each as its JSON text ([`wire::tables`]), instead of the wire-only `TableSpec`.
 /// Version 7: pushes carry a [`wire::message::push::PushId`] and are applied once per id; `Replicate` carries
 /// the answers of the pushes whose rows it streams; `ErrorCode::InProgress`. Version 8: `Push` carries an
-/// `lr_scale` (a trainer's learning-rate schedule on tables whose optimizer keeps state).
-pub const PROTOCOL_VERSION: u32 = 8;
+/// `lr_scale` (a trainer's learning-rate schedule on tables whose optimizer keeps state). Version 9:
+/// `Checkpoint` says whether the snapshot also gets its tables as a SafeTensors file (`tensors`, for exports).
+pub const PROTOCOL_VERSION: u32 = 9;

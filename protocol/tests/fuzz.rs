@@ -89,6 +89,7 @@ fn request(r: &mut Rng) -> Request {
         5 => Request::Checkpoint {
             dir: "d".repeat(r.below(20) as usize),
             step: r.next_u64(),
+            tensors: r.below(2) == 1,
         },
         0 => Request::Hello {
             version: r.u32_or_edge(&U32_EDGES),

@@ -489,6 +489,7 @@ fn peer_or_admin(r: &mut Rng) -> (Request, Vec<u8>) {
                 Request::Checkpoint {
                     dir,
                     step: r.next_u64(),
+                    tensors: r.below(2) == 1,
                 },
                 Vec::new(),
             )

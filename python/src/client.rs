@@ -567,7 +567,10 @@ impl Client {
         let mut handles = Vec::with_capacity(scales.len());
         for scale in scales {
             let (mut ts, mut is, mut gs) = (Vec::new(), Vec::new(), Vec::new());
-            for p in parts.iter_mut().filter(|p| p.2.to_bits() == scale.to_bits()) {
+            for p in parts
+                .iter_mut()
+                .filter(|p| p.2.to_bits() == scale.to_bits())
+            {
                 ts.push((p.0, p.1));
                 is.push(std::mem::take(&mut p.3));
                 gs.push(std::mem::take(&mut p.4));

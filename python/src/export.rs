@@ -83,7 +83,7 @@ pub(crate) fn write(
     let shards = runtime()
         .block_on(async {
             let target = target.to_string_lossy().into_owned();
-            match tokio::time::timeout(timeout, client.checkpoint(&target, version)).await {
+            match tokio::time::timeout(timeout, client.export_snapshot(&target, version)).await {
                 Ok(r) => r.map_err(|e| RequestError::new(&what, e)),
                 Err(_) => Err(RequestError::timeout(&what, timeout.as_secs_f64())),
             }

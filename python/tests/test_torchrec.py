@@ -516,6 +516,44 @@ def _serve(export_dir, data_dir, *extra):
         time.sleep(0.05)
 
 
+def _check_open_export(version_dir, client, model, tables):
+    """The export read without pstrain, as docs/serving.md shows: every shard's ``tables.safetensors`` (ids,
+    weights, optimizer state per table) and ``dense.safetensors`` load with ``safetensors.numpy``; the rows equal
+    those pulled from the servers bit for bit, and the dense tensors the model's layers."""
+    import glob
+    import json
+    import os
+
+    from safetensors import safe_open
+    from safetensors.numpy import load_file
+
+    shards = sorted(glob.glob(os.path.join(version_dir, "ps", "shard-*-of-*", "tables.safetensors")))
+    assert len(shards) == 2, shards
+    seen = {}
+    for path in shards:
+        tensors = load_file(path)
+        with safe_open(path, framework="numpy") as f:
+            meta = f.metadata()
+        assert meta["format"] == "pstrain.tables.v1"
+        for name in tables:
+            ids, weight = tensors[f"{name}.ids"], tensors[f"{name}.weight"]
+            assert ids.dtype == np.uint64 and weight.dtype == np.float32 and weight.shape == (len(ids), 8)
+            assert tensors[f"{name}.state"].shape == (len(ids), 1), "row-wise Adagrad's accumulator"
+            assert json.loads(meta[f"{name}.config"])["dim"] == 8
+            seen.setdefault(name, []).append((ids, weight))
+    for name in tables:
+        ids = np.concatenate([i for i, _ in seen[name]])
+        weight = np.concatenate([w for _, w in seen[name]])
+        assert len(ids) > 0 and len(np.unique(ids)) == len(ids), "each id on one shard"
+        np.testing.assert_array_equal(client.pull(name, ids).view(np.uint32), weight.view(np.uint32))
+    dense = load_file(os.path.join(version_dir, "dense.safetensors"))
+    assert sorted(dense) == sorted(["bottom.0.weight", "bottom.0.bias", "bottom.1.weight", "bottom.1.bias",
+                                    "top.0.weight", "top.0.bias", "top.1.weight", "top.1.bias"])
+    first = model.dense_arch.model._mlp[0]._linear
+    np.testing.assert_array_equal(dense["bottom.0.weight"], first.weight.detach().numpy())
+    np.testing.assert_array_equal(dense["bottom.0.bias"], first.bias.detach().numpy())
+
+
 def test_export_of_a_torchrec_dlrm_is_served_with_its_own_predictions(tmp_path):
     """TorchRec's DLRM with our collection, trained on Criteo rows read with TorchRec's ids
     (int(token or "0", 16) % num_embeddings), exported with export_dlrm: ps-serve answers the test rows with the
@@ -557,6 +595,7 @@ def test_export_of_a_torchrec_dlrm_is_served_with_its_own_predictions(tmp_path):
             opt.step()
         version_dir = export_dlrm(model, tmp_path / "export")
         assert version_dir.endswith("v000000000008"), version_dir
+        _check_open_export(version_dir, client, model, [f"e_{c}" for c in cols])
         yt, dt, st = read_criteo(test_tsv, layout=layout)
         with torch.no_grad():
             want = torch.sigmoid(model(torch.from_numpy(dt), kjt_of(st, np.arange(len(yt)))).squeeze(1)).numpy()

@@ -39,7 +39,7 @@ pub async fn write<D: protocol::transport::Dialer>(
         path: snapshot.clone(),
     })?;
     let shards = client
-        .checkpoint(target, manifest.version)
+        .export_snapshot(target, manifest.version)
         .await
         .map_err(ExportError::PsSnapshot)?;
     manifest.num_shards = shards.len() as u32;

@@ -353,3 +353,95 @@ fn truncated_sst_file_is_a_clear_error() {
     let msg = err.to_string();
     assert!(msg.starts_with("snapshot "), "{msg}");
 }
+
+#[test]
+fn tables_file_holds_the_snapshot_rows_and_refuses_what_does_not_fit() {
+    use super::tensors::{read_tables, write_tables, TABLES_FILE};
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(RocksStore::open(dir.path().join("live")).unwrap());
+    let e = Engine::open(store).unwrap();
+    e.register_table(cfg(1, 4)).unwrap();
+    let mut sgd = cfg(2, 3);
+    sgd.optimizer = OptimizerConfig::Sgd { lr: 0.1 };
+    e.register_table(sgd).unwrap();
+    // A second table named like the first: its tensors get the id in their names.
+    let mut twin = cfg(3, 2);
+    twin.name = "C1".into();
+    e.register_table(twin).unwrap();
+    let ids: Vec<u64> = (0..200).map(|i| i * 104_729 + 11).collect();
+    e.apply(1, &ids, &vec![0.5; ids.len() * 4]).unwrap();
+    e.flush_dirty().unwrap();
+    e.apply(1, &ids[..60], &vec![-0.25; 240]).unwrap();
+    e.apply(2, &ids[20..], &vec![1.5; 180 * 3]).unwrap();
+    e.apply(3, &ids[..5], &[0.125; 10]).unwrap();
+    e.checkpoint(&dir.path().join("snap"), 9, shard(0, 1), 0)
+        .unwrap();
+    let shard_dir = shard_dir(&dir.path().join("snap"), 0, 1);
+    let size = write_tables(&shard_dir).unwrap();
+    let path = shard_dir.join(TABLES_FILE);
+    assert_eq!(std::fs::metadata(&path).unwrap().len(), size);
+
+    let s = Snapshot::open(&shard_dir).unwrap();
+    let want = snapshot_rows(&s);
+    let tables = read_tables(&path).unwrap();
+    let names: Vec<&str> = tables.iter().map(|t| t.prefix.as_str()).collect();
+    assert_eq!(names, ["C1@1", "C1@3", "C2"]);
+    let mut got = BTreeMap::new();
+    for t in &tables {
+        let (dim, sl) = (t.config.dim, t.config.state_len());
+        for (i, &id) in t.ids.iter().enumerate() {
+            let mut row: Vec<u32> = t.weights[i * dim..(i + 1) * dim]
+                .iter()
+                .map(|x| x.to_bits())
+                .collect();
+            row.extend(t.state[i * sl..(i + 1) * sl].iter().map(|x| x.to_bits()));
+            got.insert((t.config.id, id), row);
+        }
+    }
+    assert_eq!(got, want, "every row of the snapshot, bit for bit");
+    assert!(tables
+        .iter()
+        .any(|t| t.config.id == 2 && t.state.is_empty()));
+
+    // A truncated file and a file of another layout are refused, naming the file or the tensor.
+    let bytes = std::fs::read(&path).unwrap();
+    let cut = dir.path().join("cut.safetensors");
+    std::fs::write(&cut, &bytes[..bytes.len() / 2]).unwrap();
+    let e1 = read_tables(&cut).unwrap_err().to_string();
+    assert!(
+        e1.contains("cut.safetensors") && e1.contains("not a valid SafeTensors"),
+        "{e1}"
+    );
+    let foreign = dir.path().join("foreign.safetensors");
+    crate::tensors::write_file(
+        &foreign,
+        &[crate::tensors::TensorSpec {
+            name: "C2.ids".into(),
+            dtype: crate::tensors::Dtype::F32,
+            shape: vec![2],
+        }],
+        &BTreeMap::from([
+            (
+                "format".to_string(),
+                super::tensors::TABLES_FORMAT.to_string(),
+            ),
+            (
+                "C2.config".to_string(),
+                serde_json::to_string(&tables[2].config).unwrap(),
+            ),
+        ]),
+        &mut |_, out| {
+            out.write_all(&[0u8; 8])
+                .map_err(|e| crate::tensors::TensorsError::Io {
+                    path: "mem".into(),
+                    source: e,
+                })
+        },
+    )
+    .unwrap();
+    let e2 = read_tables(&foreign).unwrap_err().to_string();
+    assert!(
+        e2.contains("\"C2.ids\"") && e2.contains("dtype F32, expected U64"),
+        "{e2}"
+    );
+}

@@ -238,9 +238,29 @@ impl<D: Dialer> PsClient<D> {
         dir: &str,
         step: u64,
     ) -> Result<Vec<(u64, String)>, ProtocolError> {
+        self.checkpoint_with(dir, step, false).await
+    }
+
+    /// [`checkpoint`](Self::checkpoint) for an export: each shard directory also gets its tables as one
+    /// SafeTensors file (`tables.safetensors`, docs/serving.md), readable without our code.
+    pub async fn export_snapshot(
+        &self,
+        dir: &str,
+        step: u64,
+    ) -> Result<Vec<(u64, String)>, ProtocolError> {
+        self.checkpoint_with(dir, step, true).await
+    }
+
+    async fn checkpoint_with(
+        &self,
+        dir: &str,
+        step: u64,
+        tensors: bool,
+    ) -> Result<Vec<(u64, String)>, ProtocolError> {
         let req = Request::Checkpoint {
             dir: dir.to_owned(),
             step,
+            tensors,
         };
         let mut out = Vec::with_capacity(self.num_servers());
         for i in 0..self.num_servers() {

@@ -103,6 +103,9 @@ pub enum Request {
         dir: String,
         /// The caller's training step, recorded in the manifest.
         step: u64,
+        /// Also write the snapshot's tables as one SafeTensors file per shard
+        /// (`embedding::snapshot::tensors::TABLES_FILE`), readable without our code: an export's.
+        tensors: bool,
     },
     /// Read rows and their optimizer state: a trainer with pushes in flight replays its own unacknowledged
     /// updates on the pulled rows, which needs the state the server applies them with (e.g. row-wise

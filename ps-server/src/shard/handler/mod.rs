@@ -142,7 +142,9 @@ impl Shard {
                     reply
                 }),
             Request::Flush => self.flush(),
-            Request::Checkpoint { dir, step } => self.checkpoint_request(&dir, step, now_us),
+            Request::Checkpoint { dir, step, tensors } => {
+                self.checkpoint_request(&dir, step, tensors, now_us)
+            }
             Request::PullWithState {
                 epoch,
                 encoding,

@@ -27,6 +27,7 @@ impl Shard {
         &self,
         dir: &str,
         step: u64,
+        tensors: bool,
         now_us: u64,
     ) -> Result<Reply, Refusal> {
         let path = checkpoint_dir(&self.checkpoint_root, dir)?;
@@ -44,7 +45,17 @@ impl Shard {
                 "rows the last reshard moved away are being deleted here: checkpoint once they are",
             ));
         }
-        match self.checkpoint(&path, step, now_us) {
+        let done = self.checkpoint(&path, step, now_us).and_then(|(manifest, written)| {
+            // An export's shard also gets its tables as SafeTensors, from the snapshot just written (a retry
+            // answered from a complete snapshot writes it if an earlier attempt died before it).
+            let file = written.join(embedding::snapshot::tensors::TABLES_FILE);
+            if tensors && !file.exists() {
+                let bytes = embedding::snapshot::tensors::write_tables(&written)?;
+                tracing::info!(path = %file.display(), bytes, "wrote the snapshot's tables as SafeTensors");
+            }
+            Ok((manifest, written))
+        });
+        match done {
             Ok((manifest, written)) => Ok(Reply {
                 header: Response::Checkpointed {
                     rows: manifest.rows(),

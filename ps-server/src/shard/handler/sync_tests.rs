@@ -315,6 +315,7 @@ fn a_checkpoint_records_the_seq_its_snapshot_holds() {
         Request::Checkpoint {
             dir: dir.path().join("snap").display().to_string(),
             step: 5,
+            tensors: false,
         },
         &[],
         NOW,

@@ -1,0 +1,204 @@
+//! A shard snapshot's tables as one SafeTensors file, [`TABLES_FILE`] in the shard directory: per table
+//! `<name>.ids` (U64 `[rows]`, increasing), `<name>.weight` (F32 `[rows, dim]`) and, for optimizers with
+//! state, `<name>.state` (F32 `[rows, state_len]`: row-wise Adagrad's accumulator, Adam's moments and step);
+//! `__metadata__` holds the format, the step, the shard and each table's config (`<name>.config`, the JSON
+//! of [`TableConfig`]). A table whose name another table of the shard shares is written as `<name>@<id>`.
+//! Written from the snapshot's database (every row, the cold ones too) after its manifest, so it holds
+//! exactly the snapshot's rows.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::Path;
+
+use super::{Snapshot, SnapshotError};
+use crate::tensors::{read_file, write_file, Dtype, TensorSpec, TensorsError};
+use crate::TableConfig;
+
+/// The file's name in a shard directory.
+pub const TABLES_FILE: &str = "tables.safetensors";
+
+/// `format` in the metadata.
+pub const TABLES_FORMAT: &str = "pstrain.tables.v1";
+
+/// One table of a [`TABLES_FILE`], read back.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TableTensors {
+    /// The tensors' name prefix (the table's name, or `<name>@<id>`).
+    pub prefix: String,
+    /// The table's config.
+    pub config: TableConfig,
+    /// Ids, increasing.
+    pub ids: Vec<u64>,
+    /// Weights, `ids x dim`.
+    pub weights: Vec<f32>,
+    /// Optimizer state, `ids x state_len` (empty for SGD).
+    pub state: Vec<f32>,
+}
+
+/// Each table's tensor name prefix, by position in `tables`.
+fn prefixes(tables: &[&TableConfig]) -> Vec<String> {
+    tables
+        .iter()
+        .map(|t| {
+            if tables.iter().filter(|o| o.name == t.name).count() > 1 {
+                format!("{}@{}", t.name, t.id)
+            } else {
+                t.name.clone()
+            }
+        })
+        .collect()
+}
+
+/// Writes `shard_dir/`[`TABLES_FILE`] from the snapshot in `shard_dir` (which must be complete: its manifest
+/// written). Returns the file's size in bytes.
+pub fn write_tables(shard_dir: &Path) -> Result<u64, SnapshotError> {
+    let snap = Snapshot::open(shard_dir)?;
+    let m = snap.manifest();
+    let mut entries: Vec<_> = m.tables.iter().collect();
+    entries.sort_by_key(|t| t.id);
+    let configs: Vec<&TableConfig> = entries.iter().map(|t| &t.config).collect();
+    let prefixes = prefixes(&configs);
+    let mut specs = Vec::new();
+    // Per tensor: (table position, part: 0 ids, 1 weights, 2 state).
+    let mut parts = Vec::new();
+    let mut meta = BTreeMap::from([
+        ("format".to_string(), TABLES_FORMAT.to_string()),
+        ("step".to_string(), m.step.to_string()),
+        ("shard".to_string(), m.shard.index.to_string()),
+        ("num_shards".to_string(), m.shard.num_shards.to_string()),
+    ]);
+    for (k, (t, prefix)) in entries.iter().zip(&prefixes).enumerate() {
+        let rows = t.rows as usize;
+        let state_len = t.row_len - t.dim;
+        meta.insert(
+            format!("{prefix}.config"),
+            serde_json::to_string(&t.config).expect("config serializes"),
+        );
+        specs.push(TensorSpec {
+            name: format!("{prefix}.ids"),
+            dtype: Dtype::U64,
+            shape: vec![rows],
+        });
+        parts.push((k, 0));
+        specs.push(TensorSpec {
+            name: format!("{prefix}.weight"),
+            dtype: Dtype::F32,
+            shape: vec![rows, t.dim],
+        });
+        parts.push((k, 1));
+        if state_len > 0 {
+            specs.push(TensorSpec {
+                name: format!("{prefix}.state"),
+                dtype: Dtype::F32,
+                shape: vec![rows, state_len],
+            });
+            parts.push((k, 2));
+        }
+    }
+    let path = shard_dir.join(TABLES_FILE);
+    // A failing disk stays an I/O error (transient for the caller); anything else is the snapshot's fault.
+    let to_snapshot = |e: TensorsError| match e {
+        TensorsError::Io { path, source } => SnapshotError::Io {
+            path,
+            op: "write the tables as SafeTensors",
+            detail: source.to_string(),
+        },
+        other => SnapshotError::Mismatch {
+            path: shard_dir.to_owned(),
+            detail: other.to_string(),
+        },
+    };
+    write_file(&path, &specs, &meta, &mut |n, out: &mut dyn Write| {
+        let (k, part) = parts[n];
+        let t = entries[k];
+        let dim_bytes = t.dim * 4;
+        // The stored row is `row_len` little-endian f32s (weights, then state): the file's bytes as they are.
+        let mut failed = None;
+        let scanned = snap.for_each_row(t.id, &mut |id, bytes| {
+            let r = match part {
+                0 => out.write_all(&id.to_le_bytes()),
+                1 => out.write_all(&bytes[..dim_bytes]),
+                _ => out.write_all(&bytes[dim_bytes..]),
+            };
+            r.map_err(|e| {
+                let detail = e.to_string();
+                failed = Some(e);
+                SnapshotError::Mismatch {
+                    path: path.clone(),
+                    detail,
+                }
+            })
+        });
+        match (scanned, failed) {
+            (_, Some(source)) => Err(TensorsError::Io {
+                path: path.clone(),
+                source,
+            }),
+            (Err(e), None) => Err(TensorsError::Format {
+                path: path.clone(),
+                detail: e.to_string(),
+            }),
+            (Ok(_), None) => Ok(()),
+        }
+    })
+    .map_err(to_snapshot)
+}
+
+/// Reads a [`TABLES_FILE`] back, checking every table's tensors against its config (dtype, shape, ids
+/// increasing); a missing or malformed tensor is refused naming it.
+pub fn read_tables(path: &Path) -> Result<Vec<TableTensors>, TensorsError> {
+    let f = read_file(path)?;
+    let bad = |tensor: &str, detail: String| TensorsError::Tensor {
+        path: path.to_owned(),
+        tensor: tensor.to_owned(),
+        detail,
+    };
+    match f.metadata().get("format") {
+        Some(v) if v == TABLES_FORMAT => {}
+        other => {
+            return Err(bad(
+                "__metadata__",
+                format!("format {other:?}, expected {TABLES_FORMAT:?}"),
+            ))
+        }
+    }
+    let mut prefixes: Vec<&String> = f
+        .metadata()
+        .keys()
+        .filter_map(|k| k.strip_suffix(".config").map(|_| k))
+        .collect();
+    prefixes.sort();
+    let mut out = Vec::new();
+    for key in prefixes {
+        let prefix = key.strip_suffix(".config").expect("filtered").to_string();
+        let config: TableConfig = serde_json::from_str(&f.metadata()[key])
+            .map_err(|e| bad(key, format!("config does not parse: {e}")))?;
+        let name = format!("{prefix}.ids");
+        let rows = match f.shape(&name)? {
+            [n] => *n,
+            other => return Err(bad(&name, format!("shape {other:?}, expected [rows]"))),
+        };
+        let ids = f.u64(&name, &[rows])?.to_vec();
+        if ids.windows(2).any(|w| w[0] >= w[1]) {
+            return Err(bad(&name, "ids are not increasing".into()));
+        }
+        let weights = f
+            .f32(&format!("{prefix}.weight"), &[rows, config.dim])?
+            .to_vec();
+        let state_len = config.state_len();
+        let state = if state_len > 0 {
+            f.f32(&format!("{prefix}.state"), &[rows, state_len])?
+                .to_vec()
+        } else {
+            Vec::new()
+        };
+        out.push(TableTensors {
+            prefix,
+            config,
+            ids,
+            weights,
+            state,
+        });
+    }
+    Ok(out)
+}
