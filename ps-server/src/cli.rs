@@ -78,9 +78,13 @@ struct ReshardArgs {
 
 #[derive(Debug, Args)]
 struct RestoreArgs {
-    /// Snapshot directory holding shard-<k>-of-<N>/ for every k.
+    /// Snapshot (or export `ps/`) directory holding shard-<k>-of-<N>/ for every k; with --tensors, or a
+    /// `.safetensors` file, tables as SafeTensors (docs/serving.md).
     #[arg(long)]
     from: PathBuf,
+    /// Read each shard's tables.safetensors instead of its RocksDB (implied when --from is a file).
+    #[arg(long)]
+    tensors: bool,
     /// Servers of the restored cluster (M; any number, N included).
     #[arg(long)]
     num_shards: u32,
@@ -411,15 +415,19 @@ impl ServeArgs {
 }
 
 fn run_restore(a: RestoreArgs) -> anyhow::Result<()> {
-    let stats = crate::restore::restore(&a.from, a.num_shards, a.shard_index, &a.data_dir)
-        .with_context(|| {
-            format!(
-                "restore shard {} of {} from {}",
-                a.shard_index,
-                a.num_shards,
-                a.from.display()
-            )
-        })?;
+    let restore = if a.tensors || a.from.is_file() {
+        crate::restore::restore_tensors
+    } else {
+        crate::restore::restore
+    };
+    let stats = restore(&a.from, a.num_shards, a.shard_index, &a.data_dir).with_context(|| {
+        format!(
+            "restore shard {} of {} from {}",
+            a.shard_index,
+            a.num_shards,
+            a.from.display()
+        )
+    })?;
     println!(
         "restored shard {} of {} from a snapshot of {} servers (step {}): {} tables, {} of {} rows into {}",
         a.shard_index,

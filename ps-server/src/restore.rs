@@ -103,6 +103,9 @@ pub enum RestoreError {
         /// The OS error.
         detail: String,
     },
+    /// A SafeTensors file did not read, or its tensors do not fit their tables (named).
+    #[error(transparent)]
+    Tensors(#[from] embedding::tensors::TensorsError),
     /// Writing the restored store failed.
     #[error("restored store {}: {source}", .path.display())]
     Store {
@@ -141,6 +144,16 @@ fn io(path: &Path, op: &'static str) -> impl FnOnce(std::io::Error) -> RestoreEr
 
 /// Opens every shard directory of the snapshot in `from`, in shard order, and checks them against each other.
 pub fn open_snapshots(from: &Path) -> Result<Vec<Snapshot>, RestoreError> {
+    let snapshots = shard_dirs(from)?
+        .iter()
+        .map(|p| Snapshot::open(p))
+        .collect::<Result<Vec<_>, _>>()?;
+    check_consistent(&snapshots)?;
+    Ok(snapshots)
+}
+
+/// Every `shard-<k>-of-<N>` directory in `from`, in shard order (one `N`, no `k` missing).
+fn shard_dirs(from: &Path) -> Result<Vec<PathBuf>, RestoreError> {
     let mut found: BTreeMap<u32, PathBuf> = BTreeMap::new();
     let mut num = None;
     for entry in std::fs::read_dir(from).map_err(io(from, "list snapshot directory"))? {
@@ -173,12 +186,7 @@ pub fn open_snapshots(from: &Path) -> Result<Vec<Snapshot>, RestoreError> {
             num_shards: num,
         });
     }
-    let snapshots = found
-        .values()
-        .map(|p| Snapshot::open(p))
-        .collect::<Result<Vec<_>, _>>()?;
-    check_consistent(&snapshots)?;
-    Ok(snapshots)
+    Ok(found.into_values().collect())
 }
 
 /// Checks manifests against their names, each other and this build's routing.
@@ -291,62 +299,251 @@ fn write_shard(
     db: &Path,
     from: &Path,
 ) -> Result<RestoreStats, RestoreError> {
-    let store_err = |source: EmbeddingError| RestoreError::Store {
-        path: db.to_owned(),
-        source,
-    };
-    let store = Arc::new(RocksStore::open(db).map_err(|e| store_err(e.into()))?);
-    let engine = Engine::open(store.clone()).map_err(store_err)?;
     let mut configs: BTreeMap<u32, TableConfig> = BTreeMap::new();
     for s in snapshots {
         for t in &s.manifest().tables {
             configs.entry(t.id).or_insert_with(|| t.config.clone());
         }
     }
+    let first = snapshots[0].manifest();
+    let (from_shards, step) = (snapshots.len() as u32, first.step);
+    write_store(
+        db,
+        (map, shard_index),
+        &configs,
+        (from, from_shards, step),
+        &mut |sink| {
+            let mut rows_read = 0;
+            for s in snapshots {
+                for t in &s.manifest().tables {
+                    rows_read += s.for_each_row(t.id, &mut |id, bytes| {
+                        sink.row(t.id, id, bytes)
+                            .map_err(|e| SnapshotError::Engine(e.into()))
+                    })?;
+                }
+            }
+            Ok(rows_read)
+        },
+    )
+}
+
+/// Restores shard `shard_index` of `num_shards` into `out` from SafeTensors files
+/// (`embedding::snapshot::tensors`, docs/serving.md): `from` is one `.safetensors` file (tables made by another
+/// tool: each table's `<name>.config` in the metadata, its ids, weights and optimizer state as tensors), or a
+/// snapshot or export directory whose every `shard-<k>-of-<N>/` holds `tables.safetensors`. Rows are routed
+/// as a snapshot's are. Refused before anything is written: a file that does not read or a tensor that does not
+/// fit its table's config (named), a table with different configs in two files, files of different steps, an
+/// id in two files. Each file is read whole into memory. Blocking.
+pub fn restore_tensors(
+    from: &Path,
+    num_shards: u32,
+    shard_index: u32,
+    out: &Path,
+) -> Result<RestoreStats, RestoreError> {
+    use embedding::snapshot::tensors::{read_tables, TABLES_FILE};
+    if shard_index >= num_shards {
+        return Err(RestoreError::BadTarget {
+            index: shard_index,
+            num_shards,
+        });
+    }
+    check_out(out)?;
+    let files = if from.is_file() {
+        vec![from.to_owned()]
+    } else {
+        shard_dirs(from)?
+            .into_iter()
+            .map(|d| d.join(TABLES_FILE))
+            .collect()
+    };
+    let mut read = Vec::with_capacity(files.len());
+    let mut step = None;
+    for f in &files {
+        let meta_step = embedding::tensors::read_file(f)?
+            .metadata()
+            .get("step")
+            .and_then(|v| v.parse::<u64>().ok());
+        match (step, meta_step) {
+            (Some(a), Some(b)) if a != b => {
+                return Err(RestoreError::Inconsistent {
+                    path: f.clone(),
+                    detail: format!(
+                        "step {b}, but {} has step {a}: files of different checkpoints",
+                        files[0].display()
+                    ),
+                })
+            }
+            (None, b) => step = b,
+            _ => {}
+        }
+        read.push(read_tables(f)?);
+    }
+    let mut configs: BTreeMap<u32, (TableConfig, &Path)> = BTreeMap::new();
+    let mut ids: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
+    for (tables, f) in read.iter().zip(&files) {
+        for t in tables {
+            match configs.get(&t.config.id) {
+                Some((cfg, path)) if *cfg != t.config => {
+                    return Err(RestoreError::TableMismatch {
+                        table: t.config.id,
+                        differences: cfg.differences(&t.config),
+                        a: path.to_path_buf(),
+                        b: f.clone(),
+                    })
+                }
+                Some(_) => {}
+                None => {
+                    configs.insert(t.config.id, (t.config.clone(), f));
+                }
+            }
+            if let Some(k) = t.weights.iter().position(|x| !x.is_finite()) {
+                return Err(RestoreError::Inconsistent {
+                    path: f.clone(),
+                    detail: format!(
+                        "table {:?}: weight {} of id {} is {}: weights must be finite",
+                        t.prefix,
+                        k % t.config.dim,
+                        t.ids[k / t.config.dim],
+                        t.weights[k]
+                    ),
+                });
+            }
+            ids.entry(t.config.id).or_default().extend(&t.ids);
+        }
+    }
+    for (table, all) in &mut ids {
+        all.sort_unstable();
+        if let Some(w) = all.windows(2).find(|w| w[0] == w[1]) {
+            return Err(RestoreError::Inconsistent {
+                path: from.to_owned(),
+                detail: format!("table {table}: id {} is in two files", w[0]),
+            });
+        }
+    }
+    let configs: BTreeMap<u32, TableConfig> =
+        configs.into_iter().map(|(k, (c, _))| (k, c)).collect();
+    std::fs::create_dir_all(out).map_err(io(out, "create output directory"))?;
+    let db = out.join("rocksdb");
+    let result = write_store(
+        &db,
+        (ShardMap::new(num_shards), shard_index),
+        &configs,
+        (from, files.len() as u32, step.unwrap_or(0)),
+        &mut |sink| {
+            let mut rows_read = 0u64;
+            let mut row = Vec::new();
+            for t in read.iter().flatten() {
+                let (dim, sl) = (t.config.dim, t.config.state_len());
+                for (i, &id) in t.ids.iter().enumerate() {
+                    row.clear();
+                    let values = t.weights[i * dim..(i + 1) * dim]
+                        .iter()
+                        .chain(&t.state[i * sl..(i + 1) * sl]);
+                    row.extend(values.flat_map(|v| v.to_le_bytes()));
+                    sink.row(t.config.id, id, &row)
+                        .map_err(|e| RestoreError::Store {
+                            path: out.join("rocksdb"),
+                            source: e.into(),
+                        })?;
+                    rows_read += 1;
+                }
+            }
+            Ok(rows_read)
+        },
+    );
+    if result.is_err() {
+        let _ = std::fs::remove_dir_all(&db);
+    }
+    result
+}
+
+/// Where rows go while a restore writes its store: each row routed to the target shard joins the current
+/// table's batch, written every [`BATCH_ROWS`] rows and when the table changes.
+struct RowSink<'a> {
+    store: &'a RocksStore,
+    map: ShardMap,
+    shard_index: u32,
+    configs: &'a BTreeMap<u32, TableConfig>,
+    table: Option<u32>,
+    batch: DirtyBatch,
+    written: u64,
+}
+
+impl RowSink<'_> {
+    /// Takes row `id` of `table` (its stored bytes: weights, then optimizer state, f32 LE) if it routes here.
+    fn row(&mut self, table: u32, id: u64, bytes: &[u8]) -> Result<(), embedding::StoreError> {
+        if self.map.server_of(id) != self.shard_index {
+            return Ok(());
+        }
+        if self.table != Some(table) {
+            self.write()?;
+            self.table = Some(table);
+            let row_len = self.configs[&table].dim + self.configs[&table].state_len();
+            self.batch.reset(row_len * 4);
+        }
+        self.batch.push_bytes(id, bytes);
+        if self.batch.len() >= BATCH_ROWS {
+            self.write()?;
+        }
+        Ok(())
+    }
+
+    fn write(&mut self) -> Result<(), embedding::StoreError> {
+        if let (Some(table), false) = (self.table, self.batch.is_empty()) {
+            embedding::Store::write_rows(self.store, table, &self.batch, false)?;
+            self.written += self.batch.len() as u64;
+            let row_len = self.batch.row_bytes();
+            self.batch.reset(row_len);
+        }
+        Ok(())
+    }
+}
+
+/// Creates the store `db` with `configs` registered, fills it with `fill` (which returns the rows it read),
+/// and records where it came from (`from`, its server count and step).
+fn write_store(
+    db: &Path,
+    (map, shard_index): (ShardMap, u32),
+    configs: &BTreeMap<u32, TableConfig>,
+    (from, from_shards, step): (&Path, u32, u64),
+    fill: &mut dyn FnMut(&mut RowSink<'_>) -> Result<u64, RestoreError>,
+) -> Result<RestoreStats, RestoreError> {
+    let store_err = |source: EmbeddingError| RestoreError::Store {
+        path: db.to_owned(),
+        source,
+    };
+    let store = Arc::new(RocksStore::open(db).map_err(|e| store_err(e.into()))?);
+    let engine = Engine::open(store.clone()).map_err(store_err)?;
     for cfg in configs.values() {
         engine.register_table(cfg.clone()).map_err(store_err)?;
     }
-    let (mut rows_read, mut rows_written) = (0u64, 0u64);
-    let mut batch = DirtyBatch::new();
-    for s in snapshots {
-        for t in &s.manifest().tables {
-            batch.reset(t.row_len * 4);
-            let mut write = |batch: &mut DirtyBatch| -> Result<(), SnapshotError> {
-                if !batch.is_empty() {
-                    embedding::Store::write_rows(&*store, t.id, batch, false)
-                        .map_err(|e| SnapshotError::Engine(e.into()))?;
-                    rows_written += batch.len() as u64;
-                    batch.reset(t.row_len * 4);
-                }
-                Ok(())
-            };
-            rows_read += s.for_each_row(t.id, &mut |id, bytes| {
-                if map.server_of(id) == shard_index {
-                    batch.push_bytes(id, bytes);
-                    if batch.len() >= BATCH_ROWS {
-                        write(&mut batch)?;
-                    }
-                }
-                Ok(())
-            })?;
-            write(&mut batch)?;
-        }
-    }
-    let first = snapshots[0].manifest();
+    let num_shards = map.num_servers;
+    let mut sink = RowSink {
+        store: &store,
+        map,
+        shard_index,
+        configs,
+        table: None,
+        batch: DirtyBatch::new(),
+        written: 0,
+    };
+    let rows_read = fill(&mut sink)?;
+    sink.write().map_err(|e| store_err(e.into()))?;
+    let rows_written = sink.written;
     let record = format!(
         "{{\"from\":{:?},\"step\":{},\"from_shards\":{},\"num_shards\":{},\"shard_index\":{}}}",
         from.display().to_string(),
-        first.step,
-        snapshots.len(),
-        map.num_servers,
+        step,
+        from_shards,
+        num_shards,
         shard_index
     );
     embedding::Store::put_meta(&*store, RESTORED_FROM_META, record.as_bytes())
         .and_then(|()| embedding::Store::flush(&*store))
         .map_err(|e| store_err(e.into()))?;
     Ok(RestoreStats {
-        from_shards: snapshots.len() as u32,
-        step: first.step,
+        from_shards,
+        step,
         tables: configs.len(),
         rows_read,
         rows_written,

@@ -128,6 +128,16 @@ async fn checkpoint_of_two_servers_restores_onto_three() {
     assert_eq!(written.iter().map(|w| w.0).sum::<u64>(), 600, "{written:?}");
     assert!(written[1].1.ends_with("shard-1-of-2"), "{written:?}");
     checkpoint_refusals(&c, &snap).await;
+    // The same rows as an export's snapshot: each shard also gets tables.safetensors.
+    let tsnap = dir.path().join("checkpoints/tsnap");
+    c.export_snapshot(tsnap.to_str().unwrap(), 17)
+        .await
+        .unwrap();
+    for k in 0..2 {
+        assert!(tsnap
+            .join(format!("shard-{k}-of-2/tables.safetensors"))
+            .is_file());
+    }
     // Updates after the checkpoint are not in it.
     push_all(&c, &ids, 2).await;
     c.close().await;
@@ -153,6 +163,56 @@ async fn checkpoint_of_two_servers_restores_onto_three() {
     // Each restored server recovered exactly its own rows.
     let recovered: u64 = three.iter().map(rows_recovered).sum();
     assert_eq!(recovered, 600);
+    c.close().await;
+    for s in three {
+        sigterm_and_wait(s);
+    }
+
+    // `restore --tensors` builds the same servers from the SafeTensors files alone.
+    for k in 0..2 {
+        std::fs::remove_dir_all(tsnap.join(format!("shard-{k}-of-2/rocksdb"))).unwrap();
+    }
+    for i in 0..3 {
+        let out = Command::new(env!("CARGO_BIN_EXE_ps-server"))
+            .args([
+                "restore",
+                "--tensors",
+                "--num-shards",
+                "3",
+                "--shard-index",
+                &i.to_string(),
+            ])
+            .arg("--from")
+            .arg(&tsnap)
+            .arg("--data-dir")
+            .arg(dir.path().join(format!("tnew-{i}")))
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{stdout} {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            stdout.contains("from a snapshot of 2 servers (step 17)"),
+            "{stdout}"
+        );
+    }
+    let three: Vec<Server> = (0..3)
+        .map(|i| start_shard(&dir.path().join(format!("tnew-{i}")), &tls, i, 3))
+        .collect();
+    let c = connect(&three, &tls).await;
+    assert_eq!(
+        c.known_tables(),
+        &[table()],
+        "table config from the files' metadata"
+    );
+    assert_eq!(
+        pull_all(&c, &ids).await,
+        want,
+        "rows from the SafeTensors files"
+    );
     c.close().await;
     for s in three {
         sigterm_and_wait(s);

@@ -115,10 +115,17 @@ fn make_snapshot(
 
 /// Restores onto `m` servers and returns each one's rows.
 fn restore_all(dir: &Path, m: u32) -> Vec<Rows> {
+    restore_all_with(dir, m, &dir.join("snap"), restore)
+}
+
+type RestoreFn = fn(&Path, u32, u32, &Path) -> Result<RestoreStats, RestoreError>;
+
+/// Restores `from` onto `m` servers with `how` and returns each one's rows.
+fn restore_all_with(dir: &Path, m: u32, from: &Path, how: RestoreFn) -> Vec<Rows> {
     (0..m)
         .map(|i| {
-            let out = dir.join(format!("out-{m}-{i}"));
-            let stats = restore(&dir.join("snap"), m, i, &out).unwrap();
+            let out = dir.join(format!("out-{m}-{i}-{}", from.display().to_string().len()));
+            let stats = how(from, m, i, &out).unwrap();
             assert_eq!(stats.step, 42);
             let e = Engine::open(Arc::new(RocksStore::open(out.join("rocksdb")).unwrap())).unwrap();
             assert_eq!(e.tables(), tables());
@@ -361,4 +368,117 @@ fn a_restored_directory_refuses_to_serve_as_another_shard() {
     embedding::Store::put_meta(&store, RESTORED_FROM_META, b"garbage").unwrap();
     let e = check_restored_shard(&store, 1, 3).unwrap_err().to_string();
     assert!(e.contains("unreadable"), "{e}");
+}
+
+/// The SafeTensors files of a snapshot restore onto any server count exactly as its RocksDB does; a file made
+/// by another tool restores too; bad files are refused naming what is wrong, before anything is written.
+#[test]
+fn tensors_restore_as_the_snapshot_does() {
+    use embedding::snapshot::tensors::{write_tables, TABLES_FILE};
+    use embedding::tensors::{write_file, Dtype, TensorSpec};
+    let dir = fast_tempdir();
+    let stored: Vec<(u32, u64, Vec<f32>)> = (0..120u64)
+        .map(|i| {
+            (
+                if i % 3 == 0 { 7 } else { 1 },
+                i * 7_919 + 5,
+                vec![i as f32 * 0.25 - 3.0; 13],
+            )
+        })
+        .collect();
+    let pushed: Vec<(u32, u64)> = (0..40u64).map(|i| (1, i * 104_729)).collect();
+    let want = make_snapshot(dir.path(), 3, &stored, &pushed);
+    for k in 0..3 {
+        write_tables(&shard_dir(&dir.path().join("snap"), k, 3)).unwrap();
+    }
+    for m in [1u32, 2, 4] {
+        let from_db = restore_all_with(dir.path(), m, &dir.path().join("snap"), restore);
+        let from_tensors =
+            restore_all_with(dir.path(), m, &dir.path().join("snap/"), restore_tensors);
+        assert_eq!(from_tensors, from_db, "onto {m} servers");
+        let all: Rows = from_tensors.into_iter().flatten().collect();
+        assert_eq!(all, want);
+    }
+
+    // A table made by another tool: one file, its config in the metadata.
+    let mut c = cfg(9, 2, OptimizerConfig::Sgd { lr: 0.5 });
+    c.name = "items".into();
+    let file = dir.path().join("items.safetensors");
+    let make = |weights: [f32; 6], config: &TableConfig, path: &Path| {
+        let specs = [
+            TensorSpec {
+                name: "items.ids".into(),
+                dtype: Dtype::U64,
+                shape: vec![3],
+            },
+            TensorSpec {
+                name: "items.weight".into(),
+                dtype: Dtype::F32,
+                shape: vec![3, 2],
+            },
+        ];
+        let meta = BTreeMap::from([
+            (
+                "format".to_string(),
+                embedding::snapshot::tensors::TABLES_FORMAT.to_string(),
+            ),
+            (
+                "items.config".to_string(),
+                serde_json::to_string(config).unwrap(),
+            ),
+        ]);
+        write_file(path, &specs, &meta, &mut |k, out| {
+            let bytes: Vec<u8> = if k == 0 {
+                [3u64, 10, 99]
+                    .iter()
+                    .flat_map(|v| v.to_le_bytes())
+                    .collect()
+            } else {
+                weights.iter().flat_map(|v| v.to_le_bytes()).collect()
+            };
+            out.write_all(&bytes)
+                .map_err(|e| embedding::tensors::TensorsError::Io {
+                    path: path.into(),
+                    source: e,
+                })
+        })
+        .unwrap();
+    };
+    make([1.0, 2.0, 3.0, 4.0, 5.0, 6.0], &c, &file);
+    let out = dir.path().join("items-out");
+    let stats = restore_tensors(&file, 1, 0, &out).unwrap();
+    assert_eq!(
+        (stats.rows_read, stats.rows_written, stats.tables),
+        (3, 3, 1)
+    );
+    let e = Engine::open(Arc::new(RocksStore::open(out.join("rocksdb")).unwrap())).unwrap();
+    assert_eq!(e.table(9).unwrap().row(10).unwrap(), vec![3.0, 4.0]);
+
+    // Refusals, nothing written.
+    make([1.0, f32::NAN, 3.0, 4.0, 5.0, 6.0], &c, &file);
+    let out = dir.path().join("bad-out");
+    let err = restore_tensors(&file, 1, 0, &out).unwrap_err().to_string();
+    assert!(
+        err.contains("\"items\"") && err.contains("weight 1 of id 3 is NaN"),
+        "{err}"
+    );
+    assert!(!out.join("rocksdb").exists());
+    let mut other = c.clone();
+    other.dim = 3;
+    make([0.0; 6], &other, &file);
+    let err = restore_tensors(&file, 1, 0, &out).unwrap_err().to_string();
+    assert!(
+        err.contains("\"items.weight\"") && err.contains("shape [3, 2], expected [3, 3]"),
+        "{err}"
+    );
+    let shard0 = shard_dir(&dir.path().join("snap"), 0, 3).join(TABLES_FILE);
+    let bytes = std::fs::read(&shard0).unwrap();
+    std::fs::write(&shard0, &bytes[..bytes.len() - 3]).unwrap();
+    let err = restore_tensors(&dir.path().join("snap"), 2, 0, &out)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("not a valid SafeTensors file") && err.contains("shard-0-of-3"),
+        "{err}"
+    );
 }
