@@ -244,4 +244,16 @@ fn served_predictions_are_the_trainers() {
     close(&predict_lines(serve.addr, &lines[..50], 50), &probs[..50]);
     let status = serve.terminate();
     assert!(status.success(), "ps-serve exited with {status} on SIGTERM");
+
+    // The export kept as SafeTensors only (every shard's RocksDB removed): ps-serve loads the tables from
+    // tables.safetensors and answers exactly as before.
+    let version = model::export::Export::open(&export).unwrap().dir;
+    for entry in std::fs::read_dir(version.join("ps")).unwrap() {
+        std::fs::remove_dir_all(entry.unwrap().path().join("rocksdb")).unwrap();
+    }
+    let serve = Serve::start(&["--export", export.to_str().unwrap()]);
+    let from_tensors = predict_lines(serve.addr, &lines, 500);
+    assert_eq!(from_tensors, probs, "the same probabilities, bit for bit");
+    let status = serve.terminate();
+    assert!(status.success(), "ps-serve exited with {status} on SIGTERM");
 }

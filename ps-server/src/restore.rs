@@ -340,7 +340,7 @@ pub fn restore_tensors(
     shard_index: u32,
     out: &Path,
 ) -> Result<RestoreStats, RestoreError> {
-    use embedding::snapshot::tensors::{read_tables, TABLES_FILE};
+    use embedding::snapshot::tensors::{read_tables, write_rows_into, TABLES_FILE};
     if shard_index >= num_shards {
         return Err(RestoreError::BadTarget {
             index: shard_index,
@@ -430,25 +430,18 @@ pub fn restore_tensors(
         &configs,
         (from, files.len() as u32, step.unwrap_or(0)),
         &mut |sink| {
-            let mut rows_read = 0u64;
-            let mut row = Vec::new();
-            for t in read.iter().flatten() {
-                let (dim, sl) = (t.config.dim, t.config.state_len());
-                for (i, &id) in t.ids.iter().enumerate() {
-                    row.clear();
-                    let values = t.weights[i * dim..(i + 1) * dim]
-                        .iter()
-                        .chain(&t.state[i * sl..(i + 1) * sl]);
-                    row.extend(values.flat_map(|v| v.to_le_bytes()));
-                    sink.row(t.config.id, id, &row)
-                        .map_err(|e| RestoreError::Store {
-                            path: out.join("rocksdb"),
-                            source: e.into(),
-                        })?;
-                    rows_read += 1;
-                }
+            // Every row is read; those routed to the target shard are written.
+            let map = sink.map.clone();
+            let routed = |id: u64| map.server_of(id) == shard_index;
+            for tables in &read {
+                sink.written += write_rows_into(sink.store, tables, &routed).map_err(|e| {
+                    RestoreError::Store {
+                        path: out.join("rocksdb"),
+                        source: e.into(),
+                    }
+                })?;
             }
-            Ok(rows_read)
+            Ok(read.iter().flatten().map(|t| t.ids.len() as u64).sum())
         },
     );
     if result.is_err() {

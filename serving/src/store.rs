@@ -3,6 +3,9 @@
 //! table with an optional memory budget: past it, cold rows stay on disk and are read back on a miss
 //! (the capacity tier of the training servers, DESIGN.md "RocksDB").
 //!
+//! A shard directory without its RocksDB but with `tables.safetensors` (docs/serving.md, "Reading an export
+//! without pstrain") is loaded from that file into a fresh database instead.
+//!
 //! Ids route to shards by the training cluster's [`ShardMap`], so a shard's rows stay where the snapshot put
 //! them; an id no shard holds reads as its table's initializer, exactly as a pull from a training server
 //! would. Delta syncs overwrite rows' weights ([`RowStore::apply_rows`]) and mark them dirty, so a row
@@ -11,6 +14,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use embedding::snapshot::tensors::{read_tables, write_rows_into, TABLES_FILE};
 use embedding::snapshot::{parse_shard_dir_name, read_manifest, DB_DIR};
 use embedding::{EmbeddingError, Engine, RocksStore, SnapshotError, StoreError};
 use protocol::{ShardMap, TableConfig};
@@ -43,6 +47,9 @@ pub enum StoreOpenError {
     /// The engine refused.
     #[error(transparent)]
     Engine(#[from] EmbeddingError),
+    /// A shard's `tables.safetensors` did not read or does not fit its tables (named).
+    #[error(transparent)]
+    Tensors(#[from] embedding::tensors::TensorsError),
 }
 
 /// Every shard's rows.
@@ -90,7 +97,14 @@ impl RowStore {
                 });
             }
             let dst = data_dir.join(format!("shard-{i}"));
-            link_copy(&dir.join(DB_DIR), &dst)?;
+            let tensors = dir.join(TABLES_FILE);
+            if !dir.join(DB_DIR).exists() && tensors.is_file() {
+                // An export kept as SafeTensors only (its RocksDB removed or never copied): the shard's rows are
+                // loaded from `tables.safetensors` into a fresh database.
+                load_tensors(&tensors, &dst)?;
+            } else {
+                link_copy(&dir.join(DB_DIR), &dst)?;
+            }
             let engine = Engine::open_with_budget(Arc::new(RocksStore::open(&dst)?), budget_rows)?;
             for cfg in tables {
                 if engine.table(cfg.id).is_err() {
@@ -249,6 +263,29 @@ fn list_shards(snapshot_dir: &Path) -> Result<Vec<PathBuf>, StoreOpenError> {
         )));
     }
     Ok(found.into_iter().map(|(_, _, p)| p).collect())
+}
+
+/// Builds the database `dst` (removed first) from a shard's [`TABLES_FILE`]: its tables registered, every row
+/// written.
+fn load_tensors(file: &Path, dst: &Path) -> Result<(), StoreOpenError> {
+    let tables = read_tables(file)?;
+    match std::fs::remove_dir_all(dst) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            return Err(StoreOpenError::Io {
+                path: dst.to_path_buf(),
+                source: e,
+            })
+        }
+        _ => {}
+    }
+    let store = Arc::new(RocksStore::open(dst)?);
+    let engine = Engine::open(store.clone())?;
+    for t in &tables {
+        engine.register_table(t.config.clone())?;
+    }
+    write_rows_into(&*store, &tables, &|_| true)?;
+    embedding::Store::flush(&*store)?;
+    Ok(())
 }
 
 /// Copies the RocksDB directory `src` to `dst` (removed first): SST files are immutable, so they are

@@ -202,3 +202,41 @@ pub fn read_tables(path: &Path) -> Result<Vec<TableTensors>, TensorsError> {
     }
     Ok(out)
 }
+
+/// Writes the rows of `tables` whose id `keep` accepts into `store` (each table registered there before),
+/// in batches; returns the rows written. What `ps-server restore --tensors` and `ps-serve` do with a
+/// [`TABLES_FILE`].
+pub fn write_rows_into(
+    store: &dyn crate::Store,
+    tables: &[TableTensors],
+    keep: &dyn Fn(u64) -> bool,
+) -> Result<u64, crate::StoreError> {
+    let mut batch = crate::DirtyBatch::new();
+    let mut row = Vec::new();
+    let mut written = 0u64;
+    for t in tables {
+        let (dim, sl) = (t.config.dim, t.config.state_len());
+        batch.reset((dim + sl) * 4);
+        for (i, &id) in t.ids.iter().enumerate() {
+            if !keep(id) {
+                continue;
+            }
+            row.clear();
+            let values = t.weights[i * dim..(i + 1) * dim]
+                .iter()
+                .chain(&t.state[i * sl..(i + 1) * sl]);
+            row.extend(values.flat_map(|v| v.to_le_bytes()));
+            batch.push_bytes(id, &row);
+            if batch.len() >= crate::FLUSH_BATCH_ROWS {
+                store.write_rows(t.config.id, &batch, false)?;
+                written += batch.len() as u64;
+                batch.reset((dim + sl) * 4);
+            }
+        }
+        if !batch.is_empty() {
+            store.write_rows(t.config.id, &batch, false)?;
+            written += batch.len() as u64;
+        }
+    }
+    Ok(written)
+}
