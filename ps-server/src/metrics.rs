@@ -56,6 +56,8 @@ pub const WRITEBACK_SECONDS: &str = "ps_writeback_duration_seconds";
 /// Checkpoints refused because the snapshot could not be written (a full or failing disk); answered
 /// `Storage`, so the client retries.
 pub const CHECKPOINTS_FAILED_TOTAL: &str = "ps_checkpoints_failed_total";
+/// Bytes of `tables.safetensors` files written for export snapshots (the tables as SafeTensors).
+pub const CHECKPOINT_TENSOR_BYTES_TOTAL: &str = "ps_checkpoint_tensor_bytes_total";
 /// Gauge: rows of `sync` pushes applied in memory whose synced write is not done (reads of them wait).
 pub const UNSYNCED_ROWS: &str = "ps_unsynced_rows";
 /// Reads (pulls, delta-sync answers) that found a row not yet durable and waited for its synced write.
@@ -273,6 +275,10 @@ fn describe_replication() {
     describe_counter!(
         CHECKPOINTS_FAILED_TOTAL,
         "Checkpoints whose snapshot could not be written (full or failing disk)."
+    );
+    describe_counter!(
+        CHECKPOINT_TENSOR_BYTES_TOTAL,
+        "Bytes of tables.safetensors files written for export snapshots."
     );
     describe_counter!(REPLICATION_ROWS_TOTAL, "Rows sent to backups, by phase.");
     describe_counter!(

@@ -51,6 +51,7 @@ impl Shard {
             let file = written.join(embedding::snapshot::tensors::TABLES_FILE);
             if tensors && !file.exists() {
                 let bytes = embedding::snapshot::tensors::write_tables(&written)?;
+                metrics::counter!(crate::metrics::CHECKPOINT_TENSOR_BYTES_TOTAL).increment(bytes);
                 tracing::info!(path = %file.display(), bytes, "wrote the snapshot's tables as SafeTensors");
             }
             Ok((manifest, written))
