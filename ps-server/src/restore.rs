@@ -245,6 +245,17 @@ fn check_consistent(snapshots: &[Snapshot]) -> Result<(), RestoreError> {
     Ok(())
 }
 
+/// Fails unless shard `shard_index` is one of `num_shards` and `out` is missing or an empty directory.
+fn check_target(num_shards: u32, shard_index: u32, out: &Path) -> Result<(), RestoreError> {
+    if shard_index >= num_shards {
+        return Err(RestoreError::BadTarget {
+            index: shard_index,
+            num_shards,
+        });
+    }
+    check_out(out)
+}
+
 /// Fails unless `out` is missing or an empty directory.
 fn check_out(out: &Path) -> Result<(), RestoreError> {
     match std::fs::read_dir(out) {
@@ -269,13 +280,7 @@ pub fn restore(
     shard_index: u32,
     out: &Path,
 ) -> Result<RestoreStats, RestoreError> {
-    if shard_index >= num_shards {
-        return Err(RestoreError::BadTarget {
-            index: shard_index,
-            num_shards,
-        });
-    }
-    check_out(out)?;
+    check_target(num_shards, shard_index, out)?;
     let snapshots = open_snapshots(from)?;
     std::fs::create_dir_all(out).map_err(io(out, "create output directory"))?;
     let db = out.join("rocksdb");
@@ -341,13 +346,7 @@ pub fn restore_tensors(
     out: &Path,
 ) -> Result<RestoreStats, RestoreError> {
     use embedding::snapshot::tensors::{read_tables, write_rows_into, TABLES_FILE};
-    if shard_index >= num_shards {
-        return Err(RestoreError::BadTarget {
-            index: shard_index,
-            num_shards,
-        });
-    }
-    check_out(out)?;
+    check_target(num_shards, shard_index, out)?;
     let files = if from.is_file() {
         vec![from.to_owned()]
     } else {

@@ -91,8 +91,20 @@ async fn pull_all(c: &PsClient, ids: &[u64]) -> BTreeMap<u64, Vec<u8>> {
 }
 
 fn restore_cmd(from: &Path, num: u32, index: u32, out: &Path) -> std::process::Output {
+    restore_cmd_with(from, num, index, out, &[])
+}
+
+/// `ps-server restore` with `extra` arguments (e.g. `--tensors`).
+fn restore_cmd_with(
+    from: &Path,
+    num: u32,
+    index: u32,
+    out: &Path,
+    extra: &[&str],
+) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_ps-server"))
         .arg("restore")
+        .args(extra)
         .arg("--from")
         .arg(from)
         .args([
@@ -145,7 +157,7 @@ async fn checkpoint_of_two_servers_restores_onto_three() {
         sigterm_and_wait(s);
     }
 
-    restore_onto_three(&snap, dir.path());
+    restore_onto_three(&snap, dir.path(), "new", &[]);
     let three: Vec<Server> = (0..3)
         .map(|i| start_shard(&dir.path().join(format!("new-{i}")), &tls, i, 3))
         .collect();
@@ -172,33 +184,7 @@ async fn checkpoint_of_two_servers_restores_onto_three() {
     for k in 0..2 {
         std::fs::remove_dir_all(tsnap.join(format!("shard-{k}-of-2/rocksdb"))).unwrap();
     }
-    for i in 0..3 {
-        let out = Command::new(env!("CARGO_BIN_EXE_ps-server"))
-            .args([
-                "restore",
-                "--tensors",
-                "--num-shards",
-                "3",
-                "--shard-index",
-                &i.to_string(),
-            ])
-            .arg("--from")
-            .arg(&tsnap)
-            .arg("--data-dir")
-            .arg(dir.path().join(format!("tnew-{i}")))
-            .output()
-            .unwrap();
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success(),
-            "{stdout} {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        assert!(
-            stdout.contains("from a snapshot of 2 servers (step 17)"),
-            "{stdout}"
-        );
-    }
+    restore_onto_three(&tsnap, dir.path(), "tnew", &["--tensors"]);
     let three: Vec<Server> = (0..3)
         .map(|i| start_shard(&dir.path().join(format!("tnew-{i}")), &tls, i, 3))
         .collect();
@@ -258,10 +244,10 @@ async fn checkpoint_refusals(c: &PsClient, snap: &Path) {
     );
 }
 
-/// Restores the snapshot in `snap` onto 3 servers, into `dir/new-<i>`.
-fn restore_onto_three(snap: &Path, dir: &Path) {
+/// Restores the snapshot in `snap` onto 3 servers, into `dir/<prefix>-<i>`, with `extra` arguments.
+fn restore_onto_three(snap: &Path, dir: &Path, prefix: &str, extra: &[&str]) {
     for i in 0..3 {
-        let out = restore_cmd(snap, 3, i, &dir.join(format!("new-{i}")));
+        let out = restore_cmd_with(snap, 3, i, &dir.join(format!("{prefix}-{i}")), extra);
         let stdout = String::from_utf8_lossy(&out.stdout);
         assert!(
             out.status.success(),

@@ -123,17 +123,8 @@ impl Client {
                 .collect();
             log.add(seq, push.lr_scale, tables);
         }
-        runtime().spawn(async move {
-            let _guard = guard;
-            let done = match entry {
-                Some(e) => {
-                    wait_all(e.after).await;
-                    Some(e.done)
-                }
-                None => None,
-            };
+        spawn_after(guard, entry, async move {
             let _ = tx.send(push.run(&client, &counters, timeout).await);
-            drop(done);
         });
         PushHandle {
             state: Slot::Pending(rx),
@@ -154,6 +145,27 @@ impl Client {
                 ))
             })
     }
+}
+
+/// Runs `request` on the runtime once the lane requests `entry` waits for are answered (at once without a
+/// lane), counted in flight by `guard`; the entry is marked answered when `request` ends, however it ends.
+fn spawn_after(
+    guard: InFlightGuard,
+    entry: Option<crate::lane::Entry>,
+    request: impl std::future::Future<Output = ()> + Send + 'static,
+) {
+    runtime().spawn(async move {
+        let _guard = guard;
+        let done = match entry {
+            Some(e) => {
+                wait_all(e.after).await;
+                Some(e.done)
+            }
+            None => None,
+        };
+        request.await;
+        drop(done);
+    });
 }
 
 /// Runs `fut` on the runtime under the client's deadline, the GIL released.
@@ -436,17 +448,8 @@ impl Client {
         let guard = self.inflight.enter();
         let entry = lane.map(|l| l.enter(false));
         let seq = entry.as_ref().map_or(0, |e| e.seq);
-        runtime().spawn(async move {
-            let _guard = guard;
-            let done = match entry {
-                Some(e) => {
-                    wait_all(e.after).await;
-                    Some(e.done)
-                }
-                None => None,
-            };
+        spawn_after(guard, entry, async move {
             let _ = tx.send(pull.run(&client, &counters, timeout).await);
-            drop(done);
         });
         Ok(PullHandle {
             state: Slot::Pending(rx),
