@@ -345,7 +345,7 @@ pub fn restore_tensors(
     shard_index: u32,
     out: &Path,
 ) -> Result<RestoreStats, RestoreError> {
-    use embedding::snapshot::tensors::{read_tables, write_rows_into, TABLES_FILE};
+    use embedding::snapshot::tensors::{tables_of, write_rows_into, TABLES_FILE};
     check_target(num_shards, shard_index, out)?;
     let files = if from.is_file() {
         vec![from.to_owned()]
@@ -358,7 +358,8 @@ pub fn restore_tensors(
     let mut read = Vec::with_capacity(files.len());
     let mut step = None;
     for f in &files {
-        let meta_step = embedding::tensors::read_file(f)?
+        let file = embedding::tensors::read_file(f)?;
+        let meta_step = file
             .metadata()
             .get("step")
             .and_then(|v| v.parse::<u64>().ok());
@@ -375,7 +376,7 @@ pub fn restore_tensors(
             (None, b) => step = b,
             _ => {}
         }
-        read.push(read_tables(f)?);
+        read.push(tables_of(&file)?);
     }
     let mut configs: BTreeMap<u32, (TableConfig, &Path)> = BTreeMap::new();
     let mut ids: BTreeMap<u32, Vec<u64>> = BTreeMap::new();

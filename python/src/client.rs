@@ -523,10 +523,8 @@ impl Client {
                 "push of {what}: divisor {divisor}, expected a finite number > 0"
             )));
         }
-        if let Some(s) = lr_scales.iter().find(|s| !(s.is_finite() && **s >= 0.0)) {
-            return Err(PyValueError::new_err(format!(
-                "push of {what}: lr_scale {s}, expected a finite number >= 0"
-            )));
+        for &s in &lr_scales {
+            crate::jobs::check_lr_scale(&what, s)?;
         }
         let view = grads.as_array();
         let (rows, cols) = (view.shape()[0], view.shape()[1]);

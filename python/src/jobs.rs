@@ -305,6 +305,16 @@ impl PullJob {
     }
 }
 
+/// Refuses a push's learning-rate multiplier unless finite and >= 0, naming the push.
+pub(crate) fn check_lr_scale(what: &str, lr_scale: f32) -> PyResult<()> {
+    if lr_scale.is_finite() && lr_scale >= 0.0 {
+        return Ok(());
+    }
+    Err(PyValueError::new_err(format!(
+        "push of {what}: lr_scale {lr_scale}, expected a finite number >= 0"
+    )))
+}
+
 /// A push, checked and copied out of Python's arrays, ready to run on the runtime.
 pub(crate) struct PushJob {
     tables: Vec<(u32, usize)>,
@@ -326,11 +336,7 @@ impl PushJob {
         grads: &[PyReadonlyArray2<'_, f32>],
     ) -> PyResult<PushJob> {
         let encoding = parse_encoding(encoding)?;
-        if !(lr_scale.is_finite() && lr_scale >= 0.0) {
-            return Err(PyValueError::new_err(format!(
-                "push of {what}: lr_scale {lr_scale}, expected a finite number >= 0"
-            )));
-        }
+        check_lr_scale(what, lr_scale)?;
         if ids.len() != tables.len() || grads.len() != tables.len() {
             return Err(PyValueError::new_err(format!(
                 "{what}: {} id arrays and {} gradient arrays for {} tables",

@@ -11,7 +11,7 @@ use std::io::Write;
 use std::path::Path;
 
 use super::{Snapshot, SnapshotError};
-use crate::tensors::{read_file, write_file, Dtype, TensorSpec, TensorsError};
+use crate::tensors::{read_file, write_file, Dtype, TensorFile, TensorSpec, TensorsError};
 use crate::TableConfig;
 
 /// The file's name in a shard directory.
@@ -147,7 +147,13 @@ pub fn write_tables(shard_dir: &Path) -> Result<u64, SnapshotError> {
 /// Reads a [`TABLES_FILE`] back, checking every table's tensors against its config (dtype, shape, ids
 /// increasing); a missing or malformed tensor is refused naming it.
 pub fn read_tables(path: &Path) -> Result<Vec<TableTensors>, TensorsError> {
-    let f = read_file(path)?;
+    tables_of(&read_file(path)?)
+}
+
+/// The tables of a [`TABLES_FILE`] already read ([`read_file`]), checked as [`read_tables`] does: for a caller
+/// that also needs the file's metadata, without reading it twice.
+pub fn tables_of(f: &TensorFile) -> Result<Vec<TableTensors>, TensorsError> {
+    let path = f.path();
     let bad = |tensor: &str, detail: String| TensorsError::Tensor {
         path: path.to_owned(),
         tensor: tensor.to_owned(),
