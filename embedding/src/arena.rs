@@ -1,4 +1,6 @@
-//! [`Arena`]: rows of one stripe stored contiguously in fixed-size chunks, each row beside its id.
+//! [`Arena`]: rows of one stripe stored contiguously in fixed-size chunks, each row beside its id. A row is
+//! `u32` words, packed by the table's [`crate::RowCodec`] (f32 weights, or two half weights a word, then f32
+//! optimizer state).
 //!
 //! DESIGN.md asks for rows "stored contiguously (weights followed by optimizer state) in arenas ... no heap
 //! allocation per row" and memory close to the payload. One `Vec<f32>` per stripe would double on growth: up to 2x
@@ -22,13 +24,14 @@ const MIN_ROWS: usize = 16;
 #[derive(Debug)]
 struct Chunk {
     ids: Vec<u64>,
-    rows: Vec<f32>,
+    rows: Vec<u32>,
     stamps: Vec<u32>,
 }
 
 /// The rows of one stripe.
 #[derive(Debug)]
 pub(crate) struct Arena {
+    /// `u32` words per row ([`crate::RowCodec::words`]).
     row_len: usize,
     shift: u32,
     /// Slots ever used (live + free): the next new slot.
@@ -41,7 +44,7 @@ pub(crate) struct Arena {
 }
 
 impl Arena {
-    /// An empty arena for rows of `row_len` f32s (`row_len >= 1`), with a `u32` stamp per slot if `stamps`.
+    /// An empty arena for rows of `row_len` words (`row_len >= 1`; a row's packing is [`crate::RowCodec`]'s), with a `u32` stamp per slot if `stamps`.
     pub(crate) fn new(row_len: usize, stamps: bool) -> Self {
         let rows = (CHUNK_BYTES / (row_len * 4)).max(1);
         // Largest power of two <= rows.
@@ -72,7 +75,7 @@ impl Arena {
 
     /// Adds a zeroed row for `id` (stamp 0), reusing a free slot if there is one, and returns its slot and the
     /// row to fill.
-    pub(crate) fn push(&mut self, id: u64) -> (usize, &mut [f32]) {
+    pub(crate) fn push(&mut self, id: u64) -> (usize, &mut [u32]) {
         if let Some(slot) = self.free.pop() {
             let slot = slot as usize;
             let (c, r) = (slot >> self.shift, slot & (self.chunk_rows() - 1));
@@ -82,7 +85,7 @@ impl Arena {
                 chunk.stamps[r] = 0;
             }
             let row = &mut chunk.rows[r * self.row_len..(r + 1) * self.row_len];
-            row.fill(0.0);
+            row.fill(0);
             return (slot, row);
         }
         let chunk_rows = self.chunk_rows();
@@ -109,7 +112,7 @@ impl Arena {
             chunk.stamps.push(0);
         }
         let start = chunk.rows.len();
-        chunk.rows.resize(start + row_len, 0.0);
+        chunk.rows.resize(start + row_len, 0);
         let slot = self.len;
         self.len += 1;
         (slot, &mut chunk.rows[start..])
@@ -147,14 +150,14 @@ impl Arena {
 
     /// The row in `slot`.
     #[inline]
-    pub(crate) fn row(&self, slot: usize) -> &[f32] {
+    pub(crate) fn row(&self, slot: usize) -> &[u32] {
         let start = (slot & (self.chunk_rows() - 1)) * self.row_len;
         &self.chunks[slot >> self.shift].rows[start..start + self.row_len]
     }
 
     /// The row in `slot`, mutably.
     #[inline]
-    pub(crate) fn row_mut(&mut self, slot: usize) -> &mut [f32] {
+    pub(crate) fn row_mut(&mut self, slot: usize) -> &mut [u32] {
         let start = (slot & (self.chunk_rows() - 1)) * self.row_len;
         let row_len = self.row_len;
         &mut self.chunks[slot >> self.shift].rows[start..start + row_len]
@@ -196,18 +199,18 @@ mod tests {
         for id in 0..10u64 {
             let (slot, row) = a.push(id * 3);
             assert_eq!(slot as u64, id);
-            row[0] = id as f32;
-            row[4095] = -(id as f32);
+            row[0] = id as u32;
+            row[4095] = !(id as u32);
         }
         assert_eq!(a.len(), 10);
         assert_eq!(a.chunks.len(), 3);
         for slot in 0..10 {
             assert_eq!(a.id(slot), slot as u64 * 3);
-            assert_eq!(a.row(slot)[0], slot as f32);
-            assert_eq!(a.row(slot)[4095], -(slot as f32));
+            assert_eq!(a.row(slot)[0], slot as u32);
+            assert_eq!(a.row(slot)[4095], !(slot as u32));
         }
-        a.row_mut(9)[1] = 5.0;
-        assert_eq!(a.row(9)[1], 5.0);
+        a.row_mut(9)[1] = 5;
+        assert_eq!(a.row(9)[1], 5);
     }
 
     #[test]
@@ -229,7 +232,7 @@ mod tests {
         let mut a = Arena::new(2, true);
         for id in 0..5u64 {
             let (slot, row) = a.push(id);
-            row.fill(id as f32 + 1.0);
+            row.fill(id as u32 + 1);
             a.set_stamp(slot, 100 + id as u32);
         }
         assert_eq!(a.stamp(3), 103);
@@ -238,12 +241,12 @@ mod tests {
         assert_eq!((a.len(), a.slots()), (3, 5));
         let (slot, row) = a.push(42);
         assert_eq!(slot, 3);
-        assert_eq!(row, &[0.0, 0.0]);
+        assert_eq!(row, &[0, 0]);
         assert_eq!((a.id(3), a.stamp(3)), (42, 0));
         assert_eq!(a.push(43).0, 1);
         assert_eq!(a.push(44).0, 5);
         assert_eq!((a.len(), a.slots()), (6, 6));
-        assert_eq!(a.row(4), &[5.0, 5.0]);
+        assert_eq!(a.row(4), &[5, 5]);
     }
 
     #[test]

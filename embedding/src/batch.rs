@@ -1,7 +1,8 @@
 //! [`DirtyBatch`]: a reusable buffer of rows on their way to the store, as (id, little-endian row bytes).
 //!
-//! The encoding is the stored one (DESIGN.md: "key = id (big-endian), value = row bytes"): each row's f32s as
-//! little-endian bytes, weights then optimizer state. [`crate::Table::take_dirty`] fills a batch and
+//! The encoding is the stored one (DESIGN.md: "key = id (big-endian), value = row bytes"): each row's words
+//! ([`crate::RowCodec`]: f32 weights, or packed bf16/f16 weights, then the f32 optimizer state) as little-endian
+//! bytes; for f32 tables, the row's f32s. [`crate::Table::take_dirty`] fills a batch and
 //! [`crate::Store::write_rows`] consumes it; the engine keeps one batch and reuses its allocation.
 
 /// Rows of one table, each `row_bytes` long, with their ids.
@@ -42,6 +43,29 @@ impl DirtyBatch {
             self.data.extend_from_slice(bytemuck::cast_slice(row));
         } else {
             for x in row {
+                self.data.extend_from_slice(&x.to_le_bytes());
+            }
+        }
+    }
+
+    /// Appends a row packed in words ([`crate::RowCodec`]), encoded little-endian: a table's stored row as it
+    /// is in memory.
+    ///
+    /// # Panics
+    /// If `words.len() * 4` is not the batch's `row_bytes`.
+    pub fn push_words(&mut self, id: u64, words: &[u32]) {
+        assert_eq!(
+            words.len() * 4,
+            self.row_bytes,
+            "row of {} words in a batch of {}-byte rows",
+            words.len(),
+            self.row_bytes
+        );
+        self.ids.push(id);
+        if cfg!(target_endian = "little") {
+            self.data.extend_from_slice(bytemuck::cast_slice(words));
+        } else {
+            for x in words {
                 self.data.extend_from_slice(&x.to_le_bytes());
             }
         }
@@ -98,7 +122,8 @@ impl DirtyBatch {
     }
 }
 
-/// Decodes little-endian row bytes into `out`; `bytes.len()` must be `out.len() * 4`.
+/// Decodes little-endian f32 row bytes into `out`; `bytes.len()` must be `out.len() * 4`.
+#[cfg(test)]
 pub(crate) fn decode_row(bytes: &[u8], out: &mut [f32]) {
     debug_assert_eq!(bytes.len(), out.len() * 4);
     for (x, b) in out.iter_mut().zip(bytes.chunks_exact(4)) {

@@ -14,6 +14,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::error::EmbeddingError;
+use crate::precision::{RowCodec, RowPrecision};
 
 /// Largest supported embedding dimension.
 pub const MAX_DIM: usize = 4096;
@@ -53,6 +54,11 @@ pub struct TableConfig {
     /// the store. `1..=u32::MAX`; default `None` (rows live forever).
     #[serde(default)]
     pub ttl_secs: Option<u64>,
+    /// How the weights are stored: `f32` (default), `bf16` or `f16`; the optimizer state is f32 in every case
+    /// ([`crate::precision`]). Left out of a serialized f32 config, so configs stored before it read back
+    /// equal.
+    #[serde(default, skip_serializing_if = "RowPrecision::is_f32")]
+    pub precision: RowPrecision,
 }
 
 /// Count-min-sketch frequency admission of a table (see [`crate::admission`]).
@@ -272,6 +278,7 @@ impl TableConfig {
             clip_norm: 0.0,
             admission: None,
             ttl_secs: None,
+            precision: RowPrecision::F32,
         }
     }
 
@@ -346,9 +353,20 @@ impl TableConfig {
         self.optimizer.state_len(self.dim)
     }
 
-    /// f32s per stored row: `dim` weights followed by the optimizer state.
+    /// f32s of a whole row as tables hand it out and take it in: `dim` weights followed by the optimizer state.
     pub fn row_len(&self) -> usize {
         self.dim + self.state_len()
+    }
+
+    /// How a row of this table is packed in memory and in the store.
+    pub fn row_codec(&self) -> RowCodec {
+        RowCodec::new(self.precision, self.dim, self.state_len())
+    }
+
+    /// Bytes per stored row (in memory, in the store and in snapshots): [`TableConfig::row_len`] x 4 for f32
+    /// weights, about half of the weights' share for bf16 and f16.
+    pub fn row_bytes(&self) -> usize {
+        self.row_codec().bytes()
     }
 
     /// Checks every field; the error names the field and the rejected value.
@@ -388,6 +406,14 @@ impl TableConfig {
                 bad(field, v.to_string(), "a finite value >= 0")
             }
         };
+        if !self.precision.is_f32() && matches!(self.optimizer, OptimizerConfig::Sgd { .. }) {
+            return bad(
+                "precision",
+                self.precision.name().into(),
+                "f32 for an SGD table (bf16 and f16 rows round stochastically, keyed by the optimizer \
+                 state, which SGD does not keep; use row_adagrad, adagrad, adam or ftrl)",
+            );
+        }
         match self.optimizer {
             OptimizerConfig::Sgd { lr } => positive("optimizer.lr", lr)?,
             OptimizerConfig::RowAdagrad {

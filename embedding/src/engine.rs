@@ -24,7 +24,7 @@ use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLock};
 
-use crate::batch::{self, DirtyBatch};
+use crate::batch::DirtyBatch;
 use crate::config::{AdmissionConfig, TableConfig};
 use crate::error::{EmbeddingError, StoreError};
 use crate::lease::{LeaseStats, Leases};
@@ -702,16 +702,16 @@ fn make_table(
 /// the budget (the table is then marked spilled if rows were left in the store).
 fn load_rows(store: &dyn Store, table: &Table) -> Result<(), EmbeddingError> {
     let id = table.id();
-    let row_len = table.row_len();
-    let mut row = vec![0f32; row_len];
+    let (codec, row_bytes) = (table.codec(), table.row_bytes());
+    let mut row = vec![0f32; table.row_len()];
     let mut failure = None;
     let scanned = store.scan_rows(id, &mut |row_id, bytes| {
-        if bytes.len() != row_len * 4 {
+        if bytes.len() != row_bytes {
             return Err(StoreError::CorruptValue {
                 table: id,
                 id: row_id,
                 len: bytes.len(),
-                expected: row_len * 4,
+                expected: row_bytes,
             });
         }
         if table
@@ -721,7 +721,7 @@ fn load_rows(store: &dyn Store, table: &Table) -> Result<(), EmbeddingError> {
             table.mark_spilled();
             return Ok(());
         }
-        batch::decode_row(bytes, &mut row);
+        codec.decode_bytes(bytes, &mut row);
         table.load_row(row_id, &row).map_err(|e| {
             let detail = e.to_string();
             failure = Some(e);

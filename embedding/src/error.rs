@@ -39,7 +39,7 @@ pub enum StoreError {
         id: u64,
         /// Length of the value found, in bytes.
         len: usize,
-        /// Length a row of this table has, in bytes (`row_len x 4`).
+        /// Length a row of this table has, in bytes ([`crate::TableConfig::row_bytes`]).
         expected: usize,
     },
     /// A metadata entry could not be read back (bad UTF-8 key, unparsable value, ...).
@@ -96,6 +96,24 @@ pub enum EmbeddingError {
         expected: usize,
         /// The table's dim.
         dim: usize,
+    },
+    /// A row loaded into a bf16 or f16 table (from a replica, a restore, a snapshot's SafeTensors) has a weight
+    /// that precision cannot hold exactly: rows of a wider precision are refused rather than rounded unseen.
+    #[error(
+        "table {table} id {id}: weight {element} = {value:e} is not exact in the table's {precision} rows \
+         (rows of f32 precision cannot be loaded into a {precision} table without rounding)"
+    )]
+    InexactRow {
+        /// The table.
+        table: u32,
+        /// Id of the row.
+        id: u64,
+        /// Index of the weight.
+        element: usize,
+        /// The weight.
+        value: f32,
+        /// The table's precision (`bf16`, `f16`).
+        precision: &'static str,
     },
     /// A stripe of a table reached `u32::MAX` rows (slot indices are 32-bit to keep the index small).
     #[error("table {table}: stripe {stripe} is full ({rows} rows)")]

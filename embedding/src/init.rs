@@ -24,8 +24,19 @@ fn element_bits(key: u64, i: usize) -> u64 {
 }
 
 /// Writes the initial weights of row `id` into `weights` (normally `dim` long; any length works, element `i`
-/// does not depend on the length).
+/// does not depend on the length), rounded to nearest in the table's [`crate::RowPrecision`]: what a bf16 or
+/// f16 table stores for a new row, so a pull of a new id equals the row a push creates.
 pub fn fill_weights(cfg: &TableConfig, id: u64, weights: &mut [f32]) {
+    fill_weights_f32(cfg, id, weights);
+    if !cfg.precision.is_f32() {
+        for w in weights.iter_mut() {
+            *w = cfg.precision.round_nearest(*w);
+        }
+    }
+}
+
+/// The initial weights in f32, before rounding to the table's precision.
+fn fill_weights_f32(cfg: &TableConfig, id: u64, weights: &mut [f32]) {
     let key = row_key(cfg.seed, id);
     match cfg.init.kind {
         InitKind::Uniform { scale } => {

@@ -18,6 +18,8 @@
 //! - [`optimizer`]: sans-IO row updates (SGD, row-wise and element-wise Adagrad, Adam with per-row steps,
 //!   FTRL-Proximal) after per-table clipping and weight decay ([`optimizer::Regularizer`]).
 //! - [`admission`]: the count-min sketch of frequency admission.
+//! - [`precision`]: [`RowPrecision`] (f32, bf16 or f16 weights; f32 state) and [`RowCodec`], a row packed into
+//!   `u32` words, which are also its bytes in the store.
 //! - `arena`: chunked row storage of one stripe (private).
 //! - [`prefetch`]: the cache prefetch hint ([`prefetch::read`]) of the table's lookups and the trainer's
 //!   residual store.
@@ -64,6 +66,7 @@ pub mod init;
 mod lease;
 mod mem_store;
 pub mod optimizer;
+pub mod precision;
 pub mod prefetch;
 #[cfg(feature = "rocksdb")]
 mod rocks_store;
@@ -75,6 +78,8 @@ mod table;
 pub mod tensors;
 pub mod weight_guard;
 
+#[cfg(all(test, feature = "rocksdb"))]
+mod precision_test;
 #[cfg(test)]
 mod prop_budget_test;
 #[cfg(test)]
@@ -97,6 +102,7 @@ pub use engine::{
 pub use error::{EmbeddingError, StoreError};
 pub use lease::LeaseStats;
 pub use mem_store::MemStore;
+pub use precision::{RowCodec, RowPrecision};
 #[cfg(feature = "rocksdb")]
 pub use rocks_store::{
     free_bytes, RocksStore, RocksTuning, DEFAULT_BLOCK_CACHE_BYTES, DEFAULT_RESERVE_BYTES,

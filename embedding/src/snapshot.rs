@@ -390,7 +390,7 @@ impl Engine {
 /// Rows of `cfg`'s table in `db`, checking every value's length.
 fn count_rows(db: &RocksStore, path: &Path, cfg: &TableConfig) -> Result<u64, SnapshotError> {
     let mut rows = 0u64;
-    let expected = cfg.row_len() * 4;
+    let expected = cfg.row_bytes();
     db.scan_rows(cfg.id, &mut |id, value| {
         if value.len() != expected {
             return Err(StoreError::CorruptValue {
@@ -529,7 +529,9 @@ impl Snapshot {
     }
 
     /// Calls `f(id, row bytes)` for every row of table `table` (in the manifest), in increasing id order; the
-    /// bytes are the stored encoding (`row_len` little-endian f32s: weights, then optimizer state). A value of
+    /// bytes are the stored encoding (the words of [`TableConfig::row_codec`], little-endian: `row_len` f32s
+    /// for an f32 table, packed half weights then f32 state for bf16 and f16; decode with
+    /// [`crate::RowCodec::decode_bytes`]). A value of
     /// the wrong length or a bad key is a [`SnapshotError::Store`] naming table and id; the first error from
     /// `f` stops the scan and is returned. Returns the rows visited.
     pub fn for_each_row(&self, table: u32, f: &mut RowFn<'_>) -> Result<u64, SnapshotError> {
@@ -542,7 +544,7 @@ impl Snapshot {
                 path: self.dir.clone(),
                 detail: format!("table {table} is not in the manifest"),
             })?;
-        let expected = entry.row_len * 4;
+        let expected = entry.config.row_bytes();
         let mut failure = None;
         let mut rows = 0u64;
         let scanned = self.db.scan_rows(table, &mut |id, value| {

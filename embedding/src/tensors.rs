@@ -22,13 +22,20 @@ pub enum Dtype {
     F32,
     /// Unsigned 64-bit integer, little-endian (ids).
     U64,
+    /// bfloat16, little-endian (the weights of a bf16 table).
+    BF16,
+    /// IEEE half, little-endian (the weights of an f16 table).
+    F16,
 }
 
 impl Dtype {
-    fn name(self) -> &'static str {
+    /// The SafeTensors name (`F32`, `U64`, `BF16`, `F16`).
+    pub fn name(self) -> &'static str {
         match self {
             Dtype::F32 => "F32",
             Dtype::U64 => "U64",
+            Dtype::BF16 => "BF16",
+            Dtype::F16 => "F16",
         }
     }
 
@@ -36,6 +43,7 @@ impl Dtype {
         match self {
             Dtype::F32 => 4,
             Dtype::U64 => 8,
+            Dtype::BF16 | Dtype::F16 => 2,
         }
     }
 }
@@ -232,6 +240,8 @@ fn write_tmp(
 /// One tensor read from a file.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Tensor {
+    /// The dtype in the file (BF16 and F16 elements are held widened to f32, exactly).
+    pub dtype: Dtype,
     /// Shape.
     pub shape: Vec<usize>,
     /// Elements, as their dtype asks.
@@ -241,7 +251,7 @@ pub struct Tensor {
 /// A tensor's elements.
 #[derive(Debug, Clone, PartialEq)]
 pub enum TensorData {
-    /// F32 elements.
+    /// F32 elements (also BF16 and F16 ones, widened exactly).
     F32(Vec<f32>),
     /// U64 elements.
     U64(Vec<u64>),
@@ -256,7 +266,7 @@ pub struct TensorFile {
 }
 
 /// Reads and checks `path` with the `safetensors` crate (header, offsets, sizes); tensors of other dtypes
-/// than F32 and U64 are refused naming them.
+/// than F32, BF16, F16 and U64 are refused naming them.
 pub fn read_file(path: &Path) -> Result<TensorFile, TensorsError> {
     let bytes = std::fs::read(path).map_err(io(path))?;
     let format = |e: safetensors::SafeTensorError| TensorsError::Format {
@@ -267,29 +277,46 @@ pub fn read_file(path: &Path) -> Result<TensorFile, TensorsError> {
     let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes).map_err(format)?;
     let mut tensors = HashMap::new();
     for (name, view) in parsed.tensors() {
-        let data = match view.dtype() {
-            safetensors::Dtype::F32 => TensorData::F32(
-                view.data()
-                    .chunks_exact(4)
-                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        let halves = |widen: fn(u16) -> f32| {
+            let it = view.data().chunks_exact(2);
+            TensorData::F32(
+                it.map(|c| widen(u16::from_le_bytes([c[0], c[1]])))
                     .collect(),
+            )
+        };
+        let (dtype, data) = match view.dtype() {
+            safetensors::Dtype::F32 => (
+                Dtype::F32,
+                TensorData::F32(
+                    view.data()
+                        .chunks_exact(4)
+                        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                        .collect(),
+                ),
             ),
-            safetensors::Dtype::U64 => TensorData::U64(
-                view.data()
-                    .chunks_exact(8)
-                    .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
-                    .collect(),
+            safetensors::Dtype::BF16 => {
+                (Dtype::BF16, halves(|b| half::bf16::from_bits(b).to_f32()))
+            }
+            safetensors::Dtype::F16 => (Dtype::F16, halves(|b| half::f16::from_bits(b).to_f32())),
+            safetensors::Dtype::U64 => (
+                Dtype::U64,
+                TensorData::U64(
+                    view.data()
+                        .chunks_exact(8)
+                        .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
+                        .collect(),
+                ),
             ),
             other => {
                 return Err(TensorsError::Tensor {
                     path: path.to_owned(),
                     tensor: name,
-                    detail: format!("dtype {other:?}, expected F32 or U64"),
+                    detail: format!("dtype {other:?}, expected F32, BF16, F16 or U64"),
                 })
             }
         };
         let shape = view.shape().to_vec();
-        tensors.insert(name, Tensor { shape, data });
+        tensors.insert(name, Tensor { dtype, shape, data });
     }
     Ok(TensorFile {
         path: path.to_owned(),
@@ -333,7 +360,8 @@ impl TensorFile {
         Ok(&t.data)
     }
 
-    /// Tensor `name`'s F32 elements; refused naming it when missing, of another dtype or another shape.
+    /// Tensor `name`'s float elements (F32, or BF16 and F16 widened exactly); refused naming it when missing,
+    /// of another dtype or another shape.
     pub fn f32(&self, name: &str, shape: &[usize]) -> Result<&[f32], TensorsError> {
         match self.get(name, shape)? {
             TensorData::F32(v) => Ok(v),
@@ -347,6 +375,14 @@ impl TensorFile {
             TensorData::U64(v) => Ok(v),
             TensorData::F32(_) => Err(self.error(name, "dtype F32, expected U64".into())),
         }
+    }
+
+    /// Tensor `name`'s dtype in the file, refused naming it when missing.
+    pub fn dtype(&self, name: &str) -> Result<Dtype, TensorsError> {
+        self.tensors
+            .get(name)
+            .map(|t| t.dtype)
+            .ok_or_else(|| self.error(name, "missing".into()))
     }
 
     /// Tensor `name`'s shape, refused naming it when missing.

@@ -54,7 +54,7 @@ pub use wire::layout::TableCount;
 pub use wire::message::prefetch::LeaseStats;
 pub use wire::message::{
     AdmissionConfig, InitConfig, InitKind, OptimizerConfig, Request, RequestKind, Response,
-    TableConfig,
+    RowPrecision, TableConfig,
 };
 
 /// ALPN protocol name; bumped when the wire format changes incompatibly.

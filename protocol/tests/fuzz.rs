@@ -14,7 +14,7 @@
 use protocol::wire::frame::{self, decode_frame, decode_header, encode_frame, MAGIC, PREFIX_LEN};
 use protocol::{
     AdmissionConfig, Encoding, ErrorCode, InitConfig, ProtocolError, Request, Response,
-    TableConfig, TableCount,
+    RowPrecision, TableConfig, TableCount,
 };
 
 /// The fuzzer's generator: splitmix64, tiny, fast and good enough to drive a fuzzer reproducibly.
@@ -76,6 +76,7 @@ fn table(r: &mut Rng) -> TableConfig {
             depth: r.u32_or_edge(&U32_EDGES) as usize,
         }),
         ttl_secs: r.chance(2).then(|| r.next_u64() >> r.below(64)),
+        precision: [RowPrecision::F32, RowPrecision::Bf16, RowPrecision::F16][r.below(3) as usize],
     }
 }
 

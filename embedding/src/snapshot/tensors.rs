@@ -1,5 +1,6 @@
 //! A shard snapshot's tables as one SafeTensors file, [`TABLES_FILE`] in the shard directory: per table
-//! `<name>.ids` (U64 `[rows]`, increasing), `<name>.weight` (F32 `[rows, dim]`) and, for optimizers with
+//! `<name>.ids` (U64 `[rows]`, increasing), `<name>.weight` (`[rows, dim]`, in the table's precision: F32,
+//! BF16 or F16, as stored) and, for optimizers with
 //! state, `<name>.state` (F32 `[rows, state_len]`: row-wise Adagrad's accumulator, Adam's moments and step);
 //! `__metadata__` holds the format, the step, the shard and each table's config (`<name>.config`, the JSON
 //! of [`TableConfig`]). A table whose name another table of the shard shares is written as `<name>@<id>`.
@@ -33,6 +34,15 @@ pub struct TableTensors {
     pub weights: Vec<f32>,
     /// Optimizer state, `ids x state_len` (empty for SGD).
     pub state: Vec<f32>,
+}
+
+/// The dtype of a table's `.weight` tensor: its row precision.
+fn weight_dtype(p: crate::RowPrecision) -> Dtype {
+    match p {
+        crate::RowPrecision::F32 => Dtype::F32,
+        crate::RowPrecision::Bf16 => Dtype::BF16,
+        crate::RowPrecision::F16 => Dtype::F16,
+    }
 }
 
 /// Each table's tensor name prefix, by position in `tables`.
@@ -82,7 +92,7 @@ pub fn write_tables(shard_dir: &Path) -> Result<u64, SnapshotError> {
         parts.push((k, 0));
         specs.push(TensorSpec {
             name: format!("{prefix}.weight"),
-            dtype: Dtype::F32,
+            dtype: weight_dtype(t.config.precision),
             shape: vec![rows, t.dim],
         });
         parts.push((k, 1));
@@ -111,14 +121,16 @@ pub fn write_tables(shard_dir: &Path) -> Result<u64, SnapshotError> {
     write_file(&path, &specs, &meta, &mut |n, out: &mut dyn Write| {
         let (k, part) = parts[n];
         let t = entries[k];
-        let dim_bytes = t.dim * 4;
-        // The stored row is `row_len` little-endian f32s (weights, then state): the file's bytes as they are.
+        // The stored row is the weights in the table's precision, padded to whole words (odd dims of half
+        // tables), then the f32 state, all little-endian: the file's bytes as they are.
+        let dim_bytes = t.dim * t.config.precision.weight_bytes();
+        let state_at = dim_bytes.next_multiple_of(4);
         let mut failed = None;
         let scanned = snap.for_each_row(t.id, &mut |id, bytes| {
             let r = match part {
                 0 => out.write_all(&id.to_le_bytes()),
                 1 => out.write_all(&bytes[..dim_bytes]),
-                _ => out.write_all(&bytes[dim_bytes..]),
+                _ => out.write_all(&bytes[state_at..]),
             };
             r.map_err(|e| {
                 let detail = e.to_string();
@@ -188,9 +200,26 @@ pub fn tables_of(f: &TensorFile) -> Result<Vec<TableTensors>, TensorsError> {
         if ids.windows(2).any(|w| w[0] >= w[1]) {
             return Err(bad(&name, "ids are not increasing".into()));
         }
-        let weights = f
-            .f32(&format!("{prefix}.weight"), &[rows, config.dim])?
-            .to_vec();
+        let name = format!("{prefix}.weight");
+        let weights = f.f32(&name, &[rows, config.dim])?.to_vec();
+        // Weights of another precision load where exact (a bf16 file into an f32 table; f32 values that happen
+        // to be bf16 values into a bf16 table), and are refused naming both precisions otherwise.
+        let p = config.precision;
+        if let Some(k) = weights.iter().position(|&w| !p.holds(w)) {
+            return Err(bad(
+                &name,
+                format!(
+                    "weight {} of id {} is {:e}, not exact in the table's {} precision (the tensor is {}): \
+                     a table of {} rows cannot take these weights without rounding",
+                    k % config.dim,
+                    ids[k / config.dim],
+                    weights[k],
+                    p.name(),
+                    f.dtype(&name)?.name(),
+                    p.name()
+                ),
+            ));
+        }
         let state_len = config.state_len();
         let state = if state_len > 0 {
             f.f32(&format!("{prefix}.state"), &[rows, state_len])?
@@ -218,25 +247,27 @@ pub fn write_rows_into(
     keep: &dyn Fn(u64) -> bool,
 ) -> Result<u64, crate::StoreError> {
     let mut batch = crate::DirtyBatch::new();
-    let mut row = Vec::new();
+    let (mut row, mut words) = (Vec::new(), Vec::new());
     let mut written = 0u64;
     for t in tables {
         let (dim, sl) = (t.config.dim, t.config.state_len());
-        batch.reset((dim + sl) * 4);
+        let codec = t.config.row_codec();
+        words.resize(codec.words(), 0u32);
+        batch.reset(codec.bytes());
         for (i, &id) in t.ids.iter().enumerate() {
             if !keep(id) {
                 continue;
             }
             row.clear();
-            let values = t.weights[i * dim..(i + 1) * dim]
-                .iter()
-                .chain(&t.state[i * sl..(i + 1) * sl]);
-            row.extend(values.flat_map(|v| v.to_le_bytes()));
-            batch.push_bytes(id, &row);
+            row.extend_from_slice(&t.weights[i * dim..(i + 1) * dim]);
+            row.extend_from_slice(&t.state[i * sl..(i + 1) * sl]);
+            // Exact: `tables_of` checked every weight against the precision.
+            codec.encode(&row, &mut words);
+            batch.push_words(id, &words);
             if batch.len() >= crate::FLUSH_BATCH_ROWS {
                 store.write_rows(t.config.id, &batch, false)?;
                 written += batch.len() as u64;
-                batch.reset((dim + sl) * 4);
+                batch.reset(codec.bytes());
             }
         }
         if !batch.is_empty() {

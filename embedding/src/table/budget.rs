@@ -50,7 +50,7 @@ use parking_lot::{Condvar, Mutex, RwLock};
 use super::expire::STAMP_UNKNOWN;
 use super::stripe::{group_by_stripe, hash, stripe_of};
 use super::{Table, STRIPES};
-use crate::batch::{self, DirtyBatch};
+use crate::batch::DirtyBatch;
 use crate::error::{EmbeddingError, StoreError};
 use crate::store::Store;
 
@@ -241,20 +241,21 @@ impl Table {
     /// inserted.
     fn read_and_insert(&self, tier: &Tier, wanted: &[u64]) -> Result<usize, EmbeddingError> {
         let table = self.cfg.id;
-        let row_len = self.row_len;
-        let mut rows = vec![0f32; wanted.len() * row_len];
+        let words = self.codec.words();
+        let mut rows = vec![0u32; wanted.len() * words];
         let mut found = vec![false; wanted.len()];
         tier.store.get_rows(table, wanted, &mut |k, value| {
             if let Some(bytes) = value {
-                if bytes.len() != row_len * 4 {
+                if bytes.len() != words * 4 {
                     return Err(StoreError::CorruptValue {
                         table,
                         id: wanted[k],
                         len: bytes.len(),
-                        expected: row_len * 4,
+                        expected: words * 4,
                     });
                 }
-                batch::decode_row(bytes, &mut rows[k * row_len..(k + 1) * row_len]);
+                self.codec
+                    .words_from_bytes(bytes, &mut rows[k * words..(k + 1) * words]);
                 found[k] = true;
             }
             Ok(())
@@ -276,7 +277,7 @@ impl Table {
                     stripe.absent.insert(id);
                     continue;
                 }
-                let src = &rows[k * row_len..(k + 1) * row_len];
+                let src = &rows[k * words..(k + 1) * words];
                 let slot = stripe
                     .insert(id, h, |dst| dst.copy_from_slice(src))
                     .map_err(|rows| self.full(s, rows))?;
@@ -308,9 +309,9 @@ impl Table {
             for &k in group {
                 let (i, id) = (misses[k], wanted[k]);
                 match stripe.find(id, hash(id)) {
-                    Some(slot) => {
-                        out[i * dim..(i + 1) * dim].copy_from_slice(&stripe.arena.row(slot)[..dim])
-                    }
+                    Some(slot) => self
+                        .codec
+                        .decode(stripe.arena.row(slot), &mut out[i * dim..(i + 1) * dim]),
                     None => still.push(i),
                 }
             }
@@ -332,7 +333,7 @@ impl Table {
         victims: &mut Vec<u64>,
         out: &mut DirtyBatch,
     ) -> usize {
-        out.reset(self.row_len * 4);
+        out.reset(self.codec.bytes());
         let Some(tier) = &self.tier else {
             return 0;
         };
@@ -384,7 +385,7 @@ impl Table {
                         continue;
                     }
                     if stripe.is_dirty(slot) {
-                        out.push_row(id, stripe.arena.row(slot));
+                        out.push_words(id, stripe.arena.row(slot));
                         stripe.dirty[word] &= !bit;
                         stripe.dirty_count -= 1;
                     }

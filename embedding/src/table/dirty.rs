@@ -14,7 +14,7 @@ impl Table {
         self.stripes.iter().map(|p| p.0.lock().dirty_count).sum()
     }
 
-    /// Moves up to `max_rows` dirty rows (id + full row as little-endian bytes) into `out`, which is emptied
+    /// Moves up to `max_rows` dirty rows (id + full stored row as little-endian bytes) into `out`, which is emptied
     /// first, and clears their dirty flags. Each stripe lock is held only while its rows are copied. Returns the
     /// number of rows taken; 0 means nothing is dirty.
     ///
@@ -22,7 +22,7 @@ impl Table {
     /// [`Table::mark_dirty`]. Takes for one table must not run concurrently with each other if their writes
     /// can reorder (the engine serializes flushes), or an older copy could overwrite a newer one in the store.
     pub fn take_dirty(&self, max_rows: usize, out: &mut DirtyBatch) -> usize {
-        out.reset(self.row_len * 4);
+        out.reset(self.codec.bytes());
         let start = self.dirty_cursor.load(Ordering::Relaxed);
         let mut last = start;
         for k in 0..STRIPES {
@@ -45,7 +45,7 @@ impl Table {
     /// ([`crate::Engine::persist`]). Each stripe lock is held only while its rows are copied. Returns the
     /// number of `ids` not in memory (never created, or evicted to the store).
     pub fn copy_rows(&self, ids: &[u64], out: &mut DirtyBatch) -> usize {
-        out.reset(self.row_len * 4);
+        out.reset(self.codec.bytes());
         let (order, bounds) = group_by_stripe(ids);
         let mut missing = 0;
         for s in 0..STRIPES {
@@ -57,7 +57,7 @@ impl Table {
             for &i in group {
                 let id = ids[i];
                 match stripe.find(id, hash(id)) {
-                    Some(slot) => out.push_row(id, stripe.arena.row(slot)),
+                    Some(slot) => out.push_words(id, stripe.arena.row(slot)),
                     None => missing += 1,
                 }
             }

@@ -53,6 +53,7 @@ use crate::config::TableConfig;
 use crate::error::EmbeddingError;
 use crate::init;
 use crate::optimizer::{self, Regularizer};
+use crate::precision::RowCodec;
 use crate::store::Store;
 
 mod budget;
@@ -136,8 +137,10 @@ impl std::ops::AddAssign for ApplyStats {
 pub struct Table {
     /// The validated config.
     cfg: TableConfig,
-    /// f32s per stored row: `dim` weights, then the optimizer state.
+    /// f32s per row as calls pass it: `dim` weights, then the optimizer state.
     row_len: usize,
+    /// How a row is packed in the arena and the store (its precision).
+    codec: RowCodec,
     /// Clipping and weight decay applied to gradients before the optimizer.
     reg: Regularizer,
     /// Frequency admission, if configured.
@@ -182,10 +185,11 @@ impl Table {
     ) -> Result<Table, EmbeddingError> {
         cfg.validate()?;
         let row_len = cfg.row_len();
+        let codec = cfg.row_codec();
         let ttl = cfg.ttl_secs.map(|t| t.min(u64::from(u32::MAX)) as u32);
         Ok(Table {
             stripes: (0..STRIPES)
-                .map(|_| Padded(Mutex::new(Stripe::new(row_len, ttl.is_some()))))
+                .map(|_| Padded(Mutex::new(Stripe::new(codec.words(), ttl.is_some()))))
                 .collect(),
             reg: Regularizer::of(&cfg),
             sketch: cfg.admission.as_ref().map(Sketch::new),
@@ -193,6 +197,7 @@ impl Table {
             clock: AtomicU64::new(0),
             cfg,
             row_len,
+            codec,
             rows: AtomicUsize::new(0),
             dirty_cursor: AtomicUsize::new(0),
             tier: budget.map(|(budget, store)| Tier::new(budget, store)),
@@ -220,9 +225,45 @@ impl Table {
         self.cfg.dim
     }
 
-    /// f32s per stored row (weights + optimizer state).
+    /// f32s per whole row (weights + optimizer state), as [`Table::load_row`] takes it and
+    /// [`Table::gather_with_state`] gives it.
     pub fn row_len(&self) -> usize {
         self.row_len
+    }
+
+    /// Bytes per stored row, in memory and in the store ([`TableConfig::row_bytes`]).
+    pub fn row_bytes(&self) -> usize {
+        self.codec.bytes()
+    }
+
+    /// How a row of this table is packed ([`TableConfig::row_codec`]).
+    pub fn codec(&self) -> RowCodec {
+        self.codec
+    }
+
+    /// Writes the new row of `id` (initial weights and optimizer state) into its `words`; `scratch` holds the
+    /// f32 row of a half-precision table on the way (one buffer per call, not per row).
+    fn init_words(&self, id: u64, words: &mut [u32], scratch: &mut Vec<f32>) {
+        if self.codec.precision().is_f32() {
+            init::fill_row(&self.cfg, id, bytemuck::cast_slice_mut(words));
+        } else {
+            scratch.resize(self.row_len, 0.0);
+            init::fill_row(&self.cfg, id, scratch);
+            self.codec.encode(scratch, words);
+        }
+    }
+
+    /// [`EmbeddingError::InexactRow`] if a weight of `row` is not exact in the table's precision.
+    fn check_exact(&self, id: u64, row: &[f32]) -> Result<(), EmbeddingError> {
+        self.codec
+            .check_exact(row)
+            .map_err(|(element, value)| EmbeddingError::InexactRow {
+                table: self.cfg.id,
+                id,
+                element,
+                value,
+                precision: self.codec.precision().name(),
+            })
     }
 
     /// Rows held in memory.
@@ -314,7 +355,8 @@ impl Table {
                     if clock {
                         stripe.set_ref(slot);
                     }
-                    out[i * dim..(i + 1) * dim].copy_from_slice(&stripe.arena.row(slot)[..dim])
+                    self.codec
+                        .decode(stripe.arena.row(slot), &mut out[i * dim..(i + 1) * dim])
                 }
                 None => {
                     misses.push(i);
@@ -428,6 +470,10 @@ impl Table {
         // The row before its update, to undo an update that would leave a non-finite value (one buffer per
         // call, not per row).
         let mut before = vec![0f32; self.row_len];
+        // The f32 row of a half-precision table while it is updated, and of a new row while it is packed.
+        let half = !self.codec.precision().is_f32();
+        let (mut work, mut init_buf) =
+            (vec![0f32; if half { self.row_len } else { 0 }], Vec::new());
         if self.spilled() {
             // Rows evicted to the store are read back before their update, not recreated.
             let mut misses = Vec::new();
@@ -465,7 +511,7 @@ impl Table {
                                 return;
                             }
                         }
-                        match stripe.insert(id, hash(id), |row| init::fill_row(&self.cfg, id, row))
+                        match stripe.insert(id, hash(id), |w| self.init_words(id, w, &mut init_buf))
                         {
                             Ok(slot) => slot,
                             Err(rows) => {
@@ -483,10 +529,21 @@ impl Table {
                 if clock {
                     stripe.set_ref(slot);
                 }
-                let row = stripe.arena.row_mut(slot);
+                let words = stripe.arena.row_mut(slot);
+                let row: &mut [f32] = if half {
+                    self.codec.decode(words, &mut work);
+                    &mut work
+                } else {
+                    bytemuck::cast_slice_mut(words)
+                };
                 before.copy_from_slice(row);
                 let (weights, state) = row.split_at_mut(dim);
                 optimizer::update(&opt, self.reg, weights, state, grad);
+                // A half-precision row's new weights are rounded (stochastically) before the guard sees them,
+                // so what it checks is what is stored.
+                if half {
+                    self.codec.round_weights(id, RowCodec::salt(state), weights);
+                }
                 match guard.check(&before, row, dim) {
                     crate::Guarded::Kept => {}
                     crate::Guarded::Refused => {
@@ -494,7 +551,13 @@ impl Table {
                         stats.refused_nonfinite_weights += 1;
                         return;
                     }
-                    crate::Guarded::Clamped => stats.clamped_weights += 1,
+                    crate::Guarded::Clamped => {
+                        self.codec.round_weights_nearest(&mut row[..dim]);
+                        stats.clamped_weights += 1
+                    }
+                }
+                if half {
+                    self.codec.encode(&work, stripe.arena.row_mut(slot));
                 }
                 stripe.mark_dirty(slot);
                 stats.applied += 1;
@@ -517,13 +580,16 @@ impl Table {
     pub fn row(&self, id: u64) -> Option<Vec<f32>> {
         let h = hash(id);
         let stripe = self.stripes[stripe_of(h)].0.lock();
-        stripe
-            .find(id, h)
-            .map(|slot| stripe.arena.row(slot).to_vec())
+        stripe.find(id, h).map(|slot| {
+            let mut row = vec![0f32; self.row_len];
+            self.codec.decode(stripe.arena.row(slot), &mut row);
+            row
+        })
     }
 
     /// Inserts or overwrites the full row of `id` (`row_len` f32s) without marking it dirty: for recovery from
-    /// the store. With a TTL, its last touch is unknown until the next [`Table::expired`], which starts its
+    /// the store. A bf16 or f16 table refuses a weight its precision does not hold exactly
+    /// ([`EmbeddingError::InexactRow`]), changing nothing. With a TTL, its last touch is unknown until the next [`Table::expired`], which starts its
     /// TTL then.
     pub fn load_row(&self, id: u64, row: &[f32]) -> Result<(), EmbeddingError> {
         if row.len() != self.row_len {
@@ -535,17 +601,18 @@ impl Table {
                 dim: self.cfg.dim,
             });
         }
+        self.check_exact(id, row)?;
         let h = hash(id);
         let s = stripe_of(h);
         let mut stripe = self.stripes[s].0.lock();
         let slot = match stripe.find(id, h) {
             Some(slot) => {
-                stripe.arena.row_mut(slot).copy_from_slice(row);
+                self.codec.encode(row, stripe.arena.row_mut(slot));
                 slot
             }
             None => {
                 let slot = stripe
-                    .insert(id, h, |dst| dst.copy_from_slice(row))
+                    .insert(id, h, |dst| self.codec.encode(row, dst))
                     .map_err(|rows| self.full(s, rows))?;
                 self.rows.fetch_add(1, Ordering::Relaxed);
                 slot

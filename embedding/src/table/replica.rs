@@ -52,7 +52,8 @@ impl Table {
     /// Inserts or overwrites the full rows (weights then optimizer state, `row_len` f32s each) of `ids`,
     /// marks them dirty (so the write-back stores them) and stamps them with `now` (seconds) for TTL expiry:
     /// a backup taking rows its primary computed. No optimizer runs and no admission applies: the rows are
-    /// the primary's. Duplicate ids keep the last row. Returns the rows created.
+    /// the primary's. Duplicate ids keep the last row. Returns the rows created. A bf16 or f16 table refuses the
+    /// call, changing nothing, if a weight is not exact in its precision ([`EmbeddingError::InexactRow`]).
     pub fn store_rows(&self, ids: &[u64], rows: &[f32], now: u64) -> Result<usize, EmbeddingError> {
         if rows.len() != ids.len() * self.row_len {
             return Err(EmbeddingError::WrongLength {
@@ -69,6 +70,9 @@ impl Table {
         let row_len = self.row_len;
         let _gate = self.tier.as_ref().map(|t| t.gate.read());
         let clock = self.tier.is_some();
+        for (i, &id) in ids.iter().enumerate() {
+            self.check_exact(id, &rows[i * row_len..(i + 1) * row_len])?;
+        }
         let (order, bounds) = group_by_stripe(ids);
         let mut created = 0;
         self.for_each_group(&order, &bounds, |s, stripe, group| {
@@ -80,11 +84,12 @@ impl Table {
                 let row = &rows[i * row_len..(i + 1) * row_len];
                 let slot = match found {
                     Some(slot) => {
-                        stripe.arena.row_mut(slot).copy_from_slice(row);
+                        self.codec.encode(row, stripe.arena.row_mut(slot));
                         slot
                     }
                     None => {
-                        match stripe.insert(ids[i], hash(ids[i]), |dst| dst.copy_from_slice(row)) {
+                        match stripe.insert(ids[i], hash(ids[i]), |dst| self.codec.encode(row, dst))
+                        {
                             Ok(slot) => {
                                 created += 1;
                                 slot

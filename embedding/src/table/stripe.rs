@@ -58,7 +58,7 @@ pub(super) fn stripe_of(h: u64) -> usize {
 }
 
 impl Stripe {
-    /// An empty stripe for rows of `row_len` f32s, with a last-touched stamp per row if `stamps` (TTL).
+    /// An empty stripe for rows of `row_len` words ([`crate::RowCodec::words`]), with a last-touched stamp per row if `stamps` (TTL).
     pub(super) fn new(row_len: usize, stamps: bool) -> Self {
         Stripe {
             index: Index::new(),
@@ -133,7 +133,7 @@ impl Stripe {
         &mut self,
         id: u64,
         h: u64,
-        fill: impl FnOnce(&mut [f32]),
+        fill: impl FnOnce(&mut [u32]),
     ) -> Result<usize, usize> {
         if self.arena.len() >= u32::MAX as usize {
             return Err(self.arena.len());
@@ -210,7 +210,7 @@ impl Stripe {
             let mut word = self.dirty[w];
             while word != 0 && taken < max {
                 let slot = w * 64 + word.trailing_zeros() as usize;
-                out.push_row(self.arena.id(slot), self.arena.row(slot));
+                out.push_words(self.arena.id(slot), self.arena.row(slot));
                 word &= word - 1;
                 taken += 1;
             }

@@ -31,7 +31,9 @@
 
 use serde::{Deserialize, Serialize};
 
-pub use embedding::{AdmissionConfig, InitConfig, InitKind, OptimizerConfig, TableConfig};
+pub use embedding::{
+    AdmissionConfig, InitConfig, InitKind, OptimizerConfig, RowPrecision, TableConfig,
+};
 
 use crate::compression::codec::Encoding;
 use crate::error::ErrorCode;

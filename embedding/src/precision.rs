@@ -1,0 +1,405 @@
+//! Row precision (issue 43): a table's weights stored as f32, bf16 or f16, its optimizer state always f32.
+//!
+//! # Choice of state and rounding
+//! The optimizer runs in f32 on a decoded copy of the row, and only the weights are narrowed after each update;
+//! the state (Adagrad's sums of squares, Adam's moments) stays f32, because a sum of squares that grows by
+//! small steps stalls in 8 bits of mantissa (bf16 `1024 + 2` is `1024`), and the step size of every later update
+//! depends on it. A weight narrowed to nearest would lose every update smaller than half its unit in the last
+//! place (a weight of 0.05 in bf16 moves by steps of 2^-12: Adagrad's late updates are below that), so weights
+//! are rounded **stochastically**: up with the probability of the distance to the lower neighbour, unbiased in
+//! expectation (FBGEMM's half-precision TBE weights do the same). The random bits are a hash of (id, element,
+//! value before rounding, the row's optimizer state after the update), not a generator's state: two servers
+//! applying the same push to the same row (a replay after a restore) round it the same way, bit for bit. The
+//! state makes the bits change from one update to the next even when a row's weight and gradient repeat; SGD
+//! keeps no state, so a repeated update of an SGD row would round the same way every time (a weight under
+//! weight decay alone would never move): half-precision tables take an optimizer with state, and an SGD table
+//! with bf16 or f16 rows is refused at validation. Initial weights are rounded to nearest
+//! ([`crate::init::fill_weights`]), so a pull of a new id equals the row a push creates.
+//!
+//! # Layout of a stored row
+//! [`RowCodec`] packs a row into `u32` words: f32 weights one per word; half weights two per word (element
+//! `2k` in the low half of word `k`), padded to a whole word for odd `dim`; then the f32 state, one per word.
+//! The words, little-endian, are also the row's bytes in the store, snapshots and the capacity tier, so a bf16
+//! row of dim 128 with row-wise Adagrad is 260 bytes instead of 516. Everything outside the table (pulls,
+//! pushes, replication, resharding, delta sync, SafeTensors) still sees f32 values, which for a half table are
+//! exactly representable in its precision: a replica or a restore loading them converts exactly, and a value
+//! that is not representable is refused naming the table, the id and both precisions
+//! ([`crate::EmbeddingError::InexactRow`]).
+
+use base::hash::splitmix64;
+use half::{bf16, f16};
+use serde::{Deserialize, Serialize};
+
+/// How a table stores its weights (its optimizer state is always f32).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RowPrecision {
+    /// 4 bytes per weight: what every table stored before issue 43.
+    #[default]
+    F32,
+    /// bfloat16: f32's range, 8 bits of mantissa; 2 bytes per weight.
+    Bf16,
+    /// IEEE half: 11 bits of mantissa, magnitudes up to 65504; 2 bytes per weight.
+    F16,
+}
+
+impl RowPrecision {
+    /// Whether this is [`RowPrecision::F32`] (serde skips the field then, so f32 configs read as before).
+    pub fn is_f32(&self) -> bool {
+        *self == RowPrecision::F32
+    }
+
+    /// Bytes per stored weight.
+    pub fn weight_bytes(self) -> usize {
+        match self {
+            RowPrecision::F32 => 4,
+            RowPrecision::Bf16 | RowPrecision::F16 => 2,
+        }
+    }
+
+    /// The name used in configs and errors: `f32`, `bf16`, `f16`.
+    pub fn name(self) -> &'static str {
+        match self {
+            RowPrecision::F32 => "f32",
+            RowPrecision::Bf16 => "bf16",
+            RowPrecision::F16 => "f16",
+        }
+    }
+
+    /// `x` rounded to nearest (ties to even) in this precision, as f32; f16 overflow becomes infinity.
+    #[inline]
+    pub fn round_nearest(self, x: f32) -> f32 {
+        match self {
+            RowPrecision::F32 => x,
+            RowPrecision::Bf16 => bf16::from_f32(x).to_f32(),
+            RowPrecision::F16 => f16::from_f32(x).to_f32(),
+        }
+    }
+
+    /// Whether `x` is exactly representable in this precision (NaN never is: rows hold finite values).
+    #[inline]
+    pub fn holds(self, x: f32) -> bool {
+        let r = self.round_nearest(x);
+        r == x && (r != 0.0 || r.to_bits() == x.to_bits())
+    }
+
+    /// `x` rounded stochastically in this precision: to one of its two neighbours, up with probability
+    /// (distance to the lower) / (distance between them), by the 32 random bits `rand`. Exact values, NaN and
+    /// infinities are returned as rounded to nearest.
+    #[inline]
+    pub fn round_stochastic(self, x: f32, rand: u32) -> f32 {
+        match self {
+            RowPrecision::F32 => x,
+            RowPrecision::Bf16 => {
+                if !x.is_finite() {
+                    return bf16::from_f32(x).to_f32();
+                }
+                // Adding 16 random bits below bf16's last place to the magnitude, then truncating, rounds the
+                // magnitude up with exactly the probability of its remainder; sign-magnitude makes that
+                // unbiased for negative values too. A carry into the exponent is the next binade's first value
+                // (or infinity past the largest finite, which the weight guard then sees).
+                f32::from_bits(x.to_bits().wrapping_add(rand & 0xffff) & 0xffff_0000)
+            }
+            RowPrecision::F16 => {
+                let near = f16::from_f32(x);
+                let nf = near.to_f32();
+                if nf == x || !x.is_finite() {
+                    return nf;
+                }
+                // Neighbours of |x| by their bit patterns (monotonic for non-negative halves, subnormals and
+                // infinity included).
+                let a = x.abs();
+                let nb = near.to_bits() & 0x7fff;
+                let (lo, hi) = if nf.abs() < a {
+                    (nb, nb + 1)
+                } else {
+                    (nb - 1, nb)
+                };
+                let (lo_f, hi_f) = (f16::from_bits(lo).to_f32(), f16::from_bits(hi).to_f32());
+                let p = (a - lo_f) / (hi_f - lo_f);
+                let u = (rand >> 8) as f32 * (1.0 / (1u32 << 24) as f32);
+                let m = if u < p { hi_f } else { lo_f };
+                m.copysign(x)
+            }
+        }
+    }
+}
+
+/// The 32 random bits with which element `i` (value `x` before rounding) of row `id` is rounded; `salt` is
+/// [`RowCodec::salt`] of the row's state after the update.
+#[inline]
+fn rounding_bits(id: u64, salt: u64, i: usize, x: f32) -> u32 {
+    (splitmix64(id ^ salt ^ splitmix64(((i as u64) << 32) | u64::from(x.to_bits()))) >> 32) as u32
+}
+
+/// How one table's rows are packed into `u32` words (module docs, "Layout of a stored row").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RowCodec {
+    precision: RowPrecision,
+    dim: usize,
+    state: usize,
+}
+
+impl RowCodec {
+    /// The codec of rows with `dim` weights in `precision` and `state` f32s of optimizer state.
+    pub fn new(precision: RowPrecision, dim: usize, state: usize) -> RowCodec {
+        RowCodec {
+            precision,
+            dim,
+            state,
+        }
+    }
+
+    /// The weights' precision.
+    pub fn precision(&self) -> RowPrecision {
+        self.precision
+    }
+
+    /// Words holding the weights.
+    #[inline]
+    fn weight_words(&self) -> usize {
+        match self.precision {
+            RowPrecision::F32 => self.dim,
+            _ => self.dim.div_ceil(2),
+        }
+    }
+
+    /// `u32` words per stored row.
+    #[inline]
+    pub fn words(&self) -> usize {
+        self.weight_words() + self.state
+    }
+
+    /// Bytes per stored row (in memory, in the store, in snapshots).
+    #[inline]
+    pub fn bytes(&self) -> usize {
+        self.words() * 4
+    }
+
+    /// f32s of a decoded row (weights then state).
+    #[inline]
+    pub fn row_len(&self) -> usize {
+        self.dim + self.state
+    }
+
+    /// Decodes the first `out.len()` values of the row in `words` (`dim`: the weights; `row_len`: weights and
+    /// state) into `out`.
+    #[inline]
+    pub fn decode(&self, words: &[u32], out: &mut [f32]) {
+        debug_assert_eq!(words.len(), self.words());
+        debug_assert!(out.len() <= self.row_len());
+        let dim = self.dim.min(out.len());
+        let (w_out, s_out) = out.split_at_mut(dim);
+        let ww = self.weight_words();
+        match self.precision {
+            RowPrecision::F32 => w_out.copy_from_slice(bytemuck::cast_slice(&words[..dim])),
+            RowPrecision::Bf16 => {
+                for (i, o) in w_out.iter_mut().enumerate() {
+                    *o = f32::from_bits(half_bits(words, i) << 16);
+                }
+            }
+            RowPrecision::F16 => {
+                for (i, o) in w_out.iter_mut().enumerate() {
+                    *o = f16::from_bits(half_bits(words, i) as u16).to_f32();
+                }
+            }
+        }
+        if !s_out.is_empty() {
+            s_out.copy_from_slice(bytemuck::cast_slice(&words[ww..ww + s_out.len()]));
+        }
+    }
+
+    /// Encodes the row `row` (`row_len` f32s) into `words`, rounding each weight to nearest (exact for values
+    /// the precision holds; [`RowCodec::check_exact`] tells first where that matters).
+    #[inline]
+    pub fn encode(&self, row: &[f32], words: &mut [u32]) {
+        debug_assert_eq!(row.len(), self.row_len());
+        debug_assert_eq!(words.len(), self.words());
+        let (weights, state) = row.split_at(self.dim);
+        let ww = self.weight_words();
+        match self.precision {
+            RowPrecision::F32 => {
+                words[..ww].copy_from_slice(bytemuck::cast_slice(weights));
+            }
+            RowPrecision::Bf16 | RowPrecision::F16 => {
+                for (k, word) in words[..ww].iter_mut().enumerate() {
+                    let lo = self.half_of(weights[2 * k]);
+                    let hi = weights.get(2 * k + 1).map_or(0, |&w| self.half_of(w));
+                    *word = u32::from(lo) | (u32::from(hi) << 16);
+                }
+            }
+        }
+        words[ww..].copy_from_slice(bytemuck::cast_slice(state));
+    }
+
+    /// The 16 bits of `x` rounded to nearest in the half precision.
+    #[inline]
+    fn half_of(&self, x: f32) -> u16 {
+        match self.precision {
+            RowPrecision::Bf16 => bf16::from_f32(x).to_bits(),
+            _ => f16::from_f32(x).to_bits(),
+        }
+    }
+
+    /// A hash of a row's optimizer state after its update, which [`RowCodec::round_weights`] mixes into its
+    /// random bits: the state moves with every update (an accumulator, a moment, a step count), so a row whose
+    /// weights and update repeat still gets new bits.
+    #[inline]
+    pub fn salt(state: &[f32]) -> u64 {
+        state
+            .iter()
+            .fold(0u64, |h, s| splitmix64(h ^ u64::from(s.to_bits())))
+    }
+
+    /// Rounds the weights of row `id` in place, stochastically (module docs), to values the precision holds;
+    /// `salt` is [`RowCodec::salt`] of the row's new state.
+    #[inline]
+    pub fn round_weights(&self, id: u64, salt: u64, weights: &mut [f32]) {
+        if self.precision == RowPrecision::F32 {
+            return;
+        }
+        for (i, w) in weights.iter_mut().enumerate() {
+            *w = self
+                .precision
+                .round_stochastic(*w, rounding_bits(id, salt, i, *w));
+        }
+    }
+
+    /// Rounds the weights in place to nearest, with f16 overflow saturated to its largest finite value (after a
+    /// clamp, whose bound may exceed it).
+    #[inline]
+    pub fn round_weights_nearest(&self, weights: &mut [f32]) {
+        if self.precision == RowPrecision::F32 {
+            return;
+        }
+        for w in weights.iter_mut() {
+            let r = self.precision.round_nearest(*w);
+            *w = if r.is_infinite() && w.is_finite() {
+                f16::MAX.to_f32().copysign(*w)
+            } else {
+                r
+            };
+        }
+    }
+
+    /// Checks that every weight of `row` is exactly representable in the precision; the first one that is
+    /// not, as (element, value).
+    pub fn check_exact(&self, row: &[f32]) -> Result<(), (usize, f32)> {
+        if self.precision == RowPrecision::F32 {
+            return Ok(());
+        }
+        match row[..self.dim.min(row.len())]
+            .iter()
+            .position(|&w| !self.precision.holds(w))
+        {
+            None => Ok(()),
+            Some(i) => Err((i, row[i])),
+        }
+    }
+
+    /// Decodes a stored row's little-endian bytes (`bytes()` long) into its words.
+    #[inline]
+    pub fn words_from_bytes(&self, bytes: &[u8], words: &mut [u32]) {
+        debug_assert_eq!(bytes.len(), words.len() * 4);
+        for (w, b) in words.iter_mut().zip(bytes.chunks_exact(4)) {
+            *w = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+        }
+    }
+
+    /// Decodes a stored row's bytes straight into f32 values (`row_len` of them).
+    pub fn decode_bytes(&self, bytes: &[u8], out: &mut [f32]) {
+        let mut words = vec![0u32; self.words()];
+        self.words_from_bytes(bytes, &mut words);
+        self.decode(&words, out);
+    }
+}
+
+/// Half-precision element `i` of packed weights.
+#[inline]
+fn half_bits(words: &[u32], i: usize) -> u32 {
+    (words[i / 2] >> ((i % 2) * 16)) & 0xffff
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rows_round_trip_in_every_precision() {
+        for p in [RowPrecision::F32, RowPrecision::Bf16, RowPrecision::F16] {
+            for dim in [1usize, 2, 3, 16, 17] {
+                let c = RowCodec::new(p, dim, 2);
+                let mut row: Vec<f32> = (0..dim).map(|i| (i as f32 - 3.0) * 0.125).collect();
+                row.extend([1.5e-7, 3.0e30]);
+                c.check_exact(&row).unwrap();
+                let mut words = vec![0u32; c.words()];
+                c.encode(&row, &mut words);
+                let mut back = vec![0f32; c.row_len()];
+                c.decode(&words, &mut back);
+                assert_eq!(back, row, "{p:?} dim {dim}");
+                let mut weights = vec![0f32; dim];
+                c.decode(&words, &mut weights);
+                assert_eq!(weights, row[..dim]);
+            }
+        }
+        assert_eq!(RowCodec::new(RowPrecision::Bf16, 128, 1).bytes(), 260);
+        assert_eq!(RowCodec::new(RowPrecision::F32, 128, 1).bytes(), 516);
+        assert_eq!(RowCodec::new(RowPrecision::F16, 3, 0).bytes(), 8);
+    }
+
+    #[test]
+    fn inexact_weights_are_named() {
+        let c = RowCodec::new(RowPrecision::Bf16, 3, 1);
+        assert_eq!(c.check_exact(&[0.5, 0.1, 1.0, 0.1]), Err((1, 0.1)));
+        // The state is f32: any value is fine.
+        assert_eq!(c.check_exact(&[0.5, 0.25, 1.0, 0.1]), Ok(()));
+        let f = RowCodec::new(RowPrecision::F16, 1, 0);
+        assert_eq!(f.check_exact(&[70000.0]), Err((0, 70000.0)));
+        assert!(!RowPrecision::F16.holds(f32::NAN));
+    }
+
+    #[test]
+    fn stochastic_rounding_is_unbiased_and_lands_on_neighbours() {
+        for p in [RowPrecision::Bf16, RowPrecision::F16] {
+            for &x in &[0.0123f32, -0.0123, 3.3e-6, 1.0 + 1.0 / 3.0, -777.7] {
+                let (mut sum, mut lo, mut hi) = (0f64, f32::MAX, f32::MIN);
+                let n = 20_000;
+                for k in 0..n {
+                    let r = p.round_stochastic(x, rounding_bits(k, 0, 0, x));
+                    assert!(p.holds(r), "{p:?} {x} -> {r}");
+                    (lo, hi) = (lo.min(r), hi.max(r));
+                    sum += f64::from(r);
+                }
+                // Two neighbours, around x; the mean within 2% of their distance (the standard error is under
+                // 0.4% of it at 20,000 draws).
+                let near = p.round_nearest(x);
+                assert!(
+                    lo < x && x < hi && (near == lo || near == hi),
+                    "{p:?} {x}: {lo} {hi}"
+                );
+                let mean = sum / n as f64;
+                let spacing = f64::from(hi - lo);
+                assert!(
+                    (mean - f64::from(x)).abs() < spacing * 0.02,
+                    "{p:?} {x}: mean {mean}, neighbours {lo} {hi}"
+                );
+            }
+            assert_eq!(p.round_stochastic(0.5, 12345), 0.5);
+        }
+    }
+
+    #[test]
+    fn small_updates_survive_in_expectation() {
+        // A bf16 weight at 0.05 has a last place of 2^-12 ~ 2.4e-4; a thousand updates of -1e-5 move it by
+        // -0.01 in f32, and by about as much through stochastic rounding (to nearest: not at all).
+        let p = RowPrecision::Bf16;
+        let (mut sr, mut rn, mut exact) = (0.05f32, 0.05f32, 0.05f64);
+        for k in 0..1000u64 {
+            sr = p.round_stochastic(sr - 1e-5, rounding_bits(0, k, 0, sr - 1e-5));
+            rn = p.round_nearest(rn - 1e-5);
+            exact -= 1e-5;
+        }
+        assert_eq!(rn, p.round_nearest(0.05));
+        assert!((f64::from(sr) - exact).abs() < 2e-3, "{sr} vs {exact}");
+    }
+}
