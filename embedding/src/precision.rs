@@ -125,6 +125,28 @@ impl RowPrecision {
     }
 }
 
+impl std::fmt::Display for RowPrecision {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for RowPrecision {
+    type Err = String;
+
+    /// `f32`, `bf16` or `f16` (any case).
+    fn from_str(s: &str) -> Result<RowPrecision, String> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "f32" => Ok(RowPrecision::F32),
+            "bf16" => Ok(RowPrecision::Bf16),
+            "f16" => Ok(RowPrecision::F16),
+            other => Err(format!(
+                "{other:?} is not a row precision (f32, bf16 or f16)"
+            )),
+        }
+    }
+}
+
 /// The 32 random bits with which element `i` (value `x` before rounding) of row `id` is rounded; `salt` is
 /// [`RowCodec::salt`] of the row's state after the update.
 #[inline]

@@ -4,7 +4,8 @@
 //! # Memory (what [`crate::Table::memory_bytes`] counts)
 //! Rows hash onto [`STRIPES`] stripes; each stripe holds, for its `r` rows:
 //! - the arena (`arena.rs`): chunks of `2^k` rows (the largest power of two with `2^k x row bytes <= 64 KiB`),
-//!   each row `row_len x 4` bytes of f32s plus its 8-byte id (plus a 4-byte stamp with a TTL); the last chunk
+//!   each row `row_words x 4` bytes ([`crate::TableConfig::row_bytes`]: f32 or packed half weights, then f32
+//!   state) plus its 8-byte id (plus a 4-byte stamp with a TTL); the last chunk
 //!   grows by doubling from 16 rows; the chunk list itself (72 bytes a chunk) by doubling;
 //! - the index (`table/index.rs`): 4-byte buckets, grown to `max(1.5 x, (len + 1) / 0.85 + 1)` buckets, at
 //!   least 16, whenever an insert would pass a load of 0.85;
@@ -70,10 +71,10 @@ impl MemoryEstimate {
     }
 }
 
-/// Arena bytes of one stripe holding `r` rows of `row_bytes` (+ id, + stamp) each.
-fn arena_bytes(r: usize, row_len: usize, stamps: bool) -> usize {
-    let per_row = row_len * 4 + 8 + if stamps { 4 } else { 0 };
-    let fit = (CHUNK_BYTES / (row_len * 4)).max(1);
+/// Arena bytes of one stripe holding `r` rows of `row_words` words (+ id, + stamp) each.
+fn arena_bytes(r: usize, row_words: usize, stamps: bool) -> usize {
+    let per_row = row_words * 4 + 8 + if stamps { 4 } else { 0 };
+    let fit = (CHUNK_BYTES / (row_words * 4)).max(1);
     let chunk_rows = 1usize << (usize::BITS - 1 - fit.leading_zeros());
     let (full, rem) = (r / chunk_rows, r % chunk_rows);
     let mut last = 0;
@@ -116,11 +117,12 @@ fn bitset_bytes(r: usize) -> usize {
     2 * cap * 8
 }
 
-/// Estimated heap bytes of a table of `rows` rows of `row_len` f32s (weights and optimizer state) held in
-/// memory, with a 4-byte stamp per row if `stamps` (tables with a TTL); what [`crate::Table::memory_bytes`]
-/// would report after loading them.
-pub fn table_memory(rows: u64, row_len: usize, stamps: bool) -> MemoryEstimate {
-    let row_len = row_len.max(1);
+/// Estimated heap bytes of a table of `rows` rows of `row_words` 4-byte words each (weights and optimizer
+/// state as stored: [`crate::RowCodec::words`], which is `row_len` for f32 weights) held in memory, with a
+/// 4-byte stamp per row if `stamps` (tables with a TTL); what [`crate::Table::memory_bytes`] would report
+/// after loading them.
+pub fn table_memory(rows: u64, row_words: usize, stamps: bool) -> MemoryEstimate {
+    let row_words = row_words.max(1);
     let stripes = STRIPES as u64;
     let mut est = MemoryEstimate {
         total_bytes: TABLE_FIXED as u64,
@@ -148,21 +150,21 @@ pub fn table_memory(rows: u64, row_len: usize, stamps: bool) -> MemoryEstimate {
             .sum();
         (e * stripes as f64).round() as u64
     };
-    est.arena_bytes = expect(&|r| arena_bytes(r, row_len, stamps));
+    est.arena_bytes = expect(&|r| arena_bytes(r, row_words, stamps));
     est.index_bytes = expect(&index_bytes);
     est.bitset_bytes = expect(&bitset_bytes);
     est.total_bytes += est.arena_bytes + est.index_bytes + est.bitset_bytes;
     est
 }
 
-/// Estimated bytes on disk (RocksDB SST files after compaction) of `rows` rows of `row_len` f32s.
-pub fn table_disk_bytes(rows: u64, row_len: usize) -> u64 {
-    (rows as f64 * disk_bytes_per_row(row_len)).ceil() as u64
+/// Estimated bytes on disk (RocksDB SST files after compaction) of `rows` rows of `row_words` words.
+pub fn table_disk_bytes(rows: u64, row_words: usize) -> u64 {
+    (rows as f64 * disk_bytes_per_row(row_words)).ceil() as u64
 }
 
-/// Estimated bytes on disk per row of `row_len` f32s: key, value and [`DISK_OVERHEAD_PER_ROW`].
-pub fn disk_bytes_per_row(row_len: usize) -> f64 {
-    8.0 + (row_len * 4) as f64 + DISK_OVERHEAD_PER_ROW
+/// Estimated bytes on disk per row of `row_words` words: key, value and [`DISK_OVERHEAD_PER_ROW`].
+pub fn disk_bytes_per_row(row_words: usize) -> f64 {
+    8.0 + (row_words * 4) as f64 + DISK_OVERHEAD_PER_ROW
 }
 
 #[cfg(test)]
@@ -171,17 +173,23 @@ mod tests {
     use crate::config::{OptimizerConfig, TableConfig};
     use crate::table::Table;
 
-    fn loaded(rows: u64, dim: usize, optimizer: OptimizerConfig) -> (Table, usize) {
+    fn loaded(
+        rows: u64,
+        dim: usize,
+        optimizer: OptimizerConfig,
+        precision: crate::RowPrecision,
+    ) -> (Table, usize) {
         let mut cfg = TableConfig::new(1, "t", dim);
         cfg.optimizer = optimizer;
-        let row_len = cfg.row_len();
+        cfg.precision = precision;
+        let words = cfg.row_codec().words();
+        let row = vec![0.5f32; cfg.row_len()];
         let t = Table::new(cfg).unwrap();
-        let row = vec![0.5f32; row_len];
         for id in 0..rows {
             t.load_row(id.wrapping_mul(0x9e37_79b9_7f4a_7c15), &row)
                 .unwrap();
         }
-        (t, row_len)
+        (t, words)
     }
 
     /// The estimate follows the real table's accounting within 3% at sizes before, after and between growth
@@ -193,15 +201,18 @@ mod tests {
             eps: 1e-8,
             initial_accumulator: 0.0,
         };
-        for (rows, dim, opt) in [
-            (20_000u64, 16, adagrad),
-            (77_777, 16, adagrad),
-            (150_000, 64, adagrad),
-            (60_000, 8, OptimizerConfig::Sgd { lr: 0.1 }),
+        use crate::RowPrecision::{Bf16, F16, F32};
+        for (rows, dim, opt, p) in [
+            (20_000u64, 16, adagrad, F32),
+            (77_777, 16, adagrad, F32),
+            (150_000, 64, adagrad, F32),
+            (60_000, 8, OptimizerConfig::Sgd { lr: 0.1 }, F32),
+            (150_000, 128, adagrad, Bf16),
+            (77_777, 17, adagrad, F16),
         ] {
-            let (t, row_len) = loaded(rows, dim, opt);
+            let (t, words) = loaded(rows, dim, opt, p);
             let real = t.memory_bytes() as f64;
-            let est = table_memory(rows, row_len, false).total_bytes as f64;
+            let est = table_memory(rows, words, false).total_bytes as f64;
             assert!(
                 (est / real - 1.0).abs() < 0.03,
                 "rows {rows} dim {dim}: estimate {est} bytes, table {real} bytes ({:.2}%)",

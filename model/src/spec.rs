@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use crate::config::InteractionConfig;
 use crate::DlrmConfig;
 use protocol::plan::{FeatureShape, SparseLayout, TableCodecs};
-use protocol::{Encoding, InitConfig, OptimizerConfig, TableConfig};
+use protocol::{Encoding, InitConfig, OptimizerConfig, RowPrecision, TableConfig};
 
 mod file;
 #[cfg(test)]
@@ -204,6 +204,10 @@ pub struct Table {
     /// How tokens become row ids (absent in specs and exports written before it existed: hashed).
     #[serde(default, skip_serializing_if = "Ids::is_hashed")]
     pub ids: Ids,
+    /// How the servers store its weights: f32 (default; absent in specs written before it existed), bf16 or
+    /// f16 (`embedding::precision`).
+    #[serde(default, skip_serializing_if = "RowPrecision::is_f32")]
+    pub precision: RowPrecision,
 }
 
 /// A checked model spec (serialized resolved, as an export's manifest records it).
@@ -355,6 +359,16 @@ impl ModelSpec {
         parts.join("; ")
     }
 
+    /// Sets every table's row precision (the trainer's `--row-precision`), refusing half precision for a table
+    /// whose optimizer keeps no state (SGD), naming it.
+    pub fn set_precision(&mut self, precision: RowPrecision) -> Result<(), SpecError> {
+        for (t, table) in self.tables.iter_mut().enumerate() {
+            table.precision = precision;
+            file::check_precision(&format!("table[{t}]"), table)?;
+        }
+        Ok(())
+    }
+
     /// Whether any feature is multi-hot.
     pub fn is_multi_hot(&self) -> bool {
         self.features.iter().any(|f| f.tokens > 1)
@@ -370,6 +384,7 @@ impl ModelSpec {
                 optimizer: table.optimizer.config(table.lr),
                 init: InitConfig::uniform(init_scale),
                 seed: seed.wrapping_mul(1000).wrapping_add(t as u64),
+                precision: table.precision,
                 ..TableConfig::new(t as u32, table.name.clone(), table.dim)
             })
             .collect()

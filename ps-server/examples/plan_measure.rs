@@ -1,8 +1,9 @@
 //! Loads R rows into a real engine on RocksDB and prints the measured memory (`Engine::memory_bytes`, process
 //! RSS) and disk (RocksDB directory) beside what `ps-server plan` predicts.
 //!
-//! `cargo run --release -p ps-server --example plan_measure -- ROWS DIM [DIR]` (DIR on a real disk; default
-//! a temporary directory under /tmp).
+//! `cargo run --release -p ps-server --example plan_measure -- ROWS DIM [DIR] [PRECISION] [OPTIMIZER]` (DIR on
+//! a real disk, default a temporary directory under /tmp; PRECISION f32, bf16 or f16, default f32; OPTIMIZER
+//! row-adagrad or adam, default row-adagrad).
 
 use std::path::Path;
 use std::sync::Arc;
@@ -41,10 +42,20 @@ fn main() {
     let dim: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(16);
     let tmp = tempfile::tempdir_in(args.get(3).map_or("/tmp", String::as_str)).unwrap();
     let db = tmp.path().join("rocksdb");
+    let precision: embedding::RowPrecision = args
+        .get(4)
+        .map_or(Ok(Default::default()), |s| s.parse())
+        .unwrap();
+    let optimizer = match args.get(5).map(String::as_str) {
+        None | Some("row-adagrad") => PlanOptimizer::RowAdagrad,
+        Some("adam") => PlanOptimizer::Adam,
+        Some(other) => panic!("optimizer {other:?}: expected row-adagrad or adam"),
+    };
     let p = plan(PlanInput {
         rows,
         dim,
-        optimizer: PlanOptimizer::RowAdagrad,
+        optimizer,
+        precision,
         memory_budget: None,
         server_memory: 1 << 40,
         block_cache_bytes: embedding::DEFAULT_BLOCK_CACHE_BYTES as u64,
@@ -54,7 +65,11 @@ fn main() {
     let rss0 = rss_bytes();
     let engine = Engine::open(Arc::new(RocksStore::open(&db).unwrap())).unwrap();
     engine
-        .register_table(TableConfig::new(1, "t", dim))
+        .register_table(TableConfig {
+            optimizer: optimizer.config(),
+            precision,
+            ..TableConfig::new(1, "t", dim)
+        })
         .unwrap();
     let rss1 = rss_bytes();
     const BATCH: u64 = 4096;
@@ -97,7 +112,7 @@ fn main() {
     assert_eq!(m.rows(), rows);
     let pct = |a: f64, b: f64| (a / b - 1.0) * 100.0;
     println!(
-        "rows {rows} dim {dim} row-adagrad | plan mem {:.2} B/row total {} | Engine::memory_bytes {} ({:.2} B/row, plan {:+.1}%) \
+        "rows {rows} dim {dim} {optimizer:?} {precision} | plan mem {:.2} B/row total {} | Engine::memory_bytes {} ({:.2} B/row, plan {:+.1}%) \
          | RSS growth {} ({:.2} B/row, plan {:+.1}%) | plan disk {:.1} B/row total {} | disk after flush {} ({:.1} B/row) \
          | disk after reopen (SST) {} ({:.1} B/row, plan {:+.1}%) | checkpoint with 10% dirty {:.2} s",
         p.memory_per_row,

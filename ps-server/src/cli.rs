@@ -107,6 +107,9 @@ struct PlanArgs {
     /// The table's optimizer.
     #[arg(long, value_enum, default_value = "row-adagrad")]
     optimizer: crate::plan::PlanOptimizer,
+    /// How the table stores its weights: f32, bf16 or f16 (its `precision`; optimizer state is f32).
+    #[arg(long, value_parser = crate::plan::parse_precision, default_value = "f32")]
+    precision: embedding::RowPrecision,
     /// Bytes of RAM for the table over the whole cluster (e.g. 64GiB); rows past it stay on disk
     /// [default: every row in memory].
     #[arg(long, value_parser = crate::plan::parse_bytes)]
@@ -494,6 +497,7 @@ fn run_plan(a: PlanArgs) -> anyhow::Result<()> {
         rows: a.rows,
         dim: a.dim,
         optimizer: a.optimizer,
+        precision: a.precision,
         memory_budget: a.memory_budget,
         server_memory: a.server_memory,
         block_cache_bytes: a.block_cache_mib << 20,

@@ -58,7 +58,12 @@ pub enum PlanOptimizer {
 impl PlanOptimizer {
     /// f32s of optimizer state per row for `dim` weights.
     pub fn state_len(self, dim: usize) -> usize {
-        let cfg = match self {
+        self.config().state_len(dim)
+    }
+
+    /// A config of this optimizer (its hyper-parameters do not change a row's size).
+    pub fn config(self) -> OptimizerConfig {
+        match self {
             PlanOptimizer::Sgd => OptimizerConfig::Sgd { lr: 0.01 },
             PlanOptimizer::RowAdagrad => OptimizerConfig::RowAdagrad {
                 lr: 0.01,
@@ -82,8 +87,7 @@ impl PlanOptimizer {
                 l1: 0.0,
                 l2: 0.0,
             },
-        };
-        cfg.state_len(dim)
+        }
     }
 }
 
@@ -96,6 +100,8 @@ pub struct PlanInput {
     pub dim: usize,
     /// The table's optimizer.
     pub optimizer: PlanOptimizer,
+    /// How the table stores its weights.
+    pub precision: embedding::RowPrecision,
     /// Bytes of RAM the table may use over the whole cluster; rows past it live on disk only.
     pub memory_budget: Option<u64>,
     /// RAM of one server, bytes.
@@ -124,9 +130,9 @@ pub enum PlanError {
 pub struct Plan {
     /// The input.
     pub input: PlanInput,
-    /// f32s per row (weights + optimizer state).
+    /// f32s per row (weights + optimizer state) as pulls and pushes see it.
     pub row_len: usize,
-    /// Row payload bytes (`row_len x 4`).
+    /// Row payload bytes as stored (`row_len x 4` for f32 weights; half weights take 2 bytes each).
     pub payload_bytes: usize,
     /// Memory per row in memory, bytes (whole table in memory).
     pub memory_per_row: f64,
@@ -174,8 +180,11 @@ pub fn plan(input: PlanInput) -> Result<Plan, PlanError> {
             "expected at least 2 MiB",
         ));
     }
-    let row_len = input.dim + input.optimizer.state_len(input.dim);
-    let whole = table_memory(input.rows, row_len, false);
+    let state_len = input.optimizer.state_len(input.dim);
+    let row_len = input.dim + state_len;
+    let codec = embedding::RowCodec::new(input.precision, input.dim, state_len);
+    let words = codec.words();
+    let whole = table_memory(input.rows, words, false);
     let memory_per_row = whole.bytes_per_row(input.rows);
     let rows_in_memory = match input.memory_budget {
         Some(b) => ((b as f64 / memory_per_row) as u64).min(input.rows),
@@ -193,7 +202,7 @@ pub fn plan(input: PlanInput) -> Result<Plan, PlanError> {
         (whole.total_bytes as f64 * rows_in_memory as f64 / input.rows as f64 / usable as f64)
             .ceil()
             .max(1.0) as u64;
-    let share = |s: u64| table_memory(rows_in_memory.div_ceil(s), row_len, false).total_bytes;
+    let share = |s: u64| table_memory(rows_in_memory.div_ceil(s), words, false).total_bytes;
     while share(servers) > usable {
         servers += 1;
     }
@@ -204,7 +213,7 @@ pub fn plan(input: PlanInput) -> Result<Plan, PlanError> {
             "needs more than 2^32 servers",
         )
     })?;
-    let disk_per_row = disk_bytes_per_row(row_len);
+    let disk_per_row = disk_bytes_per_row(words);
     let budget_rows_per_server =
         (rows_in_memory < input.rows).then(|| rows_in_memory.div_ceil(servers as u64));
     let memory_per_server = share(servers as u64);
@@ -217,7 +226,7 @@ pub fn plan(input: PlanInput) -> Result<Plan, PlanError> {
     Ok(Plan {
         input,
         row_len,
-        payload_bytes: row_len * 4,
+        payload_bytes: codec.bytes(),
         memory_per_row,
         memory_total: whole.total_bytes,
         disk_per_row,
@@ -276,6 +285,11 @@ pub fn parse_bytes(s: &str) -> Result<u64, String> {
     Ok((num * mult) as u64)
 }
 
+/// Parses a row precision: `f32`, `bf16` or `f16`.
+pub fn parse_precision(s: &str) -> Result<embedding::RowPrecision, String> {
+    s.parse()
+}
+
 /// Parses a row count: a number with an optional decimal suffix `K`, `M`, `G` (1e3, 1e6, 1e9).
 pub fn parse_count(s: &str) -> Result<u64, String> {
     let t = s.trim().replace('_', "");
@@ -297,12 +311,17 @@ pub fn parse_count(s: &str) -> Result<u64, String> {
 impl fmt::Display for Plan {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let i = &self.input;
-        let est = table_memory(i.rows, self.row_len, false);
+        let est = table_memory(i.rows, self.payload_bytes / 4, false);
         let per = |b: u64| b as f64 / i.rows as f64;
         writeln!(
             f,
-            "table: {} rows, dim {}, {:?}: {} f32 per row = {} bytes of payload",
-            i.rows, i.dim, i.optimizer, self.row_len, self.payload_bytes
+            "table: {} rows, dim {}, {:?}, {} weights: {} values per row = {} bytes of payload",
+            i.rows,
+            i.dim,
+            i.optimizer,
+            i.precision.name(),
+            self.row_len,
+            self.payload_bytes
         )?;
         writeln!(
             f,
@@ -392,10 +411,42 @@ mod tests {
             rows,
             dim: 16,
             optimizer: PlanOptimizer::RowAdagrad,
+            precision: embedding::RowPrecision::F32,
             memory_budget: None,
             server_memory: 16 << 30,
             block_cache_bytes: 64 << 20,
         }
+    }
+
+    #[test]
+    fn half_precision_rows_of_dim_128_take_about_half() {
+        let of = |precision| {
+            plan(PlanInput {
+                dim: 128,
+                precision,
+                ..input(10_000_000)
+            })
+            .unwrap()
+        };
+        let (f32_plan, bf16, f16) = (
+            of(embedding::RowPrecision::F32),
+            of(embedding::RowPrecision::Bf16),
+            of(embedding::RowPrecision::F16),
+        );
+        assert_eq!((f32_plan.payload_bytes, bf16.payload_bytes), (516, 260));
+        assert_eq!(f16.payload_bytes, 260);
+        let ratio = bf16.memory_per_row / f32_plan.memory_per_row;
+        assert!((0.50..0.56).contains(&ratio), "{ratio}");
+        assert!(bf16.disk_per_row < 0.53 * f32_plan.disk_per_row);
+        assert!(
+            bf16.to_string()
+                .contains("bf16 weights: 129 values per row = 260 bytes"),
+            "{bf16}"
+        );
+        assert_eq!(parse_precision("BF16"), Ok(embedding::RowPrecision::Bf16));
+        assert!(parse_precision("int8")
+            .unwrap_err()
+            .contains("f32, bf16 or f16"));
     }
 
     #[test]

@@ -463,7 +463,7 @@ struct RowSink<'a> {
 }
 
 impl RowSink<'_> {
-    /// Takes row `id` of `table` (its stored bytes: weights, then optimizer state, f32 LE) if it routes here.
+    /// Takes row `id` of `table` (its stored bytes, `TableConfig::row_bytes` of them) if it routes here.
     fn row(&mut self, table: u32, id: u64, bytes: &[u8]) -> Result<(), embedding::StoreError> {
         if self.map.server_of(id) != self.shard_index {
             return Ok(());
@@ -471,8 +471,7 @@ impl RowSink<'_> {
         if self.table != Some(table) {
             self.write()?;
             self.table = Some(table);
-            let row_len = self.configs[&table].dim + self.configs[&table].state_len();
-            self.batch.reset(row_len * 4);
+            self.batch.reset(self.configs[&table].row_bytes());
         }
         self.batch.push_bytes(id, bytes);
         if self.batch.len() >= BATCH_ROWS {

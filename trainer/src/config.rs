@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::model::spec::{DenseKind, OptimizerKind};
 use crate::model::{DenseOptimizer, DlrmConfig, ModelError};
-use protocol::{Encoding, InitConfig, TableConfig};
+use protocol::{Encoding, InitConfig, RowPrecision, TableConfig};
 
 /// A trainer setting that cannot work, or a config file that cannot be read; each message names the setting
 /// or file and the value at fault.
@@ -172,6 +172,11 @@ pub struct ModelArgs {
     /// Half-width of the uniform initializer of embedding rows.
     #[arg(long, default_value_t = 0.05)]
     pub emb_init_scale: f32,
+    /// How the servers store embedding weights: f32, bf16 or f16 (the optimizer state stays f32; bf16 and f16
+    /// take an optimizer with state, e.g. the default adagrad) [default: f32, or each table's `precision` in
+    /// a `--model-spec`, which this flag then replaces].
+    #[arg(long)]
+    pub row_precision: Option<RowPrecision>,
     /// Encoding of pulled rows and pushed gradients on the wire: f32, f16, bf16 or int8 (see `--pull-encoding`,
     /// `--push-encoding`, `--table-encoding`).
     #[arg(long, default_value = "f16")]
@@ -488,6 +493,7 @@ impl ModelArgs {
                 optimizer,
                 init: InitConfig::uniform(self.emb_init_scale),
                 seed: self.seed.wrapping_mul(1000).wrapping_add(t as u64),
+                precision: self.row_precision.unwrap_or_default(),
                 ..TableConfig::new(t as u32, format!("C{}", t + 1), self.emb_dim)
             })
             .collect()

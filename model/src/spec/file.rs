@@ -7,7 +7,7 @@ use super::{field, Feature, ModelSpec, Pooling, SpecError, Table, COLUMNS, DENSE
 use super::{DenseKind, Ids, OptimizerKind};
 use crate::config::InteractionConfig;
 use crate::{DlrmConfig, ModelError};
-use protocol::Encoding;
+use protocol::{Encoding, RowPrecision};
 
 /// A spec file as written.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -79,6 +79,9 @@ pub struct SparseDefaults {
     /// How tokens become row ids: `hashed` (default) or `token`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ids: Option<Ids>,
+    /// How the servers store the table's weights: `f32` (default), `bf16` or `f16`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub precision: Option<RowPrecision>,
 }
 
 /// One `[[feature]]`.
@@ -176,7 +179,9 @@ impl SpecFile {
                 pull,
                 push,
                 ids: s.ids.or(d.ids).unwrap_or_default(),
+                precision: s.precision.or(d.precision).unwrap_or_default(),
             };
+            check_precision(&at, &table)?;
             let t = match tables.iter().position(|t| t.name == entry.table) {
                 Some(t) => {
                     check_shared(&at, &tables[t], &table, &first_user[t])?;
@@ -230,6 +235,21 @@ fn parse_encoding(text: &str) -> Result<(Encoding, Encoding), String> {
     }
 }
 
+/// Half-precision rows need an optimizer with state (`embedding::precision`: the stochastic rounding is keyed
+/// by it).
+pub(crate) fn check_precision(at: &str, table: &Table) -> Result<(), SpecError> {
+    if !table.precision.is_f32() && table.optimizer == OptimizerKind::Sgd {
+        return Err(field(
+            format!("{at}.precision"),
+            format!(
+                "{}, but table {:?} uses sgd: bf16 and f16 rows need an optimizer with state (adagrad or adam)",
+                table.precision, table.name
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// A second feature on a table must agree with the first on the table's settings.
 fn check_shared(at: &str, have: &Table, new: &Table, first: &str) -> Result<(), SpecError> {
     let differs = |what: &str, a: String, b: String| {
@@ -255,6 +275,10 @@ fn check_shared(at: &str, have: &Table, new: &Table, first: &str) -> Result<(), 
             format!("{:?} lr {}", new.optimizer, new.lr),
         );
         return Err(differs("optimizer", a, b));
+    }
+    if have.precision != new.precision {
+        let (a, b) = (have.precision.to_string(), new.precision.to_string());
+        return Err(differs("precision", a, b));
     }
     if (have.pull, have.push) != (new.pull, new.push) {
         let (a, b) = (

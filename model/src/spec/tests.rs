@@ -186,3 +186,59 @@ table = "b"
     let err = refused(&text.replace("ids = \"token\"", "ids = \"raw\""));
     assert!(err.contains("raw"), "{err}");
 }
+
+/// `precision`: set in `[sparse]` or per table, carried into the table configs, agreed by the features of a
+/// shared table, refused for SGD tables, and kept out of the JSON when f32 (specs and exports written before it
+/// read back as f32).
+#[test]
+fn row_precision_per_table() {
+    let text = r#"
+name = "t"
+bottom_mlp = [8, 4]
+top_mlp = [4, 1]
+[sparse]
+dim = 4
+precision = "bf16"
+[[feature]]
+column = "C1"
+table = "a"
+[[feature]]
+column = "C2"
+table = "b"
+precision = "f32"
+"#;
+    let spec = ModelSpec::parse(text).unwrap();
+    let configs = spec.table_configs(1, 0.05);
+    assert_eq!(configs[0].precision, RowPrecision::Bf16);
+    assert_eq!(configs[1].precision, RowPrecision::F32);
+    let json = serde_json::to_string(&spec).unwrap();
+    assert_eq!(json.matches("\"precision\"").count(), 1, "{json}");
+    let back: ModelSpec = serde_json::from_str(&json).unwrap();
+    assert_eq!(back, spec);
+    let err = refused(&text.replace(
+        "table = \"b\"\nprecision = \"f32\"",
+        "table = \"a\"\nprecision = \"f16\"",
+    ));
+    assert!(err.contains("precision") && err.contains("bf16"), "{err}");
+    let err = refused(&text.replace(
+        "precision = \"bf16\"",
+        "precision = \"bf16\"\noptimizer = \"sgd\"",
+    ));
+    assert!(
+        err.contains("feature[0] (C1).precision") && err.contains("sgd"),
+        "{err}"
+    );
+    let err = refused(&text.replace("\"bf16\"", "\"int8\""));
+    assert!(err.contains("int8"), "{err}");
+    // The trainer's `--row-precision` sets every table, with the same refusal.
+    let mut all = spec.clone();
+    all.set_precision(RowPrecision::F16).unwrap();
+    assert!(all.tables.iter().all(|t| t.precision == RowPrecision::F16));
+    let mut sgd =
+        ModelSpec::parse(&text.replace("precision = \"bf16\"", "optimizer = \"sgd\"")).unwrap();
+    let err = sgd
+        .set_precision(RowPrecision::Bf16)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("table[0].precision"), "{err}");
+}

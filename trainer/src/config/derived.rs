@@ -9,13 +9,20 @@ use protocol::Encoding;
 impl ModelArgs {
     /// The model: `--model-spec`, or the spec the flags describe.
     pub fn spec(&self) -> Result<ModelSpec, ConfigError> {
-        match &self.model_spec {
+        let mut spec = match &self.model_spec {
             Some(name) => ModelSpec::load(name).map_err(|source| ConfigError::Spec {
                 spec: name.clone(),
                 source: Box::new(source),
-            }),
-            None => self.flag_spec(),
+            })?,
+            None => self.flag_spec()?,
+        };
+        if let Some(p) = self.row_precision {
+            spec.set_precision(p).map_err(|source| ConfigError::Spec {
+                spec: self.model_spec.clone().unwrap_or_else(|| "flags".into()),
+                source: Box::new(source),
+            })?;
         }
+        Ok(spec)
     }
 
     /// The spec the model flags describe: 26 one-hot features, feature `j` reading table `C(j+1)` of
@@ -32,6 +39,7 @@ impl ModelArgs {
                 pull: codecs.pull_of(t),
                 push: codecs.push_of(t),
                 ids: Default::default(),
+                precision: Default::default(),
             })
             .collect();
         let features = (0..COLUMNS)
