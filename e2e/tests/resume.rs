@@ -83,6 +83,29 @@ async fn run_with(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn resume_from_checkpoint_matches_an_uninterrupted_run() {
+    resume_matches_uninterrupted(model_args()).await;
+}
+
+/// The same with bf16 and f16 rows on the servers (issue 43; tables alternate): the snapshot holds the packed
+/// rows, the restore loads them exactly, and the resumed run rounds its updates as the uninterrupted one does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resume_with_half_precision_rows_matches_an_uninterrupted_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = ModelArgs::default();
+    let base = model_args();
+    let spec = support::half_precision_spec(dir.path(), &base.bottom_mlp, &base.top_mlp);
+    resume_matches_uninterrupted(ModelArgs {
+        model_spec: Some(spec),
+        bottom_mlp: d.bottom_mlp,
+        top_mlp: d.top_mlp,
+        ..base
+    })
+    .await;
+}
+
+/// Trains 10 steps uninterrupted, and 6 steps checkpointed every 3 then resumed on servers restored from the
+/// checkpoint: same dense parameters and test predictions, bit for bit.
+async fn resume_matches_uninterrupted(args: ModelArgs) {
     let dir = tempfile::tempdir().unwrap();
     let train = dir.path().join("train.tsv");
     let test = dir.path().join("test.tsv");
@@ -92,7 +115,15 @@ async fn resume_from_checkpoint_matches_an_uninterrupted_run() {
 
     // Uninterrupted: 10 steps.
     let a = support::start_servers(2, &dir.path().join("a"), &[]);
-    let (whole, _) = run(&a, &train, &test, PassOptions::default(), None).await;
+    let (whole, _) = run_with(
+        &a,
+        &train,
+        &test,
+        PassOptions::default(),
+        None,
+        args.clone(),
+    )
+    .await;
     a.shutdown(Duration::from_secs(30)).unwrap();
     assert_eq!(whole.step, 10);
 
@@ -104,7 +135,7 @@ async fn resume_from_checkpoint_matches_an_uninterrupted_run() {
         max_steps: 6,
         ..PassOptions::default()
     };
-    let (part, events) = run(&b, &train, &test, opts, None).await;
+    let (part, events) = run_with(&b, &train, &test, opts, None, args.clone()).await;
     b.shutdown(Duration::from_secs(30)).unwrap();
     assert_eq!(part.step, 6);
     let steps: Vec<u64> = events
@@ -127,7 +158,7 @@ async fn resume_from_checkpoint_matches_an_uninterrupted_run() {
     let c_dir = dir.path().join("c");
     support::restore_servers(&ckpt.join("ps"), 2, &c_dir);
     let c = support::start_servers(2, &c_dir, &[]);
-    let (resumed, _) = run(&c, &train, &test, PassOptions::default(), Some(&ckpt)).await;
+    let (resumed, _) = run_with(&c, &train, &test, PassOptions::default(), Some(&ckpt), args).await;
     c.shutdown(Duration::from_secs(30)).unwrap();
 
     assert_eq!(resumed.step, 10);

@@ -287,6 +287,16 @@ impl RowCodec {
         }
     }
 
+    /// Rounds the weights of row `id` just updated, whose optimizer state is now `state`: what a table does after
+    /// each update ([`RowCodec::round_weights`] with [`RowCodec::salt`] of `state`), and what a trainer replaying
+    /// its own pushes on pulled rows does to compute the same bits. Nothing for f32 weights.
+    #[inline]
+    pub fn round_updated(&self, id: u64, weights: &mut [f32], state: &[f32]) {
+        if self.precision != RowPrecision::F32 {
+            self.round_weights(id, RowCodec::salt(state), weights);
+        }
+    }
+
     /// Rounds the weights in place to nearest, with f16 overflow saturated to its largest finite value (after a
     /// clamp, whose bound may exceed it).
     #[inline]

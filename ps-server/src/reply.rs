@@ -64,9 +64,9 @@ impl From<EmbeddingError> for Refusal {
         let code = match &e {
             EmbeddingError::UnknownTable(_) => ErrorCode::UnknownTable,
             EmbeddingError::TableConflict { .. } => ErrorCode::TableConflict,
-            EmbeddingError::PrefetchTooLarge { .. } | EmbeddingError::TooManyTables { .. } => {
-                ErrorCode::BadRequest
-            }
+            EmbeddingError::PrefetchTooLarge { .. }
+            | EmbeddingError::TooManyTables { .. }
+            | EmbeddingError::InexactRow { .. } => ErrorCode::BadRequest,
             EmbeddingError::InvalidConfig { .. }
             | EmbeddingError::WrongLength { .. }
             | EmbeddingError::RowLength { .. } => ErrorCode::WrongDimension,

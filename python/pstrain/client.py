@@ -173,6 +173,7 @@ class Client:
         encoding: str = "f32",
         push_encoding: Optional[str] = None,
         table_id: Optional[int] = None,
+        precision: str = "f32",
     ) -> Table:
         """Creates table ``name`` on every server (rows are created on first use from the initializer), or
         attaches to it if the cluster has it with the same settings. Returns the :class:`Table`.
@@ -184,7 +185,9 @@ class Client:
         different names start with different rows. ``encoding``/``push_encoding``: how rows and gradients
         travel (``f32``, ``f16``, ``bf16``, ``int8``). ``table_id``: the id on the servers; by default the
         cluster's id for ``name`` if it holds the table, else a hash of the name (so several processes agree on
-        it without talking to each other)."""
+        it without talking to each other). ``precision``: how the servers store the weights, ``f32``, ``bf16``
+        or ``f16`` (half the bytes per weight; the optimizer state stays f32, updates are rounded
+        stochastically; half precision needs an optimizer with state, not ``sgd``)."""
         if not isinstance(name, str) or not name:
             raise ValueError(f"table name {name!r}: expected a non-empty string")
         if not isinstance(dim, (int, np.integer)) or isinstance(dim, bool) or dim < 1:
@@ -219,7 +222,7 @@ class Client:
         self._c.register_table(
             int(table_id), name, int(dim), optimizer, float(lr), float(eps), float(initial_accumulator),
             float(betas[0]), float(betas[1]), float(weight_decay), float(clip_norm), init, float(init_scale),
-            int(seed),
+            int(seed), precision,
         )
         t = Table(int(table_id), name, int(dim), encoding, push_encoding)
         self._tables[name] = t

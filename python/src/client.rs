@@ -283,7 +283,7 @@ impl Client {
     /// refused by the servers). `optimizer`: `sgd`, `row_adagrad` or `adam`; `init`: `uniform` (half-width
     /// `init_scale`) or `normal` (std `init_scale`).
     #[pyo3(signature = (table_id, name, dim, optimizer, lr, eps, initial_accumulator, beta1, beta2,
-                        weight_decay, clip_norm, init, init_scale, seed))]
+                        weight_decay, clip_norm, init, init_scale, seed, precision = "f32"))]
     #[allow(clippy::too_many_arguments)]
     fn register_table(
         &self,
@@ -302,7 +302,11 @@ impl Client {
         init: &str,
         init_scale: f32,
         seed: u64,
+        precision: &str,
     ) -> PyResult<()> {
+        let precision: protocol::RowPrecision = precision.parse().map_err(|e: String| {
+            PyValueError::new_err(format!("table {name:?}: precision: {e}"))
+        })?;
         let optimizer = match optimizer {
             "sgd" => OptimizerConfig::Sgd { lr },
             "row_adagrad" => OptimizerConfig::RowAdagrad {
@@ -337,6 +341,7 @@ impl Client {
             seed,
             weight_decay,
             clip_norm,
+            precision,
             ..TableConfig::new(table_id, name.clone(), dim as usize)
         };
         self.check_open(py, &format!("register table {name:?}"))?;

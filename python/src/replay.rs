@@ -31,6 +31,8 @@ pub(crate) fn apply(
 ) -> usize {
     let (dim, len) = (cfg.dim, cfg.state_len());
     let reg = Regularizer::of(cfg);
+    // Half-precision weights are rounded after each update as the servers round them.
+    let codec = cfg.row_codec();
     let mut at: HashMap<u64, usize, BuildHasherDefault<IdHasher>> =
         HashMap::with_capacity_and_hasher(pushed.len(), Default::default());
     at.extend(pushed.iter().enumerate().map(|(i, &id)| (id, i)));
@@ -41,13 +43,12 @@ pub(crate) fn apply(
         if !g.iter().all(|x| x.is_finite()) {
             continue;
         }
-        update(
-            opt,
-            reg,
+        let (row, st) = (
             &mut rows[i * dim..(i + 1) * dim],
             &mut state[i * len..(i + 1) * len],
-            g,
         );
+        update(opt, reg, row, st, g);
+        codec.round_updated(*id, row, st);
         updated += 1;
     }
     updated

@@ -33,6 +33,26 @@ def test_sgd_push_is_exact_and_duplicates_are_summed(client, table_name):
     np.testing.assert_allclose(rows, [[-5.5, -11, -16.5], [-2, -2.5, -3]])
 
 
+def test_half_precision_tables_hold_half_weights_and_refuse_what_they_cannot_hold(client, table_name):
+    # bf16 rows (issue 43): every pulled weight is a bf16 value (low 16 bits zero), before and after pushes.
+    client.register_table(table_name, dim=6, optimizer="row_adagrad", lr=0.1, init_scale=0.5, precision="bf16")
+    ids = np.arange(200, dtype=np.int64)
+    for _ in range(3):
+        client.push(table_name, ids, np.full((200, 6), 0.37, np.float32))
+    rows = client.pull(table_name, ids)
+    assert (rows.view(np.uint32) & 0xFFFF == 0).all()
+    assert np.abs(rows).max() > 0
+    # Weights written from outside must be bf16 values: 0.1 is not, and the error names both precisions.
+    with pytest.raises(pstrain.PsError, match="bf16"):
+        client.write(table_name, np.array([1], dtype=np.int64), np.full((1, 6), 0.1, np.float32))
+    client.write(table_name, np.array([1], dtype=np.int64), np.full((1, 6), 0.5, np.float32))
+    np.testing.assert_array_equal(client.pull(table_name, np.array([1], dtype=np.int64)), np.full((1, 6), 0.5))
+    with pytest.raises(ValueError, match="precision"):
+        client.register_table(table_name + "_x", dim=4, optimizer="row_adagrad", precision="int8")
+    with pytest.raises(pstrain.PsError, match="precision"):
+        client.register_table(table_name + "_sgd", dim=4, optimizer="sgd", precision="f16")
+
+
 def test_async_handles_release_and_report(client, table_name):
     client.register_table(table_name, dim=8, optimizer="row_adagrad", lr=0.1)
     ids = np.arange(1000, dtype=np.int64)

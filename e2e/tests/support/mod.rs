@@ -302,3 +302,30 @@ pub async fn call_as(
     conn.close();
     resp
 }
+
+/// Writes into `dir` a model spec of the flags' DLRM (26 one-hot features, each on its own table `C<k>` of
+/// dimension `bottom`'s last size) whose tables store their rows alternately as bf16 and f16 (issue 43), and
+/// returns its path: one run covers both half precisions.
+pub fn half_precision_spec(dir: &Path, bottom: &[usize], top: &[usize]) -> String {
+    let list = |v: &[usize]| {
+        v.iter()
+            .map(usize::to_string)
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let mut text = format!(
+        "name = \"half\"\nbottom_mlp = [{}]\ntop_mlp = [{}]\n[sparse]\ndim = {}\n",
+        list(bottom),
+        list(top),
+        bottom.last().unwrap()
+    );
+    for k in 1..=26 {
+        let precision = if k % 2 == 1 { "bf16" } else { "f16" };
+        text += &format!(
+            "[[feature]]\ncolumn = \"C{k}\"\ntable = \"C{k}\"\nprecision = \"{precision}\"\n"
+        );
+    }
+    let path = dir.join("half-precision.toml");
+    std::fs::write(&path, text).unwrap();
+    path.display().to_string()
+}

@@ -204,8 +204,9 @@ pub fn tables_of(f: &TensorFile) -> Result<Vec<TableTensors>, TensorsError> {
         let weights = f.f32(&name, &[rows, config.dim])?.to_vec();
         // Weights of another precision load where exact (a bf16 file into an f32 table; f32 values that happen
         // to be bf16 values into a bf16 table), and are refused naming both precisions otherwise.
+        // Non-finite weights are refused by the restore's own check, naming them as such.
         let p = config.precision;
-        if let Some(k) = weights.iter().position(|&w| !p.holds(w)) {
+        if let Some(k) = weights.iter().position(|&w| w.is_finite() && !p.holds(w)) {
             return Err(bad(
                 &name,
                 format!(

@@ -541,9 +541,7 @@ impl Table {
                 optimizer::update(&opt, self.reg, weights, state, grad);
                 // A half-precision row's new weights are rounded (stochastically) before the guard sees them,
                 // so what it checks is what is stored.
-                if half {
-                    self.codec.round_weights(id, RowCodec::salt(state), weights);
-                }
+                self.codec.round_updated(id, weights, state);
                 match guard.check(&before, row, dim) {
                     crate::Guarded::Kept => {}
                     crate::Guarded::Refused => {

@@ -23,7 +23,7 @@
 //! ascending key order, so replaying one batch costs one linear pass over both batches' ids.
 
 use embedding::optimizer::{self, Regularizer};
-use embedding::{OptimizerConfig, TableConfig};
+use embedding::{OptimizerConfig, RowCodec, TableConfig};
 
 use base::multiversion;
 use protocol::plan::Plan;
@@ -31,8 +31,8 @@ use protocol::plan::Plan;
 /// The optimizers of the embedding tables, to replay updates with.
 #[derive(Debug, Clone)]
 pub struct Replayer {
-    /// `tables[t]`: table `t`'s optimizer and gradient regularizer.
-    tables: Vec<(OptimizerConfig, Regularizer)>,
+    /// `tables[t]`: table `t`'s optimizer, gradient regularizer and row packing (its precision).
+    tables: Vec<(OptimizerConfig, Regularizer, RowCodec)>,
 }
 
 impl Replayer {
@@ -41,14 +41,14 @@ impl Replayer {
     pub fn new(configs: &[TableConfig]) -> Replayer {
         let tables = configs
             .iter()
-            .map(|cfg| (cfg.optimizer, Regularizer::of(cfg)))
+            .map(|cfg| (cfg.optimizer, Regularizer::of(cfg), cfg.row_codec()))
             .collect();
         Replayer { tables }
     }
 
     /// f32s of optimizer state per row of table `t` (0 for SGD, 1 for row-wise Adagrad).
     pub fn state_len(&self, t: usize, dim: usize) -> usize {
-        self.tables.get(t).map_or(0, |(o, _)| o.state_len(dim))
+        self.tables.get(t).map_or(0, |(o, _, _)| o.state_len(dim))
     }
 
     /// Applies one pushed batch to the rows of `target`'s unique ids that it touched: `rows[t]` is
@@ -72,29 +72,33 @@ impl Replayer {
             .par_iter_mut()
             .zip(state[..tables].par_iter_mut())
             .zip(self.tables[..tables].par_iter());
-        let updated = per_table.enumerate().map(|(t, ((w, st), (opt, reg)))| {
-            let dim = target.dim(t);
-            if pushed.dim(t) != dim {
-                return 0;
-            }
-            let len = opt.state_len(dim);
-            if w.len() < target.unique(t).len() * dim || st.len() < target.unique(t).len() * len {
-                return 0;
-            }
-            let mut updated = 0;
-            let mut grad = vec![0.0f32; dim];
-            let from = Pushed {
-                target,
-                pushed,
-                t,
-                opt,
-                reg: *reg,
-                grads: &grads[t],
-                scale,
-            };
-            replay_table(&from, w, st, &mut grad, &mut updated);
-            updated
-        });
+        let updated = per_table
+            .enumerate()
+            .map(|(t, ((w, st), (opt, reg, codec)))| {
+                let dim = target.dim(t);
+                if pushed.dim(t) != dim {
+                    return 0;
+                }
+                let len = opt.state_len(dim);
+                if w.len() < target.unique(t).len() * dim || st.len() < target.unique(t).len() * len
+                {
+                    return 0;
+                }
+                let mut updated = 0;
+                let mut grad = vec![0.0f32; dim];
+                let from = Pushed {
+                    target,
+                    pushed,
+                    t,
+                    opt,
+                    reg: *reg,
+                    codec: *codec,
+                    grads: &grads[t],
+                    scale,
+                };
+                replay_table(&from, w, st, &mut grad, &mut updated);
+                updated
+            });
         updated.sum()
     }
 }
@@ -109,6 +113,9 @@ struct Pushed<'a> {
     t: usize,
     opt: &'a OptimizerConfig,
     reg: Regularizer,
+    /// How the servers store the table's rows: half-precision weights are rounded after each update as the
+    /// servers round them.
+    codec: RowCodec,
     /// The pushed gradients of table `t`, summed per unique id of `pushed`, times `scale`.
     grads: &'a [f32],
     scale: f32,
@@ -139,13 +146,9 @@ multiversion! {
                         *d = if p.scale != 1.0 { x * inv } else { x };
                     }
                     if grad.iter().all(|x| x.is_finite()) {
-                        optimizer::update(
-                            p.opt,
-                            p.reg,
-                            &mut w[a * dim..(a + 1) * dim],
-                            &mut st[a * len..(a + 1) * len],
-                            grad,
-                        );
+                        let (row, state) = (&mut w[a * dim..(a + 1) * dim], &mut st[a * len..(a + 1) * len]);
+                        optimizer::update(p.opt, p.reg, row, state, grad);
+                        p.codec.round_updated(p.target.unique(t)[a], row, state);
                         *updated += 1;
                     }
                 }
@@ -162,10 +165,11 @@ mod tests {
     use embedding::{InitConfig, Table};
     use protocol::ShardMap;
 
-    fn configs(optimizer: OptimizerConfig) -> Vec<TableConfig> {
+    fn configs(optimizer: OptimizerConfig, precision: embedding::RowPrecision) -> Vec<TableConfig> {
         (0..2)
             .map(|t| TableConfig {
                 optimizer,
+                precision,
                 init: InitConfig::uniform(0.1),
                 seed: 7 + t as u64,
                 ..TableConfig::new(t, format!("C{t}"), 3)
@@ -188,19 +192,23 @@ mod tests {
     }
 
     /// Replaying pushes onto rows pulled before them gives the rows (and state) pulled after them, bit for
-    /// bit, for every optimizer the trainer uses; a gradient that is not finite is skipped like the server
-    /// skips it.
+    /// bit, for every optimizer the trainer uses and for bf16 and f16 rows (rounded as the servers round
+    /// them); a gradient that is not finite is skipped like the server skips it.
     #[test]
     fn replay_equals_pulling_after_the_pushes() {
-        for optimizer in [
-            OptimizerConfig::Sgd { lr: 0.3 },
-            OptimizerConfig::RowAdagrad {
-                lr: 0.05,
-                eps: 1e-8,
-                initial_accumulator: 0.1,
-            },
+        use embedding::RowPrecision::{Bf16, F16, F32};
+        let adagrad = OptimizerConfig::RowAdagrad {
+            lr: 0.05,
+            eps: 1e-8,
+            initial_accumulator: 0.1,
+        };
+        for (optimizer, precision) in [
+            (OptimizerConfig::Sgd { lr: 0.3 }, F32),
+            (adagrad, F32),
+            (adagrad, Bf16),
+            (adagrad, F16),
         ] {
-            let configs = configs(optimizer);
+            let configs = configs(optimizer, precision);
             let map = ShardMap::new(3);
             let tables: Vec<Table> = configs
                 .iter()
@@ -249,8 +257,8 @@ mod tests {
             let (want_rows, want_state) = pull(&target);
             let bits =
                 |v: &[Vec<f32>]| -> Vec<u32> { v.concat().iter().map(|x| x.to_bits()).collect() };
-            assert_eq!(bits(&rows), bits(&want_rows), "{optimizer:?}");
-            assert_eq!(bits(&state), bits(&want_state), "{optimizer:?}");
+            assert_eq!(bits(&rows), bits(&want_rows), "{optimizer:?} {precision}");
+            assert_eq!(bits(&state), bits(&want_state), "{optimizer:?} {precision}");
             assert_eq!(replayer.state_len(0, 3), configs[0].optimizer.state_len(3));
         }
     }
