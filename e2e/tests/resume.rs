@@ -43,18 +43,8 @@ struct Outcome {
     step: u64,
 }
 
-/// Trains on `cluster` (resuming `resume` if given) up to `max_steps` (0 = the end), optionally
+/// Trains on `cluster` with `args` (resuming `resume` if given) up to `max_steps` (0 = the end), optionally
 /// checkpointing, then evaluates.
-async fn run(
-    cluster: &LocalCluster,
-    train: &Path,
-    test: &Path,
-    opts: PassOptions,
-    resume: Option<&Path>,
-) -> (Outcome, Vec<Event>) {
-    run_with(cluster, train, test, opts, resume, model_args()).await
-}
-
 async fn run_with(
     cluster: &LocalCluster,
     train: &Path,

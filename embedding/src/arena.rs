@@ -11,7 +11,8 @@
 //!
 //! Removed rows leave their slot on a free list, and the next [`Arena::push`] reuses it, so a table whose rows
 //! expire (TTL) does not grow without bound. Tables with a TTL also keep a `u32` last-touched time per slot
-//! (4 bytes per row); other tables allocate nothing for it.
+//! (4 bytes per row), and tables with an LFU row cap a `u32` update count per slot (4 bytes per row); other
+//! tables allocate nothing for them.
 
 use crate::prefetch;
 
@@ -26,6 +27,7 @@ struct Chunk {
     ids: Vec<u64>,
     rows: Vec<u32>,
     stamps: Vec<u32>,
+    counts: Vec<u32>,
 }
 
 /// The rows of one stripe.
@@ -41,11 +43,19 @@ pub(crate) struct Arena {
     free: Vec<u32>,
     /// Whether each slot has a `u32` stamp.
     stamps: bool,
+    /// Whether each slot has a `u32` update count.
+    counts: bool,
 }
 
 impl Arena {
     /// An empty arena for rows of `row_len` words (`row_len >= 1`; a row's packing is [`crate::RowCodec`]'s), with a `u32` stamp per slot if `stamps`.
+    #[cfg(test)]
     pub(crate) fn new(row_len: usize, stamps: bool) -> Self {
+        Arena::with_counts(row_len, stamps, false)
+    }
+
+    /// [`Arena::new`], with a `u32` update count per slot if `counts` (tables with an LFU cap).
+    pub(crate) fn with_counts(row_len: usize, stamps: bool, counts: bool) -> Self {
         let rows = (CHUNK_BYTES / (row_len * 4)).max(1);
         // Largest power of two <= rows.
         let shift = usize::BITS - 1 - rows.leading_zeros();
@@ -56,6 +66,7 @@ impl Arena {
             chunks: Vec::new(),
             free: Vec::new(),
             stamps,
+            counts,
         }
     }
 
@@ -84,6 +95,9 @@ impl Arena {
             if self.stamps {
                 chunk.stamps[r] = 0;
             }
+            if self.counts {
+                chunk.counts[r] = 0;
+            }
             let row = &mut chunk.rows[r * self.row_len..(r + 1) * self.row_len];
             row.fill(0);
             return (slot, row);
@@ -95,6 +109,7 @@ impl Arena {
                 ids: Vec::new(),
                 rows: Vec::new(),
                 stamps: Vec::new(),
+                counts: Vec::new(),
             });
         }
         let chunk = self.chunks.last_mut().expect("a chunk was just ensured");
@@ -106,10 +121,16 @@ impl Arena {
             if self.stamps {
                 chunk.stamps.reserve_exact(want - chunk.stamps.len());
             }
+            if self.counts {
+                chunk.counts.reserve_exact(want - chunk.counts.len());
+            }
         }
         chunk.ids.push(id);
         if self.stamps {
             chunk.stamps.push(0);
+        }
+        if self.counts {
+            chunk.counts.push(0);
         }
         let start = chunk.rows.len();
         chunk.rows.resize(start + row_len, 0);
@@ -139,6 +160,32 @@ impl Arena {
         if self.stamps {
             let mask = self.chunk_rows() - 1;
             self.chunks[slot >> self.shift].stamps[slot & mask] = stamp;
+        }
+    }
+
+    /// The update count of `slot` (0 if the arena keeps no counts).
+    #[inline]
+    pub(crate) fn count(&self, slot: usize) -> u32 {
+        if !self.counts {
+            return 0;
+        }
+        self.chunks[slot >> self.shift].counts[slot & (self.chunk_rows() - 1)]
+    }
+
+    /// Adds one to the update count of `slot`, saturating (nothing if the arena keeps no counts).
+    #[inline]
+    pub(crate) fn bump_count(&mut self, slot: usize) {
+        if self.counts {
+            let mask = self.chunk_rows() - 1;
+            let c = &mut self.chunks[slot >> self.shift].counts[slot & mask];
+            *c = c.saturating_add(1);
+        }
+    }
+
+    /// Halves every slot's update count (the decay of an LFU cap).
+    pub(crate) fn halve_counts(&mut self) {
+        for chunk in &mut self.chunks {
+            chunk.counts.iter_mut().for_each(|c| *c >>= 1);
         }
     }
 
@@ -182,7 +229,11 @@ impl Arena {
             + self
                 .chunks
                 .iter()
-                .map(|c| c.ids.capacity() * 8 + c.rows.capacity() * 4 + c.stamps.capacity() * 4)
+                .map(|c| {
+                    c.ids.capacity() * 8
+                        + c.rows.capacity() * 4
+                        + (c.stamps.capacity() + c.counts.capacity()) * 4
+                })
                 .sum::<usize>()
     }
 }

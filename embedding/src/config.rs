@@ -59,6 +59,39 @@ pub struct TableConfig {
     /// equal.
     #[serde(default, skip_serializing_if = "RowPrecision::is_f32")]
     pub precision: RowPrecision,
+    /// A cap on the rows each server keeps of this table, enforced by deleting the least frequently updated
+    /// rows (from memory and the store) at each expiry pass; default `None` (no cap).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eviction: Option<EvictionConfig>,
+}
+
+/// A table's row cap and the policy that picks the rows to delete past it (see `table/cap.rs`). Written
+/// `{"policy": "lfu", "max_rows": 1000000, "decay_secs": 3600}`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EvictionConfig {
+    /// Which rows go first.
+    pub policy: EvictionPolicy,
+    /// Most rows one server keeps of the table, `>= 1`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_rows: Option<u64>,
+    /// Most bytes of memory one server spends on the table (rows, ids, index; as
+    /// [`crate::Table::memory_bytes`] counts them), at least 1 MiB. With `max_rows` too, the smaller cap holds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_bytes: Option<u64>,
+    /// The access counts halve every `decay_secs` (so rows that were hot long ago lose to rows hot now);
+    /// `None`: counts never decay.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decay_secs: Option<u64>,
+}
+
+/// How a capped table picks the rows to delete.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EvictionPolicy {
+    /// Least frequently updated first: each row counts its updates (pushes, replicated updates), the counts
+    /// decay by halving every `decay_secs`, and the rows with the lowest counts go (ties: by a hash of the id).
+    Lfu,
 }
 
 /// Count-min-sketch frequency admission of a table (see [`crate::admission`]).
@@ -279,6 +312,7 @@ impl TableConfig {
             admission: None,
             ttl_secs: None,
             precision: RowPrecision::F32,
+            eviction: None,
         }
     }
 
@@ -482,6 +516,33 @@ impl TableConfig {
                 return bad("ttl_secs", ttl.to_string(), "1..=4294967295 seconds");
             }
         }
+        if let Some(e) = &self.eviction {
+            match (e.max_rows, e.max_bytes) {
+                (None, None) => {
+                    return bad(
+                        "eviction",
+                        format!("{e:?}"),
+                        "max_rows or max_bytes (a cap to enforce)",
+                    )
+                }
+                (Some(0), _) => return bad("eviction.max_rows", "0".into(), "at least 1"),
+                (_, Some(b)) if b < 1 << 20 => {
+                    return bad(
+                        "eviction.max_bytes",
+                        b.to_string(),
+                        "at least 1048576 (1 MiB)",
+                    )
+                }
+                _ => {}
+            }
+            if e.decay_secs == Some(0) {
+                return bad(
+                    "eviction.decay_secs",
+                    "0".into(),
+                    "at least 1 second, or absent",
+                );
+            }
+        }
         Ok(())
     }
 
@@ -547,6 +608,18 @@ impl TableConfig {
             out.push(format!(
                 "ttl_secs: registered {:?}, requested {:?}",
                 self.ttl_secs, other.ttl_secs
+            ));
+        }
+        if self.precision != other.precision {
+            out.push(format!(
+                "precision: registered {}, requested {}",
+                self.precision, other.precision
+            ));
+        }
+        if self.eviction != other.eviction {
+            out.push(format!(
+                "eviction: registered {:?}, requested {:?}",
+                self.eviction, other.eviction
             ));
         }
         out.join("; ")

@@ -58,9 +58,11 @@ pub struct FlushStats {
 pub struct ExpireStats {
     /// Rows deleted from memory (and from the store).
     pub rows_deleted: usize,
-    /// Rows found expired but touched again before their deletion from memory; they were deleted from the
-    /// store, stay in memory dirty, and are written back by the next flush.
+    /// Rows found expired (or chosen by a row cap) but touched again before their deletion from memory; they
+    /// were deleted from the store, stay in memory dirty, and are written back by the next flush.
     pub rows_revived: usize,
+    /// Rows deleted from memory and the store by a table's row cap ([`crate::EvictionConfig`]).
+    pub rows_capped: usize,
 }
 
 /// What [`Engine::enforce_budget`] did.
@@ -423,19 +425,29 @@ impl Engine {
         Ok(ids.len())
     }
 
-    /// Deletes the rows of every table with a TTL that were untouched for `ttl_secs` at `now_secs`, first from
-    /// the store (one atomic delete batch per table), then from memory, and advances every table's logical
-    /// clock to `now_secs`. Runs under the flush lock, so a flush never rewrites a row this call deletes.
+    /// Deletes the rows of every table with a TTL that were untouched for `ttl_secs` at `now_secs`, and of
+    /// every table with a row cap the rows past it ([`Table::over_cap`]), first from the store (one atomic delete
+    /// batch per table and kind), then from memory, and advances every table's logical clock to `now_secs`. Runs under the flush lock, so a flush never rewrites a row this call deletes.
     /// A failed store delete leaves that table's rows in memory and returns the error. Deletions are not
     /// synced: like row writes, they are durable after the next [`Engine::flush_dirty`] ([`Store::flush`]).
     ///
-    /// Cost: one pass over every slot of every table with a TTL, under each stripe lock in turn.
+    /// Cost: one pass over every slot of every table with a TTL, under each stripe lock in turn; for a table
+    /// over its cap, one more pass to collect the counts and a selection (linear in its rows).
     pub fn expire(&self, now_secs: u64) -> Result<ExpireStats, EmbeddingError> {
         let _flush = self.flush.lock();
         let tables: Vec<Arc<Table>> = self.tables.read().values().cloned().collect();
         let mut stats = ExpireStats::default();
         for table in tables {
             table.advance_clock(now_secs);
+            let victims = table.over_cap(now_secs);
+            if !victims.is_empty() {
+                let ids: Vec<u64> = victims.iter().map(|v| v.0).collect();
+                self.store.delete_rows(table.id(), &ids)?;
+                let deleted = table.remove_capped(&victims);
+                stats.rows_revived += ids.len() - deleted;
+                stats.rows_capped += deleted;
+                tracing::debug!(table = table.id(), deleted, cap = ?table.cap_rows(), "rows past the cap");
+            }
             let ids = table.expired(now_secs);
             if ids.is_empty() {
                 continue;
@@ -692,6 +704,17 @@ fn make_table(
     budget: Option<u64>,
     store: &Arc<dyn Store>,
 ) -> Result<Table, EmbeddingError> {
+    if let (Some(b), Some(e)) = (budget, &cfg.eviction) {
+        // The capacity tier keeps rows past the budget on disk; a cap deletes rows past it: one table cannot
+        // have both (and prefetch pins, which a cap must not delete, exist only with the tier).
+        return Err(EmbeddingError::InvalidConfig {
+            table: cfg.id,
+            field: "eviction",
+            value: format!("{e:?} on a server with a memory budget of {b} rows"),
+            expected: "no row cap where the server keeps rows past its memory budget on disk \
+                       (--memory-budget-rows): drop one of the two",
+        });
+    }
     match budget {
         Some(b) => Table::with_budget(cfg, b, store.clone()),
         None => Table::new(cfg),

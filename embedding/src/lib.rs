@@ -82,6 +82,8 @@ pub mod weight_guard;
 mod precision_test;
 #[cfg(test)]
 mod prop_budget_test;
+#[cfg(all(test, feature = "rocksdb"))]
+mod prop_cap_test;
 #[cfg(test)]
 mod prop_model;
 #[cfg(test)]
@@ -93,8 +95,8 @@ mod tier_race_test;
 
 pub use batch::DirtyBatch;
 pub use config::{
-    AdmissionConfig, InitConfig, InitKind, OptimizerConfig, TableConfig, MAX_DIM, MAX_NAME_BYTES,
-    MAX_SKETCH_DEPTH, MAX_SKETCH_WIDTH,
+    AdmissionConfig, EvictionConfig, EvictionPolicy, InitConfig, InitKind, OptimizerConfig,
+    TableConfig, MAX_DIM, MAX_NAME_BYTES, MAX_SKETCH_DEPTH, MAX_SKETCH_WIDTH,
 };
 pub use engine::{
     Engine, EvictStats, ExpireStats, FlushStats, FLUSH_BATCH_ROWS, TABLE_META_PREFIX,

@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use crate::config::InteractionConfig;
 use crate::DlrmConfig;
 use protocol::plan::{FeatureShape, SparseLayout, TableCodecs};
-use protocol::{Encoding, InitConfig, OptimizerConfig, RowPrecision, TableConfig};
+use protocol::{Encoding, EvictionConfig, InitConfig, OptimizerConfig, RowPrecision, TableConfig};
 
 mod file;
 #[cfg(test)]
@@ -208,6 +208,9 @@ pub struct Table {
     /// f16 (`embedding::precision`).
     #[serde(default, skip_serializing_if = "RowPrecision::is_f32")]
     pub precision: RowPrecision,
+    /// Its row cap per server (`embedding::EvictionConfig`), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eviction: Option<EvictionConfig>,
 }
 
 /// A checked model spec (serialized resolved, as an export's manifest records it).
@@ -385,6 +388,7 @@ impl ModelSpec {
                 init: InitConfig::uniform(init_scale),
                 seed: seed.wrapping_mul(1000).wrapping_add(t as u64),
                 precision: table.precision,
+                eviction: table.eviction,
                 ..TableConfig::new(t as u32, table.name.clone(), table.dim)
             })
             .collect()

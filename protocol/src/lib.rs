@@ -53,8 +53,8 @@ pub use transport::Transport;
 pub use wire::layout::TableCount;
 pub use wire::message::prefetch::LeaseStats;
 pub use wire::message::{
-    AdmissionConfig, InitConfig, InitKind, OptimizerConfig, Request, RequestKind, Response,
-    RowPrecision, TableConfig,
+    AdmissionConfig, EvictionConfig, EvictionPolicy, InitConfig, InitKind, OptimizerConfig,
+    Request, RequestKind, Response, RowPrecision, TableConfig,
 };
 
 /// ALPN protocol name; bumped when the wire format changes incompatibly.

@@ -11,6 +11,7 @@
 //!
 //! CI runs a few thousand inputs; `FUZZ_ITERS=1000000 FUZZ_SEED=n` runs more (BENCHMARKS.md records a run).
 
+use embedding::{EvictionConfig, EvictionPolicy};
 use protocol::wire::frame::{self, decode_frame, decode_header, encode_frame, MAGIC, PREFIX_LEN};
 use protocol::{
     AdmissionConfig, Encoding, ErrorCode, InitConfig, ProtocolError, Request, Response,
@@ -77,6 +78,12 @@ fn table(r: &mut Rng) -> TableConfig {
         }),
         ttl_secs: r.chance(2).then(|| r.next_u64() >> r.below(64)),
         precision: [RowPrecision::F32, RowPrecision::Bf16, RowPrecision::F16][r.below(3) as usize],
+        eviction: r.chance(2).then(|| EvictionConfig {
+            policy: EvictionPolicy::Lfu,
+            max_rows: r.chance(2).then(|| r.next_u64() >> r.below(64)),
+            max_bytes: r.chance(2).then(|| r.next_u64() >> r.below(64)),
+            decay_secs: r.chance(2).then(|| r.next_u64() >> r.below(64)),
+        }),
     }
 }
 

@@ -27,6 +27,9 @@ pub const ROWS_CLAMPED_WEIGHTS_TOTAL: &str = "ps_rows_clamped_weights_total";
 pub const ROWS_REJECTED_ADMISSION_TOTAL: &str = "ps_rows_rejected_admission_total";
 /// Rows deleted by TTL expiry (untouched for `row-ttl-secs`), from memory and RocksDB.
 pub const ROWS_EXPIRED_TOTAL: &str = "ps_rows_expired_total";
+/// Rows deleted by a table's row cap (its `eviction`: the least frequently updated past `max_rows` or
+/// `max_bytes`), from memory and RocksDB.
+pub const ROWS_CAPPED_TOTAL: &str = "ps_rows_capped_total";
 /// Duration of one expiry pass over the tables with a TTL; buckets 50 µs .. 10 s.
 pub const EXPIRE_SECONDS: &str = "ps_expire_duration_seconds";
 /// Request bytes received (frames).
@@ -466,6 +469,10 @@ fn describe_rows() {
     describe_counter!(
         ROWS_EXPIRED_TOTAL,
         "Rows deleted from memory and RocksDB by TTL expiry."
+    );
+    describe_counter!(
+        ROWS_CAPPED_TOTAL,
+        "Rows deleted from memory and RocksDB by a table's row cap (least frequently updated first)."
     );
     describe_histogram!(
         EXPIRE_SECONDS,

@@ -199,6 +199,13 @@ pub fn expire(engine: &Engine, now_secs: u64) -> Result<ExpireStats, EmbeddingEr
         Ok(stats) => {
             metrics::histogram!(m::EXPIRE_SECONDS).record(start.elapsed().as_secs_f64());
             metrics::counter!(m::ROWS_EXPIRED_TOTAL).increment(stats.rows_deleted as u64);
+            metrics::counter!(m::ROWS_CAPPED_TOTAL).increment(stats.rows_capped as u64);
+            if stats.rows_capped > 0 {
+                tracing::info!(
+                    deleted = stats.rows_capped,
+                    "deleted the least frequently updated rows past their tables' caps"
+                );
+            }
             if stats.rows_deleted > 0 {
                 tracing::info!(
                     deleted = stats.rows_deleted,

@@ -55,6 +55,10 @@ pub struct DemoArgs {
     /// [default: no budget].
     #[arg(long)]
     pub server_memory_budget_rows: Option<u64>,
+    /// One more flag for every local server, repeatable, e.g. `--server-arg=--row-ttl-secs --server-arg=30`
+    /// (`ps-server --help` lists them).
+    #[arg(long = "server-arg", allow_hyphen_values = true)]
+    pub server_args: Vec<String>,
     /// Run the trainers as processes (even one) and pin trainer r to CPU r (modulo the CPUs), so each has one
     /// core and one compute thread; the servers are not pinned.
     #[arg(long)]
@@ -257,6 +261,7 @@ pub fn run_demo(mut args: DemoArgs) -> anyhow::Result<Summary> {
         Some(rows) => vec!["--memory-budget-rows".into(), rows.to_string()],
         None => Vec::new(),
     };
+    server_flags.extend(args.server_args.iter().cloned());
     // The demo's servers write the job's snapshots (`--checkpoint-dir DIR` puts them in DIR/ps) and exports:
     // their checkpoint root is the folder that holds those, as an operator would set it.
     let roots: Vec<&std::path::Path> = [&args.job.checkpoint_dir, &args.job.export_dir]

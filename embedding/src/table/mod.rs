@@ -57,6 +57,7 @@ use crate::precision::RowCodec;
 use crate::store::Store;
 
 mod budget;
+mod cap;
 mod dirty;
 mod expire;
 mod index;
@@ -160,6 +161,8 @@ pub struct Table {
     tier: Option<Tier>,
     /// What an update may leave in a row ([`Table::set_weight_guard`]).
     guard: parking_lot::RwLock<crate::WeightGuard>,
+    /// The row cap, for a table with one (`cap.rs`).
+    cap: Option<cap::Cap>,
 }
 
 impl Table {
@@ -186,10 +189,17 @@ impl Table {
         cfg.validate()?;
         let row_len = cfg.row_len();
         let codec = cfg.row_codec();
+        let (cap, counts) = (cfg.eviction.map(cap::Cap::new), cfg.eviction.is_some());
         let ttl = cfg.ttl_secs.map(|t| t.min(u64::from(u32::MAX)) as u32);
         Ok(Table {
             stripes: (0..STRIPES)
-                .map(|_| Padded(Mutex::new(Stripe::new(codec.words(), ttl.is_some()))))
+                .map(|_| {
+                    Padded(Mutex::new(Stripe::new(
+                        codec.words(),
+                        ttl.is_some(),
+                        counts,
+                    )))
+                })
                 .collect(),
             reg: Regularizer::of(&cfg),
             sketch: cfg.admission.as_ref().map(Sketch::new),
@@ -202,6 +212,7 @@ impl Table {
             dirty_cursor: AtomicUsize::new(0),
             tier: budget.map(|(budget, store)| Tier::new(budget, store)),
             guard: parking_lot::RwLock::new(crate::WeightGuard::default()),
+            cap,
         })
     }
 
@@ -557,6 +568,7 @@ impl Table {
                 if half {
                     self.codec.encode(&work, stripe.arena.row_mut(slot));
                 }
+                stripe.arena.bump_count(slot);
                 stripe.mark_dirty(slot);
                 stats.applied += 1;
             });

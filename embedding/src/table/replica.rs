@@ -102,6 +102,7 @@ impl Table {
                     }
                 };
                 stripe.arena.set_stamp(slot, stamp);
+                stripe.arena.bump_count(slot);
                 if clock {
                     stripe.set_ref(slot);
                 }

@@ -59,10 +59,10 @@ pub(super) fn stripe_of(h: u64) -> usize {
 
 impl Stripe {
     /// An empty stripe for rows of `row_len` words ([`crate::RowCodec::words`]), with a last-touched stamp per row if `stamps` (TTL).
-    pub(super) fn new(row_len: usize, stamps: bool) -> Self {
+    pub(super) fn new(row_len: usize, stamps: bool, counts: bool) -> Self {
         Stripe {
             index: Index::new(),
-            arena: Arena::new(row_len, stamps),
+            arena: Arena::with_counts(row_len, stamps, counts),
             dirty: Vec::new(),
             dirty_count: 0,
             refs: Vec::new(),

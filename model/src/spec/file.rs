@@ -7,7 +7,7 @@ use super::{field, Feature, ModelSpec, Pooling, SpecError, Table, COLUMNS, DENSE
 use super::{DenseKind, Ids, OptimizerKind};
 use crate::config::InteractionConfig;
 use crate::{DlrmConfig, ModelError};
-use protocol::{Encoding, RowPrecision};
+use protocol::{Encoding, EvictionConfig, RowPrecision};
 
 /// A spec file as written.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -82,6 +82,10 @@ pub struct SparseDefaults {
     /// How the servers store the table's weights: `f32` (default), `bf16` or `f16`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub precision: Option<RowPrecision>,
+    /// The table's row cap per server: `{ policy = "lfu", max_rows = N, max_bytes = B, decay_secs = S }`
+    /// (default none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eviction: Option<EvictionConfig>,
 }
 
 /// One `[[feature]]`.
@@ -180,6 +184,7 @@ impl SpecFile {
                 push,
                 ids: s.ids.or(d.ids).unwrap_or_default(),
                 precision: s.precision.or(d.precision).unwrap_or_default(),
+                eviction: s.eviction.or(d.eviction),
             };
             check_precision(&at, &table)?;
             let t = match tables.iter().position(|t| t.name == entry.table) {
@@ -275,6 +280,13 @@ fn check_shared(at: &str, have: &Table, new: &Table, first: &str) -> Result<(), 
             format!("{:?} lr {}", new.optimizer, new.lr),
         );
         return Err(differs("optimizer", a, b));
+    }
+    if have.eviction != new.eviction {
+        let (a, b) = (
+            format!("{:?}", have.eviction),
+            format!("{:?}", new.eviction),
+        );
+        return Err(differs("eviction", a, b));
     }
     if have.precision != new.precision {
         let (a, b) = (have.precision.to_string(), new.precision.to_string());

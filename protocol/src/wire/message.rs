@@ -32,7 +32,8 @@
 use serde::{Deserialize, Serialize};
 
 pub use embedding::{
-    AdmissionConfig, InitConfig, InitKind, OptimizerConfig, RowPrecision, TableConfig,
+    AdmissionConfig, EvictionConfig, EvictionPolicy, InitConfig, InitKind, OptimizerConfig,
+    RowPrecision, TableConfig,
 };
 
 use crate::compression::codec::Encoding;

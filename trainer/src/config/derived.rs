@@ -40,6 +40,7 @@ impl ModelArgs {
                 push: codecs.push_of(t),
                 ids: Default::default(),
                 precision: Default::default(),
+                eviction: None,
             })
             .collect();
         let features = (0..COLUMNS)
