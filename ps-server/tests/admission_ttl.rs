@@ -147,3 +147,74 @@ async fn rows_untouched_past_the_ttl_are_deleted_from_memory_and_rocksdb() {
     c.close().await;
     sigterm_and_wait(s);
 }
+
+/// Issue 43, a row cap on a real `ps-server` process: a table registered with an LFU cap of 4 rows keeps its 4
+/// most pushed rows; the others are deleted from memory and RocksDB (they read as new again, after a restart
+/// too) and counted on /metrics.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rows_past_a_cap_are_deleted_least_frequently_updated_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let (data, tls) = (dir.path().join("data"), dir.path().join("tls"));
+    protocol::transport::tls::init_dev_certs(&tls, &[]).unwrap();
+    let capped = protocol::TableConfig {
+        eviction: Some(protocol::EvictionConfig {
+            policy: protocol::EvictionPolicy::Lfu,
+            max_rows: Some(4),
+            max_bytes: None,
+            decay_secs: None,
+        }),
+        ..table()
+    };
+    let flags = [
+        "--expire-interval-secs",
+        "0.2",
+        "--flush-interval-secs",
+        "3600",
+    ];
+    let s = start(&data, &tls, &flags);
+    let c = client(&s, &tls).await;
+    c.register_tables(&[capped.clone()]).await.unwrap();
+    let ids: Vec<u64> = (1..=10).collect();
+    let init = pull(&c, &ids).await.unwrap();
+    // Ids 1..=4 are pushed three times, 5..=10 once.
+    assert_eq!(push(&c, &ids, &vec![0.25f32; 80]).await, (10, 0));
+    for _ in 0..2 {
+        assert_eq!(push(&c, &ids[..4], &[0.25f32; 32]).await, (4, 0));
+    }
+    assert_eq!(c.flush().await.unwrap(), 10);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let metrics = loop {
+        let metrics = http_get(s.metrics, "/metrics");
+        if counter(&metrics, "ps_rows_capped_total") >= 6
+            && metrics.contains("ps_rows_in_memory{table=\"C3\"} 4")
+        {
+            break metrics;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no rows deleted past the cap: {metrics}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(counter(&metrics, "ps_rows_capped_total"), 6, "{metrics}");
+    assert!(metrics.contains("# HELP ps_rows_capped_total"));
+    let now = pull(&c, &ids).await.unwrap();
+    let row = |b: &[u8], i: usize| b[i * 32..(i + 1) * 32].to_vec();
+    for i in 0..10 {
+        if i < 4 {
+            assert_ne!(row(&now, i), row(&init, i), "hot id {} was deleted", i + 1);
+        } else {
+            assert_eq!(row(&now, i), row(&init, i), "cold id {} was kept", i + 1);
+        }
+    }
+    c.close().await;
+    sigterm_and_wait(s);
+    // After a restart: the 4 kept rows only (the deleted ones are gone from RocksDB too).
+    let s = start(&data, &tls, &flags);
+    let c = client(&s, &tls).await;
+    let metrics = http_get(s.metrics, "/metrics");
+    assert_eq!(counter(&metrics, "ps_rows_recovered_total"), 4, "{metrics}");
+    assert_eq!(pull(&c, &ids).await.unwrap(), now);
+    c.close().await;
+    sigterm_and_wait(s);
+}

@@ -242,3 +242,36 @@ precision = "f32"
         .to_string();
     assert!(err.contains("table[0].precision"), "{err}");
 }
+
+/// `eviction`: a row cap per table, carried into the table configs, agreed by the features of a shared table.
+#[test]
+fn row_caps_per_table() {
+    let text = r#"
+name = "t"
+bottom_mlp = [8, 4]
+top_mlp = [4, 1]
+[sparse]
+dim = 4
+[[feature]]
+column = "C1"
+table = "a"
+eviction = { policy = "lfu", max_rows = 1000, decay_secs = 60 }
+[[feature]]
+column = "C2"
+table = "b"
+"#;
+    let spec = ModelSpec::parse(text).unwrap();
+    let configs = spec.table_configs(1, 0.05);
+    let cap = configs[0].eviction.unwrap();
+    assert_eq!(
+        (cap.max_rows, cap.max_bytes, cap.decay_secs),
+        (Some(1000), None, Some(60))
+    );
+    assert_eq!(configs[1].eviction, None);
+    let back: ModelSpec = serde_json::from_str(&serde_json::to_string(&spec).unwrap()).unwrap();
+    assert_eq!(back, spec);
+    let err = refused(&text.replace("table = \"b\"", "table = \"a\""));
+    assert!(err.contains("eviction"), "{err}");
+    let err = refused(&text.replace("\"lfu\"", "\"lru\""));
+    assert!(err.contains("lru"), "{err}");
+}
