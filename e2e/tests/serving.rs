@@ -82,6 +82,53 @@ fn open_export_equals_the_snapshot(root: &std::path::Path) {
     );
 }
 
+/// ps-serve on an export of bf16 rows (issue 43): it holds them as bf16 (the tables' configs say so) and answers
+/// with the trainer's AUC and logloss; the export's SafeTensors weights are BF16.
+#[test]
+fn served_predictions_of_bf16_rows_are_the_trainers() {
+    let dir = tempfile::tempdir().unwrap();
+    let (train, test) = (dir.path().join("train.tsv"), dir.path().join("test.tsv"));
+    support::generate(20_000, 1, &train);
+    support::generate(3_000, 2, &test);
+    let export = dir.path().join("export");
+    let (summary, stderr) = support::run_demo(
+        dir.path(),
+        &train,
+        &test,
+        &[
+            "--export-dir",
+            export.to_str().unwrap(),
+            "--row-precision",
+            "bf16",
+        ],
+    );
+    assert!(stderr.contains("export at step"), "{stderr}");
+    let dir = model::export::Export::open(&export).unwrap().dir;
+    let shard = dir.join("ps/shard-0-of-2/tables.safetensors");
+    let file = embedding::tensors::read_file(&shard).unwrap();
+    assert_eq!(
+        file.dtype("C1.weight").unwrap(),
+        embedding::tensors::Dtype::BF16
+    );
+    let lines = support::read_lines(&test);
+    let labels = labels(&lines);
+    let serve = Serve::start(&["--export", export.to_str().unwrap()]);
+    let probs = predict_lines(serve.addr, &lines, 500);
+    let auc = support::auc(&probs, &labels).unwrap();
+    let want_auc = summary["auc"].as_f64().unwrap();
+    assert!(
+        (auc - want_auc).abs() < 1e-6,
+        "served AUC {auc}, trainer's {want_auc}"
+    );
+    let ll = logloss(&probs, &labels);
+    let want_ll = summary["logloss"].as_f64().unwrap();
+    assert!(
+        (ll - want_ll).abs() < 1e-5,
+        "served logloss {ll}, trainer's {want_ll}"
+    );
+    serve.terminate();
+}
+
 #[test]
 fn served_predictions_are_the_trainers() {
     let dir = tempfile::tempdir().unwrap();
