@@ -173,7 +173,7 @@ async fn rows_past_a_cap_are_deleted_least_frequently_updated_first() {
     ];
     let s = start(&data, &tls, &flags);
     let c = client(&s, &tls).await;
-    c.register_tables(&[capped.clone()]).await.unwrap();
+    c.register_tables(&[capped]).await.unwrap();
     let ids: Vec<u64> = (1..=10).collect();
     let init = pull(&c, &ids).await.unwrap();
     // Ids 1..=4 are pushed three times, 5..=10 once.
