@@ -157,21 +157,7 @@ async fn wait_in_sync(c: &LocalCluster, shard: usize, r: usize) {
 
 /// The counter rows of `shard` as replica `r` holds them (f32 bits).
 async fn rows_of(c: &LocalCluster, shard: usize, r: usize, ids: &[u64]) -> Vec<u32> {
-    let mut sections = Vec::new();
-    put_ids(ids, &mut sections);
-    let counts = vec![TableCount {
-        table: audit_table().id,
-        count: ids.len() as u32,
-        dim: 1,
-    }];
-    let req = protocol::wire::message::pull::request(1, Encoding::F32, counts);
-    match raw_call(c, shard, r, &req, Bytes::from(sections)).await {
-        Ok((Response::Pulled { .. }, rows)) => rows
-            .chunks_exact(4)
-            .map(|b| u32::from_le_bytes(b.try_into().unwrap()))
-            .collect(),
-        other => panic!("pull from replica {shard}/{r}: {other:?}"),
-    }
+    table_rows_of(c, (shard, r), (audit_table().id, 1), ids).await
 }
 
 /// Every shard's rows are the same bits on both replicas, and hold at least every acknowledged increment.
