@@ -1,6 +1,7 @@
 //! Storage engine throughput: gather (pull) and apply (push) rows per second of [`embedding::Table`], on 1 and
-//! 2 threads, at dim 16, 64 and 128, for every optimizer, in memory and over a memory budget (2x and 5x, the
-//! rest in RocksDB), each against a `HashMap<u64, Vec<f32>>` in the same run.
+//! 2 threads, at dim 16, 64 and 128, for every optimizer (and row-wise Adagrad with bf16 rows,
+//! `rowwise_adagrad_bf16`: decode and stochastic rounding included), in memory and over a memory budget (2x and
+//! 5x, the rest in RocksDB), each against a `HashMap<u64, Vec<f32>>` in the same run.
 //!
 //! Setup: a table of [`ROWS`] rows, then batches of [`BATCH`] distinct-ish random ids drawn from those rows
 //! (a trainer's deduplicated batch), so nearly every lookup misses the CPU cache, as on a real server.
@@ -18,7 +19,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use embedding::{Engine, OptimizerConfig, RocksStore, Table, TableConfig};
+use embedding::{Engine, OptimizerConfig, RocksStore, RowPrecision, Table, TableConfig};
 
 /// Rows per table.
 const ROWS: usize = 500_000;
@@ -30,6 +31,20 @@ const BATCH: usize = 4096;
 const BATCHES: usize = 64;
 const DIMS: [usize; 3] = [16, 64, 128];
 const THREADS: [usize; 2] = [1, 2];
+
+/// The benchmarked tables: every optimizer with f32 rows, and row-wise Adagrad with bf16 rows.
+fn variants() -> Vec<(&'static str, OptimizerConfig, RowPrecision)> {
+    let mut out: Vec<_> = optimizers()
+        .into_iter()
+        .map(|(name, opt)| (name, opt, RowPrecision::F32))
+        .collect();
+    out.push((
+        "rowwise_adagrad_bf16",
+        optimizers()[1].1,
+        RowPrecision::Bf16,
+    ));
+    out
+}
 
 fn optimizers() -> [(&'static str, OptimizerConfig); 5] {
     [
@@ -109,6 +124,13 @@ fn table_config(dim: usize, opt: OptimizerConfig) -> TableConfig {
     }
 }
 
+fn table_config_in(dim: usize, opt: OptimizerConfig, precision: RowPrecision) -> TableConfig {
+    TableConfig {
+        precision,
+        ..table_config(dim, opt)
+    }
+}
+
 /// Creates rows `0..rows` of `table` by applying `grads`.
 fn fill(table: &Table, grads: &[f32], rows: usize) {
     let ids: Vec<u64> = (0..rows as u64).map(row_id).collect();
@@ -164,14 +186,14 @@ fn in_memory(c: &mut Criterion) {
     let per_thread = [batches(0), batches(1)];
     for dim in DIMS {
         let grads = grads(dim);
-        for (name, opt) in optimizers() {
-            let table = Table::new(table_config(dim, opt)).unwrap();
+        for (name, opt, precision) in variants() {
+            let table = Table::new(table_config_in(dim, opt, precision)).unwrap();
             fill(&table, &grads, ROWS);
             for threads in THREADS {
                 let mut g = group(c, &format!("gather/dim{dim}"));
                 g.throughput(Throughput::Elements((BATCH * threads) as u64));
                 // Gather does not depend on the optimizer beyond the row length: measure it for two.
-                if matches!(name, "sgd" | "rowwise_adagrad") {
+                if matches!(name, "sgd" | "rowwise_adagrad" | "rowwise_adagrad_bf16") {
                     g.bench_function(BenchmarkId::new(name, format!("{threads}t")), |b| {
                         b.iter_custom(|iters| {
                             timed(threads, iters, &per_thread, |ids, out| {

@@ -21,6 +21,10 @@ use super::stripe::{group_by_stripe, hash};
 use super::Table;
 use crate::config::EvictionConfig;
 
+/// Index buckets (4 bytes at a load of 0.57 to 0.85) and the dirty and reference bits of a row, on average
+/// (`sizing.rs` replays the exact growth; 6.5 to 7.1 bytes measured there).
+const INDEX_BYTES_PER_ROW: f64 = 7.0;
+
 /// The cap of a table and when its counts last halved.
 #[derive(Debug)]
 pub(super) struct Cap {
@@ -63,16 +67,15 @@ impl Table {
     }
 
     /// The rows the cap allows: `max_rows`, or the rows `max_bytes` holds, whichever is smaller. `None` without a
-    /// cap. Bytes per row are the layout's ([`crate::sizing::table_memory`], what `ps-server plan` prints, plus
-    /// the 4-byte count), not the allocation's: deleted rows' slots stay allocated for the rows that come next,
-    /// so [`Table::memory_bytes`] does not fall as rows go, and a cap computed from it would shrink pass after pass.
+    /// cap. Bytes per row are the layout's (the packed row, its 8-byte id, the 4-byte count, a TTL stamp, and
+    /// [`INDEX_BYTES_PER_ROW`] for the index and bitsets), not the allocation's: deleted rows' slots stay
+    /// allocated for the rows that come next, so [`Table::memory_bytes`] does not fall as rows go, and a cap
+    /// computed from it would shrink pass after pass.
     pub fn cap_rows(&self) -> Option<u64> {
         let cfg = self.cap.as_ref()?.cfg;
         let by_bytes = cfg.max_bytes.map(|b| {
-            let words = self.codec.words();
-            let guess = (b / (words as u64 * 4 + 16)).max(1);
-            let est = crate::sizing::table_memory(guess, words, self.ttl.is_some());
-            let per_row = est.bytes_per_row(guess) + 4.0;
+            let stamp = if self.ttl.is_some() { 4 } else { 0 };
+            let per_row = (self.codec.bytes() + 8 + 4 + stamp) as f64 + INDEX_BYTES_PER_ROW;
             (b as f64 / per_row) as u64
         });
         match (cfg.max_rows, by_bytes) {
