@@ -216,8 +216,14 @@ impl RowCodec {
         match self.precision {
             RowPrecision::F32 => w_out.copy_from_slice(bytemuck::cast_slice(&words[..dim])),
             RowPrecision::Bf16 => {
-                for (i, o) in w_out.iter_mut().enumerate() {
-                    *o = f32::from_bits(half_bits(words, i) << 16);
+                // A bf16 is the top half of its f32: two per word, no conversion (vectorizes).
+                let mut pairs = w_out.chunks_exact_mut(2);
+                for (o, &w) in (&mut pairs).zip(words) {
+                    o[0] = f32::from_bits(w << 16);
+                    o[1] = f32::from_bits(w & 0xffff_0000);
+                }
+                if let [last] = pairs.into_remainder() {
+                    *last = f32::from_bits(words[dim / 2] << 16);
                 }
             }
             RowPrecision::F16 => {
@@ -231,8 +237,10 @@ impl RowCodec {
         }
     }
 
-    /// Encodes the row `row` (`row_len` f32s) into `words`, rounding each weight to nearest (exact for values
-    /// the precision holds; [`RowCodec::check_exact`] tells first where that matters).
+    /// Encodes the row `row` (`row_len` f32s) into `words`. Every caller passes weights the precision holds
+    /// (rounded by [`RowCodec::round_weights`] or [`crate::init::fill_weights`], or checked by
+    /// [`RowCodec::check_exact`]), so a bf16 weight is the top half of its f32 as it is (checked in debug
+    /// builds); f16 weights go through the conversion, exact for them.
     #[inline]
     pub fn encode(&self, row: &[f32], words: &mut [u32]) {
         debug_assert_eq!(row.len(), self.row_len());
@@ -243,7 +251,19 @@ impl RowCodec {
             RowPrecision::F32 => {
                 words[..ww].copy_from_slice(bytemuck::cast_slice(weights));
             }
-            RowPrecision::Bf16 | RowPrecision::F16 => {
+            RowPrecision::Bf16 => {
+                debug_assert!(weights
+                    .iter()
+                    .all(|&w| w.is_nan() || self.precision.holds(w)));
+                let mut pairs = weights.chunks_exact(2);
+                for (word, w) in words[..ww].iter_mut().zip(&mut pairs) {
+                    *word = (w[0].to_bits() >> 16) | (w[1].to_bits() & 0xffff_0000);
+                }
+                if let [last] = pairs.remainder() {
+                    words[ww - 1] = last.to_bits() >> 16;
+                }
+            }
+            RowPrecision::F16 => {
                 for (k, word) in words[..ww].iter_mut().enumerate() {
                     let lo = self.half_of(weights[2 * k]);
                     let hi = weights.get(2 * k + 1).map_or(0, |&w| self.half_of(w));
