@@ -726,7 +726,7 @@ fn make_table(
 fn load_rows(store: &dyn Store, table: &Table) -> Result<(), EmbeddingError> {
     let id = table.id();
     let (codec, row_bytes) = (table.codec(), table.row_bytes());
-    let mut row = vec![0f32; table.row_len()];
+    let (mut row, mut words) = (vec![0f32; table.row_len()], vec![0u32; codec.words()]);
     let mut failure = None;
     let scanned = store.scan_rows(id, &mut |row_id, bytes| {
         if bytes.len() != row_bytes {
@@ -744,7 +744,8 @@ fn load_rows(store: &dyn Store, table: &Table) -> Result<(), EmbeddingError> {
             table.mark_spilled();
             return Ok(());
         }
-        codec.decode_bytes(bytes, &mut row);
+        codec.words_from_bytes(bytes, &mut words);
+        codec.decode(&words, &mut row);
         table.load_row(row_id, &row).map_err(|e| {
             let detail = e.to_string();
             failure = Some(e);

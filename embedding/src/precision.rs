@@ -357,13 +357,6 @@ impl RowCodec {
             *w = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
         }
     }
-
-    /// Decodes a stored row's bytes straight into f32 values (`row_len` of them).
-    pub fn decode_bytes(&self, bytes: &[u8], out: &mut [f32]) {
-        let mut words = vec![0u32; self.words()];
-        self.words_from_bytes(bytes, &mut words);
-        self.decode(&words, out);
-    }
 }
 
 /// Half-precision element `i` of packed weights.

@@ -531,7 +531,7 @@ impl Snapshot {
     /// Calls `f(id, row bytes)` for every row of table `table` (in the manifest), in increasing id order; the
     /// bytes are the stored encoding (the words of [`TableConfig::row_codec`], little-endian: `row_len` f32s
     /// for an f32 table, packed half weights then f32 state for bf16 and f16; decode with
-    /// [`crate::RowCodec::decode_bytes`]). A value of
+    /// [`crate::RowCodec::words_from_bytes`], then [`crate::RowCodec::decode`]). A value of
     /// the wrong length or a bad key is a [`SnapshotError::Store`] naming table and id; the first error from
     /// `f` stops the scan and is returned. Returns the rows visited.
     pub fn for_each_row(&self, table: u32, f: &mut RowFn<'_>) -> Result<u64, SnapshotError> {
