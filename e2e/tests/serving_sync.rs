@@ -1,7 +1,9 @@
 //! Delta sync end to end with real processes: a `ps-serve` following two training servers sees what a later
 //! training job changes (rows and a published dense version) until its predictions are that job's
 //! evaluation; a SIGKILLed `ps-serve` restarts from the export and catches up from the export's sync points;
-//! with the training servers gone it keeps answering from the last synced state.
+//! with the training servers gone it keeps answering from the last synced state. Rows the training servers
+//! delete (TTL expiry) are deleted from serving too, through deltas, after a restart of `ps-serve`, and
+//! through a scan after a restart of the training servers.
 
 mod support;
 
@@ -149,4 +151,164 @@ fn training_changes_reach_serving() {
     let (status, _) = http(serve.addr, "GET", "/readyz", None, b"");
     assert_eq!(status, 200);
     assert!(serve.terminate().success());
+}
+
+/// Up to `n` (table config, id, exported weights) of each table of the export under `export`, read from its
+/// shards' `tables.safetensors`.
+fn exported_rows(export: &Path, n: usize) -> Vec<(embedding::TableConfig, u64, Vec<f32>)> {
+    fn files(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
+        for e in std::fs::read_dir(dir).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                files(&p, out);
+            } else if p.file_name().is_some_and(|f| f == "tables.safetensors") {
+                out.push(p);
+            }
+        }
+    }
+    let mut found = Vec::new();
+    files(export, &mut found);
+    assert!(!found.is_empty(), "no tables.safetensors under {export:?}");
+    let mut rows = Vec::new();
+    for f in found {
+        for t in embedding::snapshot::tensors::read_tables(&f).unwrap() {
+            if t.config.id == protocol::wire::dense::DENSE_TABLE {
+                continue;
+            }
+            let dim = t.config.dim;
+            for (i, &id) in t.ids.iter().enumerate().take(n) {
+                rows.push((
+                    t.config.clone(),
+                    id,
+                    t.weights[i * dim..(i + 1) * dim].to_vec(),
+                ));
+            }
+        }
+    }
+    rows
+}
+
+/// Serving's row of `id` in table `table` (`GET /v1/embedding`).
+fn served_row(serve: &Serve, table: u32, id: u64) -> Vec<f32> {
+    let (status, body) = http(
+        serve.addr,
+        "GET",
+        &format!("/v1/embedding?table={table}&id={id}"),
+        None,
+        b"",
+    );
+    assert_eq!(status, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    v["row"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().unwrap() as f32)
+        .collect()
+}
+
+/// Polls until serving reads every row of `rows` as its initializer (deleted); panics after `limit` naming a
+/// row still held.
+fn wait_until_deleted(
+    serve: &Serve,
+    rows: &[(embedding::TableConfig, u64, Vec<f32>)],
+    limit: Duration,
+) {
+    let deadline = Instant::now() + limit;
+    loop {
+        let held = rows.iter().find(|(cfg, id, _)| {
+            let mut init = vec![0.0; cfg.dim];
+            embedding::init::fill_weights(cfg, *id, &mut init);
+            served_row(serve, cfg.id, *id) != init
+        });
+        let Some((cfg, id, _)) = held else { return };
+        assert!(
+            Instant::now() < deadline,
+            "serving still holds row {id} of table {} after {limit:?}",
+            cfg.id
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn rows_deleted_on_the_training_servers_are_deleted_from_serving_across_restarts() {
+    let dir = tempfile::tempdir().unwrap();
+    let (train_data, test) = (dir.path().join("train.tsv"), dir.path().join("test.tsv"));
+    support::generate(4_000, 1, &train_data);
+    support::generate(500, 2, &test);
+    let run = dir.path().join("run");
+    // Rows untouched for 10 s are deleted (a pass every 0.5 s); deltas are cut every 0.2 s.
+    let flags: Vec<String> = [
+        "--sync-interval-secs",
+        "0.2",
+        "--row-ttl-secs",
+        "10",
+        "--expire-interval-secs",
+        "0.5",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let cluster = support::start_servers(2, &run, &flags);
+    let ps = cluster.ps_arg();
+    let tls = cluster.tls_dir.clone();
+    let export = dir.path().join("export");
+    let export_s = export.to_str().unwrap().to_owned();
+    train(
+        dir.path(),
+        &ps,
+        &tls,
+        "job",
+        &[
+            "--train",
+            train_data.to_str().unwrap(),
+            "--test",
+            test.to_str().unwrap(),
+            "--export-dir",
+            &export_s,
+        ],
+    );
+    // Rows of the export: trained values, not their initializers.
+    let rows = exported_rows(&export, 20);
+    assert!(rows.len() >= 20, "{} rows exported", rows.len());
+    for (cfg, id, w) in &rows {
+        let mut init = vec![0.0; cfg.dim];
+        embedding::init::fill_weights(cfg, *id, &mut init);
+        assert_ne!(w, &init, "row {id} of table {} was not trained", cfg.id);
+    }
+    let follow = |ps: &str, tls: &Path| {
+        Serve::start(&[
+            "--export",
+            &export_s,
+            "--subscribe",
+            ps,
+            "--tls-dir",
+            tls.to_str().unwrap(),
+            "--sync-wait-ms",
+            "1000",
+            "--enable-embedding-api",
+        ])
+    };
+    // No push touches them again: they expire on the servers, and the deltas delete them from serving.
+    let serve = follow(&ps, &tls);
+    wait_until_deleted(&serve, &rows, Duration::from_secs(120));
+    let (_, metrics) = http(serve.addr, "GET", "/metrics", None, b"");
+    let deleted = local_cluster::metric(&metrics, "serving_rows_deleted_total").unwrap_or(0.0);
+    assert!(deleted >= rows.len() as f64, "deleted {deleted}: {metrics}");
+
+    // A restarted ps-serve loads the export (the rows again) and replays the deltas after its sync points.
+    drop(serve);
+    let serve = follow(&ps, &tls);
+    wait_until_deleted(&serve, &rows, Duration::from_secs(120));
+    drop(serve);
+
+    // Restarted training servers (another incarnation, the rows gone from their RocksDB): a restarted
+    // ps-serve's cursors are of the old incarnation, so it scans, and deletes what the scan leaves out.
+    cluster.shutdown(Duration::from_secs(30)).unwrap();
+    let cluster = support::start_servers(2, &run, &flags);
+    let serve = follow(&cluster.ps_arg(), &cluster.tls_dir);
+    wait_until_deleted(&serve, &rows, Duration::from_secs(120));
+    assert!(serve.terminate().success());
+    cluster.shutdown(Duration::from_secs(30)).unwrap();
 }

@@ -90,6 +90,8 @@ pub struct Engine {
     pub(crate) push_gate: RwLock<()>,
     /// Admission and TTL given to tables registered without their own ([`Engine::set_table_policy`]).
     policy: RwLock<(Option<AdmissionConfig>, Option<u64>)>,
+    /// Tables the policy is not given to ([`Engine::exempt_from_table_policy`]).
+    policy_exempt: RwLock<Vec<u32>>,
     /// What an update may leave in a row, for every table ([`Engine::set_weight_guard`]).
     guard: RwLock<crate::WeightGuard>,
     /// Pins of prefetched rows ([`Engine::prefetch`], `lease.rs`).
@@ -136,6 +138,7 @@ impl Engine {
             flush: Mutex::new(DirtyBatch::new()),
             push_gate: RwLock::new(()),
             policy: RwLock::new((None, None)),
+            policy_exempt: RwLock::default(),
             guard: RwLock::new(crate::WeightGuard::default()),
             leases: Leases::default(),
         })
@@ -150,6 +153,16 @@ impl Engine {
     /// has neither (a server's policy, for the tables whose registration leaves them to it).
     pub fn set_table_policy(&self, admission: Option<AdmissionConfig>, ttl_secs: Option<u64>) {
         *self.policy.write() = (admission, ttl_secs);
+    }
+
+    /// Registers table `table` as it is configured even when its config has no admission or TTL of its own:
+    /// a table that must never lose a row or drop an update to the server's policy (a trainer's dense
+    /// parameters and counters, `protocol::wire::dense::DENSE_TABLE`).
+    pub fn exempt_from_table_policy(&self, table: u32) {
+        let mut exempt = self.policy_exempt.write();
+        if !exempt.contains(&table) {
+            exempt.push(table);
+        }
     }
 
     /// Sets what an update may leave in a row ([`crate::WeightGuard`]), for every table, recovered or
@@ -179,7 +192,9 @@ impl Engine {
         cfg: TableConfig,
         max_tables: Option<usize>,
     ) -> Result<(), EmbeddingError> {
-        let from_policy = cfg.admission.is_none() && cfg.ttl_secs.is_none();
+        let from_policy = cfg.admission.is_none()
+            && cfg.ttl_secs.is_none()
+            && !self.policy_exempt.read().contains(&cfg.id);
         let cfg = if from_policy {
             let (admission, ttl_secs) = *self.policy.read();
             TableConfig {
@@ -257,6 +272,17 @@ impl Engine {
         out: &mut [f32],
     ) -> Result<GatherStats, EmbeddingError> {
         self.table(table)?.gather_with_state(ids, out)
+    }
+
+    /// [`Table::gather_or_absent`] on table `table`.
+    pub fn gather_or_absent(
+        &self,
+        table: u32,
+        ids: &[u64],
+        out: &mut [f32],
+        absent: &mut Vec<usize>,
+    ) -> Result<GatherStats, EmbeddingError> {
+        self.table(table)?.gather_or_absent(ids, out, absent)
     }
 
     /// [`Table::gather_stats`] on table `table`.
@@ -434,6 +460,17 @@ impl Engine {
     /// Cost: one pass over every slot of every table with a TTL, under each stripe lock in turn; for a table
     /// over its cap, one more pass to collect the counts and a selection (linear in its rows).
     pub fn expire(&self, now_secs: u64) -> Result<ExpireStats, EmbeddingError> {
+        self.expire_telling(now_secs, &mut |_, _| {})
+    }
+
+    /// [`Engine::expire`], telling `deleting(table, ids)` the ids of each batch it is about to delete (before
+    /// the store delete; rows revived meanwhile stay, so a caller must treat them as "maybe deleted"): what the
+    /// delta sync records, to send the deletions to serving (docs/serving.md, "Delta sync").
+    pub fn expire_telling(
+        &self,
+        now_secs: u64,
+        deleting: &mut dyn FnMut(u32, &[u64]),
+    ) -> Result<ExpireStats, EmbeddingError> {
         let _flush = self.flush.lock();
         let tables: Vec<Arc<Table>> = self.tables.read().values().cloned().collect();
         let mut stats = ExpireStats::default();
@@ -442,6 +479,7 @@ impl Engine {
             let victims = table.over_cap(now_secs);
             if !victims.is_empty() {
                 let ids: Vec<u64> = victims.iter().map(|v| v.0).collect();
+                deleting(table.id(), &ids);
                 self.store.delete_rows(table.id(), &ids)?;
                 let deleted = table.remove_capped(&victims);
                 stats.rows_revived += ids.len() - deleted;
@@ -452,6 +490,7 @@ impl Engine {
             if ids.is_empty() {
                 continue;
             }
+            deleting(table.id(), &ids);
             self.store.delete_rows(table.id(), &ids)?;
             let deleted = table.remove_expired(&ids, now_secs);
             // Revived rows were updated after `expired`, so they are dirty: the next flush restores them.

@@ -70,4 +70,6 @@ pub const ALPN: &[u8] = b"ps/1";
 /// the answers of the pushes whose rows it streams; `ErrorCode::InProgress`. Version 8: `Push` carries an
 /// `lr_scale` (a trainer's learning-rate schedule on tables whose optimizer keeps state). Version 9:
 /// `Checkpoint` says whether the snapshot also gets its tables as a SafeTensors file (`tensors`, for exports).
-pub const PROTOCOL_VERSION: u32 = 9;
+/// Version 10: a `Deltas` answer carries deletions (ids whose rows are gone: expired, capped, never admitted)
+/// beside its rows ([`wire::message::sync::DeltasHeader::deleted`]).
+pub const PROTOCOL_VERSION: u32 = 10;

@@ -81,6 +81,8 @@ pub const SYNC_DELTA_ROWS: &str = "ps_sync_delta_rows";
 pub const SYNC_REQUESTS_TOTAL: &str = "ps_sync_requests_total";
 /// Rows sent to sync subscribers (deltas and scans).
 pub const SYNC_ROWS_SENT_TOTAL: &str = "ps_sync_rows_sent_total";
+/// Deletions sent to sync subscribers (ids whose rows expired, went past a cap or were never admitted).
+pub const SYNC_DELETIONS_SENT_TOTAL: &str = "ps_sync_deletions_sent_total";
 /// Full scans begun (a subscriber of another incarnation, or whose deltas were dropped).
 pub const SYNC_SCANS_TOTAL: &str = "ps_sync_scans_total";
 /// Gauge: sync long-polls waiting for the next cut.
@@ -568,6 +570,10 @@ fn describe_sync() {
     describe_counter!(
         SYNC_ROWS_SENT_TOTAL,
         "Rows sent to sync subscribers (deltas and scans)."
+    );
+    describe_counter!(
+        SYNC_DELETIONS_SENT_TOTAL,
+        "Deletions sent to sync subscribers (rows expired, past a cap, or never admitted)."
     );
     describe_counter!(
         SYNC_SCANS_TOTAL,

@@ -190,11 +190,16 @@ pub fn resident_bytes() -> Option<u64> {
     Some(kib * 1024)
 }
 
-/// Deletes rows untouched for their table's TTL ([`Engine::expire`] at Unix time `now_secs`), recording
-/// metrics and refreshing the row gauges.
-pub fn expire(engine: &Engine, now_secs: u64) -> Result<ExpireStats, EmbeddingError> {
+/// Deletes rows untouched for their table's TTL and rows past their table's cap ([`Engine::expire_telling`]
+/// at Unix time `now_secs`, each batch of ids told to `deleting` first), recording metrics and refreshing
+/// the row gauges.
+pub fn expire(
+    engine: &Engine,
+    now_secs: u64,
+    deleting: &mut dyn FnMut(u32, &[u64]),
+) -> Result<ExpireStats, EmbeddingError> {
     let start = Instant::now();
-    let result = engine.expire(now_secs);
+    let result = engine.expire_telling(now_secs, deleting);
     match &result {
         Ok(stats) => {
             metrics::histogram!(m::EXPIRE_SECONDS).record(start.elapsed().as_secs_f64());

@@ -18,6 +18,8 @@ pub const DELTA_FRESHNESS_SECONDS: &str = "serving_delta_freshness_seconds";
 pub const DELTAS_APPLIED_TOTAL: &str = "serving_deltas_applied_total";
 /// Rows applied from deltas.
 pub const DELTA_ROWS_TOTAL: &str = "serving_delta_rows_total";
+/// Rows deleted by the delta sync (deletions, and rows a scan no longer lists).
+pub const ROWS_DELETED_TOTAL: &str = "serving_rows_deleted_total";
 /// The dense model's version.
 pub const DENSE_VERSION: &str = "serving_dense_version";
 /// Failed sync requests, label `server`.
@@ -78,6 +80,10 @@ pub fn describe() {
     );
     describe_counter!(DELTAS_APPLIED_TOTAL, "Delta syncs applied.");
     describe_counter!(DELTA_ROWS_TOTAL, "Embedding rows applied from delta syncs.");
+    describe_counter!(
+        ROWS_DELETED_TOTAL,
+        "Embedding rows deleted by delta syncs (expired, capped or never admitted on the training servers)."
+    );
     describe_gauge!(
         DENSE_VERSION,
         "Version of the dense parameters predictions use."

@@ -17,7 +17,15 @@ use std::sync::Arc;
 use embedding::snapshot::tensors::{read_tables, write_rows_into, TABLES_FILE};
 use embedding::snapshot::{parse_shard_dir_name, read_manifest, DB_DIR};
 use embedding::{EmbeddingError, Engine, RocksStore, SnapshotError, StoreError};
+use protocol::wire::dense::DENSE_TABLE;
+use protocol::wire::message::sync::SyncedRows;
 use protocol::{ShardMap, TableConfig};
+
+/// Ids a sweep lists at a time ([`RowStore::sweep`]): the rows of a delta sync answer (`serving::sync`).
+pub const SWEEP_PAGE: usize = 1 << 16;
+
+/// A position in a scan's (table, id) order: before every id of the table (`None`) or at one id.
+pub type ScanKey = (u32, Option<u64>);
 
 /// Why the rows could not be opened or used. Messages name the path or the table.
 #[derive(Debug, thiserror::Error)]
@@ -203,6 +211,71 @@ impl RowStore {
         Ok(())
     }
 
+    /// Deletes the rows of `ids` of `table` from memory and disk (a delta's deletions: the training servers
+    /// no longer hold them), so they read as their initializer.
+    pub fn delete_rows(&self, table: u32, ids: &[u64]) -> Result<(), EmbeddingError> {
+        let mut by_shard: Vec<Vec<u64>> = vec![Vec::new(); self.shards.len()];
+        for &id in ids {
+            by_shard[self.map.server_of(id) as usize].push(id);
+        }
+        for (s, ids) in by_shard.iter().enumerate() {
+            if !ids.is_empty() {
+                self.shards[s].remove_rows(table, ids)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Deletes the rows shard `shard` holds in the (table, id) range a scan page covers, after `from` up to
+    /// and including `to` (`None`: to the end), that the page's `listed` rows do not name: the training
+    /// server no longer holds them (protocol::wire::message::sync, "Payload of `Deltas`"). Returns how many.
+    /// Costs what the server's page cost: one pass over each table's rows in memory per [`SWEEP_PAGE`] ids
+    /// held in the range (a server's scan page holds at most that many rows, so usually one).
+    pub fn sweep(
+        &self,
+        shard: usize,
+        from: ScanKey,
+        to: Option<ScanKey>,
+        listed: &[SyncedRows],
+    ) -> Result<usize, EmbeddingError> {
+        let engine = &self.shards[shard];
+        let mut swept = 0;
+        for cfg in engine.tables() {
+            let t = cfg.id;
+            if t == DENSE_TABLE || t < from.0 || to.is_some_and(|to| t > to.0) {
+                continue;
+            }
+            // Ids of table `t` in the range: above `after`, at most `upper`.
+            let mut after = if t == from.0 { from.1 } else { None };
+            let upper = match to {
+                Some((tt, a)) if tt == t => match a {
+                    Some(a) => a,
+                    None => continue,
+                },
+                _ => u64::MAX,
+            };
+            let keep: &[u64] = listed.iter().find(|r| r.table == t).map_or(&[], |r| &r.ids);
+            loop {
+                let ids = engine.scan_ids(t, after, SWEEP_PAGE)?;
+                let Some(&last) = ids.last() else { break };
+                let victims: Vec<u64> = ids
+                    .iter()
+                    .copied()
+                    .filter(|&id| id <= upper && keep.binary_search(&id).is_err())
+                    .collect();
+                if !victims.is_empty() {
+                    engine.remove_rows(t, &victims)?;
+                    swept += victims.len();
+                }
+                if ids.len() < SWEEP_PAGE || last >= upper {
+                    break;
+                }
+                after = Some(last);
+            }
+        }
+        Ok(swept)
+    }
+
     /// Evicts rows over the memory budget (writing dirty ones back first); call after applying deltas.
     pub fn enforce_budget(&self) -> Result<(), EmbeddingError> {
         for shard in &self.shards {
@@ -314,4 +387,75 @@ fn link_copy(src: &Path, dst: &Path) -> Result<(), StoreOpenError> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A one-shard store in memory holding rows `ids` of tables 1 and 2 (dim 1, value = id).
+    fn store(ids: &[u64]) -> RowStore {
+        let engine = Engine::open(Arc::new(embedding::MemStore::default())).unwrap();
+        for t in [1, 2] {
+            engine.register_table(TableConfig::counter(t, 1)).unwrap();
+            let table = engine.table(t).unwrap();
+            for &id in ids {
+                table.load_row(id, &[id as f32]).unwrap();
+            }
+        }
+        RowStore {
+            map: ShardMap::new(1),
+            shards: vec![engine],
+            shapes: [(1, (1, 1)), (2, (1, 1))].into(),
+        }
+    }
+
+    fn held(s: &RowStore, table: u32) -> Vec<u64> {
+        s.shards[0].scan_ids(table, None, usize::MAX).unwrap()
+    }
+
+    fn listed(table: u32, ids: &[u64]) -> SyncedRows {
+        SyncedRows {
+            table,
+            dim: 1,
+            ids: ids.to_vec(),
+            rows: ids.iter().map(|&i| i as f32).collect(),
+        }
+    }
+
+    #[test]
+    fn a_sweep_deletes_exactly_the_rows_its_range_leaves_out() {
+        // More rows than one page of the sweep's own scan.
+        let n = SWEEP_PAGE as u64 + 5000;
+        let all: Vec<u64> = (1..=n).collect();
+        let s = store(&all);
+        // Page 1: table 1 up to id 4500, listing the even ids.
+        let evens: Vec<u64> = (2..=4500).step_by(2).collect();
+        let swept = s
+            .sweep(0, (0, None), Some((1, Some(4500))), &[listed(1, &evens)])
+            .unwrap();
+        assert_eq!(swept, 2250);
+        let mut want: Vec<u64> = evens.clone();
+        want.extend(4501..=n);
+        assert_eq!(held(&s, 1), want);
+        assert_eq!(held(&s, 2), all, "table 2 is past the page");
+        // Page 2: the rest of table 1 (nothing listed) and table 2 before its first id: table 2 untouched.
+        let swept = s.sweep(0, (1, Some(4500)), Some((2, None)), &[]).unwrap();
+        assert_eq!(swept, n as usize - 4500);
+        assert_eq!(held(&s, 1), evens);
+        assert_eq!(held(&s, 2), all);
+        // Last page: all of table 2, listing 7 and 5000.
+        let swept = s
+            .sweep(0, (2, None), None, &[listed(2, &[7, 5000])])
+            .unwrap();
+        assert_eq!(swept, n as usize - 2);
+        assert_eq!(held(&s, 2), [7, 5000]);
+        // Deletions of a delta: gone rows read as their initializer (counter tables start at 0).
+        s.delete_rows(2, &[7, 99]).unwrap();
+        assert_eq!(held(&s, 2), [5000]);
+        let mut row = [1.0f32];
+        s.gather(2, &[7], &mut row, &mut GatherScratch::default())
+            .unwrap();
+        assert_eq!(row, [0.0]);
+    }
 }

@@ -5,7 +5,8 @@
 //! - Each server's cursor starts at the export's `sync.json` for its shard: the snapshot holds everything
 //!   up to there. A server that restarted since (another incarnation), or dropped the deltas the cursor
 //!   needs, answers with a scan of every row it holds instead, in pages.
-//! - Rows are applied as they arrive (a row's newest value wins: deltas carry current values); dense
+//! - Deletions and rows are applied as they arrive (a row's newest state wins: deltas carry current values
+//!   or deletions); a scan page also deletes the rows it leaves out of its range ([`RowStore::sweep`]); dense
 //!   parameters published by the trainer (`--publish-dense-every`) replace the model between two batches
 //!   ([`Batcher::set_dense`]), so no prediction mixes two dense versions.
 //! - When a server is down, its loop retries with backoff and serving keeps answering from what it has;
@@ -16,7 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use protocol::wire::message::sync::{SyncCursor, SyncPoint};
+use protocol::wire::message::sync::{DeltaBatch, DeltasHeader, SyncCursor, SyncPoint, SyncResume};
 use protocol::{PsClient, PsClientConfig};
 
 use crate::batcher::Batcher;
@@ -24,7 +25,7 @@ use crate::config::{ServeConfig, SyncConfig};
 use crate::metrics as m;
 use crate::predict::DenseTemplate;
 use crate::state::{now_unix_us, Loaded};
-use crate::store::RowStore;
+use crate::store::{RowStore, ScanKey};
 
 /// Rows per sync answer.
 const MAX_ROWS: u32 = 65_536;
@@ -169,7 +170,7 @@ impl Follower {
                 }
             };
             backoff = Duration::from_millis(100);
-            let applied = tokio::task::block_in_place(|| self.apply(&batch));
+            let applied = tokio::task::block_in_place(|| self.apply(i, &cursor, &batch));
             if let Err(e) = applied {
                 metrics::counter!(m::SYNC_ERRORS_TOTAL, "server" => server.clone()).increment(1);
                 tracing::error!(%server, error = %e, "a delta did not apply; asking again");
@@ -184,13 +185,34 @@ impl Follower {
         }
     }
 
-    /// Applies one answer: rows, then the dense version (if newer), then freshness.
-    fn apply(&self, batch: &protocol::wire::message::sync::DeltaBatch) -> anyhow::Result<()> {
+    /// Applies server `shard`'s answer to a request at `asked`: deletions, rows (and for a scan page, the
+    /// deletion of the rows it does not list in its range), then the dense version (if newer), then freshness.
+    fn apply(&self, shard: usize, asked: &SyncCursor, batch: &DeltaBatch) -> anyhow::Result<()> {
         let h = &batch.header;
+        let mut deleted = 0;
+        for d in &batch.deleted {
+            self.store
+                .delete_rows(d.table, &d.ids)
+                .with_context(|| format!("delete {} rows of table {}", d.ids.len(), d.table))?;
+            deleted += d.ids.len();
+        }
         for t in &batch.tables {
             self.store
                 .apply_rows(t.table, &t.ids, &t.rows)
                 .with_context(|| format!("apply {} rows of table {}", t.ids.len(), t.table))?;
+        }
+        if h.scan {
+            let (from, to) = scan_range(asked, h);
+            deleted += self
+                .store
+                .sweep(shard, from, to, &batch.tables)
+                .with_context(|| {
+                    format!("delete the rows a scan page of server {shard} leaves out")
+                })?;
+        }
+        if deleted > 0 {
+            metrics::counter!(m::ROWS_DELETED_TOTAL).increment(deleted as u64);
+            tracing::debug!(shard, deleted, "rows deleted by the delta sync");
         }
         self.store
             .enforce_budget()
@@ -228,6 +250,23 @@ impl Follower {
         }
         Ok(())
     }
+}
+
+/// The (table, id) range a scan page answering a request at `asked` covers: after the first key, up to and
+/// including the second (`None`: to the end). A page continues the scan of the cursor's `Scan` resume when
+/// the server is the same incarnation; otherwise it is a scan's first page, from the start.
+fn scan_range(asked: &SyncCursor, h: &DeltasHeader) -> (ScanKey, Option<ScanKey>) {
+    let from = match asked.resume {
+        Some(SyncResume::Scan { table, after }) if asked.incarnation == h.incarnation => {
+            (table, after)
+        }
+        _ => (0, None),
+    };
+    let to = match h.cursor.resume {
+        Some(SyncResume::Scan { table, after }) if !h.complete => Some((table, after)),
+        _ => None,
+    };
+    (from, to)
 }
 
 /// Updates the model-age and rows gauges every second until stopping.

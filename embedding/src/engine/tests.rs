@@ -449,6 +449,31 @@ fn registered_tables_leave_out_the_table_policy() {
     assert_eq!(e.table_count(), 2);
 }
 
+/// A table exempt from the policy (a trainer's dense parameters) gets neither its admission nor its TTL:
+/// it is never expired and its first push is applied.
+#[test]
+fn an_exempt_table_keeps_every_row_and_update() {
+    let (_, e) = mem_engine();
+    e.set_table_policy(
+        Some(crate::AdmissionConfig {
+            min_count: 2,
+            width: 64,
+            depth: 2,
+        }),
+        Some(1),
+    );
+    e.exempt_from_table_policy(9);
+    e.register_table(cfg(9, 2)).unwrap();
+    e.register_table(cfg(1, 2)).unwrap();
+    let c = e.table(9).unwrap().config().clone();
+    assert_eq!((c.admission, c.ttl_secs), (None, None));
+    assert!(e.table(1).unwrap().config().ttl_secs.is_some());
+    let stats = e.apply_at(9, &[3], &[1.0, 1.0], 10).unwrap();
+    assert_eq!(stats.applied, 1, "admitted at its first push");
+    assert_eq!(e.expire(1_000_000).unwrap().rows_deleted, 0);
+    assert_eq!(e.table(9).unwrap().len(), 1);
+}
+
 /// Written weights replace a row's weights and keep its optimizer state; a row not held yet gets the initial
 /// state; the rows are dirty (written back) and a wrong length is refused naming it.
 #[test]

@@ -320,7 +320,20 @@ impl Table {
         out: &mut [f32],
     ) -> Result<GatherStats, EmbeddingError> {
         self.check_len("output", ids.len(), out.len())?;
-        self.gather_width(ids, out, self.cfg.dim)
+        self.gather_width(ids, out, self.cfg.dim, None)
+    }
+
+    /// [`Table::gather`], appending to `absent` the positions in `ids` (ascending) of the ids without a row in
+    /// memory or the store, whose `out` rows are their initializer values: what the delta sync sends as
+    /// deletions (a row expired, capped or never admitted).
+    pub fn gather_or_absent(
+        &self,
+        ids: &[u64],
+        out: &mut [f32],
+        absent: &mut Vec<usize>,
+    ) -> Result<GatherStats, EmbeddingError> {
+        self.check_len("output", ids.len(), out.len())?;
+        self.gather_width(ids, out, self.cfg.dim, Some(absent))
     }
 
     /// Copies the whole stored rows of `ids` into `out` (`ids.len() x row_len`: the weights, then the
@@ -343,16 +356,17 @@ impl Table {
                 dim: self.row_len,
             });
         }
-        self.gather_width(ids, out, self.row_len)
+        self.gather_width(ids, out, self.row_len, None)
     }
 
     /// Copies the first `width` f32s of each row of `ids` into `out` (`ids.len() x width`): `dim` (weights)
-    /// or `row_len` (weights and state).
+    /// or `row_len` (weights and state); the positions of ids without a row go to `absent`, if given.
     fn gather_width(
         &self,
         ids: &[u64],
         out: &mut [f32],
         width: usize,
+        absent: Option<&mut Vec<usize>>,
     ) -> Result<GatherStats, EmbeddingError> {
         let dim = width;
         let _gate = self.tier.as_ref().map(|t| t.gate.read());
@@ -389,6 +403,11 @@ impl Table {
             // Also when this call inserted nothing: another caller may have read a row back between this
             // call's miss and its read (which then found the row in memory and left it).
             misses = self.copy_found(ids, &misses, out, width)?;
+        }
+        if let Some(absent) = absent {
+            let from = absent.len();
+            absent.extend_from_slice(&misses);
+            absent[from..].sort_unstable();
         }
         for i in misses {
             let row = &mut out[i * width..(i + 1) * width];

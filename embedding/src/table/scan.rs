@@ -25,7 +25,7 @@ impl Table {
                 let id = stripe.arena.id(slot);
                 if above(id) && stripe.find(id, hash(id)) == Some(slot) {
                     out.push(id);
-                    if out.len() >= 2 * limit {
+                    if out.len() >= limit.saturating_mul(2) {
                         keep_smallest(out, limit);
                     }
                 }

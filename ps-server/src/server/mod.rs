@@ -154,6 +154,8 @@ async fn open_shard(cfg: &ServerConfig) -> anyhow::Result<Arc<Shard>> {
     writeback::update_gauges(&engine);
     metrics::gauge!(m::TABLES).set(engine.table_count() as f64);
     engine.set_table_policy(cfg.admission, cfg.row_ttl_secs);
+    // A trainer's dense parameters and counters: never expired nor refused admission by the server's policy.
+    engine.exempt_from_table_policy(protocol::wire::dense::DENSE_TABLE);
     engine.set_weight_guard(cfg.weight_guard);
     Ok(Arc::new(Shard::open(cfg, engine)?))
 }

@@ -91,7 +91,12 @@ async fn run_expiry_timer(shard: Arc<Shard>, interval: Duration, stop: Cancellat
         }
         let shard = shard.clone();
         let _ = tokio::task::spawn_blocking(move || {
-            writeback::expire(shard.engine(), super::unix_secs())
+            // Deleted rows reach serving as deletions: the delta sync sends each recorded id whose row is
+            // gone as one (crate::sync, "What counts as a change").
+            let sync = shard.sync();
+            writeback::expire(shard.engine(), super::unix_secs(), &mut |table, ids| {
+                sync.record([(table, ids)], super::unix_us())
+            })
         })
         .await;
     }

@@ -6,15 +6,19 @@
 //! is the handler's (`Shard::sync_deltas`); waiting for the next cut is the server loop's.
 //!
 //! # What counts as a change
-//! - Every id of an accepted push (rows refused as non-finite or not admitted included: their current value
-//!   is sent, which is what a pull would answer).
+//! - Every id of an accepted push (rows refused as non-finite included: their current value is sent, which
+//!   is what a pull would answer).
+//! - Every id a TTL expiry or a row cap deletes (`tasks::run_expiry_timer`, through
+//!   [`embedding::Engine::expire_telling`]).
 //! - Not the dense table ([`protocol::wire::dense::DENSE_TABLE`]); dense parameters travel by
 //!   `PublishDense`.
 //! - Not eviction to RocksDB (values do not change) nor recovery at start (a new incarnation: subscribers
 //!   scan).
-//! - Not TTL expiry: an expired row reads as its initializer on the training servers, but serving keeps the
-//!   last value it synced until a push changes the row again (the trained value predicts better than a
-//!   random one). A scan after a restart no longer lists expired rows.
+//!
+//! The answer sends each recorded id as it is then: its row if the server holds one (in memory or RocksDB),
+//! else a deletion (`DeltasHeader::deleted`), so serving drops a row the training servers dropped (expired,
+//! capped, or a push of an id not admitted) and reads it as its initializer, as a pull would. A row deleted
+//! and pushed again before the answer arrives as a row.
 
 mod log;
 

@@ -10,16 +10,23 @@
 //!
 //! # Payload of `Deltas`
 //! 1. one id section per table of [`DeltasHeader::tables`] ([`IdCoding::Plain`], ascending ids, as in a pull);
-//! 2. the rows of every table in header order, in the request's encoding ([`Encoding::F32`], [`Encoding::F16`]
-//!    or [`Encoding::Bf16`]);
-//! 3. when [`DeltasHeader::dense`] is set, its `len` dense values, f32 LE.
+//! 2. one id section per table of [`DeltasHeader::deleted`]: ids whose rows the server no longer holds
+//!    (expired, past a row cap, never admitted), which the subscriber deletes;
+//! 3. the rows of every table of `tables` in header order, in the request's encoding ([`Encoding::F32`],
+//!    [`Encoding::F16`] or [`Encoding::Bf16`]);
+//! 4. when [`DeltasHeader::dense`] is set, its `len` dense values, f32 LE.
+//!
+//! A delta's rows and deletions are the state at the answer: an id is in one list or the other, never both,
+//! so a row deleted and created again arrives as a row, one updated then deleted as a deletion. A scan carries
+//! no deletions: a subscriber deletes the rows it holds in the key range a scan page covers that the page does
+//! not list ([`SyncResume::Scan`]).
 //!
 //! A `PublishDense` request's payload is `len` f32 LE values.
 //!
 //! | side | call |
 //! | --- | --- |
 //! | subscriber, request | [`request`] (or [`crate::PsClient::sync_deltas`]) |
-//! | server, request | [`validate_request`], then [`put_ids`], [`put_rows`], [`put_dense`] in that order |
+//! | server, request | [`validate_request`], then [`put_ids`] (rows' ids, then deletions), [`put_rows`], [`put_dense`] |
 //! | subscriber, reply | [`decode`] into a [`DeltaBatch`] |
 //! | trainer, publish | [`publish_request`] + [`put_dense`] (or [`crate::PsClient::publish_dense`]) |
 //! | server, publish | [`decode_dense`] |
@@ -137,14 +144,25 @@ pub struct DeltasHeader {
     pub scan: bool,
     /// Encoding of the rows.
     pub encoding: Encoding,
-    /// Per-table counts, in payload order.
+    /// Per-table counts of rows, in payload order.
     pub tables: Vec<TableCount>,
+    /// Per-table counts of deleted ids, in payload order after the rows' id sections.
+    pub deleted: Vec<DeletedCount>,
     /// Time of the oldest change in the deltas answered, Unix microseconds (0: no delta in the answer).
     pub oldest_change_unix_us: u64,
     /// Cut time of the newest delta answered, Unix microseconds (0: no delta in the answer).
     pub cut_unix_us: u64,
     /// The dense parameters, when the server holds a version newer than the request's `dense_version`.
     pub dense: Option<DenseInfo>,
+}
+
+/// The number of deleted ids of one table in a `Deltas` answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeletedCount {
+    /// Table id.
+    pub table: u32,
+    /// Ids in its section.
+    pub count: u32,
 }
 
 /// `sync.json` of a snapshot's shard directory: the snapshot holds every change of the deltas up to `seq` of
@@ -195,6 +213,15 @@ pub struct SyncedRows {
     pub rows: Vec<f32>,
 }
 
+/// The ids of one table whose rows the server no longer holds, in a [`DeltaBatch`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeletedIds {
+    /// Table id.
+    pub table: u32,
+    /// Ascending ids.
+    pub ids: Vec<u64>,
+}
+
 /// One decoded answer to [`Request::SyncDeltas`].
 #[derive(Debug, Clone, PartialEq)]
 pub struct DeltaBatch {
@@ -202,6 +229,8 @@ pub struct DeltaBatch {
     pub header: DeltasHeader,
     /// Rows per table, in header order.
     pub tables: Vec<SyncedRows>,
+    /// Deleted ids per table, in header order.
+    pub deleted: Vec<DeletedIds>,
     /// The dense values, when the header announces them.
     pub dense: Option<Vec<f32>>,
 }
@@ -210,6 +239,11 @@ impl DeltaBatch {
     /// Rows over all tables.
     pub fn rows(&self) -> usize {
         self.tables.iter().map(|t| t.ids.len()).sum()
+    }
+
+    /// Deleted ids over all tables.
+    pub fn deletions(&self) -> usize {
+        self.deleted.iter().map(|t| t.ids.len()).sum()
     }
 }
 
@@ -290,10 +324,11 @@ pub fn check_header(h: &DeltasHeader) -> Result<(), ProtocolError> {
     if !matches!(h.encoding, Encoding::F32 | Encoding::F16 | Encoding::Bf16) {
         return bad(format!("encoding {}", h.encoding));
     }
-    if h.tables.len() > MAX_TABLES {
+    if h.tables.len() > MAX_TABLES || h.deleted.len() > MAX_TABLES {
         return bad(format!(
-            "{} tables exceed the cap of {MAX_TABLES}",
-            h.tables.len()
+            "{} tables of rows and {} of deletions: each list is capped at {MAX_TABLES}",
+            h.tables.len(),
+            h.deleted.len()
         ));
     }
     let mut rows = 0u64;
@@ -306,8 +341,11 @@ pub fn check_header(h: &DeltasHeader) -> Result<(), ProtocolError> {
         }
         rows += u64::from(t.count);
     }
+    rows += h.deleted.iter().map(|d| u64::from(d.count)).sum::<u64>();
     if rows > u64::from(MAX_ROWS) {
-        return bad(format!("{rows} rows exceed the cap of {MAX_ROWS}"));
+        return bad(format!(
+            "{rows} rows and deletions exceed the cap of {MAX_ROWS}"
+        ));
     }
     if let Some(d) = h.dense {
         if d.len > MAX_DENSE_VALUES {
@@ -328,7 +366,11 @@ pub fn decode(header: DeltasHeader, payload: &[u8]) -> Result<DeltaBatch, Protoc
     let mut ids = Vec::new();
     let used = get_sections(
         payload,
-        header.tables.iter().map(|t| t.count as usize),
+        header
+            .tables
+            .iter()
+            .map(|t| t.count as usize)
+            .chain(header.deleted.iter().map(|d| d.count as usize)),
         &mut ids,
     )
     .map_err(|e| ProtocolError::BadPayload(format!("deltas: {e}")))?;
@@ -360,6 +402,18 @@ pub fn decode(header: DeltasHeader, payload: &[u8]) -> Result<DeltaBatch, Protoc
         id_at += n;
         row_at += width;
     }
+    let deleted = header
+        .deleted
+        .iter()
+        .map(|d| {
+            let n = d.count as usize;
+            id_at += n;
+            DeletedIds {
+                table: d.table,
+                ids: ids[id_at - n..id_at].to_vec(),
+            }
+        })
+        .collect();
     let dense = match header.dense {
         Some(d) => {
             let mut values = vec![0.0; d.len as usize];
@@ -371,6 +425,7 @@ pub fn decode(header: DeltasHeader, payload: &[u8]) -> Result<DeltaBatch, Protoc
     Ok(DeltaBatch {
         header,
         tables,
+        deleted,
         dense,
     })
 }
@@ -398,6 +453,7 @@ mod tests {
             scan: false,
             encoding,
             tables,
+            deleted: Vec::new(),
             oldest_change_unix_us: 10,
             cut_unix_us: 20,
             dense: dense.map(|len| DenseInfo {
@@ -460,6 +516,56 @@ mod tests {
     }
 
     #[test]
+    fn deletions_travel_after_the_rows_ids_and_count_against_the_cap() {
+        let tables = vec![(1u32, 2u32, vec![3u64, 9], vec![0.5f32, -1.0, 2.0, 0.25])];
+        let mut h = header(counts(&tables), Encoding::Bf16, Some(1));
+        h.deleted = vec![
+            DeletedCount { table: 1, count: 2 },
+            DeletedCount { table: 5, count: 1 },
+        ];
+        let mut body = Vec::new();
+        put_ids(&[3, 9], &mut body);
+        put_ids(&[4, 7], &mut body);
+        put_ids(&[u64::MAX], &mut body);
+        put_rows(&tables[0].3, 2, Encoding::Bf16, &mut body);
+        put_dense(&[1.5], &mut body);
+        let frame = encode_frame(&Response::Deltas { header: h.clone() }, &body).unwrap();
+        let (back, range, _) = decode_frame::<Response>(&frame, DEFAULT_MAX_FRAME)
+            .unwrap()
+            .unwrap();
+        let Response::Deltas { header: back } = back else {
+            panic!("{back:?}")
+        };
+        let batch = decode(back, &frame[range]).unwrap();
+        assert_eq!(batch.tables[0].ids, [3, 9]);
+        assert_eq!(batch.tables[0].rows, [0.5, -1.0, 2.0, 0.25]);
+        assert_eq!(
+            batch.deleted,
+            [
+                DeletedIds {
+                    table: 1,
+                    ids: vec![4, 7]
+                },
+                DeletedIds {
+                    table: 5,
+                    ids: vec![u64::MAX]
+                }
+            ]
+        );
+        assert_eq!((batch.rows(), batch.deletions()), (2, 3));
+        assert_eq!(batch.dense.as_deref(), Some(&[1.5f32][..]));
+        // A deletion section one id short leaves bytes the rows do not fill.
+        let mut short = h.clone();
+        short.deleted[1].count = 0;
+        assert!(decode(short, &body).is_err());
+        // Deletions count against the row cap.
+        let mut over = h;
+        over.deleted[0].count = MAX_ROWS - 1;
+        let err = decode(over, &body).unwrap_err().to_string();
+        assert!(err.contains("rows and deletions exceed"), "{err}");
+    }
+
+    #[test]
     fn requests_round_trip_and_bad_ones_are_named() {
         for req in [
             request(SyncCursor::START, Encoding::F16, 100, 5000, 3),
@@ -514,7 +620,7 @@ mod tests {
         huge.tables[0].count = MAX_ROWS + 1;
         let err = decode(huge, &body).unwrap_err().to_string();
         assert!(
-            err.contains(&format!("{} rows exceed", MAX_ROWS + 1)),
+            err.contains(&format!("{} rows and deletions exceed", MAX_ROWS + 1)),
             "{err}"
         );
         let mut wide = h.clone();

@@ -4,7 +4,9 @@
 use embedding::TableConfig;
 use protocol::compression::codec;
 use protocol::wire::dense::DENSE_TABLE;
-use protocol::wire::message::sync::{self, DeltasHeader, DenseInfo, SyncCursor, SyncResume};
+use protocol::wire::message::sync::{
+    self, DeletedCount, DeltasHeader, DenseInfo, SyncCursor, SyncResume,
+};
 use protocol::{Encoding, ErrorCode, Response, TableCount};
 
 use crate::metrics as m;
@@ -89,6 +91,7 @@ impl Shard {
             scan: false,
             encoding: ask.encoding,
             tables: Vec::new(),
+            deleted: Vec::new(),
             oldest_change_unix_us: 0,
             cut_unix_us: 0,
             dense: None,
@@ -141,8 +144,27 @@ impl Shard {
                 (parts, "scan")
             }
         };
+        // Current values; ids without a row (expired, capped, never admitted) become deletions.
+        let mut present = Vec::with_capacity(parts.len());
+        let mut deleted = Vec::new();
+        let mut absent = Vec::new();
+        for (cfg, mut ids) in parts {
+            let mut rows = vec![0.0; ids.len() * cfg.dim];
+            self.read_durable(cfg.id, &ids, || {
+                absent.clear();
+                self.engine
+                    .gather_or_absent(cfg.id, &ids, &mut rows, &mut absent)?;
+                Ok(())
+            })?;
+            if !absent.is_empty() {
+                deleted.push((cfg.id, split_absent(&mut ids, &mut rows, cfg.dim, &absent)));
+            }
+            if !ids.is_empty() {
+                present.push((cfg, ids, rows));
+            }
+        }
         let mut payload = Vec::new();
-        for (cfg, ids) in &parts {
+        for (cfg, ids, _) in &present {
             header.tables.push(TableCount {
                 table: cfg.id,
                 count: ids.len() as u32,
@@ -150,15 +172,18 @@ impl Shard {
             });
             sync::put_ids(ids, &mut payload);
         }
-        let mut rows = Vec::new();
+        let mut gone = 0u64;
+        for (table, ids) in &deleted {
+            header.deleted.push(DeletedCount {
+                table: *table,
+                count: ids.len() as u32,
+            });
+            sync::put_ids(ids, &mut payload);
+            gone += ids.len() as u64;
+        }
         let mut sent = 0u64;
-        for (cfg, ids) in &parts {
-            rows.clear();
-            rows.resize(ids.len() * cfg.dim, 0.0);
-            self.read_durable(cfg.id, ids, || {
-                Ok(self.engine.gather(cfg.id, ids, &mut rows)?)
-            })?;
-            codec::encode_rows(&rows, cfg.dim, ask.encoding, &mut payload);
+        for (cfg, ids, rows) in &present {
+            codec::encode_rows(rows, cfg.dim, ask.encoding, &mut payload);
             sent += ids.len() as u64;
         }
         if let Some(d) = dense {
@@ -172,6 +197,7 @@ impl Shard {
         }
         metrics::counter!(m::SYNC_REQUESTS_TOTAL, "answer" => kind).increment(1);
         metrics::counter!(m::SYNC_ROWS_SENT_TOTAL).increment(sent);
+        metrics::counter!(m::SYNC_DELETIONS_SENT_TOTAL).increment(gone);
         Ok(SyncOutcome::Reply(Reply {
             header: Response::Deltas { header },
             payload,
@@ -279,4 +305,27 @@ impl Shard {
             payload: Vec::new(),
         })
     }
+}
+
+/// Removes the ids at positions `absent` (ascending) from `ids` and their rows (`dim` values each) from
+/// `rows`, keeping the order of the rest; returns the removed ids.
+fn split_absent(ids: &mut Vec<u64>, rows: &mut Vec<f32>, dim: usize, absent: &[usize]) -> Vec<u64> {
+    let mut gone = Vec::with_capacity(absent.len());
+    let mut next = absent.iter().copied().peekable();
+    let mut kept = 0;
+    for i in 0..ids.len() {
+        if next.peek() == Some(&i) {
+            next.next();
+            gone.push(ids[i]);
+            continue;
+        }
+        if kept != i {
+            ids[kept] = ids[i];
+            rows.copy_within(i * dim..(i + 1) * dim, kept * dim);
+        }
+        kept += 1;
+    }
+    ids.truncate(kept);
+    rows.truncate(kept * dim);
+    gone
 }

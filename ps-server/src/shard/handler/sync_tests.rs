@@ -435,3 +435,77 @@ fn answers_fit_the_frame_cap_with_dense_values_and_wide_rows() {
     }
     assert_eq!(seen, ids);
 }
+
+#[test]
+fn rows_expired_or_not_admitted_reach_subscribers_as_deletions_ordered_with_pushes() {
+    let s = shard();
+    let ttl = TableConfig {
+        admission: Some(embedding::AdmissionConfig {
+            min_count: 2,
+            width: 1024,
+            depth: 2,
+        }),
+        ttl_secs: Some(10),
+        ..TableConfig::counter(3, 1)
+    };
+    let r = s.handle(Request::RegisterTables { tables: vec![ttl] }, &[], NOW);
+    assert!(matches!(r.header, Response::Registered { .. }), "{r:?}");
+    // Ids 1..=3 pushed twice (admitted), id 9 once (not admitted: no row).
+    push(&s, 3, 1, &[1, 2, 3], 1.0);
+    push(&s, 3, 1, &[1, 2, 3, 9], 1.0);
+    s.sync.cut(NOW * 1_000_000 + 1);
+    let at_zero = SyncCursor {
+        incarnation: INC,
+        seq: 0,
+        resume: None,
+    };
+    let b = ask(&s, at_zero, 100, 0);
+    assert_eq!(b.tables[0].ids, [1, 2, 3]);
+    assert_eq!(b.tables[0].rows, [-1.0, -1.0, -1.0], "the second push");
+    assert_eq!(
+        b.deleted,
+        [sync::DeletedIds {
+            table: 3,
+            ids: vec![9]
+        }],
+        "an id without a row is a deletion, not its initializer"
+    );
+    // The expiry timer's pass, 11 s later: every row of table 3 goes, and the sync records them.
+    let stats = crate::writeback::expire(&s.engine, NOW + 11, &mut |t, ids| {
+        s.sync.record([(t, ids)], NOW * 1_000_000 + 2)
+    })
+    .unwrap();
+    assert_eq!(stats.rows_deleted, 3);
+    // Id 2 comes back before the next cut (admitted at once: the sketch still counts it): its new row.
+    push(&s, 3, 1, &[2], 1.0);
+    push(&s, 3, 1, &[2], 1.0);
+    s.sync.cut(NOW * 1_000_000 + 3);
+    let b = ask(&s, b.header.cursor, 100, 0);
+    assert_eq!(
+        (b.tables.len(), b.tables[0].ids.as_slice()),
+        (1, &[2u64][..])
+    );
+    assert_eq!(
+        b.tables[0].rows,
+        [-2.0],
+        "a fresh row, not the expired one (-1)"
+    );
+    assert_eq!(
+        b.deleted,
+        [sync::DeletedIds {
+            table: 3,
+            ids: vec![1, 3]
+        }]
+    );
+    assert_eq!((b.rows(), b.deletions()), (1, 2));
+    // A scan lists only rows: the subscriber deletes what a page's range leaves out.
+    let (rows, _, scan) = drain(&s, SyncCursor::START, 1);
+    assert!(scan);
+    assert_eq!(
+        rows.iter()
+            .filter(|r| r.0 == 3)
+            .map(|r| r.1)
+            .collect::<Vec<_>>(),
+        [2]
+    );
+}
