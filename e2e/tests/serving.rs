@@ -129,6 +129,79 @@ fn served_predictions_of_bf16_rows_are_the_trainers() {
     serve.terminate();
 }
 
+/// ps-serve holding rows at a serving precision (`--row-precision`, issue 43): f32 answers exactly as the
+/// trainer evaluated, bf16 and int8 within a small AUC distance, each in less memory than the one before, and
+/// int8 in less than the engine store; an export kept as SafeTensors only loads to the same answers.
+#[test]
+fn served_predictions_of_quantized_rows_stay_near_the_trainers() {
+    let dir = tempfile::tempdir().unwrap();
+    let (train, test) = (dir.path().join("train.tsv"), dir.path().join("test.tsv"));
+    support::generate(20_000, 1, &train);
+    support::generate(3_000, 2, &test);
+    let export = dir.path().join("export");
+    let (summary, _) = support::run_demo(
+        dir.path(),
+        &train,
+        &test,
+        &["--export-dir", export.to_str().unwrap()],
+    );
+    let lines = support::read_lines(&test);
+    let labels = labels(&lines);
+    let want = summary["auc"].as_f64().unwrap();
+    let export_s = export.to_str().unwrap();
+    let served = |extra: &[&str]| {
+        let mut args = vec!["--export", export_s];
+        args.extend_from_slice(extra);
+        let serve = Serve::start(&args);
+        let probs = predict_lines(serve.addr, &lines, 500);
+        let (_, metrics) = http(serve.addr, "GET", "/metrics", None, b"");
+        let bytes = local_cluster::metric(&metrics, "serving_rows_memory_bytes").unwrap();
+        let rows = local_cluster::metric(&metrics, "serving_rows_in_memory").unwrap();
+        assert!(serve.terminate().success());
+        (probs, bytes, rows)
+    };
+    let (_, engine_bytes, engine_rows) = served(&[]);
+    let mut last = (f64::INFINITY, "nothing");
+    let mut int8 = Vec::new();
+    for (p, max_gap) in [("f32", 1e-6), ("bf16", 0.002), ("int8", 0.005)] {
+        let (probs, bytes, rows) = served(&["--row-precision", p]);
+        assert!(rows > 0.0 && rows <= engine_rows, "{p}: {rows} rows");
+        let auc = support::auc(&probs, &labels).unwrap();
+        assert!(
+            (auc - want).abs() < max_gap,
+            "{p}: served AUC {auc}, the trainer's {want}"
+        );
+        assert!(
+            bytes < last.0,
+            "{p}: {bytes} bytes of rows, not less than {} with {}",
+            last.0,
+            last.1
+        );
+        last = (bytes, p);
+        if p == "int8" {
+            assert!(
+                bytes < engine_bytes,
+                "int8: {bytes} bytes, the engine store {engine_bytes}"
+            );
+            int8 = probs;
+        }
+        eprintln!("{p}: {bytes} bytes for {rows} rows (engine store {engine_bytes}), AUC {auc} (trainer {want})");
+    }
+    // Without the shards' RocksDB the rows load from tables.safetensors: the same int8 rows, the same answers.
+    let version = model::export::Export::open(&export).unwrap().dir;
+    for shard in ["shard-0-of-2", "shard-1-of-2"] {
+        std::fs::remove_dir_all(
+            version
+                .join("ps")
+                .join(shard)
+                .join(embedding::snapshot::DB_DIR),
+        )
+        .unwrap();
+    }
+    let (probs, _, _) = served(&["--row-precision", "int8"]);
+    assert_eq!(probs, int8);
+}
+
 #[test]
 fn served_predictions_are_the_trainers() {
     let dir = tempfile::tempdir().unwrap();

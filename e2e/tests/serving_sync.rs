@@ -277,8 +277,8 @@ fn rows_deleted_on_the_training_servers_are_deleted_from_serving_across_restarts
         embedding::init::fill_weights(cfg, *id, &mut init);
         assert_ne!(w, &init, "row {id} of table {} was not trained", cfg.id);
     }
-    let follow = |ps: &str, tls: &Path| {
-        Serve::start(&[
+    let follow_with = |ps: &str, tls: &Path, extra: &[&str]| {
+        let mut args = vec![
             "--export",
             &export_s,
             "--subscribe",
@@ -288,8 +288,11 @@ fn rows_deleted_on_the_training_servers_are_deleted_from_serving_across_restarts
             "--sync-wait-ms",
             "1000",
             "--enable-embedding-api",
-        ])
+        ];
+        args.extend_from_slice(extra);
+        Serve::start(&args)
     };
+    let follow = |ps: &str, tls: &Path| follow_with(ps, tls, &[]);
     // No push touches them again: they expire on the servers, and the deltas delete them from serving.
     let serve = follow(&ps, &tls);
     wait_until_deleted(&serve, &rows, Duration::from_secs(120));
@@ -304,10 +307,18 @@ fn rows_deleted_on_the_training_servers_are_deleted_from_serving_across_restarts
     drop(serve);
 
     // Restarted training servers (another incarnation, the rows gone from their RocksDB): a restarted
-    // ps-serve's cursors are of the old incarnation, so it scans, and deletes what the scan leaves out.
+    // ps-serve's cursors are of the old incarnation, so it scans, and deletes what the scan leaves out; the
+    // same with rows held at a serving precision (a deleted row reads as its exact initializer there too).
     cluster.shutdown(Duration::from_secs(30)).unwrap();
     let cluster = support::start_servers(2, &run, &flags);
     let serve = follow(&cluster.ps_arg(), &cluster.tls_dir);
+    wait_until_deleted(&serve, &rows, Duration::from_secs(120));
+    drop(serve);
+    let serve = follow_with(
+        &cluster.ps_arg(),
+        &cluster.tls_dir,
+        &["--row-precision", "int8"],
+    );
     wait_until_deleted(&serve, &rows, Duration::from_secs(120));
     assert!(serve.terminate().success());
     cluster.shutdown(Duration::from_secs(30)).unwrap();

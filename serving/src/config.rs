@@ -7,6 +7,8 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use crate::compact::ServePrecision;
+
 /// Every setting, as a flag, an environment variable and a TOML key (kebab-case); all optional here.
 #[derive(Debug, Clone, Default, PartialEq, Deserialize, clap::Args)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
@@ -26,6 +28,12 @@ pub struct ServeOptions {
     /// Default: none (every row the export holds is loaded).
     #[arg(long, env = "PS_SERVE_MEMORY_BUDGET_ROWS")]
     pub memory_budget_rows: Option<u64>,
+    /// Hold every row in memory at this precision, without optimizer state or a RocksDB copy: `f32` (the
+    /// weights as trained), `bf16` (rounded to nearest) or `int8` (a scale per row, each weight within
+    /// `max|w| / 254` of its value). Default: none (rows as the export stores them, in RocksDB with the
+    /// memory budget). Not with `--memory-budget-rows`.
+    #[arg(long, env = "PS_SERVE_ROW_PRECISION")]
+    pub row_precision: Option<String>,
     /// Microseconds the first request of a micro-batch waits for others. Default 0: a batch is every request
     /// that queued while the previous one was predicted (lowest latency; BENCHMARKS.md).
     #[arg(long, env = "PS_SERVE_BATCH_DEADLINE_US")]
@@ -126,6 +134,8 @@ pub struct ServeConfig {
     pub data_dir: Option<PathBuf>,
     /// See [`ServeOptions::memory_budget_rows`].
     pub memory_budget_rows: Option<u64>,
+    /// See [`ServeOptions::row_precision`].
+    pub row_precision: Option<ServePrecision>,
     /// See [`ServeOptions::batch_deadline_us`].
     pub batch_deadline: Duration,
     /// See [`ServeOptions::max_batch_rows`].
@@ -196,6 +206,7 @@ impl ServeOptions {
             listen,
             data_dir,
             memory_budget_rows,
+            row_precision,
             batch_deadline_us,
             max_batch_rows,
             max_queued_rows,
@@ -238,6 +249,18 @@ impl ServeOptions {
             return bad(
                 "--memory-budget-rows 0, expected at least 1 (omit it for no budget)".into(),
             );
+        }
+        let row_precision = self
+            .row_precision
+            .as_deref()
+            .map(str::parse::<ServePrecision>)
+            .transpose()
+            .map_err(ConfigError::Invalid)?;
+        if let (Some(p), Some(rows)) = (row_precision, self.memory_budget_rows) {
+            return bad(format!(
+                "--row-precision {p} with --memory-budget-rows {rows}: rows held at a serving precision are \
+                 all in memory; give one or the other"
+            ));
         }
         let deadline_us = self.batch_deadline_us.unwrap_or(0);
         if deadline_us > 1_000_000 {
@@ -310,6 +333,7 @@ impl ServeOptions {
                 .unwrap_or_else(|| "127.0.0.1:8500".parse().expect("valid address")),
             data_dir: self.data_dir,
             memory_budget_rows: self.memory_budget_rows,
+            row_precision,
             batch_deadline: Duration::from_micros(deadline_us),
             max_batch_rows: positive("max-batch-rows", self.max_batch_rows, 2048)?,
             max_queued_rows: positive("max-queued-rows", self.max_queued_rows, 65536)?,
@@ -405,6 +429,16 @@ mod tests {
         o.tls_dir = Some("/tls".into());
         o.sync_encoding = Some("int8".into());
         assert!(e(o).contains("--sync-encoding \"int8\""));
+        let mut o = opts("/e");
+        o.row_precision = Some("int4".into());
+        assert!(e(o.clone()).contains("--row-precision \"int4\""));
+        o.row_precision = Some("int8".into());
+        assert_eq!(
+            o.clone().validate().unwrap().row_precision,
+            Some(ServePrecision::Int8)
+        );
+        o.memory_budget_rows = Some(10);
+        assert!(e(o).contains("--row-precision int8 with --memory-budget-rows 10"));
         let mut o = opts("/e");
         o.header_timeout_secs = Some(0.0);
         assert!(e(o).contains("--header-timeout-secs 0"));

@@ -6,7 +6,8 @@
 //! - [`request`]: a predict body's layout (TSV or JSON rows) into a columnar batch.
 //! - [`batcher`]: micro-batching of concurrent requests on the predicting thread.
 //! - [`predict`]: one prediction, computed as the trainer's evaluation computes it.
-//! - [`store`]: the embedding rows, per shard of the export's snapshot, memory-bounded over RocksDB.
+//! - [`store`]: the embedding rows, per shard of the export's snapshot, memory-bounded over RocksDB, or
+//!   held at a serving precision by [`compact`] (`--row-precision`).
 //! - [`sync`]: delta sync from the training servers (rows and dense versions).
 //! - [`state`]: the loaded export and its freshness.
 //! - [`config`]: the one typed config (TOML, flags, environment).
@@ -18,6 +19,7 @@
 #![warn(missing_docs)]
 
 pub mod batcher;
+pub mod compact;
 pub mod config;
 pub mod http;
 pub mod metrics;

@@ -26,6 +26,8 @@ pub const DENSE_VERSION: &str = "serving_dense_version";
 pub const SYNC_ERRORS_TOTAL: &str = "serving_sync_errors_total";
 /// Embedding rows in memory.
 pub const ROWS_IN_MEMORY: &str = "serving_rows_in_memory";
+/// Estimated heap bytes of the embedding rows in memory.
+pub const ROWS_MEMORY_BYTES: &str = "serving_rows_memory_bytes";
 /// The export version loaded.
 pub const EXPORT_VERSION: &str = "serving_export_version";
 
@@ -80,6 +82,11 @@ pub fn describe() {
     );
     describe_counter!(DELTAS_APPLIED_TOTAL, "Delta syncs applied.");
     describe_counter!(DELTA_ROWS_TOTAL, "Embedding rows applied from delta syncs.");
+    describe_gauge!(
+        ROWS_MEMORY_BYTES,
+        Unit::Bytes,
+        "Estimated heap bytes of the embedding rows in memory (ids, index, weights, and with the engine store the optimizer state)."
+    );
     describe_counter!(
         ROWS_DELETED_TOTAL,
         "Embedding rows deleted by delta syncs (expired, capped or never admitted on the training servers)."

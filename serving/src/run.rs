@@ -210,13 +210,26 @@ fn load(
     };
     std::fs::create_dir_all(data_dir)
         .with_context(|| format!("create --data-dir {}", data_dir.display()))?;
-    let store = RowStore::open(
-        &export.snapshot_dir(),
-        data_dir,
-        cfg.memory_budget_rows,
-        &export.manifest.tables,
-    )
+    let store = match cfg.row_precision {
+        Some(precision) => {
+            RowStore::open_compact(&export.snapshot_dir(), precision, &export.manifest.tables)
+        }
+        None => RowStore::open(
+            &export.snapshot_dir(),
+            data_dir,
+            cfg.memory_budget_rows,
+            &export.manifest.tables,
+        ),
+    }
     .with_context(|| format!("open the rows of export {}", export.dir.display()))?;
+    tracing::info!(
+        rows = store.rows_in_memory(),
+        bytes = store.memory_bytes(),
+        precision = cfg
+            .row_precision
+            .map_or("as stored".to_string(), |p| p.to_string()),
+        "rows loaded"
+    );
     // Dense versions are Unix µs (a trainer's publications, docs/serving.md); the export's is its creation.
     let dense_version = export.manifest.created_unix_ms.saturating_mul(1000);
     let predictor = Predictor::new(&export, dense_version)?;
@@ -233,6 +246,7 @@ fn load(
     metrics::gauge!(crate::metrics::EXPORT_VERSION).set(export.manifest.version as f64);
     metrics::gauge!(crate::metrics::DENSE_VERSION).set(dense_version as f64);
     metrics::gauge!(crate::metrics::ROWS_IN_MEMORY).set(store.rows_in_memory() as f64);
+    metrics::gauge!(crate::metrics::ROWS_MEMORY_BYTES).set(store.memory_bytes() as f64);
     Ok(Some((
         Loaded {
             export_version: export.manifest.version,

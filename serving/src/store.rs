@@ -11,8 +11,11 @@
 //! would. Delta syncs overwrite rows' weights ([`RowStore::apply_rows`]) and mark them dirty, so a row
 //! evicted later is written back rather than dropped in favour of its stale copy on disk.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+
+use crate::compact::{CompactTable, ServePrecision};
 
 use embedding::snapshot::tensors::{read_tables, write_rows_into, TABLES_FILE};
 use embedding::snapshot::{parse_shard_dir_name, read_manifest, DB_DIR};
@@ -60,10 +63,16 @@ pub enum StoreOpenError {
     Tensors(#[from] embedding::tensors::TensorsError),
 }
 
-/// Every shard's rows.
+/// Every shard's rows: an [`Engine`] per shard (the default), or every table's rows at a serving precision
+/// ([`crate::compact`], `--row-precision`).
 pub struct RowStore {
     map: ShardMap,
+    /// The engines of the shards; empty when `compact` holds the rows.
     shards: Vec<Engine>,
+    /// The shard count of the export.
+    num_shards: usize,
+    /// Per table id, its rows at a serving precision, instead of engines.
+    compact: Option<HashMap<u32, CompactTable>>,
     /// Per table id: (dim, row_len) of its stored rows.
     shapes: std::collections::HashMap<u32, (usize, usize)>,
 }
@@ -71,7 +80,7 @@ pub struct RowStore {
 impl std::fmt::Debug for RowStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RowStore")
-            .field("shards", &self.shards.len())
+            .field("shards", &self.num_shards)
             .field("rows", &self.rows_in_memory())
             .finish()
     }
@@ -92,18 +101,7 @@ impl RowStore {
         let n = shard_dirs.len() as u32;
         let mut shards = Vec::with_capacity(shard_dirs.len());
         for (i, dir) in shard_dirs.iter().enumerate() {
-            let manifest = read_manifest(dir)?;
-            if manifest.shard.index != i as u32 || manifest.shard.num_shards != n {
-                return Err(StoreOpenError::Snapshot {
-                    path: snapshot_dir.to_path_buf(),
-                    reason: format!(
-                        "{} holds shard {} of {}, expected {i} of {n}",
-                        dir.display(),
-                        manifest.shard.index,
-                        manifest.shard.num_shards
-                    ),
-                });
-            }
+            check_shard(snapshot_dir, dir, i as u32, n)?;
             let dst = data_dir.join(format!("shard-{i}"));
             let tensors = dir.join(TABLES_FILE);
             if !dir.join(DB_DIR).exists() && tensors.is_file() {
@@ -132,13 +130,91 @@ impl RowStore {
         Ok(RowStore {
             map: ShardMap::new(n),
             shards,
+            num_shards: n as usize,
+            compact: None,
+            shapes,
+        })
+    }
+
+    /// Opens the snapshot in `snapshot_dir` as [`RowStore::open`] does, holding the weights of `tables` in
+    /// memory at `precision` ([`crate::compact`]): no RocksDB copy, no optimizer state. Each shard's rows are
+    /// streamed from its database (or its `tables.safetensors`) and encoded a page at a time.
+    pub fn open_compact(
+        snapshot_dir: &Path,
+        precision: ServePrecision,
+        tables: &[TableConfig],
+    ) -> Result<RowStore, StoreOpenError> {
+        const PAGE: usize = 4096;
+        let shard_dirs = list_shards(snapshot_dir)?;
+        let n = shard_dirs.len() as u32;
+        let compact: HashMap<u32, CompactTable> = tables
+            .iter()
+            .filter(|c| c.id != DENSE_TABLE)
+            .map(|c| (c.id, CompactTable::new(c.clone(), precision)))
+            .collect();
+        for (i, dir) in shard_dirs.iter().enumerate() {
+            check_shard(snapshot_dir, dir, i as u32, n)?;
+            let tensors = dir.join(TABLES_FILE);
+            if !dir.join(DB_DIR).exists() && tensors.is_file() {
+                for t in read_tables(&tensors)? {
+                    if let Some(c) = compact.get(&t.config.id) {
+                        c.insert(&t.ids, &t.weights);
+                    }
+                }
+                continue;
+            }
+            let snap = embedding::Snapshot::open(dir)?;
+            for entry in &snap.manifest().tables {
+                let Some(c) = compact.get(&entry.id) else {
+                    continue;
+                };
+                let codec = entry.config.row_codec();
+                let dim = entry.config.dim;
+                let mut words = vec![0u32; codec.words()];
+                let (mut ids, mut rows) =
+                    (Vec::with_capacity(PAGE), Vec::with_capacity(PAGE * dim));
+                snap.for_each_row(entry.id, &mut |id, bytes| {
+                    codec.words_from_bytes(bytes, &mut words);
+                    let at = rows.len();
+                    rows.resize(at + dim, 0.0);
+                    codec.decode(&words, &mut rows[at..]);
+                    ids.push(id);
+                    if ids.len() == PAGE {
+                        c.insert(&ids, &rows);
+                        ids.clear();
+                        rows.clear();
+                    }
+                    Ok(())
+                })?;
+                c.insert(&ids, &rows);
+            }
+        }
+        for c in compact.values() {
+            c.shrink();
+        }
+        let shapes = compact
+            .iter()
+            .map(|(&id, c)| (id, (c.config().dim, c.config().dim)))
+            .collect();
+        Ok(RowStore {
+            map: ShardMap::new(n),
+            shards: Vec::new(),
+            num_shards: n as usize,
+            compact: Some(compact),
             shapes,
         })
     }
 
     /// Number of shards.
     pub fn shards(&self) -> usize {
-        self.shards.len()
+        self.num_shards
+    }
+
+    /// The compact table `table`, if the rows are held compactly (`Some(Err)`: no such table).
+    fn compact_table(&self, table: u32) -> Option<Result<&CompactTable, EmbeddingError>> {
+        self.compact
+            .as_ref()
+            .map(|c| c.get(&table).ok_or(EmbeddingError::UnknownTable(table)))
     }
 
     /// The row dimension of `table`, if the export has it.
@@ -155,6 +231,22 @@ impl RowStore {
         out: &mut [f32],
         scratch: &mut GatherScratch,
     ) -> Result<(), EmbeddingError> {
+        if let Some(t) = self.compact_table(table) {
+            let t = t?;
+            let expected = ids.len() * t.config().dim;
+            if out.len() != expected {
+                return Err(EmbeddingError::WrongLength {
+                    table,
+                    what: "output",
+                    len: out.len(),
+                    expected,
+                    ids: ids.len(),
+                    dim: t.config().dim,
+                });
+            }
+            t.gather(ids, out);
+            return Ok(());
+        }
         if self.shards.len() == 1 {
             return self.shards[0].gather(table, ids, out);
         }
@@ -195,6 +287,10 @@ impl RowStore {
                 dim,
             });
         }
+        if let Some(t) = self.compact_table(table) {
+            t?.insert(ids, rows);
+            return Ok(());
+        }
         let mut full = vec![0.0f32; row_len];
         let mut touched: Vec<Vec<u64>> = vec![Vec::new(); self.shards.len()];
         for (i, &id) in ids.iter().enumerate() {
@@ -214,6 +310,10 @@ impl RowStore {
     /// Deletes the rows of `ids` of `table` from memory and disk (a delta's deletions: the training servers
     /// no longer hold them), so they read as their initializer.
     pub fn delete_rows(&self, table: u32, ids: &[u64]) -> Result<(), EmbeddingError> {
+        if let Some(t) = self.compact_table(table) {
+            t?.remove(ids);
+            return Ok(());
+        }
         let mut by_shard: Vec<Vec<u64>> = vec![Vec::new(); self.shards.len()];
         for &id in ids {
             by_shard[self.map.server_of(id) as usize].push(id);
@@ -238,6 +338,21 @@ impl RowStore {
         to: Option<ScanKey>,
         listed: &[SyncedRows],
     ) -> Result<usize, EmbeddingError> {
+        let in_range =
+            |t: u32, id: u64| (t, Some(id)) > from && to.is_none_or(|to| (t, Some(id)) <= to);
+        if let Some(compact) = &self.compact {
+            let mut swept = 0;
+            for (&t, c) in compact {
+                let keep: &[u64] = listed.iter().find(|r| r.table == t).map_or(&[], |r| &r.ids);
+                let victims = c.ids_where(|id| {
+                    self.map.server_of(id) as usize == shard
+                        && in_range(t, id)
+                        && keep.binary_search(&id).is_err()
+                });
+                swept += c.remove(&victims);
+            }
+            return Ok(swept);
+        }
         let engine = &self.shards[shard];
         let mut swept = 0;
         for cfg in engine.tables() {
@@ -288,7 +403,19 @@ impl RowStore {
 
     /// Rows in memory over every shard and table.
     pub fn rows_in_memory(&self) -> usize {
-        self.shards.iter().map(Engine::rows_total).sum()
+        match &self.compact {
+            Some(c) => c.values().map(CompactTable::len).sum(),
+            None => self.shards.iter().map(Engine::rows_total).sum(),
+        }
+    }
+
+    /// Estimated heap bytes of the rows in memory (ids, index, weights; with engines, also the optimizer
+    /// state they keep).
+    pub fn memory_bytes(&self) -> usize {
+        match &self.compact {
+            Some(c) => c.values().map(CompactTable::memory_bytes).sum(),
+            None => self.shards.iter().map(Engine::memory_bytes).sum(),
+        }
     }
 }
 
@@ -298,6 +425,23 @@ pub struct GatherScratch {
     by_shard: Vec<Vec<u32>>,
     ids: Vec<u64>,
     rows: Vec<f32>,
+}
+
+/// Checks that the shard directory `dir` of `snapshot_dir` holds shard `i` of `n` (its manifest says so).
+fn check_shard(snapshot_dir: &Path, dir: &Path, i: u32, n: u32) -> Result<(), StoreOpenError> {
+    let manifest = read_manifest(dir)?;
+    if manifest.shard.index != i || manifest.shard.num_shards != n {
+        return Err(StoreOpenError::Snapshot {
+            path: snapshot_dir.to_path_buf(),
+            reason: format!(
+                "{} holds shard {} of {}, expected {i} of {n}",
+                dir.display(),
+                manifest.shard.index,
+                manifest.shard.num_shards
+            ),
+        });
+    }
+    Ok(())
 }
 
 /// The shard directories of a snapshot, in shard order; every one of `0..n` must be there.
@@ -406,6 +550,8 @@ mod tests {
         RowStore {
             map: ShardMap::new(1),
             shards: vec![engine],
+            num_shards: 1,
+            compact: None,
             shapes: [(1, (1, 1)), (2, (1, 1))].into(),
         }
     }

@@ -283,5 +283,6 @@ async fn gauges(
         }
         metrics::gauge!(m::MODEL_AGE_SECONDS).set(fresh.age_seconds(now_unix_us()));
         metrics::gauge!(m::ROWS_IN_MEMORY).set(store.rows_in_memory() as f64);
+        metrics::gauge!(m::ROWS_MEMORY_BYTES).set(store.memory_bytes() as f64);
     }
 }
