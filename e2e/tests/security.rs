@@ -603,6 +603,7 @@ fn every_request_is_authorized_by_the_role_of_its_certificate() {
             dir: dir.path().join("elsewhere").display().to_string(),
             step: 1,
             tensors: false,
+            prune: None,
         };
         let (code, message) =
             error(call_as(addr, &tls_dir, Role::Admin, &outside, Vec::new()).await);
@@ -613,6 +614,7 @@ fn every_request_is_authorized_by_the_role_of_its_certificate() {
             dir: "job-1/step-1".into(),
             step: 1,
             tensors: true,
+            prune: None,
         };
         match call_as(addr, &tls_dir, Role::Trainer, &named, Vec::new()).await {
             Response::Checkpointed { dir: written, .. } => {

@@ -377,3 +377,80 @@ fn served_predictions_are_the_trainers() {
     let status = serve.terminate();
     assert!(status.success(), "ps-serve exited with {status} on SIGTERM");
 }
+
+/// Publish-time pruning (issue 43): with every table capped (so its rows count their updates), an export with
+/// `--export-prune-min-count 2` holds fewer rows than the same training's export without it, and only rows
+/// the unpruned export holds; `ps-serve` loads it.
+#[test]
+fn a_pruned_export_leaves_out_rarely_updated_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let (train, test) = (dir.path().join("train.tsv"), dir.path().join("test.tsv"));
+    support::generate(20_000, 1, &train);
+    support::generate(2_000, 2, &test);
+    let d = trainer::config::ModelArgs::default();
+    let list = |v: &[usize]| {
+        v.iter()
+            .map(usize::to_string)
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let mut spec = format!(
+        "name = \"capped\"\nbottom_mlp = [{}]\ntop_mlp = [{}]\n[sparse]\ndim = {}\n",
+        list(&d.bottom_mlp),
+        list(&d.top_mlp),
+        d.bottom_mlp.last().unwrap()
+    );
+    for k in 1..=26 {
+        spec += &format!(
+            "[[feature]]\ncolumn = \"C{k}\"\ntable = \"C{k}\"\n\
+             eviction = {{ policy = \"lfu\", max_rows = 100000000 }}\n"
+        );
+    }
+    let spec_path = dir.path().join("capped.toml");
+    std::fs::write(&spec_path, spec).unwrap();
+    let spec_path = spec_path.to_str().unwrap();
+    // Rows per (table, id) of the export under `root`, from its shards' tables.safetensors.
+    let exported = |root: &std::path::Path| {
+        let version = model::export::Export::open(root).unwrap().dir;
+        let mut ids = std::collections::BTreeSet::new();
+        for shard in ["shard-0-of-2", "shard-1-of-2"] {
+            let file = version.join("ps").join(shard).join("tables.safetensors");
+            for t in embedding::snapshot::tensors::read_tables(&file).unwrap() {
+                ids.extend(t.ids.iter().map(|&id| (t.config.id, id)));
+            }
+        }
+        ids
+    };
+    let run = |name: &str, extra: &[&str]| {
+        let sub = dir.path().join(name);
+        std::fs::create_dir_all(&sub).unwrap();
+        let export = sub.join("export");
+        let mut args = vec![
+            "--model-spec",
+            spec_path,
+            "--export-dir",
+            export.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        support::run_demo(&sub, &train, &test, &args);
+        export
+    };
+    let whole = exported(&run("whole", &[]));
+    let pruned_root = run("pruned", &["--export-prune-min-count", "2"]);
+    let pruned = exported(&pruned_root);
+    assert!(
+        !pruned.is_empty() && pruned.len() < whole.len(),
+        "{} rows pruned export, {} whole",
+        pruned.len(),
+        whole.len()
+    );
+    assert!(pruned.is_subset(&whole));
+    let serve = Serve::start(&["--export", pruned_root.to_str().unwrap()]);
+    let (_, metrics) = http(serve.addr, "GET", "/metrics", None, b"");
+    let rows = local_cluster::metric(&metrics, "serving_rows_in_memory").unwrap();
+    assert!(
+        rows >= pruned.len() as f64 && rows < whole.len() as f64,
+        "{rows}"
+    );
+    assert!(serve.terminate().success());
+}

@@ -85,6 +85,33 @@ pub struct EvictionConfig {
     pub decay_secs: Option<u64>,
 }
 
+/// What an export leaves out (publish-time pruning, docs/serving.md "Export"): rows untouched for
+/// `max_age_secs` (in tables that keep last-update stamps: those with a TTL), and rows with fewer than
+/// `min_count` updates counted (in tables that keep counts: those with a row cap, whose counts decay). Rows
+/// held only in RocksDB (evicted by a memory budget) keep neither and are exported. The training servers keep
+/// every row; only the export is smaller. Travels in a bincode `Checkpoint` request, so no field is ever
+/// skipped when serialized.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExportPrune {
+    /// Leave out rows untouched for at least this many seconds, `>= 1`.
+    pub max_age_secs: Option<u64>,
+    /// Leave out rows counted fewer than this many updates, `>= 1`.
+    pub min_count: Option<u32>,
+}
+
+impl ExportPrune {
+    /// Checks that something is asked and each value is at least 1; the message names the field.
+    pub fn validate(&self) -> Result<(), String> {
+        match (self.max_age_secs, self.min_count) {
+            (None, None) => Err("export prune: give max_age_secs, min_count or both".into()),
+            (Some(0), _) => Err("export prune: max_age_secs 0, expected at least 1".into()),
+            (_, Some(0)) => Err("export prune: min_count 0, expected at least 1".into()),
+            _ => Ok(()),
+        }
+    }
+}
+
 /// How a capped table picks the rows to delete.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

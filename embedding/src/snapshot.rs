@@ -37,7 +37,7 @@ static CHECKPOINT_LOCK: Mutex<()> = Mutex::new(());
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-use crate::config::TableConfig;
+use crate::config::{ExportPrune, TableConfig};
 use crate::engine::Engine;
 use crate::error::{EmbeddingError, StoreError};
 use crate::rocks_store::RocksStore;
@@ -263,13 +263,17 @@ impl Engine {
         shard: ShardInfo,
         created_unix_secs: u64,
     ) -> Result<Manifest, SnapshotError> {
-        self.checkpoint_with(dir, step, shard, created_unix_secs, &mut Vec::new)
+        self.checkpoint_with(dir, step, shard, created_unix_secs, &mut Vec::new, None)
     }
 
     /// [`Engine::checkpoint`], calling `on_pause` once while pushes are held (after the store checkpoint):
     /// the files it returns, `(name, contents)`, are written into the shard directory (fsynced) before the
     /// manifest. The server cuts its delta sync there and records where in `sync.json`, so the snapshot holds
     /// exactly the changes up to that cut. Not called for a retry answered from a complete snapshot.
+    ///
+    /// With `prune` (an export's publish-time pruning), the rows it leaves out at `created_unix_secs`
+    /// ([`crate::Table::pruned`]) are deleted from the snapshot's database before the manifest counts its rows;
+    /// the training tables keep them.
     pub fn checkpoint_with(
         &self,
         dir: &Path,
@@ -277,6 +281,7 @@ impl Engine {
         shard: ShardInfo,
         created_unix_secs: u64,
         on_pause: &mut dyn FnMut() -> Vec<(String, Vec<u8>)>,
+        prune: Option<&ExportPrune>,
     ) -> Result<Manifest, SnapshotError> {
         let target = shard_dir(dir, shard.index, shard.num_shards);
         // One checkpoint at a time per process: a retried request (its first attempt's answer was lost) waits for
@@ -309,7 +314,7 @@ impl Engine {
             },
             _ => io(&target, "create directory")(e),
         })?;
-        let result = self.checkpoint_into(&target, step, shard, created_unix_secs, on_pause);
+        let result = self.checkpoint_into(&target, step, shard, created_unix_secs, on_pause, prune);
         if result.is_err() {
             let _ = std::fs::remove_dir_all(&target);
         }
@@ -323,6 +328,7 @@ impl Engine {
         shard: ShardInfo,
         created_unix_secs: u64,
         on_pause: &mut dyn FnMut() -> Vec<(String, Vec<u8>)>,
+        prune: Option<&ExportPrune>,
     ) -> Result<Manifest, SnapshotError> {
         let started = std::time::Instant::now();
         self.flush_dirty()?;
@@ -345,6 +351,9 @@ impl Engine {
         };
         for (name, contents) in extra {
             write_file(&target.join(name), &contents)?;
+        }
+        if let Some(prune) = prune {
+            self.prune_snapshot(target, prune, created_unix_secs)?;
         }
         // Everything but the manifest is on disk: a crash here must leave a snapshot nobody takes as valid.
         #[cfg(feature = "failpoints")]
@@ -384,6 +393,39 @@ impl Engine {
             "checkpoint written"
         );
         Ok(manifest)
+    }
+}
+
+impl Engine {
+    /// Deletes from the snapshot database in `target` the rows `prune` leaves out at `now` ([`crate::Table::pruned`],
+    /// chosen from the tables in memory), before the manifest counts the rows; returns how many.
+    fn prune_snapshot(
+        &self,
+        target: &Path,
+        prune: &ExportPrune,
+        now: u64,
+    ) -> Result<u64, SnapshotError> {
+        let victims: Vec<(u32, Vec<u64>)> = self
+            .tables_snapshot()
+            .iter()
+            .map(|t| (t.id(), t.pruned(prune, now)))
+            .filter(|(_, ids)| !ids.is_empty())
+            .collect();
+        let pruned: u64 = victims.iter().map(|(_, ids)| ids.len() as u64).sum();
+        if pruned == 0 {
+            return Ok(0);
+        }
+        let store = |source| SnapshotError::Store {
+            path: target.to_owned(),
+            source,
+        };
+        let db = RocksStore::open(target.join(DB_DIR)).map_err(store)?;
+        for (table, ids) in &victims {
+            db.delete_rows(*table, ids).map_err(store)?;
+        }
+        Store::flush(&db).map_err(store)?;
+        tracing::info!(dir = %target.display(), pruned, ?prune, "rows left out of the snapshot");
+        Ok(pruned)
     }
 }
 

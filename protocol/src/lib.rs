@@ -71,5 +71,6 @@ pub const ALPN: &[u8] = b"ps/1";
 /// `lr_scale` (a trainer's learning-rate schedule on tables whose optimizer keeps state). Version 9:
 /// `Checkpoint` says whether the snapshot also gets its tables as a SafeTensors file (`tensors`, for exports).
 /// Version 10: a `Deltas` answer carries deletions (ids whose rows are gone: expired, capped, never admitted)
-/// beside its rows ([`wire::message::sync::DeltasHeader::deleted`]).
+/// beside its rows ([`wire::message::sync::DeltasHeader::deleted`]); `Checkpoint` may prune the snapshot
+/// (`prune`: rows an export leaves out).
 pub const PROTOCOL_VERSION: u32 = 10;

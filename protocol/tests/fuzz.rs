@@ -98,6 +98,10 @@ fn request(r: &mut Rng) -> Request {
             dir: "d".repeat(r.below(20) as usize),
             step: r.next_u64(),
             tensors: r.below(2) == 1,
+            prune: (r.below(2) == 1).then(|| embedding::ExportPrune {
+                max_age_secs: (r.below(2) == 1).then(|| r.next_u64()),
+                min_count: (r.below(2) == 1).then(|| r.u32_or_edge(&U32_EDGES)),
+            }),
         },
         0 => Request::Hello {
             version: r.u32_or_edge(&U32_EDGES),

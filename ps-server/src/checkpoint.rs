@@ -40,6 +40,7 @@ pub fn checkpoint(
     dir: &Path,
     step: u64,
     now_us: u64,
+    prune: Option<&embedding::ExportPrune>,
 ) -> Result<(Manifest, PathBuf), SnapshotError> {
     let mut paused = || {
         let point = SyncPoint {
@@ -48,7 +49,8 @@ pub fn checkpoint(
         };
         vec![(SYNC_FILE.to_owned(), point.to_json())]
     };
-    let manifest = engine.checkpoint_with(dir, step, info, now_us / 1_000_000, &mut paused)?;
+    let manifest =
+        engine.checkpoint_with(dir, step, info, now_us / 1_000_000, &mut paused, prune)?;
     crate::writeback::update_gauges(engine);
     Ok((manifest, shard_dir(dir, info.index, info.num_shards)))
 }

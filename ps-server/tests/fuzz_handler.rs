@@ -490,6 +490,10 @@ fn peer_or_admin(r: &mut Rng) -> (Request, Vec<u8>) {
                     dir,
                     step: r.next_u64(),
                     tensors: r.below(2) == 1,
+                    prune: (r.below(2) == 1).then(|| embedding::ExportPrune {
+                        max_age_secs: (r.below(2) == 1).then(|| r.next_u64() >> r.below(64)),
+                        min_count: (r.below(2) == 1).then(|| r.below(4) as u32),
+                    }),
                 },
                 Vec::new(),
             )

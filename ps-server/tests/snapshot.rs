@@ -142,7 +142,7 @@ async fn checkpoint_of_two_servers_restores_onto_three() {
     checkpoint_refusals(&c, &snap).await;
     // The same rows as an export's snapshot: each shard also gets tables.safetensors.
     let tsnap = dir.path().join("checkpoints/tsnap");
-    c.export_snapshot(tsnap.to_str().unwrap(), 17)
+    c.export_snapshot(tsnap.to_str().unwrap(), 17, None)
         .await
         .unwrap();
     for k in 0..2 {

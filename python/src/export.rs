@@ -83,7 +83,9 @@ pub(crate) fn write(
     let shards = runtime()
         .block_on(async {
             let target = target.to_string_lossy().into_owned();
-            match tokio::time::timeout(timeout, client.export_snapshot(&target, version)).await {
+            match tokio::time::timeout(timeout, client.export_snapshot(&target, version, None))
+                .await
+            {
                 Ok(r) => r.map_err(|e| RequestError::new(&what, e)),
                 Err(_) => Err(RequestError::timeout(&what, timeout.as_secs_f64())),
             }

@@ -26,12 +26,14 @@ pub enum ExportError {
 /// Writes version `manifest.version` under `root`: the servers snapshot their tables into it (every push must
 /// be acknowledged for the rows to match `model`), then the dense parameters and the manifest; renames it into
 /// place, points `LATEST` at it and removes versions beyond the newest `keep`. Returns the version directory.
+/// The servers leave out of their snapshots the rows `prune` names (publish-time pruning).
 pub async fn write<D: protocol::transport::Dialer>(
     client: &protocol::PsClient<D>,
     root: &Path,
     mut manifest: ExportManifest,
     model: &Dlrm,
     keep: usize,
+    prune: Option<embedding::ExportPrune>,
 ) -> Result<PathBuf, ExportError> {
     let staging = Staging::begin(root, manifest.version)?;
     let snapshot = staging.snapshot_dir();
@@ -39,7 +41,7 @@ pub async fn write<D: protocol::transport::Dialer>(
         path: snapshot.clone(),
     })?;
     let shards = client
-        .export_snapshot(target, manifest.version)
+        .export_snapshot(target, manifest.version, prune)
         .await
         .map_err(ExportError::PsSnapshot)?;
     manifest.num_shards = shards.len() as u32;

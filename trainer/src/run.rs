@@ -68,6 +68,14 @@ pub struct JobArgs {
     /// Exports kept in --export-dir (older ones are removed).
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..))]
     pub export_keep: u64,
+    /// Leave out of each export the rows untouched for this many seconds (publish-time pruning: in tables
+    /// that keep last-update stamps, those with a TTL; the servers keep the rows).
+    #[arg(long, value_name = "SECS", requires = "export_dir", value_parser = clap::value_parser!(u64).range(1..))]
+    pub export_prune_age_secs: Option<u64>,
+    /// Leave out of each export the rows counted fewer than N updates (in tables that keep counts: those with
+    /// a row cap; the counts decay with its `decay_secs`).
+    #[arg(long, value_name = "N", requires = "export_dir", value_parser = clap::value_parser!(u32).range(1..))]
+    pub export_prune_min_count: Option<u32>,
     /// Publish the dense parameters to server 0 every N steps (rank 0; 0 = never), versioned by the step:
     /// serving processes following the servers (`ps-serve --subscribe`) swap them in (docs/serving.md).
     #[arg(long, default_value_t = 0)]
@@ -352,6 +360,11 @@ pub async fn train_and_evaluate(
         export_dir: job.export_dir.clone(),
         export_every: job.export_every,
         export_keep: job.export_keep as usize,
+        export_prune: (job.export_prune_age_secs.is_some() || job.export_prune_min_count.is_some())
+            .then_some(embedding::ExportPrune {
+                max_age_secs: job.export_prune_age_secs,
+                min_count: job.export_prune_min_count,
+            }),
         publish_dense_every: job.publish_dense_every,
         progressive_window: job.progressive_window,
         watch_pids: job.local_server_pids.clone(),

@@ -445,3 +445,82 @@ fn tables_file_holds_the_snapshot_rows_and_refuses_what_does_not_fit() {
         "{e2}"
     );
 }
+
+/// Publish-time pruning: an export snapshot leaves out the rows of a TTL table untouched for `max_age_secs`
+/// and the rows of a capped table counted fewer than `min_count` updates (manifest counts and the SafeTensors
+/// file agree); tables keeping neither stamps nor counts are whole, and the live tables keep every row.
+#[test]
+fn a_pruned_checkpoint_leaves_out_old_and_rare_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = Engine::open(Arc::new(RocksStore::open(dir.path().join("live")).unwrap())).unwrap();
+    let ttl = TableConfig {
+        ttl_secs: Some(1_000_000),
+        ..cfg(1, 2)
+    };
+    let capped = TableConfig {
+        eviction: Some(crate::EvictionConfig {
+            policy: crate::EvictionPolicy::Lfu,
+            max_rows: Some(1_000),
+            max_bytes: None,
+            decay_secs: None,
+        }),
+        ..cfg(2, 2)
+    };
+    for c in [ttl, capped, cfg(3, 2)] {
+        e.register_table(c).unwrap();
+    }
+    // Table 1: ids 0..10 last updated at t=100, 10..20 at t=500. Table 2: ids 0..5 updated three times,
+    // 5..10 once. Table 3: no stamps, no counts.
+    let g = |n: usize| vec![0.5f32; n * 2];
+    let old: Vec<u64> = (0..10).collect();
+    let new: Vec<u64> = (10..20).collect();
+    e.apply_at(1, &old, &g(10), 100).unwrap();
+    e.apply_at(1, &new, &g(10), 500).unwrap();
+    let (hot, rare): (Vec<u64>, Vec<u64>) = ((0..5).collect(), (5..10).collect());
+    for _ in 0..3 {
+        e.apply_at(2, &hot, &g(5), 500).unwrap();
+    }
+    e.apply_at(2, &rare, &g(5), 500).unwrap();
+    e.apply_at(3, &old, &g(10), 100).unwrap();
+    let prune = ExportPrune {
+        max_age_secs: Some(300),
+        min_count: Some(2),
+    };
+    let snap = dir.path().join("snap");
+    let m = e
+        .checkpoint_with(&snap, 1, shard(0, 1), 600, &mut Vec::new, Some(&prune))
+        .unwrap();
+    assert_eq!(
+        m.tables.iter().map(|t| (t.id, t.rows)).collect::<Vec<_>>(),
+        [(1, 10), (2, 5), (3, 10)]
+    );
+    let s = Snapshot::open(&shard_dir(&snap, 0, 1)).unwrap();
+    let held: Vec<(u32, u64)> = snapshot_rows(&s).into_keys().collect();
+    let want: Vec<(u32, u64)> = new
+        .iter()
+        .map(|&i| (1, i))
+        .chain(hot.iter().map(|&i| (2, i)))
+        .chain(old.iter().map(|&i| (3, i)))
+        .collect();
+    assert_eq!(held, want);
+    tensors::write_tables(&shard_dir(&snap, 0, 1)).unwrap();
+    let file = tensors::read_tables(&shard_dir(&snap, 0, 1).join(tensors::TABLES_FILE)).unwrap();
+    assert_eq!(file[0].ids, new);
+    assert_eq!(file[1].ids, hot);
+    // The training tables keep every row.
+    assert_eq!(
+        (
+            e.table(1).unwrap().len(),
+            e.table(2).unwrap().len(),
+            e.table(3).unwrap().len()
+        ),
+        (20, 10, 10)
+    );
+    assert!(ExportPrune {
+        max_age_secs: None,
+        min_count: None
+    }
+    .validate()
+    .unwrap_err()
+    .contains("give max_age_secs"));
+}

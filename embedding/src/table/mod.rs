@@ -12,6 +12,7 @@
 //! - `budget.rs`: the capacity tier (memory budget, CLOCK eviction, batched read-back).
 //! - `pin.rs`: lookahead prefetch into the tier: read rows back ahead of their pull and pin them.
 //! - `scan.rs`: listing the rows in id order, a page at a time ([`Table::ids_after`]).
+//! - `prune.rs`: the rows an export leaves out ([`Table::pruned`], [`crate::ExportPrune`]).
 //! - `tests.rs`: unit tests of the whole table.
 //!
 //! # Stripes
@@ -62,6 +63,7 @@ mod dirty;
 mod expire;
 mod index;
 mod pin;
+mod prune;
 mod replica;
 mod scan;
 mod stripe;

@@ -238,17 +238,19 @@ impl<D: Dialer> PsClient<D> {
         dir: &str,
         step: u64,
     ) -> Result<Vec<(u64, String)>, ProtocolError> {
-        self.checkpoint_with(dir, step, false).await
+        self.checkpoint_with(dir, step, false, None).await
     }
 
     /// [`checkpoint`](Self::checkpoint) for an export: each shard directory also gets its tables as one
-    /// SafeTensors file (`tables.safetensors`, docs/serving.md), readable without our code.
+    /// SafeTensors file (`tables.safetensors`, docs/serving.md), readable without our code, and leaves out the
+    /// rows `prune` names (publish-time pruning; the servers keep them).
     pub async fn export_snapshot(
         &self,
         dir: &str,
         step: u64,
+        prune: Option<embedding::ExportPrune>,
     ) -> Result<Vec<(u64, String)>, ProtocolError> {
-        self.checkpoint_with(dir, step, true).await
+        self.checkpoint_with(dir, step, true, prune).await
     }
 
     async fn checkpoint_with(
@@ -256,11 +258,13 @@ impl<D: Dialer> PsClient<D> {
         dir: &str,
         step: u64,
         tensors: bool,
+        prune: Option<embedding::ExportPrune>,
     ) -> Result<Vec<(u64, String)>, ProtocolError> {
         let req = Request::Checkpoint {
             dir: dir.to_owned(),
             step,
             tensors,
+            prune,
         };
         let mut out = Vec::with_capacity(self.num_servers());
         for i in 0..self.num_servers() {

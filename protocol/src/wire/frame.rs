@@ -198,6 +198,28 @@ mod tests {
         assert_eq!((back, used), (req, frame.len()));
     }
 
+    /// A checkpoint's export prune survives a frame with any of its fields unset (bincode reads back only
+    /// what was written: a field skipped when unset would misalign the rest).
+    #[test]
+    fn checkpoint_prunes_round_trip() {
+        for (max_age_secs, min_count) in [(None, Some(3)), (Some(60), None), (Some(1), Some(2))] {
+            let req = Request::Checkpoint {
+                dir: "x".into(),
+                step: 7,
+                tensors: true,
+                prune: Some(embedding::ExportPrune {
+                    max_age_secs,
+                    min_count,
+                }),
+            };
+            let frame = encode_frame(&req, &[]).unwrap();
+            let (back, _, used) = decode_frame::<Request>(&frame, DEFAULT_MAX_FRAME)
+                .unwrap()
+                .unwrap();
+            assert_eq!((back, used), (req, frame.len()));
+        }
+    }
+
     #[test]
     fn incomplete_needs_more_bytes() {
         let frame = encode_frame(&sample(), &[9; 100]).unwrap();

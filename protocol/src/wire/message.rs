@@ -109,6 +109,8 @@ pub enum Request {
         /// Also write the snapshot's tables as one SafeTensors file per shard
         /// (`embedding::snapshot::tensors::TABLES_FILE`), readable without our code: an export's.
         tensors: bool,
+        /// Rows the snapshot leaves out (an export's publish-time pruning; the server keeps them).
+        prune: Option<embedding::ExportPrune>,
     },
     /// Read rows and their optimizer state: a trainer with pushes in flight replays its own unacknowledged
     /// updates on the pulled rows, which needs the state the server applies them with (e.g. row-wise

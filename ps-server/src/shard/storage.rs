@@ -51,16 +51,17 @@ impl Shard {
     }
 
     /// Writes a snapshot of every table and its `sync.json` into `dir/shard-<index>-of-<num_shards>/`, its
-    /// manifest created at Unix time `now_us`; returns the manifest and that directory
-    /// ([`checkpoint::checkpoint`]).
+    /// manifest created at Unix time `now_us`, leaving out the rows `prune` names (an export's); returns the
+    /// manifest and that directory ([`checkpoint::checkpoint`]).
     pub fn checkpoint(
         &self,
         dir: &Path,
         step: u64,
         now_us: u64,
+        prune: Option<&embedding::ExportPrune>,
     ) -> Result<(Manifest, PathBuf), SnapshotError> {
         let info = checkpoint::shard_info(&self.routing.map(), self.shard_index);
-        checkpoint::checkpoint(&self.engine, &self.sync, info, dir, step, now_us)
+        checkpoint::checkpoint(&self.engine, &self.sync, info, dir, step, now_us, prune)
     }
 
     /// Evicts rows of tables over their memory budget ([`writeback::enforce_budget`]); a failed write of an

@@ -413,9 +413,15 @@ impl<D: Dialer> Trainer<D> {
             num_shards: 0,
         };
         let started = Instant::now();
-        let path =
-            crate::export::write(&self.client, root, manifest, &self.model, opts.export_keep)
-                .await?;
+        let path = crate::export::write(
+            &self.client,
+            root,
+            manifest,
+            &self.model,
+            opts.export_keep,
+            opts.export_prune,
+        )
+        .await?;
         metrics::counter!(m::EXPORTS_TOTAL).increment(1);
         metrics::histogram!(m::EXPORT_SECONDS).record(started.elapsed().as_secs_f64());
         Ok(Some(Event::Export {

@@ -132,6 +132,8 @@ pub struct PassOptions {
     pub export_every: u64,
     /// Complete exports kept (older ones are removed; at least 1).
     pub export_keep: usize,
+    /// Rows each export leaves out (publish-time pruning), if any.
+    pub export_prune: Option<embedding::ExportPrune>,
     /// Publish the dense parameters to server 0 for serving's delta sync every this many steps (rank 0;
     /// 0 = never).
     pub publish_dense_every: u64,

@@ -142,9 +142,12 @@ impl Shard {
                     reply
                 }),
             Request::Flush => self.flush(),
-            Request::Checkpoint { dir, step, tensors } => {
-                self.checkpoint_request(&dir, step, tensors, now_us)
-            }
+            Request::Checkpoint {
+                dir,
+                step,
+                tensors,
+                prune,
+            } => self.checkpoint_request(&dir, step, tensors, prune, now_us),
             Request::PullWithState {
                 epoch,
                 encoding,

@@ -8,6 +8,41 @@ use crate::reply::{refuse, Refusal, Reply};
 use crate::shard::Shard;
 
 impl Shard {
+    /// Refuses an export prune that is malformed, or that asks for what no table keeps (last-update stamps:
+    /// tables with a TTL; update counts: tables with a row cap), which would prune nothing.
+    fn check_prune(&self, p: &embedding::ExportPrune) -> Result<(), Refusal> {
+        p.validate().map_err(|e| refuse(ErrorCode::BadRequest, e))?;
+        let tables: Vec<_> = self
+            .engine
+            .tables()
+            .iter()
+            .filter_map(|c| self.engine.table(c.id).ok())
+            .collect();
+        if let Some(age) = p.max_age_secs {
+            if !tables.iter().any(|t| t.keeps_stamps()) {
+                return Err(refuse(
+                    ErrorCode::BadRequest,
+                    format!(
+                        "export prune: max_age_secs {age} needs last-update stamps, which only tables with a \
+                         TTL keep (row-ttl-secs, or a table's ttl_secs): no table here has one"
+                    ),
+                ));
+            }
+        }
+        if let Some(count) = p.min_count {
+            if !tables.iter().any(|t| t.keeps_counts()) {
+                return Err(refuse(
+                    ErrorCode::BadRequest,
+                    format!(
+                        "export prune: min_count {count} needs update counts, which only tables with a row \
+                         cap (eviction) keep: no table here has one"
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// Writes the rows of a push, already applied, with `meta` (its answer, [`crate::shard::push_window`]) in
     /// one synced store write ([`Durability::Sync`]). On a store
     /// error the push is refused with `Storage`, though its rows were applied in memory: they stay dirty, and
@@ -28,9 +63,13 @@ impl Shard {
         dir: &str,
         step: u64,
         tensors: bool,
+        prune: Option<embedding::ExportPrune>,
         now_us: u64,
     ) -> Result<Reply, Refusal> {
         let path = checkpoint_dir(&self.checkpoint_root, dir)?;
+        if let Some(p) = &prune {
+            self.check_prune(p)?;
+        }
         if let Some(target) = self.routing.moving_to() {
             // Rows of moving virtual shards are on two servers until the commit: a snapshot cut now could
             // restore both copies.
@@ -45,7 +84,7 @@ impl Shard {
                 "rows the last reshard moved away are being deleted here: checkpoint once they are",
             ));
         }
-        let done = self.checkpoint(&path, step, now_us).and_then(|(manifest, written)| {
+        let done = self.checkpoint(&path, step, now_us, prune.as_ref()).and_then(|(manifest, written)| {
             // An export's shard also gets its tables as SafeTensors, from the snapshot just written (a retry
             // answered from a complete snapshot writes it if an earlier attempt died before it).
             let file = written.join(embedding::snapshot::tensors::TABLES_FILE);

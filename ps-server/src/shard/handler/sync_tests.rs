@@ -316,6 +316,7 @@ fn a_checkpoint_records_the_seq_its_snapshot_holds() {
             dir: dir.path().join("snap").display().to_string(),
             step: 5,
             tensors: false,
+            prune: None,
         },
         &[],
         NOW,
@@ -508,4 +509,45 @@ fn rows_expired_or_not_admitted_reach_subscribers_as_deletions_ordered_with_push
             .collect::<Vec<_>>(),
         [2]
     );
+}
+
+#[test]
+fn an_export_prune_that_would_prune_nothing_is_refused_naming_what_is_missing() {
+    let s = shard();
+    let dir = tempfile::tempdir().unwrap();
+    let ask = |prune: embedding::ExportPrune| {
+        error_of(s.handle(
+            Request::Checkpoint {
+                dir: dir.path().join("snap").display().to_string(),
+                step: 1,
+                tensors: true,
+                prune: Some(prune),
+            },
+            &[],
+            NOW,
+        ))
+    };
+    let (code, message) = ask(embedding::ExportPrune {
+        max_age_secs: Some(60),
+        min_count: None,
+    });
+    assert_eq!(code, ErrorCode::BadRequest);
+    assert!(
+        message.contains("max_age_secs 60 needs last-update stamps"),
+        "{message}"
+    );
+    let (_, message) = ask(embedding::ExportPrune {
+        max_age_secs: None,
+        min_count: Some(3),
+    });
+    assert!(
+        message.contains("min_count 3 needs update counts"),
+        "{message}"
+    );
+    let (_, message) = ask(embedding::ExportPrune {
+        max_age_secs: Some(0),
+        min_count: None,
+    });
+    assert!(message.contains("max_age_secs 0"), "{message}");
+    assert!(!dir.path().join("snap").exists(), "nothing written");
 }
