@@ -188,6 +188,41 @@ fn exported_rows(export: &Path, n: usize) -> Vec<(embedding::TableConfig, u64, V
     rows
 }
 
+/// Registers table 777 (dim 2) on the servers of `cluster` and pushes one row to each server.
+fn push_to_a_new_table(cluster: &local_cluster::LocalCluster) {
+    use protocol::{Encoding, PsClient, PsClientConfig, ShardMap, TableCount};
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let cfg = PsClientConfig::new(cluster.quic.clone(), cluster.tls_dir.clone());
+        let client = PsClient::connect(cfg).await.unwrap();
+        client
+            .register_tables(&[embedding::TableConfig::counter(777, 2)])
+            .await
+            .unwrap();
+        let map = ShardMap::new(2);
+        for server in 0..2 {
+            let id = (0u64..)
+                .find(|&i| map.server_of(i) as usize == server)
+                .unwrap();
+            let mut payload = Vec::new();
+            protocol::wire::layout::put_ids(&[id], &mut payload);
+            protocol::compression::codec::encode(&[1.0, 1.0], Encoding::F32, &mut payload);
+            let table = TableCount {
+                table: 777,
+                count: 1,
+                dim: 2,
+            };
+            client
+                .push(server, Encoding::F32, 1.0, vec![table], payload.into())
+                .await
+                .unwrap();
+        }
+    });
+}
+
 /// Serving's row of `id` in table `table` (`GET /v1/embedding`).
 fn served_row(serve: &Serve, table: u32, id: u64) -> Vec<f32> {
     let (status, body) = http(
@@ -293,9 +328,15 @@ fn rows_deleted_on_the_training_servers_are_deleted_from_serving_across_restarts
         Serve::start(&args)
     };
     let follow = |ps: &str, tls: &Path| follow_with(ps, tls, &[]);
-    // No push touches them again: they expire on the servers, and the deltas delete them from serving.
+    // No push touches them again: they expire on the servers, and the deltas delete them from serving. A
+    // table registered after the export (so unknown to serving) gets rows meanwhile: serving skips them and
+    // keeps following.
     let serve = follow(&ps, &tls);
+    push_to_a_new_table(&cluster);
     wait_until_deleted(&serve, &rows, Duration::from_secs(120));
+    let (_, metrics) = http(serve.addr, "GET", "/metrics", None, b"");
+    let skipped = local_cluster::metric(&metrics, "serving_sync_rows_skipped_total").unwrap_or(0.0);
+    assert!(skipped >= 1.0, "skipped {skipped}: {metrics}");
     let (_, metrics) = http(serve.addr, "GET", "/metrics", None, b"");
     let deleted = local_cluster::metric(&metrics, "serving_rows_deleted_total").unwrap_or(0.0);
     assert!(deleted >= rows.len() as f64, "deleted {deleted}: {metrics}");

@@ -453,7 +453,9 @@ impl Engine {
 
     /// Deletes the rows of every table with a TTL that were untouched for `ttl_secs` at `now_secs`, and of
     /// every table with a row cap the rows past it ([`Table::over_cap`]), first from the store (one atomic delete
-    /// batch per table and kind), then from memory, and advances every table's logical clock to `now_secs`. Runs under the flush lock, so a flush never rewrites a row this call deletes.
+    /// batch per table and kind), then from memory, and advances every table's logical clock to `now_secs`. Each
+    /// table's pass runs under the push gate (read) and the flush lock, so a flush never rewrites a row this call
+    /// deletes and a checkpoint sees a table's deletions all or none.
     /// A failed store delete leaves that table's rows in memory and returns the error. Deletions are not
     /// synced: like row writes, they are durable after the next [`Engine::flush_dirty`] ([`Store::flush`]).
     ///
@@ -463,25 +465,33 @@ impl Engine {
         self.expire_telling(now_secs, &mut |_, _| {})
     }
 
-    /// [`Engine::expire`], telling `deleting(table, ids)` the ids of each batch it is about to delete (before
-    /// the store delete; rows revived meanwhile stay, so a caller must treat them as "maybe deleted"): what the
-    /// delta sync records, to send the deletions to serving (docs/serving.md, "Delta sync").
+    /// [`Engine::expire`], telling `deleting(table, ids)` the ids of each batch it deleted, once they are gone
+    /// from the store and memory (rows revived meanwhile stayed, so a caller must treat them as "maybe
+    /// deleted"): what the delta sync records, to send the deletions to serving (docs/serving.md, "Delta
+    /// sync"). Told after the deletion, so whoever reads the record finds the rows gone (told before, a delta
+    /// cut and answered in between sent them as rows, and nothing sent their deletion later); a table's batch is
+    /// deleted and told under the push gate (read), so a checkpoint falls before or after all of it.
     pub fn expire_telling(
         &self,
         now_secs: u64,
         deleting: &mut dyn FnMut(u32, &[u64]),
     ) -> Result<ExpireStats, EmbeddingError> {
-        let _flush = self.flush.lock();
         let tables: Vec<Arc<Table>> = self.tables.read().values().cloned().collect();
         let mut stats = ExpireStats::default();
         for table in tables {
+            // Each table's deletions and their record happen under the push gate, as a push's update and its
+            // record do: a checkpoint (which takes the gate to copy the store and cut the delta sync) sees them
+            // all or none, so a snapshot holding a row never has its deletion in the deltas it already covers.
+            // Gate, then flush lock: the order every path takes them in.
+            let _push = self.push_gate.read();
+            let _flush = self.flush.lock();
             table.advance_clock(now_secs);
             let victims = table.over_cap(now_secs);
             if !victims.is_empty() {
                 let ids: Vec<u64> = victims.iter().map(|v| v.0).collect();
-                deleting(table.id(), &ids);
                 self.store.delete_rows(table.id(), &ids)?;
                 let deleted = table.remove_capped(&victims);
+                deleting(table.id(), &ids);
                 stats.rows_revived += ids.len() - deleted;
                 stats.rows_capped += deleted;
                 tracing::debug!(table = table.id(), deleted, cap = ?table.cap_rows(), "rows past the cap");
@@ -490,9 +500,9 @@ impl Engine {
             if ids.is_empty() {
                 continue;
             }
-            deleting(table.id(), &ids);
             self.store.delete_rows(table.id(), &ids)?;
             let deleted = table.remove_expired(&ids, now_secs);
+            deleting(table.id(), &ids);
             // Revived rows were updated after `expired`, so they are dirty: the next flush restores them.
             stats.rows_revived += ids.len() - deleted;
             stats.rows_deleted += deleted;

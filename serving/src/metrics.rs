@@ -20,6 +20,8 @@ pub const DELTAS_APPLIED_TOTAL: &str = "serving_deltas_applied_total";
 pub const DELTA_ROWS_TOTAL: &str = "serving_delta_rows_total";
 /// Rows deleted by the delta sync (deletions, and rows a scan no longer lists).
 pub const ROWS_DELETED_TOTAL: &str = "serving_rows_deleted_total";
+/// Synced rows and deletions of tables the export does not have, skipped.
+pub const SYNC_ROWS_SKIPPED_TOTAL: &str = "serving_sync_rows_skipped_total";
 /// The dense model's version.
 pub const DENSE_VERSION: &str = "serving_dense_version";
 /// Failed sync requests, label `server`.
@@ -82,6 +84,10 @@ pub fn describe() {
     );
     describe_counter!(DELTAS_APPLIED_TOTAL, "Delta syncs applied.");
     describe_counter!(DELTA_ROWS_TOTAL, "Embedding rows applied from delta syncs.");
+    describe_counter!(
+        SYNC_ROWS_SKIPPED_TOTAL,
+        "Synced rows and deletions of tables the export does not have (registered after it), skipped."
+    );
     describe_gauge!(
         ROWS_MEMORY_BYTES,
         Unit::Bytes,

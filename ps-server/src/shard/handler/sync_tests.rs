@@ -551,3 +551,47 @@ fn an_export_prune_that_would_prune_nothing_is_refused_naming_what_is_missing() 
     assert!(message.contains("max_age_secs 0"), "{message}");
     assert!(!dir.path().join("snap").exists(), "nothing written");
 }
+
+/// An expiry tells the sync only once the rows are gone: a delta cut and answered the moment the ids are
+/// recorded already sends them as deletions (told before the deletion, such an answer sent them as rows, and
+/// nothing sent their deletion later).
+#[test]
+fn an_expiry_is_recorded_only_once_its_rows_are_gone() {
+    let s = shard();
+    let ttl = TableConfig {
+        ttl_secs: Some(10),
+        ..TableConfig::counter(3, 1)
+    };
+    let r = s.handle(Request::RegisterTables { tables: vec![ttl] }, &[], NOW);
+    assert!(matches!(r.header, Response::Registered { .. }), "{r:?}");
+    push(&s, 3, 1, &[4, 8], 1.0);
+    s.sync.cut(NOW * 1_000_000 + 1);
+    let cursor = ask(
+        &s,
+        SyncCursor {
+            incarnation: INC,
+            seq: 0,
+            resume: None,
+        },
+        100,
+        0,
+    )
+    .header
+    .cursor;
+    let mut seen = Vec::new();
+    crate::writeback::expire(&s.engine, NOW + 11, &mut |t, ids| {
+        s.sync.record([(t, ids)], NOW * 1_000_000 + 2);
+        s.sync.cut(NOW * 1_000_000 + 3);
+        seen.push(ask(&s, cursor, 100, 0));
+    })
+    .unwrap();
+    assert_eq!(seen.len(), 1);
+    assert!(seen[0].tables.is_empty(), "{:?}", seen[0].tables);
+    assert_eq!(
+        seen[0].deleted,
+        [sync::DeletedIds {
+            table: 3,
+            ids: vec![4, 8]
+        }]
+    );
+}
