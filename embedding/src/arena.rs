@@ -11,8 +11,9 @@
 //!
 //! Removed rows leave their slot on a free list, and the next [`Arena::push`] reuses it, so a table whose rows
 //! expire (TTL) does not grow without bound. Tables with a TTL also keep a `u32` last-touched time per slot
-//! (4 bytes per row), and tables with an LFU row cap a `u32` update count per slot (4 bytes per row); other
-//! tables allocate nothing for them.
+//! (4 bytes per row), and tables with a row cap a `u32` per slot (4 bytes per row): an update count (LFU), or
+//! the bits of a score (a non-negative f32, whose bits order as its values do); other tables allocate nothing
+//! for them.
 
 use crate::prefetch;
 
@@ -45,17 +46,30 @@ pub(crate) struct Arena {
     stamps: bool,
     /// Whether each slot has a `u32` update count.
     counts: bool,
+    /// Whether those `u32`s are the bits of scores (non-negative f32) rather than update counts.
+    scores: bool,
+}
+
+/// What the `u32` kept per slot of a capped table holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Counts {
+    /// Nothing is kept.
+    None,
+    /// Update counts: each update adds one; a decay halves them.
+    Updates,
+    /// Scores set by the trainer, as f32 bits: updates leave them; a decay halves them.
+    Scores,
 }
 
 impl Arena {
     /// An empty arena for rows of `row_len` words (`row_len >= 1`; a row's packing is [`crate::RowCodec`]'s), with a `u32` stamp per slot if `stamps`.
     #[cfg(test)]
     pub(crate) fn new(row_len: usize, stamps: bool) -> Self {
-        Arena::with_counts(row_len, stamps, false)
+        Arena::with_counts(row_len, stamps, Counts::None)
     }
 
-    /// [`Arena::new`], with a `u32` update count per slot if `counts` (tables with an LFU cap).
-    pub(crate) fn with_counts(row_len: usize, stamps: bool, counts: bool) -> Self {
+    /// [`Arena::new`], with a `u32` update count or score per slot as `counts` says (tables with a cap).
+    pub(crate) fn with_counts(row_len: usize, stamps: bool, counts: Counts) -> Self {
         let rows = (CHUNK_BYTES / (row_len * 4)).max(1);
         // Largest power of two <= rows.
         let shift = usize::BITS - 1 - rows.leading_zeros();
@@ -66,7 +80,8 @@ impl Arena {
             chunks: Vec::new(),
             free: Vec::new(),
             stamps,
-            counts,
+            counts: counts != Counts::None,
+            scores: counts == Counts::Scores,
         }
     }
 
@@ -172,20 +187,44 @@ impl Arena {
         self.chunks[slot >> self.shift].counts[slot & (self.chunk_rows() - 1)]
     }
 
-    /// Adds one to the update count of `slot`, saturating (nothing if the arena keeps no counts).
+    /// Adds one to the update count of `slot`, saturating (nothing if the arena keeps no counts, or scores).
     #[inline]
     pub(crate) fn bump_count(&mut self, slot: usize) {
-        if self.counts {
+        if self.counts && !self.scores {
             let mask = self.chunk_rows() - 1;
             let c = &mut self.chunks[slot >> self.shift].counts[slot & mask];
             *c = c.saturating_add(1);
         }
     }
 
-    /// Halves every slot's update count (the decay of an LFU cap).
+    /// Adds `score` (finite, `>= 0`) to the score of `slot`, or sets it (`set`); the sum saturates at
+    /// `f32::MAX`. Nothing if the arena keeps no scores.
+    #[inline]
+    pub(crate) fn score(&mut self, slot: usize, score: f32, set: bool) {
+        if self.scores {
+            let mask = self.chunk_rows() - 1;
+            let c = &mut self.chunks[slot >> self.shift].counts[slot & mask];
+            let new = if set {
+                score
+            } else {
+                f32::from_bits(*c) + score
+            };
+            *c = new.min(f32::MAX).to_bits();
+        }
+    }
+
+    /// Halves every slot's update count or score (the decay of a cap).
     pub(crate) fn halve_counts(&mut self) {
+        let scores = self.scores;
         for chunk in &mut self.chunks {
-            chunk.counts.iter_mut().for_each(|c| *c >>= 1);
+            if scores {
+                chunk
+                    .counts
+                    .iter_mut()
+                    .for_each(|c| *c = (f32::from_bits(*c) * 0.5).to_bits());
+            } else {
+                chunk.counts.iter_mut().for_each(|c| *c >>= 1);
+            }
         }
     }
 
@@ -311,5 +350,35 @@ mod tests {
         let extra = on.allocated_bytes() - off.allocated_bytes();
         assert_eq!(extra, 10 * 1024 * 4);
         assert_eq!(off.stamp(5), 0);
+    }
+
+    #[test]
+    fn scores_add_set_halve_and_order_as_their_values() {
+        let mut a = Arena::with_counts(2, false, Counts::Scores);
+        for id in 0..3 {
+            a.push(id);
+        }
+        a.bump_count(0); // An update leaves a score.
+        a.score(0, 1.5, false);
+        a.score(0, 0.25, false);
+        a.score(1, 7.0, true);
+        a.score(1, 3.0, true);
+        a.score(2, f32::MAX, false);
+        a.score(2, f32::MAX, false); // Saturates.
+        let s = |a: &Arena, slot| f32::from_bits(a.count(slot));
+        assert_eq!((s(&a, 0), s(&a, 1), s(&a, 2)), (1.75, 3.0, f32::MAX));
+        assert!(a.count(0) < a.count(1) && a.count(1) < a.count(2));
+        a.halve_counts();
+        assert_eq!((s(&a, 0), s(&a, 1)), (0.875, 1.5));
+        // A reused slot starts at 0.
+        a.remove(0);
+        let (slot, _) = a.push(9);
+        assert_eq!((slot, a.count(slot)), (0, 0));
+        // Counts ignore scores, and the reverse.
+        let mut c = Arena::with_counts(2, false, Counts::Updates);
+        c.push(1);
+        c.score(0, 5.0, false);
+        c.bump_count(0);
+        assert_eq!(c.count(0), 1);
     }
 }

@@ -66,7 +66,7 @@ pub struct TableConfig {
 }
 
 /// A table's row cap and the policy that picks the rows to delete past it (see `table/cap.rs`). Written
-/// `{"policy": "lfu", "max_rows": 1000000, "decay_secs": 3600}`.
+/// `{"policy": "lfu", "max_rows": 1000000, "decay_secs": 3600}` or `{"policy": "score", ...}`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct EvictionConfig {
@@ -79,34 +79,42 @@ pub struct EvictionConfig {
     /// [`crate::Table::memory_bytes`] counts them), at least 1 MiB. With `max_rows` too, the smaller cap holds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_bytes: Option<u64>,
-    /// The access counts halve every `decay_secs` (so rows that were hot long ago lose to rows hot now);
-    /// `None`: counts never decay.
+    /// The access counts (or scores) halve every `decay_secs` (so rows that were hot long ago lose to rows hot
+    /// now); `None`: they never decay.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub decay_secs: Option<u64>,
 }
 
 /// What an export leaves out (publish-time pruning, docs/serving.md "Export"): rows untouched for
-/// `max_age_secs` (in tables that keep last-update stamps: those with a TTL), and rows with fewer than
-/// `min_count` updates counted (in tables that keep counts: those with a row cap, whose counts decay). Rows
-/// held only in RocksDB (evicted by a memory budget) keep neither and are exported. The training servers keep
-/// every row; only the export is smaller. Travels in a bincode `Checkpoint` request, so no field is ever
-/// skipped when serialized.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+/// `max_age_secs` (in tables that keep last-update stamps: those with a TTL), rows with fewer than
+/// `min_count` updates counted (in tables that keep counts: those with an LFU row cap, whose counts decay), and
+/// rows scored below `min_score` (in tables with a score row cap). Rows held only in RocksDB (evicted by a
+/// memory budget) keep none of these and are exported. The training servers keep every row; only the export is
+/// smaller. Travels in a bincode `Checkpoint` request, so no field is ever skipped when serialized.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ExportPrune {
     /// Leave out rows untouched for at least this many seconds, `>= 1`.
     pub max_age_secs: Option<u64>,
     /// Leave out rows counted fewer than this many updates, `>= 1`.
     pub min_count: Option<u32>,
+    /// Leave out rows whose score (decayed, [`EvictionPolicy::Score`]) is below this, finite and `> 0`.
+    #[serde(default)]
+    pub min_score: Option<f32>,
 }
 
 impl ExportPrune {
-    /// Checks that something is asked and each value is at least 1; the message names the field.
+    /// Checks that something is asked and each value is in range; the message names the field.
     pub fn validate(&self) -> Result<(), String> {
-        match (self.max_age_secs, self.min_count) {
-            (None, None) => Err("export prune: give max_age_secs, min_count or both".into()),
-            (Some(0), _) => Err("export prune: max_age_secs 0, expected at least 1".into()),
-            (_, Some(0)) => Err("export prune: min_count 0, expected at least 1".into()),
+        match (self.max_age_secs, self.min_count, self.min_score) {
+            (None, None, None) => {
+                Err("export prune: give max_age_secs, min_count, min_score or several".into())
+            }
+            (Some(0), _, _) => Err("export prune: max_age_secs 0, expected at least 1".into()),
+            (_, Some(0), _) => Err("export prune: min_count 0, expected at least 1".into()),
+            (_, _, Some(s)) if !(s.is_finite() && s > 0.0) => Err(format!(
+                "export prune: min_score {s}, expected a finite score above 0"
+            )),
             _ => Ok(()),
         }
     }
@@ -119,6 +127,21 @@ pub enum EvictionPolicy {
     /// Least frequently updated first: each row counts its updates (pushes, replicated updates), the counts
     /// decay by halving every `decay_secs`, and the rows with the lowest counts go (ties: by a hash of the id).
     Lfu,
+    /// Lowest score first: the trainer attaches scores to ids (`Score` requests: an engagement, a value of its
+    /// own), each row keeps its score (added or set, finite and `>= 0`; a new row starts at 0), the scores halve
+    /// every `decay_secs`, and the rows with the lowest scores go (ties: by a hash of the id). Pushes do not
+    /// change a score.
+    Score,
+}
+
+/// How a `Score` request changes a row's score ([`EvictionPolicy::Score`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ScoreMode {
+    /// The score given is added to the row's (engagement that accumulates, decaying).
+    Add,
+    /// The score given replaces the row's.
+    Set,
 }
 
 /// Count-min-sketch frequency admission of a table (see [`crate::admission`]).

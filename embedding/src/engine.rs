@@ -451,6 +451,18 @@ impl Engine {
         Ok(ids.len())
     }
 
+    /// Gives rows of `table` scores (`Table::score`: the table must evict by score; added or set as `mode`
+    /// says) and returns how many of `ids` had a row in memory.
+    pub fn score(
+        &self,
+        table: u32,
+        ids: &[u64],
+        scores: &[f32],
+        mode: crate::ScoreMode,
+    ) -> Result<usize, EmbeddingError> {
+        self.table(table)?.score(ids, scores, mode)
+    }
+
     /// Deletes the rows of every table with a TTL that were untouched for `ttl_secs` at `now_secs`, and of
     /// every table with a row cap the rows past it ([`Table::over_cap`]), first from the store (one atomic delete
     /// batch per table and kind), then from memory, and advances every table's logical clock to `now_secs`. Each

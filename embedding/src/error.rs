@@ -115,6 +115,27 @@ pub enum EmbeddingError {
         /// The table's precision (`bf16`, `f16`).
         precision: &'static str,
     },
+    /// Scores were given to a table that does not evict by score ([`crate::EvictionPolicy::Score`]).
+    #[error(
+        "table {table}: scores given, but the table keeps none (its eviction is {policy}; give it \
+         eviction = {{policy = \"score\", max_rows = ...}})"
+    )]
+    NotScored {
+        /// The table.
+        table: u32,
+        /// Its eviction policy (`none`, `lfu`).
+        policy: &'static str,
+    },
+    /// A score is negative or not finite.
+    #[error("table {table} id {id}: score {score} is not a finite value >= 0")]
+    BadScore {
+        /// The table.
+        table: u32,
+        /// The id it was given for.
+        id: u64,
+        /// The score.
+        score: f32,
+    },
     /// A stripe of a table reached `u32::MAX` rows (slot indices are 32-bit to keep the index small).
     #[error("table {table}: stripe {stripe} is full ({rows} rows)")]
     TableFull {

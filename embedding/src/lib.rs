@@ -96,7 +96,8 @@ mod tier_race_test;
 pub use batch::DirtyBatch;
 pub use config::{
     AdmissionConfig, EvictionConfig, EvictionPolicy, ExportPrune, InitConfig, InitKind,
-    OptimizerConfig, TableConfig, MAX_DIM, MAX_NAME_BYTES, MAX_SKETCH_DEPTH, MAX_SKETCH_WIDTH,
+    OptimizerConfig, ScoreMode, TableConfig, MAX_DIM, MAX_NAME_BYTES, MAX_SKETCH_DEPTH,
+    MAX_SKETCH_WIDTH,
 };
 pub use engine::{
     Engine, EvictStats, ExpireStats, FlushStats, FLUSH_BATCH_ROWS, TABLE_META_PREFIX,

@@ -1,15 +1,15 @@
-//! Property test of the LFU row cap (issue 43, `table/cap.rs`): random pushes of skewed ids, clock moves and
-//! expiry passes on an engine over a [`MemStore`], against a model of the policy (a map of id to count: +1 per
-//! row update, halved every `decay_secs`, the lowest `(count, splitmix64(id))` deleted past the cap). After every
-//! pass the table holds exactly the model's ids, and the store none of the deleted ones. Plus unit tests of the
-//! cap's settings and its refusals.
+//! Property test of the row caps (issue 43, `table/cap.rs`): random pushes of skewed ids, scores, clock moves and
+//! expiry passes on an engine over a [`MemStore`], against a model of each policy (a map of id to count: +1 per
+//! row update, or to a score: added or set by `Score`, untouched by updates; halved every `decay_secs`; the lowest
+//! `(count or score, splitmix64(id))` deleted past the cap). After every pass the table holds exactly the
+//! model's ids, and the store none of the deleted ones. Plus unit tests of the cap's settings and its refusals.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
 use proptest::prelude::*;
 
-use crate::config::{EvictionConfig, EvictionPolicy, OptimizerConfig, TableConfig};
+use crate::config::{EvictionConfig, EvictionPolicy, OptimizerConfig, ScoreMode, TableConfig};
 use crate::engine::Engine;
 use crate::mem_store::MemStore;
 use crate::store::Store;
@@ -39,17 +39,36 @@ fn lfu(max_rows: u64, decay_secs: Option<u64>) -> EvictionConfig {
     }
 }
 
-/// The policy, plainly.
+fn by_score(max_rows: u64, decay_secs: Option<u64>) -> EvictionConfig {
+    EvictionConfig {
+        policy: EvictionPolicy::Score,
+        ..lfu(max_rows, decay_secs)
+    }
+}
+
+/// The policy, plainly: `counts` are update counts (LFU) or scores (`scores`).
 #[derive(Default)]
 struct Model {
-    counts: HashMap<u64, u32>,
+    counts: HashMap<u64, f32>,
     last_decay: Option<u64>,
+    scores: bool,
 }
 
 impl Model {
     fn push(&mut self, ids: &[u64]) {
         for id in ids {
-            *self.counts.entry(*id).or_default() += 1;
+            let c = self.counts.entry(*id).or_default();
+            if !self.scores {
+                *c += 1.0;
+            }
+        }
+    }
+
+    fn score(&mut self, scored: &[(u64, f32)], set: bool) {
+        for (id, s) in scored {
+            if let Some(c) = self.counts.get_mut(id) {
+                *c = if set { *s } else { *c + *s };
+            }
         }
     }
 
@@ -59,16 +78,23 @@ impl Model {
                 let periods = (now - last) / DECAY;
                 self.last_decay = Some(last + periods * DECAY);
                 for c in self.counts.values_mut() {
-                    *c >>= periods.min(32);
+                    for _ in 0..periods.min(32) {
+                        *c = if self.scores {
+                            *c * 0.5
+                        } else {
+                            (*c * 0.5).floor()
+                        };
+                    }
                 }
             }
             _ => self.last_decay = Some(now),
         }
         let excess = self.counts.len().saturating_sub(CAP as usize);
-        let mut by_rank: Vec<(u32, u64, u64)> = self
+        // Counts and non-negative scores order as their values: compare them as such.
+        let mut by_rank: Vec<(u64, u64, u64)> = self
             .counts
             .iter()
-            .map(|(&id, &c)| (c, splitmix64(id), id))
+            .map(|(&id, &c)| ((c * 1024.0) as u64, splitmix64(id), id))
             .collect();
         by_rank.sort_unstable();
         for &(_, _, id) in &by_rank[..excess] {
@@ -81,6 +107,8 @@ impl Model {
 enum Op {
     /// Push these ids (duplicates count twice).
     Push(Vec<u64>),
+    /// Score these ids (added, or set if the flag is on; ids without a row are not scored).
+    Score(Vec<(u64, f32)>, bool),
     /// Move the clock forward by this many seconds.
     Wait(u64),
     /// An expiry pass.
@@ -90,8 +118,11 @@ enum Op {
 fn op() -> impl Strategy<Value = Op> {
     // Skewed ids: low ids far more often (ids 0..40, squared uniform).
     let id = (0u64..1600).prop_map(|x| (x as f64).sqrt() as u64);
+    // Scores in quarters up to 8: sums and halvings stay exact in f32 and in the model's ranks (x 1024).
+    let scored = (id.clone(), (0u32..32).prop_map(|q| q as f32 * 0.25));
     prop_oneof![
         5 => prop::collection::vec(id, 1..12).prop_map(Op::Push),
+        3 => (prop::collection::vec(scored, 1..12), any::<bool>()).prop_map(|(s, set)| Op::Score(s, set)),
         2 => (0u64..4).prop_map(Op::Wait),
         2 => Just(Op::Expire),
     ]
@@ -100,12 +131,12 @@ fn op() -> impl Strategy<Value = Op> {
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(64))]
     #[test]
-    fn the_cap_keeps_what_the_policy_keeps(ops in prop::collection::vec(op(), 1..80)) {
+    fn the_cap_keeps_what_the_policy_keeps(ops in prop::collection::vec(op(), 1..80), scores in any::<bool>()) {
         let store = Arc::new(MemStore::new());
         let e = Engine::open(store.clone()).unwrap();
-        let cfg = capped(1, lfu(CAP, Some(DECAY)));
-        e.register_table(cfg.clone()).unwrap();
-        let mut model = Model::default();
+        let policy = if scores { by_score(CAP, Some(DECAY)) } else { lfu(CAP, Some(DECAY)) };
+        e.register_table(capped(1, policy)).unwrap();
+        let mut model = Model { scores, ..Model::default() };
         let mut now = 100u64;
         let mut deleted = BTreeSet::new();
         for op in ops {
@@ -114,6 +145,19 @@ proptest! {
                     e.apply_at(1, &ids, &vec![0.25; ids.len() * 2], now).unwrap();
                     model.push(&ids);
                     e.flush_dirty().unwrap();
+                }
+                Op::Score(scored, set) => {
+                    let (ids, values): (Vec<u64>, Vec<f32>) = scored.iter().copied().unzip();
+                    let mode = if set { ScoreMode::Set } else { ScoreMode::Add };
+                    // Ids in one request are scored in order, as the model does.
+                    let r = e.score(1, &ids, &values, mode);
+                    if scores {
+                        let found = ids.iter().filter(|id| model.counts.contains_key(id)).count();
+                        prop_assert_eq!(r.unwrap(), found);
+                        model.score(&scored, set);
+                    } else {
+                        prop_assert!(r.unwrap_err().to_string().contains("keeps none"));
+                    }
                 }
                 Op::Wait(s) => now += s,
                 Op::Expire => {

@@ -62,7 +62,7 @@ impl Role {
             K::Pull | K::PullWithState => {
                 matches!(self, Role::Trainer | Role::Serving | Role::Admin)
             }
-            K::Push | K::Prefetch | K::Reduce | K::PublishDense | K::WriteRows => {
+            K::Push | K::Prefetch | K::Reduce | K::PublishDense | K::WriteRows | K::Score => {
                 self == Role::Trainer
             }
             K::RegisterTables | K::Flush | K::Checkpoint => {
@@ -292,6 +292,7 @@ mod tests {
             K::Reduce,
             K::PublishDense,
             K::WriteRows,
+            K::Score,
         ] {
             assert!(t.authorize(k).is_ok());
             for other in [&s, &p, &a] {

@@ -411,6 +411,52 @@ pub async fn write_tables<D: Dialer>(
     Ok(written)
 }
 
+/// Gives the ids of a table that evicts by score ([`embedding::EvictionPolicy::Score`]) their scores (one
+/// each, finite and `>= 0`), added to the rows' or replacing them (`mode`; a duplicated id adds its scores, or
+/// takes its last), one request per server ([`crate::wire::message::score`]). Returns how many distinct ids had a
+/// row (the others are not scored). Scores are refused naming the position before anything is sent.
+pub async fn score_ids<D: Dialer>(
+    client: &Arc<PsClient<D>>,
+    table: u32,
+    ids: &[u64],
+    scores: &[f32],
+    mode: embedding::ScoreMode,
+) -> Result<u64, ProtocolError> {
+    check_rows_len("score", scores.len(), ids.len(), 1)?;
+    if let Some(i) = scores.iter().position(|s| !(s.is_finite() && *s >= 0.0)) {
+        return Err(ProtocolError::BadPayload(format!(
+            "table {table}: score {} of id {} (position {i}) is not a finite value >= 0",
+            scores[i], ids[i]
+        )));
+    }
+    let map = client.shard_map();
+    let plans = [KeyedPlan::new(ids, &map)];
+    let unique = match mode {
+        embedding::ScoreMode::Add => plans[0].sum_duplicates(scores, 1),
+        embedding::ScoreMode::Set => plans[0].last_of_duplicates(scores, 1),
+    };
+    let parts = [TableIds { table, dim: 1, ids }];
+    let mut set = JoinSet::new();
+    for server in 0..map.num_servers as usize {
+        let (sections, order) = server_sections(&plans, &parts, server);
+        if order.is_empty() {
+            continue;
+        }
+        let sections = plans[0].push_payload(server, sections, &unique, Encoding::F32, 1);
+        let client = client.clone();
+        set.spawn(async move {
+            client
+                .score(server, mode, sections.counts, Bytes::from(sections.payload))
+                .await
+        });
+    }
+    let mut scored = 0;
+    while let Some(joined) = set.join_next().await {
+        scored += joined.expect("score task panicked")?;
+    }
+    Ok(scored)
+}
+
 /// The gradient scale of an f16 push: gradients of a mean loss are often below f16's normal range (6.1e-5)
 /// and would lose their bits or flush to zero, so they travel multiplied by the power of two that brings the
 /// largest to about 2^14 (the server divides it out; a power of two changes no f32 bit). 1 for the other

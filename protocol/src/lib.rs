@@ -54,7 +54,7 @@ pub use wire::layout::TableCount;
 pub use wire::message::prefetch::LeaseStats;
 pub use wire::message::{
     AdmissionConfig, EvictionConfig, EvictionPolicy, InitConfig, InitKind, OptimizerConfig,
-    Request, RequestKind, Response, RowPrecision, TableConfig,
+    Request, RequestKind, Response, RowPrecision, ScoreMode, TableConfig,
 };
 
 /// ALPN protocol name; bumped when the wire format changes incompatibly.
@@ -72,5 +72,6 @@ pub const ALPN: &[u8] = b"ps/1";
 /// `Checkpoint` says whether the snapshot also gets its tables as a SafeTensors file (`tensors`, for exports).
 /// Version 10: a `Deltas` answer carries deletions (ids whose rows are gone: expired, capped, never admitted)
 /// beside its rows ([`wire::message::sync::DeltasHeader::deleted`]); `Checkpoint` may prune the snapshot
-/// (`prune`: rows an export leaves out).
-pub const PROTOCOL_VERSION: u32 = 10;
+/// (`prune`: rows an export leaves out). Version 11: `Score` (scores of ids in tables that evict by score),
+/// and a prune's `min_score`.
+pub const PROTOCOL_VERSION: u32 = 11;

@@ -79,7 +79,11 @@ fn table(r: &mut Rng) -> TableConfig {
         ttl_secs: r.chance(2).then(|| r.next_u64() >> r.below(64)),
         precision: [RowPrecision::F32, RowPrecision::Bf16, RowPrecision::F16][r.below(3) as usize],
         eviction: r.chance(2).then(|| EvictionConfig {
-            policy: EvictionPolicy::Lfu,
+            policy: if r.chance(2) {
+                EvictionPolicy::Score
+            } else {
+                EvictionPolicy::Lfu
+            },
             max_rows: r.chance(2).then(|| r.next_u64() >> r.below(64)),
             max_bytes: r.chance(2).then(|| r.next_u64() >> r.below(64)),
             decay_secs: r.chance(2).then(|| r.next_u64() >> r.below(64)),
@@ -88,7 +92,16 @@ fn table(r: &mut Rng) -> TableConfig {
 }
 
 fn request(r: &mut Rng) -> Request {
-    match r.below(7) {
+    match r.below(8) {
+        7 => Request::Score {
+            epoch: r.next_u64() >> r.below(64),
+            mode: if r.chance(2) {
+                protocol::ScoreMode::Add
+            } else {
+                protocol::ScoreMode::Set
+            },
+            tables: counts(r),
+        },
         6 => Request::PullWithState {
             epoch: r.next_u64() >> r.below(64),
             encoding: encoding(r),
@@ -101,6 +114,7 @@ fn request(r: &mut Rng) -> Request {
             prune: (r.below(2) == 1).then(|| embedding::ExportPrune {
                 max_age_secs: (r.below(2) == 1).then(|| r.next_u64()),
                 min_count: (r.below(2) == 1).then(|| r.u32_or_edge(&U32_EDGES)),
+                min_score: (r.below(2) == 1).then(|| f32::from_bits(r.u32_or_edge(&U32_EDGES))),
             }),
         },
         0 => Request::Hello {

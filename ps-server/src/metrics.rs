@@ -104,6 +104,9 @@ pub const REDUCE_REFUSED_TOTAL: &str = "ps_reduce_refused_total";
 pub const REDUCE_STEPS_DROPPED_TOTAL: &str = "ps_reduce_steps_dropped_total";
 /// Rows whose weights trainers set (`WriteRows`, loading saved weights).
 pub const ROWS_WRITTEN_TOTAL: &str = "ps_rows_written_total";
+/// Ids trainers gave scores (`Score`, tables that evict by score), labelled `found` (`true`: the id had a row
+/// and was scored; `false`: it had none, and the score was dropped).
+pub const SCORES_TOTAL: &str = "ps_scores_total";
 /// Retried pushes answered from the push window instead of being applied again.
 pub const PUSH_RETRIES_ANSWERED_TOTAL: &str = "ps_push_retries_answered_total";
 /// Push copies refused by the push window, labelled `reason` (`in_progress`: the first copy is still being
@@ -384,6 +387,10 @@ fn describe_requests() {
     describe_counter!(
         ROWS_WRITTEN_TOTAL,
         "Rows whose weights trainers set (WriteRows, loading saved weights)."
+    );
+    describe_counter!(
+        SCORES_TOTAL,
+        "Ids trainers gave scores (Score requests), by whether the id had a row (found) or the score was dropped."
     );
     describe_counter!(
         PUSH_RETRIES_ANSWERED_TOTAL,

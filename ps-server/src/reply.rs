@@ -66,7 +66,9 @@ impl From<EmbeddingError> for Refusal {
             EmbeddingError::TableConflict { .. } => ErrorCode::TableConflict,
             EmbeddingError::PrefetchTooLarge { .. }
             | EmbeddingError::TooManyTables { .. }
-            | EmbeddingError::InexactRow { .. } => ErrorCode::BadRequest,
+            | EmbeddingError::InexactRow { .. }
+            | EmbeddingError::NotScored { .. }
+            | EmbeddingError::BadScore { .. } => ErrorCode::BadRequest,
             EmbeddingError::InvalidConfig { .. }
             | EmbeddingError::WrongLength { .. }
             | EmbeddingError::RowLength { .. } => ErrorCode::WrongDimension,

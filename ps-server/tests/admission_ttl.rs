@@ -218,3 +218,114 @@ async fn rows_past_a_cap_are_deleted_least_frequently_updated_first() {
     c.close().await;
     sigterm_and_wait(s);
 }
+
+/// Issue 43, a score cap on a real `ps-server` process: a table registered to evict by score (cap 4) keeps
+/// the 4 ids its trainer scored highest and deletes the rest, pushed as often, from memory and RocksDB; ids
+/// without a row are not scored; a table keeping no scores is refused naming its policy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rows_past_a_score_cap_are_deleted_lowest_score_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let (data, tls) = (dir.path().join("data"), dir.path().join("tls"));
+    protocol::transport::tls::init_dev_certs(&tls, &[]).unwrap();
+    let scored = protocol::TableConfig {
+        eviction: Some(protocol::EvictionConfig {
+            policy: protocol::EvictionPolicy::Score,
+            max_rows: Some(4),
+            max_bytes: None,
+            decay_secs: None,
+        }),
+        ..table()
+    };
+    let flags = [
+        "--expire-interval-secs",
+        "0.2",
+        "--flush-interval-secs",
+        "3600",
+    ];
+    let s = start(&data, &tls, &flags);
+    let c = std::sync::Arc::new(client(&s, &tls).await);
+    c.register_tables(&[scored]).await.unwrap();
+    let score = |ids: Vec<u64>, scores: Vec<f32>| {
+        let c = c.clone();
+        async move { protocol::keyed::score_ids(&c, 3, &ids, &scores, protocol::ScoreMode::Add).await }
+    };
+    // Rounds of 10 fresh ids pushed once each, the last 4 scored (above every earlier round's scores). An
+    // expiry pass between the push and the scores may delete some of those 4 (every row scores 0 then): the
+    // round is repeated until all 4 are scored; then they, and only they, must stay.
+    let mut round = 0u64;
+    let (ids, init) = loop {
+        let ids: Vec<u64> = (1..=10).map(|i| round * 100 + i).collect();
+        let init = pull(&c, &ids).await.unwrap();
+        assert_eq!(push(&c, &ids, &vec![0.25f32; 80]).await, (10, 0));
+        let top = (1000 * (round + 1)) as f32;
+        let found = score(
+            ids[6..].to_vec(),
+            vec![top, top + 1.0, top + 2.0, top + 3.0],
+        )
+        .await
+        .unwrap();
+        if found == 4 {
+            break (ids, init);
+        }
+        round += 1;
+        assert!(
+            round < 20,
+            "an expiry pass ran between every push and its scores"
+        );
+    };
+    // Ids without a row are not scored; a table without the policy is refused by name.
+    assert_eq!(score(vec![999_999], vec![5.0]).await.unwrap(), 0);
+    let bad = score(ids.clone(), vec![-1.0; 10])
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(bad.contains("not a finite value >= 0"), "{bad}");
+    let plain = protocol::TableConfig {
+        id: 4,
+        name: "plain".into(),
+        ..table()
+    };
+    c.register_tables(&[plain]).await.unwrap();
+    let refused = protocol::keyed::score_ids(&c, 4, &[1], &[1.0], protocol::ScoreMode::Set)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(refused.contains("keeps none"), "{refused}");
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let metrics = loop {
+        let metrics = http_get(s.metrics, "/metrics");
+        if metrics.contains("ps_rows_in_memory{table=\"C3\"} 4") {
+            break metrics;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no rows deleted past the cap: {metrics}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(
+        metrics.contains("ps_scores_total{found=\"true\"}"),
+        "{metrics}"
+    );
+    let now = pull(&c, &ids).await.unwrap();
+    let row = |b: &[u8], i: usize| b[i * 32..(i + 1) * 32].to_vec();
+    for (i, id) in ids.iter().enumerate() {
+        if i >= 6 {
+            assert_ne!(row(&now, i), row(&init, i), "scored id {id} was deleted");
+        } else {
+            assert_eq!(row(&now, i), row(&init, i), "unscored id {id} was kept");
+        }
+    }
+    c.flush().await.unwrap();
+    let c = std::sync::Arc::try_unwrap(c).ok().expect("one client");
+    c.close().await;
+    sigterm_and_wait(s);
+    // After a restart: the 4 kept rows only (the others are gone from RocksDB too).
+    let s = start(&data, &tls, &flags);
+    let c = client(&s, &tls).await;
+    let metrics = http_get(s.metrics, "/metrics");
+    assert_eq!(counter(&metrics, "ps_rows_recovered_total"), 4, "{metrics}");
+    assert_eq!(pull(&c, &ids).await.unwrap(), now);
+    c.close().await;
+    sigterm_and_wait(s);
+}

@@ -124,6 +124,18 @@ fn random_spec(r: &mut Rng) -> TableConfig {
     if r.chance(8) {
         s.ttl_secs = Some(r.next_u64() >> r.below(64));
     }
+    if r.chance(8) {
+        s.eviction = Some(protocol::EvictionConfig {
+            policy: if r.chance(2) {
+                protocol::EvictionPolicy::Score
+            } else {
+                protocol::EvictionPolicy::Lfu
+            },
+            max_rows: Some(r.next_u64() >> r.below(64)),
+            max_bytes: None,
+            decay_secs: r.chance(2).then(|| r.below(100)),
+        });
+    }
     s
 }
 
@@ -191,6 +203,37 @@ fn valid(r: &mut Rng, shard: &Shard) -> (Request, Vec<u8>) {
         };
         let ids = ids(r, shard, c.count as usize, coding);
         put_ids(coding, &ids, &mut payload);
+    }
+    if r.chance(8) {
+        // Scores: one f32 per id (header dim 1, or the table's now and then), edge values included.
+        let mut counts = counts;
+        for c in &mut counts {
+            if !r.chance(8) {
+                c.dim = 1;
+            }
+        }
+        let n: u32 = counts.iter().map(|c| c.count).sum();
+        for _ in 0..n {
+            let v = if r.chance(4) {
+                r.f32_or_edge(&F32_EDGES)
+            } else {
+                r.below(100) as f32
+            };
+            payload.extend_from_slice(&v.to_le_bytes());
+        }
+        let mode = if r.chance(2) {
+            protocol::ScoreMode::Add
+        } else {
+            protocol::ScoreMode::Set
+        };
+        return (
+            Request::Score {
+                epoch: 1,
+                mode,
+                tables: counts,
+            },
+            payload,
+        );
     }
     if r.chance(2) {
         let req = if r.chance(4) {
@@ -493,6 +536,7 @@ fn peer_or_admin(r: &mut Rng) -> (Request, Vec<u8>) {
                     prune: (r.below(2) == 1).then(|| embedding::ExportPrune {
                         max_age_secs: (r.below(2) == 1).then(|| r.next_u64() >> r.below(64)),
                         min_count: (r.below(2) == 1).then(|| r.below(4) as u32),
+                        min_score: (r.below(2) == 1).then(|| r.below(4) as f32 - 1.0),
                     }),
                 },
                 Vec::new(),
@@ -640,6 +684,7 @@ fn check(
             | (Request::Promote { .. }, Response::Promoted { .. })
             | (Request::GetShardMap, Response::ShardMap { .. })
             | (Request::Checkpoint { .. }, Response::Checkpointed { .. })
+            | (Request::Score { .. }, Response::Scored { .. })
     );
     assert!(kind_ok, "reply {:?} to {req:?}", reply.header);
     match (&reply.header, req) {

@@ -81,6 +81,33 @@ def seed_of(name: str) -> int:
     return name_hash(name, "pstrain-table-seed") >> 1
 
 
+_EVICTION_KEYS = ("policy", "max_rows", "max_bytes", "decay_secs")
+
+
+def _eviction_of(name: str, eviction: Optional[dict]):
+    """``register_table``'s ``eviction`` dict as the extension takes it, unknown keys refused by name."""
+    if eviction is None:
+        return None
+    if not isinstance(eviction, dict):
+        raise ValueError(f"table {name!r}: eviction = {eviction!r}, expected a dict with keys {_EVICTION_KEYS}")
+    unknown = sorted(set(eviction) - set(_EVICTION_KEYS))
+    if unknown:
+        raise ValueError(f"table {name!r}: eviction has unknown keys {unknown}, expected some of {_EVICTION_KEYS}")
+    policy = eviction.get("policy")
+    if policy not in ("lfu", "score"):
+        raise ValueError(f"table {name!r}: eviction policy = {policy!r}, expected 'lfu' or 'score'")
+
+    def count(key):
+        v = eviction.get(key)
+        if v is None:
+            return None
+        if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 0:
+            raise ValueError(f"table {name!r}: eviction {key} = {v!r}, expected an integer >= 0")
+        return int(v)
+
+    return (policy, count("max_rows"), count("max_bytes"), count("decay_secs"))
+
+
 def _check_ids(ids, what: str, negative_as_bits: bool = False) -> np.ndarray:
     """``ids`` as a contiguous uint64 array (a view where possible), or a TypeError/ValueError naming the problem.
     With ``negative_as_bits``, a negative int64 is the bit pattern of an id at or above 2^63 (what
@@ -174,6 +201,7 @@ class Client:
         push_encoding: Optional[str] = None,
         table_id: Optional[int] = None,
         precision: str = "f32",
+        eviction: Optional[dict] = None,
     ) -> Table:
         """Creates table ``name`` on every server (rows are created on first use from the initializer), or
         attaches to it if the cluster has it with the same settings. Returns the :class:`Table`.
@@ -187,7 +215,17 @@ class Client:
         cluster's id for ``name`` if it holds the table, else a hash of the name (so several processes agree on
         it without talking to each other). ``precision``: how the servers store the weights, ``f32``, ``bf16``
         or ``f16`` (half the bytes per weight; the optimizer state stays f32, updates are rounded
-        stochastically; half precision needs an optimizer with state, not ``sgd``)."""
+        stochastically; half precision needs an optimizer with state, not ``sgd``). ``eviction``: a row cap per
+        server, ``{"policy": "lfu" | "score", "max_rows": N, "max_bytes": B, "decay_secs": S}`` (``max_rows`` or
+        ``max_bytes`` required): past it, each expiry pass deletes the least frequently updated rows (``lfu``) or
+        the lowest scored (``score``: scores given by :meth:`score`), from memory and RocksDB.
+
+        Example::
+
+            items = client.register_table("items", 32, optimizer="row_adagrad", lr=0.05,
+                                          eviction={"policy": "score", "max_rows": 1_000_000, "decay_secs": 3600})
+            client.score(items, ids_clicked, np.ones(len(ids_clicked), np.float32))
+        """
         if not isinstance(name, str) or not name:
             raise ValueError(f"table name {name!r}: expected a non-empty string")
         if not isinstance(dim, (int, np.integer)) or isinstance(dim, bool) or dim < 1:
@@ -222,7 +260,7 @@ class Client:
         self._c.register_table(
             int(table_id), name, int(dim), optimizer, float(lr), float(eps), float(initial_accumulator),
             float(betas[0]), float(betas[1]), float(weight_decay), float(clip_norm), init, float(init_scale),
-            int(seed), precision,
+            int(seed), precision, _eviction_of(name, eviction),
         )
         t = Table(int(table_id), name, int(dim), encoding, push_encoding)
         self._tables[name] = t
@@ -312,6 +350,23 @@ class Client:
         u = _check_ids(ids, what)
         r = _check_grads(rows, len(u), t.dim, what, "rows")
         return self._c.write_rows([(t.id, t.dim)], what, [u], [r])
+
+    def score(self, table, ids, scores, *, mode: str = "add") -> int:
+        """Gives ``ids`` of a table that evicts by score (``eviction={"policy": "score", ...}``) their
+        ``scores`` (one each, finite, ``>= 0``: an engagement, a value of your own), added to the rows' scores
+        (``mode="add"``; a repeated id adds each) or replacing them (``mode="set"``; a repeated id takes its
+        last). Scores halve every ``decay_secs``; past the cap each expiry pass deletes the lowest scored rows. Only
+        ids that have a row are scored (push them first); returns how many distinct ids were. Scores live in the
+        servers' memory only: a restarted or promoted server starts every row at 0."""
+        t = self.table(table)
+        what = f"score of table {t.name!r}"
+        if mode not in ("add", "set"):
+            raise ValueError(f"{what}: mode = {mode!r}, expected 'add' or 'set'")
+        u = _check_ids(ids, what)
+        s = np.ascontiguousarray(np.asarray(scores, dtype=np.float32).reshape(-1))
+        if len(s) != len(u):
+            raise ValueError(f"{what}: {len(s)} scores for {len(u)} ids")
+        return self._c.score(t.id, what, u, s, mode == "set")
 
     def flush(self) -> int:
         """Writes every server's dirty rows to RocksDB; returns the rows written."""

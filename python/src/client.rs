@@ -168,6 +168,9 @@ fn spawn_after(
     });
 }
 
+/// `register_table`'s `eviction`: policy (`lfu`, `score`), `max_rows`, `max_bytes`, `decay_secs`.
+type EvictionArgs = (String, Option<u64>, Option<u64>, Option<u64>);
+
 /// Runs `fut` on the runtime under the client's deadline, the GIL released.
 fn block_on<T: Send>(
     py: Python<'_>,
@@ -283,7 +286,7 @@ impl Client {
     /// refused by the servers). `optimizer`: `sgd`, `row_adagrad` or `adam`; `init`: `uniform` (half-width
     /// `init_scale`) or `normal` (std `init_scale`).
     #[pyo3(signature = (table_id, name, dim, optimizer, lr, eps, initial_accumulator, beta1, beta2,
-                        weight_decay, clip_norm, init, init_scale, seed, precision = "f32"))]
+                        weight_decay, clip_norm, init, init_scale, seed, precision = "f32", eviction = None))]
     #[allow(clippy::too_many_arguments)]
     fn register_table(
         &self,
@@ -303,10 +306,29 @@ impl Client {
         init_scale: f32,
         seed: u64,
         precision: &str,
+        eviction: Option<EvictionArgs>,
     ) -> PyResult<()> {
         let precision: protocol::RowPrecision = precision.parse().map_err(|e: String| {
             PyValueError::new_err(format!("table {name:?}: precision: {e}"))
         })?;
+        // The server checks the caps and names what it refuses.
+        let eviction = match eviction {
+            None => None,
+            Some((policy, max_rows, max_bytes, decay_secs)) => Some(protocol::EvictionConfig {
+                policy: match policy.as_str() {
+                    "lfu" => protocol::EvictionPolicy::Lfu,
+                    "score" => protocol::EvictionPolicy::Score,
+                    other => {
+                        return Err(PyValueError::new_err(format!(
+                            "table {name:?}: eviction policy {other:?}, expected 'lfu' or 'score'"
+                        )))
+                    }
+                },
+                max_rows,
+                max_bytes,
+                decay_secs,
+            }),
+        };
         let optimizer = match optimizer {
             "sgd" => OptimizerConfig::Sgd { lr },
             "row_adagrad" => OptimizerConfig::RowAdagrad {
@@ -342,6 +364,7 @@ impl Client {
             weight_decay,
             clip_norm,
             precision,
+            eviction,
             ..TableConfig::new(table_id, name.clone(), dim as usize)
         };
         self.check_open(py, &format!("register table {name:?}"))?;
@@ -622,6 +645,31 @@ impl Client {
                 .collect();
             let weights: Vec<&[f32]> = rows.iter().map(Vec::as_slice).collect();
             write_tables(&client, &parts, &weights).await
+        })
+    }
+
+    /// Gives the ids of table `table` (which evicts by score) their scores (`len(ids)`, finite, `>= 0`), added
+    /// to the rows' scores or replacing them (`set`). Waits; returns how many distinct ids had a row.
+    fn score(
+        &self,
+        py: Python<'_>,
+        table: u32,
+        what: String,
+        ids: PyReadonlyArray1<'_, u64>,
+        scores: PyReadonlyArray1<'_, f32>,
+        set: bool,
+    ) -> PyResult<u64> {
+        self.check_open(py, &what)?;
+        let ids = ids.as_array().to_vec();
+        let scores = scores.as_array().to_vec();
+        let mode = if set {
+            embedding::ScoreMode::Set
+        } else {
+            embedding::ScoreMode::Add
+        };
+        let client = self.inner.clone();
+        block_on(py, self.timeout, &what, async move {
+            protocol::keyed::score_ids(&client, table, &ids, &scores, mode).await
         })
     }
 

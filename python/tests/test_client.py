@@ -173,3 +173,50 @@ def test_pull_many_concatenates_tables(client, table_name):
     ra, rb = client.pull_many([a, b], [ia, ib]).wait()
     np.testing.assert_array_equal(ra, both[:3])
     assert client.push_many([a, b], [ia, ib], [np.ones((3, 2), np.float32), np.ones((1, 2), np.float32)]).wait() == 3
+
+
+def test_a_score_cap_keeps_the_rows_scored_highest():
+    # Issue 43: a table evicting by score (cap 4 rows) on a real server with an expiry pass every 0.2 s keeps
+    # the 4 ids scored highest; the other 6, pushed as often, read as new once the pass deletes them.
+    with pstrain.LocalCluster(servers=1, extra_args=["--expire-interval-secs", "0.2"]) as cluster:
+        c = pstrain.Client(cluster.servers, cluster.tls_dir, timeout_secs=20)
+        t = c.register_table("items", 4, optimizer="row_adagrad", lr=0.1, init_scale=0.5,
+                             eviction={"policy": "score", "max_rows": 4, "decay_secs": 3600})
+        # A pass between the push and the scores may delete some of the ids to score (every row is at 0
+        # then): such a round is repeated with fresh ids scored above every earlier round's.
+        for rnd in range(20):
+            ids = np.arange(10, dtype=np.int64) + 100 * rnd
+            init = c.pull(t, ids)
+            c.push(t, ids, np.full((10, 4), 0.5, np.float32))
+            top = 1000.0 * (rnd + 1)
+            # Id 6 twice: its scores add up.
+            scored = c.score(t, np.concatenate([ids[6:], ids[6:7]]),
+                             np.array([top, top + 1, top + 2, top + 3, 5.0], np.float32))
+            if scored == 4:
+                break
+        else:
+            pytest.fail("an expiry pass ran between every push and its scores")
+        deadline = time.monotonic() + 15
+        while True:
+            now = c.pull(t, ids)
+            if all(np.array_equal(now[i], init[i]) for i in range(6)):
+                break
+            assert time.monotonic() < deadline, "the unscored rows were not deleted"
+            time.sleep(0.05)
+        for i in range(6, 10):
+            assert not np.array_equal(now[i], init[i]), f"scored id {ids[i]} was deleted"
+        assert c.score(t, np.array([999_999], np.int64), [1.0]) == 0, "an id without a row is not scored"
+        with pytest.raises(ValueError, match="mode = 'max'"):
+            c.score(t, ids, np.ones(10), mode="max")
+        with pytest.raises(ValueError, match="not a finite value >= 0"):
+            c.score(t, ids[:1], [-1.0])
+        with pytest.raises(ValueError, match="2 scores for 1 ids"):
+            c.score(t, ids[:1], [1.0, 2.0])
+        plain = c.register_table("plain", 4, optimizer="row_adagrad")
+        with pytest.raises(ValueError, match="keeps none"):
+            c.score(plain, ids[:1], [1.0])
+        with pytest.raises(ValueError, match="unknown keys \\['ttl'\\]"):
+            c.register_table("x", 4, eviction={"policy": "score", "max_rows": 1, "ttl": 3})
+        with pytest.raises(ValueError, match="max_rows or max_bytes"):
+            c.register_table("y", 4, optimizer="row_adagrad", eviction={"policy": "score"})
+        c.close()

@@ -24,6 +24,16 @@ pub enum ConfigError {
         /// What the setting accepts.
         expected: &'static str,
     },
+    /// A table of the model evicts by score, which this trainer cannot feed.
+    #[error(
+        "table {table}: eviction policy \"score\" keeps the rows a client scores highest, and this trainer \
+         gives no scores (every row would stay at 0 and go in hash order): use policy \"lfu\", or train through \
+         pstrain and give scores with Client.score"
+    )]
+    ScoredTable {
+        /// The table's name.
+        table: String,
+    },
     /// A `--table-encoding` entry that does not parse or names an unknown table.
     #[error("table-encoding {entry:?}: {problem}")]
     TableEncoding {

@@ -73,9 +73,13 @@ pub struct JobArgs {
     #[arg(long, value_name = "SECS", requires = "export_dir", value_parser = clap::value_parser!(u64).range(1..))]
     pub export_prune_age_secs: Option<u64>,
     /// Leave out of each export the rows counted fewer than N updates (in tables that keep counts: those with
-    /// a row cap; the counts decay with its `decay_secs`).
+    /// an LFU row cap; the counts decay with its `decay_secs`).
     #[arg(long, value_name = "N", requires = "export_dir", value_parser = clap::value_parser!(u32).range(1..))]
     pub export_prune_min_count: Option<u32>,
+    /// Leave out of each export the rows scored below S (in tables that evict by a score the trainer gives:
+    /// eviction policy `score`; the scores decay with its `decay_secs`).
+    #[arg(long, value_name = "S", requires = "export_dir", value_parser = positive_score)]
+    pub export_prune_min_score: Option<f32>,
     /// Publish the dense parameters to server 0 every N steps (rank 0; 0 = never), versioned by the step:
     /// serving processes following the servers (`ps-serve --subscribe`) swap them in (docs/serving.md).
     #[arg(long, default_value_t = 0)]
@@ -360,11 +364,14 @@ pub async fn train_and_evaluate(
         export_dir: job.export_dir.clone(),
         export_every: job.export_every,
         export_keep: job.export_keep as usize,
-        export_prune: (job.export_prune_age_secs.is_some() || job.export_prune_min_count.is_some())
-            .then_some(embedding::ExportPrune {
-                max_age_secs: job.export_prune_age_secs,
-                min_count: job.export_prune_min_count,
-            }),
+        export_prune: (job.export_prune_age_secs.is_some()
+            || job.export_prune_min_count.is_some()
+            || job.export_prune_min_score.is_some())
+        .then_some(embedding::ExportPrune {
+            max_age_secs: job.export_prune_age_secs,
+            min_count: job.export_prune_min_count,
+            min_score: job.export_prune_min_score,
+        }),
         publish_dense_every: job.publish_dense_every,
         progressive_window: job.progressive_window,
         watch_pids: job.local_server_pids.clone(),
@@ -723,4 +730,13 @@ pub async fn serve_metrics(addr: SocketAddr) -> anyhow::Result<SocketAddr> {
         std::future::pending(),
     ));
     Ok(bound)
+}
+
+/// Parses `--export-prune-min-score`: a finite score above 0.
+fn positive_score(s: &str) -> Result<f32, String> {
+    match s.parse::<f32>() {
+        Ok(v) if v.is_finite() && v > 0.0 => Ok(v),
+        Ok(v) => Err(format!("score {v}, expected a finite score above 0")),
+        Err(e) => Err(format!("{s:?} is not a number: {e}")),
+    }
 }

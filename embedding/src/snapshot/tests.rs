@@ -466,7 +466,16 @@ fn a_pruned_checkpoint_leaves_out_old_and_rare_rows() {
         }),
         ..cfg(2, 2)
     };
-    for c in [ttl, capped, cfg(3, 2)] {
+    let scored = TableConfig {
+        eviction: Some(crate::EvictionConfig {
+            policy: crate::EvictionPolicy::Score,
+            max_rows: Some(1_000),
+            max_bytes: None,
+            decay_secs: None,
+        }),
+        ..cfg(4, 2)
+    };
+    for c in [ttl, capped, cfg(3, 2), scored] {
         e.register_table(c).unwrap();
     }
     // Table 1: ids 0..10 last updated at t=100, 10..20 at t=500. Table 2: ids 0..5 updated three times,
@@ -482,9 +491,18 @@ fn a_pruned_checkpoint_leaves_out_old_and_rare_rows() {
     }
     e.apply_at(2, &rare, &g(5), 500).unwrap();
     e.apply_at(3, &old, &g(10), 100).unwrap();
+    // Table 4: pushed equally; ids 0..5 scored 3 (1 + 2 added), 5..10 scored 0.5 (set after 9).
+    for _ in 0..3 {
+        e.apply_at(4, &old, &g(10), 500).unwrap();
+    }
+    e.score(4, &hot, &[1.0; 5], crate::ScoreMode::Add).unwrap();
+    e.score(4, &hot, &[2.0; 5], crate::ScoreMode::Add).unwrap();
+    e.score(4, &rare, &[9.0; 5], crate::ScoreMode::Add).unwrap();
+    e.score(4, &rare, &[0.5; 5], crate::ScoreMode::Set).unwrap();
     let prune = ExportPrune {
         max_age_secs: Some(300),
         min_count: Some(2),
+        min_score: Some(1.0),
     };
     let snap = dir.path().join("snap");
     let m = e
@@ -492,7 +510,7 @@ fn a_pruned_checkpoint_leaves_out_old_and_rare_rows() {
         .unwrap();
     assert_eq!(
         m.tables.iter().map(|t| (t.id, t.rows)).collect::<Vec<_>>(),
-        [(1, 10), (2, 5), (3, 10)]
+        [(1, 10), (2, 5), (3, 10), (4, 5)]
     );
     let s = Snapshot::open(&shard_dir(&snap, 0, 1)).unwrap();
     let held: Vec<(u32, u64)> = snapshot_rows(&s).into_keys().collect();
@@ -501,12 +519,14 @@ fn a_pruned_checkpoint_leaves_out_old_and_rare_rows() {
         .map(|&i| (1, i))
         .chain(hot.iter().map(|&i| (2, i)))
         .chain(old.iter().map(|&i| (3, i)))
+        .chain(hot.iter().map(|&i| (4, i)))
         .collect();
     assert_eq!(held, want);
     tensors::write_tables(&shard_dir(&snap, 0, 1)).unwrap();
     let file = tensors::read_tables(&shard_dir(&snap, 0, 1).join(tensors::TABLES_FILE)).unwrap();
     assert_eq!(file[0].ids, new);
     assert_eq!(file[1].ids, hot);
+    assert_eq!(file[3].ids, hot);
     // The training tables keep every row.
     assert_eq!(
         (
@@ -518,7 +538,8 @@ fn a_pruned_checkpoint_leaves_out_old_and_rare_rows() {
     );
     assert!(ExportPrune {
         max_age_secs: None,
-        min_count: None
+        min_count: None,
+        min_score: None,
     }
     .validate()
     .unwrap_err()

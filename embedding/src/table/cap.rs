@@ -1,6 +1,6 @@
 //! A table's row cap ([`crate::EvictionConfig`], issue 43): past `max_rows` (or the rows `max_bytes` holds), the
-//! least frequently updated rows are deleted, from the store and from memory, at each expiry pass
-//! ([`crate::Engine::expire`]).
+//! least frequently updated rows (LFU), or the lowest scored ([`crate::EvictionPolicy::Score`]), are deleted,
+//! from the store and from memory, at each expiry pass ([`crate::Engine::expire`]).
 //!
 //! # Counts and decay
 //! Each row of a capped table keeps a `u32` update count beside its slot (4 bytes per row, `arena.rs`): one per
@@ -9,6 +9,12 @@
 //! [`Table::over_cap`], every count halves, so an id that was hot an hour ago and is cold now loses to one that
 //! is warm now (LFU with aging, as Redis' `allkeys-lfu` and TinyLFU's reset). Rows recovered from the store
 //! restart at 0 (counts are not persisted), like TTL stamps.
+//!
+//! # Scores
+//! A table with the `score` policy keeps, in the same 4 bytes, the bits of a score the trainer gives
+//! ([`Table::score`]: added or set; finite and `>= 0`, so the bits order as the values do and the choice below
+//! is the same code for both policies). Updates do not change it; a new row starts at 0; decay halves it. Ids
+//! without a row in memory are not scored (the score of a row to come is not kept).
 //!
 //! # Which rows go
 //! The `len - cap` rows with the lowest `(count, splitmix64(id))`: the hash breaks ties without favouring low
@@ -19,7 +25,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::stripe::{group_by_stripe, hash};
 use super::Table;
-use crate::config::EvictionConfig;
+use crate::config::{EvictionConfig, EvictionPolicy, ScoreMode};
+use crate::error::EmbeddingError;
 
 /// Index buckets (4 bytes at a load of 0.57 to 0.85) and the dirty and reference bits of a row, on average
 /// (`sizing.rs` replays the exact growth; 6.5 to 7.1 bytes measured there).
@@ -127,6 +134,59 @@ impl Table {
             rows.select_nth_unstable_by_key(excess - 1, |&(c, h, _)| (c, h));
         }
         rows[..excess].iter().map(|&(c, _, id)| (id, c)).collect()
+    }
+
+    /// Gives the rows of `ids` the scores `scores` (one each, finite and `>= 0`), added to their scores or
+    /// replacing them (`mode`), and returns how many ids had a row in memory (the others are not scored). A
+    /// table without the `score` policy, a length mismatch, or a negative or non-finite score is refused
+    /// (naming the id and value) before any row changes.
+    pub fn score(
+        &self,
+        ids: &[u64],
+        scores: &[f32],
+        mode: ScoreMode,
+    ) -> Result<usize, EmbeddingError> {
+        let table = self.cfg.id;
+        match self.cap.as_ref().map(|c| c.cfg.policy) {
+            Some(EvictionPolicy::Score) => {}
+            other => {
+                let policy = if other.is_some() { "lfu" } else { "none" };
+                return Err(EmbeddingError::NotScored { table, policy });
+            }
+        }
+        if ids.len() != scores.len() {
+            return Err(EmbeddingError::WrongLength {
+                table,
+                what: "scores",
+                len: scores.len(),
+                expected: ids.len(),
+                ids: ids.len(),
+                dim: 1,
+            });
+        }
+        if let Some(i) = scores.iter().position(|s| !(s.is_finite() && *s >= 0.0)) {
+            return Err(EmbeddingError::BadScore {
+                table,
+                id: ids[i],
+                score: scores[i],
+            });
+        }
+        let set = mode == ScoreMode::Set;
+        let (order, bounds) = group_by_stripe(ids);
+        let mut found = 0;
+        // The closure never fails.
+        let _ = self.for_each_group(&order, &bounds, |_, stripe, group| {
+            for &i in group {
+                let id = ids[i];
+                if let Some(slot) = stripe.find(id, hash(id)) {
+                    // `-0.0` would sort above every positive score as bits.
+                    stripe.arena.score(slot, scores[i] + 0.0, set);
+                    found += 1;
+                }
+            }
+            Ok(())
+        });
+        Ok(found)
     }
 
     /// Deletes the rows of `victims` (from [`Table::over_cap`]) whose count has not grown since (a row updated

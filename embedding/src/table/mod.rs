@@ -50,7 +50,8 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 use crate::admission::Sketch;
-use crate::config::TableConfig;
+use crate::arena::Counts;
+use crate::config::{EvictionPolicy, TableConfig};
 use crate::error::EmbeddingError;
 use crate::init;
 use crate::optimizer::{self, Regularizer};
@@ -191,7 +192,12 @@ impl Table {
         cfg.validate()?;
         let row_len = cfg.row_len();
         let codec = cfg.row_codec();
-        let (cap, counts) = (cfg.eviction.map(cap::Cap::new), cfg.eviction.is_some());
+        let counts = match cfg.eviction.map(|e| e.policy) {
+            None => Counts::None,
+            Some(EvictionPolicy::Lfu) => Counts::Updates,
+            Some(EvictionPolicy::Score) => Counts::Scores,
+        };
+        let cap = cfg.eviction.map(cap::Cap::new);
         let ttl = cfg.ttl_secs.map(|t| t.min(u64::from(u32::MAX)) as u32);
         Ok(Table {
             stripes: (0..STRIPES)

@@ -8,7 +8,7 @@ use parking_lot::Mutex;
 
 use super::index::Index;
 use super::{Table, STRIPES};
-use crate::arena::Arena;
+use crate::arena::{Arena, Counts};
 use crate::batch::DirtyBatch;
 use crate::error::EmbeddingError;
 use base::hash::splitmix64;
@@ -58,8 +58,8 @@ pub(super) fn stripe_of(h: u64) -> usize {
 }
 
 impl Stripe {
-    /// An empty stripe for rows of `row_len` words ([`crate::RowCodec::words`]), with a last-touched stamp per row if `stamps` (TTL).
-    pub(super) fn new(row_len: usize, stamps: bool, counts: bool) -> Self {
+    /// An empty stripe for rows of `row_len` words ([`crate::RowCodec::words`]), with a last-touched stamp per row if `stamps` (TTL), and a count or score per row as `counts` says (a cap).
+    pub(super) fn new(row_len: usize, stamps: bool, counts: Counts) -> Self {
         Stripe {
             index: Index::new(),
             arena: Arena::with_counts(row_len, stamps, counts),

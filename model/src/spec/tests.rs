@@ -274,4 +274,10 @@ table = "b"
     assert!(err.contains("eviction"), "{err}");
     let err = refused(&text.replace("\"lfu\"", "\"lru\""));
     assert!(err.contains("lru"), "{err}");
+    // The score policy parses (pstrain feeds its scores).
+    let scored = ModelSpec::parse(&text.replace("\"lfu\"", "\"score\"")).unwrap();
+    assert_eq!(
+        scored.table_configs(1, 0.05)[0].eviction.unwrap().policy,
+        protocol::EvictionPolicy::Score
+    );
 }

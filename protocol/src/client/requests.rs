@@ -107,6 +107,23 @@ impl<D: Dialer> PsClient<D> {
         }
     }
 
+    /// One request of scores to server `server` under map `epoch` ([`PsClient::score`] re-routes).
+    pub(super) async fn score_once(
+        &self,
+        server: usize,
+        epoch: u64,
+        mode: embedding::ScoreMode,
+        tables: Vec<TableCount>,
+        payload: Bytes,
+    ) -> Result<u64, ProtocolError> {
+        let req = wire::message::score::request(epoch, mode, tables);
+        let (resp, _) = self.call(server, &req, payload).await?;
+        match resp {
+            Response::Scored { rows } => Ok(rows),
+            other => Err(self.unexpected(server, &other, "Scored")),
+        }
+    }
+
     /// One write of rows' weights to server `server` under map `epoch` ([`PsClient::write_rows`] re-routes).
     pub(super) async fn write_rows_once(
         &self,

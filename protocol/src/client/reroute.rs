@@ -197,6 +197,38 @@ impl<D: Dialer> Reroute<D> for PushOp {
     }
 }
 
+/// Scores of ids (one f32 each: rows of dim 1).
+#[derive(Clone, Copy)]
+struct ScoreOp(embedding::ScoreMode);
+
+impl<D: Dialer> Reroute<D> for ScoreOp {
+    type Answer = u64;
+
+    fn send<'a>(
+        self,
+        client: &'a PsClient<D>,
+        server: usize,
+        epoch: u64,
+        tables: Vec<TableCount>,
+        payload: Bytes,
+    ) -> BoxFuture<'a, u64> {
+        Box::pin(client.score_once(server, epoch, self.0, tables, payload))
+    }
+
+    fn rows(self) -> Option<Encoding> {
+        Some(Encoding::F32)
+    }
+
+    fn merge(
+        self,
+        _: &[TableCount],
+        _: &[SplitPart],
+        answers: Vec<u64>,
+    ) -> Result<u64, ProtocolError> {
+        Ok(answers.into_iter().sum())
+    }
+}
+
 /// A write of rows' weights (f32).
 #[derive(Clone, Copy)]
 struct WriteRowsOp;
@@ -555,6 +587,19 @@ impl<D: Dialer> PsClient<D> {
         payload: Bytes,
     ) -> Result<u64, ProtocolError> {
         self.routed(server, 0, WriteRowsOp, tables, payload).await
+    }
+
+    /// Gives ids of tables that evict by score their scores on server `server`: `payload` is the ids of every
+    /// table (`TableCount::dim` 1) then one f32 LE score per id ([`wire::message::score`]), added or set as
+    /// `mode` says. Returns how many ids had a row there. Ids the server no longer owns go to their new servers.
+    pub async fn score(
+        &self,
+        server: usize,
+        mode: embedding::ScoreMode,
+        tables: Vec<TableCount>,
+        payload: Bytes,
+    ) -> Result<u64, ProtocolError> {
+        self.routed(server, 0, ScoreOp(mode), tables, payload).await
     }
 
     /// Asks server `server` to bring the rows of `ids` (one id section per table of `tables`, as for

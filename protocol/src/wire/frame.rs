@@ -202,7 +202,13 @@ mod tests {
     /// what was written: a field skipped when unset would misalign the rest).
     #[test]
     fn checkpoint_prunes_round_trip() {
-        for (max_age_secs, min_count) in [(None, Some(3)), (Some(60), None), (Some(1), Some(2))] {
+        for (max_age_secs, min_count, min_score) in [
+            (None, Some(3), None),
+            (Some(60), None, None),
+            (Some(1), Some(2), None),
+            (None, None, Some(0.5)),
+            (Some(1), None, Some(2.0)),
+        ] {
             let req = Request::Checkpoint {
                 dir: "x".into(),
                 step: 7,
@@ -210,6 +216,7 @@ mod tests {
                 prune: Some(embedding::ExportPrune {
                     max_age_secs,
                     min_count,
+                    min_score,
                 }),
             };
             let frame = encode_frame(&req, &[]).unwrap();

@@ -26,6 +26,7 @@
 //! | [`Request::Reshard`] | none | [`Response::Resharding`] | none |
 //! | [`Request::MoveRows`] | ids then full rows of every table ([`crate::wire::message::reshard`]) | [`Response::MovedRows`] | none |
 //! | [`Request::WriteRows`] | ids of every table, then f32 LE weights of every table ([`crate::wire::message::write_rows`]) | [`Response::WroteRows`] | none |
+//! | [`Request::Score`] | ids of every table, then one f32 LE score per id ([`crate::wire::message::score`]) | [`Response::Scored`] | none |
 //!
 //! Any request may be answered by [`Response::Error`].
 
@@ -33,7 +34,7 @@ use serde::{Deserialize, Serialize};
 
 pub use embedding::{
     AdmissionConfig, EvictionConfig, EvictionPolicy, InitConfig, InitKind, OptimizerConfig,
-    RowPrecision, TableConfig,
+    RowPrecision, ScoreMode, TableConfig,
 };
 
 use crate::compression::codec::Encoding;
@@ -48,6 +49,7 @@ pub mod push;
 pub mod reduce;
 pub mod replicate;
 pub mod reshard;
+pub mod score;
 pub mod sync;
 pub mod write_rows;
 
@@ -216,6 +218,15 @@ pub enum Request {
         /// Per-table counts, in payload order.
         tables: Vec<TableCount>,
     },
+    /// Give ids of tables that evict by score their scores ([`score`]): one f32 per id after the id sections.
+    Score {
+        /// The client's shard-map epoch.
+        epoch: u64,
+        /// Whether the scores add to the rows' or replace them.
+        mode: ScoreMode,
+        /// Per-table counts (`dim` 1: one score per id), in payload order.
+        tables: Vec<TableCount>,
+    },
 }
 
 /// Which request a [`Request`] is, without its fields: what roles are checked against
@@ -258,11 +269,13 @@ pub enum RequestKind {
     MoveRows,
     /// [`Request::WriteRows`].
     WriteRows,
+    /// [`Request::Score`].
+    Score,
 }
 
 impl RequestKind {
     /// Every kind, in wire order.
-    pub const ALL: [RequestKind; 18] = [
+    pub const ALL: [RequestKind; 19] = [
         RequestKind::Hello,
         RequestKind::RegisterTables,
         RequestKind::Pull,
@@ -281,6 +294,7 @@ impl RequestKind {
         RequestKind::Reshard,
         RequestKind::MoveRows,
         RequestKind::WriteRows,
+        RequestKind::Score,
     ];
 
     /// The request's name, for messages (the variant's name).
@@ -304,6 +318,7 @@ impl RequestKind {
             RequestKind::Reshard => "Reshard",
             RequestKind::MoveRows => "MoveRows",
             RequestKind::WriteRows => "WriteRows",
+            RequestKind::Score => "Score",
         }
     }
 
@@ -328,6 +343,7 @@ impl RequestKind {
             RequestKind::Reshard => "reshard",
             RequestKind::MoveRows => "move_rows",
             RequestKind::WriteRows => "write_rows",
+            RequestKind::Score => "score",
         }
     }
 }
@@ -354,6 +370,7 @@ impl Request {
             Request::Reshard { .. } => RequestKind::Reshard,
             Request::MoveRows { .. } => RequestKind::MoveRows,
             Request::WriteRows { .. } => RequestKind::WriteRows,
+            Request::Score { .. } => RequestKind::Score,
         }
     }
 }
@@ -480,6 +497,11 @@ pub enum Response {
         /// Rows written.
         rows: u64,
     },
+    /// Answer to [`Request::Score`]: the scores are kept.
+    Scored {
+        /// Ids that had a row in memory (the others are not scored).
+        rows: u64,
+    },
 }
 
 impl Response {
@@ -505,6 +527,7 @@ impl Response {
             Response::Resharding { .. } => "Resharding",
             Response::MovedRows { .. } => "MovedRows",
             Response::WroteRows { .. } => "WroteRows",
+            Response::Scored { .. } => "Scored",
         }
     }
 }

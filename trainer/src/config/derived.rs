@@ -22,6 +22,15 @@ impl ModelArgs {
                 source: Box::new(source),
             })?;
         }
+        let scored = spec.tables.iter().find(|t| {
+            t.eviction
+                .is_some_and(|e| e.policy == embedding::EvictionPolicy::Score)
+        });
+        if let Some(t) = scored {
+            return Err(ConfigError::ScoredTable {
+                table: t.name.clone(),
+            });
+        }
         Ok(spec)
     }
 

@@ -211,3 +211,34 @@ fn the_kaggle_spec_is_the_flags_model() {
     );
     assert_eq!(kaggle.sparse_layout(), SparseLayout::uniform(26, 16));
 }
+
+/// A spec table evicting by score is refused by the trainer (which gives no scores), naming the table and
+/// what to use instead.
+#[test]
+fn a_table_evicting_by_score_is_refused_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("scored.toml");
+    let text = r#"
+name = "t"
+bottom_mlp = [8, 4]
+top_mlp = [4, 1]
+[sparse]
+dim = 4
+[[feature]]
+column = "C1"
+table = "items"
+eviction = { policy = "score", max_rows = 1000 }
+"#;
+    std::fs::write(&path, text).unwrap();
+    let args = ModelArgs {
+        model_spec: Some(path.display().to_string()),
+        ..ModelArgs::default()
+    };
+    let err = args.spec().unwrap_err().to_string();
+    assert!(
+        err.contains("table items") && err.contains("use policy \"lfu\""),
+        "{err}"
+    );
+    std::fs::write(&path, text.replace("\"score\"", "\"lfu\"")).unwrap();
+    args.spec().unwrap();
+}

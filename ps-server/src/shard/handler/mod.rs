@@ -141,6 +141,11 @@ impl Shard {
                     });
                     reply
                 }),
+            Request::Score {
+                epoch,
+                mode,
+                tables,
+            } => self.score(epoch, mode, &tables, payload),
             Request::Flush => self.flush(),
             Request::Checkpoint {
                 dir,
@@ -885,6 +890,7 @@ impl Drop for PendingAck {
     }
 }
 
+mod score;
 mod storage;
 mod write_rows;
 

@@ -9,7 +9,8 @@ use crate::shard::Shard;
 
 impl Shard {
     /// Refuses an export prune that is malformed, or that asks for what no table keeps (last-update stamps:
-    /// tables with a TTL; update counts: tables with a row cap), which would prune nothing.
+    /// tables with a TTL; update counts: tables with an LFU row cap; scores: tables with a score row cap), which
+    /// would prune nothing.
     fn check_prune(&self, p: &embedding::ExportPrune) -> Result<(), Refusal> {
         p.validate().map_err(|e| refuse(ErrorCode::BadRequest, e))?;
         let tables: Vec<_> = self
@@ -34,8 +35,19 @@ impl Shard {
                 return Err(refuse(
                     ErrorCode::BadRequest,
                     format!(
-                        "export prune: min_count {count} needs update counts, which only tables with a row \
-                         cap (eviction) keep: no table here has one"
+                        "export prune: min_count {count} needs update counts, which only tables with an LFU \
+                         row cap (eviction policy lfu) keep: no table here has one"
+                    ),
+                ));
+            }
+        }
+        if let Some(score) = p.min_score {
+            if !tables.iter().any(|t| t.keeps_scores()) {
+                return Err(refuse(
+                    ErrorCode::BadRequest,
+                    format!(
+                        "export prune: min_score {score} needs scores, which only tables evicting by score \
+                         (eviction policy score) keep: no table here has one"
                     ),
                 ));
             }

@@ -530,6 +530,7 @@ fn an_export_prune_that_would_prune_nothing_is_refused_naming_what_is_missing() 
     let (code, message) = ask(embedding::ExportPrune {
         max_age_secs: Some(60),
         min_count: None,
+        min_score: None,
     });
     assert_eq!(code, ErrorCode::BadRequest);
     assert!(
@@ -539,6 +540,7 @@ fn an_export_prune_that_would_prune_nothing_is_refused_naming_what_is_missing() 
     let (_, message) = ask(embedding::ExportPrune {
         max_age_secs: None,
         min_count: Some(3),
+        min_score: None,
     });
     assert!(
         message.contains("min_count 3 needs update counts"),
@@ -547,8 +549,21 @@ fn an_export_prune_that_would_prune_nothing_is_refused_naming_what_is_missing() 
     let (_, message) = ask(embedding::ExportPrune {
         max_age_secs: Some(0),
         min_count: None,
+        min_score: None,
     });
     assert!(message.contains("max_age_secs 0"), "{message}");
+    let (_, message) = ask(embedding::ExportPrune {
+        max_age_secs: None,
+        min_count: None,
+        min_score: Some(0.5),
+    });
+    assert!(message.contains("min_score 0.5 needs scores"), "{message}");
+    let (_, message) = ask(embedding::ExportPrune {
+        max_age_secs: None,
+        min_count: None,
+        min_score: Some(f32::NAN),
+    });
+    assert!(message.contains("min_score NaN"), "{message}");
     assert!(!dir.path().join("snap").exists(), "nothing written");
 }
 

@@ -968,3 +968,96 @@ fn push_lr_scale_multiplies_the_rate_and_bad_scales_change_nothing() {
         r.header
     );
 }
+
+fn score(s: &Shard, epoch: u64, table: u32, dim: u32, ids: &[u64], scores: &[f32]) -> Reply {
+    let mut payload = Vec::new();
+    put_ids(ids, &mut payload);
+    for v in scores {
+        payload.extend_from_slice(&v.to_le_bytes());
+    }
+    let tables = vec![TableCount {
+        table,
+        count: ids.len() as u32,
+        dim,
+    }];
+    s.handle(
+        protocol::wire::message::score::request(epoch, protocol::ScoreMode::Add, tables),
+        &payload,
+        NOW,
+    )
+}
+
+/// `Score` gives rows of a table evicting by score their scores (ids without a row are counted out), and the
+/// next expiry pass deletes the lowest scored past the cap; a table keeping no scores, a negative or NaN score,
+/// a header dim other than 1, a stale epoch and another server's ids are refused whole, changing no score.
+#[test]
+fn scores_choose_what_the_cap_deletes_and_bad_scores_change_nothing() {
+    let s = shard(1, 0);
+    let scored = TableConfig {
+        eviction: Some(protocol::EvictionConfig {
+            policy: protocol::EvictionPolicy::Score,
+            max_rows: Some(2),
+            max_bytes: None,
+            decay_secs: None,
+        }),
+        ..TableConfig::counter(9, 2)
+    };
+    s.handle(
+        Request::RegisterTables {
+            tables: vec![scored],
+        },
+        &[],
+        NOW,
+    );
+    push(&s, &[(9, 2, &[1, 2, 3], &[1.0; 6])]);
+    let r = score(&s, 1, 9, 1, &[1, 3, 50], &[5.0, 2.0, 1.0]);
+    assert!(
+        matches!(r.header, Response::Scored { rows: 2 }),
+        "{:?}",
+        r.header
+    );
+    let refusals = [
+        (score(&s, 1, 2, 1, &[2], &[9.0]), "keeps none"),
+        (
+            score(&s, 1, 9, 1, &[2, 3], &[9.0, -1.0]),
+            "table 9 id 3: score -1",
+        ),
+        (score(&s, 1, 9, 1, &[2], &[f32::NAN]), "score NaN"),
+        (score(&s, 1, 9, 2, &[2], &[9.0, 9.0]), "dim 2"),
+    ];
+    for (r, want) in refusals {
+        let (code, msg) = error_of(r);
+        assert_eq!(code, ErrorCode::BadRequest, "{msg}");
+        assert!(msg.contains(want), "{msg}");
+    }
+    assert_eq!(
+        error_of(score(&s, 7, 9, 1, &[2], &[9.0])).0,
+        ErrorCode::WrongEpoch
+    );
+    // Row 2 kept its score of 0: the cap of 2 deletes it.
+    let stats = s.engine.expire(NOW).unwrap();
+    assert_eq!(stats.rows_capped, 1);
+    let t = s.engine.table(9).unwrap();
+    assert!(t.row(1).is_some() && t.row(2).is_none() && t.row(3).is_some());
+    // Another server's ids are refused.
+    let s = shard(2, 0);
+    s.handle(
+        Request::RegisterTables {
+            tables: vec![TableConfig {
+                eviction: Some(protocol::EvictionConfig {
+                    policy: protocol::EvictionPolicy::Score,
+                    max_rows: Some(2),
+                    max_bytes: None,
+                    decay_secs: None,
+                }),
+                ..TableConfig::counter(9, 2)
+            }],
+        },
+        &[],
+        NOW,
+    );
+    let map = ShardMap::new(2);
+    let foreign = (0..).find(|&id| map.server_of(id) == 1).unwrap();
+    let (code, _) = error_of(score(&s, 1, 9, 1, &[foreign], &[1.0]));
+    assert_eq!(code, ErrorCode::WrongShard);
+}
