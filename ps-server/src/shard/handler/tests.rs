@@ -987,12 +987,9 @@ fn score(s: &Shard, epoch: u64, table: u32, dim: u32, ids: &[u64], scores: &[f32
     )
 }
 
-/// `Score` gives rows of a table evicting by score their scores (ids without a row are counted out), and the
-/// next expiry pass deletes the lowest scored past the cap; a table keeping no scores, a negative or NaN score,
-/// a header dim other than 1, a stale epoch and another server's ids are refused whole, changing no score.
-#[test]
-fn scores_choose_what_the_cap_deletes_and_bad_scores_change_nothing() {
-    let s = shard(1, 0);
+/// Server 0 of `num_servers`, with table 9 (dim 2) evicting by score past 2 rows.
+fn scored_shard(num_servers: u32) -> Shard {
+    let s = shard(num_servers, 0);
     let scored = TableConfig {
         eviction: Some(protocol::EvictionConfig {
             policy: protocol::EvictionPolicy::Score,
@@ -1002,13 +999,27 @@ fn scores_choose_what_the_cap_deletes_and_bad_scores_change_nothing() {
         }),
         ..TableConfig::counter(9, 2)
     };
-    s.handle(
+    let r = s.handle(
         Request::RegisterTables {
             tables: vec![scored],
         },
         &[],
         NOW,
     );
+    assert!(
+        matches!(r.header, Response::Registered { .. }),
+        "{:?}",
+        r.header
+    );
+    s
+}
+
+/// `Score` gives rows of a table evicting by score their scores (ids without a row are counted out), and the
+/// next expiry pass deletes the lowest scored past the cap; a table keeping no scores, a negative or NaN score,
+/// a header dim other than 1, a stale epoch and another server's ids are refused whole, changing no score.
+#[test]
+fn scores_choose_what_the_cap_deletes_and_bad_scores_change_nothing() {
+    let s = scored_shard(1);
     push(&s, &[(9, 2, &[1, 2, 3], &[1.0; 6])]);
     let r = score(&s, 1, 9, 1, &[1, 3, 50], &[5.0, 2.0, 1.0]);
     assert!(
@@ -1040,22 +1051,7 @@ fn scores_choose_what_the_cap_deletes_and_bad_scores_change_nothing() {
     let t = s.engine.table(9).unwrap();
     assert!(t.row(1).is_some() && t.row(2).is_none() && t.row(3).is_some());
     // Another server's ids are refused.
-    let s = shard(2, 0);
-    s.handle(
-        Request::RegisterTables {
-            tables: vec![TableConfig {
-                eviction: Some(protocol::EvictionConfig {
-                    policy: protocol::EvictionPolicy::Score,
-                    max_rows: Some(2),
-                    max_bytes: None,
-                    decay_secs: None,
-                }),
-                ..TableConfig::counter(9, 2)
-            }],
-        },
-        &[],
-        NOW,
-    );
+    let s = scored_shard(2);
     let map = ShardMap::new(2);
     let foreign = (0..).find(|&id| map.server_of(id) == 1).unwrap();
     let (code, _) = error_of(score(&s, 1, 9, 1, &[foreign], &[1.0]));
