@@ -135,6 +135,20 @@ def tb_progress(tb, step, mark, losses, stats):
     return now, step, stats or {}
 
 
+def _capped_rows(cluster) -> int:
+    """Rows the servers deleted past their caps (``ps_rows_capped_total`` on each one's /metrics)."""
+    import urllib.request
+
+    total = 0
+    for addr in cluster.metrics:
+        url = addr if addr.startswith("http") else f"http://{addr}/metrics"
+        with urllib.request.urlopen(url, timeout=10) as r:
+            for line in r.read().decode().splitlines():
+                if line.startswith("ps_rows_capped_total "):
+                    total += int(float(line.split()[1]))
+    return total
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m pstrain.demo", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -160,12 +174,25 @@ def main(argv=None):
     ap.add_argument("--threads", type=int, default=2, help="torch threads")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--local-embeddings", action="store_true", help="baseline: local nn.EmbeddingBag tables")
+    ap.add_argument("--row-cap-fraction", type=float,
+                    help="cap each table of 1,000 or more distinct training ids at this fraction of them (per server: "
+                         "ceil(ids x fraction / servers)); an expiry pass every --expire-interval-secs deletes past it")
+    ap.add_argument("--eviction", default="lfu", choices=["lfu", "score-seen", "score-clicks"],
+                    help="with --row-cap-fraction, what the cap deletes first: the least frequently updated rows "
+                         "(lfu), or the lowest scored, each batch adding to its ids' scores 1 per occurrence "
+                         "(score-seen) or 1 per occurrence in a clicked sample (score-clicks)")
+    ap.add_argument("--decay-secs", type=int, default=10, help="counts and scores halve this often")
+    ap.add_argument("--expire-interval-secs", type=float, default=1.0)
     ap.add_argument("--summary-json")
     ap.add_argument("--tensorboard-dir", help="write TensorBoard event files here (pstrain.tensorboard)")
     ap.add_argument("--progress-secs", type=float, default=2.0, help="seconds between TensorBoard points")
     a = ap.parse_args(argv)
     if (a.train is None) != (a.test is None):
         ap.error("--train and --test go together")
+    if a.row_cap_fraction is not None and not 0 < a.row_cap_fraction <= 1:
+        ap.error(f"--row-cap-fraction {a.row_cap_fraction}: expected a fraction in (0, 1]")
+    if a.row_cap_fraction is not None and a.local_embeddings:
+        ap.error("--row-cap-fraction caps the servers' tables: not with --local-embeddings")
     torch.set_num_threads(a.threads)
     tb = None
     if a.tensorboard_dir:
@@ -195,19 +222,30 @@ def main(argv=None):
     loss_fn = nn.BCEWithLogitsLoss()
 
     cluster = client = None
+    caps, scored, score_seconds, score_found, score_sent = {}, [], 0.0, 0, 0
     if a.local_embeddings:
         local = LocalTables(np.concatenate([itr, ite]), a.emb_dim, a.emb_init_scale, a.emb_lr, gen)
         lookup = lambda s, e: local(local.index(itr[s:e]))
         lookup_eval = lambda ids: local(local.index(ids))
     else:
-        cluster = LocalCluster(a.servers)
+        extra = []
+        if a.row_cap_fraction is not None:
+            extra = ["--expire-interval-secs", str(a.expire_interval_secs)]
+            for k_i, k in enumerate(KEYS):
+                distinct = len(np.unique(itr[:, k_i]))
+                if distinct >= 1000:
+                    caps[k] = {"policy": "lfu" if a.eviction == "lfu" else "score",
+                               "max_rows": max(1, math.ceil(distinct * a.row_cap_fraction / a.servers)),
+                               "decay_secs": a.decay_secs}
+        cluster = LocalCluster(a.servers, extra_args=extra)
         client = Client(cluster.servers, cluster.tls_dir)
         tables = [
             EmbeddingTable(k, a.emb_dim, optimizer="row_adagrad", lr=a.emb_lr,
                            options=dict(init="uniform", init_scale=a.emb_init_scale, seed=k_i + 1,
-                                        encoding=a.encoding))
+                                        encoding=a.encoding, **({"eviction": caps[k]} if k in caps else {})))
             for k_i, k in enumerate(KEYS)
         ]
+        scored = [(k_i, k) for k_i, k in enumerate(KEYS) if k in caps] if a.eviction != "lfu" else []
         emb = EmbeddingCollection(client, tables, staleness=a.staleness)
         batch = lambda s, e: JaggedFeatures.from_dense(KEYS, itr[s:e])
         stack = lambda feats: emb(feats, stack=True)
@@ -245,6 +283,17 @@ def main(argv=None):
             if a.local_embeddings:
                 local.step()
             losses.append((float(loss.detach()) * b / (e - s), e - s))
+            if scored and step > 0:
+                # The previous batch's ids (their pushes have created their rows by now, mostly: an id without a
+                # row is not scored).
+                t_score = time.perf_counter()
+                ps, pe = (step - 1) * b, step * b
+                rows = slice(ps, pe) if a.eviction == "score-seen" else np.flatnonzero(ytr[ps:pe] > 0.5) + ps
+                for k_i, k in scored:
+                    ids = itr[rows, k_i]
+                    score_found += client.score(k, ids, np.ones(len(ids), np.float32))
+                    score_sent += len(ids)
+                score_seconds += time.perf_counter() - t_score
             if tb is not None and time.perf_counter() - mark[0] >= a.progress_secs:
                 mark = tb_progress(tb, step + 1, mark, losses, None if a.local_embeddings else emb.stats())
         if not a.local_embeddings:
@@ -264,6 +313,7 @@ def main(argv=None):
                 logits.append(dense(torch.from_numpy(dte[s : s + 8192]), er))
             logits = torch.cat(logits).double()
         stats = emb.stats() if not a.local_embeddings else {}
+        capped_rows = _capped_rows(cluster) if caps else 0
     finally:
         if client is not None:
             client.close()
@@ -288,6 +338,12 @@ def main(argv=None):
         "calibration": float(p.mean() / max(yte.mean(), 1e-12)),
         "test_samples": int(len(yte)),
     }
+    if a.row_cap_fraction is not None:
+        summary.update(row_cap_fraction=a.row_cap_fraction, eviction=a.eviction, capped_tables=len(caps),
+                       rows_capped=capped_rows)
+        if scored:
+            summary.update(score_ms_per_batch=score_seconds / max(steps, 1) * 1e3, scores_sent=score_sent,
+                           scores_found=score_found)
     if stats:
         per = lambda k: stats[k] / max(steps, 1) * 1e3
         summary.update(
