@@ -411,38 +411,53 @@ pub async fn write_tables<D: Dialer>(
     Ok(written)
 }
 
-/// Gives the ids of a table that evicts by score ([`embedding::EvictionPolicy::Score`]) their scores (one
-/// each, finite and `>= 0`), added to the rows' or replacing them (`mode`; a duplicated id adds its scores, or
-/// takes its last), one request per server ([`crate::wire::message::score`]). Returns how many distinct ids had a
-/// row (the others are not scored). Scores are refused naming the position before anything is sent.
-pub async fn score_ids<D: Dialer>(
+/// Gives the ids of tables that evict by score ([`embedding::EvictionPolicy::Score`]) their scores:
+/// `scores[i]` holds one score per id of `parts[i]` (finite and `>= 0`; `parts[i].dim` is ignored), added to
+/// the rows' or replacing them (`mode`; a duplicated id adds its scores, or takes its last), one request per
+/// server for every table ([`crate::wire::message::score`]). Returns how many distinct ids had a row (the
+/// others are not scored). Bad scores are refused naming table, id and position before anything is sent.
+pub async fn score_tables<D: Dialer>(
     client: &Arc<PsClient<D>>,
-    table: u32,
-    ids: &[u64],
-    scores: &[f32],
+    parts: &[TableIds<'_>],
+    scores: &[&[f32]],
     mode: embedding::ScoreMode,
 ) -> Result<u64, ProtocolError> {
-    check_rows_len("score", scores.len(), ids.len(), 1)?;
-    if let Some(i) = scores.iter().position(|s| !(s.is_finite() && *s >= 0.0)) {
+    if scores.len() != parts.len() {
         return Err(ProtocolError::BadPayload(format!(
-            "table {table}: score {} of id {} (position {i}) is not a finite value >= 0",
-            scores[i], ids[i]
+            "{} score buffers for {} tables",
+            scores.len(),
+            parts.len()
         )));
     }
+    for (p, s) in parts.iter().zip(scores) {
+        check_rows_len("score", s.len(), p.ids.len(), 1)?;
+        if let Some(i) = s.iter().position(|s| !(s.is_finite() && *s >= 0.0)) {
+            return Err(ProtocolError::BadPayload(format!(
+                "table {}: score {} of id {} (position {i}) is not a finite value >= 0",
+                p.table, s[i], p.ids[i]
+            )));
+        }
+    }
+    let parts: Vec<TableIds<'_>> = parts.iter().map(|p| TableIds { dim: 1, ..*p }).collect();
     let map = client.shard_map();
-    let plans = [KeyedPlan::new(ids, &map)];
-    let unique = match mode {
-        embedding::ScoreMode::Add => plans[0].sum_duplicates(scores, 1),
-        embedding::ScoreMode::Set => plans[0].last_of_duplicates(scores, 1),
-    };
-    let parts = [TableIds { table, dim: 1, ids }];
+    let plans: Vec<KeyedPlan> = parts.iter().map(|p| KeyedPlan::new(p.ids, &map)).collect();
+    let unique: Vec<Vec<f32>> = plans
+        .iter()
+        .zip(scores)
+        .map(|(plan, s)| match mode {
+            embedding::ScoreMode::Add => plan.sum_duplicates(s, 1),
+            embedding::ScoreMode::Set => plan.last_of_duplicates(s, 1),
+        })
+        .collect();
     let mut set = JoinSet::new();
     for server in 0..map.num_servers as usize {
-        let (sections, order) = server_sections(&plans, &parts, server);
+        let (mut sections, order) = server_sections(&plans, &parts, server);
         if order.is_empty() {
             continue;
         }
-        let sections = plans[0].push_payload(server, sections, &unique, Encoding::F32, 1);
+        for &t in &order {
+            sections = plans[t].push_payload(server, sections, &unique[t], Encoding::F32, 1);
+        }
         let client = client.clone();
         set.spawn(async move {
             client
@@ -455,6 +470,17 @@ pub async fn score_ids<D: Dialer>(
         scored += joined.expect("score task panicked")?;
     }
     Ok(scored)
+}
+
+/// [`score_tables`] of one table.
+pub async fn score_ids<D: Dialer>(
+    client: &Arc<PsClient<D>>,
+    table: u32,
+    ids: &[u64],
+    scores: &[f32],
+    mode: embedding::ScoreMode,
+) -> Result<u64, ProtocolError> {
+    score_tables(client, &[TableIds { table, dim: 1, ids }], &[scores], mode).await
 }
 
 /// The gradient scale of an f16 push: gradients of a mean loss are often below f16's normal range (6.1e-5)

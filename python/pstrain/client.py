@@ -358,15 +358,26 @@ class Client:
         last). Scores halve every ``decay_secs``; past the cap each expiry pass deletes the lowest scored rows. Only
         ids that have a row are scored (push them first); returns how many distinct ids were. Scores live in the
         servers' memory only: a restarted or promoted server starts every row at 0."""
-        t = self.table(table)
-        what = f"score of table {t.name!r}"
+        return self.score_many([table], [ids], [scores], mode=mode)
+
+    def score_many(self, tables, ids, scores, *, mode: str = "add") -> int:
+        """:meth:`score` of several tables at once (``scores[i]`` for ``ids[i]`` of ``tables[i]``): one request
+        per server for all of them. Returns how many distinct ids had a row."""
+        ts = [self.table(t) for t in tables]
+        what = ("score of tables " + ", ".join(repr(t.name) for t in ts)) if len(ts) < 5 else f"score of {len(ts)} tables"
+        if not (len(ts) == len(ids) == len(scores)):
+            raise ValueError(f"{what}: {len(ids)} id and {len(scores)} score arrays for {len(ts)} tables")
         if mode not in ("add", "set"):
             raise ValueError(f"{what}: mode = {mode!r}, expected 'add' or 'set'")
-        u = _check_ids(ids, what)
-        s = np.ascontiguousarray(np.asarray(scores, dtype=np.float32).reshape(-1))
-        if len(s) != len(u):
-            raise ValueError(f"{what}: {len(s)} scores for {len(u)} ids")
-        return self._c.score(t.id, what, u, s, mode == "set")
+        us, ss = [], []
+        for t, i, sc in zip(ts, ids, scores):
+            u = _check_ids(i, what)
+            s = np.ascontiguousarray(np.asarray(sc, dtype=np.float32).reshape(-1))
+            if len(s) != len(u):
+                raise ValueError(f"{what}: table {t.name!r}: {len(s)} scores for {len(u)} ids")
+            us.append(u)
+            ss.append(s)
+        return self._c.score([t.id for t in ts], what, us, ss, mode == "set")
 
     def flush(self) -> int:
         """Writes every server's dirty rows to RocksDB; returns the rows written."""

@@ -289,10 +289,10 @@ def main(argv=None):
                 t_score = time.perf_counter()
                 ps, pe = (step - 1) * b, step * b
                 rows = slice(ps, pe) if a.eviction == "score-seen" else np.flatnonzero(ytr[ps:pe] > 0.5) + ps
-                for k_i, k in scored:
-                    ids = itr[rows, k_i]
-                    score_found += client.score(k, ids, np.ones(len(ids), np.float32))
-                    score_sent += len(ids)
+                ids = [itr[rows, k_i] for k_i, _ in scored]
+                score_found += client.score_many([k for _, k in scored], ids,
+                                                 [np.ones(len(i), np.float32) for i in ids])
+                score_sent += sum(len(i) for i in ids)
                 score_seconds += time.perf_counter() - t_score
             if tb is not None and time.perf_counter() - mark[0] >= a.progress_secs:
                 mark = tb_progress(tb, step + 1, mark, losses, None if a.local_embeddings else emb.stats())

@@ -648,20 +648,29 @@ impl Client {
         })
     }
 
-    /// Gives the ids of table `table` (which evicts by score) their scores (`len(ids)`, finite, `>= 0`), added
-    /// to the rows' scores or replacing them (`set`). Waits; returns how many distinct ids had a row.
+    /// Gives the ids of tables that evict by score (`ids[i]` of `tables[i]`) their scores (`scores[i]`, one
+    /// per id, finite, `>= 0`), added to the rows' scores or replacing them (`set`), one request per server.
+    /// Waits; returns how many distinct ids had a row.
     fn score(
         &self,
         py: Python<'_>,
-        table: u32,
+        tables: Vec<u32>,
         what: String,
-        ids: PyReadonlyArray1<'_, u64>,
-        scores: PyReadonlyArray1<'_, f32>,
+        ids: Vec<PyReadonlyArray1<'_, u64>>,
+        scores: Vec<PyReadonlyArray1<'_, f32>>,
         set: bool,
     ) -> PyResult<u64> {
         self.check_open(py, &what)?;
-        let ids = ids.as_array().to_vec();
-        let scores = scores.as_array().to_vec();
+        if ids.len() != tables.len() || scores.len() != tables.len() {
+            return Err(PyValueError::new_err(format!(
+                "{what}: {} id and {} score arrays for {} tables",
+                ids.len(),
+                scores.len(),
+                tables.len()
+            )));
+        }
+        let ids: Vec<Vec<u64>> = ids.iter().map(|a| a.as_array().to_vec()).collect();
+        let scores: Vec<Vec<f32>> = scores.iter().map(|a| a.as_array().to_vec()).collect();
         let mode = if set {
             embedding::ScoreMode::Set
         } else {
@@ -669,7 +678,13 @@ impl Client {
         };
         let client = self.inner.clone();
         block_on(py, self.timeout, &what, async move {
-            protocol::keyed::score_ids(&client, table, &ids, &scores, mode).await
+            let parts: Vec<TableIds<'_>> = tables
+                .iter()
+                .zip(&ids)
+                .map(|(&table, ids)| TableIds { table, dim: 1, ids })
+                .collect();
+            let scores: Vec<&[f32]> = scores.iter().map(Vec::as_slice).collect();
+            protocol::keyed::score_tables(&client, &parts, &scores, mode).await
         })
     }
 

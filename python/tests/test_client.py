@@ -206,6 +206,9 @@ def test_a_score_cap_keeps_the_rows_scored_highest():
         for i in range(6, 10):
             assert not np.array_equal(now[i], init[i]), f"scored id {ids[i]} was deleted"
         assert c.score(t, np.array([999_999], np.int64), [1.0]) == 0, "an id without a row is not scored"
+        assert c.score_many([t], [ids[6:]], [np.ones(4)]) == 4
+        with pytest.raises(ValueError, match="1 id and 2 score arrays for 1 tables"):
+            c.score_many([t], [ids], [np.ones(10), np.ones(10)])
         with pytest.raises(ValueError, match="mode = 'max'"):
             c.score(t, ids, np.ones(10), mode="max")
         with pytest.raises(ValueError, match="not a finite value >= 0"):
