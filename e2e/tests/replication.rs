@@ -545,7 +545,7 @@ async fn table_rows_of(
     }
 }
 
-/// bf16 and f16 rows (issue 43) through a failover: pushes applied one after another by one client, the primary
+/// bf16 and f16 rows and bf16 Adam moments (issue 43) through a failover: pushes applied one after another by one client, the primary
 /// of shard 0 SIGKILLed halfway and later back as a backup. Every replica ends with the rows of the same pushes
 /// applied without the fault (an in-process `embedding::Table` each), bit for bit: the backup held the primary's
 /// rows exactly (half weights travel as f32 values they convert from exactly) and rounds the pushes after the
@@ -579,6 +579,18 @@ async fn half_precision_rows_through_a_failover_equal_the_run_without_it() {
             },
             seed: 4,
             ..TableConfig::new(12, "half_f16", 5)
+        },
+        TableConfig {
+            precision: RowPrecision::Bf16,
+            state_precision: RowPrecision::Bf16,
+            optimizer: OptimizerConfig::Adam {
+                lr: 0.01,
+                beta1: 0.9,
+                beta2: 0.999,
+                eps: 1e-8,
+            },
+            seed: 5,
+            ..TableConfig::new(13, "half_state", 7)
         },
     ];
     client.register_tables(&tables).await.unwrap();

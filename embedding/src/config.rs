@@ -59,6 +59,11 @@ pub struct TableConfig {
     /// equal.
     #[serde(default, skip_serializing_if = "RowPrecision::is_f32")]
     pub precision: RowPrecision,
+    /// How the per-element optimizer state (Adam's moments, Adagrad's accumulators) is stored: `f32`
+    /// (default) or `bf16`, rounded stochastically after each update ([`crate::precision`], "bf16 state").
+    /// Left out of a serialized f32 config.
+    #[serde(default, skip_serializing_if = "RowPrecision::is_f32")]
+    pub state_precision: RowPrecision,
     /// A cap on the rows each server keeps of this table, enforced by deleting the least frequently updated
     /// rows (from memory and the store) at each expiry pass; default `None` (no cap).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -249,6 +254,29 @@ impl OptimizerConfig {
         }
     }
 
+    /// The optimizer's name as configs write it (`sgd`, `row_adagrad`, `adagrad`, `adam`, `ftrl`).
+    pub fn name(&self) -> &'static str {
+        match self {
+            OptimizerConfig::Sgd { .. } => "sgd",
+            OptimizerConfig::RowAdagrad { .. } => "row_adagrad",
+            OptimizerConfig::Adagrad { .. } => "adagrad",
+            OptimizerConfig::Adam { .. } => "adam",
+            OptimizerConfig::Ftrl { .. } => "ftrl",
+        }
+    }
+
+    /// The leading state values that are per-element moments a table may store in bf16 (`state_precision`):
+    /// Adam's `m` and `v` (not its step), Adagrad's accumulators; 0 for the others.
+    pub fn moments_len(&self, dim: usize) -> usize {
+        match self {
+            OptimizerConfig::Adagrad { .. } => dim,
+            OptimizerConfig::Adam { .. } => 2 * dim,
+            OptimizerConfig::Sgd { .. }
+            | OptimizerConfig::RowAdagrad { .. }
+            | OptimizerConfig::Ftrl { .. } => 0,
+        }
+    }
+
     /// The learning rate (`alpha` for FTRL).
     pub fn lr(&self) -> f32 {
         match *self {
@@ -362,6 +390,7 @@ impl TableConfig {
             admission: None,
             ttl_secs: None,
             precision: RowPrecision::F32,
+            state_precision: RowPrecision::F32,
             eviction: None,
         }
     }
@@ -444,7 +473,12 @@ impl TableConfig {
 
     /// How a row of this table is packed in memory and in the store.
     pub fn row_codec(&self) -> RowCodec {
-        RowCodec::new(self.precision, self.dim, self.state_len())
+        let half = if self.state_precision.is_f32() {
+            0
+        } else {
+            self.optimizer.moments_len(self.dim)
+        };
+        RowCodec::new(self.precision, self.dim, self.state_len()).with_half_state(half)
     }
 
     /// Bytes per stored row (in memory, in the store and in snapshots): [`TableConfig::row_len`] x 4 for f32
@@ -490,6 +524,24 @@ impl TableConfig {
                 bad(field, v.to_string(), "a finite value >= 0")
             }
         };
+        match self.state_precision {
+            RowPrecision::F32 => {}
+            RowPrecision::F16 => {
+                return bad(
+                    "state_precision",
+                    "f16".into(),
+                    "f32 or bf16 (f16 would flush small second moments to zero)",
+                )
+            }
+            RowPrecision::Bf16 if self.optimizer.moments_len(self.dim) == 0 => {
+                return bad(
+                    "state_precision",
+                    format!("bf16 with optimizer {}", self.optimizer.name()),
+                    "f32: only adam's moments and adagrad's accumulators are stored in bf16 (row_adagrad                      keeps one value per row, sgd none, and ftrl recomputes its weights from its state)",
+                )
+            }
+            RowPrecision::Bf16 => {}
+        }
         if !self.precision.is_f32() && matches!(self.optimizer, OptimizerConfig::Sgd { .. }) {
             return bad(
                 "precision",
@@ -664,6 +716,12 @@ impl TableConfig {
             out.push(format!(
                 "precision: registered {}, requested {}",
                 self.precision, other.precision
+            ));
+        }
+        if self.state_precision != other.state_precision {
+            out.push(format!(
+                "state_precision: registered {}, requested {}",
+                self.state_precision, other.state_precision
             ));
         }
         if self.eviction != other.eviction {

@@ -100,8 +100,9 @@ pub enum EmbeddingError {
     /// A row loaded into a bf16 or f16 table (from a replica, a restore, a snapshot's SafeTensors) has a weight
     /// that precision cannot hold exactly: rows of a wider precision are refused rather than rounded unseen.
     #[error(
-        "table {table} id {id}: weight {element} = {value:e} is not exact in the table's {precision} rows \
-         (rows of f32 precision cannot be loaded into a {precision} table without rounding)"
+        "table {table} id {id}: element {element} (of the weights, then the optimizer state) = {value:e} is not \
+         exact in the table's {precision} rows (rows of f32 precision cannot be loaded into a {precision} table \
+         without rounding)"
     )]
     InexactRow {
         /// The table.

@@ -67,6 +67,12 @@ pub fn fill_row(cfg: &TableConfig, id: u64, row: &mut [f32]) {
     let (weights, state) = row.split_at_mut(cfg.dim);
     fill_weights(cfg, id, weights);
     optimizer::init_state(&cfg.optimizer, state);
+    // The state's bf16 part starts at its initial value rounded to nearest (Adagrad's initial accumulator).
+    let half = cfg.row_codec().half_state();
+    let half = half.min(state.len());
+    for s in &mut state[..half] {
+        *s = crate::RowPrecision::Bf16.round_nearest(*s);
+    }
 }
 
 #[cfg(test)]

@@ -1,4 +1,5 @@
-//! Row precision (issue 43): a table's weights stored as f32, bf16 or f16, its optimizer state always f32.
+//! Row precision (issue 43): a table's weights stored as f32, bf16 or f16, its optimizer state as f32 or (the
+//! per-element moments of Adam and Adagrad) bf16.
 //!
 //! # Choice of state and rounding
 //! The optimizer runs in f32 on a decoded copy of the row, and only the weights are narrowed after each update;
@@ -16,9 +17,19 @@
 //! with bf16 or f16 rows is refused at validation. Initial weights are rounded to nearest
 //! ([`crate::init::fill_weights`]), so a pull of a new id equals the row a push creates.
 //!
+//! # bf16 state (`state_precision = "bf16"`)
+//! Adam's moments (`2 x dim` of its `2 x dim + 1` state values) dominate its row, so halving the weights alone
+//! leaves an Adam row at 0.84x. With `state_precision = "bf16"` the per-element state (Adam's `m` and `v`,
+//! Adagrad's accumulators) is stored in bf16 too, rounded **stochastically** after each f32 update like the
+//! weights (to nearest it would stall: `v = 0.999 v + 0.001 g^2` moves `v` by a tenth of a bf16 unit), with
+//! its own random bits from the same hash (so replays round it the same way); Adam's step count stays f32
+//! (exact), and row-wise Adagrad's one accumulator, SGD and FTRL (whose weights are recomputed from its state
+//! at every update) keep f32 state. The optimizer still computes in f32 on the decoded row.
+//!
 //! # Layout of a stored row
 //! [`RowCodec`] packs a row into `u32` words: f32 weights one per word; half weights two per word (element
-//! `2k` in the low half of word `k`), padded to a whole word for odd `dim`; then the f32 state, one per word.
+//! `2k` in the low half of word `k`), padded to a whole word for odd `dim`; then the bf16 part of the state
+//! (with `state_precision = "bf16"`), two per word the same way; then the f32 state, one per word.
 //! The words, little-endian, are also the row's bytes in the store, snapshots and the capacity tier, so a bf16
 //! row of dim 128 with row-wise Adagrad is 260 bytes instead of 516. Everything outside the table (pulls,
 //! pushes, replication, resharding, delta sync, SafeTensors) still sees f32 values, which for a half table are
@@ -154,12 +165,18 @@ fn rounding_bits(id: u64, salt: u64, i: usize, x: f32) -> u32 {
     (splitmix64(id ^ salt ^ splitmix64(((i as u64) << 32) | u64::from(x.to_bits()))) >> 32) as u32
 }
 
+/// What [`rounding_bits`] mixes into the salt of a row's state (so the state's bits differ from the
+/// weights').
+const STATE_SALT: u64 = 0x9e37_79b9_7f4a_7c15;
+
 /// How one table's rows are packed into `u32` words (module docs, "Layout of a stored row").
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RowCodec {
     precision: RowPrecision,
     dim: usize,
     state: usize,
+    /// Leading state values stored in bf16 (the rest f32).
+    half_state: usize,
 }
 
 impl RowCodec {
@@ -169,12 +186,39 @@ impl RowCodec {
             precision,
             dim,
             state,
+            half_state: 0,
+        }
+    }
+
+    /// This codec with the first `n` values of the state (at most all of it) stored in bf16.
+    pub fn with_half_state(self, n: usize) -> RowCodec {
+        RowCodec {
+            half_state: n.min(self.state),
+            ..self
         }
     }
 
     /// The weights' precision.
     pub fn precision(&self) -> RowPrecision {
         self.precision
+    }
+
+    /// State values stored in bf16 (the leading ones).
+    pub fn half_state(&self) -> usize {
+        self.half_state
+    }
+
+    /// Whether a stored row is plain f32 words (f32 weights and state): read and updated in place, no
+    /// conversion.
+    #[inline]
+    pub fn is_plain(&self) -> bool {
+        self.precision == RowPrecision::F32 && self.half_state == 0
+    }
+
+    /// Words holding the bf16 part of the state.
+    #[inline]
+    fn half_state_words(&self) -> usize {
+        self.half_state.div_ceil(2)
     }
 
     /// Words holding the weights.
@@ -189,7 +233,7 @@ impl RowCodec {
     /// `u32` words per stored row.
     #[inline]
     pub fn words(&self) -> usize {
-        self.weight_words() + self.state
+        self.weight_words() + self.half_state_words() + (self.state - self.half_state)
     }
 
     /// Bytes per stored row (in memory, in the store, in snapshots).
@@ -233,7 +277,13 @@ impl RowCodec {
             }
         }
         if !s_out.is_empty() {
-            s_out.copy_from_slice(bytemuck::cast_slice(&words[ww..ww + s_out.len()]));
+            let h = self.half_state.min(s_out.len());
+            let (h_out, f_out) = s_out.split_at_mut(h);
+            for (i, o) in h_out.iter_mut().enumerate() {
+                *o = f32::from_bits(half_bits(&words[ww..], i) << 16);
+            }
+            let fw = ww + self.half_state_words();
+            f_out.copy_from_slice(bytemuck::cast_slice(&words[fw..fw + f_out.len()]));
         }
     }
 
@@ -271,7 +321,17 @@ impl RowCodec {
                 }
             }
         }
-        words[ww..].copy_from_slice(bytemuck::cast_slice(state));
+        let (half, full) = state.split_at(self.half_state);
+        let hw = self.half_state_words();
+        debug_assert!(half
+            .iter()
+            .all(|&s| s.is_nan() || RowPrecision::Bf16.holds(s)));
+        for (k, word) in words[ww..ww + hw].iter_mut().enumerate() {
+            let lo = half[2 * k].to_bits() >> 16;
+            let hi = half.get(2 * k + 1).map_or(0, |s| s.to_bits() & 0xffff_0000);
+            *word = lo | hi;
+        }
+        words[ww + hw..].copy_from_slice(bytemuck::cast_slice(full));
     }
 
     /// The 16 bits of `x` rounded to nearest in the half precision.
@@ -307,13 +367,21 @@ impl RowCodec {
         }
     }
 
-    /// Rounds the weights of row `id` just updated, whose optimizer state is now `state`: what a table does after
-    /// each update ([`RowCodec::round_weights`] with [`RowCodec::salt`] of `state`), and what a trainer replaying
-    /// its own pushes on pulled rows does to compute the same bits. Nothing for f32 weights.
+    /// Rounds the weights of row `id` just updated, whose optimizer state is now `state`, and the bf16 part of
+    /// that state: what a table does after each update ([`RowCodec::round_weights`] with [`RowCodec::salt`] of
+    /// `state` before its rounding; the state with bits of the same salt, mixed with its own constant), and what
+    /// a trainer replaying its own pushes on pulled rows does to compute the same bits. Nothing for a plain
+    /// f32 row.
     #[inline]
-    pub fn round_updated(&self, id: u64, weights: &mut [f32], state: &[f32]) {
-        if self.precision != RowPrecision::F32 {
-            self.round_weights(id, RowCodec::salt(state), weights);
+    pub fn round_updated(&self, id: u64, weights: &mut [f32], state: &mut [f32]) {
+        if self.is_plain() {
+            return;
+        }
+        let salt = RowCodec::salt(state);
+        self.round_weights(id, salt, weights);
+        for (i, s) in state[..self.half_state].iter_mut().enumerate() {
+            *s = RowPrecision::Bf16
+                .round_stochastic(*s, rounding_bits(id, salt ^ STATE_SALT, i, *s));
         }
     }
 
@@ -334,18 +402,32 @@ impl RowCodec {
         }
     }
 
-    /// Checks that every weight of `row` is exactly representable in the precision; the first one that is
-    /// not, as (element, value).
+    /// Checks that every weight of `row` is exactly representable in the precision, and every value of the
+    /// state's bf16 part in bf16; the first one that is not, as (element of the row, value).
     pub fn check_exact(&self, row: &[f32]) -> Result<(), (usize, f32)> {
-        if self.precision == RowPrecision::F32 {
+        if self.is_plain() {
             return Ok(());
         }
-        match row[..self.dim.min(row.len())]
-            .iter()
-            .position(|&w| !self.precision.holds(w))
-        {
+        let weights = &row[..self.dim.min(row.len())];
+        if let Some(i) = weights.iter().position(|&w| !self.precision.holds(w)) {
+            return Err((i, row[i]));
+        }
+        let half = &row[self.dim.min(row.len())..(self.dim + self.half_state).min(row.len())];
+        match half.iter().position(|&s| !RowPrecision::Bf16.holds(s)) {
             None => Ok(()),
-            Some(i) => Err((i, row[i])),
+            Some(i) => Err((self.dim + i, row[self.dim + i])),
+        }
+    }
+
+    /// The precision element `element` of a row is held in: the weights', bf16 for the state's bf16 part,
+    /// f32 for the rest (what an [`crate::EmbeddingError::InexactRow`] names).
+    pub fn precision_of(&self, element: usize) -> RowPrecision {
+        if element < self.dim {
+            self.precision
+        } else if element < self.dim + self.half_state {
+            RowPrecision::Bf16
+        } else {
+            RowPrecision::F32
         }
     }
 

@@ -208,6 +208,10 @@ pub struct Table {
     /// f16 (`embedding::precision`).
     #[serde(default, skip_serializing_if = "RowPrecision::is_f32")]
     pub precision: RowPrecision,
+    /// How the servers store its optimizer's moments (Adam's): f32 (default) or bf16
+    /// (`embedding::precision`, "bf16 state").
+    #[serde(default, skip_serializing_if = "RowPrecision::is_f32")]
+    pub state_precision: RowPrecision,
     /// Its row cap per server (`embedding::EvictionConfig`), if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub eviction: Option<EvictionConfig>,
@@ -372,6 +376,16 @@ impl ModelSpec {
         Ok(())
     }
 
+    /// Sets every table's state precision (the trainer's `--state-precision`), refusing bf16 for a table
+    /// whose optimizer keeps no moments (SGD, row-wise Adagrad), naming it.
+    pub fn set_state_precision(&mut self, precision: RowPrecision) -> Result<(), SpecError> {
+        for (t, table) in self.tables.iter_mut().enumerate() {
+            table.state_precision = precision;
+            file::check_precision(&format!("table[{t}]"), table)?;
+        }
+        Ok(())
+    }
+
     /// Whether any feature is multi-hot.
     pub fn is_multi_hot(&self) -> bool {
         self.features.iter().any(|f| f.tokens > 1)
@@ -388,6 +402,7 @@ impl ModelSpec {
                 init: InitConfig::uniform(init_scale),
                 seed: seed.wrapping_mul(1000).wrapping_add(t as u64),
                 precision: table.precision,
+                state_precision: table.state_precision,
                 eviction: table.eviction,
                 ..TableConfig::new(t as u32, table.name.clone(), table.dim)
             })

@@ -78,6 +78,8 @@ fn table(r: &mut Rng) -> TableConfig {
         }),
         ttl_secs: r.chance(2).then(|| r.next_u64() >> r.below(64)),
         precision: [RowPrecision::F32, RowPrecision::Bf16, RowPrecision::F16][r.below(3) as usize],
+        state_precision: [RowPrecision::F32, RowPrecision::Bf16, RowPrecision::F16]
+            [r.below(3) as usize],
         eviction: r.chance(2).then(|| EvictionConfig {
             policy: if r.chance(2) {
                 EvictionPolicy::Score

@@ -1,9 +1,10 @@
 //! Loads R rows into a real engine on RocksDB and prints the measured memory (`Engine::memory_bytes`, process
 //! RSS) and disk (RocksDB directory) beside what `ps-server plan` predicts.
 //!
-//! `cargo run --release -p ps-server --example plan_measure -- ROWS DIM [DIR] [PRECISION] [OPTIMIZER]` (DIR on
-//! a real disk, default a temporary directory under /tmp; PRECISION f32, bf16 or f16, default f32; OPTIMIZER
-//! row-adagrad or adam, default row-adagrad).
+//! `cargo run --release -p ps-server --example plan_measure -- ROWS DIM [DIR] [PRECISION] [OPTIMIZER]
+//! [STATE_PRECISION]` (DIR on a real disk, default a temporary directory under /tmp; PRECISION f32, bf16 or
+//! f16, default f32; OPTIMIZER row-adagrad or adam, default row-adagrad; STATE_PRECISION f32 or bf16, default
+//! f32).
 
 use std::path::Path;
 use std::sync::Arc;
@@ -51,11 +52,16 @@ fn main() {
         Some("adam") => PlanOptimizer::Adam,
         Some(other) => panic!("optimizer {other:?}: expected row-adagrad or adam"),
     };
+    let state_precision: embedding::RowPrecision = args
+        .get(6)
+        .map_or(Ok(Default::default()), |s| s.parse())
+        .unwrap();
     let p = plan(PlanInput {
         rows,
         dim,
         optimizer,
         precision,
+        state_precision,
         memory_budget: None,
         server_memory: 1 << 40,
         block_cache_bytes: embedding::DEFAULT_BLOCK_CACHE_BYTES as u64,
@@ -68,6 +74,7 @@ fn main() {
         .register_table(TableConfig {
             optimizer: optimizer.config(),
             precision,
+            state_precision,
             ..TableConfig::new(1, "t", dim)
         })
         .unwrap();

@@ -110,6 +110,10 @@ struct PlanArgs {
     /// How the table stores its weights: f32, bf16 or f16 (its `precision`; optimizer state is f32).
     #[arg(long, value_parser = crate::plan::parse_precision, default_value = "f32")]
     precision: embedding::RowPrecision,
+    /// How the table stores its optimizer's moments: f32 or bf16 (its `state_precision`; adam and adagrad
+    /// only).
+    #[arg(long, value_parser = crate::plan::parse_precision, default_value = "f32")]
+    state_precision: embedding::RowPrecision,
     /// Bytes of RAM for the table over the whole cluster (e.g. 64GiB); rows past it stay on disk
     /// [default: every row in memory].
     #[arg(long, value_parser = crate::plan::parse_bytes)]
@@ -498,6 +502,7 @@ fn run_plan(a: PlanArgs) -> anyhow::Result<()> {
         dim: a.dim,
         optimizer: a.optimizer,
         precision: a.precision,
+        state_precision: a.state_precision,
         memory_budget: a.memory_budget,
         server_memory: a.server_memory,
         block_cache_bytes: a.block_cache_mib << 20,

@@ -102,6 +102,8 @@ pub struct PlanInput {
     pub optimizer: PlanOptimizer,
     /// How the table stores its weights.
     pub precision: embedding::RowPrecision,
+    /// How it stores its optimizer's moments (bf16: Adam's and Adagrad's only).
+    pub state_precision: embedding::RowPrecision,
     /// Bytes of RAM the table may use over the whole cluster; rows past it live on disk only.
     pub memory_budget: Option<u64>,
     /// RAM of one server, bytes.
@@ -123,6 +125,10 @@ pub enum PlanError {
         /// What it must be.
         expected: &'static str,
     },
+    /// The table's settings together are refused by the table's own validation (e.g. bf16 state for row-wise
+    /// Adagrad).
+    #[error("{0}")]
+    Table(String),
 }
 
 /// The numbers `ps-server plan` prints.
@@ -182,7 +188,16 @@ pub fn plan(input: PlanInput) -> Result<Plan, PlanError> {
     }
     let state_len = input.optimizer.state_len(input.dim);
     let row_len = input.dim + state_len;
-    let codec = embedding::RowCodec::new(input.precision, input.dim, state_len);
+    // The table's own validation says which optimizers store moments in bf16, naming the setting.
+    let cfg = embedding::TableConfig {
+        optimizer: input.optimizer.config(),
+        precision: input.precision,
+        state_precision: input.state_precision,
+        ..embedding::TableConfig::new(1, "plan", input.dim)
+    };
+    cfg.validate()
+        .map_err(|e| PlanError::Table(e.to_string()))?;
+    let codec = cfg.row_codec();
     let words = codec.words();
     let whole = table_memory(input.rows, words, false);
     let memory_per_row = whole.bytes_per_row(input.rows);
@@ -315,11 +330,12 @@ impl fmt::Display for Plan {
         let per = |b: u64| b as f64 / i.rows as f64;
         writeln!(
             f,
-            "table: {} rows, dim {}, {:?}, {} weights: {} values per row = {} bytes of payload",
+            "table: {} rows, dim {}, {:?}, {} weights, {} state: {} values per row = {} bytes of payload",
             i.rows,
             i.dim,
             i.optimizer,
             i.precision.name(),
+            i.state_precision.name(),
             self.row_len,
             self.payload_bytes
         )?;
@@ -412,10 +428,51 @@ mod tests {
             dim: 16,
             optimizer: PlanOptimizer::RowAdagrad,
             precision: embedding::RowPrecision::F32,
+            state_precision: embedding::RowPrecision::F32,
             memory_budget: None,
             server_memory: 16 << 30,
             block_cache_bytes: 64 << 20,
         }
+    }
+
+    /// Adam rows: bf16 weights alone leave the moments (f32) dominating; bf16 moments too bring the row to
+    /// about half. bf16 state for row-wise Adagrad is refused by the table's own check, naming it.
+    #[test]
+    fn adam_rows_with_bf16_moments_take_about_half() {
+        let of = |precision, state_precision| {
+            plan(PlanInput {
+                dim: 128,
+                optimizer: PlanOptimizer::Adam,
+                precision,
+                state_precision,
+                ..input(1_000_000)
+            })
+        };
+        use embedding::RowPrecision::{Bf16, F32};
+        let full = of(F32, F32).unwrap();
+        let weights = of(Bf16, F32).unwrap();
+        let both = of(Bf16, Bf16).unwrap();
+        assert_eq!(
+            (
+                full.payload_bytes,
+                weights.payload_bytes,
+                both.payload_bytes
+            ),
+            (1540, 1284, 772)
+        );
+        let ratio = both.memory_per_row / full.memory_per_row;
+        assert!((0.49..0.53).contains(&ratio), "{ratio}");
+        assert!(
+            both.to_string().contains("bf16 weights, bf16 state"),
+            "{both}"
+        );
+        let err = plan(PlanInput {
+            state_precision: Bf16,
+            ..input(1_000)
+        })
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("state_precision"), "{err}");
     }
 
     #[test]
@@ -440,7 +497,7 @@ mod tests {
         assert!(bf16.disk_per_row < 0.53 * f32_plan.disk_per_row);
         assert!(
             bf16.to_string()
-                .contains("bf16 weights: 129 values per row = 260 bytes"),
+                .contains("bf16 weights, f32 state: 129 values per row = 260 bytes"),
             "{bf16}"
         );
         assert_eq!(parse_precision("BF16"), Ok(embedding::RowPrecision::Bf16));

@@ -202,6 +202,7 @@ class Client:
         table_id: Optional[int] = None,
         precision: str = "f32",
         eviction: Optional[dict] = None,
+        state_precision: str = "f32",
     ) -> Table:
         """Creates table ``name`` on every server (rows are created on first use from the initializer), or
         attaches to it if the cluster has it with the same settings. Returns the :class:`Table`.
@@ -215,7 +216,9 @@ class Client:
         cluster's id for ``name`` if it holds the table, else a hash of the name (so several processes agree on
         it without talking to each other). ``precision``: how the servers store the weights, ``f32``, ``bf16``
         or ``f16`` (half the bytes per weight; the optimizer state stays f32, updates are rounded
-        stochastically; half precision needs an optimizer with state, not ``sgd``). ``eviction``: a row cap per
+        stochastically; half precision needs an optimizer with state, not ``sgd``). ``state_precision``: how they
+        store the optimizer's moments, ``f32`` or ``bf16`` (``adam`` only, also rounded stochastically: with
+        ``precision="bf16"`` an Adam row takes about half the bytes of an f32 one). ``eviction``: a row cap per
         server, ``{"policy": "lfu" | "score", "max_rows": N, "max_bytes": B, "decay_secs": S}`` (``max_rows`` or
         ``max_bytes`` required): past it, each expiry pass deletes the least frequently updated rows (``lfu``) or
         the lowest scored (``score``: scores given by :meth:`score`), from memory and RocksDB.
@@ -260,7 +263,7 @@ class Client:
         self._c.register_table(
             int(table_id), name, int(dim), optimizer, float(lr), float(eps), float(initial_accumulator),
             float(betas[0]), float(betas[1]), float(weight_decay), float(clip_norm), init, float(init_scale),
-            int(seed), precision, _eviction_of(name, eviction),
+            int(seed), precision, _eviction_of(name, eviction), state_precision,
         )
         t = Table(int(table_id), name, int(dim), encoding, push_encoding)
         self._tables[name] = t

@@ -286,7 +286,8 @@ impl Client {
     /// refused by the servers). `optimizer`: `sgd`, `row_adagrad` or `adam`; `init`: `uniform` (half-width
     /// `init_scale`) or `normal` (std `init_scale`).
     #[pyo3(signature = (table_id, name, dim, optimizer, lr, eps, initial_accumulator, beta1, beta2,
-                        weight_decay, clip_norm, init, init_scale, seed, precision = "f32", eviction = None))]
+                        weight_decay, clip_norm, init, init_scale, seed, precision = "f32", eviction = None,
+                        state_precision = "f32"))]
     #[allow(clippy::too_many_arguments)]
     fn register_table(
         &self,
@@ -307,10 +308,15 @@ impl Client {
         seed: u64,
         precision: &str,
         eviction: Option<EvictionArgs>,
+        state_precision: &str,
     ) -> PyResult<()> {
         let precision: protocol::RowPrecision = precision.parse().map_err(|e: String| {
             PyValueError::new_err(format!("table {name:?}: precision: {e}"))
         })?;
+        let state_precision: protocol::RowPrecision =
+            state_precision.parse().map_err(|e: String| {
+                PyValueError::new_err(format!("table {name:?}: state_precision: {e}"))
+            })?;
         // The server checks the caps and names what it refuses.
         let eviction = match eviction {
             None => None,
@@ -364,6 +370,7 @@ impl Client {
             weight_decay,
             clip_norm,
             precision,
+            state_precision,
             eviction,
             ..TableConfig::new(table_id, name.clone(), dim as usize)
         };

@@ -52,6 +52,14 @@ def test_half_precision_tables_hold_half_weights_and_refuse_what_they_cannot_hol
         client.register_table(table_name + "_x", dim=4, optimizer="row_adagrad", precision="int8")
     with pytest.raises(ValueError, match="precision = f16"):
         client.register_table(table_name + "_sgd", dim=4, optimizer="sgd", precision="f16")
+    # bf16 Adam moments (issue 43): refused for optimizers without moments, naming the field.
+    client.register_table(table_name + "_adam", dim=4, optimizer="adam", lr=0.01, precision="bf16",
+                          state_precision="bf16")
+    for _ in range(3):
+        client.push(table_name + "_adam", ids[:10], np.full((10, 4), 0.3, np.float32))
+    assert (client.pull(table_name + "_adam", ids[:10]).view(np.uint32) & 0xFFFF == 0).all()
+    with pytest.raises(ValueError, match="state_precision"):
+        client.register_table(table_name + "_ra", dim=4, optimizer="row_adagrad", state_precision="bf16")
 
 
 def test_async_handles_release_and_report(client, table_name):

@@ -161,15 +161,20 @@ def test_shared_table_dedups_across_features_and_carries_weights(client):
     torch.testing.assert_close(out["target"].values()[1], out["hist"].values()[0])
 
 
-def test_replay_at_staleness_2_equals_a_serial_run(client):
-    """Row-wise Adagrad on the servers, a prefetched pipeline at K = 2 against K = 0 without prefetch: every
-    step computes with the same rows (replay of the collection's own pushes), so the losses and rows are equal
-    bit for bit (f32 on the wire, one trainer)."""
+@pytest.mark.parametrize("optimizer,options", [
+    ("row_adagrad", {}),
+    ("adam", {"precision": "bf16", "state_precision": "bf16"}),
+])
+def test_replay_at_staleness_2_equals_a_serial_run(client, optimizer, options):
+    """Row-wise Adagrad on the servers (and Adam with bf16 rows and bf16 moments, issue 43: the replay rounds
+    both as the servers do), a prefetched pipeline at K = 2 against K = 0 without prefetch: every step computes
+    with the same rows (replay of the collection's own pushes), so the losses and rows are equal bit for bit
+    (f32 on the wire, one trainer)."""
     data = batches(4, 10, max_len=2)  # a 40-row vocabulary: consecutive batches share many ids
     runs = []
     for k, pre in ((0, False), (2, True), (1, True)):
-        ebc = EmbeddingBagCollection(configs(), client, optimizer="row_adagrad", lr=0.3, staleness=k,
-                                     table_prefix=prefix(), seed=5)
+        ebc = EmbeddingBagCollection(configs(), client, optimizer=optimizer, lr=0.3 if optimizer != "adam" else 0.01,
+                                     staleness=k, table_prefix=prefix(), seed=5, **options)
         m = make_dlrm(DLRM, ebc)
         losses = train(m, data, torch.optim.SGD(m.parameters(), lr=LR), pre=ebc.prefetch if pre else None)
         ebc.wait()

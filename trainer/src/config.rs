@@ -187,6 +187,11 @@ pub struct ModelArgs {
     /// a `--model-spec`, which this flag then replaces].
     #[arg(long)]
     pub row_precision: Option<RowPrecision>,
+    /// How the servers store the optimizer's moments: f32 or bf16 (rounded stochastically; `--optimizer adam`
+    /// only: row-wise Adagrad keeps one value a row) [default: f32, or each table's `state_precision` in a
+    /// `--model-spec`, which this flag then replaces].
+    #[arg(long)]
+    pub state_precision: Option<RowPrecision>,
     /// Encoding of pulled rows and pushed gradients on the wire: f32, f16, bf16 or int8 (see `--pull-encoding`,
     /// `--push-encoding`, `--table-encoding`).
     #[arg(long, default_value = "f16")]
@@ -504,6 +509,7 @@ impl ModelArgs {
                 init: InitConfig::uniform(self.emb_init_scale),
                 seed: self.seed.wrapping_mul(1000).wrapping_add(t as u64),
                 precision: self.row_precision.unwrap_or_default(),
+                state_precision: self.state_precision.unwrap_or_default(),
                 ..TableConfig::new(t as u32, format!("C{}", t + 1), self.emb_dim)
             })
             .collect()

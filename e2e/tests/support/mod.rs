@@ -304,8 +304,9 @@ pub async fn call_as(
 }
 
 /// Writes into `dir` a model spec of the flags' DLRM (26 one-hot features, each on its own table `C<k>` of
-/// dimension `bottom`'s last size) whose tables store their rows alternately as bf16 and f16 (issue 43), and
-/// returns its path: one run covers both half precisions.
+/// dimension `bottom`'s last size) whose tables store their rows alternately as bf16 and f16 (issue 43), every
+/// third one with Adam and its moments in bf16 (`state_precision`), and returns its path: one run covers every
+/// half precision.
 pub fn half_precision_spec(dir: &Path, bottom: &[usize], top: &[usize]) -> String {
     let list = |v: &[usize]| {
         v.iter()
@@ -324,6 +325,10 @@ pub fn half_precision_spec(dir: &Path, bottom: &[usize], top: &[usize]) -> Strin
         text += &format!(
             "[[feature]]\ncolumn = \"C{k}\"\ntable = \"C{k}\"\nprecision = \"{precision}\"\n"
         );
+        // Every third table: Adam with its moments in bf16 too (`state_precision`).
+        if k % 3 == 0 {
+            text += "optimizer = \"adam\"\nlr = 0.01\nstate_precision = \"bf16\"\n";
+        }
     }
     let path = dir.join("half-precision.toml");
     std::fs::write(&path, text).unwrap();

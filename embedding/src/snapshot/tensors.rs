@@ -1,7 +1,8 @@
 //! A shard snapshot's tables as one SafeTensors file, [`TABLES_FILE`] in the shard directory: per table
 //! `<name>.ids` (U64 `[rows]`, increasing), `<name>.weight` (`[rows, dim]`, in the table's precision: F32,
 //! BF16 or F16, as stored) and, for optimizers with
-//! state, `<name>.state` (F32 `[rows, state_len]`: row-wise Adagrad's accumulator, Adam's moments and step);
+//! state, `<name>.state` (F32 `[rows, state_len]`: row-wise Adagrad's accumulator, Adam's moments and step;
+//! F32 also for a table whose moments are stored in bf16, `state_precision`: the values are bf16 values then);
 //! `__metadata__` holds the format, the step, the shard and each table's config (`<name>.config`, the JSON
 //! of [`TableConfig`]). A table whose name another table of the shard shares is written as `<name>@<id>`.
 //! Written from the snapshot's database (every row, the cold ones too) after its manifest, so it holds
@@ -125,11 +126,26 @@ pub fn write_tables(shard_dir: &Path) -> Result<u64, SnapshotError> {
         // tables), then the f32 state, all little-endian: the file's bytes as they are.
         let dim_bytes = t.dim * t.config.precision.weight_bytes();
         let state_at = dim_bytes.next_multiple_of(4);
+        // Moments stored in bf16 (`state_precision`) are written as F32: decoded first.
+        let codec = t.config.row_codec();
+        let (mut words, mut row, mut state_bytes) = (Vec::new(), Vec::new(), Vec::new());
+        if codec.half_state() > 0 {
+            (words, row) = (vec![0u32; codec.words()], vec![0f32; codec.row_len()]);
+        }
         let mut failed = None;
         let scanned = snap.for_each_row(t.id, &mut |id, bytes| {
             let r = match part {
                 0 => out.write_all(&id.to_le_bytes()),
                 1 => out.write_all(&bytes[..dim_bytes]),
+                _ if codec.half_state() > 0 && bytes.len() == words.len() * 4 => {
+                    codec.words_from_bytes(bytes, &mut words);
+                    codec.decode(&words, &mut row);
+                    state_bytes.clear();
+                    for v in &row[t.dim..] {
+                        state_bytes.extend_from_slice(&v.to_le_bytes());
+                    }
+                    out.write_all(&state_bytes)
+                }
                 _ => out.write_all(&bytes[state_at..]),
             };
             r.map_err(|e| {
@@ -228,6 +244,29 @@ pub fn tables_of(f: &TensorFile) -> Result<Vec<TableTensors>, TensorsError> {
         } else {
             Vec::new()
         };
+        // A table storing part of its state in bf16 takes only bf16 values there (written as F32, exact).
+        let half = config.row_codec().half_state();
+        if half > 0 {
+            let inexact = state
+                .chunks_exact(state_len)
+                .enumerate()
+                .find_map(|(r, s)| {
+                    s[..half]
+                        .iter()
+                        .position(|&v| v.is_finite() && !crate::RowPrecision::Bf16.holds(v))
+                        .map(|k| (r, k, s[k]))
+                });
+            if let Some((r, k, v)) = inexact {
+                return Err(bad(
+                    &format!("{prefix}.state"),
+                    format!(
+                        "state value {k} of id {} is {v:e}, not exact in the table's bf16 optimizer state \
+                         (state_precision bf16): state of f32 precision cannot be loaded without rounding",
+                        ids[r]
+                    ),
+                ));
+            }
+        }
         out.push(TableTensors {
             prefix,
             config,

@@ -263,7 +263,7 @@ impl Table {
     /// Writes the new row of `id` (initial weights and optimizer state) into its `words`; `scratch` holds the
     /// f32 row of a half-precision table on the way (one buffer per call, not per row).
     fn init_words(&self, id: u64, words: &mut [u32], scratch: &mut Vec<f32>) {
-        if self.codec.precision().is_f32() {
+        if self.codec.is_plain() {
             init::fill_row(&self.cfg, id, bytemuck::cast_slice_mut(words));
         } else {
             scratch.resize(self.row_len, 0.0);
@@ -281,7 +281,7 @@ impl Table {
                 id,
                 element,
                 value,
-                precision: self.codec.precision().name(),
+                precision: self.codec.precision_of(element).name(),
             })
     }
 
@@ -509,7 +509,7 @@ impl Table {
         // call, not per row).
         let mut before = vec![0f32; self.row_len];
         // The f32 row of a half-precision table while it is updated, and of a new row while it is packed.
-        let half = !self.codec.precision().is_f32();
+        let half = !self.codec.is_plain();
         let (mut work, mut init_buf) =
             (vec![0f32; if half { self.row_len } else { 0 }], Vec::new());
         if self.spilled() {

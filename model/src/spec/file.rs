@@ -82,6 +82,9 @@ pub struct SparseDefaults {
     /// How the servers store the table's weights: `f32` (default), `bf16` or `f16`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub precision: Option<RowPrecision>,
+    /// How the servers store the optimizer's moments: `f32` (default) or `bf16` (Adam only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state_precision: Option<RowPrecision>,
     /// The table's row cap per server: `{ policy = "lfu", max_rows = N, max_bytes = B, decay_secs = S }`
     /// (default none).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -184,6 +187,7 @@ impl SpecFile {
                 push,
                 ids: s.ids.or(d.ids).unwrap_or_default(),
                 precision: s.precision.or(d.precision).unwrap_or_default(),
+                state_precision: s.state_precision.or(d.state_precision).unwrap_or_default(),
                 eviction: s.eviction.or(d.eviction),
             };
             check_precision(&at, &table)?;
@@ -252,6 +256,20 @@ pub(crate) fn check_precision(at: &str, table: &Table) -> Result<(), SpecError> 
             ),
         ));
     }
+    match table.state_precision {
+        RowPrecision::F32 => {}
+        RowPrecision::Bf16 if table.optimizer == OptimizerKind::Adam => {}
+        p => {
+            return Err(field(
+                format!("{at}.state_precision"),
+                format!(
+                    "{p}, but table {:?} uses {:?}: bf16 state is for adam's moments (row-wise adagrad keeps one \
+                     value a row, sgd none); f16 state is not supported",
+                    table.name, table.optimizer
+                ),
+            ))
+        }
+    }
     Ok(())
 }
 
@@ -291,6 +309,13 @@ fn check_shared(at: &str, have: &Table, new: &Table, first: &str) -> Result<(), 
     if have.precision != new.precision {
         let (a, b) = (have.precision.to_string(), new.precision.to_string());
         return Err(differs("precision", a, b));
+    }
+    if have.state_precision != new.state_precision {
+        let (a, b) = (
+            have.state_precision.to_string(),
+            new.state_precision.to_string(),
+        );
+        return Err(differs("state_precision", a, b));
     }
     if (have.pull, have.push) != (new.pull, new.push) {
         let (a, b) = (

@@ -22,6 +22,13 @@ impl ModelArgs {
                 source: Box::new(source),
             })?;
         }
+        if let Some(p) = self.state_precision {
+            spec.set_state_precision(p)
+                .map_err(|source| ConfigError::Spec {
+                    spec: self.model_spec.clone().unwrap_or_else(|| "flags".into()),
+                    source: Box::new(source),
+                })?;
+        }
         let scored = spec.tables.iter().find(|t| {
             t.eviction
                 .is_some_and(|e| e.policy == embedding::EvictionPolicy::Score)
@@ -49,6 +56,7 @@ impl ModelArgs {
                 push: codecs.push_of(t),
                 ids: Default::default(),
                 precision: Default::default(),
+                state_precision: Default::default(),
                 eviction: None,
             })
             .collect();

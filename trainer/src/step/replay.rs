@@ -165,11 +165,15 @@ mod tests {
     use embedding::{InitConfig, Table};
     use protocol::ShardMap;
 
-    fn configs(optimizer: OptimizerConfig, precision: embedding::RowPrecision) -> Vec<TableConfig> {
+    fn configs(
+        optimizer: OptimizerConfig,
+        (precision, state_precision): (embedding::RowPrecision, embedding::RowPrecision),
+    ) -> Vec<TableConfig> {
         (0..2)
             .map(|t| TableConfig {
                 optimizer,
                 precision,
+                state_precision,
                 init: InitConfig::uniform(0.1),
                 seed: 7 + t as u64,
                 ..TableConfig::new(t, format!("C{t}"), 3)
@@ -192,8 +196,8 @@ mod tests {
     }
 
     /// Replaying pushes onto rows pulled before them gives the rows (and state) pulled after them, bit for
-    /// bit, for every optimizer the trainer uses and for bf16 and f16 rows (rounded as the servers round
-    /// them); a gradient that is not finite is skipped like the server skips it.
+    /// bit, for every optimizer the trainer uses and for bf16 and f16 rows, and Adam's bf16 moments (rounded
+    /// as the servers round them); a gradient that is not finite is skipped like the server skips it.
     #[test]
     fn replay_equals_pulling_after_the_pushes() {
         use embedding::RowPrecision::{Bf16, F16, F32};
@@ -202,11 +206,19 @@ mod tests {
             eps: 1e-8,
             initial_accumulator: 0.1,
         };
+        let adam = OptimizerConfig::Adam {
+            lr: 0.01,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+        };
         for (optimizer, precision) in [
-            (OptimizerConfig::Sgd { lr: 0.3 }, F32),
-            (adagrad, F32),
-            (adagrad, Bf16),
-            (adagrad, F16),
+            (OptimizerConfig::Sgd { lr: 0.3 }, (F32, F32)),
+            (adagrad, (F32, F32)),
+            (adagrad, (Bf16, F32)),
+            (adagrad, (F16, F32)),
+            (adam, (Bf16, Bf16)),
+            (adam, (F32, Bf16)),
         ] {
             let configs = configs(optimizer, precision);
             let map = ShardMap::new(3);
@@ -257,8 +269,12 @@ mod tests {
             let (want_rows, want_state) = pull(&target);
             let bits =
                 |v: &[Vec<f32>]| -> Vec<u32> { v.concat().iter().map(|x| x.to_bits()).collect() };
-            assert_eq!(bits(&rows), bits(&want_rows), "{optimizer:?} {precision}");
-            assert_eq!(bits(&state), bits(&want_state), "{optimizer:?} {precision}");
+            assert_eq!(bits(&rows), bits(&want_rows), "{optimizer:?} {precision:?}");
+            assert_eq!(
+                bits(&state),
+                bits(&want_state),
+                "{optimizer:?} {precision:?}"
+            );
             assert_eq!(replayer.state_len(0, 3), configs[0].optimizer.state_len(3));
         }
     }
