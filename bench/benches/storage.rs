@@ -391,5 +391,50 @@ fn hot(c: &mut Criterion) {
     }
 }
 
-criterion_group!(benches, hot, in_memory, over_budget);
+/// A pull in bf16 of a bf16 table, as a server answers it: the weights gathered as f32 then encoded to bf16
+/// (`decode_encode`, what every pull did before) against the stored halves copied as they are (`direct`,
+/// `Table::gather_bf16`), both ending in the reply's bytes. Run: `cargo bench -p bench --bench storage --
+/// pull_bf16`.
+fn pull_bf16(c: &mut Criterion) {
+    use protocol::compression::codec::{encode_rows, Encoding};
+    let per_thread = [batches(0), batches(1)];
+    for dim in [16, 128] {
+        let grads = grads(dim);
+        let table =
+            Table::new(table_config_in(dim, optimizers()[1].1, RowPrecision::Bf16)).unwrap();
+        fill(&table, &grads, ROWS);
+        for threads in THREADS {
+            let mut g = group(c, &format!("pull_bf16/dim{dim}"));
+            g.throughput(Throughput::Elements((BATCH * threads) as u64));
+            g.bench_function(
+                BenchmarkId::new("decode_encode", format!("{threads}t")),
+                |b| {
+                    b.iter_custom(|iters| {
+                        timed(threads, iters, &per_thread, |ids, out| {
+                            out.resize(ids.len() * dim, 0.0);
+                            table.gather(black_box(ids), out).unwrap();
+                            let mut bytes = Vec::with_capacity(out.len() * 2);
+                            encode_rows(out, dim, Encoding::Bf16, &mut bytes);
+                            black_box(bytes);
+                        })
+                    })
+                },
+            );
+            g.bench_function(BenchmarkId::new("direct", format!("{threads}t")), |b| {
+                b.iter_custom(|iters| {
+                    timed(threads, iters, &per_thread, |ids, _| {
+                        let mut halves = vec![0u16; ids.len() * dim];
+                        table.gather_bf16(black_box(ids), &mut halves).unwrap();
+                        let mut bytes: Vec<u8> = Vec::with_capacity(halves.len() * 2);
+                        bytes.extend_from_slice(bytemuck::cast_slice(&halves));
+                        black_box(bytes);
+                    })
+                })
+            });
+            g.finish();
+        }
+    }
+}
+
+criterion_group!(benches, hot, in_memory, over_budget, pull_bf16);
 criterion_main!(benches);

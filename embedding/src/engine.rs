@@ -295,6 +295,16 @@ impl Engine {
         self.table(table)?.gather_stats(ids, out)
     }
 
+    /// [`Table::gather_bf16`] of table `table`: the stored bf16 weights of `ids`, without a conversion.
+    pub fn gather_bf16(
+        &self,
+        table: u32,
+        ids: &[u64],
+        out: &mut [u16],
+    ) -> Result<GatherStats, EmbeddingError> {
+        self.table(table)?.gather_bf16(ids, out)
+    }
+
     /// The memory budget of every table, in rows, if any.
     pub fn memory_budget_rows(&self) -> Option<u64> {
         self.budget

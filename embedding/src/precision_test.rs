@@ -442,3 +442,34 @@ impl RowCodecUnderTest {
         RowCodecUnderTest(crate::RowCodec::new(RowPrecision::F32, 1, 4).with_half_state(3))
     }
 }
+
+/// A pull of bf16 rows in bf16 (`Table::gather_bf16`) gives the stored halves: the top halves of what
+/// `gather` gives, for rows in memory, ids without a row (their initializer) and rows evicted to the store
+/// and read back; odd and even dims. A table of another precision is refused.
+#[test]
+fn bf16_gather_gives_the_stored_halves_without_a_conversion() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(RocksStore::open(dir.path()).unwrap());
+    let e = Engine::open_with_budget(store, Some(300)).unwrap();
+    for (id, dim) in [(1, 16), (2, 7)] {
+        e.register_table(cfg(id, dim, RowPrecision::Bf16, adagrad()))
+            .unwrap();
+        let ids = ids(1000);
+        e.apply(id, &ids, &grads(ids.len(), dim, 1)).unwrap();
+        e.flush_dirty().unwrap();
+        e.enforce_budget().unwrap();
+        // Rows in memory, rows evicted to RocksDB, and ids never pushed.
+        let mut asked = ids.clone();
+        asked.extend([5, 6, 7]);
+        let mut want = vec![0f32; asked.len() * dim];
+        let mut halves = vec![0u16; asked.len() * dim];
+        let stats = e.gather_bf16(id, &asked, &mut halves).unwrap();
+        assert!(stats.rows_read_back > 0, "some rows came from the store");
+        e.gather(id, &asked, &mut want).unwrap();
+        let want: Vec<u16> = want.iter().map(|w| (w.to_bits() >> 16) as u16).collect();
+        assert_eq!(halves, want, "dim {dim}");
+    }
+    let f = Table::new(cfg(3, 4, RowPrecision::F32, adagrad())).unwrap();
+    let err = f.gather_bf16(&[1], &mut [0; 4]).unwrap_err().to_string();
+    assert!(err.contains("precision"), "{err}");
+}

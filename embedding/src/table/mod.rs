@@ -344,6 +344,70 @@ impl Table {
         self.gather_width(ids, out, self.cfg.dim, Some(absent))
     }
 
+    /// The weights of `ids` as bf16 bits (`ids.len() x dim`), for a table storing bf16 weights: what a pull in
+    /// bf16 sends, copied from the stored halves without a conversion (a bf16 weight is the top half of its
+    /// f32). Rows not in memory (read back from the store, or initial) go through [`Table::gather_stats`] and
+    /// are converted, exactly. A table of another precision is refused (`InvalidConfig` on `precision`).
+    pub fn gather_bf16(&self, ids: &[u64], out: &mut [u16]) -> Result<GatherStats, EmbeddingError> {
+        let dim = self.cfg.dim;
+        if self.codec.precision() != crate::RowPrecision::Bf16 {
+            return Err(EmbeddingError::InvalidConfig {
+                table: self.cfg.id,
+                field: "precision",
+                value: self.codec.precision().name().into(),
+                expected: "bf16 for a pull of the stored bf16 weights",
+            });
+        }
+        self.check_len("output", ids.len(), out.len())?;
+        let clock = self.tier.is_some();
+        let (order, bounds) = group_by_stripe(ids);
+        let mut misses = Vec::new();
+        {
+            let _gate = self.tier.as_ref().map(|t| t.gate.read());
+            self.for_each_group(&order, &bounds, |_, stripe, group| {
+                stripe.lookup_each(ids, group, |stripe, i, slot| match slot {
+                    Some(slot) => {
+                        if clock {
+                            stripe.set_ref(slot);
+                        }
+                        // Element 2k is the low half of word k: on a little-endian machine the words' halves in
+                        // memory order are the weights, one copy.
+                        let words = &stripe.arena.row(slot)[..dim.div_ceil(2)];
+                        let dst = &mut out[i * dim..(i + 1) * dim];
+                        if cfg!(target_endian = "little") {
+                            dst.copy_from_slice(&bytemuck::cast_slice::<u32, u16>(words)[..dim]);
+                        } else {
+                            for (k, d) in dst.iter_mut().enumerate() {
+                                *d = (words[k / 2] >> ((k % 2) * 16)) as u16;
+                            }
+                        }
+                    }
+                    None => misses.push(i),
+                });
+                Ok(())
+            })?;
+        }
+        let mut stats = GatherStats::default();
+        if clock {
+            stats.rows_resident = ids.len() - misses.len();
+        }
+        if !misses.is_empty() {
+            let missed: Vec<u64> = misses.iter().map(|&i| ids[i]).collect();
+            let mut rows = vec![0f32; missed.len() * dim];
+            let more = self.gather_stats(&missed, &mut rows)?;
+            stats.rows_resident += more.rows_resident;
+            stats.rows_read_back += more.rows_read_back;
+            stats.rows_waited += more.rows_waited;
+            for (&i, row) in misses.iter().zip(rows.chunks_exact(dim)) {
+                for (d, w) in out[i * dim..(i + 1) * dim].iter_mut().zip(row) {
+                    // Exact: the table holds bf16 values, and initial weights are rounded to them.
+                    *d = (w.to_bits() >> 16) as u16;
+                }
+            }
+        }
+        Ok(stats)
+    }
+
     /// Copies the whole stored rows of `ids` into `out` (`ids.len() x row_len`: the weights, then the
     /// optimizer state, as [`Table::row_len`] counts them). Ids without a row get their initializer values
     /// and a new row's optimizer state; no row is created. A trainer replaying its own unacknowledged

@@ -488,7 +488,7 @@ impl Shard {
         let (layout, all_ids) = self.pull_ids(&route.map, epoch, tables, payload)?;
         let mut out = Vec::with_capacity(layout.pull_response_bytes(encoding));
         let (mut state, mut state_lens) = (Vec::new(), Vec::new());
-        let (mut full, mut rows) = (Vec::new(), Vec::new());
+        let (mut full, mut rows, mut halves) = (Vec::new(), Vec::new(), Vec::new());
         let mut start = 0;
         for t in tables {
             let (n, dim) = (t.count as usize, t.dim as usize);
@@ -509,6 +509,24 @@ impl Shard {
                     wire::message::pull_with_state::put_state(&row[dim..], &mut state);
                 }
                 state_lens.push((row_len - dim) as u32);
+            } else if encoding == Encoding::Bf16
+                && self.engine.table(t.table)?.codec().precision() == embedding::RowPrecision::Bf16
+            {
+                // bf16 rows pulled in bf16: the stored halves as they are, no conversion.
+                halves.clear();
+                halves.resize(n * dim, 0u16);
+                self.read_durable(t.table, ids, || {
+                    record_tier(&self.engine.gather_bf16(t.table, ids, &mut halves)?);
+                    Ok(())
+                })?;
+                if cfg!(target_endian = "little") {
+                    out.extend_from_slice(bytemuck::cast_slice(&halves));
+                } else {
+                    halves
+                        .iter()
+                        .for_each(|h| out.extend_from_slice(&h.to_le_bytes()));
+                }
+                continue;
             } else {
                 rows.resize(n * dim, 0.0);
                 self.read_durable(t.table, ids, || {

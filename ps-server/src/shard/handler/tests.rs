@@ -1057,3 +1057,53 @@ fn scores_choose_what_the_cap_deletes_and_bad_scores_change_nothing() {
     let (code, _) = error_of(score(&s, 1, 9, 1, &[foreign], &[1.0]));
     assert_eq!(code, ErrorCode::WrongShard);
 }
+
+/// A pull in bf16 of a bf16 table (the stored halves, copied) answers the same bits as a pull in f32 of the
+/// same rows, rounded to bf16 (exact: the rows hold bf16 values), for pushed and unknown ids alike.
+#[test]
+fn bf16_pulls_of_bf16_rows_answer_the_stored_bits() {
+    let s = shard(1, 0);
+    let half = TableConfig {
+        precision: protocol::RowPrecision::Bf16,
+        optimizer: OptimizerConfig::RowAdagrad {
+            lr: 0.1,
+            eps: 1e-8,
+            initial_accumulator: 0.0,
+        },
+        ..TableConfig::new(8, "half", 5)
+    };
+    s.handle(Request::RegisterTables { tables: vec![half] }, &[], NOW);
+    push(&s, &[(8, 5, &[3, 9], &[0.37; 10])]);
+    let ids = [3u64, 9, 40];
+    let pull_in = |encoding| {
+        let mut payload = Vec::new();
+        put_ids(&ids, &mut payload);
+        let tables = vec![TableCount {
+            table: 8,
+            count: ids.len() as u32,
+            dim: 5,
+        }];
+        s.handle(
+            Request::Pull {
+                epoch: 1,
+                encoding,
+                tables,
+            },
+            &payload,
+            NOW,
+        )
+    };
+    let f32_rows = rows(pull_in(Encoding::F32), 15);
+    let r = pull_in(Encoding::Bf16);
+    assert!(
+        matches!(r.header, Response::Pulled { .. }),
+        "{:?}",
+        r.header
+    );
+    let want: Vec<u8> = f32_rows
+        .iter()
+        .flat_map(|w| ((w.to_bits() >> 16) as u16).to_le_bytes())
+        .collect();
+    assert_eq!(r.payload, want);
+    assert!(f32_rows.iter().all(|w| w.to_bits() & 0xffff == 0));
+}
