@@ -312,7 +312,7 @@ fn plan_prints_the_layout_numbers() {
     );
     assert!(
         stdout.contains(
-            "table: 10000000 rows, dim 16, RowAdagrad, f32 weights: 17 values per row = 68 bytes of payload"
+            "table: 10000000 rows, dim 16, RowAdagrad, f32 weights, f32 state: 17 values per row = 68 bytes of payload"
         ),
         "{stdout}"
     );
