@@ -104,10 +104,17 @@ pub async fn run(
 
     let (data_dir, temporary) = match &cfg.data_dir {
         Some(d) => (d.clone(), false),
-        None => (
-            std::env::temp_dir().join(format!("ps-serve-{}", std::process::id())),
-            true,
-        ),
+        None => {
+            let tmp = std::env::temp_dir();
+            let removed = remove_stale_work_dirs(&tmp, std::process::id());
+            if removed > 0 {
+                tracing::info!(removed, dir = %tmp.display(), "removed the work directories of dead ps-serve processes");
+            }
+            (
+                tmp.join(format!("{WORK_DIR_PREFIX}{}", std::process::id())),
+                true,
+            )
+        }
     };
     let loaded = {
         let cfg = cfg.clone();
@@ -184,6 +191,45 @@ pub async fn run(
 
 /// Opens the export, its rows and its model (blocking). While `--export` holds no export yet (a training
 /// job has not written its first), waits for one, checking every second, until `stopping` is set.
+/// Name of the work directory (its rows' RocksDB copy) a `ps-serve` without `--data-dir` makes in the temporary
+/// directory, followed by its process id.
+const WORK_DIR_PREFIX: &str = "ps-serve-";
+
+/// Removes from `tmp` the work directories of `ps-serve` processes that are gone (killed: SIGKILL, OOM), which
+/// nothing else would remove (each holds a copy of an export's rows, 150 MB for the demo's), and returns how
+/// many. A directory whose process is alive (`/proc/<pid>` exists), or whose name is not the prefix and a
+/// number, is left. Linux only: elsewhere liveness is not checked and nothing is removed.
+fn remove_stale_work_dirs(tmp: &std::path::Path, own: u32) -> usize {
+    if !cfg!(target_os = "linux") {
+        return 0;
+    }
+    let Ok(entries) = std::fs::read_dir(tmp) else {
+        return 0;
+    };
+    let mut removed = 0;
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(WORK_DIR_PREFIX))
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let is_dir = e.file_type().is_ok_and(|t| t.is_dir());
+        if pid == own || !is_dir || std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            continue;
+        }
+        match std::fs::remove_dir_all(e.path()) {
+            Ok(()) => removed += 1,
+            Err(err) => {
+                tracing::warn!(dir = %e.path().display(), error = %err, "could not remove a dead ps-serve's work directory")
+            }
+        }
+    }
+    removed
+}
+
 fn load(
     cfg: &ServeConfig,
     data_dir: &std::path::Path,
@@ -259,4 +305,44 @@ fn load(
         predictor,
         template,
     )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The work directory of a process that is gone is removed; those of live processes (this one, pid 1),
+    /// files and other names are left.
+    #[test]
+    fn work_dirs_of_dead_processes_are_removed() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let dead = child.id();
+        child.wait().unwrap();
+        let own = std::process::id();
+        for name in [
+            format!("{WORK_DIR_PREFIX}{dead}"),
+            format!("{WORK_DIR_PREFIX}{own}"),
+            format!("{WORK_DIR_PREFIX}1"),
+            format!("{WORK_DIR_PREFIX}x"),
+            "other".into(),
+        ] {
+            std::fs::create_dir_all(tmp.path().join(&name).join("rocksdb")).unwrap();
+        }
+        std::fs::write(
+            tmp.path().join(format!("{WORK_DIR_PREFIX}999999999")),
+            b"a file",
+        )
+        .unwrap();
+        assert_eq!(remove_stale_work_dirs(tmp.path(), own), 1);
+        let left: std::collections::BTreeSet<String> = std::fs::read_dir(tmp.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        assert!(
+            !left.contains(&format!("{WORK_DIR_PREFIX}{dead}")),
+            "{left:?}"
+        );
+        assert_eq!(left.len(), 5, "{left:?}");
+    }
 }
