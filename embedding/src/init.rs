@@ -68,6 +68,9 @@ pub fn fill_row(cfg: &TableConfig, id: u64, row: &mut [f32]) {
     fill_weights(cfg, id, weights);
     optimizer::init_state(&cfg.optimizer, state);
     // The state's bf16 part starts at its initial value rounded to nearest (Adagrad's initial accumulator).
+    if cfg.state_precision.is_f32() {
+        return;
+    }
     let half = cfg.row_codec().half_state();
     let half = half.min(state.len());
     for s in &mut state[..half] {

@@ -197,43 +197,17 @@ impl<D: Dialer> Reroute<D> for PushOp {
     }
 }
 
-/// Scores of ids (one f32 each: rows of dim 1).
+/// A request of f32 rows answered by a count summed over servers: a write of rows' weights, or scores of ids
+/// (one f32 each: rows of dim 1).
 #[derive(Clone, Copy)]
-struct ScoreOp(embedding::ScoreMode);
-
-impl<D: Dialer> Reroute<D> for ScoreOp {
-    type Answer = u64;
-
-    fn send<'a>(
-        self,
-        client: &'a PsClient<D>,
-        server: usize,
-        epoch: u64,
-        tables: Vec<TableCount>,
-        payload: Bytes,
-    ) -> BoxFuture<'a, u64> {
-        Box::pin(client.score_once(server, epoch, self.0, tables, payload))
-    }
-
-    fn rows(self) -> Option<Encoding> {
-        Some(Encoding::F32)
-    }
-
-    fn merge(
-        self,
-        _: &[TableCount],
-        _: &[SplitPart],
-        answers: Vec<u64>,
-    ) -> Result<u64, ProtocolError> {
-        Ok(answers.into_iter().sum())
-    }
+enum F32RowsOp {
+    /// `WriteRows`.
+    WriteRows,
+    /// `Score`, added or set.
+    Score(embedding::ScoreMode),
 }
 
-/// A write of rows' weights (f32).
-#[derive(Clone, Copy)]
-struct WriteRowsOp;
-
-impl<D: Dialer> Reroute<D> for WriteRowsOp {
+impl<D: Dialer> Reroute<D> for F32RowsOp {
     type Answer = u64;
 
     fn send<'a>(
@@ -244,7 +218,14 @@ impl<D: Dialer> Reroute<D> for WriteRowsOp {
         tables: Vec<TableCount>,
         payload: Bytes,
     ) -> BoxFuture<'a, u64> {
-        Box::pin(client.write_rows_once(server, epoch, tables, payload))
+        match self {
+            F32RowsOp::WriteRows => {
+                Box::pin(client.write_rows_once(server, epoch, tables, payload))
+            }
+            F32RowsOp::Score(mode) => {
+                Box::pin(client.score_once(server, epoch, mode, tables, payload))
+            }
+        }
     }
 
     fn rows(self) -> Option<Encoding> {
@@ -586,7 +567,8 @@ impl<D: Dialer> PsClient<D> {
         tables: Vec<TableCount>,
         payload: Bytes,
     ) -> Result<u64, ProtocolError> {
-        self.routed(server, 0, WriteRowsOp, tables, payload).await
+        self.routed(server, 0, F32RowsOp::WriteRows, tables, payload)
+            .await
     }
 
     /// Gives ids of tables that evict by score their scores on server `server`: `payload` is the ids of every
@@ -599,7 +581,8 @@ impl<D: Dialer> PsClient<D> {
         tables: Vec<TableCount>,
         payload: Bytes,
     ) -> Result<u64, ProtocolError> {
-        self.routed(server, 0, ScoreOp(mode), tables, payload).await
+        self.routed(server, 0, F32RowsOp::Score(mode), tables, payload)
+            .await
     }
 
     /// Asks server `server` to bring the rows of `ids` (one id section per table of `tables`, as for
