@@ -320,3 +320,164 @@ fn chunk_sizes() {
         });
     }
 }
+
+/// The step's matrix products alone against the whole train step, as the data-parallel step runs them
+/// (chunks of [`chunk::CHUNK_ROWS`] rows split over the pool, each layer's forward, weight-gradient and
+/// input-gradient products): the machine's measured GEMM rate for this model's shapes, and the dense
+/// step's share of it (issue 44's goal: >= 60%). In bf16 a product counts with the packing of its f32
+/// operands into bf16 (what any bf16 GEMM called on f32 activations pays) and once more without it; the
+/// weights are packed once per step in both (the step does the same). Layers the step runs in f32 (the
+/// logit layer) run in f32 here too. `DENSE_PERF_PRECISION` picks one precision.
+#[test]
+#[ignore = "timing; run by hand in release"]
+fn gemm_bound() {
+    use super::bf16;
+    let cfg = DlrmConfig::default();
+    let rows = chunk::CHUNK_ROWS;
+    let chunks = BATCH / rows;
+    let mut layers: Vec<(usize, usize, bool)> = cfg
+        .bottom_layers()
+        .into_iter()
+        .enumerate()
+        .map(|(i, (a, b))| (a, b, i > 0))
+        .collect();
+    layers.extend(cfg.top_layers().into_iter().map(|(a, b)| (a, b, true)));
+    let product_flops: f64 = layers
+        .iter()
+        .map(|&(i, o, dx)| (if dx { 3.0 } else { 2.0 }) * 2.0 * (i * o) as f64)
+        .sum::<f64>()
+        * BATCH as f64;
+    let mut rng = Rng::new(4);
+    struct Layer {
+        i: usize,
+        o: usize,
+        dx: bool,
+        w: Vec<f32>,
+        fwd: bf16::Buf,
+        bwd: bf16::Buf,
+    }
+    let mut ls: Vec<Layer> = layers
+        .iter()
+        .map(|&(i, o, dx)| Layer {
+            i,
+            o,
+            dx,
+            w: rand_vec(&mut rng, o * i, 0.1),
+            fwd: bf16::Buf::default(),
+            bwd: bf16::Buf::default(),
+        })
+        .collect();
+    struct Chunk {
+        x: Vec<Vec<f32>>,
+        y: Vec<Vec<f32>>,
+        dx: Vec<Vec<f32>>,
+        wg: Vec<Vec<f32>>,
+        scratch: bf16::Scratch,
+    }
+    let mut cs: Vec<Chunk> = (0..chunks)
+        .map(|_| Chunk {
+            x: layers.iter().map(|&(i, _, _)| rand_vec(&mut rng, rows * i, 1.0)).collect(),
+            y: layers.iter().map(|&(_, o, _)| rand_vec(&mut rng, rows * o, 1.0)).collect(),
+            dx: layers.iter().map(|&(i, _, _)| vec![0.0; rows * i]).collect(),
+            wg: layers.iter().map(|&(i, o, _)| vec![0.0; i * o]).collect(),
+            scratch: bf16::Scratch::default(),
+        })
+        .collect();
+    let want = std::env::var("DENSE_PERF_PRECISION").unwrap_or_default();
+    let mut modes: Vec<(&str, Option<bool>)> = Vec::new();
+    if want != "bf16" {
+        modes.push(("F32", None));
+    }
+    if want != "f32" && bf16_available() {
+        modes.push(("Bf16 products with packing", Some(true)));
+        modes.push(("Bf16 products without packing", Some(false)));
+    }
+    for threads in thread_counts() {
+        on_threads(threads, || {
+            let mut step = |precision| {
+                let opt = DenseOptimizer::Adagrad {
+                    lr: 0.01,
+                    eps: 1e-8,
+                    initial_accumulator: 0.0,
+                };
+                let mut model = Dlrm::new(cfg.clone(), opt, 0).unwrap();
+                model.set_precision(precision).unwrap();
+                let dense = rand_vec(&mut rng, BATCH * cfg.num_dense, 1.0);
+                let emb = rand_vec(&mut rng, BATCH * cfg.emb_width(), 0.1);
+                let labels: Vec<f32> = (0..BATCH).map(|k| (k % 4 == 0) as u8 as f32).collect();
+                let mut emb_grad = vec![0.0; emb.len()];
+                best_time(5, 10, || {
+                    model
+                        .train_step(BATCH, &dense, &emb, &labels, &mut emb_grad)
+                        .unwrap();
+                })
+                .0
+            };
+            for &(label, bf) in &modes {
+                let t = best_time(5, 10, || {
+                    use rayon::prelude::*;
+                    if bf.is_some() {
+                        for l in ls.iter_mut() {
+                            if l.o >= 16 {
+                                let len = bf16::pad(l.i) * bf16::pad(l.o);
+                                bf16::pack_b_transposed(&l.w, l.o, l.i, l.fwd.get(len));
+                                bf16::pack_b(&l.w, l.o, l.i, l.bwd.get(len));
+                            }
+                        }
+                    }
+                    let ls = &ls;
+                    cs.par_iter_mut().for_each(|c| {
+                        for (k, l) in ls.iter().enumerate() {
+                            let (i, o) = (l.i, l.o);
+                            let (bp, ip, op) = (bf16::pad(rows), bf16::pad(i), bf16::pad(o));
+                            let Some(pack) = bf.filter(|_| o >= 16) else {
+                                matmul_on_thread(rows, o, i, &mut c.y[k], &c.x[k], Op::N, &l.w, Op::T);
+                                matmul_on_thread(o, i, rows, &mut c.wg[k], &c.y[k], Op::T, &c.x[k], Op::N);
+                                if l.dx {
+                                    matmul_on_thread(rows, i, o, &mut c.dx[k], &c.y[k], Op::N, &l.w, Op::N);
+                                }
+                                continue;
+                            };
+                            let s = &mut c.scratch;
+                            // Forward: a = x (rows), b = Wᵀ.
+                            if pack {
+                                bf16::pack_rows(&c.x[k], rows, i, s.a.get(bp * ip));
+                            }
+                            bf16::gemm(rows, o, i, s.a.get(bp * ip), &l.fwd, &mut c.y[k], o);
+                            // Weight gradient: a = dyᵀ, b = x.
+                            if pack {
+                                bf16::pack_cols(&c.y[k], rows, o, s.a.get(op * bp));
+                                bf16::pack_b(&c.x[k], rows, i, s.b.get(bp * ip));
+                            }
+                            bf16::gemm(o, i, rows, s.a.get(op * bp), s.b.get(bp * ip), &mut c.wg[k], i);
+                            if l.dx {
+                                if pack {
+                                    bf16::pack_rows(&c.y[k], rows, o, s.a.get(bp * op));
+                                }
+                                bf16::gemm(rows, i, o, s.a.get(bp * op), &l.bwd, &mut c.dx[k], i);
+                            }
+                        }
+                    });
+                })
+                .0;
+                let precision = if bf.is_some() { Precision::Bf16 } else { Precision::F32 };
+                let s = step(precision);
+                println!(
+                    "threads {threads}: {label}: {:.2} ms = {:.0} GFLOP/s; train step {:.2} ms = {:.0} GFLOP/s of \
+                     products: {:.0}% of the products' rate",
+                    t * 1e3,
+                    product_flops / t / 1e9,
+                    s * 1e3,
+                    product_flops / s / 1e9,
+                    100.0 * t / s
+                );
+            }
+        });
+    }
+}
+
+/// `c = op(a) · op(b)` on the calling thread (f32).
+#[allow(clippy::too_many_arguments)]
+fn matmul_on_thread(m: usize, n: usize, k: usize, c: &mut [f32], a: &[f32], ta: Op, b: &[f32], tb: Op) {
+    super::matmul::matmul_on(false, m, n, k, c, false, a, ta, b, tb)
+}
