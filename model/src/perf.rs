@@ -376,9 +376,18 @@ fn gemm_bound() {
     }
     let mut cs: Vec<Chunk> = (0..chunks)
         .map(|_| Chunk {
-            x: layers.iter().map(|&(i, _, _)| rand_vec(&mut rng, rows * i, 1.0)).collect(),
-            y: layers.iter().map(|&(_, o, _)| rand_vec(&mut rng, rows * o, 1.0)).collect(),
-            dx: layers.iter().map(|&(i, _, _)| vec![0.0; rows * i]).collect(),
+            x: layers
+                .iter()
+                .map(|&(i, _, _)| rand_vec(&mut rng, rows * i, 1.0))
+                .collect(),
+            y: layers
+                .iter()
+                .map(|&(_, o, _)| rand_vec(&mut rng, rows * o, 1.0))
+                .collect(),
+            dx: layers
+                .iter()
+                .map(|&(i, _, _)| vec![0.0; rows * i])
+                .collect(),
             wg: layers.iter().map(|&(i, o, _)| vec![0.0; i * o]).collect(),
             scratch: bf16::Scratch::default(),
         })
@@ -431,10 +440,37 @@ fn gemm_bound() {
                             let (i, o) = (l.i, l.o);
                             let (bp, ip, op) = (bf16::pad(rows), bf16::pad(i), bf16::pad(o));
                             let Some(pack) = bf.filter(|_| o >= 16) else {
-                                matmul_on_thread(rows, o, i, &mut c.y[k], &c.x[k], Op::N, &l.w, Op::T);
-                                matmul_on_thread(o, i, rows, &mut c.wg[k], &c.y[k], Op::T, &c.x[k], Op::N);
+                                matmul_on_thread(
+                                    rows,
+                                    o,
+                                    i,
+                                    &mut c.y[k],
+                                    &c.x[k],
+                                    Op::N,
+                                    &l.w,
+                                    Op::T,
+                                );
+                                matmul_on_thread(
+                                    o,
+                                    i,
+                                    rows,
+                                    &mut c.wg[k],
+                                    &c.y[k],
+                                    Op::T,
+                                    &c.x[k],
+                                    Op::N,
+                                );
                                 if l.dx {
-                                    matmul_on_thread(rows, i, o, &mut c.dx[k], &c.y[k], Op::N, &l.w, Op::N);
+                                    matmul_on_thread(
+                                        rows,
+                                        i,
+                                        o,
+                                        &mut c.dx[k],
+                                        &c.y[k],
+                                        Op::N,
+                                        &l.w,
+                                        Op::N,
+                                    );
                                 }
                                 continue;
                             };
@@ -449,7 +485,15 @@ fn gemm_bound() {
                                 bf16::pack_cols(&c.y[k], rows, o, s.a.get(op * bp));
                                 bf16::pack_b(&c.x[k], rows, i, s.b.get(bp * ip));
                             }
-                            bf16::gemm(o, i, rows, s.a.get(op * bp), s.b.get(bp * ip), &mut c.wg[k], i);
+                            bf16::gemm(
+                                o,
+                                i,
+                                rows,
+                                s.a.get(op * bp),
+                                s.b.get(bp * ip),
+                                &mut c.wg[k],
+                                i,
+                            );
                             if l.dx {
                                 if pack {
                                     bf16::pack_rows(&c.y[k], rows, o, s.a.get(bp * op));
@@ -460,7 +504,11 @@ fn gemm_bound() {
                     });
                 })
                 .0;
-                let precision = if bf.is_some() { Precision::Bf16 } else { Precision::F32 };
+                let precision = if bf.is_some() {
+                    Precision::Bf16
+                } else {
+                    Precision::F32
+                };
                 let s = step(precision);
                 println!(
                     "threads {threads}: {label}: {:.2} ms = {:.0} GFLOP/s; train step {:.2} ms = {:.0} GFLOP/s of \
@@ -478,6 +526,15 @@ fn gemm_bound() {
 
 /// `c = op(a) · op(b)` on the calling thread (f32).
 #[allow(clippy::too_many_arguments)]
-fn matmul_on_thread(m: usize, n: usize, k: usize, c: &mut [f32], a: &[f32], ta: Op, b: &[f32], tb: Op) {
+fn matmul_on_thread(
+    m: usize,
+    n: usize,
+    k: usize,
+    c: &mut [f32],
+    a: &[f32],
+    ta: Op,
+    b: &[f32],
+    tb: Op,
+) {
     super::matmul::matmul_on(false, m, n, k, c, false, a, ta, b, tb)
 }
