@@ -147,3 +147,36 @@ fn the_kernel_follows_the_cpu_and_the_environment() {
     };
     assert_eq!(kernel(), want);
 }
+
+/// The AMX product computed panel by panel of `b` (what big products do to keep a panel in L2) gives the
+/// bits of the one-panel order, for panels of one and several blocks, partial edges included.
+#[test]
+fn amx_panels_change_no_bit() {
+    if !kernels().contains(&Kernel::Amx) {
+        eprintln!("skipped: no AMX on this machine");
+        return;
+    }
+    let mut rng = Rng::new(5);
+    for (m, n, k) in [(45, 200, 100), (70, 300, 64), (33, 97, 520), (64, 64, 32)] {
+        let (mp, np, kp) = (pad(m), pad(n), pad(k));
+        let (a, b) = (random(&mut rng, m * k), random(&mut rng, k * n));
+        let (mut pa, mut pb) = (Buf::default(), Buf::default());
+        pack_rows(&a, m, k, pa.get(mp * kp));
+        pack_b(&b, k, n, pb.get(kp * np));
+        let ldc = n + 3;
+        let run = |panel_bytes: usize| {
+            let mut c = vec![f32::NAN; m * ldc];
+            // SAFETY: AMX checked above (`kernels()` lists it only when usable); the operands are packed to
+            // their padded sizes and `c` holds `m` rows of `ldc >= n`.
+            unsafe { x86::gemm_in_panels(m, n, kp, &pa, &pb, &mut c, ldc, panel_bytes) };
+            c.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+        };
+        let whole = run(usize::MAX);
+        for blocks in [1, 2, 3] {
+            assert!(
+                run(2 * kp * BLOCK * blocks) == whole,
+                "{m}x{n}x{k}: panels of {blocks} blocks changed the product"
+            );
+        }
+    }
+}
