@@ -486,8 +486,24 @@ impl Shard {
         // Held while reading: a reshard's switch waits for pulls under the old map (then deletes moved rows).
         let route = self.routing.read();
         let (layout, all_ids) = self.pull_ids(&route.map, epoch, tables, payload)?;
-        let mut out = Vec::with_capacity(layout.pull_response_bytes(encoding));
-        let (mut state, mut state_lens) = (Vec::new(), Vec::new());
+        // The state's bytes, so that neither buffer grows (a growing buffer of tens of MB is copied at every
+        // doubling): the tables were checked to exist (`pull_ids`).
+        let state_bytes = if with_state {
+            let mut bytes = 0usize;
+            for t in tables {
+                let len = self
+                    .engine
+                    .table(t.table)?
+                    .row_len()
+                    .saturating_sub(t.dim as usize);
+                bytes = bytes.saturating_add((t.count as usize).saturating_mul(len * 4));
+            }
+            bytes
+        } else {
+            0
+        };
+        let mut out = Vec::with_capacity(layout.pull_response_bytes(encoding) + state_bytes);
+        let (mut state, mut state_lens) = (Vec::with_capacity(state_bytes), Vec::new());
         let (mut full, mut rows, mut halves) = (Vec::new(), Vec::new(), Vec::new());
         let mut start = 0;
         for t in tables {
