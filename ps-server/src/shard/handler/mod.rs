@@ -487,24 +487,26 @@ impl Shard {
         let route = self.routing.read();
         let (layout, all_ids) = self.pull_ids(&route.map, epoch, tables, payload)?;
         // The state's bytes, so that neither buffer grows (a growing buffer of tens of MB is copied at every
-        // doubling): the tables were checked to exist (`pull_ids`).
-        let state_bytes = if with_state {
-            let mut bytes = 0usize;
-            for t in tables {
-                let len = self
-                    .engine
-                    .table(t.table)?
-                    .row_len()
-                    .saturating_sub(t.dim as usize);
-                bytes = bytes.saturating_add((t.count as usize).saturating_mul(len * 4));
+        // doubling), and the largest table's rows, for scratch that does not grow table after table either:
+        // the tables were checked to exist (`pull_ids`), the counts against the payload.
+        let (mut state_bytes, mut full_len, mut rows_len) = (0usize, 0usize, 0usize);
+        for t in tables {
+            let (n, dim) = (t.count as usize, t.dim as usize);
+            rows_len = rows_len.max(n.saturating_mul(dim));
+            if with_state {
+                let row_len = self.engine.table(t.table)?.row_len();
+                let len = row_len.saturating_sub(dim);
+                state_bytes = state_bytes.saturating_add(n.saturating_mul(len * 4));
+                full_len = full_len.max(n.saturating_mul(row_len));
             }
-            bytes
-        } else {
-            0
-        };
+        }
         let mut out = Vec::with_capacity(layout.pull_response_bytes(encoding) + state_bytes);
         let (mut state, mut state_lens) = (Vec::with_capacity(state_bytes), Vec::new());
-        let (mut full, mut rows, mut halves) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut full, mut rows, mut halves) = (
+            Vec::with_capacity(full_len),
+            Vec::with_capacity(rows_len),
+            Vec::new(),
+        );
         let mut start = 0;
         for t in tables {
             let (n, dim) = (t.count as usize, t.dim as usize);
