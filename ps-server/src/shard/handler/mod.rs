@@ -522,11 +522,13 @@ impl Shard {
                     record_tier(&self.engine.gather_with_state(t.table, ids, &mut full)?);
                     Ok(())
                 })?;
+                // Each row encoded straight from the gathered row (no copy of the weights first).
                 for row in full.chunks_exact(row_len) {
-                    rows.extend_from_slice(&row[..dim]);
+                    codec::encode_rows(&row[..dim], dim, encoding, &mut out);
                     wire::message::pull_with_state::put_state(&row[dim..], &mut state);
                 }
                 state_lens.push((row_len - dim) as u32);
+                continue;
             } else if encoding == Encoding::Bf16
                 && self.engine.table(t.table)?.codec().precision() == embedding::RowPrecision::Bf16
             {
