@@ -487,17 +487,19 @@ impl Shard {
         let route = self.routing.read();
         let (layout, all_ids) = self.pull_ids(&route.map, epoch, tables, payload)?;
         // The state's bytes, so that neither buffer grows (a growing buffer of tens of MB is copied at every
-        // doubling), and the largest table's rows, for scratch that does not grow table after table either:
-        // the tables were checked to exist (`pull_ids`), the counts against the payload.
+        // doubling), and the largest table's rows (with their state, or the weights alone), for scratch that
+        // does not grow table after table either: the tables were checked to exist (`pull_ids`), the counts
+        // against the payload.
         let (mut state_bytes, mut full_len, mut rows_len) = (0usize, 0usize, 0usize);
         for t in tables {
             let (n, dim) = (t.count as usize, t.dim as usize);
-            rows_len = rows_len.max(n.saturating_mul(dim));
             if with_state {
                 let row_len = self.engine.table(t.table)?.row_len();
                 let len = row_len.saturating_sub(dim);
                 state_bytes = state_bytes.saturating_add(n.saturating_mul(len * 4));
                 full_len = full_len.max(n.saturating_mul(row_len));
+            } else {
+                rows_len = rows_len.max(n.saturating_mul(dim));
             }
         }
         let mut out = Vec::with_capacity(layout.pull_response_bytes(encoding) + state_bytes);
