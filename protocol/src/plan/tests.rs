@@ -1,6 +1,7 @@
 //! Tests of [`super::Plan`]: routing, wire order, per-table encodings, error feedback.
 
 use super::*;
+use crate::wire::message::pull_with_state::put_state;
 
 /// Serves a pull as if the row of id x were [x mod 1000, -(x mod 1000)], in `enc`.
 fn serve(counts: &[TableCount], ids: &[u8], enc: Encoding) -> Vec<u8> {
@@ -450,14 +451,15 @@ fn multi_hot_cost_per_batch() {
     }
 }
 
-/// Pulled rows are placed block by block (`SCATTER_BLOCK`): tables of many rows, several blocks each, in
-/// every encoding, land where one row at a time would put them.
+/// Every reply of a batch at once (`scatter_replies`, tables decoded in parallel), with optimizer state:
+/// tables of many rows, in every encoding, land where one reply at a time puts them, and the state of
+/// each row lands beside it.
 #[test]
-fn scatter_of_many_rows_crosses_blocks() {
+fn scatter_replies_places_every_row_and_its_state() {
     let map = ShardMap::new(2);
-    let dim = 2;
-    let rows_per_table = 3 * SCATTER_BLOCK / dim + 7;
-    let sparse: Vec<Vec<u64>> = (0..2u64)
+    let (dim, tables) = (2, 7);
+    let rows_per_table = 5_003;
+    let sparse: Vec<Vec<u64>> = (0..tables as u64)
         .map(|t| {
             (0..rows_per_table as u64)
                 .map(|i| t * 10_000_000 + i * 3)
@@ -467,18 +469,51 @@ fn scatter_of_many_rows_crosses_blocks() {
     let mut plan = Plan::default();
     plan.build(&sparse, dim, &map);
     for enc in Encoding::ALL {
-        let reqs = plan.pull_requests(&TableCodecs::uniform(2, enc, enc));
-        let mut unique_rows = Vec::new();
-        for r in &reqs {
-            let rows = serve(&r.counts, &r.payload, r.encoding);
-            plan.scatter_part(r.server, r.encoding, &r.counts, &rows, &mut unique_rows)
+        let reqs = plan.pull_requests(&TableCodecs::uniform(tables, enc, enc));
+        // State: table t's rows have t + 1 f32s each, the id's low bits then the table.
+        let answers: Vec<(Vec<u8>, Vec<u8>, Vec<u32>)> = reqs
+            .iter()
+            .map(|r| {
+                let mut ids = Vec::new();
+                crate::wire::message::pull::decode(&r.counts, &r.payload, &mut ids).unwrap();
+                let mut state = Vec::new();
+                let mut at = 0;
+                for c in &r.counts {
+                    for &id in &ids[at..at + c.count as usize] {
+                        for e in 0..=c.table {
+                            put_state(&[(id % 4096) as f32 + e as f32 / 10.0], &mut state);
+                        }
+                    }
+                    at += c.count as usize;
+                }
+                let lens = r.counts.iter().map(|c| c.table + 1).collect();
+                (serve(&r.counts, &r.payload, r.encoding), state, lens)
+            })
+            .collect();
+        let parts: Vec<PartReply<'_>> = answers
+            .iter()
+            .enumerate()
+            .map(|(i, (rows, state, lens))| PartReply {
+                request: i,
+                rows,
+                state: Some((state, lens)),
+            })
+            .collect();
+        let (mut all_rows, mut all_state) = (Vec::new(), Vec::new());
+        plan.scatter_replies(&parts, &mut all_rows, &mut all_state)
+            .unwrap();
+        let mut one_by_one = Vec::new();
+        for (r, (rows, _, _)) in reqs.iter().zip(&answers) {
+            plan.scatter_part(r.server, r.encoding, &r.counts, rows, &mut one_by_one)
                 .unwrap();
         }
-        for (t, table_rows) in unique_rows.iter().enumerate() {
+        assert_eq!(all_rows, one_by_one, "{enc}");
+        for t in 0..tables {
             assert_eq!(plan.unique(t).len(), rows_per_table);
+            let len = t + 1;
             for (u, &id) in plan.unique(t).iter().enumerate() {
                 let x = (id % 1000) as f32;
-                let got = &table_rows[u * 2..u * 2 + 2];
+                let got = &all_rows[t][u * 2..u * 2 + 2];
                 let tol = if enc == Encoding::F32 {
                     0.0
                 } else {
@@ -488,7 +523,110 @@ fn scatter_of_many_rows_crosses_blocks() {
                     (got[0] - x).abs() <= tol && (got[1] + x).abs() <= tol,
                     "{enc} {t} {id}: {got:?}"
                 );
+                let want: Vec<f32> = (0..len)
+                    .map(|e| (id % 4096) as f32 + e as f32 / 10.0)
+                    .collect();
+                assert_eq!(
+                    &all_state[t][u * len..(u + 1) * len],
+                    want,
+                    "{enc} {t} {id}"
+                );
             }
         }
+    }
+}
+
+/// A bad answer is refused before any row is written, naming the answer: a request that was not sent,
+/// short rows, short state, and two servers disagreeing on a table's state length.
+#[test]
+fn scatter_replies_refuses_bad_answers_before_writing() {
+    let map = ShardMap::new(2);
+    let sparse: Vec<Vec<u64>> = (0..2u64)
+        .map(|t| (0..100u64).map(|i| t * 1_000_000 + i).collect())
+        .collect();
+    let mut plan = Plan::default();
+    plan.build(&sparse, 2, &map);
+    let reqs = plan.pull_requests(&TableCodecs::uniform(2, Encoding::F32, Encoding::F32));
+    assert_eq!(reqs.len(), 2);
+    let rows: Vec<Vec<u8>> = reqs
+        .iter()
+        .map(|r| serve(&r.counts, &r.payload, r.encoding))
+        .collect();
+    let n = |r: &PartRequest, t: usize| {
+        r.counts
+            .iter()
+            .find(|c| c.table as usize == t)
+            .map_or(0, |c| c.count as usize)
+    };
+    let state_of = |r: &PartRequest, len: usize| vec![0u8; 4 * len * (n(r, 0) + n(r, 1))];
+    let (s0, s1) = (state_of(&reqs[0], 1), state_of(&reqs[1], 2));
+    let lens0 = vec![1u32; reqs[0].counts.len()];
+    let lens1 = vec![2u32; reqs[1].counts.len()];
+    let part = |i: usize, rows: &'static [u8]| PartReply {
+        request: i,
+        rows,
+        state: None,
+    };
+    let cases: Vec<(Vec<PartReply<'_>>, usize, &str)> = vec![
+        (
+            vec![
+                PartReply {
+                    rows: &rows[0],
+                    ..part(0, &[])
+                },
+                part(1, &[]),
+            ],
+            1,
+            "pulled rows",
+        ),
+        (
+            vec![
+                PartReply {
+                    rows: &rows[0],
+                    ..part(0, &[])
+                },
+                PartReply {
+                    request: 5,
+                    rows: &rows[1],
+                    state: None,
+                },
+            ],
+            1,
+            "no pull request 5",
+        ),
+        (
+            vec![PartReply {
+                request: 0,
+                rows: &rows[0],
+                state: Some((&s0[4..], &lens0)),
+            }],
+            0,
+            "pulled optimizer state",
+        ),
+        (
+            vec![
+                PartReply {
+                    request: 0,
+                    rows: &rows[0],
+                    state: Some((&s0, &lens0)),
+                },
+                PartReply {
+                    request: 1,
+                    rows: &rows[1],
+                    state: Some((&s1, &lens1)),
+                },
+            ],
+            1,
+            "f32s per row, another server sent 1",
+        ),
+    ];
+    for (parts, bad, what) in cases {
+        let (mut out_rows, mut out_state) = (vec![vec![7.0f32; 3]], Vec::new());
+        let (k, e) = plan
+            .scatter_replies(&parts, &mut out_rows, &mut out_state)
+            .unwrap_err();
+        assert_eq!(k, bad, "{what}: {e}");
+        assert!(e.to_string().contains(what), "{what}: {e}");
+        assert_eq!(out_rows, vec![vec![7.0f32; 3]], "{what}: nothing written");
     }
 }

@@ -20,8 +20,7 @@ pub type PushRequest = (usize, Encoding, f32, Vec<TableCount>, Bytes);
 pub type PartReplies = Vec<(usize, PulledState)>;
 
 /// Sends embedding pulls with per-table encodings in parallel (with each row's optimizer state if
-/// `with_state`); the replies by request index (see [`protocol::plan::Plan::scatter_part_at`] and
-/// [`protocol::plan::Plan::scatter_state_at`]).
+/// `with_state`); the replies by request index (see [`protocol::plan::Plan::scatter_replies`]).
 pub async fn pull_parts<D: Dialer>(
     client: &Arc<PsClient<D>>,
     requests: Vec<PartRequest>,

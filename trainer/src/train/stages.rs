@@ -18,7 +18,7 @@ use crate::step::dense_sync::DenseSync;
 use crate::step::exchange::{pull_all, pull_parts, push_all, PartReplies, Replies};
 use crate::step::push::{PushEncoder, PushRecord};
 use crate::timing::{Phase, Stopwatch};
-use protocol::plan::Plan;
+use protocol::plan::{PartReply, Plan};
 
 /// A batch's pulled rows, dense rows, and when its staleness gate opened (`None` without a gate).
 type PullResult = Result<(PartReplies, Option<Replies>, Option<Instant>), ProtocolError>;
@@ -151,19 +151,24 @@ impl<D: Dialer> Trainer<D> {
                 w.recharge(Phase::PullWait, Phase::AckWait, gated.min(waited));
             }
         }
-        for (i, reply) in replies {
-            let s = stage.plan.part_server(i);
-            let from = || format!("rows from server {}", self.client.addr(s));
+        let parts: Vec<PartReply<'_>> = replies
+            .iter()
+            .map(|(i, reply)| PartReply {
+                request: *i,
+                rows: &reply.rows,
+                state: stage
+                    .replay
+                    .then_some((&reply.state[..], &reply.state_lens[..])),
+            })
+            .collect();
+        if let Err((k, e)) =
             stage
                 .plan
-                .scatter_part_at(i, &reply.rows, &mut self.unique_rows)
-                .map_err(TrainError::servers(from()))?;
-            if stage.replay {
-                stage
-                    .plan
-                    .scatter_state_at(i, &reply.state, &reply.state_lens, &mut self.unique_state)
-                    .map_err(TrainError::servers(from()))?;
-            }
+                .scatter_replies(&parts, &mut self.unique_rows, &mut self.unique_state)
+        {
+            let s = stage.plan.part_server(parts[k].request);
+            let from = format!("rows from server {}", self.client.addr(s));
+            return Err(TrainError::servers(from)(e));
         }
         if let (true, Some(replayer), Some(needed)) =
             (stage.replay, &mut self.replayer, stage.needed)
