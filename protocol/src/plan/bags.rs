@@ -108,12 +108,14 @@ pub(super) fn pool_into(
 ) {
     let dim = dst.len();
     if to == from + 1 {
+        prefetch_ahead(rows, inverse, from, dim);
         let u = inverse[from] as usize;
         for_row(dst, &rows[u * dim..(u + 1) * dim], |d, s| *d = s);
         return;
     }
     dst.fill(0.0);
-    for &u in &inverse[from..to] {
+    for (k, &u) in inverse[from..to].iter().enumerate() {
+        prefetch_ahead(rows, inverse, from + k, dim);
         let u = u as usize;
         for_row(dst, &rows[u * dim..(u + 1) * dim], |d, s| *d += s);
     }
@@ -139,9 +141,29 @@ pub(super) fn spread(
     } else {
         scale
     };
-    for &u in &inverse[from..to] {
+    for (k, &u) in inverse[from..to].iter().enumerate() {
+        prefetch_ahead(acc, inverse, from + k, dim);
         let u = u as usize;
         for_row(&mut acc[u * dim..(u + 1) * dim], g, |a, g| *a += g * s);
+    }
+}
+
+/// Ids ahead of the one being pooled or spread whose row [`prefetch_ahead`] asks for.
+const AHEAD: usize = 8;
+
+/// Prefetches the row of the id [`AHEAD`] places after `inverse[k]` (the same bag, or the feature's next
+/// bags: a feature's ids are laid out sample after sample), when rows are wider than a cache line: the
+/// unique rows of a DLRM-v2 batch (325k x 512 bytes) are far larger than the caches and read in an order
+/// the hardware prefetchers cannot guess.
+#[inline(always)]
+fn prefetch_ahead(rows: &[f32], inverse: &[u32], k: usize, dim: usize) {
+    if dim >= 32 {
+        if let Some(&u) = inverse.get(k + AHEAD) {
+            let u = u as usize;
+            if let Some(row) = rows.get(u * dim..(u + 1) * dim) {
+                base::simd::prefetch(row);
+            }
+        }
     }
 }
 

@@ -12,7 +12,7 @@
 
 use protocol::{Encoding, InitConfig, OptimizerConfig, ShardMap, TableConfig};
 
-use crate::step::replay::Replayer;
+use crate::step::replay::{Push, Replayer};
 use protocol::plan::{Plan, SparseLayout, TableCodecs};
 
 const BATCH: usize = 2048;
@@ -136,10 +136,16 @@ fn embedding_work_per_batch() {
                     .unwrap();
             }
             let t1 = thread_cpu();
-            replayed = 0;
-            for (p, g) in plans.iter().zip(&pushed) {
-                replayed += replayer.replay(&target, &mut rows, &mut state, p, g, 2048.0);
-            }
+            let pushes: Vec<Push<'_>> = plans
+                .iter()
+                .zip(&pushed)
+                .map(|(plan, grads)| Push {
+                    plan,
+                    grads,
+                    scale: 2048.0,
+                })
+                .collect();
+            replayed = replayer.replay(&target, &mut rows, &mut state, &pushes);
             let t2 = thread_cpu();
             target.gather_embeddings(&rows, &mut emb);
             let t3 = thread_cpu();

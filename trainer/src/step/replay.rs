@@ -51,21 +51,43 @@ impl Replayer {
         self.tables.get(t).map_or(0, |(o, _, _)| o.state_len(dim))
     }
 
-    /// Applies one pushed batch to the rows of `target`'s unique ids that it touched: `rows[t]` is
+    /// Applies pushed batches, in order, to the rows of `target`'s unique ids that they touched: `rows[t]` is
     /// `[unique_t x dim]` and `state[t]` `[unique_t x state_len_t]` (as pulled, both updated in place);
-    /// `grads[t]` are `pushed`'s summed gradients per unique id multiplied by `scale` (as pushed). Rows whose
-    /// gradient is not finite are skipped, as the servers refuse them. Returns the rows updated.
+    /// each push's `grads[t]` are its summed gradients per unique id multiplied by its `scale` (as pushed).
+    /// Rows whose gradient is not finite are skipped, as the servers refuse them. Returns the row updates
+    /// made (a row updated by two pushes counts twice).
+    ///
+    /// The pushes are replayed together, a block of the target's rows at a time (each push's updates of
+    /// the block, in push order), so a row that several pushes touch is updated again while it is still in
+    /// cache: one pass over the pulled rows instead of one per push (DLRM-v2's rows and Adagrad state are
+    /// ~1 KB per row and 150k rows per batch, far more than the caches). Each row sees the same updates in
+    /// the same order as pushes replayed one after another, so the results are the same bit for bit.
     pub fn replay(
         &mut self,
         target: &Plan,
         rows: &mut [Vec<f32>],
         state: &mut [Vec<f32>],
-        pushed: &Plan,
-        grads: &[Vec<f32>],
-        scale: f32,
+        pushes: &[Push<'_>],
+    ) -> usize {
+        self.replay_blocks(target, rows, state, pushes, REPLAY_BLOCK_BYTES)
+    }
+
+    /// [`Replayer::replay`] with blocks of `block_bytes` of pulled rows and state (at least one row): the
+    /// results do not depend on it (tests replay with blocks of one row).
+    fn replay_blocks(
+        &mut self,
+        target: &Plan,
+        rows: &mut [Vec<f32>],
+        state: &mut [Vec<f32>],
+        pushes: &[Push<'_>],
+        block_bytes: usize,
     ) -> usize {
         use rayon::prelude::*;
-        let tables = target.tables().min(pushed.tables()).min(self.tables.len());
+        let tables = target
+            .tables()
+            .min(self.tables.len())
+            .min(rows.len())
+            .min(state.len());
         // Tables are independent: split over the rayon pool (this runs on the training loop's critical
         // path, between dense steps).
         let per_table = rows[..tables]
@@ -76,39 +98,65 @@ impl Replayer {
             .enumerate()
             .map(|(t, ((w, st), (opt, reg, codec)))| {
                 let dim = target.dim(t);
-                if pushed.dim(t) != dim {
-                    return 0;
-                }
                 let len = opt.state_len(dim);
                 if w.len() < target.unique(t).len() * dim || st.len() < target.unique(t).len() * len
                 {
                     return 0;
                 }
+                // The pushes that hold table t at the same dimension (others are skipped for it).
+                let pushes: Vec<&Push<'_>> = pushes
+                    .iter()
+                    .filter(|p| t < p.plan.tables() && t < p.grads.len() && p.plan.dim(t) == dim)
+                    .collect();
+                if pushes.is_empty() {
+                    return 0;
+                }
                 let mut updated = 0;
                 let mut grad = vec![0.0f32; dim];
-                let from = Pushed {
+                let (mut cursors, mut matches) = (vec![0usize; pushes.len()], Vec::new());
+                let table = TableReplay {
                     target,
-                    pushed,
+                    pushes: &pushes,
+                    block: (block_bytes / (4 * (dim + len))).max(1),
                     t,
                     opt,
                     reg: *reg,
                     codec: *codec,
-                    grads: &grads[t],
-                    scale,
                 };
-                replay_table(&from, w, st, &mut grad, &mut updated);
+                replay_table(
+                    &table,
+                    w,
+                    st,
+                    &mut grad,
+                    &mut cursors,
+                    &mut matches,
+                    &mut updated,
+                );
                 updated
             });
         updated.sum()
     }
 }
 
-/// One table of one pushed batch to replay ([`replay_table`]).
-struct Pushed<'a> {
+/// One pushed batch to replay ([`Replayer::replay`]).
+#[derive(Clone, Copy)]
+pub struct Push<'a> {
+    /// The pushed batch's plan (its unique ids, by server, in wire order).
+    pub plan: &'a Plan,
+    /// Its gradients, summed per unique id of `plan`, times `scale` (as pushed).
+    pub grads: &'a [Vec<f32>],
+    /// The loss scale the gradients carry.
+    pub scale: f32,
+}
+
+/// One table of the pushes to replay ([`replay_table`]).
+struct TableReplay<'a> {
     /// The batch whose pulled rows are updated.
     target: &'a Plan,
-    /// The pushed batch.
-    pushed: &'a Plan,
+    /// The pushed batches, in push order (each holds table `t` at the target's dimension).
+    pushes: &'a [&'a Push<'a>],
+    /// Target rows per block.
+    block: usize,
     /// The table.
     t: usize,
     opt: &'a OptimizerConfig,
@@ -116,44 +164,83 @@ struct Pushed<'a> {
     /// How the servers store the table's rows: half-precision weights are rounded after each update as the
     /// servers round them.
     codec: RowCodec,
-    /// The pushed gradients of table `t`, summed per unique id of `pushed`, times `scale`.
-    grads: &'a [f32],
-    scale: f32,
 }
 
+/// Bytes of pulled rows and state one block of [`replay_table`] spans: the rows stay in L2 (1 MiB per core
+/// on Zen 4, 2 MiB on Sapphire Rapids) while every push updates them, with room for the pushes' gradients.
+const REPLAY_BLOCK_BYTES: usize = 256 << 10;
+
+/// Matches of a block ahead of the one being applied whose rows [`replay_table`] prefetches: enough to
+/// cover a memory access (~100 ns) with the ~50 ns one Adagrad update of 128 weights takes.
+const PREFETCH_AHEAD: usize = 4;
+
 multiversion! {
-    /// Replays `p.pushed`'s gradients of table `p.t` onto the rows `w` and state `st` of `p.target`'s ids
-    /// that it touched, adding the rows updated to `updated`; `grad` is a row of scratch. The body of
-    /// [`Replayer::replay`] for one table, compiled for AVX-512 and AVX2 too (the workspace's baseline is
-    /// SSE2, where it ran one float at a time): the same operations in the same order, so the rows stay bit
-    /// for bit what the servers, built for the baseline, compute.
-    fn replay_table(p: &Pushed<'_>, w: &mut [f32], st: &mut [f32], grad: &mut [f32], updated: &mut usize) {
+    /// Replays `p.pushes`' gradients of table `p.t` onto the rows `w` and state `st` of `p.target`'s ids
+    /// that they touched, adding the row updates to `updated`; `grad` is a row of scratch, `cursors` one
+    /// position per push and `matches` scratch. Per server, the target's ids are taken a block at a time;
+    /// each push's ids are merged with the block in turn (each merge resumes where the previous block left
+    /// it: the same merge as one pass per push, interleaved), listing the block's matches in push order;
+    /// then the matches are applied, the rows of a later match prefetched (rows are scattered over the
+    /// pulled buffers, which the hardware prefetchers cannot follow). The body of [`Replayer::replay`] for
+    /// one table, compiled for AVX-512 and AVX2 too (the workspace's baseline is SSE2, where it ran one
+    /// float at a time): the same operations in the same order, so the rows stay bit for bit what the
+    /// servers, built for the baseline, compute.
+    fn replay_table(
+        p: &TableReplay<'_>,
+        w: &mut [f32],
+        st: &mut [f32],
+        grad: &mut [f32],
+        cursors: &mut [usize],
+        matches: &mut Vec<(u32, u32, u32)>,
+        updated: &mut usize,
+    ) {
         let (dim, t) = (grad.len(), p.t);
-        let len = p.opt.state_len(dim);
-        // The servers multiply by the inverse (and skip a scale of 1): the same f32 arithmetic here.
-        let inv = 1.0 / p.scale;
-        for s in 0..p.target.servers().min(p.pushed.servers()) {
+        let (len, block) = (p.opt.state_len(dim), p.block);
+        for s in 0..p.target.servers() {
             let (pa, ka) = p.target.share(s, t);
-            let (pb, kb) = p.pushed.share(s, t);
-            let (mut i, mut j) = (0, 0);
-            // Branch-free advance: which list moves is data-dependent and unpredictable.
-            while i < ka.len() && j < kb.len() {
-                let (x, y) = (ka[i], kb[j]);
-                if x == y {
-                    let (a, b) = (pa[i] as usize, pb[j] as usize);
-                    let src = &p.grads[b * dim..(b + 1) * dim];
+            cursors.fill(0);
+            for i0 in (0..ka.len()).step_by(block) {
+                let i1 = (i0 + block).min(ka.len());
+                matches.clear();
+                for (n, (push, j)) in p.pushes.iter().zip(cursors.iter_mut()).enumerate() {
+                    if s >= push.plan.servers() {
+                        continue;
+                    }
+                    let (pb, kb) = push.plan.share(s, t);
+                    let mut i = i0;
+                    // Branch-free advance: which list moves is data-dependent and unpredictable.
+                    while i < i1 && *j < kb.len() {
+                        let (x, y) = (ka[i], kb[*j]);
+                        if x == y {
+                            matches.push((n as u32, pa[i], pb[*j]));
+                        }
+                        i += usize::from(x <= y);
+                        *j += usize::from(y <= x);
+                    }
+                }
+                for m in 0..matches.len() {
+                    if let Some(&(n, a, b)) = matches.get(m + PREFETCH_AHEAD) {
+                        let (a, b) = (a as usize, b as usize);
+                        base::simd::prefetch(&w[a * dim..(a + 1) * dim]);
+                        base::simd::prefetch(&st[a * len..(a + 1) * len]);
+                        base::simd::prefetch(&p.pushes[n as usize].grads[t][b * dim..(b + 1) * dim]);
+                    }
+                    let (n, a, b) = matches[m];
+                    let (push, a, b) = (p.pushes[n as usize], a as usize, b as usize);
+                    // The servers multiply by the inverse (and skip a scale of 1): the same f32 arithmetic.
+                    let (scale, inv) = (push.scale, 1.0 / push.scale);
+                    let src = &push.grads[t][b * dim..(b + 1) * dim];
                     for (d, &x) in grad.iter_mut().zip(src) {
-                        *d = if p.scale != 1.0 { x * inv } else { x };
+                        *d = if scale != 1.0 { x * inv } else { x };
                     }
                     if grad.iter().all(|x| x.is_finite()) {
-                        let (row, state) = (&mut w[a * dim..(a + 1) * dim], &mut st[a * len..(a + 1) * len]);
+                        let row = &mut w[a * dim..(a + 1) * dim];
+                        let state = &mut st[a * len..(a + 1) * len];
                         optimizer::update(p.opt, p.reg, row, state, grad);
                         p.codec.round_updated(p.target.unique(t)[a], row, state);
                         *updated += 1;
                     }
                 }
-                i += usize::from(x <= y);
-                j += usize::from(y <= x);
             }
         }
     }
@@ -228,7 +315,14 @@ mod tests {
                 .collect();
             let mut replayer = Replayer::new(&configs);
             // Pull batch "target" now, then push three batches overlapping it, then replay.
-            let target = plan(&[[1, 2], [3, 2], [5, 9], [1, 4], [11, 12]], &map);
+            // Batches of 60 samples over few ids, so that most ids recur in every batch and the blocks
+            // below end in the middle of every push's ids.
+            let batch = |n: u64| -> Vec<[u64; 2]> {
+                (0..60u64)
+                    .map(|i| [(i * 7 + n * 3) % 41, (i * 5 + n) % 29 + 100])
+                    .collect()
+            };
+            let target = plan(&batch(0), &map);
             let pull = |p: &Plan| -> (Vec<Vec<f32>>, Vec<Vec<f32>>) {
                 let (mut rows, mut state) = (Vec::new(), Vec::new());
                 for (t, table) in tables.iter().enumerate() {
@@ -242,12 +336,14 @@ mod tests {
                 (rows, state)
             };
             let (mut rows, mut state) = pull(&target);
+            let before = (rows.clone(), state.clone());
             let pushes = [
-                plan(&[[1, 2], [7, 2], [5, 8]], &map),
-                plan(&[[3, 4], [1, 9], [13, 2]], &map),
-                plan(&[[5, 5], [1, 12]], &map),
+                plan(&batch(1), &map),
+                plan(&batch(2), &map),
+                plan(&batch(3), &map),
             ];
             let scale = 4.0;
+            let mut all_grads = Vec::new();
             for (n, pushed) in pushes.iter().enumerate() {
                 let grads: Vec<Vec<f32>> = (0..2)
                     .map(|t| {
@@ -264,7 +360,13 @@ mod tests {
                     g.iter_mut().for_each(|x| *x *= 1.0 / scale);
                     table.apply(pushed.unique(t), &g).unwrap();
                 }
-                replayer.replay(&target, &mut rows, &mut state, pushed, &grads, scale);
+                let one = Push {
+                    plan: pushed,
+                    grads: &grads,
+                    scale,
+                };
+                replayer.replay(&target, &mut rows, &mut state, &[one]);
+                all_grads.push(grads);
             }
             let (want_rows, want_state) = pull(&target);
             let bits =
@@ -275,6 +377,20 @@ mod tests {
                 bits(&want_state),
                 "{optimizer:?} {precision:?}"
             );
+            // All three pushes in one call, in blocks of 1, 3 and 10 rows and the default size: the same bits.
+            let all: Vec<Push<'_>> = pushes
+                .iter()
+                .zip(&all_grads)
+                .map(|(plan, grads)| Push { plan, grads, scale })
+                .collect();
+            let row_bytes = 4 * (3 + configs[0].optimizer.state_len(3));
+            for block_bytes in [row_bytes, 3 * row_bytes, 10 * row_bytes, REPLAY_BLOCK_BYTES] {
+                let (mut rows, mut state) = before.clone();
+                replayer.replay_blocks(&target, &mut rows, &mut state, &all, block_bytes);
+                let what = format!("{optimizer:?} {precision:?}, blocks of {block_bytes} bytes");
+                assert_eq!(bits(&rows), bits(&want_rows), "{what}");
+                assert_eq!(bits(&state), bits(&want_state), "{what}");
+            }
             assert_eq!(replayer.state_len(0, 3), configs[0].optimizer.state_len(3));
         }
     }
@@ -312,61 +428,89 @@ mod perf {
     #[test]
     #[ignore]
     fn replay_cost_per_batch() {
-        let (b, tables, dim, k) = (2048, 26, 16, 4);
-        let map = ShardMap::new(2);
-        let config = |t: usize| TableConfig {
-            optimizer: OptimizerConfig::RowAdagrad {
-                lr: 0.05,
-                eps: 1e-8,
-                initial_accumulator: 0.0,
-            },
-            init: InitConfig::uniform(0.05),
-            seed: t as u64,
-            ..TableConfig::new(t as u32, format!("C{}", t + 1), dim)
+        // (ids per table per batch, dim, optimizer, pushes in flight): the Kaggle demo's one-hot tables at
+        // k = 4, and DLRM-v2-like tables (dim 128, Adagrad, 8 ids per sample and table) at k = 2.
+        let adagrad = OptimizerConfig::Adagrad {
+            lr: 0.05,
+            eps: 1e-8,
+            initial_accumulator: 0.0,
         };
-        let configs: Vec<_> = (0..tables).map(config).collect();
-        let mut replayer = Replayer::new(&configs);
-        let plans: Vec<Plan> = (0..=k as u64)
-            .map(|s| {
-                let mut p = Plan::default();
-                p.build(&batch(s, b, tables), dim, &map);
-                p
-            })
-            .collect();
-        let emb_grad: Vec<f32> = (0..b * tables * dim).map(|i| (i as f32).sin()).collect();
-        let mut grads: Vec<Vec<Vec<f32>>> = vec![Vec::new(); k];
-        let target = &plans[k];
-        let unique = target.unique_ids();
-        let mut rows: Vec<Vec<f32>> = (0..tables)
-            .map(|t| vec![0.01; target.unique(t).len() * dim])
-            .collect();
-        let mut state: Vec<Vec<f32>> = (0..tables)
-            .map(|t| vec![1.0; target.unique(t).len()])
-            .collect();
-        let reps = 50;
-        let t0 = Instant::now();
-        for _ in 0..reps {
-            plans[0].reduce_gradients(&emb_grad, 2048.0, &mut grads[0]);
-        }
-        let reduce = t0.elapsed().as_secs_f64() / reps as f64;
-        for j in 1..k {
-            plans[j].reduce_gradients(&emb_grad, 2048.0, &mut grads[j]);
-        }
-        let t0 = Instant::now();
-        let mut replayed = 0;
-        for _ in 0..reps {
-            for j in 0..k {
-                replayed +=
-                    replayer.replay(target, &mut rows, &mut state, &plans[j], &grads[j], 2048.0);
+        let row_adagrad = OptimizerConfig::RowAdagrad {
+            lr: 0.05,
+            eps: 1e-8,
+            initial_accumulator: 0.0,
+        };
+        for (b, dim, optimizer, k) in [(2048, 16, row_adagrad, 4), (2048 * 8, 128, adagrad, 2)] {
+            let tables = 26;
+            let map = ShardMap::new(2);
+            let config = |t: usize| TableConfig {
+                optimizer,
+                init: InitConfig::uniform(0.05),
+                seed: t as u64,
+                ..TableConfig::new(t as u32, format!("C{}", t + 1), dim)
+            };
+            let configs: Vec<_> = (0..tables).map(config).collect();
+            let mut replayer = Replayer::new(&configs);
+            let plans: Vec<Plan> = (0..=k as u64)
+                .map(|s| {
+                    let mut p = Plan::default();
+                    p.build(&batch(s, b, tables), dim, &map);
+                    p
+                })
+                .collect();
+            let emb_grad: Vec<f32> = (0..b * tables * dim).map(|i| (i as f32).sin()).collect();
+            let mut grads: Vec<Vec<Vec<f32>>> = vec![Vec::new(); k];
+            let target = &plans[k];
+            let unique = target.unique_ids();
+            let len = optimizer.state_len(dim);
+            let mut rows: Vec<Vec<f32>> = (0..tables)
+                .map(|t| vec![0.01; target.unique(t).len() * dim])
+                .collect();
+            let mut state: Vec<Vec<f32>> = (0..tables)
+                .map(|t| vec![1.0; target.unique(t).len() * len])
+                .collect();
+            let reps = 10;
+            let t0 = Instant::now();
+            for _ in 0..reps {
+                plans[0].reduce_gradients(&emb_grad, 2048.0, &mut grads[0]);
             }
+            let reduce = t0.elapsed().as_secs_f64() / reps as f64;
+            for j in 1..k {
+                plans[j].reduce_gradients(&emb_grad, 2048.0, &mut grads[j]);
+            }
+            let pushes: Vec<Push<'_>> = plans[..k]
+                .iter()
+                .zip(&grads)
+                .map(|(plan, grads)| Push {
+                    plan,
+                    grads,
+                    scale: 2048.0,
+                })
+                .collect();
+            // Interleaved: one call per push (a pass over the rows each), then all pushes in one call.
+            let (mut apart, mut together, mut replayed) = (Vec::new(), Vec::new(), 0);
+            for _ in 0..reps {
+                let t0 = Instant::now();
+                for p in &pushes {
+                    replayer.replay(target, &mut rows, &mut state, std::slice::from_ref(p));
+                }
+                apart.push(t0.elapsed().as_secs_f64());
+                let t0 = Instant::now();
+                replayed = replayer.replay(target, &mut rows, &mut state, &pushes);
+                together.push(t0.elapsed().as_secs_f64());
+            }
+            let median = |v: &mut Vec<f64>| {
+                v.sort_by(f64::total_cmp);
+                v[v.len() / 2] * 1e3
+            };
+            println!(
+                "{b} ids x {tables} tables, dim {dim}, {optimizer:?}: {unique} unique ids; reduce (sum per \
+                 unique id) {:.2} ms; replay of {k} pushes: one call per push {:.2} ms, one call {:.2} ms \
+                 ({replayed} row updates)",
+                reduce * 1e3,
+                median(&mut apart),
+                median(&mut together),
+            );
         }
-        let replay = t0.elapsed().as_secs_f64() / reps as f64;
-        println!(
-            "batch {b} x {tables} tables, dim {dim}: {unique} unique ids; reduce (sum per unique id) {:.2} ms; \
-             replay of {k} pushes {:.2} ms ({} rows updated per batch)",
-            reduce * 1e3,
-            replay * 1e3,
-            replayed / reps
-        );
     }
 }

@@ -17,6 +17,7 @@ use crate::metrics as m;
 use crate::step::dense_sync::DenseSync;
 use crate::step::exchange::{pull_all, pull_parts, push_all, PartReplies, Replies};
 use crate::step::push::{PushEncoder, PushRecord};
+use crate::step::replay::Push;
 use crate::timing::{Phase, Stopwatch};
 use protocol::plan::{PartReply, Plan};
 
@@ -174,20 +175,21 @@ impl<D: Dialer> Trainer<D> {
             (stage.replay, &mut self.replayer, stage.needed)
         {
             let started = Instant::now();
-            let mut rows = 0;
-            for (_, r) in in_flight
+            let pushes: Vec<Push<'_>> = in_flight
                 .iter()
                 .filter(|(j, _)| needed <= *j && *j < stage.index)
-            {
-                rows += replayer.replay(
-                    &stage.plan,
-                    &mut self.unique_rows,
-                    &mut self.unique_state,
-                    &r.plan,
-                    &r.grads,
-                    r.scale,
-                );
-            }
+                .map(|(_, r)| Push {
+                    plan: &r.plan,
+                    grads: &r.grads,
+                    scale: r.scale,
+                })
+                .collect();
+            let rows = replayer.replay(
+                &stage.plan,
+                &mut self.unique_rows,
+                &mut self.unique_state,
+                &pushes,
+            );
             metrics::counter!(m::ROWS_REPLAYED_TOTAL).increment(rows as u64);
             metrics::histogram!(m::REPLAY_SECONDS).record(started.elapsed().as_secs_f64());
         }
