@@ -35,8 +35,10 @@ pub enum Phase {
     /// Waiting for pushes to be acknowledged: the staleness gate in front of a pull, the synchronous wait of
     /// several trainers, and the last pushes at the end of a pass.
     AckWait,
-    /// Pulled rows into the model's layout: decoding, replay of pushes in flight, gather and pooling.
+    /// Pulled rows into the model's layout: decoding, gather and pooling.
     Gather,
+    /// The trainer's own pushes still in flight replayed onto the pulled rows (staleness > 0).
+    Replay,
     /// The dense model's forward pass (with the weights' bf16 packing).
     Forward,
     /// The dense model's backward pass.
@@ -52,12 +54,13 @@ pub enum Phase {
 }
 
 /// Every phase, in report order.
-pub const PHASES: [Phase; 11] = [
+pub const PHASES: [Phase; 12] = [
     Phase::Input,
     Phase::Plan,
     Phase::PullWait,
     Phase::AckWait,
     Phase::Gather,
+    Phase::Replay,
     Phase::Forward,
     Phase::Backward,
     Phase::Optimizer,
@@ -75,6 +78,7 @@ impl Phase {
             Phase::PullWait => "pull_wait",
             Phase::AckWait => "ack_wait",
             Phase::Gather => "gather",
+            Phase::Replay => "replay",
             Phase::Forward => "forward",
             Phase::Backward => "backward",
             Phase::Optimizer => "optimizer",
@@ -449,7 +453,10 @@ impl TimeReport {
             ("input (reader and planner)", c.get(Phase::Input)),
             (
                 "embedding rows on the trainer",
-                c.get(Phase::Plan) + c.get(Phase::Gather) + c.get(Phase::Push),
+                c.get(Phase::Plan)
+                    + c.get(Phase::Gather)
+                    + c.get(Phase::Replay)
+                    + c.get(Phase::Push),
             ),
         ];
         let (name, secs) = groups

@@ -133,7 +133,8 @@ impl<D: Dialer> Trainer<D> {
     /// Waits for a stage's rows and lays them out as the model's input in `self.emb` (and sets the dense
     /// parameters when they come from the servers). Pushes of `in_flight` (by pass index) that the rows lack
     /// are replayed on them first. With `watch`, the wait is charged to [`Phase::PullWait`] (the part of it
-    /// before the staleness gate opened to [`Phase::AckWait`]) and the layout work to [`Phase::Gather`].
+    /// before the staleness gate opened to [`Phase::AckWait`]), the replay to [`Phase::Replay`] and the layout
+    /// work to [`Phase::Gather`].
     pub(super) async fn receive(
         &mut self,
         stage: &mut Stage,
@@ -171,6 +172,9 @@ impl<D: Dialer> Trainer<D> {
             let from = format!("rows from server {}", self.client.addr(s));
             return Err(TrainError::servers(from)(e));
         }
+        if let Some(w) = watch.as_deref_mut() {
+            w.lap(Phase::Gather);
+        }
         if let (true, Some(replayer), Some(needed)) =
             (stage.replay, &mut self.replayer, stage.needed)
         {
@@ -192,6 +196,9 @@ impl<D: Dialer> Trainer<D> {
             );
             metrics::counter!(m::ROWS_REPLAYED_TOTAL).increment(rows as u64);
             metrics::histogram!(m::REPLAY_SECONDS).record(started.elapsed().as_secs_f64());
+            if let Some(w) = watch.as_deref_mut() {
+                w.lap(Phase::Replay);
+            }
         }
         stage
             .plan
