@@ -409,8 +409,8 @@ impl Plan {
             self.split_answer(k, a, &mut by_table, &mut state_len)
                 .map_err(|e| (k, e))?;
         }
-        unique_rows.resize_with(tables.max(unique_rows.len()), Vec::new);
-        unique_state.resize_with(tables.max(unique_state.len()), Vec::new);
+        unique_rows.resize_with(tables, Vec::new);
+        unique_state.resize_with(tables, Vec::new);
         for t in 0..tables {
             let n = self.unique[t].len();
             unique_rows[t].resize(n * self.dim(t), 0.0);
