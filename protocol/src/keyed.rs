@@ -14,7 +14,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use tokio::task::JoinSet;
 
-use crate::compression::codec::{decode_rows, encode_rows, Encoding};
+use crate::compression::codec::{decode_rows_at, encode_rows, Encoding};
 use crate::error::ProtocolError;
 use crate::routing::ShardMap;
 use crate::transport::Dialer;
@@ -77,22 +77,8 @@ impl KeyedPlan {
         dim: usize,
         unique_rows: &mut [f32],
     ) -> Result<(), ProtocolError> {
-        let pos = &self.by_server[server];
-        let row_bytes = encoding.row_bytes(dim);
-        if rows.len() != pos.len() * row_bytes {
-            return Err(ProtocolError::BadPayload(format!(
-                "{encoding} rows section of {} bytes, expected {} ({} rows of dim {dim})",
-                rows.len(),
-                pos.len() * row_bytes,
-                pos.len()
-            )));
-        }
         // Each row decoded straight into its place (no scratch buffer to zero and copy from).
-        for (&p, bytes) in pos.iter().zip(rows.chunks_exact(row_bytes.max(1))) {
-            let p = p as usize * dim;
-            decode_rows(bytes, dim, encoding, &mut unique_rows[p..p + dim])?;
-        }
-        Ok(())
+        decode_rows_at(rows, dim, encoding, &self.by_server[server], unique_rows)
     }
 
     /// Copies the unique rows to every caller position: `out` is `ids.len() x dim`.

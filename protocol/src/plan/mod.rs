@@ -18,7 +18,7 @@ use crate::compression::codec;
 use crate::compression::feedback::ResidualStore;
 use crate::wire::ids::IdCoding;
 use crate::wire::message::pull::IdSections;
-use crate::wire::message::pull_with_state::get_state;
+use crate::wire::message::pull_with_state::get_state_at;
 use crate::{Encoding, ProtocolError, ShardMap, TableCount};
 use base::multiversion;
 
@@ -426,25 +426,11 @@ impl Plan {
             .try_for_each(|(t, ((rows, state), sections))| {
                 let (dim, len) = (self.dim(t), state_len[t].unwrap_or(0));
                 for s in sections {
-                    let row_bytes = s.encoding.row_bytes(dim);
                     let positions = &self.by_server[s.server][t];
-                    for (k, &p) in positions.iter().enumerate() {
-                        let p = p as usize;
-                        let bytes = &s.rows[k * row_bytes..(k + 1) * row_bytes];
-                        codec::decode_rows(
-                            bytes,
-                            dim,
-                            s.encoding,
-                            &mut rows[p * dim..(p + 1) * dim],
-                        )
+                    codec::decode_rows_at(s.rows, dim, s.encoding, positions, rows)
                         .map_err(|e| (s.answer, e))?;
-                    }
                     if !s.state.is_empty() {
-                        for (k, &p) in positions.iter().enumerate() {
-                            let p = p as usize;
-                            let bytes = &s.state[k * 4 * len..(k + 1) * 4 * len];
-                            get_state(bytes, &mut state[p * len..(p + 1) * len]);
-                        }
+                        get_state_at(s.state, len, positions, state).map_err(|e| (s.answer, e))?;
                     }
                 }
                 Ok(())

@@ -8,9 +8,9 @@
 //! | --- | --- |
 //! | client, request | [`super::pull::IdSections`], then [`request`] |
 //! | server | [`super::pull::decode`]; rows, then [`put_state`] per row |
-//! | client, reply | [`split_reply`], then [`get_state`] per row |
+//! | client, reply | [`split_reply`], then [`get_state_at`] per table |
 
-use crate::compression::codec::Encoding;
+use crate::compression::codec::{decode_rows_at, Encoding};
 use crate::error::ProtocolError;
 use crate::wire::layout::{check_len, PayloadLayout, TableCount};
 use crate::wire::message::Request;
@@ -29,11 +29,15 @@ pub fn put_state(state: &[f32], out: &mut Vec<u8>) {
     out.extend(state.iter().flat_map(|v| v.to_le_bytes()));
 }
 
-/// Reads `out.len()` f32 of state from the start of `bytes` (which must hold them).
-pub fn get_state(bytes: &[u8], out: &mut [f32]) {
-    for (d, b) in out.iter_mut().zip(bytes.chunks_exact(4)) {
-        *d = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-    }
+/// Reads the state of `positions.len()` rows, `len` f32 each (`bytes` holds exactly them), into `out`
+/// (`[rows x len]`), row `k`'s at row `positions[k]`: straight into a batch's unique rows, as their rows.
+pub fn get_state_at(
+    bytes: &[u8],
+    len: usize,
+    positions: &[u32],
+    out: &mut [f32],
+) -> Result<(), ProtocolError> {
+    decode_rows_at(bytes, len, Encoding::F32, positions, out)
 }
 
 /// Splits a reply's payload into its rows and its state, after checking its length against the request's
@@ -78,8 +82,10 @@ mod tests {
         let (rows, state) = split_reply(&tables, Encoding::F32, &[1, 0], &payload).unwrap();
         assert_eq!((rows.len(), state.len()), (24, 8));
         let mut back = [0.0; 2];
-        get_state(state, &mut back);
-        assert_eq!(back, [1.5, 2.5]);
+        get_state_at(state, 1, &[1, 0], &mut back).unwrap();
+        assert_eq!(back, [2.5, 1.5]);
+        assert!(get_state_at(state, 1, &[0, 2], &mut back).is_err());
+        assert!(get_state_at(&state[1..], 1, &[1, 0], &mut back).is_err());
         assert!(split_reply(&tables, Encoding::F32, &[1, 1], &payload).is_err());
         assert!(split_reply(&tables, Encoding::F32, &[1], &payload).is_err());
     }
