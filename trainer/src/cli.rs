@@ -104,6 +104,7 @@ fn run_cli(cli: Cli) -> anyhow::Result<i32> {
         }
         Command::Demo(args) => {
             let json = args.summary_json.clone();
+            run::compute_pool();
             let summary = run_demo(*args)?;
             print!("{}", summary.render());
             if let Some(path) = json {
@@ -117,6 +118,7 @@ fn run_cli(cli: Cli) -> anyhow::Result<i32> {
                 None => args.model.clone(),
             };
             pin_to_cpus(&args.cpus)?;
+            run::compute_pool();
             let inputs = Inputs {
                 train: args.train.clone(),
                 test: args.test.clone(),
