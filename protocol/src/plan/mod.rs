@@ -671,14 +671,24 @@ multiversion! {
     /// these row moves ran one float at a time).
     fn gather_part(plan: &Plan, unique_rows: &[Vec<f32>], first: usize, part: &mut [f32]) {
         let shape = &plan.shape;
+        // What each feature reads, looked up once per part rather than once per sample.
+        let features: Vec<_> = shape
+            .layout
+            .features
+            .iter()
+            .enumerate()
+            .map(|(f, feature)| {
+                let t = feature.table;
+                let at = shape.offset[f]..shape.offset[f] + shape.layout.dims[t];
+                let inverse = &plan.inverse[t][plan.base[f]..];
+                (at, &unique_rows[t][..], inverse, &plan.offsets[f][..], feature.mean)
+            })
+            .collect();
         for (k, sample) in part.chunks_exact_mut(shape.width).enumerate() {
             let i = first + k;
-            for (f, feature) in shape.layout.features.iter().enumerate() {
-                let t = feature.table;
-                let dst = &mut sample[shape.offset[f]..][..shape.layout.dims[t]];
-                let (from, to) = bags::bag(&plan.offsets[f], i);
-                let inverse = &plan.inverse[t][plan.base[f]..];
-                bags::pool_into(dst, &unique_rows[t], inverse, (from, to), feature.mean);
+            for (at, rows, inverse, offsets, mean) in &features {
+                let dst = &mut sample[at.clone()];
+                bags::pool_into(dst, rows, inverse, bags::bag(offsets, i), *mean);
             }
         }
     }
