@@ -219,6 +219,13 @@ pub fn decode_rows(
             bytes.len(),
         )));
     }
+    decode_run(bytes, dim, enc, out);
+    Ok(())
+}
+
+/// Decodes whole rows of `dim` elements in `enc` (lengths already checked by the caller) into `out`.
+#[inline]
+fn decode_run(bytes: &[u8], dim: usize, enc: Encoding, out: &mut [f32]) {
     match enc {
         Encoding::F32 => {
             for (o, c) in out.iter_mut().zip(bytes.chunks_exact(4)) {
@@ -242,8 +249,8 @@ pub fn decode_rows(
             }
         }
         Encoding::Int8 => {
-            if rows == 0 {
-                return Ok(());
+            if dim == 0 {
+                return;
             }
             for (o, c) in out
                 .chunks_exact_mut(dim)
@@ -256,7 +263,6 @@ pub fn decode_rows(
             }
         }
     }
-    Ok(())
 }
 
 /// Decodes `positions.len()` rows of `dim` elements in `enc` from `bytes` into `out` (`[rows x dim]`), row `k`
@@ -288,33 +294,11 @@ pub fn decode_rows_at(
     if dim == 0 {
         return Ok(());
     }
-    let rows = positions.iter().zip(bytes.chunks_exact(row_bytes));
-    match enc {
-        Encoding::F32 => {
-            for (&p, b) in rows {
-                let o = &mut out[p as usize * dim..][..dim];
-                for (o, c) in o.iter_mut().zip(b.chunks_exact(4)) {
-                    *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-                }
-            }
-        }
-        Encoding::F16 => f16_rows_at(bytes, dim, positions, out),
-        Encoding::Bf16 => {
-            for (&p, b) in rows {
-                let o = &mut out[p as usize * dim..][..dim];
-                for (o, c) in o.iter_mut().zip(b.chunks_exact(2)) {
-                    *o = f32::from_bits(u32::from(u16::from_le_bytes([c[0], c[1]])) << 16);
-                }
-            }
-        }
-        Encoding::Int8 => {
-            for (&p, b) in rows {
-                let o = &mut out[p as usize * dim..][..dim];
-                let scale = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-                for (x, &q) in o.iter_mut().zip(&b[INT8_SCALE_BYTES..]) {
-                    *x = q as i8 as f32 * scale;
-                }
-            }
+    if enc == Encoding::F16 {
+        f16_rows_at(bytes, dim, positions, out);
+    } else {
+        for (&p, b) in positions.iter().zip(bytes.chunks_exact(row_bytes)) {
+            decode_run(b, dim, enc, &mut out[p as usize * dim..][..dim]);
         }
     }
     Ok(())
