@@ -112,6 +112,14 @@ impl DirtyBatch {
         &self.ids
     }
 
+    /// The bytes of row `i` (in insertion order).
+    ///
+    /// # Panics
+    /// If `i` is not below [`DirtyBatch::len`].
+    pub fn row(&self, i: usize) -> &[u8] {
+        &self.data[i * self.row_bytes..(i + 1) * self.row_bytes]
+    }
+
     /// The rows as (id, bytes), in insertion order.
     pub fn iter(&self) -> impl ExactSizeIterator<Item = (u64, &[u8])> + '_ {
         // `max(1)` keeps `chunks_exact` happy for zero-length rows, which no table produces.

@@ -47,7 +47,7 @@ fn meta_key(table: u32) -> String {
 pub struct FlushStats {
     /// Rows written.
     pub rows: usize,
-    /// Store write batches.
+    /// Store writes: batches of rows ([`Store::write_rows`]), or a whole table's rows ([`Store::write_sorted`]).
     pub batches: usize,
     /// Row bytes written (keys not counted).
     pub bytes: usize,
@@ -610,15 +610,59 @@ impl Engine {
         self.tables.read().values().map(|t| t.memory_bytes()).sum()
     }
 
-    /// Writes the rows that are dirty when the call starts, table by table, in store batches of
-    /// [`FLUSH_BATCH_ROWS`] rows (not synced), then calls [`Store::flush`]. Rows dirtied during the flush may
+    /// Writes the rows that are dirty when the call starts, table by table (not synced), then calls
+    /// [`Store::flush`]. A table without a memory budget is written whole, its rows in id order, with one
+    /// [`Store::write_sorted`] (RocksDB takes them as sorted files, bypassing its write-ahead log and
+    /// memtables: the periodic write-back of a large table was about half of a server's CPU through them,
+    /// bench/figures/issue-44.md section 9); a table with a budget, whose evicted rows are read back mostly
+    /// from the memtables, in store batches of [`FLUSH_BATCH_ROWS`] rows. Rows dirtied during the flush may
     /// or may not be included; they stay dirty for the next flush otherwise. If a write fails, its rows are
     /// marked dirty again and the error is returned. Concurrent calls run one after another.
     pub fn flush_dirty(&self) -> Result<FlushStats, EmbeddingError> {
         let mut batch = self.flush.lock();
         let tables: Vec<Arc<Table>> = self.tables.read().values().cloned().collect();
         let mut stats = FlushStats::default();
+        let mut ids = Vec::new();
         for table in tables {
+            if !table.has_budget() {
+                ids.clear();
+                table.take_dirty_ids(&mut ids);
+                if ids.is_empty() {
+                    continue;
+                }
+                ids.sort_unstable();
+                let mut order: Vec<usize> = Vec::new();
+                let mut bytes = 0usize;
+                let written = self.store.write_sorted(table.id(), &mut |put| {
+                    for chunk in ids.chunks(FLUSH_BATCH_ROWS) {
+                        // Rows come out stripe by stripe; the chunk's ids are ascending and above the last
+                        // chunk's, so sorting within it gives the store ascending ids.
+                        table.copy_rows(chunk, &mut batch);
+                        order.clear();
+                        order.extend(0..batch.len());
+                        let batch_ids = batch.ids();
+                        order.sort_unstable_by_key(|&i| batch_ids[i]);
+                        for &i in &order {
+                            put(batch_ids[i], batch.row(i))?;
+                        }
+                        bytes += batch.byte_len();
+                    }
+                    Ok(())
+                });
+                match written {
+                    Ok(n) => {
+                        stats.rows += n as usize;
+                        stats.batches += 1;
+                        stats.bytes += bytes;
+                    }
+                    Err(e) => {
+                        table.mark_dirty(&ids);
+                        tracing::warn!(table = table.id(), rows = ids.len(), error = %e, "write-back failed; rows stay dirty");
+                        return Err(e.into());
+                    }
+                }
+                continue;
+            }
             // Bounded by the dirty count at the start, so steady updates cannot keep the flush going forever.
             let mut budget = table.dirty_len();
             while budget > 0 {

@@ -113,6 +113,8 @@ pub use rocks_store::{
 };
 #[cfg(feature = "rocksdb")]
 pub use snapshot::{PushGuard, Snapshot, SnapshotError};
-pub use store::{GetFn, MetaWrite, ScanFn, Store, StoreMemory};
+pub use store::{
+    write_sorted_in_batches, GetFn, MetaWrite, PutFn, ScanFn, SortedRowsFn, Store, StoreMemory,
+};
 pub use table::{ApplyStats, GatherStats, PrefetchStats, Table, STRIPES};
 pub use weight_guard::{Guarded, WeightGuard};

@@ -54,6 +54,14 @@ impl Store for MemStore {
         Ok(())
     }
 
+    fn write_sorted(
+        &self,
+        table: u32,
+        rows: &mut crate::store::SortedRowsFn<'_>,
+    ) -> Result<u64, StoreError> {
+        crate::store::write_sorted_in_batches(self, table, rows)
+    }
+
     fn write_rows(&self, table: u32, rows: &DirtyBatch, _sync: bool) -> Result<(), StoreError> {
         if self.fail_writes.load(Ordering::Relaxed) {
             return Err(StoreError::Backend {

@@ -30,19 +30,30 @@
 //!   least as often as it writes.
 //!
 //! The measured effect of each choice is in bench/figures/history.md ("Ninth round").
+//!
+//! # Write-back as sorted files ([`Store::write_sorted`])
+//! The periodic write-back of a table without a memory budget writes every dirty row of it, often hundreds of
+//! thousands. Through write batches they went to the write-ahead log, into the hash memtables, and out again
+//! by memtable flushes that must first sort them (a hash memtable has no order: the flush rebuilds a skip list),
+//! about half of a server's CPU in a DLRM-v2 run (bench/figures/issue-44.md section 9). Instead the rows, in id
+//! order, go into SST files of at most [`INGEST_FILE_BYTES`] built with the column family's own options in
+//! [`INGEST_DIR`], which RocksDB then takes in (`IngestExternalFile`, files moved, all of one table at once):
+//! no log, no memtable, no flush, and the files are synced before they are added. A memtable holding ids in
+//! their range is flushed first, so the ingested rows are the newest. Eviction under a memory budget keeps
+//! write batches: its rows are read back soon, and from the memtable.
 
 use std::path::{Path, PathBuf};
 
 use parking_lot::Mutex;
 use rocksdb::{
     BlockBasedOptions, Cache, ColumnFamilyDescriptor, DBCompressionType, DBWithThreadMode,
-    DataBlockIndexType, MemtableFactory, MultiThreaded, Options, ReadOptions, SliceTransform,
-    WriteBatch, WriteOptions,
+    DataBlockIndexType, IngestExternalFileOptions, MemtableFactory, MultiThreaded, Options,
+    ReadOptions, SliceTransform, SstFileWriter, WriteBatch, WriteOptions,
 };
 
 use crate::batch::DirtyBatch;
 use crate::error::StoreError;
-use crate::store::{GetFn, MetaWrite, ScanFn, Store, StoreMemory};
+use crate::store::{check_ascending, GetFn, MetaWrite, ScanFn, SortedRowsFn, Store, StoreMemory};
 
 /// Column family holding metadata.
 const META_CF: &str = "meta";
@@ -60,6 +71,8 @@ pub struct RocksStore {
     /// The column families' names; its lock serializes column family creation (two `ensure_table` racing
     /// would both try to create it).
     column_families: Mutex<Vec<String>>,
+    /// Bytes of a [`Store::write_sorted`] file before the next begins ([`INGEST_FILE_BYTES`]; smaller in tests).
+    ingest_file_bytes: u64,
 }
 
 impl std::fmt::Debug for RocksStore {
@@ -179,6 +192,15 @@ fn cf_options(name: &str, tuning: RocksTuning, cache: &Cache) -> Options {
     o
 }
 
+/// Bytes of one sorted file of a [`Store::write_sorted`] before the next begins (RocksDB's default target size of
+/// a level-1 file): a write-back of more rows is several files with consecutive id ranges, ingested together.
+pub const INGEST_FILE_BYTES: u64 = 64 << 20;
+
+/// The folder, inside the database directory, where [`Store::write_sorted`] builds its files before RocksDB
+/// takes them in (moved, not copied: same filesystem). Emptied when the store opens (files of a write the
+/// process did not finish).
+pub const INGEST_DIR: &str = "ingest";
+
 /// Hash buckets of a table's memtable (8 bytes each, allocated with the memtable: 512 KiB; a full 64 MiB memtable
 /// of ~100-byte rows puts about 10 keys in a bucket).
 pub const HASH_BUCKETS: usize = 1 << 16;
@@ -247,6 +269,16 @@ impl RocksStore {
             .map(|n| ColumnFamilyDescriptor::new(n, cf_options(n, tuning, &cache)));
         let db = Db::open_cf_descriptors(&opts, &path, descriptors)
             .map_err(backend(format!("open {}", path.display())))?;
+        let ingest = path.join(INGEST_DIR);
+        if ingest.exists() {
+            std::fs::remove_dir_all(&ingest).map_err(|e| StoreError::Backend {
+                op: format!("open {}", path.display()),
+                detail: format!(
+                    "removing unfinished write-back files in {}: {e}",
+                    ingest.display()
+                ),
+            })?;
+        }
         tracing::info!(path = %path.display(), column_families = names.len(), ?tuning, "opened rocksdb");
         Ok(RocksStore {
             db,
@@ -254,6 +286,7 @@ impl RocksStore {
             tuning,
             cache,
             column_families: Mutex::new(names),
+            ingest_file_bytes: INGEST_FILE_BYTES,
         })
     }
 
@@ -279,6 +312,7 @@ impl RocksStore {
             tuning,
             cache,
             column_families: Mutex::new(names),
+            ingest_file_bytes: INGEST_FILE_BYTES,
         })
     }
 
@@ -289,6 +323,12 @@ impl RocksStore {
         self.db
             .flush_cf(&cf)
             .map_err(backend(format!("flush memtables of table {table}")))
+    }
+
+    /// Sets the size at which a [`Store::write_sorted`] begins a new file (tests of writes of several files).
+    #[cfg(test)]
+    pub(crate) fn set_ingest_file_bytes(&mut self, bytes: u64) {
+        self.ingest_file_bytes = bytes;
     }
 
     /// The database directory.
@@ -407,6 +447,68 @@ impl Store for RocksStore {
             "write_tables {:?}",
             tables.iter().map(|t| t.0).collect::<Vec<_>>()
         )))
+    }
+
+    fn write_sorted(&self, table: u32, rows: &mut SortedRowsFn<'_>) -> Result<u64, StoreError> {
+        let op = || format!("write_sorted table {table}");
+        #[cfg(feature = "failpoints")]
+        fail_write(op)?;
+        self.check_reserve(op)?;
+        let cf = self.table_cf(table)?;
+        let dir = self.path.join(INGEST_DIR);
+        std::fs::create_dir_all(&dir).map_err(|e| StoreError::Backend {
+            op: op(),
+            detail: format!("creating {}: {e}", dir.display()),
+        })?;
+        // The column family's own options, so the files have its block size, filters and block index.
+        let opts = cf_options(&cf_name(table), self.tuning, &self.cache);
+        let mut files: Vec<PathBuf> = Vec::new();
+        let result = (|| {
+            let mut writer: Option<SstFileWriter<'_>> = None;
+            let mut last = None;
+            let mut written = 0u64;
+            rows(&mut |id, bytes| {
+                check_ascending(table, last, id)?;
+                last = Some(id);
+                let w = match &mut writer {
+                    Some(w) => w,
+                    None => {
+                        self.check_reserve(op)?;
+                        let file = dir.join(format!("t{table}-{}.sst", files.len()));
+                        let w = SstFileWriter::create(&opts);
+                        w.open(&file).map_err(backend(op()))?;
+                        files.push(file);
+                        writer.insert(w)
+                    }
+                };
+                w.put(id.to_be_bytes(), bytes).map_err(backend(op()))?;
+                written += 1;
+                if w.file_size() >= self.ingest_file_bytes {
+                    if let Some(mut w) = writer.take() {
+                        w.finish().map_err(backend(op()))?;
+                    }
+                }
+                Ok(())
+            })?;
+            if let Some(mut w) = writer.take() {
+                w.finish().map_err(backend(op()))?;
+            }
+            if !files.is_empty() {
+                // Moved into the database (hard links), all files in one ingestion: all or nothing. Memtables
+                // holding ids in the files' ranges are flushed first, so the files' rows are the newest.
+                let mut io = IngestExternalFileOptions::default();
+                io.set_move_files(true);
+                self.db
+                    .ingest_external_file_cf_opts(&cf, &io, files.clone())
+                    .map_err(backend(op()))?;
+            }
+            Ok(written)
+        })();
+        // Whatever was not moved in (all of them after a failure; none after an ingestion, which unlinks them).
+        for f in &files {
+            let _ = std::fs::remove_file(f);
+        }
+        result
     }
 
     fn delete_rows(&self, table: u32, ids: &[u64]) -> Result<(), StoreError> {
@@ -594,6 +696,75 @@ mod tests {
     }
 
     crate::store_conformance::store_conformance_tests!(harness());
+
+    #[test]
+    fn write_sorted_in_several_files_and_leaves_none_behind() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = RocksStore::open(dir.path()).unwrap();
+        s.set_ingest_file_bytes(64 << 10);
+        s.ensure_table(1).unwrap();
+        let row = |id: u64| -> Vec<u8> {
+            (0..16u32)
+                .flat_map(|k| (id as f32 + k as f32).to_le_bytes())
+                .collect()
+        };
+        // 20,000 rows of 64 bytes: about twenty 64 KiB files, ingested in one go.
+        let n = s
+            .write_sorted(1, &mut |put| {
+                for id in (0..20_000u64).map(|i| i * 3) {
+                    put(id, &row(id))?;
+                }
+                Ok(())
+            })
+            .unwrap();
+        assert_eq!(n, 20_000);
+        let files = |d: &std::path::Path| std::fs::read_dir(d).map_or(0, |r| r.count());
+        assert_eq!(
+            files(&dir.path().join(INGEST_DIR)),
+            0,
+            "files left in the ingest folder"
+        );
+        let live = s.db.live_files().unwrap();
+        assert!(
+            live.iter().filter(|f| f.column_family_name == "t1").count() >= 10,
+            "{live:?}"
+        );
+        let mut seen = 0u64;
+        s.scan_rows(1, &mut |id, v| {
+            assert_eq!(id, seen * 3);
+            assert_eq!(v, &row(id)[..]);
+            seen += 1;
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(seen, 20_000);
+        // Point reads find them too (filters and the block hash index of the column family's options).
+        let mut found = Vec::new();
+        s.get_rows(1, &[3, 4, 59_997], &mut |i, v| {
+            found.push((i, v.map(<[u8]>::to_vec)));
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(
+            found,
+            vec![(0, Some(row(3))), (1, None), (2, Some(row(59_997)))]
+        );
+        // A failed write leaves no file either, and a file left by a process that died mid-write is removed
+        // when the store opens.
+        assert!(s
+            .write_sorted(1, &mut |put| {
+                put(1, &row(1))?;
+                put(0, &row(0))
+            })
+            .is_err());
+        assert_eq!(files(&dir.path().join(INGEST_DIR)), 0);
+        drop(s);
+        std::fs::create_dir_all(dir.path().join(INGEST_DIR)).unwrap();
+        std::fs::write(dir.path().join(INGEST_DIR).join("t1-0.sst"), b"half").unwrap();
+        let s = RocksStore::open(dir.path()).unwrap();
+        assert!(!dir.path().join(INGEST_DIR).exists());
+        assert_eq!(s.estimate_rows(1).unwrap(), 20_000);
+    }
 
     #[test]
     fn corrupt_key_is_an_error_not_a_panic() {

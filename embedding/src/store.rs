@@ -22,6 +22,13 @@ pub type ScanFn<'a> = dyn FnMut(u64, &[u8]) -> Result<(), StoreError> + 'a;
 /// Callback of [`Store::get_rows`]: called with each requested index and its value, if stored.
 pub type GetFn<'a> = dyn FnMut(usize, Option<&[u8]>) -> Result<(), StoreError> + 'a;
 
+/// What [`Store::write_sorted`] calls with each row: `(id, stored row bytes)`.
+pub type PutFn<'a> = dyn FnMut(u64, &[u8]) -> Result<(), StoreError> + 'a;
+
+/// The rows of a [`Store::write_sorted`]: called once, it passes each row to the [`PutFn`] it is given, in
+/// strictly ascending id order, and returns the first error the [`PutFn`] gave it (or its own).
+pub type SortedRowsFn<'a> = dyn FnMut(&mut PutFn<'_>) -> Result<(), StoreError> + 'a;
+
 /// A metadata change written with rows in one [`Store::write_tables`] batch: `Some` sets `key` to the value,
 /// `None` deletes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -69,6 +76,15 @@ pub trait Store: Send + Sync {
         }
         Ok(())
     }
+
+    /// Writes many rows of `table` at once, overwriting existing ids: the write-back of a table's dirty rows
+    /// ([`crate::Engine::flush_dirty`]). `rows` produces them in strictly ascending id order; a row out of
+    /// order fails the write with [`StoreError::Backend`] naming both ids. Returns the number of rows written.
+    /// Durable after the next [`Store::flush`]. [`crate::RocksStore`] writes them into sorted files beside the
+    /// database and ingests those (no write-ahead log, no memtable, no memtable flush: the rows reach the
+    /// on-disk levels directly), all or nothing; [`crate::MemStore`] uses [`write_sorted_in_batches`]. No
+    /// default: a wrapper that kept one would silently lose its inner store's way of writing.
+    fn write_sorted(&self, table: u32, rows: &mut SortedRowsFn<'_>) -> Result<u64, StoreError>;
 
     /// Deletes the rows of `ids` from `table` atomically (one write batch); ids without a stored row are
     /// ignored. Durable after the next [`Store::flush`]. Fails with [`StoreError::UnknownTable`] if `table` was
@@ -137,6 +153,54 @@ pub trait Store: Send + Sync {
     /// that keep nothing of their own (or cannot tell) keep this default: zeros.
     fn memory_usage(&self) -> StoreMemory {
         StoreMemory::default()
+    }
+}
+
+/// A [`Store::write_sorted`] through [`Store::write_rows`]: [`crate::FLUSH_BATCH_ROWS`] rows at a time, each
+/// batch atomic, not the whole.
+pub fn write_sorted_in_batches<S: Store + ?Sized>(
+    store: &S,
+    table: u32,
+    rows: &mut SortedRowsFn<'_>,
+) -> Result<u64, StoreError> {
+    let mut batch = DirtyBatch::new();
+    let mut written = 0u64;
+    let mut last: Option<u64> = None;
+    rows(&mut |id, bytes| {
+        check_ascending(table, last, id)?;
+        last = Some(id);
+        if batch.row_bytes() != bytes.len() {
+            if !batch.is_empty() {
+                store.write_rows(table, &batch, false)?;
+                written += batch.len() as u64;
+            }
+            batch.reset(bytes.len());
+        }
+        batch.push_bytes(id, bytes);
+        if batch.len() >= crate::FLUSH_BATCH_ROWS {
+            store.write_rows(table, &batch, false)?;
+            written += batch.len() as u64;
+            batch.reset(bytes.len());
+        }
+        Ok(())
+    })?;
+    if !batch.is_empty() {
+        store.write_rows(table, &batch, false)?;
+        written += batch.len() as u64;
+    }
+    Ok(written)
+}
+
+/// The check every [`Store::write_sorted`] makes of each id: strictly above the one before it (`last`).
+pub(crate) fn check_ascending(table: u32, last: Option<u64>, id: u64) -> Result<(), StoreError> {
+    match last {
+        Some(prev) if id <= prev => Err(StoreError::Backend {
+            op: format!("write_sorted table {table}"),
+            detail: format!(
+                "row {id} after row {prev}: rows must come in strictly ascending id order"
+            ),
+        }),
+        _ => Ok(()),
     }
 }
 

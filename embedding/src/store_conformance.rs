@@ -310,6 +310,91 @@ pub(crate) fn scan_ids_pages_in_id_order(h: &mut dyn Harness) {
     );
 }
 
+/// Feeds `rows` to a [`Store::write_sorted`] as they are (in the given order, ascending or not).
+fn write_sorted(s: &dyn Store, table: u32, rows: &[(u64, [f32; 2])]) -> Result<u64, StoreError> {
+    s.write_sorted(table, &mut |put| {
+        for (id, row) in rows {
+            put(*id, &le(*row))?;
+        }
+        Ok(())
+    })
+}
+
+pub(crate) fn write_sorted_overwrites_and_orders_with_other_writes(h: &mut dyn Harness) {
+    let s = h.open();
+    s.ensure_table(2).unwrap();
+    s.ensure_table(3).unwrap();
+    assert_eq!(write_sorted(&*s, 2, &[]).unwrap(), 0);
+    // Rows written the ordinary way first (RocksDB: in the memtable), some of them overwritten in between.
+    s.write_rows(
+        2,
+        &batch(&[(1, [1.0, 1.0]), (5, [5.0, 5.0]), (u64::MAX, [9.0, 9.0])]),
+        false,
+    )
+    .unwrap();
+    let rows: Vec<(u64, [f32; 2])> = (2..5000u64).map(|i| (i, [i as f32, -(i as f32)])).collect();
+    assert_eq!(write_sorted(&*s, 2, &rows).unwrap(), 4998);
+    let got = scan(&*s, 2);
+    assert_eq!(got.len(), 5000);
+    assert_eq!(got[0], (1, le([1.0, 1.0])));
+    assert_eq!(got[4], (5, le([5.0, -5.0])), "the later write wins");
+    assert_eq!(got[4999], (u64::MAX, le([9.0, 9.0])));
+    // A write after it wins over it, and other tables see nothing.
+    s.write_rows(2, &batch(&[(7, [0.5, 0.5])]), false).unwrap();
+    assert_eq!(scan(&*s, 2)[6], (7, le([0.5, 0.5])));
+    assert!(scan(&*s, 3).is_empty());
+    s.flush().unwrap();
+    drop(s);
+    let s = h.open();
+    let got = scan(&*s, 2);
+    assert_eq!(got.len(), 5000);
+    assert_eq!(got[4], (5, le([5.0, -5.0])));
+    assert_eq!(got[6], (7, le([0.5, 0.5])));
+    assert_eq!(got[4998], (4999, le([4999.0, -4999.0])));
+}
+
+pub(crate) fn write_sorted_refuses_rows_out_of_order(h: &mut dyn Harness) {
+    let s = h.open();
+    s.ensure_table(1).unwrap();
+    for bad in [
+        &[(3u64, [1.0f32, 1.0]), (2, [2.0, 2.0])][..],
+        &[(3, [1.0, 1.0]), (3, [2.0, 2.0])][..],
+    ] {
+        match write_sorted(&*s, 1, bad).unwrap_err() {
+            StoreError::Backend { op, detail } => {
+                assert_eq!(op, "write_sorted table 1");
+                assert!(
+                    detail.contains(&format!("row {} after row 3", bad[1].0)),
+                    "{detail}"
+                );
+            }
+            e => panic!("{e:?}"),
+        }
+    }
+    // Nothing of a refused write is stored, and an error of the rows' producer stops the write the same way.
+    assert!(scan(&*s, 1).is_empty());
+    let err = s
+        .write_sorted(1, &mut |put| {
+            put(1, &le([1.0, 1.0]))?;
+            Err(StoreError::CorruptValue {
+                table: 1,
+                id: 2,
+                len: 3,
+                expected: 8,
+            })
+        })
+        .unwrap_err();
+    assert!(
+        matches!(err, StoreError::CorruptValue { id: 2, .. }),
+        "{err:?}"
+    );
+    assert!(scan(&*s, 1).is_empty());
+    assert_eq!(
+        write_sorted(&*s, 8, &[(1, [0.0; 2])]).unwrap_err(),
+        StoreError::UnknownTable(8)
+    );
+}
+
 /// Instantiates every conformance test for the harness built by `$make`.
 macro_rules! store_conformance_tests {
     ($make:expr) => {
@@ -326,6 +411,8 @@ macro_rules! store_conformance_tests {
             delete_rows_removes_only_those_ids,
             estimate_rows_counts_written_rows,
             scan_ids_pages_in_id_order,
+            write_sorted_overwrites_and_orders_with_other_writes,
+            write_sorted_refuses_rows_out_of_order,
         );
     };
     (@each $make:expr; $($name:ident),* $(,)?) => {

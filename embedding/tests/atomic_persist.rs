@@ -38,6 +38,13 @@ impl Store for Recording {
             .push((tables.iter().map(|t| t.0).collect(), sync));
         self.inner.write_tables(tables, meta, sync)
     }
+    fn write_sorted(
+        &self,
+        table: u32,
+        rows: &mut embedding::SortedRowsFn<'_>,
+    ) -> Result<u64, StoreError> {
+        embedding::write_sorted_in_batches(self, table, rows)
+    }
     fn delete_rows(&self, table: u32, ids: &[u64]) -> Result<(), StoreError> {
         self.inner.delete_rows(table, ids)
     }

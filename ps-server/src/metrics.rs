@@ -52,7 +52,7 @@ pub const PROCESS_RESIDENT_BYTES: &str = "ps_process_resident_bytes";
 pub const ALLOCATOR_BYTES: &str = "ps_allocator_bytes";
 /// Rows written back to RocksDB.
 pub const WRITEBACK_ROWS_TOTAL: &str = "ps_writeback_rows_total";
-/// Write batches written to RocksDB.
+/// Writes of dirty rows to RocksDB: a write batch, or a whole table's rows as sorted files.
 pub const WRITEBACK_BATCHES_TOTAL: &str = "ps_writeback_batches_total";
 /// Duration of one write-back of all dirty rows.
 pub const WRITEBACK_SECONDS: &str = "ps_writeback_duration_seconds";
@@ -536,7 +536,7 @@ fn describe_writes() {
     describe_counter!(WRITEBACK_ROWS_TOTAL, "Dirty rows written back to RocksDB.");
     describe_counter!(
         WRITEBACK_BATCHES_TOTAL,
-        "RocksDB write batches of dirty rows."
+        "Writes of dirty rows to RocksDB: write batches (tables with a memory budget), or a whole table's rows ingested as sorted files."
     );
     describe_histogram!(
         WRITEBACK_SECONDS,

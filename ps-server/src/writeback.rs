@@ -79,6 +79,13 @@ impl<S: Store> Store for MeteredStore<S> {
     ) -> Result<(), StoreError> {
         self.0.write_tables(tables, meta, sync)
     }
+    fn write_sorted(
+        &self,
+        table: u32,
+        rows: &mut embedding::SortedRowsFn<'_>,
+    ) -> Result<u64, StoreError> {
+        self.0.write_sorted(table, rows)
+    }
     fn delete_rows(&self, table: u32, ids: &[u64]) -> Result<(), StoreError> {
         self.0.delete_rows(table, ids)
     }

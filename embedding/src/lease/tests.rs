@@ -29,6 +29,13 @@ impl Store for HeldStore {
     fn write_rows(&self, table: u32, rows: &DirtyBatch, sync: bool) -> Result<(), StoreError> {
         self.inner.write_rows(table, rows, sync)
     }
+    fn write_sorted(
+        &self,
+        table: u32,
+        rows: &mut crate::SortedRowsFn<'_>,
+    ) -> Result<u64, StoreError> {
+        crate::write_sorted_in_batches(self, table, rows)
+    }
     fn delete_rows(&self, table: u32, ids: &[u64]) -> Result<(), StoreError> {
         self.inner.delete_rows(table, ids)
     }

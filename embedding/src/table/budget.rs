@@ -181,6 +181,11 @@ impl Table {
             .map_or(0, |t| self.len().saturating_sub(t.budget))
     }
 
+    /// Whether the table has a memory budget (rows beyond it are evicted to the store and read back).
+    pub fn has_budget(&self) -> bool {
+        self.tier.is_some()
+    }
+
     /// Marks the table spilled (recovery stopped loading at the budget).
     pub(crate) fn mark_spilled(&self) {
         if let Some(t) = &self.tier {

@@ -40,6 +40,19 @@ impl Table {
         out.len()
     }
 
+    /// Clears every dirty flag and appends the ids of those rows to `out` (in no particular order): the first
+    /// half of a whole-table write-back, whose second copies the rows ([`Table::copy_rows`]). A row updated
+    /// in between is copied with its newer value and is dirty again, so it is written again next time. Same
+    /// call order as [`Table::take_dirty`] (give the ids back with [`Table::mark_dirty`] if the write fails).
+    pub fn take_dirty_ids(&self, out: &mut Vec<u64>) {
+        for stripe in &self.stripes {
+            let mut stripe = stripe.0.lock();
+            if stripe.dirty_count > 0 {
+                stripe.drain_dirty_ids(out);
+            }
+        }
+    }
+
     /// Appends the current full rows (weights then optimizer state) of those `ids` that are in memory to `out`,
     /// which is emptied first, leaving dirty flags alone: for synchronous persistence of a push
     /// ([`crate::Engine::persist`]). Each stripe lock is held only while its rows are copied. Returns the

@@ -219,6 +219,19 @@ impl Stripe {
         self.dirty_count -= taken;
     }
 
+    /// Appends the ids of every dirty row to `out` and clears their flags.
+    pub(super) fn drain_dirty_ids(&mut self, out: &mut Vec<u64>) {
+        for w in 0..self.dirty.len() {
+            let mut word = self.dirty[w];
+            while word != 0 {
+                out.push(self.arena.id(w * 64 + word.trailing_zeros() as usize));
+                word &= word - 1;
+            }
+            self.dirty[w] = 0;
+        }
+        self.dirty_count = 0;
+    }
+
     /// Heap bytes of the stripe: index buckets, arena, dirty and reference bits (capacity, not length).
     pub(super) fn allocated_bytes(&self) -> usize {
         self.index.allocation_size()

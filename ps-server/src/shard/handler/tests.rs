@@ -495,6 +495,13 @@ impl embedding::Store for FlakyStore {
         }
         self.inner.write_rows(table, rows, sync)
     }
+    fn write_sorted(
+        &self,
+        table: u32,
+        rows: &mut embedding::SortedRowsFn<'_>,
+    ) -> Result<u64, embedding::StoreError> {
+        embedding::write_sorted_in_batches(self, table, rows)
+    }
     fn delete_rows(&self, table: u32, ids: &[u64]) -> Result<(), embedding::StoreError> {
         self.inner.delete_rows(table, ids)
     }
