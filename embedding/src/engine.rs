@@ -35,6 +35,20 @@ use crate::table::{ApplyStats, GatherStats, Table};
 /// 272 KiB: large enough to amortize a RocksDB write, small enough to bound the time any stripe waits).
 pub const FLUSH_BATCH_ROWS: usize = 4096;
 
+/// Dirty ids a sorted write-back ([`Engine::flush_dirty`], [`Store::write_sorted`]) holds at once: 4 Mi ids,
+/// 32 MiB of ids (and the rows of one [`FLUSH_BATCH_ROWS`] chunk). A table with more dirty rows is written in
+/// several sorted writes, so a write-back's memory does not grow with the table.
+pub const SORTED_WRITE_ROWS: usize = 1 << 22;
+
+/// [`SORTED_WRITE_ROWS`], and 1,000 in this crate's tests, so that their write-backs take several rounds.
+const fn sorted_write_rows() -> usize {
+    if cfg!(test) {
+        1000
+    } else {
+        SORTED_WRITE_ROWS
+    }
+}
+
 /// Metadata key prefix of table configs: `table/<id>`.
 pub const TABLE_META_PREFIX: &str = "table/";
 
@@ -611,8 +625,8 @@ impl Engine {
     }
 
     /// Writes the rows that are dirty when the call starts, table by table (not synced), then calls
-    /// [`Store::flush`]. A table without a memory budget is written whole, its rows in id order, with one
-    /// [`Store::write_sorted`] (RocksDB takes them as sorted files, bypassing its write-ahead log and
+    /// [`Store::flush`]. A table without a memory budget is written in id order by [`Store::write_sorted`],
+    /// at most [`SORTED_WRITE_ROWS`] rows a call (RocksDB takes them as sorted files, bypassing its write-ahead log and
     /// memtables: the periodic write-back of a large table was about half of a server's CPU through them,
     /// bench/figures/issue-44.md section 9); a table with a budget, whose evicted rows are read back mostly
     /// from the memtables, in store batches of [`FLUSH_BATCH_ROWS`] rows. Rows dirtied during the flush may
@@ -625,40 +639,28 @@ impl Engine {
         let mut ids = Vec::new();
         for table in tables {
             if !table.has_budget() {
-                ids.clear();
-                table.take_dirty_ids(&mut ids);
-                if ids.is_empty() {
-                    continue;
-                }
-                ids.sort_unstable();
-                let mut order: Vec<usize> = Vec::new();
-                let mut bytes = 0usize;
-                let written = self.store.write_sorted(table.id(), &mut |put| {
-                    for chunk in ids.chunks(FLUSH_BATCH_ROWS) {
-                        // Rows come out stripe by stripe; the chunk's ids are ascending and above the last
-                        // chunk's, so sorting within it gives the store ascending ids.
-                        table.copy_rows(chunk, &mut batch);
-                        order.clear();
-                        order.extend(0..batch.len());
-                        let batch_ids = batch.ids();
-                        order.sort_unstable_by_key(|&i| batch_ids[i]);
-                        for &i in &order {
-                            put(batch_ids[i], batch.row(i))?;
+                // Bounded by the dirty count at the start, like the batches below, and at most
+                // SORTED_WRITE_ROWS ids held at once (each round its own sorted write).
+                let mut budget = table.dirty_len();
+                while budget > 0 {
+                    ids.clear();
+                    let n = table.take_dirty_ids(sorted_write_rows().min(budget), &mut ids);
+                    if n == 0 {
+                        break;
+                    }
+                    budget = budget.saturating_sub(n);
+                    let written = self.write_sorted(&table, &mut ids, &mut batch);
+                    match written {
+                        Ok((rows, bytes)) => {
+                            stats.rows += rows;
+                            stats.batches += 1;
+                            stats.bytes += bytes;
                         }
-                        bytes += batch.byte_len();
-                    }
-                    Ok(())
-                });
-                match written {
-                    Ok(n) => {
-                        stats.rows += n as usize;
-                        stats.batches += 1;
-                        stats.bytes += bytes;
-                    }
-                    Err(e) => {
-                        table.mark_dirty(&ids);
-                        tracing::warn!(table = table.id(), rows = ids.len(), error = %e, "write-back failed; rows stay dirty");
-                        return Err(e.into());
+                        Err(e) => {
+                            table.mark_dirty(&ids);
+                            tracing::warn!(table = table.id(), rows = ids.len(), error = %e, "write-back failed; rows stay dirty");
+                            return Err(e.into());
+                        }
                     }
                 }
                 continue;
@@ -689,6 +691,37 @@ impl Engine {
             "flushed dirty rows"
         );
         Ok(stats)
+    }
+
+    /// One sorted write of [`Engine::flush_dirty`]: sorts `ids` (taken dirty from `table`), copies their rows
+    /// [`FLUSH_BATCH_ROWS`] at a time through `batch`, and hands them to [`Store::write_sorted`] in id order.
+    /// Returns the rows written and their bytes.
+    fn write_sorted(
+        &self,
+        table: &Table,
+        ids: &mut [u64],
+        batch: &mut DirtyBatch,
+    ) -> Result<(usize, usize), StoreError> {
+        ids.sort_unstable();
+        let mut order: Vec<usize> = Vec::new();
+        let mut bytes = 0usize;
+        let rows = self.store.write_sorted(table.id(), &mut |put| {
+            for chunk in ids.chunks(FLUSH_BATCH_ROWS) {
+                // Rows come out stripe by stripe; the chunk's ids are ascending and above the last chunk's,
+                // so sorting within it gives the store ascending ids.
+                table.copy_rows(chunk, batch);
+                order.clear();
+                order.extend(0..batch.len());
+                let batch_ids = batch.ids();
+                order.sort_unstable_by_key(|&i| batch_ids[i]);
+                for &i in &order {
+                    put(batch_ids[i], batch.row(i))?;
+                }
+                bytes += batch.byte_len();
+            }
+            Ok(())
+        })?;
+        Ok((rows as usize, bytes))
     }
 }
 

@@ -40,17 +40,24 @@ impl Table {
         out.len()
     }
 
-    /// Clears every dirty flag and appends the ids of those rows to `out` (in no particular order): the first
-    /// half of a whole-table write-back, whose second copies the rows ([`Table::copy_rows`]). A row updated
-    /// in between is copied with its newer value and is dirty again, so it is written again next time. Same
-    /// call order as [`Table::take_dirty`] (give the ids back with [`Table::mark_dirty`] if the write fails).
-    pub fn take_dirty_ids(&self, out: &mut Vec<u64>) {
+    /// Clears the dirty flags of up to `max_rows` rows and appends their ids to `out` (in no particular order);
+    /// returns how many: the first half of a sorted write-back, whose second copies the rows
+    /// ([`Table::copy_rows`]). A row updated in between is copied with its newer value and is dirty again, so
+    /// it is written again next time. Same call order as [`Table::take_dirty`] (give the ids back with
+    /// [`Table::mark_dirty`] if the write fails).
+    pub fn take_dirty_ids(&self, max_rows: usize, out: &mut Vec<u64>) -> usize {
+        let start = out.len();
         for stripe in &self.stripes {
+            let left = max_rows - (out.len() - start);
+            if left == 0 {
+                break;
+            }
             let mut stripe = stripe.0.lock();
             if stripe.dirty_count > 0 {
-                stripe.drain_dirty_ids(out);
+                stripe.drain_dirty_ids(left, out);
             }
         }
+        out.len() - start
     }
 
     /// Appends the current full rows (weights then optimizer state) of those `ids` that are in memory to `out`,

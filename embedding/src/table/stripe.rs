@@ -219,17 +219,22 @@ impl Stripe {
         self.dirty_count -= taken;
     }
 
-    /// Appends the ids of every dirty row to `out` and clears their flags.
-    pub(super) fn drain_dirty_ids(&mut self, out: &mut Vec<u64>) {
+    /// Appends the ids of up to `max` dirty rows to `out` and clears their flags.
+    pub(super) fn drain_dirty_ids(&mut self, max: usize, out: &mut Vec<u64>) {
+        let mut taken = 0;
         for w in 0..self.dirty.len() {
+            if taken == max {
+                break;
+            }
             let mut word = self.dirty[w];
-            while word != 0 {
+            while word != 0 && taken < max {
                 out.push(self.arena.id(w * 64 + word.trailing_zeros() as usize));
                 word &= word - 1;
+                taken += 1;
             }
-            self.dirty[w] = 0;
+            self.dirty[w] = word;
         }
-        self.dirty_count = 0;
+        self.dirty_count -= taken;
     }
 
     /// Heap bytes of the stripe: index buckets, arena, dirty and reference bits (capacity, not length).

@@ -195,6 +195,34 @@ fn concurrent_sgd_updates_to_one_row_sum_exactly() {
 }
 
 #[test]
+fn take_dirty_ids_takes_at_most_max_rows_each_once() {
+    let t = Table::new(sgd(2, 1.0)).unwrap();
+    let ids: Vec<u64> = (0..1000).map(|i| i * 7 + 3).collect();
+    t.apply(&ids, &vec![1.0; 2000]).unwrap();
+    let mut seen = std::collections::HashSet::new();
+    let mut out = vec![u64::MAX];
+    for want in [300, 300, 300, 100, 0] {
+        let before = out.len();
+        assert_eq!(t.take_dirty_ids(300, &mut out), want);
+        assert_eq!(out.len() - before, want, "appends after what out held");
+        for &id in &out[before..] {
+            assert!(seen.insert(id), "id {id} taken twice");
+        }
+    }
+    assert_eq!(out[0], u64::MAX);
+    assert_eq!(seen.len(), 1000);
+    assert!(ids.iter().all(|id| seen.contains(id)));
+    assert_eq!(t.dirty_len(), 0);
+    // Updated again: dirty again; given back: dirty again.
+    t.apply(&[3], &[1.0; 2]).unwrap();
+    t.mark_dirty(&[10]);
+    let mut again = Vec::new();
+    assert_eq!(t.take_dirty_ids(10, &mut again), 2);
+    again.sort_unstable();
+    assert_eq!(again, [3, 10]);
+}
+
+#[test]
 fn take_dirty_drains_and_then_returns_zero() {
     let t = Table::new(sgd(3, 1.0)).unwrap();
     let ids: Vec<u64> = (0..1000).collect();
