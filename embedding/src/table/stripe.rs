@@ -202,25 +202,18 @@ impl Stripe {
 
     /// Moves up to `max` dirty rows into `out`, clearing their bits.
     pub(super) fn drain_dirty(&mut self, max: usize, out: &mut DirtyBatch) {
-        let mut taken = 0;
-        for w in 0..self.dirty.len() {
-            if taken == max {
-                break;
-            }
-            let mut word = self.dirty[w];
-            while word != 0 && taken < max {
-                let slot = w * 64 + word.trailing_zeros() as usize;
-                out.push_words(self.arena.id(slot), self.arena.row(slot));
-                word &= word - 1;
-                taken += 1;
-            }
-            self.dirty[w] = word;
-        }
-        self.dirty_count -= taken;
+        self.drain_dirty_slots(max, |arena, slot| {
+            out.push_words(arena.id(slot), arena.row(slot))
+        });
     }
 
     /// Appends the ids of up to `max` dirty rows to `out` and clears their flags.
     pub(super) fn drain_dirty_ids(&mut self, max: usize, out: &mut Vec<u64>) {
+        self.drain_dirty_slots(max, |arena, slot| out.push(arena.id(slot)));
+    }
+
+    /// Calls `f(arena, slot)` for up to `max` dirty slots, in slot order, clearing their bits.
+    fn drain_dirty_slots(&mut self, max: usize, mut f: impl FnMut(&Arena, usize)) {
         let mut taken = 0;
         for w in 0..self.dirty.len() {
             if taken == max {
@@ -228,7 +221,7 @@ impl Stripe {
             }
             let mut word = self.dirty[w];
             while word != 0 && taken < max {
-                out.push(self.arena.id(w * 64 + word.trailing_zeros() as usize));
+                f(&self.arena, w * 64 + word.trailing_zeros() as usize);
                 word &= word - 1;
                 taken += 1;
             }
