@@ -61,7 +61,8 @@ fn meta_key(table: u32) -> String {
 pub struct FlushStats {
     /// Rows written.
     pub rows: usize,
-    /// Store writes: batches of rows ([`Store::write_rows`]), or a whole table's rows ([`Store::write_sorted`]).
+    /// Store writes: batches of rows ([`Store::write_rows`]), or sorted writes of up to [`SORTED_WRITE_ROWS`]
+    /// rows of a table ([`Store::write_sorted`]).
     pub batches: usize,
     /// Row bytes written (keys not counted).
     pub bytes: usize,

@@ -37,7 +37,7 @@
 //! by memtable flushes that must first sort them (a hash memtable has no order: the flush rebuilds a skip list),
 //! about half of a server's CPU in a DLRM-v2 run (bench/figures/issue-44.md section 9). Instead the rows, in id
 //! order, go into SST files of at most [`INGEST_FILE_BYTES`] built with the column family's own options in
-//! [`INGEST_DIR`], which RocksDB then takes in (`IngestExternalFile`, files moved, all of one table at once):
+//! [`INGEST_DIR`], which RocksDB then takes in (`IngestExternalFile`, files moved, all of one call at once):
 //! no log, no memtable, no flush, and the files are synced before they are added. A memtable holding ids in
 //! their range is flushed first, so the ingested rows are the newest. Eviction under a memory budget keeps
 //! write batches: its rows are read back soon, and from the memtable.
