@@ -3,8 +3,11 @@
 pstrain parameter servers through ``pstrain.torchrec.EmbeddingBagCollection`` (row-wise Adagrad on the servers,
 staleness K with replay, prefetch of the next batch). Everything else is identical: TorchRec's ``DLRM`` module
 (bottom 13-512-256-64-16, dot interaction, top 512-256-1), dense Adam, the initial range of the rows, batches,
-evaluation. Prints and writes (``--summary-json``) samples/s, test AUC, and for pstrain the per-step cost of the
-PS path from ``stats()``.
+evaluation. Prints and writes (``--summary-json``) samples/s, test AUC, for pstrain the per-step cost of the
+PS path from ``stats()``, and the CPU the timed loop used: this process's (all its threads: torch's OpenMP workers,
+pstrain's I/O threads) and the local servers', in us per sample. On a shared machine the samples/s of one run move
+with other tenants' load; the CPU per sample moves much less, and on two saturated cores it is what bounds the
+rate (``cpu_cores``: CPU seconds over wall seconds, at most the cores).
 
     python bench/pytorch/torchrec_dlrm.py --mode torchrec --rows 300000
     python bench/pytorch/torchrec_dlrm.py --mode pstrain --staleness 2 --rows 300000
@@ -15,6 +18,7 @@ TorchRec's tables are indexed by row number; both modes see the same indices.
 
 import argparse
 import json
+import os
 import sys
 import time
 
@@ -36,6 +40,17 @@ def kjt_of(idx: np.ndarray) -> KeyedJaggedTensor:
     b = idx.shape[0]
     return KeyedJaggedTensor(keys=KEYS, values=torch.from_numpy(np.ascontiguousarray(idx.T).reshape(-1)),
                              lengths=torch.ones(26 * b, dtype=torch.int64))
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (``/proc/<pid>/stat``), 0 once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    # After the command's closing parenthesis: state is field 3, utime 14 and stime 15 (1-based, proc(5)).
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def main(argv=None):
@@ -96,6 +111,8 @@ def main(argv=None):
     steps = (n + b - 1) // b
     ytr_t, dtr_t = torch.from_numpy(ytr), torch.from_numpy(dtr)
     try:
+        server_pids = list(cluster.pids) if cluster is not None else []
+        cpu0 = time.process_time(), [cpu_seconds(p) for p in server_pids]
         start = time.perf_counter()
         nxt = kjt_of(idx_tr[0:b])
         for step in range(steps):
@@ -113,6 +130,8 @@ def main(argv=None):
         if a.mode == "pstrain":
             ebc.wait()
         seconds = time.perf_counter() - start
+        cpu_own = time.process_time() - cpu0[0]
+        cpu_servers = sum(cpu_seconds(p) - c for p, c in zip(server_pids, cpu0[1]))
         model.eval()
         with torch.no_grad():
             out = [model(torch.from_numpy(dte[s : s + 8192]), kjt_of(idx_te[s : s + 8192])).squeeze(1)
@@ -126,7 +145,9 @@ def main(argv=None):
             cluster.stop()
     summary = dict(mode=a.mode if a.mode == "torchrec" else f"pstrain K={a.staleness}", samples=n, steps=steps,
                    seconds=seconds, samples_per_sec=n / seconds, auc=exact_auc(yte, scores), torch=torch.__version__,
-                   threads=a.threads, encoding=a.encoding if a.mode == "pstrain" else "f32 (in process)")
+                   threads=a.threads, encoding=a.encoding if a.mode == "pstrain" else "f32 (in process)",
+                   cpu_us_per_sample=(cpu_own + cpu_servers) / n * 1e6, cpu_own_us_per_sample=cpu_own / n * 1e6,
+                   cpu_servers_us_per_sample=cpu_servers / n * 1e6, cpu_cores=(cpu_own + cpu_servers) / seconds)
     if stats:
         per = lambda k: stats[k] / steps * 1e3
         summary.update(pull_ms=per("pull_seconds"), push_ms=per("push_seconds"), pull_wait_ms=per("pull_wait_seconds"),
