@@ -9,10 +9,13 @@
 //! - [`rng`]: [`rng::SplitMix64`], the seeded generator (initial weights, generated data, fuzzers).
 //! - [`fuzz`]: what the structured fuzzers share (their size and seed from the environment, float edges).
 //! - [`simd`]: [`simd::isa`] and [`multiversion!`], one loop compiled for AVX-512, AVX2 and the baseline.
+//! - [`sched`]: the scheduling policy of helper threads ([`sched::enter_helper`]), so that their wake-ups do not
+//!   preempt the compute threads they serve.
 
 #![warn(missing_docs)]
 
 pub mod fuzz;
 pub mod hash;
 pub mod rng;
+pub mod sched;
 pub mod simd;

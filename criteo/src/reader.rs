@@ -231,6 +231,10 @@ impl BatchReader {
         let thread = std::thread::Builder::new()
             .name(format!("criteo-reader-{}", cfg.rank))
             .spawn(move || {
+                // A helper of the training loop (base::sched): it must not preempt the compute threads.
+                if let Err(e) = base::sched::enter_helper() {
+                    tracing::warn!(error = %e, "reader thread keeps the default scheduling policy");
+                }
                 let mut pipeline = Pipeline::new(&cfg, &thread_stop);
                 // Busy time: from the start (or the last hand-over) to the next full batch; the time blocked
                 // on a full queue is the consumer's, not the reader's. Two clock reads per batch.

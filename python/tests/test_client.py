@@ -3,6 +3,7 @@
 import os
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -231,3 +232,24 @@ def test_a_score_cap_keeps_the_rows_scored_highest():
         with pytest.raises(ValueError, match="max_rows or max_bytes"):
             c.register_table("y", 4, optimizer="row_adagrad", eviction={"policy": "score"})
         c.close()
+
+
+def test_io_threads_do_not_preempt_the_training_thread(client, table_name):
+    """The extension's I/O threads run as Linux SCHED_BATCH (``PSTRAIN_IO_SCHED``, batch by default): a request
+    the training thread hands them waits for a free core or the scheduler's tick instead of preempting that
+    thread or torch's workers. The thread calling the client keeps its own policy."""
+    if not sys.platform.startswith("linux"):
+        pytest.skip("scheduling policies are Linux's")
+    client.register_table(table_name, dim=4)
+    client.pull(table_name, np.arange(8, dtype=np.uint64))
+
+    def policy(tid):
+        with open(f"/proc/self/task/{tid}/stat") as f:
+            # Field 41 (1-based) of proc(5)'s stat: the policy; fields after the command's closing parenthesis.
+            return int(f.read().rsplit(")", 1)[1].split()[38])
+
+    io = [tid for tid in os.listdir("/proc/self/task")
+          if open(f"/proc/self/task/{tid}/comm").read().strip() == "pstrain-io"]
+    assert io, "no pstrain-io thread in this process"
+    assert {policy(tid) for tid in io} == {os.SCHED_BATCH}
+    assert policy(threading.get_native_id()) == os.SCHED_OTHER

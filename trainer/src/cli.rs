@@ -104,6 +104,7 @@ fn run_cli(cli: Cli) -> anyhow::Result<i32> {
         }
         Command::Demo(args) => {
             let json = args.summary_json.clone();
+            base::sched::set_helper_policy(args.job.helper_threads);
             run::compute_pool();
             let summary = run_demo(*args)?;
             print!("{}", summary.render());
@@ -118,6 +119,7 @@ fn run_cli(cli: Cli) -> anyhow::Result<i32> {
                 None => args.model.clone(),
             };
             pin_to_cpus(&args.cpus)?;
+            base::sched::set_helper_policy(args.job.helper_threads);
             run::compute_pool();
             let inputs = Inputs {
                 train: args.train.clone(),
@@ -157,5 +159,40 @@ pub fn main(args: impl IntoIterator<Item = OsString>) -> i32 {
             eprintln!("trainer: error: {e:#}");
             1
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `--helper-threads` takes `batch` (the default) or `normal`, and refuses anything else naming it.
+    #[test]
+    fn helper_threads_flag() {
+        let parse = |extra: &[&str]| {
+            let mut argv = vec![
+                "trainer",
+                "train",
+                "--ps",
+                "10.0.0.1:1",
+                "--tls-dir",
+                "t",
+                "--train",
+                "x",
+            ];
+            argv.extend_from_slice(extra);
+            Cli::try_parse_from(argv)
+        };
+        let policy = |cli: Cli| match cli.command {
+            Command::Train(a) => a.job.helper_threads,
+            _ => unreachable!(),
+        };
+        assert_eq!(policy(parse(&[]).unwrap()), base::sched::Policy::Batch);
+        let normal = parse(&["--helper-threads", "normal"]).unwrap();
+        assert_eq!(policy(normal), base::sched::Policy::Normal);
+        let e = parse(&["--helper-threads", "idle"])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("\"idle\""), "{e}");
     }
 }

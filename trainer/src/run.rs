@@ -57,6 +57,12 @@ pub struct JobArgs {
     /// Keep the dense parameters on the parameter servers (implied by --world > 1).
     #[arg(long)]
     pub dense_on_ps: bool,
+    /// Scheduling policy of the trainer's helper threads (I/O, plan, push encoder, reader): `batch` (Linux
+    /// SCHED_BATCH) lets a helper that wakes wait for a free core or the next scheduler tick instead of
+    /// preempting the training loop or a compute worker in the middle of a parallel step; `normal` is the
+    /// system's default. Batch was 12-17% faster on two shared cores (issue-44.md section 10).
+    #[arg(long, default_value_t = base::sched::Policy::Batch, env = "TRAINER_HELPER_THREADS")]
+    pub helper_threads: base::sched::Policy,
     /// Write a servable model (dense parameters, the servers' snapshot, the resolved model spec:
     /// docs/serving.md) into DIR/v<step> at every checkpoint, every --export-every steps and at the end
     /// (rank 0); DIR/LATEST names the newest.
@@ -722,6 +728,11 @@ pub fn compute_pool() {
         std::env::var("RAYON_NUM_THREADS").ok().as_deref(),
         available,
     ) else {
+        // Built here all the same rather than on first use: a pool first used by a helper thread would be
+        // spawned by it and inherit its batch policy (base::sched), and its worker computes.
+        if let Err(e) = rayon::ThreadPoolBuilder::new().build_global() {
+            tracing::debug!(error = %e, "global rayon pool already set up");
+        }
         return;
     };
     let built = rayon::ThreadPoolBuilder::new()
@@ -743,13 +754,23 @@ fn pool_threads(env: Option<&str>, available: usize) -> Option<usize> {
     (threads >= 2).then_some(threads)
 }
 
-/// The tokio runtime the trainer runs on.
+/// The tokio runtime the trainer runs on. Its threads are helpers ([`helper_thread`]); the training loop
+/// runs on the thread that calls `block_on`, which keeps its policy.
 pub fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("trainer-io")
+        .on_thread_start(helper_thread)
         .build()
         .context("start tokio runtime")
+}
+
+/// Gives the calling thread the helpers' scheduling policy (`--helper-threads`, [`base::sched`]); a refusal
+/// by the system is logged and the thread goes on with its policy.
+pub fn helper_thread() {
+    if let Err(e) = base::sched::enter_helper() {
+        tracing::warn!(error = %e, policy = %base::sched::helper_policy(), "helper thread keeps the default scheduling policy");
+    }
 }
 
 /// Installs the metrics recorder and serves /metrics on `addr`; returns the bound address.
@@ -793,6 +814,26 @@ mod tests {
         // Rayon reads 0 or a non-number as "the default".
         assert_eq!(pool_threads(Some("0"), 4), Some(4));
         assert_eq!(pool_threads(Some("lots"), 4), Some(4));
+    }
+
+    /// The runtime's threads are helpers: they take the helpers' policy (batch unless `--helper-threads`
+    /// says otherwise; no test of this crate sets another), while the thread that runs the loop in
+    /// `block_on` keeps its own.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn the_runtime_threads_are_helpers_and_the_loop_thread_is_not() {
+        use base::sched::{current, Policy};
+        std::thread::spawn(|| {
+            let rt = super::runtime().unwrap();
+            let (worker, caller) = rt.block_on(async {
+                let worker = tokio::spawn(async { current() }).await.unwrap();
+                (worker, current())
+            });
+            assert_eq!(worker, Policy::Batch);
+            assert_eq!(caller, Policy::Normal);
+        })
+        .join()
+        .unwrap();
     }
 
     /// What `compute_pool` relies on: in a pool built with the current thread, that thread is worker 0 and

@@ -126,7 +126,8 @@ fn trainer_command(
         cmd.args(["--max-steps", &args.job.max_steps.to_string()]);
     }
     cmd.args(["--epochs", &args.job.epochs().to_string()])
-        .args(["--shuffle-seed", &args.job.shuffle_seed.to_string()]);
+        .args(["--shuffle-seed", &args.job.shuffle_seed.to_string()])
+        .args(["--helper-threads", &args.job.helper_threads.to_string()]);
     // Always: the demo evaluates the model the servers hold once every trainer is done.
     cmd.arg("--dense-on-ps");
     if let Some(dir) = &args.job.tensorboard_dir {
