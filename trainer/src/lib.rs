@@ -20,6 +20,7 @@
 //! - [`metrics`]: metric names and descriptions.
 //! - [`preprocess`]: `trainer preprocess`: text input into columnar shards.
 //! - [`timing`]: where a pass's time goes (the loop's phases, the stage threads, CPU per process).
+//! - [`helpers`]: the scheduling policy the helper threads take (`--helper-threads`).
 //! - [`tensorboard`]: TensorBoard event files (`--tensorboard-dir`).
 //! - [`cli`]: the binary's command line.
 
@@ -36,6 +37,7 @@ pub use ::criteo;
 pub use ::model;
 pub mod demo;
 pub mod export;
+pub mod helpers;
 pub mod metrics;
 pub mod preprocess;
 pub mod progressive;

@@ -754,23 +754,15 @@ fn pool_threads(env: Option<&str>, available: usize) -> Option<usize> {
     (threads >= 2).then_some(threads)
 }
 
-/// The tokio runtime the trainer runs on. Its threads are helpers ([`helper_thread`]); the training loop
+/// The tokio runtime the trainer runs on. Its threads are helpers ([`crate::helpers`]); the training loop
 /// runs on the thread that calls `block_on`, which keeps its policy.
 pub fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("trainer-io")
-        .on_thread_start(helper_thread)
+        .on_thread_start(crate::helpers::helper_thread)
         .build()
         .context("start tokio runtime")
-}
-
-/// Gives the calling thread the helpers' scheduling policy (`--helper-threads`, [`base::sched`]); a refusal
-/// by the system is logged and the thread goes on with its policy.
-pub fn helper_thread() {
-    if let Err(e) = base::sched::enter_helper() {
-        tracing::warn!(error = %e, policy = %base::sched::helper_policy(), "helper thread keeps the default scheduling policy");
-    }
 }
 
 /// Installs the metrics recorder and serves /metrics on `addr`; returns the bound address.

@@ -63,7 +63,7 @@ impl PlanStage {
         let thread = std::thread::Builder::new()
             .name("trainer-plan".into())
             .spawn(move || {
-                crate::run::helper_thread();
+                crate::helpers::helper_thread();
                 let mut reader = reader;
                 for (index, item) in (0u64..).zip(reader.by_ref()) {
                     let item = match item {

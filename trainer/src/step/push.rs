@@ -84,7 +84,7 @@ impl PushEncoder {
         let thread = std::thread::Builder::new()
             .name("trainer-push".into())
             .spawn(move || {
-                crate::run::helper_thread();
+                crate::helpers::helper_thread();
                 let mut scratch = PushScratch::default();
                 for (record, reply) in rx {
                     let started = Instant::now();
