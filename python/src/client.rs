@@ -203,6 +203,7 @@ impl Client {
         timeout_secs: f64,
         server_name: Option<String>,
     ) -> PyResult<Client> {
+        crate::io_policy()?;
         if servers.is_empty() {
             return Err(PyValueError::new_err("servers: the list is empty"));
         }

@@ -32,6 +32,17 @@ pub(crate) mod jobs;
 pub mod lane;
 pub mod replay;
 
+/// The scheduling policy of the I/O threads from `PSTRAIN_IO_SCHED` (`batch` when unset), or a `ValueError`
+/// naming the bad value (`Client(...)` checks it before the runtime starts).
+pub fn io_policy() -> PyResult<base::sched::Policy> {
+    match std::env::var("PSTRAIN_IO_SCHED") {
+        Ok(v) => v.parse().map_err(|e: String| {
+            pyo3::exceptions::PyValueError::new_err(format!("PSTRAIN_IO_SCHED: {e}"))
+        }),
+        Err(_) => Ok(base::sched::Policy::Batch),
+    }
+}
+
 /// The process-wide tokio runtime every client shares, created on first use with `PSTRAIN_IO_THREADS` worker
 /// threads (default 2: requests are I/O and codec work beside the caller's Python and torch threads).
 ///
@@ -39,8 +50,7 @@ pub mod replay;
 /// default) they run as Linux `SCHED_BATCH`, so a push or pull the training thread hands them does not preempt
 /// that thread or torch's OpenMP workers on wake-up; it runs on a free core or at the next scheduler tick.
 /// Handing a push over cost the training thread 2.2-3 ms per step before (it was preempted inside the call),
-/// 0.8-1.1 ms after (issue 42). `PSTRAIN_IO_SCHED=normal` keeps the system's default; another value is an
-/// error when the runtime starts.
+/// 0.8-1.1 ms after (issue 42). `PSTRAIN_IO_SCHED=normal` keeps the system's default ([`io_policy`]).
 pub fn runtime() -> &'static tokio::runtime::Runtime {
     static RT: std::sync::OnceLock<tokio::runtime::Runtime> = std::sync::OnceLock::new();
     RT.get_or_init(|| {
@@ -49,18 +59,14 @@ pub fn runtime() -> &'static tokio::runtime::Runtime {
             .and_then(|v| v.parse::<usize>().ok())
             .filter(|&n| n > 0)
             .unwrap_or(2);
-        let policy = match std::env::var("PSTRAIN_IO_SCHED") {
-            Ok(v) => v
-                .parse::<base::sched::Policy>()
-                .unwrap_or_else(|e| panic!("PSTRAIN_IO_SCHED: {e}")),
-            Err(_) => base::sched::Policy::Batch,
-        };
+        // A bad value was refused by `Client(...)`; a runtime started by another path keeps the default.
+        base::sched::set_helper_policy(io_policy().unwrap_or_default());
         tokio::runtime::Builder::new_multi_thread()
             .worker_threads(threads)
             .thread_name("pstrain-io")
-            .on_thread_start(move || {
+            .on_thread_start(|| {
                 // A refusal leaves the thread at the default policy: slower to share, never wrong.
-                let _ = base::sched::set_current(policy);
+                let _ = base::sched::enter_helper();
             })
             .enable_all()
             .build()

@@ -253,3 +253,9 @@ def test_io_threads_do_not_preempt_the_training_thread(client, table_name):
     assert io, "no pstrain-io thread in this process"
     assert {policy(tid) for tid in io} == {os.SCHED_BATCH}
     assert policy(threading.get_native_id()) == os.SCHED_OTHER
+
+
+def test_a_bad_io_scheduling_policy_is_named(cluster, monkeypatch):
+    monkeypatch.setenv("PSTRAIN_IO_SCHED", "fastest")
+    with pytest.raises(ValueError, match="PSTRAIN_IO_SCHED.*fastest"):
+        pstrain.Client(cluster.servers, cluster.tls_dir)
